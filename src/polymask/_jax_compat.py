@@ -1,0 +1,122 @@
+"""Every use of private JAX API lives here (tested range: jax 0.10.x).
+
+polymask needs a few internals of ``jax.export``'s symbolic shapes (dimension
+expressions, their scope and bounds) and of the jaxpr machinery (source info,
+``dim_as_value``). Keeping them in one module means a JAX upgrade touches one
+file; ``tests/test_jax_compat.py`` covers each function here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax._src import core as _core
+from jax._src import source_info_util as _source_info_util
+from jax._src.export import shape_poly as _shape_poly
+from jax._src.export import shape_poly_decision as _decision
+
+DimExpr = _shape_poly._DimExpr
+SymbolicScope = _shape_poly.SymbolicScope
+InconclusiveDimensionOperation = _core.InconclusiveDimensionOperation
+Literal = _core.Literal
+Var = _core.Var
+DropVar = _core.DropVar
+ClosedJaxpr = _core.ClosedJaxpr
+Jaxpr = _core.Jaxpr
+ShapedArray = _core.ShapedArray
+Primitive = _core.Primitive
+dim_as_value_p = _shape_poly.dim_as_value_p
+
+
+def is_dim_expr(d: Any) -> bool:
+    """True for a symbolic dimension expression (not a Python int)."""
+    return isinstance(d, DimExpr)
+
+
+def is_symbolic_shape(shape) -> bool:
+    return any(is_dim_expr(d) for d in shape)
+
+
+def dim_vars(e) -> set[str]:
+    """Names of the dimension variables in ``e`` (empty for an int)."""
+    return set(e._get_vars()) if is_dim_expr(e) else set()
+
+
+def evaluate_dim(e, env: dict[str, Any]):
+    """Evaluate a dimension expression; ``env`` values are ints or traced ints."""
+    if not is_dim_expr(e):
+        return e
+    return e._evaluate(env)
+
+
+def add_constraint(scope: SymbolicScope, constraint: str) -> None:
+    """Add a constraint (e.g. ``"n <= 16"``) to an existing scope.
+
+    Used for upper bounds of dim vars, which are known only once the padded
+    signature (or a data-dependent size's bound) is known.
+    """
+    scope._parse_and_process_explicit_constraint(constraint)
+    scope._bounds_cache.clear()
+    scope._decision_initial_state = None
+
+
+def explicit_constraints(scope: SymbolicScope) -> list[tuple[str, Any, Any, str]]:
+    """The scope's constraints as ``(kind, e1, e2, text)``, kind in {"==", ">="}."""
+    out = []
+    for c in scope._explicit_constraints:
+        kind = "==" if c.cmp == _shape_poly.Comparator.EQ else ">="
+        out.append((kind, c.e1, c.e2, c.debug_str))
+    return out
+
+
+def upper_bound(e) -> float:
+    """Best upper bound JAX's decision procedure proves for ``e`` (may be inf)."""
+    if not is_dim_expr(e):
+        return e
+    _, hi = _decision.bounds_decision(e, _shape_poly.BoundsPrecision.BEST)
+    return hi
+
+
+def lower_bound(e) -> float:
+    if not is_dim_expr(e):
+        return e
+    lo, _ = _decision.bounds_decision(e, _shape_poly.BoundsPrecision.BEST)
+    return lo
+
+
+def fresh_dim(name: str, scope: SymbolicScope):
+    """A new dimension variable in ``scope`` (for data-dependent sizes)."""
+    return jax.export.symbolic_shape(name, scope=scope)[0]
+
+
+def source_line(source_info) -> str:
+    """``file:line (function)`` of the user frame of an equation's source info."""
+    try:
+        frame = _source_info_util.user_frame(source_info.traceback)
+    except Exception:  # pragma: no cover - defensive
+        frame = None
+    if frame is None:
+        return "<unknown location>"
+    return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+
+
+def new_jaxpr_eqn_source(eqn):
+    return eqn.source_info
+
+
+def is_jaxpr_literal(v) -> bool:
+    return isinstance(v, Literal)
+
+
+def literal_value(v):
+    return v.val
+
+
+def user_context(source_info):
+    """Context manager: ops bound inside carry the equation's user traceback."""
+    return _source_info_util.user_context(source_info.traceback)
+
+
+def is_tracer(x) -> bool:
+    return isinstance(x, _core.Tracer)

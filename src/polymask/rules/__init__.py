@@ -1,0 +1,18 @@
+"""Masking rules, one module per family; importing this package registers them."""
+
+from . import (  # noqa: F401  (imported for their registrations)
+    contractions,
+    control_flow,
+    cumulative,
+    data_dependent,
+    elementwise,
+    indexing,
+    layout,
+    linalg,
+    reductions,
+    sorting,
+    windows,
+)
+from .registry import RuleContext, get_rule, register, registered_primitives
+
+__all__ = ["RuleContext", "get_rule", "register", "registered_primitives"]

@@ -1,0 +1,28 @@
+"""Contractions: ``dot_general``.
+
+Contracted padding is zeroed on *both* operands with ``select`` (old JAX
+``mask`` rule / XLA DynamicPadder). For the backward pass (JAX differentiates
+the padded program): the VJP w.r.t. one operand contracts the output
+cotangent with the other operand over the *free* axes, so for float dtypes we
+also zero the free-axis padding of the operands and select the output's
+padding, making both factors of every backward product finite there.
+"""
+
+from __future__ import annotations
+
+from .registry import register
+from .util import clean, is_inexact, masked_axes
+
+
+@register("dot_general")
+def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
+    (lc, rc), _ = dimension_numbers
+    inexact = is_inexact(ctx.out_avals[0].dtype)
+    l_axes = None if inexact else lc
+    r_axes = None if inexact else rc
+    lhs = clean(lhs, ctx.in_logical[0], l_axes)
+    rhs = clean(rhs, ctx.in_logical[1], r_axes)
+    out = ctx.bind(lhs, rhs)
+    if inexact and masked_axes(ctx.out_logical[0], ctx.out_bounds[0]):
+        out = clean(out, ctx.out_logical[0])
+    return out

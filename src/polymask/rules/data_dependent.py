@@ -1,0 +1,1 @@
+"""Masking rules: data_dependent (filled in by its issue)."""

@@ -1,0 +1,1 @@
+"""Masking rules: indexing (filled in by its issue)."""

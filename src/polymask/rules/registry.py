@@ -1,0 +1,138 @@
+"""The masking-rule registry (keyed by primitive) and the rule context.
+
+A masking rule computes a primitive's padded outputs from padded inputs so
+that the logical region equals what the primitive gives on the unpadded
+inputs. Signature::
+
+    @register("reduce_sum")
+    def _reduce_sum(ctx: RuleContext, x, *, axes, out_sharding): ...
+
+It returns one padded array (or a list when the primitive has multiple
+results) whose shape is ``ctx.out_bounds[i]``. The interpreter checks that.
+Like ``jax/_src/interpreters/batching.py``, the interpreter holds no
+primitive-specific code: everything lives in one module per rule family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .. import _jax_compat as compat
+from ..errors import UnsupportedError
+from ..shapes import DimEnv
+
+_RULES: dict[str, Callable] = {}
+
+COVERAGE_DOC = "docs/coverage.md"
+
+
+def register(*names: str):
+    """Decorator: register a masking rule for the primitives named."""
+
+    def deco(fn):
+        for n in names:
+            _RULES[n] = fn
+        return fn
+
+    return deco
+
+
+def register_rule(name: str, fn: Callable) -> None:
+    _RULES[name] = fn
+
+
+def get_rule(name: str) -> Callable | None:
+    return _RULES.get(name)
+
+
+def registered_primitives() -> list[str]:
+    return sorted(_RULES)
+
+
+def substitute_dims(obj, fn):
+    """Replace every dimension expression inside params (tuples, lists, dicts)."""
+    if compat.is_dim_expr(obj):
+        return fn(obj)
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(substitute_dims(o, fn) for o in obj)
+    if isinstance(obj, list):
+        return [substitute_dims(o, fn) for o in obj]
+    if isinstance(obj, dict):
+        return {k: substitute_dims(v, fn) for k, v in obj.items()}
+    if hasattr(obj, "_fields") and isinstance(obj, tuple):  # NamedTuple params
+        return type(obj)(*(substitute_dims(o, fn) for o in obj))
+    return obj
+
+
+class RuleContext:
+    """What a masking rule may ask about the equation it is masking.
+
+    Attributes:
+      eqn: the jaxpr equation (symbolic avals and params).
+      dims: the ``DimEnv`` (dim var bounds and logical values).
+      in_logical / out_logical: per operand / result, the logical shape
+        (tuple of Python ints or int32 scalars).
+      in_bounds / out_bounds: per operand / result, the padded shape.
+      source_line: the user's source line of this equation.
+    """
+
+    def __init__(self, eqn, dims: DimEnv, interpreter):
+        self.eqn = eqn
+        self.dims = dims
+        self.primitive = eqn.primitive
+        self._interp = interpreter
+        self.in_avals = [v.aval for v in eqn.invars]
+        self.out_avals = [v.aval for v in eqn.outvars]
+        self.in_bounds = [_shape_of(a, dims.padded) for a in self.in_avals]
+        self.in_logical = [_shape_of(a, dims.logical) for a in self.in_avals]
+        self._out_bounds = None
+        self._out_logical = None
+
+    # Output shapes are lazy: data-dependent primitives bind fresh dim vars
+    # in their rule before anyone can evaluate their output shapes.
+    @property
+    def out_bounds(self):
+        if self._out_bounds is None:
+            self._out_bounds = [_shape_of(a, self.dims.padded) for a in self.out_avals]
+        return self._out_bounds
+
+    @property
+    def out_logical(self):
+        if self._out_logical is None:
+            self._out_logical = [_shape_of(a, self.dims.logical) for a in self.out_avals]
+        return self._out_logical
+
+    @property
+    def source_line(self) -> str:
+        return compat.source_line(self.eqn.source_info)
+
+    def padded(self, d) -> int:
+        return self.dims.padded(d)
+
+    def logical(self, d):
+        return self.dims.logical(d)
+
+    def concrete_params(self, **overrides) -> dict[str, Any]:
+        """The equation's params with dimension expressions at their padded size."""
+        params = dict(self.eqn.params)
+        params.update(overrides)
+        return substitute_dims(params, self.dims.padded)
+
+    def bind(self, *args, **overrides):
+        """Bind the primitive on padded operands with padded-size params."""
+        return self.primitive.bind(*args, **self.concrete_params(**overrides))
+
+    def eval_jaxpr(self, closed_jaxpr, *args) -> list:
+        """Evaluate an inner (closed) jaxpr with masking, sharing the dim env."""
+        return self._interp.eval_closed(closed_jaxpr, list(args), self.dims)
+
+    def unsupported(self, reason: str) -> UnsupportedError:
+        return UnsupportedError(
+            f"polymask cannot mask primitive '{self.primitive.name}' here: {reason}\n"
+            f"  at {self.source_line}\n  (coverage table: {COVERAGE_DOC})")
+
+
+def _shape_of(aval, fn):
+    shape = getattr(aval, "shape", ())
+    return tuple(fn(d) for d in shape)

@@ -1,0 +1,83 @@
+"""Mask builders shared by the rule families.
+
+Padding is neutralised with ``select`` (``lax.select``/``jnp.where``), never by
+multiplying with 0 (``0 * nan = nan``). ``select`` also fixes the backward
+pass: its transpose routes cotangents only to the selected side, so a
+cotangent that is NaN in padding cannot leak into the logical region.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..shapes import needs_mask
+
+
+def masked_axes(logical: Sequence, padded: Sequence[int], axes=None) -> list[int]:
+    """Axes (of ``axes``, default all) whose logical size may differ from the bound."""
+    cand = range(len(padded)) if axes is None else axes
+    return [a for a in cand if needs_mask(logical[a], padded[a])]
+
+
+def valid_mask(logical: Sequence, padded: Sequence[int], axes=None):
+    """Boolean array of shape ``padded``, True on the logical corner of ``axes``.
+
+    Returns None when no axis needs a mask (static fast path).
+    """
+    axes = masked_axes(logical, padded, axes)
+    if not axes:
+        return None
+    padded = tuple(int(p) for p in padded)
+    ok = None
+    for a in axes:
+        m = lax.broadcasted_iota(jnp.int32, padded, a) < jnp.asarray(logical[a], jnp.int32)
+        ok = m if ok is None else (ok & m)
+    return ok
+
+
+def axis_valid(size, padded: int):
+    """Boolean vector of length ``padded``: ``arange(padded) < size``."""
+    return lax.iota(jnp.int32, int(padded)) < jnp.asarray(size, jnp.int32)
+
+
+def fill_padding(x, logical: Sequence, fill, axes=None):
+    """``where(valid, x, fill)`` over ``axes``; ``x`` unchanged when nothing is padded."""
+    m = valid_mask(logical, x.shape, axes)
+    if m is None:
+        return x
+    return lax.select(m, x, lax.full_like(x, fill))
+
+
+def clean(x, logical: Sequence, axes=None):
+    """Zero the padding (``select``, NaN-safe) on ``axes``."""
+    return fill_padding(x, logical, 0, axes)
+
+
+def identity_of(dtype, kind: str):
+    """Identity element of a reduction for ``dtype``: ints use dtype min/max, not inf."""
+    dtype = np.dtype(dtype)
+    if kind == "sum" or kind == "or" or kind == "xor":
+        return np.zeros((), dtype)[()] if dtype != np.bool_ else False
+    if kind == "prod" or kind == "and":
+        return np.ones((), dtype)[()] if dtype != np.bool_ else True
+    if kind == "max":
+        if dtype == np.bool_:
+            return False
+        if jnp.issubdtype(dtype, jnp.inexact):
+            return -np.inf
+        return jnp.iinfo(dtype).min
+    if kind == "min":
+        if dtype == np.bool_:
+            return True
+        if jnp.issubdtype(dtype, jnp.inexact):
+            return np.inf
+        return jnp.iinfo(dtype).max
+    raise ValueError(kind)
+
+
+def is_inexact(dtype) -> bool:
+    return bool(jnp.issubdtype(dtype, jnp.inexact))

@@ -1,0 +1,1 @@
+"""Masking rules: windows (filled in by its issue)."""

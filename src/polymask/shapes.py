@@ -1,0 +1,125 @@
+"""Evaluating and bounding dimension expressions: the dim-var environment.
+
+Each dimension variable is bound to ``(bound: int, logical: int | int32 array)``.
+An expression's *padded* size is its upper bound given ``0 <= var <= bound``
+(JAX's own decision procedure, so ``floordiv``/``mod``/``max``/``min`` are
+handled without assuming monotonicity); its *logical* size is the expression
+evaluated at the logical values, clamped at 0. Logical evaluations are cached
+per distinct expression, so each size computation is emitted once per masked
+program however often user code queries it (CSE of shape queries, as in
+Thunder's ``prims.shape`` discussion).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _jax_compat as compat
+from .errors import ShapeError
+
+Size = Any
+
+
+def is_static(s) -> bool:
+    """A size known in Python (not a tracer or array)."""
+    return isinstance(s, (int, np.integer)) and not isinstance(s, bool)
+
+
+class DimEnv:
+    """Bounds and logical values of the dim vars of one masked trace."""
+
+    def __init__(self, scope, bounds: dict[str, int], logical: dict[str, Size]):
+        self.scope = scope
+        self.bounds = dict(bounds)
+        self.logical_values = dict(logical)
+        self._padded_cache: dict[Any, int] = {}
+        self._logical_cache: dict[Any, Size] = {}
+        self.fresh_count = 0
+
+    # -- data-dependent sizes -------------------------------------------------
+    def add_var(self, name: str, bound: int, logical: Size) -> None:
+        """Bind a fresh (data-dependent) dim var created while tracing."""
+        self.bounds[name] = int(bound)
+        self.logical_values[name] = logical
+        self._logical_cache.clear()
+
+    # -- evaluation -------------------------------------------------------------
+    def padded(self, d) -> int:
+        """Padded (physical) size of a dimension: its upper bound."""
+        if not compat.is_dim_expr(d):
+            return int(d)
+        hit = self._padded_cache.get(d)
+        if hit is not None:
+            return hit
+        hi = compat.upper_bound(d)
+        if not np.isfinite(hi):
+            # Fall back to interval evaluation at the bounds of each var.
+            hi = _interval_upper(d, self.bounds)
+        if not np.isfinite(hi):
+            raise ShapeError(f"cannot bound the dimension expression {d}: "
+                             "add a constraint such as 'n <= 128'")
+        res = max(int(hi), 0)
+        self._padded_cache[d] = res
+        return res
+
+    def logical(self, d) -> Size:
+        """Logical size of a dimension: a Python int or an int32 scalar."""
+        if not compat.is_dim_expr(d):
+            return int(d)
+        hit = self._logical_cache.get(d)
+        if hit is not None:
+            return hit
+        names = compat.dim_vars(d)
+        env = {v: self.logical_values[v] for v in names}
+        if all(is_static(x) for x in env.values()):
+            val = max(int(compat.evaluate_dim(d, {k: int(x) for k, x in env.items()})), 0)
+        else:
+            env = {k: jnp.asarray(x, jnp.int32) for k, x in env.items()}
+            val = jnp.maximum(jnp.asarray(compat.evaluate_dim(d, env), jnp.int32), 0)
+        self._logical_cache[d] = val
+        return val
+
+    def logical_raw(self, d) -> Size:
+        """Like ``logical`` but not clamped at 0 (for checking constraints)."""
+        if not compat.is_dim_expr(d):
+            return int(d)
+        env = {v: self.logical_values[v] for v in compat.dim_vars(d)}
+        if all(is_static(x) for x in env.values()):
+            return int(compat.evaluate_dim(d, {k: int(x) for k, x in env.items()}))
+        env = {k: jnp.asarray(x, jnp.int32) for k, x in env.items()}
+        return jnp.asarray(compat.evaluate_dim(d, env), jnp.int32)
+
+    def padded_shape(self, shape) -> tuple[int, ...]:
+        return tuple(self.padded(d) for d in shape)
+
+    def logical_shape(self, shape) -> tuple:
+        return tuple(self.logical(d) for d in shape)
+
+
+def _interval_upper(d, bounds: dict[str, int]) -> float:
+    """Upper bound by evaluating at each corner of the box [0, bound]^vars."""
+    names = sorted(compat.dim_vars(d))
+    if len(names) > 8:
+        return float("inf")
+    best = -float("inf")
+    for mask in range(1 << len(names)):
+        env = {v: (bounds[v] if (mask >> i) & 1 else 0) for i, v in enumerate(names)}
+        best = max(best, int(compat.evaluate_dim(d, env)))
+    return best
+
+
+def needs_mask(logical: Size, padded: int) -> bool:
+    """False only when the size is statically known to equal its bound."""
+    return not (is_static(logical) and int(logical) == padded)
+
+
+def as_int32(s: Size):
+    return jnp.asarray(s, jnp.int32)
+
+
+def to_value(s: Size, dtype=jnp.int32) -> jax.Array:
+    return jnp.asarray(s, dtype)

@@ -1,0 +1,158 @@
+"""Shape specs: parsing, dim vars, solving sizes for dim vars.
+
+A spec uses the ``jax.export.symbolic_shape`` syntax, one per array leaf:
+``"b, n, 64"``; ``"_"`` takes the padded size as a static axis; an axis may be
+``a*k + c`` in one dim var (``"2*k"``), solved at run time as
+``k = (size - c) / a`` with the divisibility checked in the prologue.
+The same name on two inputs means the logical sizes must be equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from . import _jax_compat as compat
+from .errors import ShapeError
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisSpec:
+    """How one axis of one input relates to the dim vars.
+
+    ``expr`` is the symbolic size used for tracing (an int for a static axis).
+    For a dynamic axis, ``size = coeff * var + offset``.
+    """
+
+    path: str
+    axis: int
+    expr: Any
+    var: str | None = None
+    coeff: int = 1
+    offset: int = 0
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}.shape[{self.axis}]"
+
+
+def leaf_paths(args_tree_paths) -> list[str]:
+    out = []
+    for path in args_tree_paths:
+        s = "args" + jax.tree_util.keystr(path)
+        out.append(s)
+    return out
+
+
+def _linear_in_one_var(e, where: str) -> tuple[str, int, int]:
+    names = sorted(compat.dim_vars(e))
+    if len(names) != 1:
+        raise ShapeError(
+            f"{where}: spec axis '{e}' must be an affine expression in one dim var "
+            f"(like 'n' or '2*k + 1'); found vars {names}")
+    (v,) = names
+    b = int(compat.evaluate_dim(e, {v: 0}))
+    a = int(compat.evaluate_dim(e, {v: 1})) - b
+    if a <= 0 or int(compat.evaluate_dim(e, {v: 5})) != 5 * a + b:
+        raise ShapeError(
+            f"{where}: spec axis '{e}' must be affine with a positive coefficient "
+            f"(like 'n' or '2*k + 1')")
+    return v, a, b
+
+
+def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
+                    scope, default_dynamic: bool, name_gen) -> list[AxisSpec]:
+    """Parse one leaf's spec into per-axis ``AxisSpec`` values.
+
+    Raises:
+      ShapeError: the spec does not parse, has the wrong rank, or gives a
+        constant that differs from the padded size.
+    """
+    rank = len(padded_shape)
+    if spec is None:
+        if not default_dynamic:
+            return [AxisSpec(path, i, int(b)) for i, b in enumerate(padded_shape)]
+        spec = ", ".join(name_gen() for _ in range(rank))
+    if not isinstance(spec, str):
+        raise ShapeError(f"{path}: a shape spec must be a string like 'b, n, 64'; got {spec!r}")
+    stripped = spec.strip().strip("()").strip()
+    n_axes = 0 if stripped == "" else len(_split_top_level(stripped))
+    if n_axes != rank:
+        raise ShapeError(
+            f"{path}: spec '{spec}' has {n_axes} axes but the array has rank {rank} "
+            f"(shape {tuple(padded_shape)})")
+    try:
+        exprs = jax.export.symbolic_shape(spec, scope=scope, like=padded_shape)
+    except Exception as e:  # jax raises ValueError with its own parse message
+        raise ShapeError(f"{path}: cannot parse shape spec '{spec}': {e}") from None
+    axes = []
+    for i, e in enumerate(exprs):
+        where = f"{path}.shape[{i}]"
+        if not compat.is_dim_expr(e):
+            if int(e) != padded_shape[i]:
+                raise ShapeError(
+                    f"{where}: spec '{spec}' says {int(e)} but the padded size is "
+                    f"{padded_shape[i]}")
+            axes.append(AxisSpec(path, i, int(e)))
+            continue
+        v, a, b = _linear_in_one_var(e, where)
+        axes.append(AxisSpec(path, i, e, v, a, b))
+    return axes
+
+
+def _split_top_level(s: str) -> list[str]:
+    parts, depth, cur = [], 0, ""
+    for ch in s:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        parts.append(cur)
+    return parts
+
+
+def broadcast_specs(in_specs, args: Sequence[Any], is_leaf) -> list:
+    """One spec (or None) per array leaf of ``args``.
+
+    ``in_specs`` is None, or a sequence with one entry per positional argument;
+    each entry is a spec string applied to that argument (when it is a single
+    array), None, or a pytree of specs matching the argument's structure.
+    """
+    leaves_per_arg = [jax.tree_util.tree_leaves(a, is_leaf=is_leaf) for a in args]
+    if in_specs is None:
+        return [None for leaves in leaves_per_arg for _ in leaves]
+    if isinstance(in_specs, str):
+        in_specs = (in_specs,)
+    in_specs = tuple(in_specs)
+    if len(in_specs) != len(args):
+        raise ShapeError(
+            f"in_specs has {len(in_specs)} entries but the function was called with "
+            f"{len(args)} positional arguments")
+    out = []
+    for i, (spec, arg, leaves) in enumerate(zip(in_specs, args, leaves_per_arg)):
+        if spec is None or isinstance(spec, str):
+            if isinstance(spec, str) and len(leaves) != 1:
+                raise ShapeError(
+                    f"in_specs[{i}] is one spec '{spec}' but args[{i}] has {len(leaves)} "
+                    "array leaves; give a pytree of specs")
+            out.extend([spec] * len(leaves))
+            continue
+        try:
+            spec_leaves = jax.tree_util.tree_flatten(
+                spec, is_leaf=lambda s: s is None or isinstance(s, str))[0]
+            struct_ok = len(spec_leaves) == len(leaves)
+        except Exception:
+            struct_ok = False
+        if not struct_ok:
+            raise ShapeError(f"in_specs[{i}] does not match the structure of args[{i}]")
+        out.extend(spec_leaves)
+    return out
