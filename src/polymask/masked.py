@@ -17,7 +17,8 @@ Size = Any  # a Python int (static size) or an integer scalar array (dynamic siz
 
 
 def _is_static(s) -> bool:
-    return isinstance(s, (int, np.integer)) and not isinstance(s, bool)
+    # Only Python ints are static; NumPy/JAX integer scalars are dynamic leaves.
+    return isinstance(s, int) and not isinstance(s, bool)
 
 
 class Masked:
@@ -40,7 +41,7 @@ class Masked:
         self.data = data
         if shape is None:
             shape = tuple(int(d) for d in np.shape(data))
-        self.shape = tuple(int(s) if isinstance(s, np.integer) else s for s in shape)
+        self.shape = tuple(shape)
 
     @property
     def bound(self) -> tuple[int, ...]:

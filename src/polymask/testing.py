@@ -1,0 +1,192 @@
+"""The test oracle (DESIGN.md): compare ``mask(f)`` with ``f`` on exact arrays.
+
+For logical inputs ``x`` and bounds ``b``: embed ``x`` into buffers of shape
+``b`` filled with garbage (NaN for floats, extreme values for ints), run
+``mask(f)``; the unpadded outputs and logical shapes must equal ``f(x)`` run at
+exact shapes, eagerly, under ``jax.jit`` (one trace for all the examples),
+under ``jax.vmap`` (a ragged batch) and for ``jax.grad`` (logical region
+equal, padding zero, all finite). Public so users can test their own models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .interpreter import mask
+from .masked import Masked
+
+__all__ = ["garbage_pad", "check_oracle"]
+
+
+def garbage_value(dtype):
+    dtype = np.dtype(dtype)
+    if np.issubdtype(dtype, np.inexact):
+        return np.nan
+    if dtype == np.bool_:
+        return True
+    return np.iinfo(dtype).max // 2 + 7
+
+
+def garbage_pad(x, bound: Sequence[int], fill=None) -> np.ndarray:
+    """``x`` embedded in a ``bound``-shaped buffer whose padding is garbage."""
+    x = np.asarray(x)
+    fill = garbage_value(x.dtype) if fill is None else fill
+    buf = np.full(tuple(bound), fill, dtype=x.dtype)
+    buf[tuple(slice(0, s) for s in x.shape)] = x
+    return buf
+
+
+def _to_masked(x, bound, dynamic=True):
+    if bound is None:
+        return jnp.asarray(x)
+    x = np.asarray(x)
+    sizes = tuple(np.int32(s) for s in x.shape) if dynamic else tuple(x.shape)
+    return Masked(jnp.asarray(garbage_pad(x, bound)), sizes)
+
+
+def _leaves(tree):
+    return jax.tree_util.tree_leaves(tree, is_leaf=lambda v: isinstance(v, Masked))
+
+
+def _assert_close(got, want, rtol, atol, what):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, f"{what}: logical shape {got.shape} != {want.shape}"
+    if np.issubdtype(want.dtype, np.inexact):
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def _unpad_batched(m: Masked, i: int):
+    sizes = tuple(int(np.asarray(s)[i]) if np.ndim(s) else int(s) for s in m.shape)
+    return np.asarray(m.data[i])[tuple(slice(0, s) for s in sizes)]
+
+
+def check_oracle(fun: Callable, examples: Sequence[Sequence[Any]],
+                 bounds: Sequence[Sequence[int] | None], in_specs=None, *,
+                 constraints=(), modes=("eager", "jit", "vmap", "grad"),
+                 rtol: float = 1e-5, atol: float = 1e-5, grad_rtol: float | None = None,
+                 static_sizes: bool = True) -> None:
+    """Assert that ``mask(fun)`` matches ``fun`` on each example.
+
+    Args:
+      fun: function of arrays returning an array or a pytree of arrays.
+      examples: list of argument tuples of *logical* (exact) arrays.
+      bounds: per argument, the padded shape (None: pass the argument as a
+        plain, unpadded array).
+      modes: any of "eager", "jit", "vmap", "grad".
+      static_sizes: also run eagerly with Python-int sizes (static fast path).
+
+    Raises:
+      AssertionError: on any mismatch, naming the example and the mode.
+    """
+    refs = [fun(*[jnp.asarray(a) for a in ex]) for ex in examples]
+    mfun = mask(fun, in_specs, constraints=constraints)
+
+    def padded_args(ex, dynamic=True):
+        return [_to_masked(a, b, dynamic) for a, b in zip(ex, bounds)]
+
+    def compare(out, ref, what):
+        outs, rs = _leaves(out), jax.tree_util.tree_leaves(ref)
+        assert len(outs) == len(rs), f"{what}: {len(outs)} outputs, expected {len(rs)}"
+        for k, (o, r) in enumerate(zip(outs, rs)):
+            _assert_close(o.unpad(), r, rtol, atol, f"{what}, output {k}")
+
+    if "eager" in modes:
+        for i, (ex, ref) in enumerate(zip(examples, refs)):
+            compare(mfun(*padded_args(ex)), ref, f"eager, example {i}")
+            if static_sizes:
+                compare(mfun(*padded_args(ex, dynamic=False)), ref, f"static, example {i}")
+
+    if "jit" in modes:
+        traces = []
+
+        def counted(*args):
+            traces.append(1)
+            return mfun(*args)
+
+        jf = jax.jit(counted)
+        for i, (ex, ref) in enumerate(zip(examples, refs)):
+            compare(jf(*padded_args(ex)), ref, f"jit, example {i}")
+        assert len(traces) == 1, f"jit traced {len(traces)} times for {len(examples)} sizes"
+
+    if "vmap" in modes and len(examples) > 1:
+        per = [padded_args(ex) for ex in examples]
+        in_axes = [0 if b is not None else None for b in bounds]
+        stacked = []
+        for j, b in enumerate(bounds):
+            if b is None:
+                stacked.append(per[0][j])
+                continue
+            data = jnp.stack([p[j].data for p in per])
+            sizes = tuple(jnp.stack([jnp.asarray(p[j].shape[k]) for p in per])
+                          for k in range(len(b)))
+            stacked.append(Masked(data, sizes))
+        if any(b is None and not _same(examples, j) for j, b in enumerate(bounds)):
+            pass  # unbatched plain args must be equal across examples for vmap
+        else:
+            out = jax.jit(jax.vmap(mfun, in_axes=in_axes))(*stacked)
+            outs = _leaves(out)
+            for i, ref in enumerate(refs):
+                for k, (o, r) in enumerate(zip(outs, jax.tree_util.tree_leaves(ref))):
+                    _assert_close(_unpad_batched(o, i), r, rtol, atol,
+                                  f"vmap, example {i}, output {k}")
+
+    if "grad" in modes:
+        _check_grad(fun, mfun, examples, bounds, grad_rtol or max(rtol, 1e-4), atol)
+
+
+def _same(examples, j):
+    first = np.asarray(examples[0][j])
+    return all(np.array_equal(np.asarray(ex[j]), first) for ex in examples)
+
+
+def _check_grad(fun, mfun, examples, bounds, rtol, atol):
+    rng = np.random.default_rng(0)
+    for i, ex in enumerate(examples):
+        float_args = [j for j, a in enumerate(ex)
+                      if np.issubdtype(np.asarray(a).dtype, np.floating)]
+        if not float_args:
+            return
+        ref_out = fun(*[jnp.asarray(a) for a in ex])
+        weights = [rng.normal(size=np.shape(r)).astype(np.float32)
+                   for r in jax.tree_util.tree_leaves(ref_out)]
+
+        def ref_loss(*xs):
+            outs = jax.tree_util.tree_leaves(fun(*xs))
+            return sum(jnp.sum(jnp.where(jnp.isfinite(w), o * w, 0.0))
+                       for o, w in zip(outs, weights)
+                       if jnp.issubdtype(o.dtype, jnp.floating))
+
+        ref_grads = jax.grad(ref_loss, argnums=float_args)(*[jnp.asarray(a) for a in ex])
+        margs = [_to_masked(a, b) for a, b in zip(ex, bounds)]
+
+        def masked_loss(*datas):
+            args = list(margs)
+            for j, d in zip(float_args, datas):
+                args[j] = Masked(d, margs[j].shape) if isinstance(margs[j], Masked) else d
+            outs = _leaves(mfun(*args))
+            total = 0.0
+            for o, w in zip(outs, weights):
+                if not jnp.issubdtype(o.data.dtype, jnp.floating):
+                    continue
+                wp = jnp.asarray(garbage_pad(w, o.data.shape, fill=0.0))
+                total = total + jnp.sum(jnp.where(o.valid(), o.data * wp, 0.0))
+            return total
+
+        datas = [margs[j].data if isinstance(margs[j], Masked) else margs[j] for j in float_args]
+        grads = jax.jit(jax.grad(masked_loss, argnums=tuple(range(len(float_args)))))(*datas)
+        for j, g, rg in zip(float_args, grads, ref_grads):
+            g = np.asarray(g)
+            assert np.all(np.isfinite(g)), f"grad, example {i}, arg {j}: non-finite gradient"
+            logical = np.asarray(ex[j]).shape
+            region = tuple(slice(0, s) for s in logical)
+            _assert_close(g[region], rg, rtol, atol, f"grad, example {i}, arg {j}")
+            pad_part = g.copy()
+            pad_part[region] = 0
+            assert np.all(pad_part == 0), f"grad, example {i}, arg {j}: non-zero in padding"

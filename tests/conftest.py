@@ -1,0 +1,9 @@
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True)
+settings.register_profile("dev", max_examples=10, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
