@@ -7,12 +7,30 @@ outputs equal ``f`` on the unpadded inputs. See DESIGN.md for the contract.
 
 from __future__ import annotations
 
+from . import buckets
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
 from .errors import ShapeError, UnsupportedError
+from .inspect import explain, shape_formula
 from .interpreter import mask
 from .masked import Masked, logical_shape, pad, stack
+from .ops import (
+    arange,
+    argwhere,
+    boolean_mask,
+    compress,
+    dynamic_slice,
+    extract,
+    flatnonzero,
+    nonzero,
+    unique,
+    where,
+)
+from .runner import jit, ragged_map
 
 __all__ = [
     "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "UnsupportedError",
+    "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
+    "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
+    "buckets",
 ]
 __version__ = "0.1.0"

@@ -39,6 +39,18 @@ def _is_masked(x) -> bool:
     return isinstance(x, Masked)
 
 
+_TRACE_STATE = threading.local()
+
+
+def current_scope():
+    """The ``SymbolicScope`` of the masked trace in progress (None outside one).
+
+    Data-dependent primitives use it to create fresh dim vars while tracing.
+    """
+    stack = getattr(_TRACE_STATE, "scopes", None)
+    return stack[-1] if stack else None
+
+
 # ----------------------------------------------------------------------------
 # Tracing
 # ----------------------------------------------------------------------------
@@ -176,6 +188,9 @@ def trace_masked(fun: Callable, args: Sequence[Any], in_specs=None, constraints=
         out_tree_box.append(out_tree)
         return [o.data if _is_masked(o) else o for o in out_flat]
 
+    if not hasattr(_TRACE_STATE, "scopes"):
+        _TRACE_STATE.scopes = []
+    _TRACE_STATE.scopes.append(scope)
     try:
         closed = jax.make_jaxpr(flat_fun)(*avals)
     except (ShapeError, UnsupportedError):
@@ -185,6 +200,8 @@ def trace_masked(fun: Callable, args: Sequence[Any], in_specs=None, constraints=
         if translated is not None:
             raise translated from None
         raise
+    finally:
+        _TRACE_STATE.scopes.pop()
     prog = MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds,
                          out_tree_box[-1], var_order)
     return prog, leaves

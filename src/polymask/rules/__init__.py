@@ -10,6 +10,8 @@ from . import (  # noqa: F401  (imported for their registrations)
     layout,
     linalg,
     reductions,
+    reshaping,
+    slicing,
     sorting,
     windows,
 )

@@ -1,0 +1,1 @@
+"""Masking rules: fragmenting reshapes and splits (control-flow/reshape issue)."""

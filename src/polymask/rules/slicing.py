@@ -1,0 +1,1 @@
+"""Masking rules: slice, rev, pad, concatenate (strided/indexing issue)."""
