@@ -120,3 +120,20 @@ def user_context(source_info):
 
 def is_tracer(x) -> bool:
     return isinstance(x, _core.Tracer)
+
+
+def instantiate_zero(x, aval=None):
+    """Turn JAX's symbolic ``Zero`` cotangent into an array (else return ``x``)."""
+    from jax._src.interpreters import ad as _ad
+
+    import jax.numpy as _jnp
+
+    if isinstance(x, _ad.Zero):
+        a = x.aval
+        return _jnp.zeros(a.shape, a.dtype)
+    return x
+
+
+def call_wrapped(wrapped_fun, *args):
+    """Call a ``linear_util.WrappedFun`` (custom-derivative thunks)."""
+    return wrapped_fun.call_wrapped(*args)

@@ -4,6 +4,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     contractions,
     control_flow,
     cumulative,
+    custom_derivatives,
     data_dependent,
     elementwise,
     indexing,

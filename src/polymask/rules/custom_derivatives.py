@@ -1,0 +1,116 @@
+"""``custom_jvp_call`` / ``custom_vjp_call``: mask the primal *and* keep the rule.
+
+The user's derivative rule (``jax.nn.relu``'s JVP at 0, ``logsumexp``'s stable
+JVP, a user's gradient clipping ``custom_vjp``) is kept: the primal jaxpr, the
+JVP jaxpr, the forward jaxpr and the traced backward function are each
+evaluated by the masking interpreter. The logical sizes are passed to the
+re-created ``jax.custom_jvp`` / ``jax.custom_vjp`` as explicit integer
+arguments, so the functions close over no tracers (vmap- and jit-safe).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .. import _jax_compat as compat
+from ..shapes import DimEnv, is_static
+from .registry import register
+from .util import clean
+
+
+def _dynamic_sizes(dims: DimEnv):
+    names = [v for v, x in dims.logical_values.items() if not is_static(x)]
+    return names, [jnp.asarray(dims.logical_values[v], jnp.int32) for v in names]
+
+
+def _env_with(dims: DimEnv, names, sizes) -> DimEnv:
+    values = dict(dims.logical_values)
+    values.update(zip(names, sizes))
+    return DimEnv(dims.scope, dims.bounds, values)
+
+
+def _all_float(xs) -> bool:
+    return all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in xs)
+
+
+@register("custom_jvp_call")
+def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_zeros):
+    interp, dims = ctx._interp, ctx.dims
+    consts, xs = list(args[:num_consts]), list(args[num_consts:])
+    if not _all_float(xs):
+        # Integer primals have float0 tangents; JAX's own rule would not use
+        # them either, so differentiate the masked primal directly.
+        return ctx.eval_jaxpr(call_jaxpr, *args)
+    names, sizes = _dynamic_sizes(dims)
+
+    @jax.custom_jvp
+    def masked_call(sizes, consts, xs):
+        return interp.eval_closed(call_jaxpr, [*consts, *xs], _env_with(dims, names, sizes))
+
+    @masked_call.defjvp
+    def masked_call_jvp(primals, tangents):
+        sizes, consts, xs = primals
+        _, _, txs = tangents
+        jvp_jaxpr, jvp_consts, out_zeros = compat.call_wrapped(
+            jvp_jaxpr_fun, *([False] * len(xs)))
+        env = _env_with(dims, names, sizes)
+        outs = interp.eval_jaxpr(jvp_jaxpr, jvp_consts, [*xs, *txs], env)
+        n_out = len(out_zeros)
+        primals_out, nz_tangents = outs[:n_out], iter(outs[n_out:])
+        tangents_out = [jnp.zeros_like(p) if z else next(nz_tangents)
+                        for p, z in zip(primals_out, out_zeros)]
+        return primals_out, tangents_out
+
+    return masked_call(sizes, consts, xs)
+
+
+@register("custom_vjp_call", "custom_vjp_call_jaxpr")
+def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, out_trees,
+                    symbolic_zeros):
+    interp, dims = ctx._interp, ctx.dims
+    consts, xs = list(args[:num_consts]), list(args[num_consts:])
+    if not _all_float(xs):
+        return ctx.eval_jaxpr(call_jaxpr, *args)
+    names, sizes = _dynamic_sizes(dims)
+    in_avals = call_jaxpr.in_avals[num_consts:]
+    out_avals = call_jaxpr.out_avals
+
+    @jax.custom_vjp
+    def masked_call(sizes, consts, xs):
+        return interp.eval_closed(call_jaxpr, [*consts, *xs], _env_with(dims, names, sizes))
+
+    def masked_fwd(sizes, consts, xs):
+        env = _env_with(dims, names, sizes)
+        fwd_jaxpr, fwd_consts = compat.call_wrapped(fwd_jaxpr_thunk, *([True] * len(xs)))
+        outs = interp.eval_jaxpr(fwd_jaxpr, fwd_consts, xs, env)
+        _, res_tree, input_fwds = out_trees()
+        n_res = res_tree.num_leaves - sum(f is not None for f in input_fwds)
+        res_out, primals_out = outs[:n_res], outs[n_res:]
+        res_it = iter(res_out)
+        res = [next(res_it) if f is None else xs[f] for f in input_fwds]
+        return primals_out, (sizes, consts, res)
+
+    def masked_bwd(saved, cts):
+        sizes, consts, res = saved
+        env = _env_with(dims, names, sizes)
+        fwd_jaxpr, _ = compat.call_wrapped(fwd_jaxpr_thunk, *([True] * len(in_avals)))
+        res_avals = _residual_avals(fwd_jaxpr, out_trees()[2], in_avals)
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in [*res_avals, *out_avals]]
+
+        def bwd_flat(*res_and_cts):
+            outs = compat.call_wrapped(bwd, *res_and_cts)
+            return [compat.instantiate_zero(o) for o in outs]
+
+        bwd_closed = jax.make_jaxpr(bwd_flat)(*structs)
+        cts_in = interp.eval_closed(bwd_closed, [*res, *cts], env)[num_consts:]
+        cts_in = [clean(c, env.logical_shape(a.shape)) for c, a in zip(cts_in, in_avals)]
+        return None, [jnp.zeros_like(c) for c in consts], cts_in
+
+    masked_call.defvjp(masked_fwd, masked_bwd)
+    return masked_call(sizes, consts, xs)
+
+
+def _residual_avals(fwd_jaxpr, input_fwds, in_avals):
+    res_out_avals = iter(v.aval for v in fwd_jaxpr.outvars)
+    return [next(res_out_avals) if f is None else in_avals[f] for f in input_fwds]
