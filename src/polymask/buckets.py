@@ -1,10 +1,116 @@
-"""Bucketing policies (filled in by the runner issue)."""
+"""Bucketing policies: map a logical size to the bound it is padded to.
+
+A policy is a callable ``size -> bound`` with ``bound >= max(size, 1)``. Few
+distinct bounds mean few compiled programs (``polymask.jit`` compiles once per
+bucket signature); tighter bounds mean less padding.
+
+- ``pow2(minimum=8)``: the next power of two (at least ``minimum``).
+- ``multiple(k, minimum=None)``: the next multiple of ``k``.
+- ``explicit([16, 32, 100])``: the smallest listed bound that fits.
+- ``fixed(maximum)``: always ``maximum`` (one program; sizes above it fail).
+- ``exact()``: no padding (one program per size, like ``jax.jit``).
+
+``as_policy`` also accepts: ``None`` or ``"pow2"`` (the default ``pow2()``),
+``"exact"``, an int (``fixed``), a list/tuple of ints (``explicit``), or any
+callable. ``polymask.jit`` also takes a dict ``{dim var name: policy}``.
+"""
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Callable, Sequence
 
-def as_policy(buckets):
-    """A callable ``size -> bound`` from a policy spec."""
-    if callable(buckets):
+from .errors import ShapeError
+
+__all__ = ["Policy", "pow2", "multiple", "explicit", "fixed", "exact", "as_policy"]
+
+
+class Policy:
+    """A named bucketing policy: ``policy(size) -> bound``."""
+
+    def __init__(self, fn: Callable[[int], int], name: str):
+        self._fn = fn
+        self.name = name
+
+    def __call__(self, size: int) -> int:
+        size = int(size)
+        if size < 0:
+            raise ShapeError(f"bucket policy {self.name}: negative size {size}")
+        b = int(self._fn(size))
+        if b < max(size, 1):
+            raise ShapeError(f"bucket policy {self.name} gave bound {b} for size {size}")
+        return b
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def pow2(minimum: int = 8) -> Policy:
+    """Next power of two, at least ``minimum`` (``pow2(8)``: 0..8 -> 8, 9 -> 16)."""
+    if minimum < 1:
+        raise ValueError("pow2: minimum must be >= 1")
+
+    def fn(n):
+        return max(int(minimum), 1 << max(n - 1, 0).bit_length())
+
+    return Policy(fn, f"pow2(minimum={minimum})")
+
+
+def multiple(k: int, minimum: int | None = None) -> Policy:
+    """Next multiple of ``k`` (at least ``minimum``, default ``k``)."""
+    if k < 1:
+        raise ValueError("multiple: k must be >= 1")
+    lo = k if minimum is None else int(minimum)
+
+    def fn(n):
+        return max(lo, -(-n // k) * k, 1)
+
+    return Policy(fn, f"multiple({k})")
+
+
+def explicit(bounds: Sequence[int]) -> Policy:
+    """Smallest bound in ``bounds`` that is ``>= size``; ShapeError above the largest."""
+    bs = sorted({int(b) for b in bounds})
+    if not bs or bs[0] < 1:
+        raise ValueError("explicit: needs bounds >= 1")
+
+    def fn(n):
+        i = bisect.bisect_left(bs, n)
+        if i == len(bs):
+            raise ShapeError(f"size {n} is larger than the largest bucket {bs[-1]} "
+                             f"(explicit buckets {bs})")
+        return bs[i]
+
+    return Policy(fn, f"explicit({bs})")
+
+
+def fixed(maximum: int) -> Policy:
+    """Always ``maximum``: one program for every size ``<= maximum``."""
+    return explicit([maximum])
+
+
+def exact() -> Policy:
+    """No padding: the bound is the size (one compile per size, like ``jax.jit``)."""
+    return Policy(lambda n: max(n, 1), "exact()")
+
+
+def as_policy(buckets) -> Callable[[int], int]:
+    """A callable ``size -> bound`` from a policy spec (see the module doc)."""
+    if buckets is None:
+        return pow2()
+    if isinstance(buckets, Policy) or callable(buckets):
         return buckets
-    raise NotImplementedError("bucketing policies are not implemented yet")
+    if isinstance(buckets, str):
+        if buckets == "pow2":
+            return pow2()
+        if buckets == "exact":
+            return exact()
+        raise ValueError(f"unknown bucket policy {buckets!r} (use 'pow2', 'exact' or a "
+                         "polymask.buckets policy)")
+    if isinstance(buckets, bool):
+        raise TypeError("buckets must be a policy, not a bool")
+    if isinstance(buckets, int):
+        return fixed(buckets)
+    if isinstance(buckets, (list, tuple)):
+        return explicit(buckets)
+    raise TypeError(f"cannot make a bucket policy from {buckets!r}")
