@@ -283,12 +283,16 @@ def solve_dim_vars(prog: MaskedProgram, leaves, checks_on: bool):
                 if is_static(value) and not is_static(prev):
                     values[a.var] = value
     for kind, e1, e2, text in compat.explicit_constraints(prog.scope):
+        if not (compat.dim_vars(e1) | compat.dim_vars(e2)) <= set(values):
+            continue  # a data-dependent dim var's bound: its rule guarantees it
         env = DimEnv(prog.scope, prog.var_bounds, values)
         v1, v2 = env.logical_raw(e1), env.logical_raw(e2)
         bad = _ne(v1, v2) if kind == "==" else _lt(v1, v2)
         checks.append(Check(bad, f"constraint '{text}' does not hold for "
                                  + ", ".join(f"{k}={_fmt(values[k])}" for k in sorted(
                                      compat.dim_vars(e1) | compat.dim_vars(e2)))))
+    if not checks_on:  # checks=False: keep only the checks decidable in Python
+        checks = [c for c in checks if concrete_value(c.bad) is not None]
     return values, checks
 
 
@@ -362,12 +366,19 @@ class Interpreter:
             env[v] = x
         for v, x in zip(jaxpr.invars, args):
             env[v] = x
-        for eqn in jaxpr.eqns:
-            invals = [read(v) for v in eqn.invars]
-            outs = self.apply(eqn, invals, dims)
-            for v, o in zip(eqn.outvars, outs):
-                if not isinstance(v, compat.DropVar):
-                    env[v] = o
+        # The jaxprs being walked, innermost last: rules may look up how an
+        # operand was computed (e.g. a loop bound derived from sizes).
+        stack = dims.__dict__.setdefault("jaxpr_stack", [])
+        stack.append(jaxpr)
+        try:
+            for eqn in jaxpr.eqns:
+                invals = [read(v) for v in eqn.invars]
+                outs = self.apply(eqn, invals, dims)
+                for v, o in zip(eqn.outvars, outs):
+                    if not isinstance(v, compat.DropVar):
+                        env[v] = o
+        finally:
+            stack.pop()
         return [read(v) for v in jaxpr.outvars]
 
     def apply(self, eqn, invals, dims: DimEnv) -> list:
