@@ -1,0 +1,202 @@
+"""Oracle tests for the core rule families: elementwise, reductions, dot_general,
+cumulative ops, sort and custom derivatives (eager, jit, vmap, grad; NaN padding)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jax import lax
+
+import polymask as pm
+from polymask.testing import check_oracle
+
+RNG = np.random.default_rng(0)
+B = 6  # bound
+
+
+def vec(n, dtype=np.float32):
+    if np.issubdtype(dtype, np.floating):
+        return RNG.normal(size=n).astype(dtype)
+    if dtype == np.bool_:
+        return RNG.integers(0, 2, size=n).astype(bool)
+    return RNG.integers(-50, 50, size=n).astype(dtype)
+
+
+def sizes_examples(make, sizes=(0, 1, 3, B)):
+    return [make(n) for n in sizes]
+
+
+# --- elementwise ---------------------------------------------------------------
+ELEMENTWISE_FUNS = {
+    "sin_exp": lambda x: jnp.sin(x) * jnp.exp(-x ** 2),
+    "log_abs": lambda x: jnp.log1p(jnp.abs(x)),
+    "tanh_pow": lambda x: jnp.tanh(x) ** 3 + lax.integer_pow(x, 2),
+    "clamp": lambda x: lax.clamp(-0.5, x, 0.5),
+    "where": lambda x: jnp.where(x > 0, x, 2 * x),
+    "erf_logistic": lambda x: jax.scipy.special.erf(x) + jax.nn.sigmoid(x),
+    "gelu": lambda x: jax.nn.gelu(x),
+    "convert": lambda x: (x * 10).astype(jnp.int32).astype(jnp.float32),
+    "stop_gradient": lambda x: x * lax.stop_gradient(x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ELEMENTWISE_FUNS))
+def test_elementwise(name):
+    f = ELEMENTWISE_FUNS[name]
+    check_oracle(f, sizes_examples(lambda n: (vec(n),)), [(B,)], rtol=1e-5, atol=1e-5)
+
+
+def test_binary_and_comparison_ops_2d():
+    f = lambda x, y: (jnp.maximum(x, y) - jnp.minimum(x, y) / (1 + y ** 2), x < y, x == y)
+    exs = [(vec((n, 3)), vec((n, 3))) for n in (0, 2, 4)]
+    check_oracle(f, exs, [(4, 3), (4, 3)], ("n, 3", "n, 3"))
+
+
+def test_integer_and_bool_elementwise():
+    f = lambda x: ((x >> 1) ^ (x & 3), jnp.logical_not(x > 0))
+    check_oracle(f, sizes_examples(lambda n: (vec(n, np.int32),)), [(B,)])
+
+
+# --- reductions -------------------------------------------------------------------
+REDUCTIONS = {
+    "sum": jnp.sum, "prod": jnp.prod, "max": lambda x: jnp.max(x, initial=-1e30),
+    "min": lambda x: jnp.min(x, initial=1e30), "mean_axis": lambda x: jnp.mean(x, axis=1),
+    "var": lambda x: jnp.var(x, axis=0), "logsumexp": lambda x: jax.nn.logsumexp(x, axis=1),
+    "softmax": lambda x: jax.nn.softmax(x, axis=0), "norm": lambda x: jnp.linalg.norm(x + 3.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_float_reductions(name):
+    f = REDUCTIONS[name]
+    exs = [(vec((n, m)),) for n, m in [(1, 1), (3, 2), (4, 5), (2, 5)]]
+    if name in ("sum", "prod", "max", "min", "mean_axis", "logsumexp"):
+        exs.append((vec((0, 3)),))
+    check_oracle(f, exs, [(4, 5)], rtol=2e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int8, np.uint8, np.bool_])
+def test_integer_and_bool_reductions(dtype):
+    def f(x):
+        outs = [jnp.max(x, axis=0), jnp.min(x, axis=0), jnp.sum(x, axis=0)]
+        if dtype == np.bool_:
+            outs += [jnp.all(x, axis=0), jnp.any(x, axis=0)]
+        else:
+            outs += [jnp.prod(x, axis=0) % 7, lax.reduce_xor(x, (0,))]
+        return outs
+
+    exs = [(vec((n, 3), dtype),) for n in (1, 2, 5)]
+    check_oracle(f, exs, [(5, 3)], ("n, 3",))
+
+
+def test_argmax_argmin_ties_and_inf():
+    f = lambda x: (jnp.argmax(x, axis=1), jnp.argmin(x, axis=1), jnp.argmax(x, axis=0))
+    x = np.array([[-np.inf, 2.0], [3.0, 3.0], [3.0, -1.0]], np.float32)
+    check_oracle(f, [(x,), (x[:1],), (x[:2, :1],)], [(4, 3)], modes=("eager", "jit", "vmap"))
+
+
+def test_generic_reduce_with_init():
+    f = lambda x: lax.reduce(x, np.float32(1.0), lambda a, b: a * b + 0 * a, (0,))
+    check_oracle(f, sizes_examples(lambda n: (vec((n, 2)),), (0, 1, 4)), [(5, 2)],
+                 ("n, 2",), modes=("eager", "jit", "vmap"))
+
+
+# --- dot_general --------------------------------------------------------------------
+def test_matmul_all_axes_dynamic():
+    f = lambda a, b: a @ b
+    exs = [(vec((m, k)), vec((k, n))) for m, k, n in [(2, 3, 4), (1, 1, 1), (3, 0, 2), (4, 5, 1)]]
+    check_oracle(f, exs, [(4, 5), (5, 4)], ("m, k", "k, n"), rtol=1e-5)
+
+
+def test_batched_einsum_and_int_dot():
+    f = lambda a, b: jnp.einsum("bij,bjk->bik", a, b)
+    exs = [(vec((b, 2, k)), vec((b, k, 3))) for b, k in [(1, 3), (2, 1), (3, 4)]]
+    check_oracle(f, exs, [(3, 2, 4), (3, 4, 3)], ("b, 2, k", "b, k, 3"), rtol=1e-5)
+    g = lambda a, b: a @ b
+    exs = [(vec((2, k), np.int32), vec((k,), np.int32)) for k in (0, 2, 5)]
+    check_oracle(g, exs, [(2, 5), (5,)], ("2, k", "k"))
+
+
+def test_dot_backward_with_inf_derivatives_in_padding():
+    # sqrt'(0) = inf in padding must not leak into the gradient through the dot.
+    f = lambda a, w: jnp.sum(jnp.sqrt(jnp.abs(a @ w)))
+    exs = [(vec((n, 3)), vec((3, 2))) for n in (1, 3)]
+    check_oracle(f, exs, [(5, 3), None], ("n, 3", None), rtol=1e-4, atol=1e-5)
+
+
+# --- cumulative -----------------------------------------------------------------------
+CUMULATIVE = {
+    "cumsum": jnp.cumsum, "cumprod": jnp.cumprod,
+    "cummax": lambda x: lax.cummax(x, axis=0), "cummin": lambda x: lax.cummin(x, axis=0),
+    "cumlogsumexp": lambda x: lax.cumlogsumexp(x, axis=0),
+    "cumsum_rev": lambda x: lax.cumsum(x, axis=0, reverse=True),
+    "cumprod_rev": lambda x: lax.cumprod(x, axis=0, reverse=True),
+    "cummax_rev": lambda x: lax.cummax(x, axis=0, reverse=True),
+    "cumlogsumexp_rev": lambda x: lax.cumlogsumexp(x, axis=0, reverse=True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUMULATIVE))
+def test_cumulative(name):
+    f = CUMULATIVE[name]
+    check_oracle(f, sizes_examples(lambda n: (vec(n),)), [(B,)], rtol=1e-5)
+
+
+def test_cumsum_int_reverse():
+    f = lambda x: lax.cumsum(x, axis=0, reverse=True)
+    check_oracle(f, sizes_examples(lambda n: (vec(n, np.int32),)), [(B,)])
+
+
+# --- sort -------------------------------------------------------------------------------
+def test_sort_multi_operand_and_argsort():
+    f = lambda k, v: lax.sort((k, v), num_keys=1)
+    exs = [(vec(n), vec(n, np.int32)) for n in (0, 1, 4, B)]
+    check_oracle(f, exs, [(B,), (B,)], ("n", "n"), modes=("eager", "jit", "vmap"))
+    check_oracle(jnp.argsort, [(vec(n),) for n in (1, 3, 5)], [(B,)],
+                 modes=("eager", "jit", "vmap"))
+
+
+def test_sort_2d_along_rows_grad():
+    f = lambda x: jnp.sort(x, axis=1)[:, 0] * 2.0
+    exs = [(vec((2, m)),) for m in (1, 3, 4)]
+    check_oracle(f, exs, [(2, 4)], ("2, m",))
+
+
+# --- custom derivatives -------------------------------------------------------------------
+def test_custom_jvp_rule_is_kept():
+    # relu's custom JVP gives 0 at x = 0 (differentiating max(x, 0) would give 0.5).
+    f = lambda x: jnp.sum(jax.nn.relu(x)) + jax.nn.logsumexp(x)
+    x = np.array([0.0, -1.0, 2.0, 3.0], np.float32)
+    check_oracle(f, [(x,), (x[:2],), (x[:1],)], [(6,)])
+
+
+def test_custom_vjp_rule_is_kept_and_masked():
+    @jax.custom_vjp
+    def clip_grad(x):
+        return x
+
+    clip_grad.defvjp(lambda x: (x, x.shape[0]), lambda n, g: (jnp.clip(g, -0.1, 0.1) / n,))
+    f = lambda x: jnp.sum(clip_grad(x) ** 2)
+    x = np.array([0.5, -1.0, 2.0, 3.0], np.float32)
+    check_oracle(f, [(x,), (x[:2],), (x[:3],)], [(6,)])
+    g = jax.grad(lambda d: pm.mask(f)(pm.Masked(d, (2,))).data)(jnp.asarray([0.5, -1.0, 9, 9]))
+    np.testing.assert_allclose(g, [0.05, -0.05, 0, 0])
+
+
+def test_nested_jit_and_remat():
+    inner = jax.jit(lambda x: jnp.cumsum(x) / x.shape[0])
+    f = lambda x: jax.checkpoint(lambda y: jnp.sum(jnp.sin(inner(y))))(x)
+    check_oracle(f, sizes_examples(lambda n: (vec(n),)), [(B,)])
+
+
+# --- property test: random sizes including 0, 1 and the bound --------------------------------
+@given(n=st.integers(0, 7), m=st.integers(0, 5), seed=st.integers(0, 2**16))
+def test_property_mean_center_matmul(n, m, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, m)).astype(np.float32)
+    w = rng.normal(size=(m, 2)).astype(np.float32)
+    f = lambda x, w: jnp.tanh((x - jnp.mean(x, axis=0, keepdims=True)) @ w).sum(axis=0)
+    check_oracle(f, [(x, w)], [(7, 5), (5, 2)], ("n, m", "m, 2"),
+                 modes=("eager", "grad"), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,51 @@
+"""Every function of the private-JAX compatibility module, on the pinned JAX."""
+
+import jax
+import jax.numpy as jnp
+
+from polymask import _jax_compat as compat
+
+
+def scope_and_n(constraints=("n <= 10",)):
+    scope = jax.export.SymbolicScope(list(constraints))
+    (n,) = jax.export.symbolic_shape("n", scope=scope)
+    return scope, n
+
+
+def test_dim_expr_queries_and_evaluation():
+    _, n = scope_and_n()
+    e = (n + 1) // 2
+    assert compat.is_dim_expr(e) and not compat.is_dim_expr(3)
+    assert compat.dim_vars(e) == {"n"} and compat.dim_vars(4) == set()
+    assert int(compat.evaluate_dim(e, {"n": 7})) == 4
+    assert int(compat.evaluate_dim(e, {"n": jnp.int32(7)})) == 4
+    assert compat.is_symbolic_shape((n, 3)) and not compat.is_symbolic_shape((2, 3))
+
+
+def test_bounds_and_added_constraints():
+    scope, n = scope_and_n()
+    assert compat.upper_bound((n + 1) // 2) == 5
+    assert compat.upper_bound(n % 3) == 2
+    assert compat.lower_bound(n - 5) == -4
+    u = compat.fresh_dim("_u1", scope)
+    compat.add_constraint(scope, "_u1 <= 6")
+    assert compat.upper_bound(u + n) == 16
+    kinds = [c[0] for c in compat.explicit_constraints(scope)]
+    assert kinds == [">=", ">="]
+
+
+def test_source_line_and_literals():
+    _, n = scope_and_n()
+    jaxpr = jax.make_jaxpr(lambda x: x * 2.0)(jax.ShapeDtypeStruct((n,), jnp.float32))
+    eqn = jaxpr.jaxpr.eqns[0]
+    assert "test_jax_compat.py" in compat.source_line(eqn.source_info)
+    lit = eqn.invars[1]
+    assert compat.is_jaxpr_literal(lit) and float(compat.literal_value(lit)) == 2.0
+    with compat.user_context(eqn.source_info):
+        pass
+
+
+def test_dim_as_value_is_the_shape_primitive():
+    _, n = scope_and_n()
+    jaxpr = jax.make_jaxpr(lambda x: x.shape[0] * 1.0)(jax.ShapeDtypeStruct((n,), jnp.float32))
+    assert jaxpr.jaxpr.eqns[0].primitive is compat.dim_as_value_p
