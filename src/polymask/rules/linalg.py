@@ -1,1 +1,348 @@
-"""Masking rules: linalg (filled in by its issue)."""
+"""Linear algebra on dynamic square, rectangular and batch axes.
+
+The logical matrix is embedded in an identity block (DESIGN.md): the padding
+rows and columns hold 1 on the diagonal and 0 elsewhere, written with
+``select`` so garbage (NaN, inf) never reaches the factorisation. For a
+square logical ``A`` padded to ``N``::
+
+    E = [[A, 0],
+         [0, I]]
+
+is block diagonal, so every factorisation of ``E`` is the factorisation of
+``A`` in the leading block and of ``I`` in the trailing one: Cholesky gives
+``blockdiag(L, I)``, LU with partial pivoting gives ``blockdiag(LU, I)`` with
+pivots/permutation equal to the unpadded ones on the logical region and the
+identity (``k -> k``) in padding (no padding row is ever a better pivot: its
+entries in logical columns are exactly 0), ``det(E) = det(A)``. Right-hand
+sides get zero padding, so solutions are 0 in padding. Padded batch elements
+become identity matrices (finite, invertible).
+
+For rectangular ``(m, n)`` matrices the 1s sit at ``(k, k)`` for every padding
+*row* ``k >= m``; padding columns ``k`` in ``[n, m)`` of a tall matrix are all
+zero, which makes the extra LU steps take the zero pivot in place (LAPACK's
+``getrf`` skips the swap and the scaling for a zero pivot) and the extra QR
+reflectors trivial (``tau = 0``), so logical rows are never permuted or
+reflected by padding steps.
+
+Backward pass: JAX differentiates the padded program. Every float output is
+``select``-ed back to its embedding on the padding, so cotangents arriving in
+padding (possibly NaN) are dropped by the select's transpose, and the
+factors the JVP rules read (``L``, ``U``, ``R``) are finite and invertible.
+
+Unsupported (``UnsupportedError`` with the reason) when a matrix axis is
+dynamic: ``eig``, ``schur``, ``hessenberg``, ``tridiagonal`` (their spectra or
+reductions interleave padding with the logical result), ``geqp3`` / ``qr``
+with column pivoting (padding columns compete as pivots), ``svd`` singular
+vectors (only singular values are masked), ``eigh`` with
+``sort_eigenvalues=False`` or ``subset_by_index``, and ``fft`` along a dynamic
+axis (zero padding changes the DFT; the transform length must equal the
+logical size).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from .registry import register
+from .util import clean, masked_axes, valid_mask
+
+
+# ----------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------
+def _matrix_masked(logical, bounds) -> bool:
+    return bool(masked_axes(logical, bounds, [len(bounds) - 2, len(bounds) - 1]))
+
+
+def _embed(x, logical, diag=None):
+    """``x`` with its padding replaced by the identity embedding.
+
+    ``x``: ``(..., M, N)`` padded, ``logical`` its logical shape. Logical
+    entries are kept; padding gets ``diag`` (default 1, or an array
+    broadcastable to ``x``) at ``(k, k)`` for every row ``k`` that is padding
+    (row ``>= m`` or a padded batch element), 0 elsewhere. Returns ``x``
+    unchanged when nothing is padded.
+    """
+    valid = valid_mask(logical, x.shape)
+    if valid is None:
+        return x
+    nd = x.ndim
+    rows = lax.broadcasted_iota(jnp.int32, x.shape, nd - 2)
+    cols = lax.broadcasted_iota(jnp.int32, x.shape, nd - 1)
+    row_ok = valid_mask(logical, x.shape, list(range(nd - 2)) + [nd - 2])
+    on_diag = rows == cols
+    if row_ok is not None:
+        on_diag = on_diag & ~row_ok
+    one = jnp.ones((), x.dtype) if diag is None else jnp.broadcast_to(diag, x.shape).astype(
+        x.dtype)
+    fill = lax.select(on_diag, jnp.broadcast_to(one, x.shape), jnp.zeros_like(x))
+    return lax.select(valid, x, fill)
+
+
+def _clean_float(x, logical):
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        return x
+    return clean(x, logical)
+
+
+def _fill_index(x, logical):
+    """Integer index vectors: padding entries become their own position."""
+    m = valid_mask(logical, x.shape)
+    if m is None:
+        return x
+    return lax.select(m, x, lax.broadcasted_iota(x.dtype, x.shape, x.ndim - 1))
+
+
+# ----------------------------------------------------------------------------
+# Cholesky and triangular solves
+# ----------------------------------------------------------------------------
+@register("cholesky")
+def cholesky_rule(ctx, x, **params):
+    lg = ctx.in_logical[0]
+    if not masked_axes(lg, ctx.in_bounds[0]):
+        return ctx.bind(x)
+    out = ctx.bind(_embed(x, lg))
+    return _embed(out, ctx.out_logical[0])
+
+
+@register("cholesky_update")
+def cholesky_update_rule(ctx, r, w, **params):
+    lr, lw = ctx.in_logical
+    if not (masked_axes(lr, ctx.in_bounds[0]) or masked_axes(lw, ctx.in_bounds[1])):
+        return ctx.bind(r, w)
+    out = ctx.bind(_embed(r, lr), clean(w, lw))
+    return _embed(out, ctx.out_logical[0])
+
+
+@register("triangular_solve")
+def triangular_solve_rule(ctx, a, b, **params):
+    la, lb = ctx.in_logical
+    if not (masked_axes(la, ctx.in_bounds[0]) or masked_axes(lb, ctx.in_bounds[1])):
+        return ctx.bind(a, b)
+    out = ctx.bind(_embed(a, la), clean(b, lb))
+    # Values are already 0 in padding; the select makes cotangents there 0 too.
+    return clean(out, ctx.out_logical[0])
+
+
+@register("tridiagonal_solve")
+def tridiagonal_solve_rule(ctx, dl, d, du, b, **params):
+    lg = ctx.in_logical
+    if not any(masked_axes(lo, bd) for lo, bd in zip(lg, ctx.in_bounds)):
+        return ctx.bind(dl, d, du, b)
+    # Padding rows are decoupled identity rows: d = 1, dl = du = 0, and the
+    # last logical row's super-diagonal (ignored by the unpadded solve) is 0.
+    dl = clean(dl, lg[0])
+    du_ok = valid_mask(lg[2], du.shape)
+    if du_ok is not None:
+        n = jnp.asarray(lg[2][-1], jnp.int32)
+        du_ok = du_ok & (lax.broadcasted_iota(jnp.int32, du.shape, du.ndim - 1) < n - 1)
+        du = lax.select(du_ok, du, jnp.zeros_like(du))
+    d_ok = valid_mask(lg[1], d.shape)
+    if d_ok is not None:
+        d = lax.select(d_ok, d, jnp.ones_like(d))
+    out = ctx.bind(dl, d, du, clean(b, lg[3]))
+    return clean(out, ctx.out_logical[0])
+
+
+@register("symmetric_product")
+def symmetric_product_rule(ctx, a, c, **params):
+    la, lc = ctx.in_logical
+    out = ctx.bind(clean(a, la), clean(c, lc))
+    return clean(out, ctx.out_logical[0])
+
+
+# ----------------------------------------------------------------------------
+# LU
+# ----------------------------------------------------------------------------
+@register("lu")
+def lu_rule(ctx, x, **params):
+    lg = ctx.in_logical[0]
+    if not masked_axes(lg, ctx.in_bounds[0]):
+        return ctx.bind(x)
+    lu, pivots, perm = ctx.bind(_embed(x, lg))
+    lu = _embed(lu, ctx.out_logical[0])
+    return [lu, _fill_index(pivots, ctx.out_logical[1]), _fill_index(perm, ctx.out_logical[2])]
+
+
+@register("lu_pivots_to_permutation")
+def lu_pivots_to_permutation_rule(ctx, pivots, **params):
+    # A padding pivot swaps its row with itself; logical pivots only touch
+    # logical rows, so the permutation is right on the logical prefix.
+    return ctx.bind(_fill_index(pivots, ctx.in_logical[0]))
+
+
+# ----------------------------------------------------------------------------
+# custom_linear_solve (jnp.linalg.solve, inv): recurse into the four jaxprs
+# ----------------------------------------------------------------------------
+@register("custom_linear_solve")
+def custom_linear_solve_rule(ctx, *args, const_lengths, jaxprs):
+    counts = list(const_lengths)
+    consts, pos = [], 0
+    for c in counts:
+        consts.append(list(args[pos:pos + c]))
+        pos += c
+    b = list(args[pos:])
+    mv_c, _, solve_c, tsolve_c = consts
+    n_out = len(jaxprs.matvec.out_avals)
+    has_aux = len(jaxprs.solve.out_avals) > n_out
+    symmetric = jaxprs.vecmat is not None and jaxprs.vecmat is jaxprs.matvec
+
+    def run(jaxpr, cs, x):
+        outs = ctx.eval_jaxpr(jaxpr, *cs, *x)
+        if has_aux and jaxpr is not jaxprs.matvec and len(outs) > n_out:
+            return list(outs[:n_out]), list(outs[n_out:])
+        return list(outs)
+
+    def matvec(x):
+        return run(jaxprs.matvec, mv_c, x)
+
+    def solve(_mv, x):
+        return run(jaxprs.solve, solve_c, x)
+
+    transpose_solve = None
+    if jaxprs.transpose_solve is not None and not symmetric:
+        def transpose_solve(_vm, x):
+            return run(jaxprs.transpose_solve, tsolve_c, x)
+
+    out = lax.custom_linear_solve(matvec, b, solve, transpose_solve, symmetric=symmetric,
+                                  has_aux=has_aux)
+    if has_aux:
+        x, aux = out
+        return list(x) + list(aux)
+    return list(out)
+
+
+# ----------------------------------------------------------------------------
+# Symmetric eigendecomposition
+# ----------------------------------------------------------------------------
+@register("eigh")
+def eigh_rule(ctx, x, *, lower, sort_eigenvalues, subset_by_index, **params):
+    lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
+    if not masked_axes(lg, bd):
+        return ctx.bind(x)
+    if not _matrix_masked(lg, bd):
+        v, w = ctx.bind(_embed(x, lg))
+        return [_embed(v, ctx.out_logical[0]), clean(w, ctx.out_logical[1])]
+    if not sort_eigenvalues:
+        raise ctx.unsupported(
+            "eigh with sort_eigenvalues=False on a dynamic matrix axis: the padding "
+            "eigenvalues land in implementation-defined positions of the spectrum")
+    if subset_by_index is not None:
+        raise ctx.unsupported(
+            "eigh with subset_by_index on a dynamic matrix axis: the index range refers "
+            "to the logical spectrum, which the padded solver cannot select")
+    # Padding eigenvalues c + k, with c above the Gershgorin bound of the
+    # logical matrix: they are distinct (finite JVP) and sort after every
+    # logical eigenvalue, so the ascending spectrum keeps the logical ones first.
+    xc = clean(x, lg)
+    real = jnp.abs(xc).dtype
+    radius = jnp.max(jnp.sum(jnp.abs(xc), axis=-1), axis=-1, keepdims=True)
+    k = lax.broadcasted_iota(real, x.shape[:-1], x.ndim - 2)
+    shift = lax.stop_gradient(radius + 1.0 + k)[..., None]
+    e = _embed(x, lg, diag=shift)
+    v, w = ctx.bind(e)
+    return [_embed(v, ctx.out_logical[0]), clean(w, ctx.out_logical[1])]
+
+
+# ----------------------------------------------------------------------------
+# QR and SVD
+# ----------------------------------------------------------------------------
+@register("qr")
+def qr_rule(ctx, x, *, pivoting, full_matrices, **params):
+    lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
+    if not masked_axes(lg, bd):
+        return ctx.bind(x)
+    if pivoting and _matrix_masked(lg, bd):
+        raise ctx.unsupported(
+            "qr with column pivoting on a dynamic matrix axis: padding columns would "
+            "compete with logical columns as pivots")
+    outs = ctx.bind(_embed(x, lg))
+    q, r = outs[0], outs[1]
+    q = _embed(q, ctx.out_logical[0])
+    r = clean(r, ctx.out_logical[1])
+    res = [q, r]
+    if pivoting:
+        res.append(_fill_index(outs[2], ctx.out_logical[2]))
+    return res
+
+
+@register("svd")
+def svd_rule(ctx, x, *, compute_uv, subset_by_index, **params):
+    lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
+    if not masked_axes(lg, bd):
+        return ctx.bind(x)
+    if not _matrix_masked(lg, bd):
+        outs = ctx.bind(_embed(x, lg))
+        return [_clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
+    if compute_uv:
+        raise ctx.unsupported(
+            "svd singular vectors (compute_uv=True) on a dynamic matrix axis: the "
+            "padding singular values tie with or reorder the logical spectrum, so the "
+            "padded singular vectors are not the logical ones; use compute_uv=False "
+            "(jnp.linalg.svdvals) or make the matrix axes static")
+    if subset_by_index is not None:
+        raise ctx.unsupported("svd with subset_by_index on a dynamic matrix axis")
+    # Zero padding: the padded singular values are the logical ones followed
+    # by zeros (descending order keeps the logical ones first).
+    (s,) = ctx.bind(clean(x, lg))
+    return [clean(s, ctx.out_logical[0])]
+
+
+# ----------------------------------------------------------------------------
+# Everything else: batch axes only
+# ----------------------------------------------------------------------------
+_MATRIX_REASONS = {
+    "eig": "the padding eigenvalues of the identity block interleave with the logical "
+           "ones in an implementation-defined order",
+    "schur": "the Schur form of the padded matrix orders padding and logical eigenvalues "
+             "in an implementation-defined way",
+    "hessenberg": "not implemented for a dynamic matrix axis (Householder reflectors "
+                  "and taus would need re-laying out)",
+    "tridiagonal": "not implemented for a dynamic matrix axis",
+    "geqrf": "raw Householder outputs (taus) are not masked; use jnp.linalg.qr",
+    "geqp3": "column pivoting: padding columns would compete with logical columns as pivots",
+    "householder_product": "not implemented for a dynamic matrix axis",
+    "ormqr": "not implemented for a dynamic matrix axis",
+}
+
+
+def _batch_only_rule(name):
+    def rule(ctx, *args, **params):
+        for lo, bd in zip(ctx.in_logical, ctx.in_bounds):
+            if len(bd) >= 2 and _matrix_masked(lo, bd):
+                raise ctx.unsupported(f"{name} on a dynamic matrix axis: "
+                                      f"{_MATRIX_REASONS[name]}")
+        ins = [_embed(a, lo) if (len(bd) >= 2 and jnp.issubdtype(a.dtype, jnp.inexact))
+               else a for a, lo, bd in zip(args, ctx.in_logical, ctx.in_bounds)]
+        outs = ctx.bind(*ins)
+        if not ctx.primitive.multiple_results:
+            return _clean_float(outs, ctx.out_logical[0])
+        return [_clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
+
+    rule.__name__ = f"{name}_batch_rule"
+    return rule
+
+
+for _name in _MATRIX_REASONS:
+    register(_name)(_batch_only_rule(_name))
+
+
+# ----------------------------------------------------------------------------
+# FFT
+# ----------------------------------------------------------------------------
+@register("fft")
+def fft_rule(ctx, x, *, fft_type, fft_lengths):
+    k = len(fft_lengths)
+    lin, bin_ = ctx.in_logical[0], ctx.in_bounds[0]
+    lout, bout = ctx.out_logical[0], ctx.out_bounds[0]
+    nd = len(bin_)
+    axes = list(range(nd - k, nd))
+    if masked_axes(lin, bin_, axes) or masked_axes(lout, bout, axes):
+        raise ctx.unsupported(
+            "fft along a dynamic axis: zero padding changes the discrete Fourier "
+            "transform (it samples the spectrum of the longer signal), so the "
+            "transform length must equal the logical size; make the transformed "
+            "axes static (pad only batch axes)")
+    return _clean_float(ctx.bind(x), lout)
+
