@@ -1,0 +1,199 @@
+"""polymask.jit, ragged_map and bucketing policies (values only, never timings)."""
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polymask as pm
+from polymask import buckets as B
+
+
+# ----------------------------------------------------------------------------
+# buckets
+# ----------------------------------------------------------------------------
+def test_bucket_policies():
+    p = B.pow2(8)
+    assert [p(n) for n in (0, 1, 8, 9, 16, 17, 100)] == [8, 8, 8, 16, 16, 32, 128]
+    assert [B.pow2(1)(n) for n in (0, 1, 2, 3, 5)] == [1, 1, 2, 4, 8]
+    m = B.multiple(10)
+    assert [m(n) for n in (0, 1, 10, 11)] == [10, 10, 10, 20]
+    e = B.explicit([32, 8, 100])
+    assert [e(n) for n in (0, 8, 9, 33, 100)] == [8, 8, 32, 100, 100]
+    with pytest.raises(pm.ShapeError, match="largest bucket"):
+        e(101)
+    assert B.fixed(64)(3) == 64
+    assert B.exact()(0) == 1 and B.exact()(7) == 7
+    assert B.as_policy(None)(9) == 16
+    assert B.as_policy([4, 16])(5) == 16
+    assert B.as_policy(50)(3) == 50
+    assert B.as_policy("exact")(5) == 5
+    with pytest.raises(ValueError):
+        B.as_policy("nope")
+
+
+def test_stack_uses_bucket_policy():
+    m = pm.stack([np.ones(3), np.ones(5)], buckets=B.pow2(4))
+    assert m.data.shape == (2, 8)
+    np.testing.assert_array_equal(m.shape[0], [3, 5])
+
+
+# ----------------------------------------------------------------------------
+# polymask.jit
+# ----------------------------------------------------------------------------
+def test_jit_exact_in_exact_out_one_compile_per_bucket():
+    traces = []
+
+    def f(x):
+        traces.append(1)
+        return jnp.cumsum(x) * 2 + jnp.sum(x)
+
+    pf = pm.jit(f, buckets=B.pow2(8))
+    for n in (0, 1, 3, 8, 5, 9, 16, 12, 2):
+        x = np.arange(n, dtype=np.float32) + 1
+        y = pf(x)
+        assert isinstance(y, jax.Array)
+        assert y.shape == (n,)
+        np.testing.assert_allclose(y, np.cumsum(x) * 2 + x.sum(), rtol=1e-6)
+    st = pf.stats()
+    assert st["compiles"] == 2 == len(traces)  # buckets 8 and 16
+    assert st["calls"] == 9 and st["cache_hits"] == 7
+    assert 0 < st["padding_fraction"] < 1
+
+
+def test_jit_specs_shared_names_and_static_args():
+    def f(w, x, y):
+        return jnp.tanh(x @ w) + y[:, None], jnp.mean(x)
+
+    pf = pm.jit(f, (None, "n, 4", "n"))
+    w = np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32)
+    for n in (1, 5, 7):
+        x = np.random.default_rng(n).normal(size=(n, 4)).astype(np.float32)
+        y = np.arange(n, dtype=np.float32)
+        a, m = pf(w, x, y)
+        ea, em = f(w, x, y)
+        assert a.shape == (n, 3)
+        np.testing.assert_allclose(a, ea, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(m, em, rtol=1e-5)
+    assert pf.stats()["compiles"] == 1
+    with pytest.raises(pm.ShapeError, match="dim var 'n'"):
+        pf(w, np.ones((3, 4), np.float32), np.ones(4, np.float32))
+    with pytest.raises(pm.ShapeError):
+        pf(w, np.ones((3, 5), np.float32), np.ones(3, np.float32))
+
+
+def test_jit_all_axes_dynamic_by_default_and_pytrees():
+    pf = pm.jit(lambda d: {"s": d["a"].sum(0), "t": d["b"] * 2})
+    out = pf({"a": np.ones((3, 5), np.float32), "b": np.arange(4, dtype=np.int32)})
+    np.testing.assert_array_equal(out["s"], np.full(5, 3.0))
+    np.testing.assert_array_equal(out["t"], np.arange(4) * 2)
+    assert out["t"].dtype == jnp.int32
+
+
+def test_jit_constraints_and_affine_specs():
+    pf = pm.jit(lambda x: x[2] + x.shape[0], "n", constraints=["n >= 3"])
+    assert float(pf(np.arange(5.0, dtype=np.float32))) == 7.0
+    with pytest.raises(pm.ShapeError, match="n >= 3"):
+        pf(np.arange(2.0, dtype=np.float32))
+    pr = pm.jit(lambda x: x.reshape(-1, 2).sum(1), "2*k")
+    np.testing.assert_array_equal(pr(np.arange(6.0, dtype=np.float32)), [1, 5, 9])
+    with pytest.raises(pm.ShapeError, match="2\\*k"):
+        pr(np.arange(5.0, dtype=np.float32))
+
+
+def test_jit_dict_buckets_and_numpy_outputs():
+    pf = pm.jit(lambda x, y: jnp.outer(x, y), ("n", "m"),
+                buckets={"n": B.fixed(10), None: B.exact()}, numpy_outputs=True)
+    out = pf(np.ones(3, np.float32), np.ones(2, np.float32))
+    assert isinstance(out, np.ndarray) and out.shape == (3, 2)
+    pf(np.ones(4, np.float32), np.ones(2, np.float32))
+    pf(np.ones(4, np.float32), np.ones(5, np.float32))
+    assert pf.stats()["compiles"] == 2  # n always 10; m exact: 2 and 5
+
+
+def test_jit_cache_size_limit_evicts():
+    pf = pm.jit(jnp.sum, buckets=B.exact(), cache_size=2)
+    for n in (1, 2, 3, 1):
+        assert float(pf(np.ones(n, np.float32))) == n
+    st = pf.stats()
+    assert st["compiles"] == 4 and st["evictions"] == 2 and st["cache_size"] == 2
+
+
+def test_jit_thread_safe_single_compile():
+    pf = pm.jit(jnp.cumsum)
+    errors, results = [], {}
+
+    def work(i):
+        try:
+            n = 3 + i % 5
+            results[i] = (n, np.asarray(pf(np.ones(n, np.float32))))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for n, r in results.values():
+        np.testing.assert_array_equal(r, np.arange(1, n + 1))
+    assert pf.stats()["compiles"] == 1
+    assert pf.stats()["calls"] == 12
+
+
+def test_jit_accepts_jax_arrays_and_scalars():
+    pf = pm.jit(lambda x, a: x * a, ("n", None))
+    y = pf(jnp.arange(3.0), 2.0)
+    np.testing.assert_array_equal(y, [0, 2, 4])
+    y = pf(jnp.arange(8.0), 3.0)  # exactly at the bucket: passed through unpadded
+    np.testing.assert_array_equal(y, np.arange(8.0) * 3)
+    assert pf.stats()["compiles"] == 1
+
+
+# ----------------------------------------------------------------------------
+# ragged_map
+# ----------------------------------------------------------------------------
+def test_ragged_map_matches_per_example():
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3, 2)).astype(np.float32)
+
+    def f(w, x):
+        return jnp.tanh(x @ w).mean(0), x.shape[0] * jnp.ones(())
+
+    rm = pm.ragged_map(f, ("n, 3",), batch_size=4)
+    sizes = [1, 2, 5, 9, 3, 4, 17, 0, 8, 8, 8, 8, 8]
+    exs = [rng.normal(size=(n, 3)).astype(np.float32) for n in sizes]
+    outs = rm(exs, w)
+    assert len(outs) == len(exs)
+    for e, (m, c) in zip(exs, outs):
+        if e.shape[0]:
+            np.testing.assert_allclose(m, np.tanh(e @ w).mean(0), rtol=1e-5, atol=1e-6)
+        assert float(c) == e.shape[0]
+    st = rm.stats()
+    assert st["compiles"] <= 6
+    outs2 = rm(exs, w)  # second pass: no new compiles
+    assert rm.stats()["compiles"] == st["compiles"]
+    for a, b in zip(outs, outs2):
+        np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_ragged_map_auto_specs_and_ragged_outputs():
+    rm = pm.ragged_map(lambda x: jnp.cumsum(x, axis=0) * 2, batch_size=3)
+    exs = [np.arange(n * 2, dtype=np.float32).reshape(n, 2) for n in (1, 4, 2, 6, 3)]
+    outs = rm(exs, progress=False)
+    for e, o in zip(exs, outs):
+        assert o.shape == e.shape
+        np.testing.assert_allclose(o, np.cumsum(e, 0) * 2)
+
+
+def test_ragged_map_tuple_examples_and_progress(capsys):
+    rm = pm.ragged_map(lambda x, y: jnp.sum(x) * jnp.sum(y), ("n", "m"), batch_size=2,
+                       progress=True, numpy_outputs=True)
+    exs = [(np.ones(a, np.float32), np.ones(b, np.float32)) for a, b in
+           [(1, 2), (3, 1), (2, 2), (5, 3)]]
+    outs = rm(exs)
+    assert [float(o) for o in outs] == [2.0, 3.0, 4.0, 15.0]
+    assert rm([]) == []
