@@ -30,7 +30,8 @@ def remat_rule(ctx, *args, jaxpr, prevent_cse, differentiated, policy):
 
     @jax.checkpoint
     def body(*xs):
-        return ctx.eval_jaxpr(closed, *xs)
+        with inner_trace(ctx.dims):
+            return ctx.eval_jaxpr(closed, *xs)
 
     return body(*args)
 
@@ -43,3 +44,268 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
 @register("custom_vjp_call", "custom_vjp_call_jaxpr")
 def custom_vjp_rule(ctx, *args, call_jaxpr, **params):
     return ctx.eval_jaxpr(call_jaxpr, *args)
+
+
+# ----------------------------------------------------------------------------
+# scan / while / cond
+# ----------------------------------------------------------------------------
+# Loops over a dynamic axis run to the bound; a step is *valid* when its row
+# (or trip) index is below the logical length. Invalid steps keep the carry
+# and zero their stacked outputs with ``select``, so their cotangents are
+# exactly 0. Their body still runs (and is differentiated), so it is fed real
+# data: the frozen carry, and instead of a padding row (garbage, NaN) the last
+# logical row. Its derivatives there are as finite as in a valid step, and
+# ``0 * finite = 0`` keeps the constants' gradients exact. (An empty scan
+# feeds zeros.) Multiplying by a 0/1 mask instead would give ``0 * nan``.
+
+import contextlib  # noqa: E402
+import functools  # noqa: E402
+
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+
+from .. import _jax_compat as compat  # noqa: E402
+from ..shapes import is_static, needs_mask  # noqa: E402
+from .util import is_inexact  # noqa: E402
+
+
+def _pick(valid, new, old):
+    """``new`` on valid steps, ``old`` otherwise (a select: NaN-safe both ways)."""
+    if valid is None:
+        return new
+    old = jnp.asarray(old, new.dtype)
+    return lax.select(jnp.broadcast_to(valid, new.shape), new, old)
+
+
+@contextlib.contextmanager
+def inner_trace(dims):
+    """Isolate the dim env while an inner function is traced (scan/while/cond body).
+
+    Logical sizes computed inside the body are tracers of the inner trace;
+    they must not stay in the (per-run) cache where the outer code would read
+    them after the body is done (an escaped tracer).
+    """
+    cache = dict(dims._logical_cache)
+    values = dict(dims.logical_values)
+    bounds = dict(dims.bounds)
+    try:
+        yield
+    finally:
+        dims._logical_cache = cache
+        dims.logical_values = values
+        dims.bounds = bounds
+
+
+def _as_dtype(vals, avals):
+    return [jnp.asarray(v, a.dtype) if hasattr(a, "dtype") else v for v, a in zip(vals, avals)]
+
+
+@register("scan")
+def scan_rule(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll=1, **params):
+    """``lax.scan`` over a (possibly dynamic) axis: run to the bound, freeze after the end.
+
+    Row ``i`` of the padded ``xs`` is a valid step when ``i < length``
+    (logical). With ``reverse=True`` the padded scan visits the padding rows
+    first, while the carry stays frozen at ``init``, so the logical scan
+    starts at the logical end. Stacked outputs are valid on the logical
+    prefix. The body is masked recursively (its avals may carry dim vars of
+    the same scope: dynamic inner axes of carries and rows).
+    """
+    dims = ctx.dims
+    args = _as_dtype(args, ctx.in_avals)
+    consts = args[:num_consts]
+    init = args[num_consts:num_consts + num_carry]
+    xs = args[num_consts + num_carry:]
+    n_pad = ctx.padded(length)
+    n_log = ctx.logical(length)
+    dynamic = needs_mask(n_log, n_pad)
+    carry_avals = ctx.out_avals[:num_carry]
+    safe_rows = [_last_row(x, n_log) if dynamic and is_inexact(x.dtype) else None for x in xs]
+
+    def body(carry, inp):
+        if dynamic:
+            i, row = inp[0], inp[1:]
+            valid = i < n_log
+            row = [r if s is None else _pick(valid, r, s) for r, s in zip(row, safe_rows)]
+        else:
+            valid, row = None, inp
+        with inner_trace(dims):
+            outs = ctx.eval_jaxpr(jaxpr, *consts, *carry, *row)
+        new = _as_dtype(outs[:num_carry], carry_avals)
+        new = [_pick(valid, a, b) for a, b in zip(new, carry)]
+        ys = [_pick(valid, y, jnp.zeros((), y.dtype)) if is_inexact(y.dtype) else y
+              for y in outs[num_carry:]]
+        return new, ys
+
+    seq = ([lax.iota(jnp.int32, n_pad)] if dynamic else []) + list(xs)
+    carry, ys = lax.scan(body, list(init), seq, length=n_pad, reverse=reverse,
+                         unroll=unroll)
+    return [*carry, *ys]
+
+
+def _last_row(x, n):
+    """Row ``n - 1`` of ``x`` (zeros when ``n == 0``): real data for invalid steps."""
+    k = jnp.maximum(jnp.asarray(n, jnp.int32) - 1, 0)
+    row = lax.dynamic_index_in_dim(x, k, 0, keepdims=False)
+    return lax.select(jnp.broadcast_to(jnp.asarray(n) > 0, row.shape), row,
+                      jnp.zeros_like(row))
+
+
+def _producer(var, jaxpr):
+    for eqn in jaxpr.eqns:
+        if any(o is var for o in eqn.outvars):
+            return eqn
+    return None
+
+
+_INT_BINOPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b,
+               "mul": lambda a, b: a * b}
+
+
+def size_expr_of(var, jaxpr, depth=0):
+    """The dimension expression an integer scalar ``var`` was computed from, or None.
+
+    Follows ``dim_as_value`` (``x.shape[0]`` used as a number), literals,
+    integer casts, ``add``/``sub``/``mul`` and ``neg`` in ``jaxpr``.
+    """
+    if compat.is_jaxpr_literal(var):
+        val = compat.literal_value(var)
+        try:
+            return int(val)
+        except Exception:
+            return None
+    if depth > 32 or jaxpr is None:
+        return None
+    eqn = _producer(var, jaxpr)
+    if eqn is None:
+        return None
+    name = eqn.primitive.name
+    if name == "dim_as_value":
+        return eqn.params["dim"]
+    if name == "convert_element_type":
+        if not jnp.issubdtype(eqn.params["new_dtype"], jnp.integer):
+            return None
+        return size_expr_of(eqn.invars[0], jaxpr, depth + 1)
+    if name == "neg":
+        e = size_expr_of(eqn.invars[0], jaxpr, depth + 1)
+        return None if e is None else -e
+    if name in _INT_BINOPS:
+        a = size_expr_of(eqn.invars[0], jaxpr, depth + 1)
+        b = size_expr_of(eqn.invars[1], jaxpr, depth + 1)
+        if a is None or b is None:
+            return None
+        return _INT_BINOPS[name](a, b)
+    return None
+
+
+def _fori_pattern(cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+    """True for the ``while`` that ``fori_loop`` emits: carry ``(i, upper, *x)``,
+    ``i < upper``, ``i += 1``, ``upper`` unchanged."""
+    cj, bj = cond_jaxpr.jaxpr, body_jaxpr.jaxpr
+    if len(cj.invars) < cond_nconsts + 2 or len(bj.outvars) < 2:
+        return False
+    i_c, up_c = cj.invars[cond_nconsts], cj.invars[cond_nconsts + 1]
+    if len(cj.eqns) != 1:
+        return False
+    e = cj.eqns[0]
+    if e.primitive.name != "lt" or list(e.invars) != [i_c, up_c] or cj.outvars[0] is not e.outvars[0]:
+        return False
+    i_b, up_b = bj.invars[body_nconsts], bj.invars[body_nconsts + 1]
+    if bj.outvars[1] is not up_b:
+        return False
+    inc = _producer(bj.outvars[0], bj)
+    if inc is None or inc.primitive.name != "add":
+        return False
+    a, b = inc.invars
+    one = [v for v in (a, b) if compat.is_jaxpr_literal(v)]
+    other = [v for v in (a, b) if not compat.is_jaxpr_literal(v)]
+    return (len(one) == 1 and len(other) == 1 and other[0] is i_b
+            and int(compat.literal_value(one[0])) == 1)
+
+
+def _trip_bound(ctx, lower_var, upper_var):
+    """Static bound of ``upper - lower`` when both are computed from sizes."""
+    stack = ctx.dims.__dict__.get("jaxpr_stack") or [None]
+    jaxpr = stack[-1]
+    lo = size_expr_of(lower_var, jaxpr)
+    hi = size_expr_of(upper_var, jaxpr)
+    if lo is None or hi is None:
+        return None
+    trip = hi - lo
+    if not compat.is_dim_expr(trip):
+        return max(int(trip), 0)
+    try:
+        return ctx.padded(trip)
+    except Exception:
+        return None
+
+
+@register("while")
+def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+    """``lax.while_loop`` with a masked body and predicate.
+
+    A ``fori_loop`` whose bounds are computed from sizes (``fori_loop(0,
+    x.shape[0], ...)``: the trip count is a logical size, traced) becomes a
+    ``scan`` to the trip count's bound with the carry frozen after the
+    logical trip count, so it stays reverse-differentiable as it is on exact
+    shapes. Other loops run as a ``while_loop`` on the padded carries (carried
+    shapes may have dynamic axes; the body is masked recursively).
+    """
+    dims = ctx.dims
+    args = _as_dtype(args, ctx.in_avals)
+    cconsts = args[:cond_nconsts]
+    bconsts = args[cond_nconsts:cond_nconsts + body_nconsts]
+    init = args[cond_nconsts + body_nconsts:]
+    carry_avals = ctx.out_avals
+    n0 = cond_nconsts + body_nconsts
+
+    if _fori_pattern(cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+        bound = _trip_bound(ctx, ctx.eqn.invars[n0], ctx.eqn.invars[n0 + 1])
+        if bound is not None:
+            lower, upper = init[0], init[1]
+            trip = jnp.maximum(jnp.asarray(upper) - jnp.asarray(lower), 0)
+
+            last = jnp.maximum(jnp.asarray(upper) - 1, jnp.asarray(lower))
+
+            def step(carry, k):
+                valid = k < trip
+                # Invalid steps see the last valid index, not one past the end.
+                fed = [jnp.minimum(carry[0], last).astype(carry[0].dtype), *carry[1:]]
+                with inner_trace(dims):
+                    outs = ctx.eval_jaxpr(body_jaxpr, *bconsts, *fed)
+                outs = _as_dtype(outs, carry_avals)
+                return [_pick(valid, a, b) for a, b in zip(outs, carry)], None
+
+            carry, _ = lax.scan(step, list(init), lax.iota(jnp.int32, bound), length=bound)
+            return carry
+
+    def cond_fun(carry):
+        with inner_trace(dims):
+            return ctx.eval_jaxpr(cond_jaxpr, *cconsts, *carry)[0]
+
+    def body_fun(carry):
+        with inner_trace(dims):
+            return _as_dtype(ctx.eval_jaxpr(body_jaxpr, *bconsts, *carry), carry_avals)
+
+    return list(lax.while_loop(cond_fun, body_fun, list(init)))
+
+
+@register("cond")
+def cond_rule(ctx, index, *ops, branches, **params):
+    """``lax.cond``/``lax.switch``: each branch masked recursively.
+
+    Branch outputs share their symbolic avals, so their logical shapes are
+    the same expressions; the padded outputs have equal bounds. Under
+    ``vmap`` with a batched index JAX turns the switch into a select.
+    """
+    dims = ctx.dims
+
+    def run(branch, *xs):
+        with inner_trace(dims):
+            return _as_dtype(ctx.eval_jaxpr(branch, *xs), ctx.out_avals)
+
+    fns = [functools.partial(run, br) for br in branches]
+    if is_static(index) or (not compat.is_tracer(index) and jnp.ndim(index) == 0):
+        k = min(max(int(index), 0), len(branches) - 1)
+        return fns[k](*ops)
+    return list(lax.switch(index, fns, *ops))
