@@ -56,8 +56,20 @@ class Masked:
     def ndim(self) -> int:
         return len(self.shape)
 
-    def unpad(self) -> jax.Array | np.ndarray:
-        """The logical data ``data[:n0, :n1, ...]`` (needs concrete sizes)."""
+    def unpad(self) -> jax.Array | np.ndarray | list:
+        """The logical data ``data[:n0, :n1, ...]`` (needs concrete sizes).
+
+        For a ragged batch (``data`` has one more axis than ``shape`` and the
+        sizes are ``(B,)`` arrays, as made by ``stack`` or returned by
+        ``jax.vmap``), returns the list of the ``B`` unpadded examples.
+
+        Raises:
+          ShapeError: sizes are traced (inside ``jit``/``vmap``).
+        """
+        if self._is_ragged_batch():
+            sizes = [np.asarray(s) for s in self.shape]
+            return [self.data[i][tuple(slice(0, int(s[i])) for s in sizes)]
+                    for i in range(np.shape(self.data)[0])]
         try:
             idx = tuple(slice(0, int(s)) for s in self.shape)
         except (TypeError, jax.errors.ConcretizationTypeError) as e:
@@ -65,6 +77,10 @@ class Masked:
                 "Masked.unpad() needs concrete logical sizes; inside jit/vmap use "
                 ".valid() with jnp.where instead") from e
         return self.data[idx]
+
+    def _is_ragged_batch(self) -> bool:
+        return (np.ndim(self.data) == len(self.shape) + 1 and len(self.shape) > 0
+                and all(not _is_static(s) and np.ndim(s) == 1 for s in self.shape))
 
     def valid(self) -> jax.Array:
         """Boolean array of ``data.shape``: True on the logical corner."""

@@ -1,0 +1,55 @@
+"""Masked pytree, pad, stack, logical_shape."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polymask as pm
+
+
+def test_masked_pytree_static_and_dynamic_sizes():
+    m = pm.Masked(jnp.zeros((4, 3)), (2, jnp.int32(1)))
+    leaves, tree = jax.tree_util.tree_flatten(m)
+    assert len(leaves) == 2  # data + the dynamic size; the static 2 is aux data
+    m2 = jax.tree_util.tree_unflatten(tree, leaves)
+    assert m2.shape[0] == 2 and int(m2.shape[1]) == 1 and m2.bound == (4, 3)
+
+
+def test_pad_unpad_valid():
+    m = pm.pad(np.arange(3.0), 5, fill=np.nan)
+    assert m.bound == (5,)
+    np.testing.assert_array_equal(m.unpad(), [0, 1, 2])
+    np.testing.assert_array_equal(m.valid(), [1, 1, 1, 0, 0])
+    with pytest.raises(pm.ShapeError, match="larger than its bound"):
+        pm.pad(np.arange(6.0), 5)
+    with pytest.raises(pm.ShapeError, match="rank"):
+        pm.pad(np.zeros((2, 2)), (3,) * 3)
+
+
+def test_stack_ragged_batch_roundtrip_and_vmap():
+    xs = [np.arange(n, dtype=np.float32) for n in (3, 0, 5)]
+    b = pm.stack(xs)
+    assert np.shape(b.data) == (3, 5)
+    for got, want in zip(b.unpad(), xs):
+        np.testing.assert_array_equal(got, want)
+    out = jax.vmap(pm.mask(jnp.cumsum))(b)
+    for got, want in zip(out.unpad(), xs):
+        np.testing.assert_array_equal(got, np.cumsum(want))
+    with pytest.raises(pm.ShapeError):
+        pm.stack([np.zeros(2), np.zeros((2, 2))])
+
+
+def test_logical_shape_inside_and_outside_mask():
+    m = pm.Masked(jnp.ones((6, 2)), (jnp.int32(4), 2))
+    assert pm.logical_shape(m) == m.shape
+    f = pm.mask(lambda x: pm.logical_shape(x)[0] * 10 + pm.logical_shape(x)[1])
+    assert int(f(m).data) == 42
+    assert int(jax.jit(f)(m).data) == 42
+
+
+def test_plain_array_argument_is_unpadded():
+    f = pm.mask(lambda x, w: x @ w, ("n, 3", None))
+    out = f(pm.Masked(jnp.ones((5, 3)), (jnp.int32(2), 3)), jnp.ones((3, 4)))
+    assert out.bound == (5, 4)
+    np.testing.assert_array_equal(out.unpad(), np.full((2, 4), 3.0))
