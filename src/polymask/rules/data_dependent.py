@@ -1,1 +1,314 @@
-"""Masking rules: data_dependent (filled in by its issue)."""
+"""Data-dependent output sizes: primitives and masking rules.
+
+Each polymask op whose output size depends on the data (``nonzero``,
+``boolean_mask``, ``unique``, value-sized ``arange`` and ``dynamic_slice``) is
+a primitive of its own. While the masked trace runs, ``polymask.ops`` creates
+a *fresh* dim var (``_u1``, ...) in the trace's ``SymbolicScope``, with the
+constraint ``_u1 <= bound`` (the bound is known statically: the operand's
+padded size or a user's ``max_size=``), and passes it in the ``out_dims``
+param; the abstract eval returns avals with that var, so later equations carry
+it like any other dim var (sums, cumsums, gathers, further masks).
+
+At run time the masking rule computes the *logical* value of the var (a
+count, a clamped length: an int32 scalar, batched under ``vmap``, staged under
+``jit``), binds it with ``ctx.dims.add_var(name, bound, value)`` and returns
+the padded result. Results are compacted to the front of a buffer of the
+bound (a cumsum + scatter, O(bound)); float outputs have their padding
+selected to 0 so that cotangents in the padding cannot flow back through the
+gather into logical positions.
+
+These primitives are only ever bound inside ``polymask.mask``'s trace; outside
+it ``polymask.ops`` calls ``jax.numpy`` directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as compat
+from ..prologue import Check, run_checks
+from .registry import register
+from .util import clean, is_inexact, valid_mask
+
+__all__ = ["nonzero_p", "boolean_mask_p", "unique_p", "arange_p", "dynamic_slice_p"]
+
+
+def _impl(name):
+    def impl(*args, **params):
+        raise NotImplementedError(
+            f"polymask primitive '{name}' only runs inside polymask.mask")
+    return impl
+
+
+def _prim(name, multiple_results=False):
+    p = compat.Primitive(name)
+    p.multiple_results = multiple_results
+    p.def_impl(_impl(name))
+    return p
+
+
+def var_name(d) -> str:
+    """Name of a fresh dim var (a one-variable dimension expression)."""
+    (name,) = compat.dim_vars(d)
+    return name
+
+
+def _bind_fresh(ctx, d, value):
+    """Bind the logical value of a fresh dim var (once per masked evaluation)."""
+    name = var_name(d)
+    bound = int(compat.upper_bound(d))
+    ctx.dims.add_var(name, bound, jnp.asarray(value, jnp.int32))
+    return bound
+
+
+def _check(ctx, bad, message):
+    run_checks([Check(bad, f"{message}\n  at {ctx.source_line}")], ctx.source_line)
+
+
+def compact(valid_flat):
+    """Positions of the True entries of a bool vector, in order, padded with 0.
+
+    Returns ``(positions (P,) int32, count int32)``: O(P) cumsum + scatter.
+    """
+    (p,) = valid_flat.shape
+    count = jnp.sum(valid_flat, dtype=jnp.int32)
+    slot = jnp.cumsum(valid_flat.astype(jnp.int32)) - 1
+    target = jnp.where(valid_flat, slot, p)
+    pos = jnp.zeros((p,), jnp.int32).at[target].set(lax.iota(jnp.int32, p), mode="drop")
+    return pos, count
+
+
+def _logical_valid(x_shape, logical):
+    """Bool array of the padded shape, True on the logical corner."""
+    m = valid_mask(logical, x_shape)
+    return jnp.ones(x_shape, bool) if m is None else m
+
+
+def _unravel(pos, shape):
+    """Padded flat positions -> per-axis indices (int32)."""
+    out = []
+    for k in range(len(shape)):
+        stride = int(np.prod(shape[k + 1:], dtype=np.int64))
+        out.append(((pos // stride) % int(shape[k])).astype(jnp.int32))
+    return tuple(out)
+
+
+def _logical_flat(idxs, logical):
+    """Per-axis indices -> logical row-major flat index (sizes may be traced)."""
+    flat = jnp.zeros_like(idxs[0])
+    for i, n in zip(idxs, logical):
+        flat = flat * jnp.asarray(n, jnp.int32) + i
+    return flat
+
+
+# ----------------------------------------------------------------------------
+# nonzero / argwhere / flatnonzero
+# ----------------------------------------------------------------------------
+nonzero_p = _prim("polymask_nonzero", multiple_results=True)
+
+
+@nonzero_p.def_abstract_eval
+def _nonzero_abstract(x, *, out_dim, mode):
+    u = out_dim
+    if mode == "nonzero":
+        return [compat.ShapedArray((u,), jnp.int32) for _ in range(x.ndim)]
+    if mode == "argwhere":
+        return [compat.ShapedArray((u, x.ndim), jnp.int32)]
+    return [compat.ShapedArray((u,), jnp.int32)]
+
+
+@register("polymask_nonzero")
+def nonzero_rule(ctx, x, *, out_dim, mode):
+    shape = tuple(x.shape)
+    valid = (x != 0) & _logical_valid(shape, ctx.in_logical[0])
+    pos, count = compact(valid.reshape(-1))
+    _bind_fresh(ctx, out_dim, count)
+    idxs = _unravel(pos, shape)
+    if mode == "nonzero":
+        return list(idxs)
+    if mode == "argwhere":
+        return [jnp.stack(idxs, axis=1)]
+    return [_logical_flat(idxs, ctx.in_logical[0])]
+
+
+# ----------------------------------------------------------------------------
+# boolean_mask / compress / extract: x[m] along `axis`
+# ----------------------------------------------------------------------------
+boolean_mask_p = _prim("polymask_boolean_mask")
+
+
+@boolean_mask_p.def_abstract_eval
+def _boolean_mask_abstract(x, m, *, axis, out_dim, check_extra):
+    k = m.ndim
+    shape = tuple(x.shape[:axis]) + (out_dim,) + tuple(x.shape[axis + k:])
+    return compat.ShapedArray(shape, x.dtype)
+
+
+@register("polymask_boolean_mask")
+def boolean_mask_rule(ctx, x, m, *, axis, out_dim, check_extra):
+    m_log = ctx.in_logical[1]
+    valid = m & _logical_valid(tuple(m.shape), m_log)
+    if check_extra:
+        # compress: a condition longer than the axis may only be False there.
+        n = ctx.in_logical[0][axis]
+        beyond = lax.iota(jnp.int32, m.shape[0]) >= jnp.asarray(n, jnp.int32)
+        _check(ctx, jnp.any(valid & beyond),
+               "polymask.compress: the condition selects an index beyond the logical size "
+               "of the axis")
+        valid = valid & ~beyond
+    pos, count = compact(valid.reshape(-1))
+    _bind_fresh(ctx, out_dim, count)
+    idxs = _unravel(pos, tuple(m.shape))
+    index = (slice(None),) * axis + idxs
+    out = x.at[index].get(mode="clip")
+    if is_inexact(out.dtype):
+        out = clean(out, ctx.out_logical[0], [axis])
+    return out
+
+
+# ----------------------------------------------------------------------------
+# unique (flattened), with index / inverse / counts
+# ----------------------------------------------------------------------------
+unique_p = _prim("polymask_unique", multiple_results=True)
+
+
+@unique_p.def_abstract_eval
+def _unique_abstract(x, *, out_dim, return_index, return_inverse, return_counts,
+                     equal_nan):
+    outs = [compat.ShapedArray((out_dim,), x.dtype)]
+    if return_index:
+        outs.append(compat.ShapedArray((out_dim,), jnp.int32))
+    if return_inverse:
+        outs.append(compat.ShapedArray(tuple(x.shape), jnp.int32))
+    if return_counts:
+        outs.append(compat.ShapedArray((out_dim,), jnp.int32))
+    return outs
+
+
+@register("polymask_unique")
+def unique_rule(ctx, x, *, out_dim, return_index, return_inverse, return_counts, equal_nan):
+    shape = tuple(x.shape)
+    p = math.prod(shape)
+    logical = ctx.in_logical[0]
+    valid = _logical_valid(shape, logical).reshape(-1)
+    vals = lax.stop_gradient(x).reshape(-1)  # like jnp.unique: no gradient
+    floating = is_inexact(vals.dtype)
+    if floating and not jnp.iscomplexobj(vals):
+        vals = jnp.where(jnp.isnan(vals), jnp.nan, vals)  # canonical NaN sorts last
+    key = vals.astype(jnp.uint8) if vals.dtype == jnp.bool_ else vals
+    iota = lax.iota(jnp.int32, p)
+    lflat = _logical_flat(_unravel(iota, shape), logical) if len(shape) > 1 else iota
+    invalid = (~valid).astype(jnp.int32)
+    s_inv, s_key, s_lflat, s_perm = lax.sort((invalid, key, lflat, iota), num_keys=3)
+    s_vals = s_key.astype(vals.dtype) if vals.dtype == jnp.bool_ else s_key
+    prev = jnp.roll(s_key, 1)
+    same = s_key == prev
+    if floating and equal_nan:
+        same = same | (jnp.isnan(s_key) & jnp.isnan(prev))
+    first = (s_inv == 0) & ((iota == 0) | ~same)
+    starts, u = compact(first)
+    _bind_fresh(ctx, out_dim, u)
+    n_valid = jnp.sum(valid, dtype=jnp.int32)
+    values = s_vals[starts]
+    if floating:
+        values = jnp.where(iota < u, values, jnp.zeros_like(values))
+    outs = [values]
+    if return_index:
+        outs.append(s_lflat[starts])
+    if return_inverse:
+        gid = jnp.cumsum(first.astype(jnp.int32)) - 1
+        inv = jnp.zeros((p,), jnp.int32).at[s_perm].set(gid, unique_indices=True)
+        outs.append(inv.reshape(shape))
+    if return_counts:
+        nxt = jnp.where(iota + 1 < u, jnp.roll(starts, -1), n_valid)
+        outs.append(jnp.where(iota < u, nxt - starts, 0))
+    return outs
+
+
+# ----------------------------------------------------------------------------
+# arange with a traced length
+# ----------------------------------------------------------------------------
+arange_p = _prim("polymask_arange")
+
+
+@arange_p.def_abstract_eval
+def _arange_abstract(start, stop, step, *, out_dim, dtype):
+    return compat.ShapedArray((out_dim,), dtype)
+
+
+def arange_length(start, stop, step):
+    """``len(range(start, stop, step))`` (ceil for floats), clamped at 0, as int32."""
+    if jnp.issubdtype(jnp.result_type(start, stop, step), jnp.integer):
+        a = jnp.asarray(stop, jnp.int32) - jnp.asarray(start, jnp.int32)
+        b = jnp.asarray(step, jnp.int32)
+        n = -((-a) // b)
+    else:
+        n = jnp.ceil((jnp.asarray(stop) - jnp.asarray(start)) / jnp.asarray(step))
+    return jnp.maximum(n, 0).astype(jnp.int32)
+
+
+@register("polymask_arange")
+def arange_rule(ctx, start, stop, step, *, out_dim, dtype):
+    length = arange_length(start, stop, step)
+    bound = int(compat.upper_bound(out_dim))
+    _check(ctx, length > bound,
+           f"polymask.arange: the length is larger than max_size={bound}")
+    _bind_fresh(ctx, out_dim, jnp.minimum(length, bound))
+    i = lax.iota(dtype, bound) if jnp.issubdtype(dtype, jnp.integer) else \
+        lax.iota(jnp.int32, bound).astype(dtype)
+    return (jnp.asarray(start, dtype) + i * jnp.asarray(step, dtype)).astype(dtype)
+
+
+# ----------------------------------------------------------------------------
+# dynamic_slice with traced sizes
+# ----------------------------------------------------------------------------
+dynamic_slice_p = _prim("polymask_dynamic_slice")
+
+
+@dynamic_slice_p.def_abstract_eval
+def _dynamic_slice_abstract(x, *starts_and_sizes, out_shape, fresh):
+    return compat.ShapedArray(tuple(out_shape), x.dtype)
+
+
+@register("polymask_dynamic_slice")
+def dynamic_slice_rule(ctx, x, *starts_and_sizes, out_shape, fresh):
+    k = len(starts_and_sizes) // 2
+    starts, sizes = starts_and_sizes[:k], starts_and_sizes[k:]
+    in_log, in_bd = ctx.in_logical[0], ctx.in_bounds[0]
+    begin, lengths, widths = [], [], []
+    for a in range(x.ndim):
+        if a >= k:
+            begin.append(jnp.int32(0))
+            widths.append(in_bd[a])
+            continue
+        n = jnp.asarray(in_log[a], jnp.int32)
+        d = out_shape[a]
+        if fresh[a]:
+            bound = int(compat.upper_bound(d))
+            length = jnp.clip(jnp.asarray(sizes[a], jnp.int32), 0, n)
+            _check(ctx, length > bound,
+                   f"polymask.dynamic_slice: the size along axis {a} is larger than "
+                   f"max_size={bound}")
+            length = jnp.minimum(length, bound)
+            _bind_fresh(ctx, d, length)
+        else:
+            bound = ctx.padded(d)
+            length = jnp.asarray(ctx.logical(d), jnp.int32)
+            _check(ctx, length > n,
+                   f"polymask.dynamic_slice: slice size {d} along axis {a} is larger "
+                   "than the logical size of the axis")
+        start = jnp.clip(jnp.asarray(starts[a], jnp.int32), 0, jnp.maximum(n - length, 0))
+        begin.append(start)
+        widths.append(bound)
+        lengths.append(length)
+    zero = jnp.zeros((), x.dtype)
+    config = [(0, widths[a] if a < k else 0, 0) for a in range(x.ndim)]
+    xp = lax.pad(x, zero, config)
+    out = lax.dynamic_slice(xp, begin, widths)
+    if is_inexact(out.dtype):
+        out = clean(out, ctx.out_logical[0], list(range(k)))
+    return out

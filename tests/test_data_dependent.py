@@ -1,0 +1,336 @@
+"""Data-dependent output sizes (issue 4): nonzero, where, boolean masks, unique,
+value-sized arange and dynamic_slice; ACCEPTANCE.md case 9."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import polymask as pm
+from polymask.testing import check_oracle, garbage_pad
+
+X9 = np.array([0.0, 5, 0, 6, 0, 7], np.float32)
+
+
+def dyn(x, n, bound=None):
+    """Masked with dynamic size n (garbage padding up to ``bound``)."""
+    x = np.asarray(x)
+    bound = bound or x.shape[0]
+    return pm.Masked(jnp.asarray(garbage_pad(x[:n], (bound,) + x.shape[1:])),
+                     (jnp.int32(n),) + tuple(x.shape[1:]))
+
+
+# ----------------------------------------------------------------------------
+# ACCEPTANCE.md case 9
+# ----------------------------------------------------------------------------
+def test_case9_nonzero():
+    f = pm.mask(pm.nonzero)
+    (idx,) = f(jnp.asarray(X9))  # plain (unpadded) input: the count is still dynamic
+    assert idx.bound == (6,)
+    assert int(idx.shape[0]) == 3
+    np.testing.assert_array_equal(idx.unpad(), [1, 3, 5])
+    # padded with NaN garbage: same logical result
+    (idx,) = f(pm.Masked(jnp.asarray(garbage_pad(X9, (9,))), (jnp.int32(6),)))
+    np.testing.assert_array_equal(idx.unpad(), [1, 3, 5])
+
+
+def test_case9_gather_prod():
+    f = pm.mask(lambda x: x[pm.nonzero(x)].prod())
+    assert float(f(jnp.asarray(X9)).data) == 210
+    assert float(f(dyn(X9, 6, 10)).data) == 210
+    assert float(f(dyn(X9, 4, 10)).data) == 30
+
+
+def test_case9_zeros_and_ones():
+    f = pm.mask(lambda x: pm.nonzero(x)[0])
+    z = f(jnp.zeros(5))
+    o = f(jnp.ones(5))
+    assert int(z.shape[0]) == 0 and z.unpad().shape == (0,)
+    assert int(o.shape[0]) == 5
+    np.testing.assert_array_equal(o.unpad(), np.arange(5))
+    # the count feeds later ops: sum over an empty selection is 0
+    g = pm.mask(lambda x: jnp.sum(x[pm.nonzero(x)]))
+    assert float(g(jnp.zeros(5)).data) == 0
+    assert float(g(jnp.ones(5)).data) == 5
+
+
+def test_case9_oracle():
+    exs = [(X9,), (np.zeros(6, np.float32),), (np.ones(6, np.float32),),
+           (X9[:2],), (np.zeros(0, np.float32),)]
+    check_oracle(lambda x: x[pm.nonzero(x)].prod(), exs, [(8,)])
+    check_oracle(lambda x: pm.nonzero(x), exs, [(8,)], modes=("eager", "jit", "vmap"))
+
+
+# ----------------------------------------------------------------------------
+# the other "done when" items
+# ----------------------------------------------------------------------------
+def test_vmap_one_argument_where():
+    rows = jnp.array([[0, 0, 1, 1], [1, 1, 0, 0], [0, 1, 1, 0]])
+    f = pm.mask(lambda r: pm.where(r)[0], "n")
+    out = jax.vmap(f)(pm.Masked(rows, (jnp.full(3, 4, jnp.int32),)))
+    np.testing.assert_array_equal(out.shape[0], [2, 2, 2])
+    got = [np.asarray(out.data[i, :int(out.shape[0][i])]) for i in range(3)]
+    want = [np.where(np.asarray(r))[0] for r in rows]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    # ragged rows: each example gets its own logical length and count
+    out = jax.vmap(f)(pm.Masked(rows, (jnp.array([4, 1, 3], jnp.int32),)))
+    np.testing.assert_array_equal(out.shape[0], [2, 1, 2])
+    np.testing.assert_array_equal(out.data[1, :1], [0])
+    np.testing.assert_array_equal(out.data[2, :2], [1, 2])
+
+
+def test_boolean_mask_sum_arange10():
+    f = pm.mask(lambda x: pm.boolean_mask(x, x < 5).sum())
+    assert float(f(jnp.arange(10.0)).data) == 10
+    assert float(f(dyn(np.arange(10.0), 10, 16)).data) == 10
+    assert float(f(dyn(np.arange(10.0), 3, 16)).data) == 3
+    fi = pm.mask(lambda x: pm.boolean_mask(x, x < 5).sum())
+    assert int(fi(jnp.arange(10)).data) == 10
+
+
+def test_unique_padded_repeated():
+    x = np.array([3, 1, 3, 2, 1, 9, 9, 2], np.int32)
+
+    def f(v):
+        return pm.unique(v, return_index=True, return_inverse=True, return_counts=True)
+
+    for n in (0, 1, 5, 8):
+        outs = pm.mask(f)(dyn(x, n, 12))
+        want = np.unique(x[:n], return_index=True, return_inverse=True, return_counts=True)
+        for o, w in zip(outs, want):
+            np.testing.assert_array_equal(o.unpad(), w)
+    check_oracle(f, [(x,), (x[:5],), (x[:1],), (x[:0],)], [(10,)], modes=("eager", "jit", "vmap"))
+    check_oracle(pm.unique, [(np.array([2.5, np.nan, 1, 2.5, np.nan], np.float32),),
+                             (np.array([1.0, 1, 1], np.float32),)], [(8,)])
+
+
+def test_arange_sum_one_compile():
+    traces = []
+
+    def f(x):
+        traces.append(1)
+        k = jnp.sum(x > 0)
+        return pm.arange(k, max_size=16).sum()
+
+    jf = jax.jit(pm.mask(f))
+    for k in (0, 1, 3, 7, 16):
+        x = np.zeros(16, np.float32)
+        x[:k] = 1
+        assert int(jf(pm.Masked(jnp.asarray(x), (jnp.int32(16),))).data) == k * (k - 1) // 2
+    assert len(traces) == 1
+
+
+def test_arange_variants():
+    def f(x):
+        k = jnp.sum(x > 0)
+        return pm.arange(2, k + 2, 3, max_size=20)
+
+    for k in (0, 1, 4, 7):
+        x = np.zeros(16, np.float32)
+        x[:k] = 1
+        out = pm.mask(f)(jnp.asarray(x))
+        np.testing.assert_array_equal(out.unpad(), np.arange(2, k + 2, 3))
+    with pytest.raises(pm.ShapeError, match="max_size"):
+        pm.mask(lambda x: pm.arange(jnp.sum(x > 0)))(jnp.ones(3))
+    with pytest.raises(pm.ShapeError, match="max_size=2"):
+        pm.mask(lambda x: pm.arange(jnp.sum(x > 0), max_size=2))(jnp.ones(3))
+    # a size-derived (symbolic) length needs no max_size
+    out = pm.mask(lambda x: pm.arange(x.shape[0]) * 2)(dyn(np.ones(4), 3, 8))
+    np.testing.assert_array_equal(out.unpad(), [0, 2, 4])
+
+
+# ----------------------------------------------------------------------------
+# oracle per op: eager, jit (one trace), vmap (ragged), grad
+# ----------------------------------------------------------------------------
+VECS = [(np.array([0.5, -1, 2, 0, 3, -4], np.float32),),
+        (np.array([-1.0, -2], np.float32),),
+        (np.array([1.0, 2, 3, 4, 5, 6, 7, 8], np.float32),),
+        (np.zeros(0, np.float32),)]
+
+
+def test_boolean_mask_oracle_grad():
+    check_oracle(lambda x: pm.boolean_mask(x, x > 0) ** 2, VECS, [(8,)])
+    check_oracle(lambda x: jnp.cumsum(pm.boolean_mask(x, x > 0)), VECS, [(8,)])
+    check_oracle(lambda x: jnp.sum(jnp.sin(pm.boolean_mask(x, x < 1))), VECS, [(8,)])
+
+
+def test_boolean_mask_2d():
+    m = np.array([[1, 0, 1], [0, 1, 1]], bool)
+    x = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    out = pm.mask(lambda x: pm.boolean_mask(x, x > 1.5))(
+        pm.Masked(jnp.asarray(garbage_pad(x, (4, 5))), (jnp.int32(2), jnp.int32(3))))
+    np.testing.assert_array_equal(out.unpad(), x[x > 1.5])
+    # rows of a matrix selected by a vector mask along axis 0 and axis 1
+    check_oracle(lambda x, r: pm.boolean_mask(x, r), [(x.T, m[1]), (x.T[:1], m[1, :1])],
+                 [(4, 2), (4,)], in_specs=("n, 2", "n"), modes=("jit", "grad"))
+    check_oracle(lambda x, c: pm.boolean_mask(x, c, axis=1) * 3.0,
+                 [(x, m[0]), (x[:, :2], m[0, :2])], [(2, 5), (5,)], in_specs=("2, n", "n"),
+                 modes=("jit", "vmap"))
+
+
+def test_compress_extract():
+    x = np.array([1.0, 2, 3, 4, 5], np.float32)
+    check_oracle(lambda v: pm.compress(v > 2, v), [(x,), (x[:2],), (x[:0],)], [(8,)])
+    check_oracle(lambda v: pm.extract(v != 2, v) * 2.0, [(x,), (x[:3],)], [(8,)])
+    a = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    out = pm.mask(lambda a, c: pm.compress(c, a, axis=1), (None, None))(
+        jnp.asarray(a), jnp.array([True, False, True, True]))
+    np.testing.assert_array_equal(out.unpad(), np.compress([1, 0, 1, 1], a, axis=1))
+    # a condition shorter than the axis (NumPy allows it)
+    out = pm.mask(lambda c, v: pm.compress(c, v), ("m", "n"))(dyn([1, 0, 1], 3, 4),
+                                                              dyn(x, 5, 8))
+    np.testing.assert_array_equal(out.unpad(), [1.0, 3.0])
+    with pytest.raises(pm.ShapeError, match="beyond the logical size"):
+        pm.mask(lambda c, v: pm.compress(c, v), ("m", "n"))(dyn([0, 0, 0, 1], 4, 4),
+                                                            dyn(x, 3, 8))
+
+
+def test_gather_by_indices_grad():
+    def f(x):
+        (i,) = pm.nonzero(x > 0)
+        return jnp.take(x, i) * 2.0 + jnp.cumsum(x[i])
+
+    check_oracle(f, VECS, [(8,)])
+
+
+def test_argwhere_flatnonzero_2d():
+    a = np.array([[0, 1, 2], [3, 0, 0], [1, 1, 0]], np.float32)
+    for shape in [(3, 3), (2, 3), (3, 1), (0, 2)]:
+        sub = a[:shape[0], :shape[1]]
+        mx = pm.Masked(jnp.asarray(garbage_pad(sub, (4, 5))),
+                       (jnp.int32(shape[0]), jnp.int32(shape[1])))
+        np.testing.assert_array_equal(pm.mask(pm.argwhere)(mx).unpad(), np.argwhere(sub))
+        np.testing.assert_array_equal(pm.mask(pm.flatnonzero)(mx).unpad(), np.flatnonzero(sub))
+        for o, w in zip(pm.mask(pm.nonzero)(mx), np.nonzero(sub)):
+            np.testing.assert_array_equal(o.unpad(), w)
+
+
+def test_chained_fresh_sizes():
+    """A fresh size feeding another data-dependent op, reductions and masks."""
+    def f(x):
+        pos = pm.boolean_mask(x, x > 0)
+        big = pm.boolean_mask(pos, pos > 2.0)
+        return jnp.sum(big), jnp.mean(pos), pm.unique(jnp.floor(big)), big.shape[0] + 0
+
+    check_oracle(f, VECS[:3] + [(np.array([3.0, 3, 4, 4, 1], np.float32),)], [(8,)],
+                 modes=("eager", "jit", "vmap"))
+
+
+def test_dynamic_slice():
+    x = np.arange(1.0, 9.0, dtype=np.float32)
+
+    def f(v):
+        k = jnp.sum(v > 3)
+        return pm.dynamic_slice(v, 1, k) * 2.0
+
+    check_oracle(f, [(x,), (x[:5],), (x[:2],), (x[:0],)], [(10,)])
+
+    def g(v):  # x[:k] with k from data, bounded by max_size
+        k = jnp.sum(v > 5)
+        return pm.dynamic_slice(v, 0, k, max_size=4).sum()
+
+    check_oracle(g, [(x[:7],), (x[:6],), (x[:1],)], [(10,)])
+    # static size, traced start; start clamped so the slice fits
+    h = pm.mask(lambda v: pm.dynamic_slice(v, jnp.sum(v > 0), 2))
+    np.testing.assert_array_equal(h(dyn(x, 5, 10)).unpad(), [4.0, 5.0])
+    m2 = np.arange(20.0, dtype=np.float32).reshape(4, 5)
+    out = pm.mask(lambda a: pm.dynamic_slice(a, (1, 1), (jnp.sum(a[0] > 1.5), 2)))(
+        pm.Masked(jnp.asarray(garbage_pad(m2, (6, 6))), (jnp.int32(4), jnp.int32(5))))
+    np.testing.assert_array_equal(out.unpad(), m2[1:4, 1:3])
+
+
+# ----------------------------------------------------------------------------
+# outside mask: NumPy results eagerly, clear errors under jit
+# ----------------------------------------------------------------------------
+def test_eager_matches_numpy():
+    x = np.array([[0, 2, 0], [1, 0, 3]], np.float32)
+    for o, w in zip(pm.nonzero(x), np.nonzero(x)):
+        np.testing.assert_array_equal(o, w)
+    np.testing.assert_array_equal(pm.argwhere(x), np.argwhere(x))
+    np.testing.assert_array_equal(pm.flatnonzero(x), np.flatnonzero(x))
+    np.testing.assert_array_equal(pm.where(x)[1], np.where(x)[1])
+    np.testing.assert_array_equal(pm.where(x > 0, x, -1), np.where(x > 0, x, -1))
+    np.testing.assert_array_equal(pm.boolean_mask(x, x > 0), x[x > 0])
+    np.testing.assert_array_equal(pm.boolean_mask(x, [True, False, True], axis=1),
+                                  x[:, [True, False, True]])
+    np.testing.assert_array_equal(pm.compress([0, 1], x, axis=0), np.compress([0, 1], x, 0))
+    np.testing.assert_array_equal(pm.extract(x > 0, x), np.extract(x > 0, x))
+    for o, w in zip(pm.unique(x, True, True, True), np.unique(x, True, True, True)):
+        np.testing.assert_array_equal(o, w)
+    np.testing.assert_array_equal(pm.arange(5), np.arange(5))
+    np.testing.assert_array_equal(pm.arange(1, 7, 2), np.arange(1, 7, 2))
+    np.testing.assert_array_equal(pm.dynamic_slice(np.arange(6), 2, 3), np.arange(6)[2:5])
+    g = jax.grad(lambda v: pm.boolean_mask(v, v > 0).sum())(jnp.array([1.0, -1, 2]))
+    np.testing.assert_array_equal(g, [1, 0, 1])
+
+
+def test_under_jit_without_mask_errors():
+    x = jnp.array([0, 1, 2])
+    for fn in (pm.nonzero, pm.argwhere, pm.flatnonzero, pm.where, pm.unique,
+               lambda v: pm.boolean_mask(v, v > 0), lambda v: pm.compress(v > 0, v),
+               lambda v: pm.arange(v[2]), lambda v: pm.dynamic_slice(v, 0, v[1])):
+        with pytest.raises(pm.ShapeError, match="polymask.mask"):
+            jax.jit(fn)(x)
+    # size= works as in jax.numpy
+    np.testing.assert_array_equal(jax.jit(lambda v: pm.nonzero(v, size=3)[0])(x), [1, 2, 0])
+
+
+# ----------------------------------------------------------------------------
+# item 6: jnp's data-dependent ops inside mask point to the polymask function
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize("fn, suggestion", [
+    (lambda x: jnp.nonzero(x)[0].sum(), "polymask.nonzero"),
+    (lambda x: jnp.where(x)[0].sum(), "polymask.where"),
+    (lambda x: x[x > 0].sum(), "polymask.boolean_mask"),
+    (lambda x: jnp.argwhere(x).sum(), "polymask.argwhere"),
+    (lambda x: jnp.flatnonzero(x).sum(), "polymask.flatnonzero"),
+    (lambda x: jnp.unique(x).sum(), "polymask.unique"),
+    (lambda x: jnp.compress(x > 0, x).sum(), "polymask.compress"),
+    (lambda x: jnp.extract(x > 0, x).sum(), "polymask.extract"),
+    (lambda x: jnp.arange(jnp.sum(x > 0)).sum(), "polymask.arange"),
+    (lambda x: x[:jnp.sum(x > 0)].sum(), "polymask.dynamic_slice"),
+])
+def test_jnp_data_dependent_error_points_to_polymask(fn, suggestion):
+    with pytest.raises(pm.ShapeError) as info:
+        pm.mask(fn)(dyn(X9, 5, 8))
+    msg = str(info.value)
+    assert suggestion in msg
+    assert "test_data_dependent.py" in msg  # the user's line
+
+
+# ----------------------------------------------------------------------------
+# property tests against NumPy (random masks, sizes 0..bound, NaN padding)
+# ----------------------------------------------------------------------------
+BOUND = 9
+_nonzero_m = pm.mask(lambda x: (pm.nonzero(x)[0], pm.boolean_mask(x, x > 0),
+                                pm.unique(jnp.round(x), return_counts=True)))
+_nonzero_j = jax.jit(_nonzero_m)
+
+
+@given(st.integers(0, BOUND), st.lists(st.sampled_from([0.0, 1.0, -2.0, 3.0]), min_size=BOUND,
+                                       max_size=BOUND), st.booleans())
+def test_property_vs_numpy(n, vals, use_jit):
+    x = np.asarray(vals, np.float32)[:n]
+    f = _nonzero_j if use_jit else _nonzero_m
+    (idx, sel, (uv, uc)) = f(pm.Masked(jnp.asarray(garbage_pad(x, (BOUND,))), (jnp.int32(n),)))
+    np.testing.assert_array_equal(idx.unpad(), np.nonzero(x)[0])
+    np.testing.assert_array_equal(sel.unpad(), x[x > 0])
+    wv, wc = np.unique(np.round(x), return_counts=True)
+    np.testing.assert_array_equal(uv.unpad(), wv)
+    np.testing.assert_array_equal(uc.unpad(), wc)
+
+
+@given(st.lists(st.integers(0, BOUND), min_size=3, max_size=3), st.integers(0, 2 ** 16))
+def test_property_ragged_vmap(sizes, seed):
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 3, size=(3, BOUND)).astype(np.float32)
+    padded = np.where(np.arange(BOUND)[None] < np.array(sizes)[:, None], data, np.nan)
+    out = jax.jit(jax.vmap(pm.mask(lambda x: pm.boolean_mask(x, x > 0) * 2.0)))(
+        pm.Masked(jnp.asarray(padded, jnp.float32), (jnp.asarray(sizes, jnp.int32),)))
+    for i, n in enumerate(sizes):
+        row = data[i, :n]
+        k = int(out.shape[0][i])
+        np.testing.assert_array_equal(np.asarray(out.data[i, :k]), row[row > 0] * 2)
