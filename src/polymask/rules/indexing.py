@@ -1,1 +1,314 @@
-"""Masking rules: indexing (filled in by its issue)."""
+"""Masking rules: ``gather``, ``scatter*``, ``dynamic_slice``, ``dynamic_update_slice``.
+
+Clamping and out-of-bounds behaviour follow the *logical* bounds, as the
+unpadded program would see them:
+
+- start indices are clamped to ``[0, logical_dim - logical_slice]`` (modes
+  ``clip`` and ``promise_in_bounds``; XLA clamps gathers and dynamic slices
+  the same way), or flagged out of bounds against those logical limits
+  (``fill``: the slice is filled, the scatter update is dropped);
+- the padded op then reads or writes at those starts; when a padded window
+  placed at the largest logical start would run past the buffer, the
+  operand is first extended with zeros (so XLA's own clamping never shifts
+  a window), and cut back afterwards;
+- index arrays may hold garbage (huge ints) in their padding: clamping makes
+  gathers read a harmless position, and scatter updates from padding
+  positions are sent to an out-of-bounds index so XLA drops them.
+
+NaN-safety in ``grad``: a gather's transpose is a scatter-add of the output
+cotangent, so float gather / dynamic-slice results get their padding
+selected to 0 (padding rows may read logical positions). Scatter updates that
+are dropped get zero cotangent from the transposed (fill-mode) gather.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as compat
+from ..shapes import is_static, needs_mask
+from .registry import register
+from .util import clean, identity_of, is_inexact, masked_axes, valid_mask
+
+_MODE = lax.GatherScatterMode
+
+
+# ----------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------
+def _ub(e) -> int:
+    """Upper bound of a dimension expression (or int)."""
+    if not compat.is_dim_expr(e):
+        return int(e)
+    hi = compat.upper_bound(e)
+    if not np.isfinite(hi):
+        raise ValueError(f"unbounded dimension expression {e}")
+    return int(hi)
+
+
+def _sub_ub(a, b) -> int:
+    """Upper bound of ``a - b`` for dimension expressions / ints."""
+    try:
+        return _ub(a - b)
+    except Exception:  # pragma: no cover - defensive: fall back to a's bound
+        return _ub(a)
+
+
+def _max0(v):
+    if is_static(v):
+        return max(int(v), 0)
+    return jnp.maximum(jnp.asarray(v, jnp.int32), 0)
+
+
+def _sub(a, b):
+    if is_static(a) and is_static(b):
+        return int(a) - int(b)
+    return jnp.asarray(a, jnp.int32) - jnp.asarray(b, jnp.int32)
+
+
+def _extend(x, ext):
+    """Pad ``x`` with zeros at the high end of each axis by ``ext[d]``."""
+    if not any(ext):
+        return x
+    zero = jnp.zeros((), x.dtype)
+    return lax.pad(x, zero, [(0, int(e), 0) for e in ext])
+
+
+def _cut(x, shape):
+    if tuple(x.shape) == tuple(shape):
+        return x
+    return lax.slice(x, (0,) * x.ndim, tuple(shape))
+
+
+def default_fill(dtype):
+    """JAX's default ``fill_value`` for ``mode='fill'`` gathers."""
+    dtype = np.dtype(dtype)
+    if np.issubdtype(dtype, np.inexact):
+        return np.nan
+    if dtype == np.bool_:
+        return True
+    if np.issubdtype(dtype, np.signedinteger):
+        return np.iinfo(dtype).min
+    return np.iinfo(dtype).max
+
+
+def _clean_out(ctx, out, k=0):
+    """Select float padding of output ``k`` to 0 (NaN-safe transpose)."""
+    if not is_inexact(out.dtype):
+        return out
+    axes = masked_axes(ctx.out_logical[k], ctx.out_bounds[k])
+    return clean(out, ctx.out_logical[k], axes) if axes else out
+
+
+# ----------------------------------------------------------------------------
+# gather
+# ----------------------------------------------------------------------------
+@register("gather")
+def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value,
+                indices_are_sorted, unique_indices):
+    """Gather with start clamping / fill decided against the logical operand size."""
+    dn = dimension_numbers
+    mode = _MODE.from_any(mode)
+    op_sym = ctx.in_avals[0].shape
+    op_l, op_b = ctx.in_logical[0], ctx.in_bounds[0]
+    ss_pad = [ctx.padded(s) for s in slice_sizes]
+    ss_log = [ctx.logical(s) for s in slice_sizes]
+    idx_dtype = indices.dtype
+    if not jnp.issubdtype(idx_dtype, jnp.integer):
+        raise ctx.unsupported(f"gather indices of dtype {idx_dtype}")
+    n_batch = indices.ndim - 1
+
+    # Operand extension so that a padded window at the largest start fits.
+    ext = [0] * operand.ndim
+    for d in range(operand.ndim):
+        hi = _sub_ub(op_sym[d], slice_sizes[d]) if d in dn.start_index_map else 0
+        ext[d] = max(0, hi + ss_pad[d] - op_b[d])
+
+    cols = []
+    in_bounds = None
+    for k, d in enumerate(dn.start_index_map):
+        s = indices[..., k]
+        hi = _max0(_sub(op_l[d], ss_log[d]))
+        hi_v = jnp.asarray(hi, idx_dtype) if not is_static(hi) else np.asarray(hi, idx_dtype)
+        if mode == _MODE.FILL_OR_DROP:
+            ok = (s <= hi_v)
+            if jnp.issubdtype(idx_dtype, jnp.signedinteger):
+                ok = ok & (s >= 0)
+            in_bounds = ok if in_bounds is None else (in_bounds & ok)
+        cols.append(jnp.clip(s, np.asarray(0, idx_dtype), hi_v))
+    new_idx = jnp.stack(cols, axis=-1) if cols else indices
+
+    out = ctx.primitive.bind(
+        _extend(operand, ext), new_idx,
+        **ctx.concrete_params(mode=_MODE.PROMISE_IN_BOUNDS, fill_value=None))
+    if in_bounds is not None:
+        out_shape = tuple(ctx.out_bounds[0])
+        batch_pos = [i for i in range(len(out_shape)) if i not in dn.offset_dims]
+        assert len(batch_pos) == n_batch
+        m = lax.broadcast_in_dim(in_bounds, out_shape, tuple(batch_pos))
+        fv = default_fill(out.dtype) if fill_value is None else fill_value
+        out = lax.select(m, out, lax.full_like(out, fv))
+    return _clean_out(ctx, out)
+
+
+# ----------------------------------------------------------------------------
+# scatter family
+# ----------------------------------------------------------------------------
+_SCATTER_KIND = {"scatter-add": "sum", "scatter_add": "sum", "scatter-mul": "prod",
+                 "scatter_mul": "prod", "scatter-min": "min", "scatter_min": "min",
+                 "scatter-max": "max", "scatter_max": "max", "scatter-sub": "sum",
+                 "scatter_sub": "sum"}
+
+
+@register("scatter", *_SCATTER_KIND)
+def scatter_rule(ctx, operand, indices, updates, *, dimension_numbers, indices_are_sorted,
+                 unique_indices, mode, update_jaxpr, update_consts):
+    """Scatter: updates from padding or logically out-of-bounds starts are dropped.
+
+    Window padding of the updates (a masked window axis) is filled with the
+    combiner's identity; for a plain ``scatter`` it must land on operand
+    padding (a window spanning a whole, non-indexed operand axis of the same
+    size), otherwise the case is unsupported.
+    """
+    dn = dimension_numbers
+    mode = _MODE.from_any(mode)
+    name = ctx.primitive.name
+    op_sym = ctx.in_avals[0].shape
+    upd_sym = ctx.in_avals[2].shape
+    op_l, op_b = ctx.in_logical[0], ctx.in_bounds[0]
+    idx_l, idx_b = ctx.in_logical[1], ctx.in_bounds[1]
+    upd_l, upd_b = ctx.in_logical[2], ctx.in_bounds[2]
+    idx_dtype = indices.dtype
+    if not jnp.issubdtype(idx_dtype, jnp.integer):
+        raise ctx.unsupported(f"scatter indices of dtype {idx_dtype}")
+
+    # Window size (symbolic) of every operand dim.
+    win_sym: list = [1] * operand.ndim
+    win_axis: list = [None] * operand.ndim  # updates axis of the window dim
+    j = 0
+    for d in range(operand.ndim):
+        if d in dn.inserted_window_dims or d in dn.operand_batching_dims:
+            continue
+        ax = dn.update_window_dims[j]
+        win_sym[d], win_axis[d] = upd_sym[ax], ax
+        j += 1
+    win_pad = [ctx.padded(w) for w in win_sym]
+    win_log = [ctx.logical(w) for w in win_sym]
+
+    # Window padding of the updates.
+    bad_win = []
+    for d in range(operand.ndim):
+        ax = win_axis[d]
+        if ax is None or not needs_mask(upd_l[ax], upd_b[ax]):
+            continue
+        if d not in dn.scatter_dims_to_operand_dims and _same_dim(win_sym[d], op_sym[d]) \
+                and win_pad[d] == op_b[d]:
+            continue  # the window padding lands on the operand's padding
+        bad_win.append(ax)
+    if bad_win:
+        kind = _SCATTER_KIND.get(name)
+        if kind is None:
+            raise ctx.unsupported(
+                "scatter (set) of updates whose window axes "
+                f"{bad_win} have a dynamic size smaller than the operand axis they write "
+                "into; the padded window would overwrite logical elements")
+        fill = identity_of(updates.dtype, kind)
+        m = valid_mask(upd_l, upd_b, bad_win)
+        updates = lax.select(m, updates, lax.full_like(updates, fill))
+
+    # Operand extension so a padded window at the largest logical start fits.
+    ext = [0] * operand.ndim
+    for d in range(operand.ndim):
+        hi = _sub_ub(op_sym[d], win_sym[d]) if d in dn.scatter_dims_to_operand_dims else 0
+        ext[d] = max(0, hi + win_pad[d] - op_b[d])
+    op_ext = _extend(operand, ext)
+    ext_shape = op_ext.shape
+
+    # Validity of each scatter (batch) position.
+    valid = valid_mask(idx_l[:-1], idx_b[:-1]) if indices.ndim > 1 else None
+    cols = []
+    for k, d in enumerate(dn.scatter_dims_to_operand_dims):
+        s = indices[..., k]
+        hi = _max0(_sub(op_l[d], win_log[d]))
+        hi_v = jnp.asarray(hi, idx_dtype) if not is_static(hi) else np.asarray(hi, idx_dtype)
+        if mode == _MODE.CLIP:
+            s = jnp.clip(s, np.asarray(0, idx_dtype), hi_v)
+        else:
+            ok = s <= hi_v
+            if jnp.issubdtype(idx_dtype, jnp.signedinteger):
+                ok = ok & (s >= 0)
+            valid = ok if valid is None else (valid & ok)
+        cols.append(s)
+    if cols and valid is not None:
+        cols = [jnp.where(valid, s, _oob_index(idx_dtype, ext_shape[d]))
+                for s, d in zip(cols, dn.scatter_dims_to_operand_dims)]
+    elif valid is not None:
+        raise ctx.unsupported("scatter with an empty index vector and padded indices")
+    new_idx = jnp.stack(cols, axis=-1) if cols else indices
+
+    out = ctx.primitive.bind(op_ext, new_idx, updates,
+                             **ctx.concrete_params(mode=_MODE.FILL_OR_DROP))
+    return _cut(out, op_b)
+
+
+def _same_dim(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except compat.InconclusiveDimensionOperation:
+        return False
+
+
+def _oob_index(dtype, size: int):
+    """An index past the end of an axis of ``size`` (XLA drops such updates)."""
+    info = np.iinfo(np.dtype(dtype))
+    v = min(int(size), int(info.max))
+    return np.asarray(v, dtype)
+
+
+# ----------------------------------------------------------------------------
+# dynamic_slice / dynamic_update_slice
+# ----------------------------------------------------------------------------
+def _clamped_starts(starts, op_l, size_l):
+    out = []
+    for s, lo, sz in zip(starts, op_l, size_l):
+        hi = _max0(_sub(lo, sz))
+        s = jnp.asarray(s)
+        out.append(jnp.clip(s, jnp.zeros((), s.dtype), jnp.asarray(hi, s.dtype)))
+    return out
+
+
+@register("dynamic_slice")
+def dynamic_slice_rule(ctx, operand, *args, slice_sizes):
+    nd = operand.ndim
+    starts, dyn = args[:nd], args[nd:]
+    if dyn:
+        raise ctx.unsupported("dynamic_slice with dynamic slice sizes")
+    op_sym = ctx.in_avals[0].shape
+    op_l, op_b = ctx.in_logical[0], ctx.in_bounds[0]
+    ss_pad = [ctx.padded(s) for s in slice_sizes]
+    ss_log = [ctx.logical(s) for s in slice_sizes]
+    ext = [max(0, _sub_ub(op_sym[d], slice_sizes[d]) + ss_pad[d] - op_b[d]) for d in range(nd)]
+    starts = _clamped_starts(starts, op_l, ss_log)
+    out = lax.dynamic_slice(_extend(operand, ext), starts, ss_pad)
+    return _clean_out(ctx, out)
+
+
+@register("dynamic_update_slice")
+def dynamic_update_slice_rule(ctx, operand, update, *starts):
+    nd = operand.ndim
+    op_sym, upd_sym = ctx.in_avals[0].shape, ctx.in_avals[1].shape
+    op_l, op_b = ctx.in_logical[0], ctx.in_bounds[0]
+    upd_l, upd_b = ctx.in_logical[1], ctx.in_bounds[1]
+    ext = [max(0, _sub_ub(op_sym[d], upd_sym[d]) + upd_b[d] - op_b[d]) for d in range(nd)]
+    starts = _clamped_starts(starts, op_l, upd_l)
+    op_ext = _extend(operand, ext)
+    m = valid_mask(upd_l, upd_b)
+    if m is not None:
+        # Only the update's logical corner may be written: keep the old values
+        # under the update's padding (read-modify-write of the window).
+        old = lax.dynamic_slice(op_ext, starts, upd_b)
+        update = lax.select(m, update, old)
+    out = lax.dynamic_update_slice(op_ext, update, starts)
+    return _cut(out, op_b)
