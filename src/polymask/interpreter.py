@@ -91,6 +91,11 @@ _REMEDIES = (
 def _translate_trace_error(e: BaseException) -> BaseException | None:
     where = _user_frame_of_exception(e)
     msg = str(e).split("\n\n")[0].strip()
+    from .ops import translate_trace_error as _data_dependent_error
+
+    dd = _data_dependent_error(e, where)  # jnp.nonzero, x[m], jnp.unique, ...: polymask ops
+    if dd is not None:
+        return dd
     if isinstance(e, compat.InconclusiveDimensionOperation):
         return ShapeError(
             f"a comparison of symbolic sizes is inconclusive while tracing at {where}:\n"
@@ -101,7 +106,7 @@ def _translate_trace_error(e: BaseException) -> BaseException | None:
             "use polymask.boolean_mask(x, m) (or polymask.compress) instead.")
     if isinstance(e, jax.errors.ConcretizationTypeError):
         text = str(e)
-        if "nonzero" in text or "argwhere" in text or "where" in text or "size" in text:
+        if "nonzero" in text or "argwhere" in text or "size argument" in text:
             return ShapeError(
                 f"an op with a data-dependent output size (jnp.nonzero / one-argument "
                 f"jnp.where / argwhere / unique) was called at {where}; inside polymask.mask "
