@@ -1,0 +1,60 @@
+"""The command line: `polymask embed` and `polymask demo` (tiny random model, fast)."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("safetensors")
+pytest.importorskip("tokenizers")
+
+from test_bert import _tiny_model_dir  # noqa: E402
+
+from polymask import cli  # noqa: E402
+from polymask.models.loader import SentenceEncoder  # noqa: E402
+
+
+def test_stdlib_docstrings_deterministic():
+    a = cli.stdlib_docstrings(25, seed=3)
+    assert len(a) == 25 and all(isinstance(t, str) and t.strip() for t in a)
+    assert a == cli.stdlib_docstrings(25, seed=3)
+    assert len(set(a)) == 25
+
+
+def test_embed_command(tmp_path, capsys):
+    (tmp_path / "m").mkdir()
+    model = _tiny_model_dir(tmp_path / "m")
+    f = tmp_path / "texts.txt"
+    f.write_text("The cat sat on the mat.\n\nbig red dog ran fast and the cat sat on a mat\n")
+    out = tmp_path / "emb.npy"
+    assert cli.main(["embed", str(f), "--out", str(out), "--model", str(model)]) == 0
+    emb = np.load(out)
+    assert emb.shape == (3, 16) and emb.dtype == np.float32
+    ref = SentenceEncoder(model).embed(f.read_text().splitlines())
+    np.testing.assert_allclose(emb, ref, atol=1e-6)
+    assert "3 texts" in capsys.readouterr().err
+
+
+def test_embed_missing_file(tmp_path, capsys):
+    assert cli.main(["embed", str(tmp_path / "nope.txt")]) == 2
+
+
+def test_demo_command_prints_table(tmp_path, capsys):
+    model = tmp_path / "m"
+    model.mkdir()
+    _tiny_model_dir(model)
+    out = tmp_path / "demo.npy"
+    assert cli.main(["demo", "--texts", "40", "--sample", "4", "--model", str(model),
+                     "--no-progress", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    for word in ("texts", "distinct token lengths", "compiles", "wall time", "throughput",
+                 "deviation", "plain jax.jit"):
+        assert word in text
+    assert np.load(out).shape == (40, 16)
+
+
+def test_entry_point_help():
+    r = subprocess.run([sys.executable, "-m", "polymask.cli", "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "demo" in r.stdout and "embed" in r.stdout
