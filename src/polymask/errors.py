@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["ShapeError", "UnsupportedError", "user_call_site"]
+__all__ = ["ShapeError", "UnsupportedError", "user_call_site", "at_call_site", "relocate"]
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,3 +44,30 @@ def user_call_site(skip_library: bool = True) -> str:
             return f"{code.co_filename}:{frame.f_lineno} ({code.co_name})"
         frame = frame.f_back
     return "<unknown location>"
+
+
+_UNKNOWN = "<unknown location>"
+
+
+def _same_type(e: BaseException, message: str) -> BaseException:
+    try:
+        new = type(e)(message)
+    except Exception:  # pragma: no cover - exotic subclass
+        return e
+    return new.with_traceback(e.__traceback__)
+
+
+def at_call_site(e: BaseException, call_site: str) -> BaseException:
+    """``e`` with ``in the masked call at <call_site>`` appended (once)."""
+    text = str(e)
+    if "in the masked call at" in text or call_site in text:
+        return e
+    return _same_type(e, f"{text}\n  in the masked call at {call_site}")
+
+
+def relocate(e: BaseException, where: str) -> BaseException:
+    """Replace an unknown location in ``e``'s message by ``where`` (when known)."""
+    text = str(e)
+    if _UNKNOWN not in text or where.startswith(_UNKNOWN):
+        return e
+    return _same_type(e, text.replace(_UNKNOWN, where))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 import threading
 import traceback as _tb
 from collections.abc import Callable, Sequence
@@ -23,7 +24,7 @@ import numpy as np
 from jax import lax
 
 from . import _jax_compat as compat
-from .errors import ShapeError, UnsupportedError, user_call_site
+from .errors import ShapeError, UnsupportedError, at_call_site, relocate, user_call_site
 from .masked import Masked
 from .prologue import Check, concrete_value, run_checks
 from .rules import get_rule
@@ -97,9 +98,31 @@ def _translate_trace_error(e: BaseException) -> BaseException | None:
     if dd is not None:
         return dd
     if isinstance(e, compat.InconclusiveDimensionOperation):
+        msg = re.split(r"\n(?:Using symbolic scope|This error arises)", msg)[0].strip()
+        extra = ""
+        if "requires a constant" in msg:
+            extra = ("\n  A size was needed as a Python constant (int(x.shape[0]), range(n), "
+                     "np.zeros(n), ...): keep it symbolic (jnp/lax ops accept symbolic sizes) "
+                     "or use polymask.logical_shape(x) for its value.")
+        if "divide evenly" in msg:
+            extra = ("\n  Write the axis in the spec as a multiple (e.g. '2*k') so that the "
+                     "division is exact for every logical size.")
+        m = re.search(r"comparison '(.+?)' (\S+) '(.+?)' is inconclusive", msg)
+        remedies = _REMEDIES
+        if m:
+            lhs, op, rhs = m.groups()
+            if op in (">", "<=") and rhs.lstrip("-").isdigit():
+                rhs = str(int(rhs) + 1)
+            remedies = remedies.replace("'n >= 3'", f"'{lhs} >= {rhs}'")
         return ShapeError(
             f"a comparison of symbolic sizes is inconclusive while tracing at {where}:\n"
-            f"  {msg}\n  {_REMEDIES}")
+            f"  {msg}{extra}\n  {remedies}")
+    if isinstance(e, TypeError) and re.search(
+            r"incompatible shapes|must have (the )?same shape|same shape|shapes must", msg):
+        return ShapeError(
+            f"incompatible symbolic shapes at {where}: {msg}\n  Axes named by different "
+            "dim vars are different sizes while tracing; if they are always equal, give "
+            "them the same name in in_specs (e.g. ('n', 'n')).")
     if isinstance(e, jax.errors.NonConcreteBooleanIndexError):
         return ShapeError(
             f"boolean indexing has a data-dependent size at {where}; inside polymask.mask "
@@ -111,7 +134,8 @@ def _translate_trace_error(e: BaseException) -> BaseException | None:
                 f"an op with a data-dependent output size (jnp.nonzero / one-argument "
                 f"jnp.where / argwhere / unique) was called at {where}; inside polymask.mask "
                 "use polymask.nonzero, polymask.where, polymask.argwhere, "
-                "polymask.flatnonzero or polymask.unique.\n  JAX said: " + msg)
+                "polymask.flatnonzero or polymask.unique.\n  JAX said: "
+                + next((ln for ln in text.splitlines() if "size argument" in ln), msg.split("\n")[0]))
     return None
 
 
@@ -263,39 +287,44 @@ def solve_dim_vars(prog: MaskedProgram, leaves, checks_on: bool):
             _validate_size_type(size, a.where)
             bound = np.shape(data)[a.axis]
             if checks_on or is_static(size):
+                named = f"{a.where} (dim var '{a.var}')" if a.var else a.where
                 checks.append(Check(_out_of_range(size, bound),
-                                    f"{a.where}: logical size {_fmt(size)} is outside "
-                                    f"[0, {bound}] (the bound of that axis)"))
+                                    f"{named}: logical size {{0}} is outside "
+                                    f"[0, {bound}] (the bound of that axis)", (size,)))
             if a.var is None:
                 if not (is_static(size) and int(size) == int(a.expr)):
                     checks.append(Check(_ne(size, a.expr),
                                         f"{a.where}: static axis of size {a.expr} got logical "
-                                        f"size {_fmt(size)}"))
+                                        "size {0}", (size,)))
                 continue
             value = size if (a.coeff == 1 and a.offset == 0) else _solve(size, a)
             if a.coeff != 1 or a.offset != 0:
                 checks.append(Check(_not_affine(size, a),
-                                    f"{a.where}: logical size {_fmt(size)} is not of the form "
-                                    f"{a.expr} for an integer {a.var} >= 0"))
+                                    f"{a.where}: logical size {{0}} is not of the form "
+                                    f"{a.expr} for an integer {a.var} >= 0", (size,)))
             if a.var not in values:
                 values[a.var], sources[a.var] = value, a.where
             else:
                 prev = values[a.var]
                 checks.append(Check(_ne(prev, value),
                                     f"dim var '{a.var}' has different logical values: "
-                                    f"{_fmt(prev)} at {sources[a.var]} and {_fmt(value)} at "
-                                    f"{a.where}"))
+                                    f"{{0}} at {sources[a.var]} and {{1}} at "
+                                    f"{a.where}", (prev, value)))
                 if is_static(value) and not is_static(prev):
                     values[a.var] = value
+    auto = {f"{v} <= {b}" for v, b in prog.var_bounds.items()}  # bounds: range-checked above
     for kind, e1, e2, text in compat.explicit_constraints(prog.scope):
         if not (compat.dim_vars(e1) | compat.dim_vars(e2)) <= set(values):
             continue  # a data-dependent dim var's bound: its rule guarantees it
+        if text in auto:
+            continue
+        names = sorted(compat.dim_vars(e1) | compat.dim_vars(e2))
         env = DimEnv(prog.scope, prog.var_bounds, values)
         v1, v2 = env.logical_raw(e1), env.logical_raw(e2)
         bad = _ne(v1, v2) if kind == "==" else _lt(v1, v2)
         checks.append(Check(bad, f"constraint '{text}' does not hold for "
-                                 + ", ".join(f"{k}={_fmt(values[k])}" for k in sorted(
-                                     compat.dim_vars(e1) | compat.dim_vars(e2)))))
+                                 + ", ".join(f"{k}={{{i}}}" for i, k in enumerate(names)),
+                            tuple(values[k] for k in names)))
     if not checks_on:  # checks=False: keep only the checks decidable in Python
         checks = [c for c in checks if concrete_value(c.bad) is not None]
     return values, checks
@@ -400,7 +429,12 @@ class Interpreter:
                         f"(used at {compat.source_line(eqn.source_info)}); "
                         f"see {COVERAGE_DOC} for the covered primitives")
                 ctx = RuleContext(eqn, dims, self)
-                out = rule(ctx, *invals, **eqn.params)
+                try:
+                    out = rule(ctx, *invals, **eqn.params)
+                except (ShapeError, UnsupportedError) as e:
+                    # Equations of inner jaxprs (jnp functions are jitted) have no
+                    # user frame: name the enclosing equation's user line instead.
+                    raise relocate(e, compat.source_line(eqn.source_info)) from None
                 rule_name = getattr(rule, "__name__", "rule")
         outs = list(out) if prim.multiple_results else [out]
         self._check_out_shapes(eqn, outs, dims)
@@ -510,14 +544,17 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
         key = _signature(args, in_specs, constraints)
         with lock:
             prog = cache.get(key) if key is not None else None
-        if prog is None:
-            prog, leaves = trace_masked(fun, args, in_specs, constraints)
-            if key is not None:
-                with lock:
-                    cache[key] = prog
-        else:
-            leaves = jax.tree_util.tree_leaves(tuple(args), is_leaf=_is_masked)
-        values, prologue_checks = solve_dim_vars(prog, leaves, checks)
+        try:
+            if prog is None:
+                prog, leaves = trace_masked(fun, args, in_specs, constraints)
+                if key is not None:
+                    with lock:
+                        cache[key] = prog
+            else:
+                leaves = jax.tree_util.tree_leaves(tuple(args), is_leaf=_is_masked)
+            values, prologue_checks = solve_dim_vars(prog, leaves, checks)
+        except ShapeError as e:
+            raise at_call_site(e, call_site) from None
         run_checks(prologue_checks, call_site)
         outs = run_program(prog, leaves, values)
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)

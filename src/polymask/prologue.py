@@ -12,6 +12,7 @@ seed proposal asks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -25,8 +26,17 @@ from .errors import ShapeError
 
 @dataclasses.dataclass
 class Check:
+    """One prologue check.
+
+    ``message`` may hold ``{0}``, ``{1}``... placeholders for ``values`` (sizes
+    that can be traced): they are filled in with the concrete values, at run
+    time inside ``jit``, so the error names the actual sizes. Without
+    ``values`` the message is used as is.
+    """
+
     bad: Any  # bool or bool array (True = violated)
     message: str
+    values: tuple = ()
 
 
 def concrete_value(x):
@@ -39,6 +49,23 @@ def concrete_value(x):
         return None
 
 
+def _render(v) -> str:
+    a = concrete_value(v)
+    if a is None:
+        return "<traced>"
+    return str(a.tolist())
+
+
+def format_message(message: str, values, rendered=None) -> str:
+    if not values:
+        return message
+    rendered = [_render(v) for v in values] if rendered is None else rendered
+    try:
+        return message.format(*rendered)
+    except (IndexError, KeyError, ValueError):
+        return message
+
+
 def run_checks(checks: list[Check], call_site: str) -> None:
     """Raise eagerly for concrete violations; stage runtime errors otherwise."""
     staged = []
@@ -46,17 +73,39 @@ def run_checks(checks: list[Check], call_site: str) -> None:
         v = concrete_value(c.bad)
         if v is not None:
             if bool(np.any(v)):
-                raise ShapeError(f"{c.message}\n  in the masked call at {call_site}")
+                raise ShapeError(f"{format_message(c.message, c.values)}\n"
+                                 f"  in the masked call at {call_site}")
         else:
             staged.append(c)
-    for c in staged:
-        _stage_runtime_error(c.bad, f"{c.message}\n  in the masked call at {call_site}")
+    if staged:
+        _stage_runtime_errors(staged, call_site)
 
 
-def _stage_runtime_error(bad, message: str) -> None:
-    def _raise(b):
-        if np.any(b):
-            raise ShapeError(message)
+def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
+    """One ``lax.cond`` + host callback for all traced checks.
 
-    bad = jnp.asarray(bad)
-    lax.cond(jnp.any(bad), lambda: jax.debug.callback(_raise, bad), lambda: None)
+    The callback gets every check's predicate and values, and raises the
+    ``ShapeError`` of the first violated check with the actual sizes (under
+    ``vmap``, of the first failing batch element).
+    """
+    templates = [(c.message, len(c.values)) for c in checks]
+
+    def _raise(bads, values):
+        it = iter(values)
+        for (message, n), b in zip(templates, bads):
+            vals = [np.asarray(next(it)) for _ in range(n)]
+            b = np.asarray(b)
+            if not np.any(b):
+                continue
+            where = ""
+            if b.ndim:
+                idx = tuple(int(i[0]) for i in np.nonzero(b))
+                vals = [v[idx] if v.shape == b.shape else v for v in vals]
+                where = f" (batch element {idx[0] if len(idx) == 1 else idx})"
+            text = format_message(message, vals, [str(v.tolist()) for v in vals])
+            raise ShapeError(f"{text}{where}\n  in the masked call at {call_site}")
+
+    bads = [jnp.asarray(c.bad) for c in checks]
+    values = [jnp.asarray(v) for c in checks for v in c.values]
+    any_bad = functools.reduce(jnp.logical_or, [jnp.any(b) for b in bads])
+    lax.cond(any_bad, lambda: jax.debug.callback(_raise, bads, values), lambda: None)

@@ -84,6 +84,12 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
         raise ShapeError(
             f"{path}: spec '{spec}' has {n_axes} axes but the array has rank {rank} "
             f"(shape {tuple(padded_shape)})")
+    for i, part in enumerate(_split_top_level(stripped)):
+        part = part.strip()
+        if part.isdigit() and int(part) != padded_shape[i]:
+            raise ShapeError(
+                f"{path}.shape[{i}]: spec '{spec}' says {int(part)} but the padded size is "
+                f"{padded_shape[i]}")
     try:
         exprs = jax.export.symbolic_shape(spec, scope=scope, like=padded_shape)
     except Exception as e:  # jax raises ValueError with its own parse message
@@ -147,12 +153,18 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf) -> list:
             out.extend([spec] * len(leaves))
             continue
         try:
-            spec_leaves = jax.tree_util.tree_flatten(
+            with_paths = jax.tree_util.tree_flatten_with_path(
                 spec, is_leaf=lambda s: s is None or isinstance(s, str))[0]
-            struct_ok = len(spec_leaves) == len(leaves)
+            spec_leaves = [leaf for _, leaf in with_paths]
+            spec_keys = [jax.tree_util.keystr(p) for p, _ in with_paths]
+            arg_keys = [jax.tree_util.keystr(p) for p, _ in
+                        jax.tree_util.tree_flatten_with_path(arg, is_leaf=is_leaf)[0]]
+            struct_ok = spec_keys == arg_keys  # lists and tuples match each other
         except Exception:
+            spec_keys = arg_keys = None
             struct_ok = False
         if not struct_ok:
-            raise ShapeError(f"in_specs[{i}] does not match the structure of args[{i}]")
+            raise ShapeError(f"in_specs[{i}] does not match the structure of args[{i}]: "
+                             f"spec leaves at {spec_keys}, array leaves at {arg_keys}")
         out.extend(spec_leaves)
     return out
