@@ -170,6 +170,21 @@ class ShapeFormula:
             out.append(max(int(compat.evaluate_dim(d, {k: int(sizes[k]) for k in need})), 0))
         return tuple(out)
 
+    def _parse(self, text: str):
+        """A dimension expression from jax syntax or Python syntax (``//``, ``%``)."""
+        try:
+            (e,) = jax.export.symbolic_shape(text, scope=self.scope)
+            return e
+        except Exception:
+            pass
+        names = set(re.findall(r"[A-Za-z_]\w*", text)) - {"floordiv", "mod"}
+        try:
+            env = {v: jax.export.symbolic_shape(v, scope=self.scope)[0] for v in names}
+            env.update(floordiv=lambda a, b: a // b, mod=lambda a, b: a % b)
+            return eval(text, {"__builtins__": {}}, env)  # noqa: S307 (names are dim vars)
+        except Exception:
+            return None
+
     def _key(self):
         return tuple(_dim_str(d) for d in self.exprs)
 
@@ -184,9 +199,8 @@ class ShapeFormula:
                 elif compat.is_dim_expr(d):
                     key.append(str(d))
                 elif isinstance(d, str):
-                    try:
-                        (e,) = jax.export.symbolic_shape(d, scope=self.scope)
-                    except Exception:
+                    e = self._parse(d)
+                    if e is None:
                         return None
                     key.append(_dim_str(e))
                 else:

@@ -1,0 +1,208 @@
+"""polymask.shape_formula, polymask.explain and CSE of size computations (issue 7)."""
+
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import polymask as pm
+from polymask.inspect import Explanation, ShapeFormula
+
+
+# ----------------------------------------------------------------------------
+# shape_formula
+# ----------------------------------------------------------------------------
+def test_shape_formula_strided_slice():
+    (f,) = [pm.shape_formula(lambda x: x[::2], "n", (10,))]
+    assert isinstance(f, ShapeFormula)
+    assert str(f) == "((n + 1) // 2,)"
+    assert f.jax_str == "(floordiv(n + 1, 2),)"
+    assert f == ("floordiv(n + 1, 2)",)
+    assert f == ("(n + 1) // 2",)  # strings are parsed in the formula's scope
+    assert f != ("n",)
+    assert f.bound == (5,)
+    assert f.evaluate(n=7) == (4,)
+    assert f.evaluate(n=0) == (0,)
+    assert f.dim_vars == {"n"}
+    assert jax.export.symbolic_shape("n")[0].__class__ is f.exprs[0].__class__
+
+
+def test_shape_formula_accepts_examples_shapes_and_structs():
+    fun = lambda x: x[1:]  # noqa: E731
+    a = pm.shape_formula(fun, "n", (8,))
+    b = pm.shape_formula(fun, "n", jnp.zeros(8))
+    c = pm.shape_formula(fun, "n", pm.Masked(jnp.zeros(8), (3,)))
+    d = pm.shape_formula(fun, "n", jax.ShapeDtypeStruct((8,), jnp.int32))
+    assert a == b == c == d
+    assert str(a) == "(n - 1,)"
+    assert d.dtype == jnp.int32
+    # in_specs=None: every axis is its own dim var
+    e = pm.shape_formula(lambda x: x.T, None, (3, 4))
+    assert str(e) == "(s1, s0)"
+
+
+def test_shape_formula_pytree_and_equal_products():
+    def f(x):
+        a = x.reshape(x.shape[0] * x.shape[1])
+        b = jnp.zeros(x.shape[1] * x.shape[0])  # computed separately, other order
+        return {"a": a, "b": b, "c": jnp.sum(x)}
+
+    out = pm.shape_formula(f, None, (4, 5))
+    assert out["a"] == out["b"]
+    assert hash(out["a"]) == hash(out["b"])
+    assert out["a"] == ("s0*s1",) == out["a"]
+    assert out["a"] == ("s1*s0",)
+    assert str(out["c"]) == "()"
+    assert out["a"].evaluate(s0=3, s1=2) == (6,)
+
+
+def test_shape_formula_concatenate_and_conv():
+    f = pm.shape_formula(lambda x, y, z: jnp.concatenate([x, y, z]), ("n", "m", "n"),
+                         (2,), (3,), (2,))
+    assert f == ("m + 2*n",)
+    assert f.evaluate(n=1, m=2) == (4,)
+
+    def conv(x):
+        return lax.conv_general_dilated(x, jnp.ones((1, 1, 3)), (2,), "VALID")
+
+    g = pm.shape_formula(conv, "1, 1, n", (1, 1, 10))
+    assert g.evaluate(n=7) == (1, 1, 3)
+    assert g.evaluate(n=4) == (1, 1, 1)
+    assert "//" in str(g)
+
+
+def test_shape_formula_evaluate_needs_all_vars():
+    f = pm.shape_formula(lambda x, y: jnp.concatenate([x, y]), ("n", "m"), (2,), (3,))
+    with pytest.raises(pm.ShapeError, match="no value for dim vars \\['m'\\]"):
+        f.evaluate(n=1)
+
+
+# ----------------------------------------------------------------------------
+# CSE of size computations
+# ----------------------------------------------------------------------------
+def _count(jaxpr, name):
+    return sum(1 for e in _eqns(jaxpr) if e.primitive.name == name)
+
+
+def _eqns(jaxpr):
+    for e in jaxpr.eqns:
+        yield e
+        for p in e.params.values():
+            for x in (p if isinstance(p, (tuple, list)) else (p,)):
+                if hasattr(x, "jaxpr") and hasattr(x.jaxpr, "eqns"):
+                    yield from _eqns(x.jaxpr)
+                elif hasattr(x, "eqns"):
+                    yield from _eqns(x)
+
+
+def five_queries(x):
+    acc = jnp.float32(0)
+    for i in range(5):
+        acc = acc + jnp.sum(x) / (x.shape[0] * x.shape[1]) + i
+    return acc + x.shape[1] * x.shape[0]  # the same expression, other order
+
+
+def test_cse_one_multiply_for_five_queries():
+    user = jax.make_jaxpr(five_queries)(
+        jax.ShapeDtypeStruct(jax.export.symbolic_shape("n, m"), jnp.float32))
+    assert _count(user.jaxpr, "dim_as_value") == 6  # the queries are in the user program
+    m = pm.mask(five_queries, "n, m")
+    masked = jax.make_jaxpr(lambda x, a, b: m(pm.Masked(x, (a, b))).data)(
+        jnp.ones((4, 5)), jnp.int32(3), jnp.int32(2))
+    assert _count(masked.jaxpr, "mul") == 1  # one n*m for six queries
+    assert _count(masked.jaxpr, "dim_as_value") == 0
+    out = jax.jit(lambda x, a, b: m(pm.Masked(x, (a, b))).data)(
+        jnp.ones((4, 5)), jnp.int32(3), jnp.int32(2))
+    np.testing.assert_allclose(out, 5 * 1 + 10 + 6)
+
+
+def test_cse_strided_size_computed_once():
+    def f(x):
+        y = x[::2]
+        return jnp.sum(y) / y.shape[0] + y.shape[0] + jnp.sum(x[::2])
+
+    m = pm.mask(f, "n")
+    masked = jax.make_jaxpr(lambda x, n: m(pm.Masked(x, (n,))).data)(jnp.ones(10), jnp.int32(7))
+    # floordiv(n + 1, 2) is computed once (three uses, two of them as a number)
+    floordivs = [e for e in _eqns(masked.jaxpr) if e.params.get("name") == "floor_divide"]
+    assert len(floordivs) == 1
+    got = m(pm.Masked(jnp.arange(10.0), (7,))).data
+    np.testing.assert_allclose(got, (0 + 2 + 4 + 6) / 4 + 4 + 12)
+
+
+# ----------------------------------------------------------------------------
+# explain
+# ----------------------------------------------------------------------------
+def strided(x):
+    y = x[::2]  # EXPLAIN-STRIDED
+    return jnp.sum(y) / y.shape[0] + y.shape[0]
+
+
+def test_explain_strided_slice():
+    buf = io.StringIO()
+    e = pm.explain(strided, "n", pm.Masked(jnp.arange(10.0), (7,)), file=buf)
+    assert isinstance(e, Explanation) and isinstance(e, str)
+    assert buf.getvalue().strip() == str(e).strip()
+    assert "f32[floordiv(n + 1, 2)]" in e
+    assert "n in [0, 10]" in e and "= 7" in e
+    gather = [r for r in e.rows if "floordiv(n + 1, 2)" in " ".join(r.shapes)][0]
+    assert gather.bounds == [(5,)]
+    assert gather.logical == [(4,)]
+    assert "test_inspect.py" in gather.source
+    assert "EXPLAIN-STRIDED" in gather.code
+    red = [r for r in e.rows if r.primitive == "reduce_sum"][0]
+    assert red.selects >= 1  # the reduction masks its padding
+    queries = [r for r in e.rows if r.size_query is not None]
+    assert len(queries) == 2 and queries[0].size_query == queries[1].size_query
+    assert "reuses #" in e  # the second query is the first one's value (CSE)
+    assert e.sizes["floordiv(n + 1, 2)"]["queries"] == 2
+    assert e.sizes["floordiv(n + 1, 2)"]["bound"] == 5
+    assert e.sizes["floordiv(n + 1, 2)"]["logical"] == 4
+
+
+def test_explain_without_example_sizes_and_rich():
+    e = pm.explain(lambda x: jnp.cumsum(x) * x.shape[0], "n", (6,), print_output=False)
+    assert "logical" in e and all(r.logical is None for r in e.rows)
+    assert e.masked_jaxpr is not None
+    from rich.console import Console
+
+    console = Console(record=True, width=200, file=io.StringIO())
+    console.print(e)
+    text = console.export_text()
+    assert "cumsum" in text and "sizes" in text
+
+
+def test_explain_nested_jit_and_static_fast_path():
+    inner = jax.jit(lambda x: jnp.tril(x))
+    e = pm.explain(lambda x: inner(x) + jnp.ones(3).sum(), "n, n", (4, 4), print_output=False)
+    nested = [r for r in e.rows if r.nested]
+    assert nested and any(r.depth > 0 for r in e.rows)
+    assert all("<unknown" not in r.source for r in e.rows)
+    assert any(r.rule == "static" for r in e.rows)
+
+
+def attention(x, wq, wk, wv, wo):
+    n = x.shape[0]
+    q = (x @ wq).reshape(n, 4, 16).transpose(1, 0, 2)
+    k = (x @ wk).reshape(n, 4, 16).transpose(1, 0, 2)
+    v = (x @ wv).reshape(n, 4, 16).transpose(1, 0, 2)
+    s = q @ k.transpose(0, 2, 1) / jnp.sqrt(16.0)
+    causal = jnp.tril(jnp.ones((n, n)))
+    s = jnp.where(causal[None] > 0, s, -1e9)
+    p = jax.nn.softmax(s, axis=-1)
+    o = (p @ v).transpose(1, 0, 2).reshape(n, 64)
+    return o @ wo
+
+
+def test_explain_attention():
+    w = jax.ShapeDtypeStruct((64, 64), jnp.float32)
+    e = pm.explain(attention, ("n, 64", None, None, None, None),
+                   pm.Masked(jax.ShapeDtypeStruct((32, 64), jnp.float32), (17, 64)), w, w, w, w,
+                   print_output=False)
+    dots = [r for r in e.rows if r.primitive == "dot_general"]
+    assert len(dots) == 6 and all(r.selects >= 1 for r in dots)
+    assert any(r.shapes == ["f32[4,n,n]"] and r.bounds == [(4, 32, 32)] for r in dots)
+    assert "outputs: f32[n,64]" in e
