@@ -105,7 +105,18 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
             text = format_message(message, vals, [str(v.tolist()) for v in vals])
             raise ShapeError(f"{text}{where}\n  in the masked call at {call_site}")
 
-    bads = [jnp.asarray(c.bad) for c in checks]
-    values = [jnp.asarray(v) for c in checks for v in c.values]
-    any_bad = functools.reduce(jnp.logical_or, [jnp.any(b) for b in bads])
-    lax.cond(any_bad, lambda: jax.debug.callback(_raise, bads, values), lambda: None)
+    @jax.custom_batching.custom_vmap
+    def check(bads, values):
+        any_bad = functools.reduce(jnp.logical_or, [jnp.any(b) for b in bads])
+        lax.cond(any_bad, lambda: jax.debug.callback(_raise, bads, values), lambda: None)
+        return any_bad
+
+    @check.def_vmap
+    def _check_whole_batch(axis_size, in_batched, bads, values):
+        # Check the whole ragged batch in one callback instead of letting
+        # vmap slice the callback per example (which fails on sharded batch
+        # axes); the reduction over the batch is an ordinary collective.
+        return check(bads, values), False
+
+    check([jnp.asarray(c.bad) for c in checks],
+          [jnp.asarray(v) for c in checks for v in c.values])
