@@ -137,3 +137,51 @@ def instantiate_zero(x, aval=None):
 def call_wrapped(wrapped_fun, *args):
     """Call a ``linear_util.WrappedFun`` (custom-derivative thunks)."""
     return wrapped_fun.call_wrapped(*args)
+
+
+# Modules whose module-level ``core.Primitive`` instances make up "every lax
+# primitive JAX defines" for the coverage table (tools/coverage.py). Packages
+# are walked; Pallas / Mosaic / Triton kernels are out of scope.
+_PRIMITIVE_PACKAGES = ("jax._src.lax", "jax._src.random")
+_PRIMITIVE_MODULES = (
+    "jax._src.core", "jax._src.ad_util", "jax._src.pjit", "jax._src.custom_derivatives",
+    "jax._src.ad_checkpoint", "jax._src.export.shape_poly", "jax._src.callback",
+    "jax._src.debugging", "jax._src.dispatch", "jax._src.checkify", "jax._src.custom_batching",
+    "jax._src.custom_partitioning", "jax._src.shard_map", "jax._src.shard_alike",
+    "jax._src.compute_on", "jax._src.xla_metadata", "jax._src.state.primitives",
+)
+
+
+def all_primitives() -> dict[str, str]:
+    """Every primitive JAX defines in lax, control flow, calls, random, etc.
+
+    Returns ``{primitive name: defining module}`` from the module-level
+    ``core.Primitive`` instances of the modules above (private API: the
+    module layout changes between JAX versions; missing modules are skipped).
+    """
+    import importlib
+    import pkgutil
+
+    modules = []
+    for pkg_name in _PRIMITIVE_PACKAGES:
+        try:
+            pkg = importlib.import_module(pkg_name)
+        except ImportError:
+            continue
+        modules.append(pkg)
+        for info in pkgutil.walk_packages(pkg.__path__, pkg_name + "."):
+            try:
+                modules.append(importlib.import_module(info.name))
+            except Exception:  # optional backends (GPU/TPU plugins) may not import
+                continue
+    for name in _PRIMITIVE_MODULES:
+        try:
+            modules.append(importlib.import_module(name))
+        except Exception:
+            continue
+    found: dict[str, str] = {}
+    for mod in modules:
+        for value in vars(mod).values():
+            if isinstance(value, _core.Primitive):
+                found.setdefault(value.name, mod.__name__)
+    return dict(sorted(found.items()))
