@@ -1,1 +1,289 @@
-"""Masking rules: slice, rev, pad, concatenate (strided/indexing issue)."""
+"""Masking rules: slice, rev, pad, concatenate, split, stack, unstack, tile.
+
+Results start at the *logical* position: a slice whose start depends on a
+size (``x[-3:]``: start ``n - 3``) reads at the logical start with a dynamic
+slice; ``rev`` shifts the reversed buffer so the logical end comes first;
+``pad`` shifts by the logical low padding; ``concatenate`` and ``split``
+place or cut pieces at logical offsets (one whole-piece
+``dynamic_update_slice`` / ``dynamic_slice`` per piece, no element loops).
+
+Whenever a padded window placed at the largest possible start would run past
+the buffer, the buffer is first extended with zeros (``lax.pad``) so that
+XLA's clamping of dynamic starts never shifts a window.
+
+Backward pass: the transpose of a slice is a pad, so output padding that was
+read from *logical* input positions (``x[:-1]``: output padding reads
+``x[n-1]``) would route padding cotangents (possibly NaN) into the logical
+gradient; float results are then selected to 0 in their padding.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as compat
+from ..shapes import is_static, needs_mask
+from .registry import register
+from .util import clean, is_inexact, masked_axes, valid_mask
+
+
+# ----------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------
+def _ub(e) -> int:
+    if not compat.is_dim_expr(e):
+        return int(e)
+    hi = compat.upper_bound(e)
+    if not np.isfinite(hi):
+        raise ValueError(f"unbounded dimension expression {e}")
+    return int(hi)
+
+
+def _lb(e) -> int:
+    if not compat.is_dim_expr(e):
+        return int(e)
+    lo = compat.lower_bound(e)
+    if not np.isfinite(lo):
+        raise ValueError(f"unbounded dimension expression {e}")
+    return int(lo)
+
+
+def _same_dim(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except compat.InconclusiveDimensionOperation:
+        return False
+
+
+def _add(a, b):
+    if is_static(a) and is_static(b):
+        return int(a) + int(b)
+    return jnp.asarray(a, jnp.int32) + jnp.asarray(b, jnp.int32)
+
+
+def _zero(dtype):
+    return jnp.zeros((), dtype)
+
+
+def _window(x, starts, spans, start_ubs):
+    """``x[starts : starts + spans]`` per axis; starts may be traced.
+
+    ``start_ubs`` bound the starts; the buffer is extended with zeros so that
+    no window is clamped by XLA.
+    """
+    ext = [max(0, int(u) + int(s) - int(b)) for u, s, b in zip(start_ubs, spans, x.shape)]
+    if any(ext):
+        x = lax.pad(x, _zero(x.dtype), [(0, e, 0) for e in ext])
+    if all(is_static(s) for s in starts):
+        return lax.slice(x, tuple(int(s) for s in starts),
+                         tuple(int(s) + int(p) for s, p in zip(starts, spans)))
+    return lax.dynamic_slice(x, [jnp.asarray(s, jnp.int32) for s in starts],
+                             tuple(int(p) for p in spans))
+
+
+def _clean_axes(ctx, out, axes, k=0):
+    if not is_inexact(out.dtype):
+        return out
+    axes = masked_axes(ctx.out_logical[k], ctx.out_bounds[k], axes)
+    return clean(out, ctx.out_logical[k], axes) if axes else out
+
+
+# ----------------------------------------------------------------------------
+# slice
+# ----------------------------------------------------------------------------
+@register("slice")
+def slice_rule(ctx, x, *, start_indices, limit_indices, strides):
+    """Strided slice read at the logical start (dynamic when it depends on sizes)."""
+    in_sym = ctx.in_avals[0].shape
+    out_b = ctx.out_bounds[0]
+    strides = tuple(1 if s is None else int(s) for s in (strides or (1,) * x.ndim))
+    starts = [ctx.logical(s) for s in start_indices]
+    start_ubs = [_ub(s) for s in start_indices]
+    spans = [max(0, (o - 1) * st + 1) for o, st in zip(out_b, strides)]
+    y = _window(x, starts, spans, start_ubs)
+    if any(st != 1 for st in strides):
+        y = lax.slice(y, (0,) * y.ndim, tuple(y.shape), strides)
+    assert tuple(y.shape) == tuple(out_b), (y.shape, out_b)
+    # Output padding reads logical input positions unless the slice runs to
+    # the end of the (logical) axis.
+    leak = [d for d in range(x.ndim) if not _same_dim(limit_indices[d], in_sym[d])]
+    return _clean_axes(ctx, y, leak)
+
+
+# ----------------------------------------------------------------------------
+# rev
+# ----------------------------------------------------------------------------
+@register("rev")
+def rev_rule(ctx, x, *, dimensions):
+    """Reverse, then shift left by ``bound - logical`` so the logical end comes first.
+
+    The shift reads from a zero extension, so output padding is 0 and its
+    cotangent lands in the (dropped) extension.
+    """
+    lg, b = ctx.in_logical[0], ctx.in_bounds[0]
+    y = lax.rev(x, tuple(dimensions))
+    axes = masked_axes(lg, b, dimensions)
+    if not axes:
+        return y
+    starts = [(b[d] - lg[d] if is_static(lg[d]) else b[d] - jnp.asarray(lg[d], jnp.int32))
+              if d in axes else 0 for d in range(x.ndim)]
+    ubs = [b[d] if d in axes else 0 for d in range(x.ndim)]
+    return _window(y, starts, b, ubs)
+
+
+# ----------------------------------------------------------------------------
+# concatenate / split / stack / unstack
+# ----------------------------------------------------------------------------
+@register("concatenate")
+def concatenate_rule(ctx, *xs, dimension):
+    """Place each operand at the sum of the logical sizes before it.
+
+    Operands are written in order with ``dynamic_update_slice``; each one's
+    padding is overwritten by the next operand's logical data.
+    """
+    d = dimension
+    sizes_l = [lg[d] for lg in ctx.in_logical]
+    sizes_b = [b[d] for b in ctx.in_bounds]
+    if not any(needs_mask(s, b) for s, b in zip(sizes_l[:-1], sizes_b[:-1])):
+        return ctx.bind(*xs)
+    out_b = list(ctx.out_bounds[0])
+    total = max(out_b[d], sum(sizes_b))
+    first = xs[0]
+    cfg = [(0, 0, 0)] * first.ndim
+    cfg[d] = (0, total - sizes_b[0], 0)
+    buf = lax.pad(first, _zero(first.dtype), cfg)
+    off = sizes_l[0]
+    for x, s in zip(xs[1:], sizes_l[1:]):
+        if is_static(off):
+            start = [0] * x.ndim
+            start[d] = int(off)
+            buf = lax.dynamic_update_slice(buf, x, start)
+        else:
+            start = [jnp.int32(0)] * x.ndim
+            start[d] = jnp.asarray(off, jnp.int32)
+            buf = lax.dynamic_update_slice(buf, x, start)
+        off = _add(off, s)
+    if total != out_b[d]:
+        buf = lax.slice_in_dim(buf, 0, out_b[d], axis=d)
+    return buf
+
+
+@register("split")
+def split_rule(ctx, x, *, sizes, axis):
+    """Cut each piece at the sum of the logical sizes before it."""
+    sizes_l = [ctx.logical(s) for s in sizes]
+    sizes_b = [ctx.padded(s) for s in sizes]
+    if not any(needs_mask(s, b) for s, b in zip(sizes_l[:-1], sizes_b[:-1])):
+        return ctx.bind(x)
+    outs = []
+    off, off_sym = 0, 0
+    for k, (s_sym, s_l, s_b) in enumerate(zip(sizes, sizes_l, sizes_b)):
+        starts = [0] * x.ndim
+        starts[axis] = off
+        ubs = [0] * x.ndim
+        ubs[axis] = _ub(off_sym) if compat.is_dim_expr(off_sym) else int(off_sym)
+        spans = list(ctx.out_bounds[k])
+        y = _window(x, starts, spans, ubs)
+        if k < len(sizes) - 1:
+            y = _clean_axes(ctx, y, [axis], k)
+        outs.append(y)
+        off = _add(off, s_l)
+        off_sym = off_sym + s_sym
+    return outs
+
+
+@register("stack", "unstack")
+def stack_rule(ctx, *xs, **params):
+    """The logical corner stays a corner: bind at the bound."""
+    return ctx.bind(*xs)
+
+
+@register("tile")
+def tile_rule(ctx, x, *, reps):
+    """``out[j] = x[j mod n]`` per tiled axis with a padded size (one gather per axis)."""
+    lg, b = ctx.in_logical[0], ctx.in_bounds[0]
+    out_b = ctx.out_bounds[0]
+    axes = [d for d in masked_axes(lg, b) if int(reps[d]) != 1]
+    if not axes:
+        return ctx.bind(x)
+    y = x
+    for d in range(x.ndim):
+        r = int(reps[d])
+        if r == 1:
+            continue
+        if d in axes:
+            n = jnp.maximum(jnp.asarray(lg[d], jnp.int32), 1)
+            idx = lax.iota(jnp.int32, out_b[d]) % n
+            y = jnp.take(y, idx, axis=d, mode="clip")
+        else:
+            y = lax.concatenate([y] * r, d)
+    return _clean_axes(ctx, y, axes)
+
+
+# ----------------------------------------------------------------------------
+# pad
+# ----------------------------------------------------------------------------
+@register("pad")
+def pad_rule(ctx, x, padding_value, *, padding_config):
+    """Low/high/interior padding (negative allowed) placed at the logical offsets.
+
+    1. fill the operand's padding with the padding value (only where high
+       padding can expose it), 2. interior padding at the bound (padding stays
+       at the end), 3. shift by the logical low padding (dynamic slice of a
+       padded buffer), 4. cut to the output bound.
+    """
+    lg, b = ctx.in_logical[0], ctx.in_bounds[0]
+    out_b = ctx.out_bounds[0]
+    pv = jnp.asarray(padding_value, x.dtype)
+    cfg = []
+    for lo, hi, interior in padding_config:
+        if compat.is_dim_expr(interior):
+            raise ctx.unsupported("interior padding given by a dimension expression")
+        cfg.append((lo, hi, int(interior)))
+    masked = masked_axes(lg, b)
+    if not masked and all(not compat.is_dim_expr(lo) and not compat.is_dim_expr(hi)
+                          for lo, hi, _ in cfg):
+        return ctx.bind(x, padding_value)
+    fill_axes = [d for d in masked
+                 if compat.is_dim_expr(cfg[d][1]) or int(cfg[d][1]) > 0]
+    m = valid_mask(lg, b, fill_axes) if fill_axes else None
+    if m is not None:
+        x = lax.select(m, x, lax.broadcast(pv, x.shape))
+    # interior at the bound
+    if any(i for _, _, i in cfg):
+        x = lax.pad(x, pv, [(0, 0, i) for _, _, i in cfg])
+    # shift by the low padding, cut to the output bound
+    ext, starts, spans = [], [], []
+    for d, (lo, hi, _) in enumerate(cfg):
+        n_y = x.shape[d]
+        S = out_b[d]
+        if not compat.is_dim_expr(lo):
+            lo = int(lo)
+            # out = y shifted right by lo, cut at S
+            P = max(lo, 0)
+            start = P - lo
+            Q = max(0, start + S - (P + n_y))
+            ext.append((P, Q, 0))
+            starts.append(start)
+        else:
+            try:
+                lo_ub, lo_lb = _ub(lo), _lb(lo)
+            except ValueError as e:
+                raise ctx.unsupported(str(e)) from None
+            P = max(lo_ub, 0)
+            Q = max(0, S - lo_lb - n_y)
+            ext.append((P, Q, 0))
+            lo_v = jnp.asarray(ctx.dims.logical_raw(lo), jnp.int32)
+            starts.append(P - lo_v)
+        spans.append(S)
+    if any(p or q for p, q, _ in ext):
+        x = lax.pad(x, pv, ext)
+    if all(is_static(s) for s in starts):
+        y = lax.slice(x, tuple(starts), tuple(s + p for s, p in zip(starts, spans)))
+    else:
+        y = lax.dynamic_slice(x, [jnp.asarray(s, jnp.int32) for s in starts], tuple(spans))
+    # Output padding may hold cropped logical elements or padding values:
+    # select it away for NaN-safe cotangents (incl. w.r.t. the padding value).
+    return _clean_axes(ctx, y, None)

@@ -1,0 +1,266 @@
+"""Slicing rules: slice, rev, pad, concatenate, split, stack, tile (issue 3, items 1-2).
+
+ACCEPTANCE.md cases 5 (concatenate) and 8 (strided and reversed slices), with
+their case-15 gradient parts, one trace under jit and vmap ragged batches.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jax import lax
+
+import polymask as pm
+from polymask.testing import check_oracle, garbage_pad
+
+X7 = np.arange(1, 8, dtype=np.float32)
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(5, 6)).astype(np.float32)
+SEQ = [(X7,), (X7[:4],), (X7[:1],), (X7[:0],)]
+MAT = [(X,), (X[:3, :2],), (X[:1, :4],), (X[:0, :3],)]
+
+
+def masked(x, bound, n=None):
+    n = len(x) if n is None else n
+    return pm.Masked(jnp.asarray(garbage_pad(np.asarray(x, np.float32), bound)), (jnp.int32(n),))
+
+
+# ----------------------------------------------------------------------------
+# ACCEPTANCE case 5: concatenate
+# ----------------------------------------------------------------------------
+def test_case5_concatenate():
+    f = pm.mask(lambda x, y, z: jnp.concatenate([x, y, z]), ("n", "m", "n"))
+    x, y, z = jnp.array([1.0, 9]), jnp.array([2.0, 4, 9]), jnp.array([3.0, 9])
+    out = f(pm.Masked(x, (1,)), pm.Masked(y, (2,)), pm.Masked(z, (1,)))
+    np.testing.assert_array_equal(out.unpad(), [1, 2, 4, 3])
+    assert int(out.shape[0]) == 4
+    traces = []
+
+    def g(n, m):
+        traces.append(1)
+        return f(pm.Masked(x, (n,)), pm.Masked(y, (m,)), pm.Masked(z, (n,)))
+
+    jg = jax.jit(g)
+    got = [jg(jnp.int32(n), jnp.int32(m)) for n, m in ((1, 2), (2, 3), (0, 1), (0, 0))]
+    assert len(traces) == 1
+    np.testing.assert_array_equal(got[0].unpad(), [1, 2, 4, 3])
+    np.testing.assert_array_equal(got[1].unpad(), [1, 9, 2, 4, 9, 3, 9])
+    np.testing.assert_array_equal(got[2].unpad(), [2])
+    assert int(got[3].shape[0]) == 0
+    # oracle: eager/jit/vmap/grad with NaN padding (case 15), sizes 0 included
+    exs = [(np.array([1.0]), np.array([2.0, 4]), np.array([3.0])),
+           (np.array([1.0, 5]), np.array([2.0, 4, 6]), np.array([3.0, 7])),
+           (np.zeros(0), np.array([2.0]), np.zeros(0)),
+           (np.zeros(0), np.zeros(0), np.zeros(0))]
+    exs = [tuple(a.astype(np.float32) for a in ex) for ex in exs]
+    check_oracle(lambda x, y, z: jnp.concatenate([x, y, z]), exs, [(2,), (3,), (2,)],
+                 ("n", "m", "n"))
+
+
+def test_concatenate_many_and_2d():
+    a = RNG.normal(size=(4, 3)).astype(np.float32)
+    exs = [(a, a[:2] * 2, a[:3] + 1, a[:1]), (a[:1], a[:0], a[:4], a[:2]),
+           (a[:0], a[:3], a[:0], a[:0])]
+    f = lambda *xs: jnp.concatenate(xs, axis=0) * 1.5  # noqa: E731
+    check_oracle(f, exs, [(5, 3)] * 4, ("a, 3", "b, 3", "c, 3", "d, 3"))
+    # along a static axis, with the other axis dynamic
+    exs2 = [(X, X * 2), (X[:2], X[:2] + 1), (X[:0], X[:0])]
+    check_oracle(lambda x, y: jnp.concatenate([x, y], axis=1), exs2, [(7, 6), (7, 6)],
+                 ("n, 6", "n, 6"))
+    # along a dynamic axis of a 2-D operand whose other axis is dynamic too
+    exs3 = [(X, X[:, :2]), (X[:3, :2], X[:3, :1]), (X[:2, :0], X[:2, :3])]
+    check_oracle(lambda x, y: jnp.concatenate([x, y], axis=1), exs3, [(7, 8), (7, 8)],
+                 ("n, m", "n, k"))
+
+
+def test_stack_and_unstack():
+    check_oracle(lambda x: jnp.stack([x, 2 * x], 1), SEQ, [(12,)])
+    check_oracle(lambda x, y: jnp.stack([x, y]), [(X, X * 2), (X[:2, :1], X[:2, :1])],
+                 [(7, 8), (7, 8)], ("n, m", "n, m"))
+    check_oracle(lambda x: list(jnp.stack([x, 2 * x])), SEQ[:2], [(12,)], modes=("eager", "jit"))
+
+
+# ----------------------------------------------------------------------------
+# ACCEPTANCE case 8: strided and reversed slices
+# ----------------------------------------------------------------------------
+CASE8 = {
+    "x[::2]": (lambda x: x[::2], [1, 3, 5, 7]),
+    "x[1::2]": (lambda x: x[1::2], [2, 4, 6]),
+    "x[::-2]": (lambda x: x[::-2], [7, 5, 3, 1]),
+    "x[-3:]": (lambda x: x[-3:], [5, 6, 7]),
+    "x[1:]": (lambda x: x[1:], [2, 3, 4, 5, 6, 7]),
+    "x[:-1]": (lambda x: x[:-1], [1, 2, 3, 4, 5, 6]),
+    "x[::-1]": (lambda x: x[::-1], [7, 6, 5, 4, 3, 2, 1]),
+    "x[:0:-1]": (lambda x: x[:0:-1], [7, 6, 5, 4, 3, 2]),
+    "x[1::3]": (lambda x: x[1::3], [2, 5]),
+}
+
+
+@pytest.mark.parametrize("name", list(CASE8))
+def test_case8_strided_and_reversed_slices(name):
+    fn, want = CASE8[name]
+    f = pm.mask(fn, "n")
+    buf = jnp.asarray(garbage_pad(X7, (12,)))
+    out = f(pm.Masked(buf, (7,)))
+    np.testing.assert_array_equal(out.unpad(), want)
+    traces = []
+
+    def g(n):
+        traces.append(1)
+        return f(pm.Masked(buf, (n,)))
+
+    jg = jax.jit(g)
+    for n in (7, 4, 1, 0, 12):
+        got = jg(jnp.int32(n))
+        ref = fn(jnp.arange(1, n + 1, dtype=jnp.float32)) if n <= 7 else None
+        if ref is not None:
+            np.testing.assert_array_equal(got.unpad(), ref)
+    assert len(traces) == 1
+    exs = SEQ if name not in ("x[1:]", "x[:-1]", "x[:0:-1]") else SEQ[:3]
+    check_oracle(fn, exs, [(12,)], "n")
+
+
+def test_case8_vmap_ragged_batch():
+    buf = jnp.stack([jnp.asarray(garbage_pad(X7[:n], (12,))) for n in (7, 3, 0)])
+    sizes = jnp.array([7, 3, 0], jnp.int32)
+    for name, (fn, _) in CASE8.items():
+        out = jax.vmap(lambda b, n: pm.mask(fn, "n")(pm.Masked(b, (n,))))(buf, sizes)
+        for i, n in enumerate([7, 3, 0]):
+            ln = int(out.shape[0][i])
+            ref = np.asarray(fn(jnp.asarray(X7[:n]))) if n else np.zeros(0)
+            if n == 0 and name in ("x[1:]", "x[:-1]", "x[:0:-1]"):
+                assert ln == 0
+                continue
+            np.testing.assert_array_equal(np.asarray(out.data[i, :ln]), ref, err_msg=name)
+
+
+def test_reverse_2d_and_reverse_cumsum():
+    check_oracle(lambda x: x[::-1, ::-1], MAT, [(7, 8)])
+    check_oracle(lambda x: jnp.flip(x, 1) * x, MAT, [(7, 8)])
+    check_oracle(lambda x: jnp.cumsum(x[::-1])[::-1], SEQ, [(12,)])
+    check_oracle(lambda x: lax.cumsum(x, reverse=True) - jnp.cumsum(x[::-1])[::-1], SEQ,
+                 [(12,)])
+
+
+def test_multi_axis_slices():
+    check_oracle(lambda x: x[1:, ::-2][:, -2:], [(X,), (X[:3, :3],), (X[:2, :2],)],
+                 [(7, 8)], "n, m", constraints=("n >= 2", "m >= 2"))
+    check_oracle(lambda x: x[:, 1::2] + x[:, ::2][:, :x.shape[1] // 2], MAT[:3], [(7, 8)])
+
+
+def test_static_slice_of_padded_axis():
+    # constant bounds on a dynamic axis: x[2:5] needs n >= 5 to be a plain slice
+    check_oracle(lambda x: x[2:5], [(X7,), (X7[:5],)], [(12,)], "n", constraints=("n >= 5",))
+    check_oracle(lambda x: x[:2], [(X7,), (X7[:2],)], [(12,)], "n", constraints=("n >= 2",))
+
+
+def _ref_slice(x, s):
+    return np.asarray(x)[s]
+
+
+@given(start=st.one_of(st.none(), st.integers(-9, 9)),
+       stop=st.one_of(st.none(), st.integers(-9, 9)),
+       step=st.one_of(st.none(), st.integers(-4, 4).filter(lambda v: v != 0)),
+       data=st.data())
+def test_slice_property(start, stop, step, data):
+    """Random start/stop/step; logical sizes 0..bound under one jit trace.
+
+    JAX traces with dim vars >= 1, so a slice whose symbolic length does not
+    mention ``n`` (``x[:1]`` has length 1) is only compared for ``n >= 1``.
+    """
+    bound = 9
+    s = slice(start, stop, step)
+
+    def fn(x):
+        return x[s]
+
+    try:
+        f = pm.mask(fn, "n")
+        f(masked(np.arange(bound), (bound,)))  # trace once
+    except pm.ShapeError:
+        return  # inconclusive size comparison for this slice: a documented limitation
+    sym = jax.ShapeDtypeStruct(jax.export.symbolic_shape("n"), jnp.float32)
+    symbolic = "n" in str(jax.eval_shape(fn, sym).shape)
+    traces = []
+
+    def g(buf, n):
+        traces.append(1)
+        return f(pm.Masked(buf, (n,)))
+
+    jg = jax.jit(g)
+    sizes = sorted(set([0, 1, bound] + data.draw(st.lists(st.integers(0, bound), max_size=3))))
+    for n in sizes:
+        if n == 0 and not symbolic:
+            continue
+        x = np.arange(1, n + 1, dtype=np.float32)
+        buf = jnp.asarray(garbage_pad(x, (bound,)))
+        out = jg(buf, jnp.int32(n))
+        np.testing.assert_array_equal(out.unpad(), _ref_slice(x, s), err_msg=f"{s} n={n}")
+    assert len(traces) == 1
+
+
+@pytest.mark.parametrize("s", [slice(None, None, -3), slice(-2, None, -1), slice(1, -1, 2),
+                               slice(-4, -1), slice(None, -2, -2)])
+def test_slice_grad_nan_padding(s):
+    check_oracle(lambda x: x[s] * 2.0, SEQ[:3], [(12,)], "n", constraints=("n >= 1",),
+                 modes=("grad",))
+
+
+# ----------------------------------------------------------------------------
+# pad, roll, tile, repeat, split
+# ----------------------------------------------------------------------------
+def test_pad_constant():
+    check_oracle(lambda x: jnp.pad(x, (2, 3)), SEQ, [(12,)])
+    check_oracle(lambda x: jnp.pad(x, ((1, 0), (2, 1)), constant_values=-1.0), MAT, [(7, 8)])
+
+
+def test_pad_value_gradient():
+    # (n >= 1: JAX's symbolic shape 2n + 2 assumes n >= 1; at n = 0 lax.pad gives 3)
+    exs = [(X7, np.float32(2.0)), (X7[:3], np.float32(-1.0)), (X7[:1], np.float32(3.0))]
+    check_oracle(lambda x, c: lax.pad(x, c, [(1, 2, 1)]), exs, [(12,), None], ("n", None),
+                 modes=("eager", "jit", "grad"))
+
+
+@pytest.mark.parametrize("cfg", [(1, -2, 2), (-1, 2, 1), (0, 0, 3), (-2, -1, 0), (3, 0, 0)])
+def test_lax_pad_interior_negative(cfg):
+    check_oracle(lambda x: lax.pad(x, 0.5, [cfg]), [(X7,), (X7[:4],), (X7[:3],)], [(12,)], "n",
+                 constraints=("n >= 3",))
+
+
+def test_pad_dynamic_low_padding():
+    # low padding that depends on the size: n - 1 zeros in front
+    def f(x):
+        return lax.pad(x, 0.0, [(x.shape[0] - 1, 1, 0)])
+
+    check_oracle(f, SEQ[:3], [(12,)])
+
+
+@pytest.mark.parametrize("mode", ["edge", "reflect", "symmetric"])
+def test_pad_modes(mode):
+    check_oracle(lambda x: jnp.pad(x, (2, 2), mode=mode), [(X7,), (X7[:4],), (X7[:3],)],
+                 [(12,)], "n", constraints=("n >= 3",))
+
+
+def test_pad_wrap_is_a_jax_tracing_limit():
+    # jnp.pad(mode="wrap") compares mod(pad, n) > 0 in Python: inconclusive for
+    # a symbolic n, reported as a ShapeError at the user's line.
+    with pytest.raises(pm.ShapeError):
+        pm.mask(lambda x: jnp.pad(x, (2, 3), mode="wrap"), "n")(masked(X7, (12,)))
+
+
+def test_roll_tile_repeat():
+    check_oracle(lambda x: jnp.roll(x, 2), SEQ, [(12,)])
+    check_oracle(lambda x: jnp.roll(x, -3), SEQ[:3], [(12,)])
+    check_oracle(lambda x: jnp.tile(x, 3), SEQ, [(12,)])
+    check_oracle(lambda x: jnp.tile(x, (2, 3)), MAT, [(7, 8)])
+    check_oracle(lambda x: jnp.repeat(x, 2), SEQ, [(12,)])
+    check_oracle(lambda x: jnp.repeat(x, 2, axis=1), MAT, [(7, 8)])
+
+
+def test_split():
+    check_oracle(lambda x: jnp.split(x, [2], axis=0), SEQ[:2] + [(X7[:2],)], [(12,)], "n",
+                 constraints=("n >= 2",))
+    check_oracle(lambda x: jnp.split(x, [1, 3], axis=1), [(X,), (X[:2, :3],)], [(7, 8)],
+                 "n, m", constraints=("m >= 3",))
