@@ -116,6 +116,8 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
         # Check the whole ragged batch in one callback instead of letting
         # vmap slice the callback per example (which fails on sharded batch
         # axes); the reduction over the batch is an ordinary collective.
+        if all(concrete_value(x) is not None for x in [*bads, *values]):
+            _raise(bads, values)  # eager vmap: raise the ShapeError itself
         return check(bads, values), False
 
     check([jnp.asarray(c.bad) for c in checks],
