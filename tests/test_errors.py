@@ -1,0 +1,340 @@
+"""Catalogue of bad inputs (issue 7): each error has the right type, names what is
+wrong and where (argument path, dim var, user file:line), and leaves no state
+behind (the same masked function still works afterwards, without retracing)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import polymask as pm
+from polymask import interpreter as _interp
+from polymask.rules.registry import register_rule
+
+M = pm.Masked
+X5 = jnp.arange(5.0)
+X6 = jnp.arange(6.0)
+HERE = os.path.basename(__file__)
+
+
+def line_of(marker: str) -> str:
+    """``test_errors.py:LINE`` of the source line holding ``marker``."""
+    with open(__file__) as f:
+        for i, text in enumerate(f, 1):
+            if marker in text and "line_of(" not in text:
+                return f"{HERE}:{i}"
+    raise AssertionError(marker)
+
+
+# A primitive polymask has no masking rule for, and one whose rule refuses.
+no_rule_p = jax.extend.core.Primitive("polymask_test_no_rule")
+no_rule_p.def_impl(lambda x: x)
+no_rule_p.def_abstract_eval(lambda x: x)
+refuse_p = jax.extend.core.Primitive("polymask_test_refuse")
+refuse_p.def_impl(lambda x: x)
+refuse_p.def_abstract_eval(lambda x: x)
+register_rule("polymask_test_refuse",
+              lambda ctx, x: (_ for _ in ()).throw(ctx.unsupported("test refusal")))
+
+
+# ----------------------------------------------------------------------------
+# The user functions with errors (markers locate their lines)
+# ----------------------------------------------------------------------------
+def f_if(x):
+    if x.shape[0] > 2:  # MARK-IF
+        return jnp.sum(x) * 2
+    return jnp.sum(x)
+
+
+def f_topk(x):
+    return lax.top_k(x, 3)[0]  # MARK-TOPK
+
+
+def f_int(x):
+    return jnp.zeros(int(x.shape[0]))  # MARK-INT
+
+
+def f_reshape(x):
+    return x.reshape(-1, 2)  # MARK-RESHAPE
+
+
+def f_nonzero(x):
+    return jnp.nonzero(x)[0]  # MARK-NONZERO
+
+
+def f_boolidx(x):
+    return x[x > 1]  # MARK-BOOLIDX
+
+
+def f_add(a, b):
+    return a + b  # MARK-ADD
+
+
+def f_matmul(a, b):
+    return a @ b  # MARK-MATMUL
+
+
+def f_norule(x):
+    return no_rule_p.bind(x) * 2  # MARK-NORULE
+
+
+@jax.jit
+def _inner_norule(x):
+    return no_rule_p.bind(x)  # MARK-INNER
+
+
+def f_norule_nested(x):
+    return _inner_norule(x)  # MARK-NESTED
+
+
+def f_refuse(x):
+    return refuse_p.bind(x)  # MARK-REFUSE
+
+
+def f_unpad(x):
+    return M(x, (jnp.int32(2),)).unpad()  # MARK-UNPAD
+
+
+def f_sum(x):
+    return jnp.sum(x)
+
+
+def f_sum2(a, b):
+    return jnp.sum(a) + jnp.sum(b)
+
+
+# ----------------------------------------------------------------------------
+# The catalogue
+# ----------------------------------------------------------------------------
+@dataclasses.dataclass
+class Case:
+    name: str
+    make: Callable[[], Callable]     # builds the masked function
+    bad: tuple                        # bad arguments
+    good: tuple | None                # good arguments at the same padded signature
+    exc: type
+    words: tuple[str, ...]            # must all be in the message
+    where: str | None = None          # a location that must be in the message
+    jit: bool = False                 # call under jax.jit (sizes traced)
+    vmap: bool = False
+
+
+def mk(fun, specs=None, **kw):
+    return lambda: pm.mask(fun, specs, **kw)
+
+
+d = jnp.int32  # a dynamic size
+CALL = "MARK-" + "CALL"  # the masked call site (see `call` below)
+
+CASES = [
+    # -- specs and constraints: ShapeError with the argument path ---------------
+    Case("spec does not parse", mk(f_sum, "n +* 2"), (M(X5, (3,)),), None, pm.ShapeError,
+         ("cannot parse shape spec", "'n +* 2'", "args[0]")),
+    Case("spec rank", mk(f_sum, "n, m"), (M(X5, (3,)),), (M(jnp.ones((2, 3)), (1, 2)),),
+         pm.ShapeError, ("2 axes", "rank 1", "args[0]")),
+    Case("spec not a string", mk(f_sum, (5,)), (M(X5, (3,)),), None, pm.ShapeError,
+         ("must be a string", "args[0]")),
+    Case("in_specs count", mk(f_sum2, ("n",)), (M(X5, (3,)), X5), None, pm.ShapeError,
+         ("in_specs has 1 entries", "2 positional arguments")),
+    Case("spec pytree structure", mk(lambda t: jnp.sum(t["a"]), ({"b": "n"},)),
+         ({"a": M(X5, (3,))},), None, pm.ShapeError,
+         ("does not match the structure", "args[0]", "['a']", "['b']")),
+    Case("one spec for several leaves", mk(lambda t: t[0] + t[1], ("n",)),
+         ((M(X5, (3,)), M(X5, (3,))),), None, pm.ShapeError,
+         ("in_specs[0] is one spec", "args[0] has 2 array leaves")),
+    Case("constraint names unknown var", mk(f_sum, "n", constraints=["k >= 2"]),
+         (M(X5, (3,)),), None, pm.ShapeError, ("constraint 'k >= 2'", "unknown", "['k']")),
+    Case("constraint does not parse", mk(f_sum, "n", constraints=["n >>= 2"]),
+         (M(X5, (3,)),), None, pm.ShapeError, ("cannot parse constraints", "n >>= 2")),
+    Case("static spec size differs", mk(f_sum, "4"), (M(X5, (3,)),), None, pm.ShapeError,
+         ("args[0].shape[0]", "says 4", "padded size is 5")),
+    Case("spec axis in two vars", mk(f_sum, "n*m"), (M(X5, (3,)),), None, pm.ShapeError,
+         ("args[0].shape[0]", "affine", "['m', 'n']")),
+    Case("spec axis negative coefficient", mk(f_sum, "5 - n"), (M(X5, (3,)),), None,
+         pm.ShapeError, ("args[0].shape[0]", "positive coefficient")),
+    Case("bound zero", mk(f_sum, "n"), (M(jnp.zeros(0), (0,)),), None, pm.ShapeError,
+         ("dim var 'n'", "bound 0")),
+    # -- bad logical sizes, concrete: ShapeError naming path, var and value -----
+    Case("size negative", mk(f_sum, "n"), (M(X5, (-1,)),), (M(X5, (3,)),), pm.ShapeError,
+         ("args[0].shape[0]", "dim var 'n'", "logical size -1", "[0, 5]")),
+    Case("size above bound", mk(f_sum, "n"), (M(X5, (6,)),), (M(X5, (3,)),), pm.ShapeError,
+         ("args[0].shape[0]", "dim var 'n'", "logical size 6", "[0, 5]")),
+    Case("size above bound (array)", mk(f_sum, "n"), (M(X5, (d(9),)),), (M(X5, (d(3),)),),
+         pm.ShapeError, ("dim var 'n'", "logical size 9")),
+    Case("size not an integer", mk(f_sum, "n"), (M(X5, (2.5,)),), (M(X5, (3,)),),
+         pm.ShapeError, ("args[0].shape[0]", "2.5", "must be an integer")),
+    Case("size a bool", mk(f_sum, "n"), (M(X5, (True,)),), (M(X5, (3,)),), pm.ShapeError,
+         ("args[0].shape[0]", "must be an integer")),
+    Case("size float dtype", mk(f_sum, "n"), (M(X5, (jnp.float32(2),)),),
+         (M(X5, (d(3),)),), pm.ShapeError, ("args[0].shape[0]", "dtype float32")),
+    Case("size complex", mk(f_sum, "n"), (M(X5, (2j,)),), (M(X5, (3,)),), pm.ShapeError,
+         ("args[0].shape[0]", "must be an integer")),
+    Case("size not a scalar", mk(f_sum, "n"), (M(X5, (jnp.array([1, 2]),)),),
+         (M(X5, (d(3),)),), pm.ShapeError, ("args[0].shape[0]", "must be a scalar", "vmap")),
+    Case("logical rank differs", mk(f_sum, "n"), (M(X5, (1, 2)),), (M(X5, (3,)),),
+         pm.ShapeError, ("args[0]", "(1, 2)", "rank")),
+    Case("one name, two static sizes", mk(f_sum2, ("n", "n")), (M(X5, (3,)), M(X5, (4,))),
+         (M(X5, (3,)), M(X5, (3,))), pm.ShapeError,
+         ("dim var 'n'", "3 at args[0].shape[0]", "4 at args[1].shape[0]")),
+    Case("static axis smaller", mk(f_sum, "_"), (M(X5, (3,)),), (M(X5, (5,)),),
+         pm.ShapeError, ("args[0].shape[0]", "static axis of size 5", "logical size 3")),
+    Case("constraint violated", mk(f_sum, "n", constraints=["n >= 3"]), (M(X5, (2,)),),
+         (M(X5, (4,)),), pm.ShapeError, ("constraint 'n >= 3'", "n=2")),
+    Case("affine size not divisible", mk(f_sum, "2*k"), (M(X6, (3,)),), (M(X6, (4,)),),
+         pm.ShapeError, ("args[0].shape[0]", "logical size 3", "2*k", "k >= 0")),
+    # -- the same inside jax.jit (sizes traced): the runtime error names the values
+    Case("jit: size above bound", mk(f_sum, "n"), (M(X5, (d(9),)),), (M(X5, (d(3),)),),
+         Exception, ("args[0].shape[0]", "dim var 'n'", "logical size 9", "[0, 5]"),
+         jit=True),
+    Case("jit: size negative", mk(f_sum, "n"), (M(X5, (d(-2),)),), (M(X5, (d(3),)),),
+         Exception, ("dim var 'n'", "logical size -2"), jit=True),
+    Case("jit: one name, two sizes", mk(f_sum2, ("n", "n")), (M(X5, (d(3),)), M(X5, (d(4),))),
+         (M(X5, (d(2),)), M(X5, (d(2),))), Exception,
+         ("dim var 'n'", "3 at args[0].shape[0]", "4 at args[1].shape[0]"), jit=True),
+    Case("jit: constraint violated", mk(f_sum, "n", constraints=["n >= 3"]),
+         (M(X5, (d(2),)),), (M(X5, (d(4),)),), Exception, ("constraint 'n >= 3'", "n=2"),
+         jit=True),
+    Case("jit: affine not divisible", mk(f_sum, "2*k"), (M(X6, (d(5),)),), (M(X6, (d(4),)),),
+         Exception, ("logical size 5", "2*k"), jit=True),
+    Case("jit: static axis smaller", mk(f_sum, "_"), (M(X5, (d(2),)),), (M(X5, (d(5),)),),
+         Exception, ("static axis of size 5", "logical size 2"), jit=True),
+    Case("vmap: one bad size in a ragged batch", mk(f_sum, "n"),
+         (M(jnp.ones((3, 5)), (jnp.array([1, 7, 2]),)),),
+         (M(jnp.ones((3, 5)), (jnp.array([1, 5, 2]),)),), Exception,
+         ("dim var 'n'", "logical size 7", "batch element 1"), vmap=True),
+    Case("jit+vmap: one bad size", mk(f_sum2, ("n", "n")),
+         (M(jnp.ones((3, 5)), (jnp.array([1, 2, 3]),)),
+          M(jnp.ones((3, 5)), (jnp.array([1, 4, 3]),))),
+         (M(jnp.ones((3, 5)), (jnp.array([1, 2, 3]),)),
+          M(jnp.ones((3, 5)), (jnp.array([1, 2, 3]),))), Exception,
+         ("dim var 'n'", "2 at args[0].shape[0]", "4 at args[1].shape[0]"), jit=True, vmap=True),
+    # -- while tracing: ShapeError / UnsupportedError at the user's line ---------
+    Case("python if on a size", mk(f_if, "n"), (M(X5, (3,)),), None, pm.ShapeError,
+         ("inconclusive", "'n' > '2'", "constraints=['n >= 3']", "lax.cond", "jnp.where"),
+         where=line_of("MARK-IF")),
+    Case("top_k needs n >= k", mk(f_topk, "n"), (M(X5, (3,)),), None, pm.ShapeError,
+         ("inconclusive", "constraints=['n >= 3']"), where=line_of("MARK-TOPK")),
+    Case("size as a Python int", mk(f_int, "n"), (M(X5, (3,)),), None, pm.ShapeError,
+         ("Python constant", "polymask.logical_shape"), where=line_of("MARK-INT")),
+    Case("reshape(-1, 2) of n", mk(f_reshape, "n"), (M(X5, (3,)),), None, pm.ShapeError,
+         ("divide evenly", "'2*k'"), where=line_of("MARK-RESHAPE")),
+    Case("jnp.nonzero without size", mk(f_nonzero, "n"), (M(X5, (3,)),), None, pm.ShapeError,
+         ("polymask.nonzero", "data-dependent"), where=line_of("MARK-NONZERO")),
+    Case("boolean indexing", mk(f_boolidx, "n"), (M(X5, (3,)),), None, pm.ShapeError,
+         ("polymask.boolean_mask",), where=line_of("MARK-BOOLIDX")),
+    Case("distinct names combined", mk(f_add, ("n", "m")), (M(X5, (3,)), M(X5, (3,))), None,
+         pm.ShapeError, ("incompatible", "(n,)", "(m,)", "same name"),
+         where=line_of("MARK-ADD")),
+    Case("distinct names contracted", mk(f_matmul, ("2, n", "m, 2")),
+         (M(jnp.ones((2, 5)), (2, 3)), M(jnp.ones((5, 2)), (3, 2))), None, pm.ShapeError,
+         ("same name",), where=line_of("MARK-MATMUL")),
+    Case("primitive without a rule", mk(f_norule, "n"), (M(X5, (3,)),), None,
+         pm.UnsupportedError, ("'polymask_test_no_rule'", "docs/coverage.md"),
+         where=line_of("MARK-NORULE")),
+    Case("primitive without a rule, in a jit", mk(f_norule_nested, "n"), (M(X5, (3,)),), None,
+         pm.UnsupportedError, ("'polymask_test_no_rule'", "docs/coverage.md"),
+         where=line_of("MARK-INNER")),
+    Case("primitive without a rule, under jit", mk(f_norule, "n"), (M(X5, (d(3),)),), None,
+         pm.UnsupportedError, ("'polymask_test_no_rule'", "docs/coverage.md"),
+         where=line_of("MARK-NORULE"), jit=True),
+    Case("rule refuses", mk(f_refuse, "n"), (M(X5, (3,)),), None, pm.UnsupportedError,
+         ("'polymask_test_refuse'", "test refusal", "docs/coverage.md"),
+         where=line_of("MARK-REFUSE")),
+    Case("unpad of traced sizes", lambda: jax.jit(f_unpad), (X5,), None, pm.ShapeError,
+         ("unpad", "concrete logical sizes"), where=None),
+]
+
+
+def call(m, args, jit, vmap, traces):
+    def run(*a):
+        traces.append(1)
+        return m(*a)  # MARK-CALL
+
+    g = jax.vmap(run) if vmap else run
+    g = jax.jit(g) if jit else g
+    return g, g(*args)
+
+
+def _block(out):
+    for leaf in jax.tree_util.tree_leaves(out):
+        jax.block_until_ready(leaf)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_error_catalogue(case: Case):
+    m = case.make()
+    traces: list = []
+    g = None
+    if case.good is not None and hasattr(m, "_polymask_cache"):
+        g, out = call(m, case.good, case.jit, case.vmap, traces)
+        _block(out)
+        good_out = jax.tree_util.tree_map(np.asarray, out)
+    n_traces, n_cache = len(traces), len(getattr(m, "_polymask_cache", {}))
+
+    with pytest.raises(case.exc) as info:
+        if g is not None:
+            _block(g(*case.bad))
+        else:
+            _block(call(m, case.bad, case.jit, case.vmap, traces)[1])
+    msg = str(info.value)
+    if case.exc is Exception:  # a runtime error from compiled code
+        assert "ShapeError" in msg or isinstance(info.value, pm.ShapeError), msg
+    for w in case.words:
+        assert w in msg, f"{w!r} not in:\n{msg}"
+    where = case.where or (line_of(CALL) if hasattr(m, "_polymask_cache") else None)
+    if where is not None:
+        assert where in msg, f"location {where!r} not in:\n{msg}"
+
+    # No state corrupted: the trace scope stack is empty, nothing bad was cached,
+    # the same masked function works on good input, without retracing.
+    assert not getattr(_interp._TRACE_STATE, "scopes", [])
+    if hasattr(m, "_polymask_cache"):  # at most the (valid) trace of the bad call's signature
+        assert len(m._polymask_cache) <= n_cache + (case.exc is pm.UnsupportedError)
+    if g is not None:
+        again = g(*case.good)
+        jax.tree_util.tree_map(np.testing.assert_array_equal, good_out,
+                               jax.tree_util.tree_map(np.asarray, again))
+        if case.jit:
+            assert len(traces) == n_traces, "retraced after the error"
+        assert len(m._polymask_cache) == n_cache
+
+
+def test_catalogue_size():
+    assert len(CASES) >= 30
+    assert len({c.name for c in CASES}) == len(CASES)
+
+
+def test_remedy_constraint_fixes_inconclusive_comparison():
+    with pytest.raises(pm.ShapeError, match="constraints=\\['n >= 3'\\]"):
+        pm.mask(f_if, "n")(M(X5, (3,)))
+    m = pm.mask(f_if, "n", constraints=["n >= 3"])
+    assert float(m(M(X5, (4,))).data) == 12
+    with pytest.raises(pm.ShapeError, match="constraint 'n >= 3' does not hold for n=2"):
+        m(M(X5, (2,)))
+    assert float(m(M(X5, (3,))).data) == 6
+
+
+def test_runtime_error_is_not_a_wrong_result():
+    """Inside jit, bad sizes never produce a value: every call raises."""
+    m = pm.mask(f_sum2, ("n", "n"))
+    f = jax.jit(lambda a, b, n, k: m(M(a, (n,)), M(b, (k,))).data)
+    assert float(f(X5, X5, 3, 3)) == 6
+    for n, k in [(3, 4), (6, 6), (-1, -1)]:
+        with pytest.raises(Exception, match="ShapeError"):
+            jax.block_until_ready(f(X5, X5, jnp.int32(n), jnp.int32(k)))
+    assert float(f(X5, X5, 2, 2)) == 2
+
+
+def test_shape_error_types():
+    assert issubclass(pm.ShapeError, ValueError)
+    assert issubclass(pm.UnsupportedError, NotImplementedError)
+
+
