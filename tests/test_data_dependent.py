@@ -347,3 +347,18 @@ def test_property_ragged_vmap(sizes, seed):
         row = data[i, :n]
         k = int(out.shape[0][i])
         np.testing.assert_array_equal(np.asarray(out.data[i, :k]), row[row > 0] * 2)
+
+
+def test_grad_inside_mask():
+    """jax.grad in the masked function: JVP/transpose rules of the new primitives."""
+    exs = [(np.array([0.5, -1, 2, 0, 3, -4], np.float32),), (np.array([-1.0, 2], np.float32),),
+           (np.zeros(0, np.float32),)]
+
+    def f(v):
+        return (jnp.sum(pm.boolean_mask(v, v > 0) ** 2) + jnp.sum(v[pm.nonzero(v < 0)] ** 3)
+                + jnp.sum(pm.dynamic_slice(v, 1, jnp.sum(v > 0)) * 5.0))
+
+    check_oracle(jax.grad(f), exs, [(8,)], modes=("jit", "vmap"))
+    g = jax.grad(lambda a: jnp.sum(pm.compress(jnp.array([True, False, True]), a, axis=1) ** 2))
+    a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(pm.mask(g)(jnp.asarray(a)).unpad(), g(jnp.asarray(a)))

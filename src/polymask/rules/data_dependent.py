@@ -28,13 +28,15 @@ import math
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.interpreters import ad
 
 from .. import _jax_compat as compat
 from ..prologue import Check, run_checks
 from .registry import register
 from .util import clean, is_inexact, valid_mask
 
-__all__ = ["nonzero_p", "boolean_mask_p", "unique_p", "arange_p", "dynamic_slice_p"]
+__all__ = ["nonzero_p", "boolean_mask_p", "boolean_unmask_p", "unique_p", "arange_p",
+           "dynamic_slice_p"]
 
 
 def _impl(name):
@@ -312,3 +314,121 @@ def dynamic_slice_rule(ctx, x, *starts_and_sizes, out_shape, fresh):
     if is_inexact(out.dtype):
         out = clean(out, ctx.out_logical[0], list(range(k)))
     return out
+
+
+# ----------------------------------------------------------------------------
+# Differentiation *inside* mask (jax.grad in the masked function)
+# ----------------------------------------------------------------------------
+def _zero_jvp(prim):
+    """Outputs with no derivative (indices, counts, unique values as in jnp.unique)."""
+    def jvp(primals, tangents, **params):
+        out = prim.bind(*primals, **params)
+        outs = out if prim.multiple_results else [out]
+        zeros = [ad.Zero.from_primal_value(o) for o in outs]
+        return out, (zeros if prim.multiple_results else zeros[0])
+    ad.primitive_jvps[prim] = jvp
+
+
+for _p in (nonzero_p, unique_p, arange_p):
+    _zero_jvp(_p)
+
+# x[m] is linear in x: its tangent is the same selection (same fresh dim var,
+# so the tangent has the same data-dependent size); its transpose scatters the
+# cotangent back to the selected positions.
+boolean_unmask_p = _prim("polymask_boolean_unmask")
+
+
+@boolean_unmask_p.def_abstract_eval
+def _boolean_unmask_abstract(ct, m, *, axis, x_shape):
+    return compat.ShapedArray(tuple(x_shape), ct.dtype)
+
+
+def _boolean_mask_jvp(primals, tangents, **params):
+    x, m = primals
+    tx, _ = tangents
+    out = boolean_mask_p.bind(x, m, **params)
+    if type(tx) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, boolean_mask_p.bind(tx, m, **params)
+
+
+def _boolean_mask_transpose(ct, x, m, *, axis, out_dim, check_extra):
+    if type(ct) is ad.Zero:
+        return [None, None]
+    return [boolean_unmask_p.bind(ct, m, axis=axis, x_shape=tuple(x.aval.shape)), None]
+
+
+ad.primitive_jvps[boolean_mask_p] = _boolean_mask_jvp
+ad.primitive_transposes[boolean_mask_p] = _boolean_mask_transpose
+ad.deflinear2(boolean_unmask_p, lambda ct, _ct, m, *, axis, x_shape: [
+    None if type(ct) is ad.Zero else
+    boolean_mask_p.bind(ct, m, axis=axis, out_dim=_ct.aval.shape[axis], check_extra=False),
+    None])
+
+
+@register("polymask_boolean_unmask")
+def boolean_unmask_rule(ctx, ct, m, *, axis, x_shape):
+    """Transpose of ``x[m]``: scatter-add the (cleaned) cotangent to the selected slots."""
+    valid = m & _logical_valid(tuple(m.shape), ctx.in_logical[1])
+    n = ctx.out_logical[0][axis]
+    if m.ndim == 1:  # compress: a longer condition only selects inside the axis
+        valid = valid & (lax.iota(jnp.int32, m.shape[0]) < jnp.asarray(n, jnp.int32))
+    pos, count = compact(valid.reshape(-1))
+    ct = clean(ct, ctx.in_logical[0], [axis]) if is_inexact(ct.dtype) else ct
+    idxs = _unravel(pos, tuple(m.shape))
+    keep = lax.iota(jnp.int32, pos.shape[0]) < count
+    idxs = tuple(jnp.where(keep, i, b) for i, b in zip(idxs, m.shape))  # padding: dropped
+    index = (slice(None),) * axis + idxs
+    zeros = jnp.zeros(ctx.out_bounds[0], ct.dtype)
+    return zeros.at[index].add(ct, mode="drop")
+
+
+# dynamic_slice is linear in x: the tangent is the same slice; the transpose
+# writes the cotangent back at the (clamped) start.
+dynamic_unslice_p = _prim("polymask_dynamic_unslice")
+
+
+@dynamic_unslice_p.def_abstract_eval
+def _dynamic_unslice_abstract(ct, *starts, x_shape):
+    return compat.ShapedArray(tuple(x_shape), ct.dtype)
+
+
+def _dynamic_slice_jvp(primals, tangents, **params):
+    x, *rest = primals
+    out = dynamic_slice_p.bind(x, *rest, **params)
+    if type(tangents[0]) is ad.Zero:
+        return out, ad.Zero.from_primal_value(out)
+    return out, dynamic_slice_p.bind(tangents[0], *rest, **params)
+
+
+def _dynamic_slice_transpose(ct, x, *starts_and_sizes, out_shape, fresh):
+    if type(ct) is ad.Zero:
+        return [None] * (1 + len(starts_and_sizes))
+    k = len(starts_and_sizes) // 2
+    out = dynamic_unslice_p.bind(ct, *starts_and_sizes[:k], x_shape=tuple(x.aval.shape))
+    return [out] + [None] * len(starts_and_sizes)
+
+
+ad.primitive_jvps[dynamic_slice_p] = _dynamic_slice_jvp
+ad.primitive_transposes[dynamic_slice_p] = _dynamic_slice_transpose
+
+
+@register("polymask_dynamic_unslice")
+def dynamic_unslice_rule(ctx, ct, *starts, x_shape):
+    """Transpose of ``dynamic_slice``: the cleaned cotangent placed at the start."""
+    k = len(starts)
+    lengths, x_log = ctx.in_logical[0], ctx.out_logical[0]
+    x_bd, ct_bd = ctx.out_bounds[0], ctx.in_bounds[0]
+    if is_inexact(ct.dtype):
+        ct = clean(ct, lengths, list(range(k)))
+    begin = []
+    for a in range(len(x_bd)):
+        if a >= k:
+            begin.append(jnp.int32(0))
+            continue
+        n = jnp.asarray(x_log[a], jnp.int32)
+        length = jnp.asarray(lengths[a], jnp.int32)
+        begin.append(jnp.clip(jnp.asarray(starts[a], jnp.int32), 0, jnp.maximum(n - length, 0)))
+    big = tuple(x_bd[a] + (ct_bd[a] if a < k else 0) for a in range(len(x_bd)))
+    buf = lax.dynamic_update_slice(jnp.zeros(big, ct.dtype), ct, begin)
+    return lax.slice(buf, (0,) * len(x_bd), tuple(x_bd))
