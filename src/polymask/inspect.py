@@ -30,6 +30,7 @@ from . import _jax_compat as compat
 from .errors import ShapeError
 from .interpreter import Interpreter, run_program, solve_dim_vars, trace_masked
 from .masked import Masked
+from .rules.registry import substitute_dims
 from .shapes import DimEnv, is_static
 
 __all__ = ["shape_formula", "explain", "ShapeFormula", "Explanation"]
@@ -102,7 +103,7 @@ def _py_expr(s: str) -> str:
                 parts.append(cur)
                 a, b = (conv(p.strip(), False) for p in parts)
                 op = "//" if m.group(1) == "floordiv" else "%"
-                a = a if re.fullmatch(r"[\w.]+|\(.*\)", a) else f"({a})"
+                a = a if re.fullmatch(r"-?\s*[\w.]+|\(.*\)", a) else f"({a})"
                 b = b if re.fullmatch(r"[\w.]+", b) else f"({b})"
                 whole = f"{a} {op} {b}"
                 whole_top = top and i == 0 and k == len(s) - 1
@@ -605,6 +606,11 @@ def _size_table(prog, rows, concrete) -> dict[str, dict]:
         for v in eqn.outvars:
             for d in _all_exprs(getattr(v.aval, "shape", ())):
                 add(d, src, False)
+        if not _has_inner(eqn):  # sizes in params: SAME padding, slice limits, ...
+            found: list = []
+            substitute_dims(dict(eqn.params), lambda d: found.append(d) or d)
+            for d in found:
+                add(d, src + f" ({eqn.primitive.name} param)", False)
     return table
 
 
@@ -659,12 +665,13 @@ def _render_text(header, size_table, rows: list[Row], prog) -> str:
                    f"{s['queries']:>7}  {s['first_use']}")
     out.append("")
     out.append("equations (shape = symbolic output shape, bound = padded shape; "
-               "inserted = what the masking rule added):")
+               "[masking rule]; inserted = what the rule added:")
+    out.append("  select_n = padding neutralised by a select, iota/lt/and = validity masks, "
+               "pad/dynamic_slice/gather = moves to logical offsets; static = no mask needed):")
     seen_queries: dict[str, int] = {}
+    cells = []
     for r in rows:
         ind = "  " * r.depth
-        shape = ", ".join(r.shapes)
-        bound = ", ".join(_bound_str(b) for b in r.bounds)
         if r.size_query is not None:
             first = seen_queries.get(r.size_query)
             if first is None:
@@ -675,10 +682,20 @@ def _render_text(header, size_table, rows: list[Row], prog) -> str:
         else:
             ins = "inserted: " + _inserted_str(r)
         logical = ""
-        if r.logical is not None and any(r.logical):
-            logical = " logical " + ", ".join(
-                "(" + ",".join(str(int(d)) for d in lg) + ")" for lg in r.logical)
-        out.append(f"{r.index:>3} {ind}{r.primitive:<20} {shape}  bound {bound}{logical}  "
-                   f"[{r.rule}] {ins}")
-        out.append(f"    {ind}at {_short_path(r.source)}" + (f": {r.code}" if r.code else ""))
+        if r.logical is not None:
+            logical = ", ".join("(" + ",".join(str(int(d)) for d in lg) + ")"
+                                for lg in r.logical)
+        cells.append((f"{r.index:>3} {ind}{r.primitive}", ", ".join(r.shapes),
+                       ", ".join(_bound_str(b) for b in r.bounds), logical,
+                       f"[{r.rule.removesuffix('_rule')}]", ins))
+    widths = [max([len(c[i]) for c in cells] + [0]) for i in range(5)]
+    last_src = None
+    for r, c in zip(rows, cells):
+        if r.source != last_src:
+            last_src = r.source
+            out.append(f"  {_short_path(r.source)}" + (f":  {r.code}" if r.code else ""))
+        line = (f"  {c[0]:<{widths[0]}}  {c[1]:<{widths[1]}}  bound {c[2]:<{widths[2]}}  "
+                + (f"logical {c[3]:<{widths[3]}}  " if widths[3] else "")
+                + f"{c[4]:<{widths[4]}}  {c[5]}")
+        out.append(line.rstrip())
     return "\n".join(out)
