@@ -91,9 +91,13 @@ def test_case7_oracle_with_gradients():
     """Case 15 for case 7: grad finite, 0 in padding, equal on the logical region."""
     k = np.array([1.0, -2.0, 0.5], np.float32)
     exs = [(X7[:n], k) for n in (7, 4, 3, 0, 2)]
-    for pad in ("VALID", "SAME"):
-        check_oracle(lambda x, k, pad=pad: conv1d(x, k, 2, pad), exs, [(10,), None],
-                     ("n", None))
+
+    @jax.jit
+    def f(x, k):
+        return conv1d(x, k, 2, "VALID"), conv1d(x, k, 2, "SAME")
+
+    check_oracle(f, exs, [(10,), None], ("n", None), modes=("eager", "jit", "vmap"))
+    check_oracle(f, exs[:2], [(10,), None], ("n", None), modes=("grad",))
     check_oracle(lambda x: conv1d(x, jnp.ones(8), 2, "VALID"), [(X7[:4],), (X7,)], [(10,)])
 
 
@@ -176,3 +180,229 @@ def test_reduce_window_base_dilation_sweep(stride):
     exs = [(_vec(n),) for n in range(1, BOUND + 1)]
     check_oracle(f, exs, [(BOUND,)], modes=("jit", "vmap"))
     check_oracle(_rw_sweep_fn(stride, 2, True), [exs[3]], [(BOUND,)], modes=("grad",))
+
+
+# ----------------------------------------------------------------------------
+# 2-D / 3-D convolutions, dynamic batch / spatial / feature axes, groups
+# ----------------------------------------------------------------------------
+def _rand(*shape):
+    return RNG.normal(size=shape).astype(np.float32)
+
+
+def _check(f, exs, bounds, specs=None, **kw):
+    """All sizes under jit (one trace) and vmap; eager and grad on the first example."""
+    check_oracle(f, exs, bounds, specs, modes=("jit", "vmap"), **kw)
+    check_oracle(f, exs[:1], bounds, specs, modes=("eager", "grad"), **kw)
+
+
+def test_conv2d_nhwc_dynamic_batch_and_spatial():
+    k = _rand(3, 2, 3, 4)  # HWIO
+
+    @jax.jit
+    def f(x, k):
+        return [lax.conv_general_dilated(x, k, (2, 1), pad, rhs_dilation=(1, 2),
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                for pad in ("SAME", "VALID", [(1, 0), (2, 1)])]
+
+    exs = [(_rand(b, h, w, 3), k) for b, h, w in ((2, 5, 4), (1, 3, 6), (2, 1, 2), (1, 6, 3))]
+    _check(f, exs, [(2, 6, 6, 3), None], ("b, h, w, 3", None))
+
+
+def test_conv2d_same_lower_strided_and_lhs_dilated():
+    k = _rand(2, 1, 3, 2)  # OIHW
+
+    @jax.jit
+    def f(x, k):
+        return [lax.conv_general_dilated(x, k, (3, 2), "SAME_LOWER"),
+                lax.conv_general_dilated(x, k, (1, 2), [(1, 2), (0, 1)], lhs_dilation=(2, 1))]
+
+    exs = [(_rand(1, 1, h, w), k) for h, w in ((5, 4), (2, 6), (7, 1))]
+    _check(f, exs, [(1, 1, 7, 6), None], ("1, 1, h, w", None))
+
+
+def test_conv_dynamic_input_features_and_kernel():
+    """Contracted feature axis dynamic on both operands (same dim var)."""
+    @jax.jit
+    def f(x, k):
+        return lax.conv_general_dilated(x, k, (1, 2), "SAME")
+
+    exs = [(_rand(b, c, h, 5), _rand(4, c, 3, 3)) for b, c, h in ((2, 3, 6), (1, 1, 4), (2, 4, 2))]
+    _check(f, exs, [(2, 4, 6, 5), (4, 4, 3, 3)], ("b, c, h, 5", "4, c, 3, 3"))
+
+
+def test_conv_dynamic_output_features():
+    @jax.jit
+    def f(x, k):
+        return lax.conv_general_dilated(x, k, (2,), "SAME")
+
+    exs = [(_rand(1, 2, n), _rand(o, 2, 3)) for n, o in ((5, 3), (2, 1), (6, 4))]
+    _check(f, exs, [(1, 2, 6), (4, 2, 3)], ("1, 2, n", "o, 2, 3"))
+
+
+def test_conv_feature_and_batch_groups():
+    kf = _rand(6, 2, 3)   # feature_group_count=2: C=4 -> 2 per group, O=6
+    kb = _rand(4, 2, 2)   # batch_group_count=2: N=4 -> out batch 2, O=4
+
+    @jax.jit
+    def f(x, kf, kb):
+        return (lax.conv_general_dilated(x, kf, (2,), "SAME", feature_group_count=2),
+                lax.conv_general_dilated(x[:, :2], kb, (1,), [(1, 1)], rhs_dilation=(2,),
+                                         batch_group_count=2))
+
+    exs = [(_rand(4, 4, n), kf, kb) for n in (5, 1, 7, 3)]
+    _check(f, exs, [(4, 4, 7), None, None], ("4, 4, n", None, None))
+
+
+def test_conv3d():
+    k = _rand(3, 2, 2, 2, 2)
+
+    @jax.jit
+    def f(x, k):
+        return lax.conv_general_dilated(x, k, (1, 2, 1), "SAME", rhs_dilation=(1, 1, 2))
+
+    exs = [(_rand(1, 2, d, h, w), k) for d, h, w in ((4, 3, 2), (2, 4, 1), (1, 1, 4))]
+    _check(f, exs, [(1, 2, 4, 4, 4), None], ("1, 2, d, h, w", None))
+
+
+def test_conv_unsupported_cases_raise():
+    def f(x, k):
+        return conv1d(x, k)
+
+    m = pm.mask(f, ("n", "m"))
+    with pytest.raises(pm.UnsupportedError, match="dynamic spatial size"):
+        m(pm.Masked(jnp.ones(6), (5,)), pm.Masked(jnp.ones(3), (2,)))
+
+
+# ----------------------------------------------------------------------------
+# jnp.convolve / jnp.correlate: their lowering, on lax forms
+# ----------------------------------------------------------------------------
+def test_jnp_convolve_needs_concrete_shapes():
+    """jnp.convolve/correlate call len(x) (a dim expression is not an int)."""
+    with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
+        pm.mask(lambda x: jnp.convolve(x, jnp.ones(3)), "n")(pm.Masked(jnp.ones(6), (5,)))
+
+
+@pytest.mark.parametrize("op", ["convolve", "correlate"])
+def test_jnp_convolve_lowering_forms(op):
+    """What jnp.convolve/correlate(x, v, mode) lower to for len(x) >= len(v)."""
+    v = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
+    m = len(v)
+    pads = {"full": [(m - 1, m - 1)], "same": [(m // 2, m - m // 2 - 1)], "valid": [(0, 0)]}
+
+    @jax.jit
+    def f(x, v):
+        k = v[::-1] if op == "convolve" else v
+        return [conv1d(x, k, 1, pads[mode]) for mode in ("full", "same", "valid")]
+
+    exs = [(_vec(n), v) for n in (4, 7, 5, 8)]
+    for x, _ in exs:
+        for got, mode in zip(f(x, v), ("full", "same", "valid")):
+            np.testing.assert_allclose(got, getattr(jnp, op)(x, v, mode=mode), rtol=1e-5,
+                                       atol=1e-5)
+    _check(f, exs, [(8,), None], ("n", None), constraints=("n >= 4",))
+
+
+# ----------------------------------------------------------------------------
+# Pooling: max / avg (stax and flax forms), min, generic, and their gradients
+# ----------------------------------------------------------------------------
+def flax_avg_pool(x, window, strides, padding, count_include_pad=True):
+    """flax.linen.avg_pool, inlined (flax is not a dependency)."""
+    full = padding if isinstance(padding, str) else [(0, 0), *padding, (0, 0)]
+    y = lax.reduce_window(x, 0.0, lax.add, (1, *window, 1), (1, *strides, 1), full)
+    if count_include_pad:
+        return y / np.prod(window)
+    ones = jnp.ones(x.shape[1:-1], x.dtype)
+    div = lax.reduce_window(ones, 0.0, lax.add, window, strides, padding)
+    return y / lax.expand_dims(div, (0, div.ndim + 1))
+
+
+def test_pooling_forms():
+    from jax.example_libraries import stax
+
+    _, max_pool = stax.MaxPool((2, 3), (2, 2), "SAME")
+    _, avg_pool = stax.AvgPool((3, 2), (1, 2), "SAME")
+    _, sum_pool = stax.SumPool((2, 2), (2, 1), "VALID")
+
+    @jax.jit
+    def f(x):
+        return (max_pool((), x), avg_pool((), x), sum_pool((), x),
+                flax_avg_pool(x, (3, 3), (2, 2), "SAME", True),
+                flax_avg_pool(x, (3, 3), (2, 2), "SAME", False),
+                flax_avg_pool(x, (2, 2), (2, 2), [(1, 0), (0, 1)], False))
+
+    exs = [(_rand(b, h, w, 2),) for b, h, w in ((2, 5, 6), (1, 1, 3), (2, 4, 1), (1, 6, 6))]
+    _check(f, exs, [(2, 6, 6, 2)], ("b, h, w, 2",))
+
+
+def test_avg_pool_divisor_counts_logical_elements():
+    """count_include_pad=False divides by the number of *logical* elements per window."""
+    x = np.arange(1, 6, dtype=np.float32)[None, :, None]
+    f = pm.mask(lambda x: flax_avg_pool(x, (2,), (2,), "SAME", False), "1, n, 1")
+    out = f(pm.Masked(jnp.asarray(garbage_pad(x, (1, 8, 1))), (1, jnp.int32(5), 1)))
+    np.testing.assert_allclose(out.unpad()[0, :, 0], [1.5, 3.5, 5.0])
+
+
+def test_reduce_window_min_int_and_generic():
+    @jax.jit
+    def f(x):
+        return (lax.reduce_window(x, jnp.iinfo(jnp.int32).max, lax.min, (3,), (2,), "SAME"),
+                lax.reduce_window(x, jnp.iinfo(jnp.int32).min, lax.max, (2,), (1,), "VALID"),
+                lax.reduce_window(x, 0, lax.add, (2,), (3,), [(2, 1)]),
+                lax.reduce_window(x, 1, lax.mul, (3,), (2,), "SAME"))
+
+    exs = [(RNG.integers(-5, 5, size=n).astype(np.int32),) for n in (6, 0, 1, 3, 8)]
+    _check(f, exs, [(8,)])
+
+
+def test_reduce_window_generic_float_and_variadic():
+    def argmax_pool(x):
+        idx = lax.broadcasted_iota(jnp.int32, x.shape, 0)
+
+        def comb(a, b):
+            (av, ai), (bv, bi) = a, b
+            take_a = av >= bv
+            return jnp.where(take_a, av, bv), jnp.where(take_a, ai, bi)
+
+        return lax.reduce_window((x, idx), (-jnp.inf, jnp.int32(-1)), comb, (3,), (2,), "SAME")
+
+    @jax.jit
+    def f(x):
+        return (lax.reduce_window(x, 1.0, lax.mul, (2,), (2,), "SAME"), *argmax_pool(x))
+
+    exs = [(_vec(n),) for n in (7, 0, 2, 5)]
+    check_oracle(f, exs, [(7,)], modes=("eager", "jit", "vmap"))
+
+
+def _max_pool(x):
+    return lax.reduce_window(x, -jnp.inf, lax.max, (3,), (2,), "SAME")
+
+
+def test_max_pool_grad_inside_mask_uses_select_and_scatter_add():
+    g = jax.grad(lambda x, w: jnp.sum(_max_pool(x) * w))
+    jaxpr = jax.make_jaxpr(g)(jnp.ones(7), jnp.ones(4))
+    assert "select_and_scatter_add" in str(jaxpr)
+
+    @jax.jit
+    def f(x):
+        return jax.grad(lambda x: jnp.sum(jnp.sin(_max_pool(x))))(x)
+
+    exs = [(_vec(n),) for n in (7, 1, 4, 0, 8)]
+    check_oracle(f, exs, [(8,)], modes=("eager", "jit", "vmap"))
+
+
+def test_max_pool_jvp_inside_mask_uses_select_and_gather_add():
+    def f(x, t):
+        return jax.jvp(_max_pool, (x,), (t,))
+
+    jaxpr = jax.make_jaxpr(f)(jnp.ones(7), jnp.ones(7))
+    assert "select_and_gather_add" in str(jaxpr)
+    exs = [(_vec(n), _vec(n)) for n in (7, 1, 4, 0, 8)]
+    check_oracle(jax.jit(f), exs, [(8,), (8,)], ("n", "n"), modes=("eager", "jit", "vmap"))
+
+
+def test_max_pool_grad_nan_padding():
+    """Case 15 for pooling: grad finite, 0 in padding, equal on the logical region."""
+    exs = [(_vec(n),) for n in (7, 2, 5)]
+    check_oracle(jax.jit(lambda x: (_max_pool(x),
+                                    lax.reduce_window(x, 0.0, lax.add, (3,), (2,), "SAME") / 3)),
+                 exs, [(8,)], modes=("grad",))
