@@ -362,3 +362,17 @@ def test_grad_inside_mask():
     g = jax.grad(lambda a: jnp.sum(pm.compress(jnp.array([True, False, True]), a, axis=1) ** 2))
     a = np.arange(6.0, dtype=np.float32).reshape(2, 3)
     np.testing.assert_allclose(pm.mask(g)(jnp.asarray(a)).unpad(), g(jnp.asarray(a)))
+
+
+def test_vmap_inside_mask():
+    x = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    keep = jnp.array([True, False, True, True])
+    out = pm.mask(lambda a: jax.vmap(lambda r: pm.boolean_mask(r, keep))(a))(jnp.asarray(x))
+    np.testing.assert_array_equal(out.unpad(), x[:, [0, 2, 3]])
+    out = pm.mask(lambda a: jax.vmap(lambda r: pm.dynamic_slice(r, 1, jnp.sum(a[0] > 0)))(a))(
+        pm.Masked(jnp.asarray(x), (3, jnp.int32(4))))
+    np.testing.assert_array_equal(out.unpad(), x[:, 1:4])
+    with pytest.raises(pm.UnsupportedError, match="vmap outside"):
+        pm.mask(jax.vmap(lambda r: pm.nonzero(r)))(jnp.ones((2, 3)))
+    with pytest.raises(pm.UnsupportedError, match="test_data_dependent.py"):
+        pm.mask(jax.vmap(lambda r: pm.boolean_mask(r, r > 0)))(jnp.ones((2, 3)))

@@ -185,3 +185,13 @@ def all_primitives() -> dict[str, str]:
             if isinstance(value, _core.Primitive):
                 found.setdefault(value.name, mod.__name__)
     return dict(sorted(found.items()))
+
+
+def exclude_from_user_frames(path: str) -> None:
+    """Equations traced from ``path`` report their caller's line as the user's line.
+
+    ``polymask.ops`` binds its primitives while the user's function is traced;
+    with this the source line of those equations (shown by ``explain`` and in
+    rule errors) is the user's call, not ``ops.py``.
+    """
+    _source_info_util.register_exclusion(path)

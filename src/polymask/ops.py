@@ -38,6 +38,7 @@ __all__ = ["nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compr
            "extract", "unique", "arange", "dynamic_slice"]
 
 _COUNTER = itertools.count(1)
+compat.exclude_from_user_frames(__file__)
 
 
 def _scope():

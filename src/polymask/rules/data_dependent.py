@@ -28,7 +28,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.interpreters import ad
+from jax.interpreters import ad, batching
 
 from .. import _jax_compat as compat
 from ..prologue import Check, run_checks
@@ -432,3 +432,56 @@ def dynamic_unslice_rule(ctx, ct, *starts, x_shape):
     big = tuple(x_bd[a] + (ct_bd[a] if a < k else 0) for a in range(len(x_bd)))
     buf = lax.dynamic_update_slice(jnp.zeros(big, ct.dtype), ct, begin)
     return lax.slice(buf, (0,) * len(x_bd), tuple(x_bd))
+
+
+# ----------------------------------------------------------------------------
+# jax.vmap *inside* mask: a shared selection batches; per-example sizes cannot
+# ----------------------------------------------------------------------------
+def _per_example_size_error(what):
+    from ..errors import UnsupportedError, user_call_site
+
+    return UnsupportedError(
+        f"polymask.{what} under jax.vmap inside polymask.mask (at {user_call_site()}): "
+        "each example would get its "
+        "own data-dependent size, but one masked value has one size. Put jax.vmap outside "
+        "instead (jax.vmap(polymask.mask(f))): then each example of the ragged batch gets "
+        "its own count.")
+
+
+def _not_batched(bd) -> bool:
+    return bd is None  # batching.not_mapped
+
+
+def _boolean_mask_batch(args, dims, *, axis, out_dim, check_extra):
+    x, m = args
+    bx, bm = dims
+    if not _not_batched(bm):
+        raise _per_example_size_error("boolean_mask / compress (with a batched mask)")
+    x = jnp.moveaxis(x, bx, 0)
+    return boolean_mask_p.bind(x, m, axis=axis + 1, out_dim=out_dim,
+                               check_extra=check_extra), 0
+
+
+def _dynamic_slice_batch(args, dims, *, out_shape, fresh):
+    x, *rest = args
+    if not all(_not_batched(d) for d in dims[1:]):
+        raise _per_example_size_error("dynamic_slice (with batched starts or sizes)")
+    x = jnp.moveaxis(x, dims[0], 0)
+    k = len(rest) // 2
+    starts = [jnp.int32(0)] + list(rest[:k])
+    sizes = [jnp.int32(x.shape[0])] + list(rest[k:])
+    return dynamic_slice_p.bind(x, *starts, *sizes, out_shape=(x.shape[0],) + tuple(out_shape),
+                                fresh=(False,) + tuple(fresh)), 0
+
+
+def _refuse_batch(what):
+    def rule(args, dims, **params):
+        raise _per_example_size_error(what)
+    return rule
+
+
+batching.primitive_batchers[boolean_mask_p] = _boolean_mask_batch
+batching.primitive_batchers[dynamic_slice_p] = _dynamic_slice_batch
+batching.primitive_batchers[nonzero_p] = _refuse_batch("nonzero / where / argwhere")
+batching.primitive_batchers[unique_p] = _refuse_batch("unique")
+batching.primitive_batchers[arange_p] = _refuse_batch("arange (with a batched length)")
