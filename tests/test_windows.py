@@ -406,3 +406,28 @@ def test_max_pool_grad_nan_padding():
     check_oracle(jax.jit(lambda x: (_max_pool(x),
                                     lax.reduce_window(x, 0.0, lax.add, (3,), (2,), "SAME") / 3)),
                  exs, [(8,)], modes=("grad",))
+
+
+def test_conv_groups_with_dynamic_grouped_axes():
+    """feature/batch groups whose grouped axis is dynamic (spec "2*k")."""
+    @jax.jit
+    def fgc_in(x, k):  # dynamic input features, 2 feature groups
+        return lax.conv_general_dilated(x, k, (2,), "SAME", feature_group_count=2)
+
+    exs = [(_rand(1, 2 * c, n), _rand(6, c, 3)) for c, n in ((2, 5), (1, 3), (3, 6))]
+    _check(fgc_in, exs, [(1, 6, 6), (6, 3, 3)], ("1, 2*c, n", "6, c, 3"))
+
+    @jax.jit
+    def fgc_out(x, k):  # dynamic output features, 2 feature groups
+        return lax.conv_general_dilated(x, k, (1,), "SAME", feature_group_count=2)
+
+    exs = [(_rand(2, 4, n), _rand(2 * q, 2, 3)) for q, n in ((2, 5), (1, 3), (3, 6))]
+    _check(fgc_out, exs, [(2, 4, 6), (6, 2, 3)], ("2, 4, n", "2*q, 2, 3"))
+
+    @jax.jit
+    def bgc(x, k):  # dynamic batch, 2 batch groups; and dynamic output features
+        return lax.conv_general_dilated(x, k, (1,), "VALID", batch_group_count=2)
+
+    exs = [(_rand(2 * m, 3, n), _rand(2 * q, 3, 2)) for m, q, n in ((2, 1, 5), (1, 2, 3),
+                                                                     (3, 2, 6))]
+    _check(bgc, exs, [(6, 3, 6), (4, 3, 2)], ("2*m, 3, n", "2*q, 3, 2"))

@@ -169,13 +169,20 @@ def conv_rule(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
         if needs_mask(rl[ax], rb[ax]):
             raise ctx.unsupported("a kernel with a dynamic spatial size (only the input's "
                                   "batch, feature and spatial axes may be dynamic)")
-    if feature_group_count > 1 and (needs_mask(ll[lspec[1]], lb[lspec[1]])
-                                    or needs_mask(rl[rspec[0]], rb[rspec[0]])):
-        raise ctx.unsupported("feature_group_count > 1 with a dynamic feature axis")
-    if batch_group_count > 1 and (needs_mask(ll[lspec[0]], lb[lspec[0]])
-                                  or needs_mask(rl[rspec[0]], rb[rspec[0]])):
-        raise ctx.unsupported("batch_group_count > 1 with a dynamic batch or output-feature "
-                              "axis")
+    if 0 in ob:
+        return _zeros_out(ctx)
+    groups = max(feature_group_count, batch_group_count)
+    # Grouped dynamic axes: the logical groups are contiguous blocks of the
+    # logical size; lay them out one block per padded group (and back for the
+    # output features) so the physical op sees each group at its own offset.
+    grouped_lhs_axis = lspec[1] if feature_group_count > 1 else lspec[0]
+    if groups > 1 and needs_mask(ll[grouped_lhs_axis], lb[grouped_lhs_axis]):
+        lhs = _spread_groups(clean(lhs, ll), grouped_lhs_axis, groups, ll[grouped_lhs_axis])
+        ll = tuple(lb[a] if a == grouped_lhs_axis else ll[a] for a in range(lhs.ndim))
+    compact_out = groups > 1 and needs_mask(rl[rspec[0]], rb[rspec[0]])
+    if compact_out:
+        rhs = _spread_groups(clean(rhs, rl), rspec[0], groups, rl[rspec[0]])
+        rl = tuple(rb[a] if a == rspec[0] else rl[a] for a in range(rhs.ndim))
     if 0 in ob:
         return _zeros_out(ctx)
     lhs = clean(lhs, ll)
@@ -189,7 +196,35 @@ def conv_rule(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     lhs = _shift_input(lhs, 0, plans)
     pad, dil = _phys(plans)
     out = ctx.bind(lhs, rhs, padding=pad, lhs_dilation=dil)
+    if compact_out:
+        out = _gather_groups(out, ospec[1], groups, ctx.out_logical[0][ospec[1]])
     return _clean_output(ctx, out)
+
+
+def _spread_groups(x, axis, groups, size):
+    """Logical ``[g0 | g1 | ...]`` (blocks of ``size // groups``) -> one block per
+    padded group of ``bound // groups``; the rest zero."""
+    bound = x.shape[axis]
+    per_bound = bound // groups
+    per = jnp.asarray(size, jnp.int32) // groups
+    p = lax.iota(jnp.int32, bound)
+    g, j = p // per_bound, p % per_bound
+    ok = j < per
+    src = jnp.where(ok, g * per + j, 0)
+    y = jnp.take(x, src, axis=axis, mode="clip")
+    shape = [1] * x.ndim
+    shape[axis] = bound
+    return lax.select(jnp.broadcast_to(ok.reshape(shape), y.shape), y, jnp.zeros_like(y))
+
+
+def _gather_groups(x, axis, groups, size):
+    """Inverse of ``_spread_groups`` (padding left as garbage: cleaned later)."""
+    bound = x.shape[axis]
+    per_bound = bound // groups
+    per = jnp.maximum(jnp.asarray(size, jnp.int32) // groups, 1)
+    p = lax.iota(jnp.int32, bound)
+    src = (p // per) * per_bound + p % per
+    return jnp.take(x, src, axis=axis, mode="clip")
 
 
 # ----------------------------------------------------------------------------
