@@ -264,13 +264,16 @@ def test_conv3d():
     _check(f, exs, [(1, 2, 4, 4, 4), None], ("1, 2, d, h, w", None))
 
 
-def test_conv_unsupported_cases_raise():
-    def f(x, k):
-        return conv1d(x, k)
+def test_conv_dynamic_kernel_size():
+    """Both operands dynamic (a cross-correlation of two signals); the kernel's zeroed
+    padding contributes nothing, the padding depends on both sizes."""
+    @jax.jit
+    def f(x, k):  # (explicit padding must be ints: jax rejects [(m - 1, m - 1)])
+        return [conv1d(x, k, 1, "VALID"), conv1d(x, k, 2, "SAME"),
+                conv1d(x, k, 3, "SAME_LOWER"), conv1d(x, k, 1, "SAME", rhs_dilation=2)]
 
-    m = pm.mask(f, ("n", "m"))
-    with pytest.raises(pm.UnsupportedError, match="dynamic spatial size"):
-        m(pm.Masked(jnp.ones(6), (5,)), pm.Masked(jnp.ones(3), (2,)))
+    exs = [(_vec(n), _vec(m)) for n, m in ((6, 3), (5, 1), (7, 4), (4, 4), (3, 2))]
+    _check(f, exs, [(7,), (4,)], ("n", "m"), constraints=("n >= m",))
 
 
 # ----------------------------------------------------------------------------
@@ -431,3 +434,14 @@ def test_conv_groups_with_dynamic_grouped_axes():
     exs = [(_rand(2 * m, 3, n), _rand(2 * q, 3, 2)) for m, q, n in ((2, 1, 5), (1, 2, 3),
                                                                      (3, 2, 6))]
     _check(bgc, exs, [(6, 3, 6), (4, 3, 2)], ("2*m, 3, n", "2*q, 3, 2"))
+
+
+def test_output_bound_zero():
+    """The window never fits the padded input: the output has bound 0."""
+    f = pm.mask(lambda x: (conv1d(x, jnp.ones(8), 1, "VALID"),
+                           lax.reduce_window(x, 0.0, lax.add, (8,), (1,), "VALID")), "n")
+    for n in (0, 3, 4):
+        a, b = f(pm.Masked(jnp.asarray(garbage_pad(np.ones(n, np.float32), (4,))),
+                           (jnp.int32(n),)))
+        assert a.data.shape == (0,) and b.data.shape == (0,)
+        assert int(a.shape[0]) == 0 and int(b.shape[0]) == 0

@@ -165,10 +165,6 @@ def conv_rule(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     lspec, rspec, ospec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
     lb, rb, ob = ctx.in_bounds[0], ctx.in_bounds[1], ctx.out_bounds[0]
     ll, rl = ctx.in_logical[0], ctx.in_logical[1]
-    for ax in rspec[2:]:
-        if needs_mask(rl[ax], rb[ax]):
-            raise ctx.unsupported("a kernel with a dynamic spatial size (only the input's "
-                                  "batch, feature and spatial axes may be dynamic)")
     if 0 in ob:
         return _zeros_out(ctx)
     groups = max(feature_group_count, batch_group_count)
