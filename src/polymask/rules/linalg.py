@@ -29,11 +29,18 @@ Backward pass: JAX differentiates the padded program. Every float output is
 padding (possibly NaN) are dropped by the select's transpose, and the
 factors the JVP rules read (``L``, ``U``, ``R``) are finite and invertible.
 
+``eigh`` / ``svd``: padding eigenvalues (singular values) are distinct values
+``c + k`` above the Gershgorin bound (Frobenius norm), so they never tie with
+the logical spectrum; eigh's ascending order keeps the logical eigenvalues
+first, svd's descending order puts the padding first and the outputs are
+rolled back by the padding count.
+
 Unsupported (``UnsupportedError`` with the reason) when a matrix axis is
 dynamic: ``eig``, ``schur``, ``hessenberg``, ``tridiagonal`` (their spectra or
 reductions interleave padding with the logical result), ``geqp3`` / ``qr``
 with column pivoting (padding columns compete as pivots), ``svd`` singular
-vectors (only singular values are masked), ``eigh`` with
+vectors of a non-square logical matrix (extra zero singular values mix with
+the null space), ``eigh`` with
 ``sort_eigenvalues=False`` or ``subset_by_index``, and ``fft`` along a dynamic
 axis (zero padding changes the DFT; the transform length must equal the
 logical size).
@@ -275,18 +282,46 @@ def svd_rule(ctx, x, *, compute_uv, subset_by_index, **params):
     if not _matrix_masked(lg, bd):
         outs = ctx.bind(_embed(x, lg))
         return [_clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
-    if compute_uv:
-        raise ctx.unsupported(
-            "svd singular vectors (compute_uv=True) on a dynamic matrix axis: the "
-            "padding singular values tie with or reorder the logical spectrum, so the "
-            "padded singular vectors are not the logical ones; use compute_uv=False "
-            "(jnp.linalg.svdvals) or make the matrix axes static")
     if subset_by_index is not None:
-        raise ctx.unsupported("svd with subset_by_index on a dynamic matrix axis")
+        raise ctx.unsupported("svd with subset_by_index on a dynamic matrix axis: the "
+                              "index range refers to the logical spectrum")
+    if compute_uv:
+        return _svd_uv(ctx, x, lg, bd)
     # Zero padding: the padded singular values are the logical ones followed
     # by zeros (descending order keeps the logical ones first).
     (s,) = ctx.bind(clean(x, lg))
     return [clean(s, ctx.out_logical[0])]
+
+
+def _svd_uv(ctx, x, lg, bd):
+    """Singular vectors of a square logical matrix on dynamic axes.
+
+    Padding singular values ``c + k`` (``c`` above the Frobenius norm, distinct
+    so the JVP's ``1 / (s_i^2 - s_j^2)`` stays finite) sort *before* the
+    logical ones; the outputs are rolled by their count ``min(M, N) - n`` so the
+    logical singular values and vectors come first, as in the unpadded result.
+    """
+    m_expr, n_expr = ctx.in_avals[0].shape[-2:]
+    if not (m_expr is n_expr or m_expr == n_expr):
+        raise ctx.unsupported(
+            "svd singular vectors (compute_uv=True) of a non-square logical matrix on a "
+            "dynamic axis: the padded matrix has extra zero singular values whose vectors "
+            "mix with the logical null space (and make the JVP divide by zero gaps); use "
+            "compute_uv=False (jnp.linalg.svdvals), a square logical matrix, or static "
+            "matrix axes")
+    xc = clean(x, lg)
+    real = jnp.abs(xc).dtype
+    norm = jnp.sqrt(jnp.sum(jnp.square(jnp.abs(xc)), axis=(-2, -1), keepdims=True))
+    rows = lax.broadcasted_iota(real, x.shape, x.ndim - 2)
+    e = _embed(x, lg, diag=lax.stop_gradient(norm + 1.0 + rows))
+    s, u, vt = ctx.bind(e)
+    k_pad = s.shape[-1]
+    shift = k_pad - lg[-1]
+    s = jnp.roll(s, -shift, axis=-1)
+    u = jnp.roll(u, -shift, axis=-1)
+    vt = jnp.roll(vt, -shift, axis=-2)
+    lo_s, lo_u, lo_vt = ctx.out_logical
+    return [clean(s, lo_s), _embed(u, lo_u), _embed(vt, lo_vt)]
 
 
 # ----------------------------------------------------------------------------
