@@ -131,18 +131,20 @@ def test_conv1d_sweep(stride):
     check_oracle(f, [exs[4]], [(BOUND,)], modes=("grad",))
 
 
-@pytest.mark.parametrize("stride", [1, 2, 3])
-def test_conv1d_lhs_dilation_sweep(stride):
-    """Transposed-conv style lhs dilation (sizes >= 1: see test_lhs_dilation_size0)."""
+def test_conv1d_lhs_dilation_sweep():
+    """Transposed-conv style lhs dilation, strides 1-3 (sizes >= 1: JAX's symbolic
+    shape of a dilated axis assumes size >= 1, see the module docstring of windows.py)."""
     k3 = jnp.array([1.0, 2.0, -1.0])
 
+    @jax.jit
     def f(x):
         return [conv1d(x, k3, stride, pad, rhs_dilation=rd, lhs_dilation=2)
-                for pad in ([(0, 0)], [(1, 1)], [(2, 1)], [(0, -1)]) for rd in (1, 2)]
+                for stride in (1, 2, 3) for pad in ([(0, 0)], [(1, 1)], [(2, 1)], [(0, -1)])
+                for rd in (1, 2)]
 
     exs = [(_vec(n),) for n in range(1, BOUND + 1)]
-    check_oracle(jax.jit(f), exs, [(BOUND,)], modes=("jit", "vmap"))
-    check_oracle(jax.jit(f), [exs[3]], [(BOUND,)], modes=("grad",))
+    check_oracle(f, exs, [(BOUND,)], modes=("jit", "vmap"))
+    check_oracle(f, [exs[3]], [(BOUND,)], modes=("grad",))
 
 
 def _rw_sweep_fn(stride, base_dilation, for_grad=False):
@@ -173,13 +175,14 @@ def test_reduce_window_sweep(stride):
     check_oracle(_rw_sweep_fn(stride, 1, True), [exs[3]], [(BOUND,)], modes=("grad",))
 
 
-@pytest.mark.parametrize("stride", [1, 2, 3])
-def test_reduce_window_base_dilation_sweep(stride):
-    """Base dilation 2, sizes >= 1 (see test_dilation_at_size_0)."""
-    f = _rw_sweep_fn(stride, 2)
+def test_reduce_window_base_dilation_sweep():
+    """Base dilation 2, strides 1-3, sizes >= 1 (see test_conv1d_lhs_dilation_sweep)."""
+    fs = [_rw_sweep_fn(stride, 2) for stride in (1, 2, 3)]
+    gs = [_rw_sweep_fn(stride, 2, True) for stride in (1, 2, 3)]
+    f = jax.jit(lambda x: [g(x) for g in fs])
     exs = [(_vec(n),) for n in range(1, BOUND + 1)]
     check_oracle(f, exs, [(BOUND,)], modes=("jit", "vmap"))
-    check_oracle(_rw_sweep_fn(stride, 2, True), [exs[3]], [(BOUND,)], modes=("grad",))
+    check_oracle(jax.jit(lambda x: [g(x) for g in gs]), [exs[3]], [(BOUND,)], modes=("grad",))
 
 
 # ----------------------------------------------------------------------------
@@ -195,14 +198,18 @@ def _check(f, exs, bounds, specs=None, **kw):
     check_oracle(f, exs[:1], bounds, specs, modes=("eager", "grad"), **kw)
 
 
-def test_conv2d_nhwc_dynamic_batch_and_spatial():
+def test_conv2d_nhwc_dynamic_batch_and_spatial_and_transpose():
     k = _rand(3, 2, 3, 4)  # HWIO
+
+    dn = ("NHWC", "HWIO", "NHWC")
 
     @jax.jit
     def f(x, k):
-        return [lax.conv_general_dilated(x, k, (2, 1), pad, rhs_dilation=(1, 2),
-                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
-                for pad in ("SAME", "VALID", [(1, 0), (2, 1)])]
+        return [*(lax.conv_general_dilated(x, k, (2, 1), pad, rhs_dilation=(1, 2),
+                                           dimension_numbers=dn)
+                  for pad in ("SAME", "VALID", [(1, 0), (2, 1)])),
+                lax.conv_transpose(x, k, (2, 2), "SAME", dimension_numbers=dn),
+                lax.conv_transpose(x, k, (1, 2), "VALID", dimension_numbers=dn)]
 
     exs = [(_rand(b, h, w, 3), k) for b, h, w in ((2, 5, 4), (1, 3, 6), (2, 1, 2), (1, 6, 3))]
     _check(f, exs, [(2, 6, 6, 3), None], ("b, h, w, 3", None))

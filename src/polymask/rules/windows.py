@@ -20,6 +20,15 @@ Every windowed op is masked the same way, one window axis at a time:
   conv / reduce_window_sum / select_and_gather_add sum output cotangents over
   windows, so float outputs get their padding selected to 0; inputs are
   zero/identity-filled, so every backward product is finite.
+* Grouped convolutions whose grouped axis is dynamic (``"2*k"`` features with
+  ``feature_group_count=2``, batch with ``batch_group_count``, or grouped
+  output features) re-lay the logical groups out one per padded group block.
+
+Known limit (JAX's symbolic shapes, not this module): a base/lhs-dilated axis
+has symbolic size ``d*(n-1)+1``, which JAX derives assuming ``n >= 1``; at
+logical size 0 with padding larger than the window, the logical output size
+follows that formula, not JAX's concrete result (e.g. base dilation 2, padding
+``(1, 2)``, window 3 at ``n = 0``: 0 instead of 1).
 """
 
 from __future__ import annotations
