@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import lax
 
 import polymask as pm
@@ -456,3 +458,23 @@ def test_output_bound_zero():
                            (jnp.int32(n),)))
         assert a.data.shape == (0,) and b.data.shape == (0,)
         assert int(a.shape[0]) == 0 and int(b.shape[0]) == 0
+
+
+@settings(max_examples=8)
+@given(h=st.sampled_from([0, 1, 3, 5]), w=st.sampled_from([1, 2, 5]),
+       stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       rd=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+       pad=st.sampled_from(["VALID", "SAME", "SAME_LOWER", ((1, 0), (0, 2))]),
+       kshape=st.tuples(st.integers(1, 3), st.integers(1, 3)))
+def test_conv2d_property(h, w, stride, rd, pad, kshape):
+    """Random 2-D conv / max pool parameters, sizes 0, 1 and the bound (eager)."""
+    k = _rand(2, 2, *kshape)
+    rw_pad = pad if isinstance(pad, str) else ((0, 0), (0, 0), *pad)
+
+    def f(x):
+        return (lax.conv_general_dilated(x, k, stride, pad, rhs_dilation=rd),
+                lax.reduce_window(x, -jnp.inf, lax.max, (1, 1, *kshape), (1, 1, *stride),
+                                  rw_pad, window_dilation=(1, 1, *rd)))
+
+    check_oracle(f, [(_rand(1, 2, h, w),)], [(1, 2, 5, 5)], ("1, 2, h, w",), modes=("eager",),
+                 static_sizes=False)
