@@ -670,6 +670,7 @@ def _render_text(header, size_table, rows: list[Row], prog) -> str:
                "pad/dynamic_slice/gather = moves to logical offsets; static = no mask needed):")
     seen_queries: dict[str, int] = {}
     cells = []
+    any_logical = any(r.logical is not None for r in rows)
     for r in rows:
         ind = "  " * r.depth
         if r.size_query is not None:
@@ -681,7 +682,7 @@ def _render_text(header, size_table, rows: list[Row], prog) -> str:
                 ins = f"size query {r.size_query}: reuses #{first} (CSE)"
         else:
             ins = "inserted: " + _inserted_str(r)
-        logical = ""
+        logical = "?" if any_logical else ""  # "?": a data-dependent size
         if r.logical is not None:
             logical = ", ".join("(" + ",".join(str(int(d)) for d in lg) + ")"
                                 for lg in r.logical)
