@@ -191,6 +191,26 @@ def test_det_of_empty_matrix_is_one():
     assert float(out.data) == 1.0
 
 
+def test_custom_linear_solve_symmetric_transpose_and_aux():
+    def f(a, b):
+        def solve(_mv, x):
+            return jnp.linalg.solve(a, x)
+
+        def tsolve(_vm, x):
+            return jnp.linalg.solve(a.T, x)
+
+        def solve_aux(_mv, x):
+            return jnp.linalg.solve(a, x), jnp.sum(x)
+
+        mv = lambda x: a @ x  # noqa: E731
+        return (lax.custom_linear_solve(mv, b, solve, symmetric=True),
+                lax.custom_linear_solve(mv, b, solve, tsolve),
+                lax.custom_linear_solve(mv, b, solve_aux, symmetric=True, has_aux=True))
+
+    ex = [(spd(n), vec(n)) for n in (1, 3, 5)]
+    check_oracle(f, ex, [(6, 6), (6,)], ("n, n", "n"), **FAST)
+
+
 # --------------------------------------------------------------------------
 # Dynamic batch axes (ragged batches of matrices)
 # --------------------------------------------------------------------------
