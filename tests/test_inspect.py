@@ -206,3 +206,20 @@ def test_explain_attention():
     assert len(dots) == 6 and all(r.selects >= 1 for r in dots)
     assert any(r.shapes == ["f32[4,n,n]"] and r.bounds == [(4, 32, 32)] for r in dots)
     assert "outputs: f32[n,64]" in e
+
+
+def test_explain_data_dependent_and_scan():
+    def f(x):
+        idx = pm.nonzero(x)
+        return jnp.sum(x[idx]) + lax.scan(lambda c, v: (c + v, None), 0.0, x)[0]
+
+    x = pm.Masked(jnp.array([0.0, 5, 0, 6, 0, 7]), (6,))
+    e = pm.explain(f, "n", x, print_output=False)
+    nz = [r for r in e.rows if r.primitive == "polymask_nonzero"][0]
+    fresh = nz.shapes[0][4:-1]  # i32[_u1] -> _u1
+    assert fresh in e.sizes and e.sizes[fresh]["bound"] == 6
+    assert nz.logical is None  # data-dependent: unknown before running
+    assert "logical ?" in e
+    scan = [r for r in e.rows if r.primitive == "scan"][0]
+    assert scan.nested and any(r.depth == 1 for r in e.rows[scan.index:])
+    assert float(pm.mask(f, "n")(x).data) == 36  # explain left the function usable

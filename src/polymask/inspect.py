@@ -408,7 +408,10 @@ class _ExplainInterpreter(Interpreter):
                 vals[i] = a
             lv = dict(dims.logical_values)
             lv.update(zip(names, lvals))
-            return self._plain.apply(eqn, vals, DimEnv(dims.scope, dims.bounds, lv))
+            env = DimEnv(dims.scope, dims.bounds, lv)
+            for k, v in dims.__dict__.items():  # e.g. the stack of jaxprs being walked
+                env.__dict__.setdefault(k, v)
+            return self._plain.apply(eqn, vals, env)
 
         try:
             closed = jax.make_jaxpr(sub)([invals[i] for i in arr_idx],
