@@ -207,16 +207,16 @@ def scatter_rule(ctx, operand, indices, updates, *, dimension_numbers, indices_a
                 and win_pad[d] == op_b[d]:
             continue  # the window padding lands on the operand's padding
         bad_win.append(ax)
+    single = (bad_win and not dn.operand_batching_dims and dn.scatter_dims_to_operand_dims
+              and int(np.prod(idx_b[:-1], dtype=np.int64)) == 1)
     if bad_win:
         kind = _SCATTER_KIND.get(name)
-        if kind is None:
+        if kind is None and not single:
             raise ctx.unsupported(
                 "scatter (set) of updates whose window axes "
                 f"{bad_win} have a dynamic size smaller than the operand axis they write "
-                "into; the padded window would overwrite logical elements")
-        fill = identity_of(updates.dtype, kind)
-        m = valid_mask(upd_l, upd_b, bad_win)
-        updates = lax.select(m, updates, lax.full_like(updates, fill))
+                "into, at several scatter positions; the padded window would overwrite "
+                "logical elements")
 
     # Operand extension so a padded window at the largest logical start fits.
     ext = [0] * operand.ndim
@@ -225,6 +225,23 @@ def scatter_rule(ctx, operand, indices, updates, *, dimension_numbers, indices_a
         ext[d] = max(0, hi + win_pad[d] - op_b[d])
     op_ext = _extend(operand, ext)
     ext_shape = op_ext.shape
+
+    if bad_win:
+        m = valid_mask(upd_l, upd_b, bad_win)
+        kind = _SCATTER_KIND.get(name)
+        if kind is not None:
+            fill = lax.full_like(updates, identity_of(updates.dtype, kind))
+        else:
+            # One scatter position (``x.at[a:a+k].set(v)``): the window padding
+            # rewrites the operand's current values (read-modify-write).
+            start = [jnp.zeros((), jnp.int32)] * operand.ndim
+            for k, d in enumerate(dn.scatter_dims_to_operand_dims):
+                s = indices.reshape(-1)[k].astype(jnp.int32)
+                hi = _max0(_sub(op_l[d], win_log[d]))
+                start[d] = jnp.clip(s, 0, jnp.asarray(hi, jnp.int32))
+            old = lax.dynamic_slice(op_ext, start, win_pad)
+            fill = old.reshape(updates.shape)
+        updates = lax.select(m, updates, fill)
 
     # Validity of each scatter (batch) position.
     valid = valid_mask(idx_l[:-1], idx_b[:-1]) if indices.ndim > 1 else None
