@@ -197,3 +197,20 @@ def test_ragged_map_tuple_examples_and_progress(capsys):
     outs = rm(exs)
     assert [float(o) for o in outs] == [2.0, 3.0, 4.0, 15.0]
     assert rm([]) == []
+
+
+def test_jit_data_dependent_output_size():
+    pf = pm.jit(lambda x: x[pm.nonzero(x)] * 2, "n")
+    np.testing.assert_array_equal(pf(np.array([0, 5, 0, 6, 0, 7], np.float32)), [10, 12, 14])
+    assert pf(np.zeros(5, np.float32)).shape == (0,)
+    assert pf(np.ones(3, np.float32)).shape == (3,)
+    assert pf.stats()["compiles"] == 1
+
+
+def test_jit_output_shapes_from_host_expressions():
+    pf = pm.jit(lambda x, y: (jnp.concatenate([x, y, x]), x[::2]), ("n", "m"))
+    a, b = pf(np.arange(3, dtype=np.float32), np.ones(2, np.float32))
+    np.testing.assert_array_equal(a, [0, 1, 2, 1, 1, 0, 1, 2])
+    np.testing.assert_array_equal(b, [0, 2])
+    a, b = pf(np.arange(4, dtype=np.float32), np.ones(1, np.float32))
+    assert a.shape == (9,) and b.shape == (2,)

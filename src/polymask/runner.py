@@ -175,7 +175,7 @@ class _Entry:
 
 
 def _build_inner(fun, n_bcast, in_tree, leaf_plans, in_specs, constraints, box,
-                 bcast_tree=None, n_bcast_leaves=0):
+                 bcast_tree=None, n_bcast_leaves=0, host_sizes=False):
     """The traced function: rebuild ``Masked`` inputs from a size vector, run ``mask(fun)``.
 
     Returns the output data leaves and the dynamic output sizes as one int32
@@ -217,21 +217,33 @@ def _build_inner(fun, n_bcast, in_tree, leaf_plans, in_specs, constraints, box,
         out = masked(*args)
         out_leaves, out_tree = jax.tree_util.tree_flatten(
             out, is_leaf=lambda x: isinstance(x, Masked))
+        # Output sizes that are dimension expressions of the input dim vars are
+        # computed on the host from the exact input shapes (no device round trip);
+        # only data-dependent sizes (polymask.nonzero, ...) come back from the device.
+        progs = list(getattr(masked, "_polymask_cache", {}).values())
+        prog = progs[-1] if progs and host_sizes else None
+        sym_out = prog.out_shapes if prog is not None else None
+        in_vars = set(prog.var_bounds) if prog is not None else set()
         datas, dyn_sizes, out_axes = [], [], []
-        for o in out_leaves:
+        for li, o in enumerate(out_leaves):
             if not isinstance(o, Masked):
                 o = Masked(jnp.asarray(o))
             datas.append(o.data)
             axes = []
-            for s in o.shape:
+            for k, s in enumerate(o.shape):
+                expr = sym_out[li][k] if sym_out is not None and li < len(sym_out) else None
                 if isinstance(s, (int, np.integer)):
                     axes.append(("s", int(s)))
+                elif (expr is not None and compat.is_dim_expr(expr)
+                      and compat.dim_vars(expr) <= in_vars):
+                    axes.append(("h", expr))
                 else:
                     axes.append(("d", len(dyn_sizes)))
                     dyn_sizes.append(jnp.asarray(s, jnp.int32).reshape(()))
             out_axes.append(tuple(axes))
         box["out_tree"] = out_tree
         box["out_axes"] = out_axes
+        box["in_axes"] = prog.axis_specs if prog is not None else None
         box["has_sizes"] = bool(dyn_sizes)
         if not dyn_sizes:
             return datas
@@ -340,22 +352,34 @@ def _slice(a, shape):
     return a[tuple(slice(0, n) for n in shape)]
 
 
-def _unpad_outputs(datas, sizes_np, out_axes, numpy_out: bool):
-    outs = []
-    for d, axes in zip(datas, out_axes):
-        shape = tuple(ax[1] if ax[0] == "s" else int(sizes_np[ax[1]]) for ax in axes)
-        if tuple(d.shape) == shape:
-            outs.append(np.asarray(d) if numpy_out else d)
-            continue
-        a = _slice(np.asarray(d), shape)
-        outs.append(a if numpy_out else jnp.asarray(a))
-    return outs
+def _out_shapes(box, sizes_np, fast_key):
+    """Exact output shapes: static, host-evaluated from the input shapes, or from the device."""
+    env = None
+    shapes = []
+    for axes in box["out_axes"]:
+        shape = []
+        for ax in axes:
+            if ax[0] == "s":
+                shape.append(ax[1])
+            elif ax[0] == "d":
+                shape.append(int(sizes_np[ax[1]]))
+            else:
+                if env is None:
+                    env = {}
+                    for (shp, _), specs in zip(fast_key[1], box["in_axes"]):
+                        for a in specs:
+                            if a.var is not None:
+                                env[a.var] = (int(shp[a.axis]) - a.offset) // a.coeff
+                shape.append(max(0, int(compat.evaluate_dim(ax[1], env))))
+        shapes.append(tuple(shape))
+    return shapes
 
 
 class _CallInfo:
     """Everything a call needs for one (tree, exact shapes): the host fast path."""
 
-    __slots__ = ("static_idx", "dyn_idx", "bounds", "sizes", "logical", "padded", "key")
+    __slots__ = ("static_idx", "dyn_idx", "bounds", "sizes", "logical", "padded", "key",
+                 "out_shapes", "out_entry")
 
     def __init__(self, static_idx, dyn_idx, bounds, sizes, logical, padded, key):
         self.static_idx = static_idx
@@ -365,6 +389,8 @@ class _CallInfo:
         self.logical = logical
         self.padded = padded
         self.key = key
+        self.out_shapes = None
+        self.out_entry = None
 
 
 class PolyJit(_Runner):
@@ -420,17 +446,27 @@ class PolyJit(_Runner):
         if entry.fn is None:
             plan, _, _ = self._plan(args)
             make = lambda box: _build_inner(self.fun, 0, tree, plan.leaves, self.in_specs,
-                                            self.constraints, box)
+                                            self.constraints, box, host_sizes=True)
         else:
             make = None
         out = self._call_entry(entry, make, flat)
         box = entry.box
         if box["has_sizes"]:
             datas, out_sizes = out
-            sizes_np = np.asarray(out_sizes)
+            shapes = _out_shapes(box, np.asarray(out_sizes), fast_key)
         else:
-            datas, sizes_np = out, ()
-        outs = _unpad_outputs(datas, sizes_np, box["out_axes"], self.numpy_outputs)
+            datas = out
+            shapes = info.out_shapes
+            if shapes is None or info.out_entry is not entry:
+                shapes = info.out_shapes = _out_shapes(box, (), fast_key)
+                info.out_entry = entry
+        outs = []
+        for d, shape in zip(datas, shapes):
+            if d.shape == shape:
+                outs.append(np.asarray(d) if self.numpy_outputs else d)
+            else:
+                a = _slice(np.asarray(d), shape)
+                outs.append(a if self.numpy_outputs else jnp.asarray(a))
         return jax.tree_util.tree_unflatten(box["out_tree"], outs)
 
 
