@@ -147,7 +147,7 @@ def cmd_demo(args) -> int:
         ("tokens (exact)", f"{sum(lengths)}"),
         ("distinct token lengths", f"{len(set(lengths))}"),
         ("length buckets", f"{n_buckets}  ({_policy(args)!r})"),
-        ("compiles (polymask)", f"{st['compiles']}  ({st['compile_time_s']:.1f} s)"),
+        ("compiles (polymask)", f"{st['compiles']}  ({st['compile_time_s']:.1f} s incl. first runs)"),
         ("padding fraction", f"{st['padding_fraction']:.1%}"),
         ("wall time (incl. compiles)", f"{wall:.1f} s"),
         ("throughput", f"{len(texts) / wall:.1f} texts/s"),
