@@ -245,3 +245,18 @@ def test_scatter_set_partial_windows_unsupported():
     v = pm.Masked(jnp.asarray(garbage_pad(np.ones((2, 3), np.float32), (3, 5))), (2, 3))
     with pytest.raises(pm.UnsupportedError, match="window"):
         m(x, i, v)
+
+
+def test_batching_dims_gather_scatter():
+    # vmap inside the user function: gathers / scatters with batching dims
+    idx = RNG.integers(0, 5, size=(5, 2)).astype(np.int32)
+    v = RNG.normal(size=(5, 2)).astype(np.float32)
+    exs = [(X, idx, v), (X[:3, :4], idx[:3, :1] % 4, v[:3, :1])]
+    specs = ("n, m", "n, k", "n, k")
+    oracle(lambda x, i, v: jax.vmap(lambda a, b, c: a.at[b].add(c))(x, i, v), exs,
+           [(7, 8), (7, 3), (7, 3)], specs, n_grad=1)
+    oracle(lambda x, i: jax.vmap(lambda a, b: a[b])(x, i), [e[:2] for e in exs],
+           [(7, 8), (7, 3)], specs[:2], n_grad=1)
+    oracle(lambda x, i: jax.vmap(lambda a, b: lax.dynamic_slice_in_dim(a, b, 2))(x, i),
+           [(X, idx[:, 0]), (X[:3, :4], idx[:3, 0])], [(7, 8), (7,)], ("n, m", "n"),
+           constraints=("m >= 2",), n_grad=1)

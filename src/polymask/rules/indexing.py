@@ -23,6 +23,8 @@ are dropped get zero cotangent from the transposed (fill-mode) gather.
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -54,6 +56,20 @@ def _sub_ub(a, b) -> int:
         return _ub(a - b)
     except Exception:  # pragma: no cover - defensive: fall back to a's bound
         return _ub(a)
+
+
+def _guard(rule):
+    """Report an unboundable size as ``UnsupportedError`` with the user's line."""
+    @functools.wraps(rule)
+    def wrapped(ctx, *args, **params):
+        try:
+            return rule(ctx, *args, **params)
+        except ValueError as e:
+            if "unbounded dimension expression" in str(e):
+                raise ctx.unsupported(str(e) + "; add an upper-bound constraint") from None
+            raise
+
+    return wrapped
 
 
 def _max0(v):
@@ -106,6 +122,7 @@ def _clean_out(ctx, out, k=0):
 # gather
 # ----------------------------------------------------------------------------
 @register("gather")
+@_guard
 def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value,
                 indices_are_sorted, unique_indices):
     """Gather with start clamping / fill decided against the logical operand size."""
@@ -163,6 +180,7 @@ _SCATTER_KIND = {"scatter-add": "sum", "scatter_add": "sum", "scatter-mul": "pro
 
 
 @register("scatter", *_SCATTER_KIND)
+@_guard
 def scatter_rule(ctx, operand, indices, updates, *, dimension_numbers, indices_are_sorted,
                  unique_indices, mode, update_jaxpr, update_consts):
     """Scatter: updates from padding or logically out-of-bounds starts are dropped.
@@ -297,6 +315,7 @@ def _clamped_starts(starts, op_l, size_l):
 
 
 @register("dynamic_slice")
+@_guard
 def dynamic_slice_rule(ctx, operand, *args, slice_sizes):
     nd = operand.ndim
     starts, dyn = args[:nd], args[nd:]
@@ -313,6 +332,7 @@ def dynamic_slice_rule(ctx, operand, *args, slice_sizes):
 
 
 @register("dynamic_update_slice")
+@_guard
 def dynamic_update_slice_rule(ctx, operand, update, *starts):
     nd = operand.ndim
     op_sym, upd_sym = ctx.in_avals[0].shape, ctx.in_avals[1].shape
