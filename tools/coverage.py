@@ -92,10 +92,10 @@ NOTES: dict[str, str] = {
     "geqp3": "batch axes only (column pivoting)",
     "householder_product": "batch axes only",
     "ormqr": "batch axes only",
-    "svd": "singular values on dynamic axes; singular vectors only with static matrix axes",
+    "svd": "singular vectors on dynamic axes need a square logical matrix",
     "eigh": "sorted, full spectrum on dynamic axes",
     "qr": "no column pivoting on dynamic axes",
-    "fft": "static transformed axes only (dynamic batch axes ok)",
+    "fft": "dynamic transformed axes via Bluestein (bound <= 23170)",
 }
 
 

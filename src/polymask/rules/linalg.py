@@ -41,9 +41,14 @@ reductions interleave padding with the logical result), ``geqp3`` / ``qr``
 with column pivoting (padding columns compete as pivots), ``svd`` singular
 vectors of a non-square logical matrix (extra zero singular values mix with
 the null space), ``eigh`` with
-``sort_eigenvalues=False`` or ``subset_by_index``, and ``fft`` along a dynamic
-axis (zero padding changes the DFT; the transform length must equal the
-logical size).
+``sort_eigenvalues=False`` or ``subset_by_index``.
+
+``fft`` along a dynamic axis: zero padding would change the DFT (the
+transform length must be the logical size), so a dynamic axis is transformed
+with Bluestein's chirp-z algorithm: a length-``n`` DFT for a traced ``n`` as a
+convolution computed with FFTs of a static length ``>= 2 * bound - 1``
+(``rfft`` keeps the first ``n//2 + 1`` bins; ``irfft`` rebuilds the Hermitian
+spectrum of length ``n``). Static transformed axes bind ``fft`` unchanged.
 """
 
 from __future__ import annotations
@@ -364,8 +369,62 @@ for _name in _MATRIX_REASONS:
 
 
 # ----------------------------------------------------------------------------
-# FFT
+# FFT: Bluestein (chirp-z) transforms of the logical length
 # ----------------------------------------------------------------------------
+_MAX_DYNAMIC_FFT = 23170  # (2 * bound)^2 must fit in int32 for the chirp phases
+
+
+def _next_pow2(k: int) -> int:
+    return 1 << max(int(k) - 1, 0).bit_length()
+
+
+def _chirp(t, n, sign, cdtype):
+    """``exp(sign * i * pi * t^2 / n)`` with the phase reduced mod 2n in int32."""
+    rdtype = jnp.finfo(cdtype).dtype
+    tm = t % (2 * n)
+    ang = (jnp.pi * sign) * ((tm * tm) % (2 * n)).astype(rdtype) / n.astype(rdtype)
+    return lax.complex(jnp.cos(ang), jnp.sin(ang)).astype(cdtype)
+
+
+def _dft_last(x, n, inverse: bool):
+    """Length-``n`` DFT along the last axis (padded length ``P >= n``), ``n`` traced.
+
+    Bluestein: ``X_k = w_k sum_j (x_j w_j) conj(w)_{k-j}`` with
+    ``w_t = exp(s i pi t^2 / n)``; the convolution runs as FFTs of a static
+    length ``L >= 2P - 1``. Inputs at ``j >= n`` are ignored; outputs at
+    ``k >= n`` are garbage (the caller cleans them). IFFT includes ``1/n``.
+    """
+    p = x.shape[-1]
+    big = _next_pow2(2 * p - 1)
+    n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
+    sign = 1.0 if inverse else -1.0
+    t = lax.iota(jnp.int32, p)
+    w = _chirp(t, n, sign, x.dtype)
+    a = jnp.where(t < n, x * w, jnp.zeros((), x.dtype))
+    a = jnp.pad(a, [(0, 0)] * (x.ndim - 1) + [(0, big - p)])
+    tt = lax.iota(jnp.int32, big)
+    d = jnp.minimum(tt, big - tt)
+    d = jnp.where(d < n, d, 0)
+    b = jnp.where(jnp.minimum(tt, big - tt) < n, _chirp(d, n, -sign, x.dtype),
+                  jnp.zeros((), x.dtype))
+    conv = jnp.fft.ifft(jnp.fft.fft(a, axis=-1) * jnp.fft.fft(b), axis=-1)[..., :p]
+    out = conv * w
+    if inverse:
+        out = out / n.astype(out.real.dtype)
+    return out
+
+
+def _along(fn, x, axis):
+    return jnp.moveaxis(fn(jnp.moveaxis(x, axis, -1)), -1, axis)
+
+
+def _complex_axis(x, axis, n, dynamic: bool, inverse: bool):
+    if dynamic:
+        return _along(lambda v: _dft_last(v, n, inverse), x, axis)
+    kind = lax.FftType.IFFT if inverse else lax.FftType.FFT
+    return _along(lambda v: lax.fft(v, kind, (v.shape[-1],)), x, axis)
+
+
 @register("fft")
 def fft_rule(ctx, x, *, fft_type, fft_lengths):
     k = len(fft_lengths)
@@ -373,11 +432,42 @@ def fft_rule(ctx, x, *, fft_type, fft_lengths):
     lout, bout = ctx.out_logical[0], ctx.out_bounds[0]
     nd = len(bin_)
     axes = list(range(nd - k, nd))
-    if masked_axes(lin, bin_, axes) or masked_axes(lout, bout, axes):
+    dyn = {a for a in axes if masked_axes(lin, bin_, [a]) or masked_axes(lout, bout, [a])}
+    if not dyn:
+        return _clean_float(ctx.bind(x), lout)
+    if max(max(bin_[a], bout[a]) for a in dyn) > _MAX_DYNAMIC_FFT:
         raise ctx.unsupported(
-            "fft along a dynamic axis: zero padding changes the discrete Fourier "
-            "transform (it samples the spectrum of the longer signal), so the "
-            "transform length must equal the logical size; make the transformed "
-            "axes static (pad only batch axes)")
-    return _clean_float(ctx.bind(x), lout)
-
+            f"fft along a dynamic axis with a bound above {_MAX_DYNAMIC_FFT}: the int32 "
+            "chirp phases of the masked (Bluestein) transform would overflow")
+    kind = lax.FftType(fft_type) if not isinstance(fft_type, lax.FftType) else fft_type
+    x = clean(x, lin)
+    last = axes[-1]
+    lead = axes[:-1]
+    if kind in (lax.FftType.FFT, lax.FftType.IFFT):
+        inverse = kind == lax.FftType.IFFT
+        for a in axes:
+            x = _complex_axis(x, a, lin[a], a in dyn, inverse)
+        return clean(x, lout)
+    if kind == lax.FftType.RFFT:
+        cdtype = jnp.result_type(x.dtype, jnp.complex64)
+        xc = x.astype(cdtype)
+        full = _complex_axis(xc, last, lin[last], last in dyn, False)
+        y = lax.slice_in_dim(full, 0, bout[last], axis=last)
+        for a in lead:
+            y = _complex_axis(y, a, lin[a], a in dyn, False)
+        return clean(y, lout)
+    # IRFFT: inverse complex transforms on the leading axes, then rebuild the
+    # Hermitian spectrum of logical length n on the last axis and invert it.
+    for a in lead:
+        x = _complex_axis(x, a, lin[a], a in dyn, True)
+    n = lout[last]
+    n32 = jnp.asarray(n, jnp.int32)
+    kk = lax.iota(jnp.int32, bout[last])
+    upper = kk > n32 // 2
+    idx = jnp.clip(jnp.where(upper, n32 - kk, kk), 0, bin_[last] - 1)
+    xl = jnp.moveaxis(x, last, -1)
+    spec = jnp.take(xl, idx, axis=-1)
+    spec = jnp.where(upper, jnp.conj(spec), spec)
+    y = jnp.real(_dft_last(spec, n, True))
+    y = jnp.moveaxis(y, -1, last)
+    return clean(y.astype(ctx.out_avals[0].dtype), lout)
