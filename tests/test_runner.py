@@ -214,3 +214,14 @@ def test_jit_output_shapes_from_host_expressions():
     np.testing.assert_array_equal(b, [0, 2])
     a, b = pf(np.arange(4, dtype=np.float32), np.ones(1, np.float32))
     assert a.shape == (9,) and b.shape == (2,)
+
+
+def test_jit_recurring_output_shape_gets_compiled_slice():
+    pf = pm.jit(lambda x: x * 3, "n", slice_after=2)
+    for _ in range(4):
+        y = pf(np.arange(5, dtype=np.float32))
+        assert isinstance(y, jax.Array)
+        np.testing.assert_array_equal(y, np.arange(5) * 3)
+    st = pf.stats()
+    assert st["slice_compiles"] == 1 and st["compiles"] == 1
+    assert pm.jit(lambda x: x * 3, "n", slice_after=None)(np.ones(3, np.float32)).shape == (3,)

@@ -148,6 +148,13 @@ def _dtype_key(x):
     return np.asarray(x).dtype if dt is None else dt
 
 
+def _leaf_key(x):
+    try:
+        return (x.shape, x.dtype)
+    except AttributeError:
+        return (np.shape(x), _dtype_key(x))
+
+
 def _pad_host(x, bound: tuple[int, ...]):
     """Pad ``x`` to ``bound`` with zeros on the host (NumPy: compiles nothing)."""
     shape = np.shape(x)
@@ -312,6 +319,20 @@ class _Runner:
                 self._stats["evictions"] += 1
             return e, True
 
+    def _entry_counted(self, info):
+        """``_entry`` plus the per-call stats, under one lock acquisition."""
+        with self._lock:
+            st = self._stats
+            st["calls"] += 1
+            st["logical_elements"] += info.logical
+            st["padded_elements"] += info.padded
+            e = self._cache.get(info.key)
+            if e is not None:
+                self._cache.move_to_end(info.key)
+                st["cache_hits"] += 1
+                return e
+        return self._entry(info.key)[0]
+
     def _call_entry(self, entry, make_fn, flat_args):
         """Run ``entry`` (tracing and compiling it on first use, once, under its lock)."""
         fn = entry.fn
@@ -349,7 +370,7 @@ class _Runner:
 
 
 def _slice(a, shape):
-    return a[tuple(slice(0, n) for n in shape)]
+    return a[tuple(slice(0, int(n)) for n in shape)]
 
 
 def _out_shapes(box, sizes_np, fast_key):
@@ -397,9 +418,13 @@ class PolyJit(_Runner):
     """The callable returned by ``polymask.jit`` (see there)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
-                 numpy_outputs=False):
+                 numpy_outputs=False, slice_after=4):
         super().__init__(fun, in_specs, buckets, constraints, cache_size)
         self.numpy_outputs = numpy_outputs
+        self.slice_after = slice_after
+        self._slicers: dict = {}
+        self._slice_seen: dict = {}
+        self._stats["slice_compiles"] = 0
         self._infos: dict = {}
         functools.update_wrapper(self, fun)
 
@@ -430,19 +455,14 @@ class PolyJit(_Runner):
 
     def __call__(self, *args):
         leaves, tree = jax.tree_util.tree_flatten(args)
-        fast_key = (tree, tuple((np.shape(x), _dtype_key(x)) for x in leaves))
+        fast_key = (tree, tuple(map(_leaf_key, leaves)))
         info = self._infos.get(fast_key)
         if info is None:
             info = self._info(args, leaves, tree, fast_key)
         flat = [leaves[i] for i in info.static_idx]
         flat += [_pad_host(leaves[i], b) for i, b in zip(info.dyn_idx, info.bounds)]
         flat.append(info.sizes)
-        entry, _ = self._entry(info.key)
-        with self._lock:
-            st = self._stats
-            st["calls"] += 1
-            st["logical_elements"] += info.logical
-            st["padded_elements"] += info.padded
+        entry = self._entry_counted(info)
         if entry.fn is None:
             plan, _, _ = self._plan(args)
             make = lambda box: _build_inner(self.fun, 0, tree, plan.leaves, self.in_specs,
@@ -464,14 +484,37 @@ class PolyJit(_Runner):
         for d, shape in zip(datas, shapes):
             if d.shape == shape:
                 outs.append(np.asarray(d) if self.numpy_outputs else d)
+            elif self.numpy_outputs:
+                outs.append(_slice(np.asarray(d), shape))
             else:
-                a = _slice(np.asarray(d), shape)
-                outs.append(a if self.numpy_outputs else jnp.asarray(a))
+                outs.append(self._unpad_device(d, shape))
         return jax.tree_util.tree_unflatten(box["out_tree"], outs)
+
+    def _unpad_device(self, d, shape):
+        """Exact ``jax.Array`` of a padded output.
+
+        The first ``slice_after - 1`` times an output shape is seen it is sliced on
+        the host and uploaded (no compile); from then on a compiled slice for that
+        shape is used (one tiny program per recurring shape, counted in
+        ``stats()["slice_compiles"]``), which is much cheaper per call.
+        """
+        key = (d.shape, d.dtype, shape)
+        fn = self._slicers.get(key)
+        if fn is None:
+            if self.slice_after is not None:
+                with self._lock:
+                    c = self._slice_seen[key] = self._slice_seen.get(key, 0) + 1
+                    if c >= self.slice_after and len(self._slicers) < 1024:
+                        fn = self._slicers[key] = jax.jit(functools.partial(_slice, shape=shape))
+                        self._stats["slice_compiles"] += 1
+            if fn is None:
+                return jnp.asarray(_slice(np.asarray(d), shape))
+        return fn(d)
 
 
 def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
-        cache_size: int = 64, numpy_outputs: bool = False) -> PolyJit:
+        cache_size: int = 64, numpy_outputs: bool = False,
+        slice_after: int | None = 4) -> PolyJit:
     """Compile ``fun`` once per bucket: exact (unpadded) arrays in, exact arrays out.
 
     Args:
@@ -488,6 +531,9 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
       constraints: ``jax.export`` constraints (``"n >= 3"``), checked on the host.
       cache_size: most compiled programs kept (least recently used dropped).
       numpy_outputs: return NumPy arrays instead of ``jax.Array``.
+      slice_after: an exact output shape seen this many times gets a compiled
+        slice (a tiny program, ``stats()["slice_compiles"]``); before that, and
+        always when None, padded outputs are sliced on the host and uploaded.
 
     Returns:
       A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,
@@ -499,7 +545,7 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     shapes. Raises ``ShapeError`` for inconsistent sizes (before running).
     """
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
-                   cache_size=cache_size, numpy_outputs=numpy_outputs)
+                   cache_size=cache_size, numpy_outputs=numpy_outputs, slice_after=slice_after)
 
 
 # ----------------------------------------------------------------------------
