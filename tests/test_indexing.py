@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from jax import lax
 
 import polymask as pm
@@ -260,3 +262,30 @@ def test_batching_dims_gather_scatter():
     oracle(lambda x, i: jax.vmap(lambda a, b: lax.dynamic_slice_in_dim(a, b, 2))(x, i),
            [(X, idx[:, 0]), (X[:3, :4], idx[:3, 0])], [(7, 8), (7,)], ("n, m", "n"),
            constraints=("m >= 2",), n_grad=1)
+
+
+_TAKE_JIT = {}
+
+
+def _take_jit(mode):
+    if mode not in _TAKE_JIT:
+        f = pm.mask(lambda x, i: x.at[i].get(mode=mode), ("n", "k"))
+        _TAKE_JIT[mode] = jax.jit(lambda xb, n, ib, k: f(pm.Masked(xb, (n,)),
+                                                         pm.Masked(ib, (k,))))
+    return _TAKE_JIT[mode]
+
+
+@given(n=st.integers(0, 9), idx=st.lists(st.integers(-20, 20), max_size=6),
+       mode=st.sampled_from(["fill", "clip", "promise_in_bounds"]))
+def test_take_property(n, idx, mode):
+    """Random (also out-of-range, negative) indices against the unpadded take."""
+    x = np.arange(1, n + 1, dtype=np.float32)
+    i = np.asarray(idx, np.int32)
+    if n == 0 and mode != "fill":
+        return  # clamping into an empty axis is undefined
+    if mode == "promise_in_bounds":
+        i = np.clip(i, -n, n - 1)  # the promise
+    want = np.asarray(jnp.asarray(x).at[jnp.asarray(i)].get(mode=mode))
+    out = _take_jit(mode)(jnp.asarray(garbage_pad(x, (9,))), jnp.int32(n),
+                          jnp.asarray(garbage_pad(i, (6,))), jnp.int32(len(i)))
+    np.testing.assert_array_equal(out.unpad(), want)

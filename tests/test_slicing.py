@@ -256,6 +256,10 @@ def test_roll_tile_repeat():
     oracle(lambda x: jnp.tile(x, (2, 3)), MAT, [(7, 8)])
     oracle(lambda x: jnp.repeat(x, 2), SEQ, [(12,)])
     oracle(lambda x: jnp.repeat(x, 2, axis=1), MAT, [(7, 8)])
+    r = np.array([1, 0, 2, 1, 3, 0, 1], np.int32)
+    oracle(lambda x, r: jnp.repeat(x, r, total_repeat_length=8),
+           [(X7, r), (X7[:3], r[:3]), (X7[:1], r[:1])], [(12,), (12,)], ("n", "n"), n_grad=1)
+    oracle(jnp.diff, SEQ[:3], [(12,)])
 
 
 def test_split():
