@@ -47,13 +47,27 @@ def _scope():
     return current_scope()
 
 
-def _fresh(bound: int):
-    """A fresh dim var ``_uK <= bound`` in the masked trace's scope."""
+def _fresh(bound: int, at_most=None):
+    """A fresh dim var ``_uK <= bound`` in the masked trace's scope.
+
+    ``at_most``: a symbolic size it never exceeds (``_uK <= n``), so that
+    shapes such as ``n - _uK`` trace as non-negative.
+    """
     scope = _scope()
     name = f"_u{next(_COUNTER)}"
     d = compat.fresh_dim(name, scope)
     compat.add_constraint(scope, f"{name} <= {max(int(bound), 1)}")
+    if at_most is not None and compat.is_dim_expr(at_most):
+        try:
+            compat.add_constraint(scope, f"{name} <= {at_most}")
+        except Exception:  # an expression JAX cannot use as a constraint: bound only
+            pass
     return d
+
+
+def _size(shape):
+    """Number of elements of a (symbolic) shape, as a dimension expression or int."""
+    return math.prod(shape)
 
 
 def _padded(d) -> int:
@@ -100,7 +114,7 @@ def _nonzero_bind(a, mode):
     if a.ndim == 0:
         raise ValueError(f"polymask.{mode} needs an array of rank >= 1 (got a scalar) "
                          f"at {user_call_site()}")
-    return nonzero_p.bind(a, out_dim=_fresh(_bound(a.shape)), mode=mode)
+    return nonzero_p.bind(a, out_dim=_fresh(_bound(a.shape), _size(a.shape)), mode=mode)
 
 
 def nonzero(a, *, size=None, fill_value=None):
@@ -147,7 +161,7 @@ def _same_dims(a, b) -> bool:
 
 
 def _bool_mask_bind(x, m, axis, check_extra=False):
-    out_dim = _fresh(_bound(m.shape))
+    out_dim = _fresh(_bound(m.shape), _size(m.shape))
     return boolean_mask_p.bind(x, m, axis=axis, out_dim=out_dim, check_extra=check_extra)
 
 
@@ -227,7 +241,8 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
     ar = jnp.asarray(ar)
     if ar.ndim == 0:
         ar = ar.reshape(1)
-    outs = unique_p.bind(ar, out_dim=_fresh(_bound(ar.shape)), return_index=bool(return_index),
+    outs = unique_p.bind(ar, out_dim=_fresh(_bound(ar.shape), _size(ar.shape)),
+                         return_index=bool(return_index),
                          return_inverse=bool(return_inverse),
                          return_counts=bool(return_counts), equal_nan=bool(equal_nan))
     if not (return_index or return_inverse or return_counts):
@@ -337,7 +352,7 @@ def dynamic_slice(x, start, sizes, *, max_size=None):
         bound = _padded(x.shape[a])
         if maxes[a] is not None:
             bound = min(bound, int(maxes[a]))
-        out_shape.append(_fresh(bound))
+        out_shape.append(_fresh(bound, x.shape[a]))
         fresh.append(True)
         size_ops.append(jnp.asarray(s, jnp.int32))
     start_ops = [jnp.asarray(s, jnp.int32) for s in starts]
