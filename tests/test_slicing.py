@@ -267,3 +267,17 @@ def test_split():
                  constraints=("n >= 2",))
     oracle(lambda x: jnp.split(x, [1, 3], axis=1), [(X,), (X[:2, :3],)], [(7, 8)],
                  "n, m", constraints=("m >= 3",))
+
+
+@pytest.mark.parametrize("name,h", [
+    ("x[::2]", lambda y: y[::2]),
+    ("x[::-1]*iota", lambda y: y[::-1] * jnp.arange(y.shape[0])),
+    ("x[:-1]", lambda y: y[:-1]),
+    ("concat+pad", lambda y: jnp.pad(jnp.concatenate([y, 2 * y[::-1]]), (2, 1))),
+])
+def test_grad_inside_mask(name, h):
+    # the transposes (pad, scatter-add, dynamic_update_slice, ...) are masked too
+    def f(x):
+        return jax.grad(lambda y: jnp.sum(jnp.sin(h(y))))(x)
+
+    oracle(f, SEQ[:3], [(12,)], modes=("jit", "vmap"))
