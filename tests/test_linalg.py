@@ -76,11 +76,9 @@ def test_cholesky_solve_values_and_one_trace():
 
 
 def test_cholesky_primitive_and_triangular_solve():
-    ex = [(spd(n),) for n in (0, 4, 6)]
-    check_oracle(jnp.linalg.cholesky, ex, [(6, 6)], "n, n", **FAST)
-
     def tri(a, b):
-        return jsl.solve_triangular(jnp.linalg.cholesky(a), b, lower=True)
+        l_ = jnp.linalg.cholesky(a)
+        return l_, jsl.solve_triangular(l_, b, lower=True)
 
     ex = [(spd(n), vec(n, k)) for n, k in ((1, 2), (5, 3), (0, 2))]
     check_oracle(tri, ex, [(6, 6), (6, 4)], ("n, n", "n, k"), **FAST)
@@ -145,7 +143,8 @@ def test_solve():
     ex = [(gen(n), vec(n)) for n in (1, 3, 6)]
     check_oracle(jnp.linalg.solve, ex, [(6, 6), (6,)], ("n, n", "n"), **FAST)
     ex = [(gen(n), vec(n, 2)) for n in (2, 5)]
-    check_oracle(jnp.linalg.solve, ex, [(6, 6), (6, 2)], ("n, n", "n, 2"), **FAST)
+    check_oracle(jnp.linalg.solve, ex, [(6, 6), (6, 2)], ("n, n", "n, 2"), modes=("jit",),
+                 static_sizes=False, **TOL)
 
 
 def _try(fun, *args, **kwargs):
@@ -168,8 +167,8 @@ def test_inv():
 
 def test_det_slogdet():
     ex = [(gen(n),) for n in (2, 3, 5)]
-    _try(check_oracle, jnp.linalg.det, ex, [(6, 6)], "n, n", **FAST)
-    _try(check_oracle, jnp.linalg.slogdet, ex, [(6, 6)], "n, n", **FAST)
+    _try(check_oracle, lambda a: (jnp.linalg.det(a), *jnp.linalg.slogdet(a)), ex, [(6, 6)],
+         "n, n", **FAST)
     # values (not gradients) also at n = 1 and n = bound
     ex = [(gen(n),) for n in (1, 6)]
     _try(check_oracle, jnp.linalg.det, ex, [(6, 6)], "n, n", modes=("jit", "vmap"),
@@ -227,7 +226,8 @@ def test_dynamic_batch_and_matrix_axes():
 
 def test_static_matrix_dynamic_batch():
     ex = [(np.stack([spd(3) for _ in range(b)]),) for b in (1, 2, 4)]
-    check_oracle(jnp.linalg.cholesky, ex, [(4, 3, 3)], "b, 3, 3", **FAST)
+    check_oracle(jnp.linalg.cholesky, ex, [(4, 3, 3)], "b, 3, 3", modes=("jit", "vmap"),
+                 static_sizes=False, **TOL)
 
 
 # --------------------------------------------------------------------------
@@ -259,6 +259,14 @@ def test_svd_values():
     check_oracle(lambda a: jnp.linalg.svd(a, compute_uv=False), ex, [(6, 6)], "m, n", **FAST)
 
 
+def test_eig_dynamic_batch_only():
+    def f(x):
+        return jnp.sort(jnp.abs(jnp.linalg.eigvals(x)), axis=-1)
+
+    ex = [(vec(b, 3, 3),) for b in (1, 3)]
+    check_oracle(f, ex, [(4, 3, 3)], "b, 3, 3", modes=("jit", "vmap"), static_sizes=False, **TOL)
+
+
 def test_unsupported_have_reasons():
     a = pm.Masked(jnp.eye(4), (jnp.int32(3), jnp.int32(3)))
     with pytest.raises(pm.UnsupportedError, match="non-square logical matrix"):
@@ -281,14 +289,14 @@ def test_fft_dynamic_axis_bluestein():
         z = jnp.fft.ifft(y * 1j + x)
         return jnp.real(y), jnp.imag(z), jnp.abs(jnp.fft.rfft(x))
 
-    check_oracle(f, [(vec(n),) for n in (1, 4, 7, 9)], [(9,)], "n", **FAST)
+    check_oracle(f, [(vec(n),) for n in (1, 6, 9)], [(9,)], "n", **FAST)
 
 
 def test_fft2_and_irfft_dynamic_axes():
     def f(x):
         return jnp.real(jnp.fft.fft2(x)), jnp.fft.irfft2(jnp.fft.rfft2(x) * 2.0)
 
-    ex = [(vec(m, n),) for m, n in ((2, 4), (4, 2), (3, 6))]
+    ex = [(vec(m, n),) for m, n in ((2, 4), (4, 2))]
     check_oracle(f, ex, [(5, 6)], "m, 2*k", **FAST)
 
 

@@ -347,14 +347,24 @@ _MATRIX_REASONS = {
 }
 
 
+# Core (non-batch) rank of each operand; the leading axes are batch axes.
+_CORE_RANKS = {"geqp3": (2, 1), "householder_product": (2, 1), "ormqr": (2, 1, 2)}
+
+
 def _batch_only_rule(name):
     def rule(ctx, *args, **params):
-        for lo, bd in zip(ctx.in_logical, ctx.in_bounds):
-            if len(bd) >= 2 and _matrix_masked(lo, bd):
+        ranks = _CORE_RANKS.get(name, (2,) * len(args))
+        ins = []
+        for a, lo, bd, r in zip(args, ctx.in_logical, ctx.in_bounds, ranks):
+            core = list(range(len(bd) - r, len(bd)))
+            if masked_axes(lo, bd, core):
                 raise ctx.unsupported(f"{name} on a dynamic matrix axis: "
                                       f"{_MATRIX_REASONS[name]}")
-        ins = [_embed(a, lo) if (len(bd) >= 2 and jnp.issubdtype(a.dtype, jnp.inexact))
-               else a for a, lo, bd in zip(args, ctx.in_logical, ctx.in_bounds)]
+            if r == 2 and jnp.issubdtype(a.dtype, jnp.inexact):
+                a = _embed(a, lo)
+            elif jnp.issubdtype(a.dtype, jnp.inexact):
+                a = clean(a, lo)
+            ins.append(a)
         outs = ctx.bind(*ins)
         if not ctx.primitive.multiple_results:
             return _clean_float(outs, ctx.out_logical[0])
