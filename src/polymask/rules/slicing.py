@@ -156,14 +156,9 @@ def concatenate_rule(ctx, *xs, dimension):
     buf = lax.pad(first, _zero(first.dtype), cfg)
     off = sizes_l[0]
     for x, s in zip(xs[1:], sizes_l[1:]):
-        if is_static(off):
-            start = [0] * x.ndim
-            start[d] = int(off)
-            buf = lax.dynamic_update_slice(buf, x, start)
-        else:
-            start = [jnp.int32(0)] * x.ndim
-            start[d] = jnp.asarray(off, jnp.int32)
-            buf = lax.dynamic_update_slice(buf, x, start)
+        start = [jnp.int32(0)] * x.ndim
+        start[d] = jnp.asarray(off, jnp.int32)  # a constant when the offset is static
+        buf = lax.dynamic_update_slice(buf, x, start)
         off = _add(off, s)
     if total != out_b[d]:
         buf = lax.slice_in_dim(buf, 0, out_b[d], axis=d)
