@@ -137,7 +137,7 @@ SC_EX = [(X7, i32(0, -1, 3, 3), np.array([1.0, 2, 3, 4], np.float32)),
          (X7[:3], np.zeros(0, np.int32), np.zeros(0, np.float32))]
 
 
-@pytest.mark.parametrize("op", ["set", "add", "mul", "min", "max"])
+@pytest.mark.parametrize("op", ["set", "add", "subtract", "mul", "min", "max"])
 def test_at_ops(op):
     def f(x, i, v):
         return getattr(x.at[i], op)(v)

@@ -173,10 +173,8 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
 # ----------------------------------------------------------------------------
 # scatter family
 # ----------------------------------------------------------------------------
-_SCATTER_KIND = {"scatter-add": "sum", "scatter_add": "sum", "scatter-mul": "prod",
-                 "scatter_mul": "prod", "scatter-min": "min", "scatter_min": "min",
-                 "scatter-max": "max", "scatter_max": "max", "scatter-sub": "sum",
-                 "scatter_sub": "sum"}
+_SCATTER_KIND = {"scatter-add": "sum", "scatter-sub": "sum", "scatter-mul": "prod",
+                 "scatter-min": "min", "scatter-max": "max"}
 
 
 @register("scatter", *_SCATTER_KIND)
