@@ -124,9 +124,8 @@ def is_tracer(x) -> bool:
 
 def instantiate_zero(x, aval=None):
     """Turn JAX's symbolic ``Zero`` cotangent into an array (else return ``x``)."""
-    from jax._src.interpreters import ad as _ad
-
     import jax.numpy as _jnp
+    from jax._src.interpreters import ad as _ad
 
     if isinstance(x, _ad.Zero):
         a = x.aval
