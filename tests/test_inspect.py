@@ -224,3 +224,14 @@ def test_explain_data_dependent_and_scan():
     scan = [r for r in e.rows if r.primitive == "scan"][0]
     assert scan.nested and any(r.depth == 1 for r in e.rows[scan.index:])
     assert float(pm.mask(f, "n")(x).data) == 36  # explain left the function usable
+
+
+def test_shape_formula_from_specs_alone():
+    f = pm.shape_formula(lambda x: x[::2], "n")
+    assert str(f) == "((n + 1) // 2,)" and f.bound is None
+    g = pm.shape_formula(lambda x, y: jnp.concatenate([x, y]) @ jnp.ones((2, 3)),
+                         ("n, 2", "m, 2"))
+    assert g == ("m + n", 3)
+    assert str(pm.shape_formula(lambda x: x.reshape(x.shape[0], -1, 2), "n, 2*k")) == "(n, k, 2)"
+    with pytest.raises(pm.ShapeError, match="in_specs"):
+        pm.shape_formula(lambda x: x, None)

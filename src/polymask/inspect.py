@@ -127,7 +127,8 @@ class ShapeFormula:
 
     Attributes:
       exprs: one ``jax.export`` dimension expression (or int) per axis.
-      bound: the padded shape (each expression's upper bound).
+      bound: the padded shape (each expression's upper bound); None when no
+        example arguments were given.
       dtype: the output dtype.
       scope: the ``SymbolicScope`` the expressions live in.
 
@@ -138,7 +139,7 @@ class ShapeFormula:
     """
 
     exprs: tuple
-    bound: tuple[int, ...]
+    bound: tuple[int, ...] | None
     dtype: Any
     scope: Any = dataclasses.field(repr=False, default=None)
 
@@ -248,22 +249,61 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
         own dim var (``s0``, ``s1``, ...).
       *args: example arguments: arrays, ``Masked`` values,
         ``jax.ShapeDtypeStruct``s, or padded shapes given as tuples of ints
-        (``dtype``, default float32). Only shapes and dtypes are used.
+        (``dtype``, default float32). Only shapes and dtypes are used. Without
+        them, every input is built from its spec string (``"n, 64"``).
       constraints: as for ``mask``.
 
     Returns:
       ``fun``'s output pytree with a ``ShapeFormula`` per array leaf, e.g.
       ``shape_formula(lambda x: x[::2], "n", (10,))`` gives ``((n + 1) // 2,)``.
     """
+    no_args = not args
+    if no_args:
+        args = _args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
     prog, _ = trace_masked(fun, absargs, in_specs, constraints)
     dims = DimEnv(prog.scope, prog.var_bounds, {})
     out = []
     for v in prog.closed_jaxpr.jaxpr.outvars:
         shape = tuple(getattr(v.aval, "shape", ()))
-        out.append(ShapeFormula(tuple(shape), tuple(dims.padded(d) for d in shape),
-                                v.aval.dtype, prog.scope))
+        bound = None if no_args else tuple(dims.padded(d) for d in shape)
+        out.append(ShapeFormula(tuple(shape), bound, v.aval.dtype, prog.scope))
     return jax.tree_util.tree_unflatten(prog.out_tree, out)
+
+
+_PLACEHOLDER_BOUND = 1024
+
+
+def _args_from_specs(in_specs, dtype):
+    """Abstract arguments from spec strings alone (``shape_formula(fun, specs)``).
+
+    Each dim var gets a placeholder bound; the formulas do not depend on it
+    (``ShapeFormula.bound`` is None then).
+    """
+    if in_specs is None:
+        raise ShapeError("shape_formula(fun, in_specs) without example arguments needs "
+                         "in_specs with a spec string for every argument")
+    specs = (in_specs,) if isinstance(in_specs, str) else tuple(in_specs)
+
+    def one(spec, where):
+        if not isinstance(spec, str):
+            raise ShapeError(f"{where}: without example arguments every spec must be a "
+                             f"string (got {spec!r}); pass example arguments or shapes")
+        try:
+            exprs = jax.export.symbolic_shape(spec)
+        except Exception as e:
+            raise ShapeError(f"{where}: cannot parse shape spec '{spec}': {e}") from None
+        shape = []
+        for e in exprs:
+            names = compat.dim_vars(e)
+            shape.append(int(compat.evaluate_dim(e, {v: _PLACEHOLDER_BOUND for v in names})))
+        return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+    out = []
+    for i, spec in enumerate(specs):
+        out.append(jax.tree_util.tree_map(lambda s, i=i: one(s, f"in_specs[{i}]"), spec,
+                                          is_leaf=lambda s: s is None or isinstance(s, str)))
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------
