@@ -235,3 +235,8 @@ def test_shape_formula_from_specs_alone():
     assert str(pm.shape_formula(lambda x: x.reshape(x.shape[0], -1, 2), "n, 2*k")) == "(n, k, 2)"
     with pytest.raises(pm.ShapeError, match="in_specs"):
         pm.shape_formula(lambda x: x, None)
+
+
+def test_explain_from_specs_alone():
+    e = pm.explain(lambda x: jnp.sum(x[::2]), "n", print_output=False)
+    assert "placeholder bound" in e and "floordiv(n + 1, 2)" in e

@@ -564,6 +564,9 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
       An ``Explanation``: a ``str`` with ``.rows``, ``.sizes``,
       ``.masked_jaxpr`` and a rich renderable (``rich.print(explanation)``).
     """
+    placeholder = not args
+    if placeholder:
+        args = _args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
     prog, absleaves = trace_masked(fun, absargs, in_specs, constraints)
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: _is_masked(v) or
@@ -602,6 +605,9 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
 
     size_table = _size_table(prog, interp.rows, concrete)
     header = _header(fun, prog, concrete, masked_jaxpr)
+    if placeholder:
+        header += (f"\n(no example arguments: every dim var has the placeholder bound "
+                   f"{_PLACEHOLDER_BOUND})")
     text = _render_text(header, size_table, interp.rows, prog)
     result = Explanation(text, interp.rows, size_table, masked_jaxpr, header)
     if print_output:
