@@ -49,3 +49,14 @@ def test_dim_as_value_is_the_shape_primitive():
     _, n = scope_and_n()
     jaxpr = jax.make_jaxpr(lambda x: x.shape[0] * 1.0)(jax.ShapeDtypeStruct((n,), jnp.float32))
     assert jaxpr.jaxpr.eqns[0].primitive is compat.dim_as_value_p
+
+
+def test_record_unsound_equalities_only_inside_the_context():
+    _, n = scope_and_n()
+    with compat.record_unsound_equalities(lambda f: True) as rec:
+        assert (n == 1) is False
+        assert (n != 2) is True
+        assert (n == n) is True
+    assert [str(a) for a, _, _ in rec.records] == ["n", "n"]
+    assert (n == 1) is False  # outside: plain JAX behaviour, nothing recorded
+    assert len(rec.records) == 2

@@ -106,3 +106,21 @@ def test_dynamic_sizes_do_not_retrace_and_static_sizes_do():
     for n in range(6):
         jf(pm.Masked(X, (jnp.int32(n),)))
     assert len(traces) == 1
+
+
+def _if_size_is_one(x):
+    if x.shape[0] == 1:  # JAX decides this symbolic `==` as False while tracing
+        return x * 100.0
+    return x + 1.0
+
+
+def test_unsound_symbolic_equality_becomes_a_runtime_check():
+    m = pm.mask(_if_size_is_one, "n")
+    np.testing.assert_array_equal(m(pm.Masked(jnp.ones(4), (3,))).unpad(), [2, 2, 2])
+    with pytest.raises(pm.ShapeError, match=r"compared sizes `n == 1` at .*test_prologue.py"):
+        m(pm.Masked(jnp.ones(4), (1,)))
+    with pytest.raises(Exception, match="compared sizes"):
+        jax.block_until_ready(jax.jit(m)(pm.Masked(jnp.ones(4), (jnp.int32(1),))).data)
+    # JAX's own broadcasting comparisons (inside jax) are not user assumptions.
+    g = pm.mask(lambda x, y: jnp.sum(x * y), ("n", "n"))
+    assert float(g(pm.Masked(jnp.ones(4), (1,)), pm.Masked(jnp.ones(4), (1,))).data) == 1.0

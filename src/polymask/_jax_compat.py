@@ -194,3 +194,76 @@ def exclude_from_user_frames(path: str) -> None:
     rule errors) is the user's call, not ``ops.py``.
     """
     _source_info_util.register_exclusion(path)
+
+
+_EQ_STATE = __import__("threading").local()
+_EQ_PATCHED = False
+
+
+def _install_equality_hook() -> None:
+    """Wrap ``DimExpr.__eq__``/``__ne__`` once; inactive unless a recorder is open."""
+    global _EQ_PATCHED
+    if _EQ_PATCHED:
+        return
+    import sys
+
+    orig_eq = DimExpr.__eq__
+
+    def record(a, b):
+        recorders = getattr(_EQ_STATE, "stack", None)
+        if not recorders:
+            return
+        try:
+            diff = a - b
+        except Exception:
+            return
+        if is_dim_expr(diff):  # neither provably equal nor provably different
+            rec = recorders[-1]
+            f = sys._getframe(2)
+            if rec._is_user_frame(f.f_code.co_filename):
+                rec.records.append((a, b, f"{f.f_code.co_filename}:{f.f_lineno} "
+                                          f"({f.f_code.co_name})"))
+
+    def eq(a, b):
+        res = orig_eq(a, b)
+        if res is False and getattr(_EQ_STATE, "stack", None):
+            record(a, b)
+        return res
+
+    def ne(a, b):
+        res = orig_eq(a, b)
+        if res is False and getattr(_EQ_STATE, "stack", None):
+            record(a, b)
+        return not res
+
+    DimExpr.__eq__, DimExpr.__ne__ = eq, ne
+    _EQ_PATCHED = True
+
+
+class record_unsound_equalities:
+    """Context manager: record symbolic ``==``/``!=`` that JAX decided unsoundly.
+
+    JAX answers ``n == 1`` with False (and ``n != 1`` with True) when the
+    difference is not a constant, because ``__eq__`` cannot raise
+    (https://docs.jax.dev/en/latest/export/shape_poly.html#comparison-of-symbolic-dimensions-is-partially-supported).
+    A user's ``if x.shape[0] == 1:`` would then silently trace the wrong
+    branch for ``n == 1``. While active (per thread), each such comparison made
+    from a frame for which ``is_user_frame(filename)`` holds is appended to
+    ``self.records`` as ``(lhs, rhs, "file:line (function)")``; the prologue
+    then checks at run time that the two sides differ.
+    """
+
+    def __init__(self, is_user_frame):
+        self.records: list = []
+        self._is_user_frame = is_user_frame
+
+    def __enter__(self):
+        _install_equality_hook()
+        if not hasattr(_EQ_STATE, "stack"):
+            _EQ_STATE.stack = []
+        _EQ_STATE.stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _EQ_STATE.stack.pop()
+        return False

@@ -220,8 +220,12 @@ def trace_masked(fun: Callable, args: Sequence[Any], in_specs=None, constraints=
     if not hasattr(_TRACE_STATE, "scopes"):
         _TRACE_STATE.scopes = []
     _TRACE_STATE.scopes.append(scope)
+    from .errors import _is_library_frame
+
+    equalities = compat.record_unsound_equalities(lambda f: not _is_library_frame(f))
     try:
-        closed = jax.make_jaxpr(flat_fun)(*avals)
+        with equalities:
+            closed = jax.make_jaxpr(flat_fun)(*avals)
     except (ShapeError, UnsupportedError):
         raise
     except Exception as e:
@@ -233,7 +237,18 @@ def trace_masked(fun: Callable, args: Sequence[Any], in_specs=None, constraints=
         _TRACE_STATE.scopes.pop()
     prog = MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds,
                          out_tree_box[-1], var_order)
+    prog.assumed_unequal = _dedupe(equalities.records)
     return prog, leaves
+
+
+def _dedupe(records):
+    seen, out = set(), []
+    for a, b, where in records:
+        key = (str(a), str(b), where)
+        if key not in seen:
+            seen.add(key)
+            out.append((a, b, where))
+    return out
 
 
 def _identifiers(spec: str):
@@ -325,6 +340,17 @@ def solve_dim_vars(prog: MaskedProgram, leaves, checks_on: bool):
         checks.append(Check(bad, f"constraint '{text}' does not hold for "
                                  + ", ".join(f"{k}={{{i}}}" for i, k in enumerate(names)),
                             tuple(values[k] for k in names)))
+    for a, b, where in getattr(prog, "assumed_unequal", ()):
+        if not (compat.dim_vars(a) | compat.dim_vars(b)) <= set(values):
+            continue
+        env = DimEnv(prog.scope, prog.var_bounds, values)
+        va, vb = env.logical_raw(a), env.logical_raw(b)
+        checks.append(Check(
+            _eq(va, vb),
+            f"the masked function compared sizes `{a} == {b}` at {where} while tracing; JAX "
+            f"decides a symbolic `==` as False unless it is provable, so the traced program "
+            f"assumes {a} != {b}, but at run time both are {{0}}. {_REMEDIES}",
+            (va,)))
     if not checks_on:  # checks=False: keep only the checks decidable in Python
         checks = [c for c in checks if concrete_value(c.bad) is not None]
     return values, checks
@@ -345,6 +371,12 @@ def _ne(a, b):
     if is_static(a) and is_static(b):
         return int(a) != int(b)
     return jnp.asarray(a) != jnp.asarray(b)
+
+
+def _eq(a, b):
+    if is_static(a) and is_static(b):
+        return int(a) == int(b)
+    return jnp.asarray(a) == jnp.asarray(b)
 
 
 def _lt(a, b):
