@@ -45,7 +45,9 @@ class DimEnv:
         """Bind a fresh (data-dependent) dim var created while tracing."""
         self.bounds[name] = int(bound)
         self.logical_values[name] = logical
-        self._logical_cache.clear()
+        # Only sizes that use this var are stale (it can be re-bound, e.g. in a loop body).
+        self._logical_cache = {k: v for k, v in self._logical_cache.items()
+                               if name not in compat.dim_vars(k)}
 
     # -- evaluation -------------------------------------------------------------
     def padded(self, d) -> int:
@@ -62,6 +64,9 @@ class DimEnv:
         if not np.isfinite(hi):
             raise ShapeError(f"cannot bound the dimension expression {d}: "
                              "add a constraint such as 'n <= 128'")
+        # JAX's bounds assume every dim var >= 1, but sizes (and counts) may be
+        # 0 at run time: `n - u` with u = 0 exceeds the bound JAX proves.
+        hi = max(hi, _zero_corners_upper(d, self.bounds))
         res = max(int(hi), 0)
         self._padded_cache[d] = res
         return res
@@ -109,6 +114,25 @@ def _interval_upper(d, bounds: dict[str, int]) -> float:
     for mask in range(1 << len(names)):
         env = {v: (bounds[v] if (mask >> i) & 1 else 0) for i, v in enumerate(names)}
         best = max(best, int(compat.evaluate_dim(d, env)))
+    return best
+
+
+def _zero_corners_upper(d, bounds: dict[str, int]) -> float:
+    """Largest value of ``d`` at the corners of [0, bound]^vars where some var is 0."""
+    names = sorted(compat.dim_vars(d))
+    if len(names) > 6:
+        return -float("inf")
+    hi = {v: bounds[v] if v in bounds else compat.upper_bound(compat.fresh_dim(v, d.scope))
+          for v in names}
+    if any(b is None or not np.isfinite(b) for b in hi.values()):
+        return -float("inf")
+    best = -float("inf")
+    for mask in range((1 << len(names)) - 1):  # the all-bounds corner is JAX's case
+        env = {v: (int(hi[v]) if (mask >> i) & 1 else 0) for i, v in enumerate(names)}
+        try:
+            best = max(best, int(compat.evaluate_dim(d, env)))
+        except (ZeroDivisionError, ValueError, ArithmeticError):
+            continue
     return best
 
 
