@@ -405,3 +405,22 @@ def test_property_2d_vs_numpy(r, c, seed):
     for o, w in zip(uq, np.unique(a, True, True, True)):
         np.testing.assert_array_equal(o.unpad(), w)
     np.testing.assert_array_equal(ex.unpad(), np.extract(a > 0, a * 2.0))
+
+
+def test_sizes_from_counts_at_zero():
+    """`n - count` with count 0 must fit its bound (JAX assumes dim vars >= 1)."""
+    f = jax.jit(pm.mask(lambda x: jnp.ones(x.shape[0] - pm.nonzero(x)[0].shape[0]).sum(), "n"))
+    for v, want in (([0.0, 0, 0], 3), ([1.0, 0, 1], 1), ([1.0, 1, 1], 0)):
+        out = f(pm.Masked(jnp.asarray(garbage_pad(np.array(v, np.float32), (5,))),
+                          (jnp.int32(3),)))
+        assert float(out.data) == want
+    formula = pm.shape_formula(lambda x: jnp.zeros(x.shape[0] - pm.nonzero(x)[0].shape[0]),
+                               "n", (10,))
+    assert formula.bound == (10,)
+
+
+def test_polymask_jit_runner():
+    f = pm.jit(lambda x: pm.boolean_mask(x, x > 0) * 2)
+    for n in (3, 6):
+        x = np.arange(n, dtype=np.float32) - 2
+        np.testing.assert_array_equal(np.asarray(f(x)), x[x > 0] * 2)
