@@ -424,3 +424,13 @@ def test_polymask_jit_runner():
     for n in (3, 6):
         x = np.arange(n, dtype=np.float32) - 2
         np.testing.assert_array_equal(np.asarray(f(x)), x[x > 0] * 2)
+
+
+def test_count_of_a_size_that_can_be_zero():
+    """nonzero(x[m:]) with m = 0: the count's bound is the full padded size."""
+    f = pm.mask(lambda x, y: pm.nonzero(x[y.shape[0]:])[0], ("n", "m"))
+    out = f(pm.Masked(jnp.ones(5), (jnp.int32(5),)), pm.Masked(jnp.ones(2), (jnp.int32(0),)))
+    np.testing.assert_array_equal(out.unpad(), np.arange(5))
+    out = f(pm.Masked(jnp.array([1.0, 0, 1, 1, 9]), (jnp.int32(4),)),
+            pm.Masked(jnp.ones(2), (jnp.int32(2),)))
+    np.testing.assert_array_equal(out.unpad(), [0, 1])

@@ -57,7 +57,10 @@ def _fresh(bound: int, at_most=None):
     name = f"_u{next(_COUNTER)}"
     d = compat.fresh_dim(name, scope)
     compat.add_constraint(scope, f"{name} <= {max(int(bound), 1)}")
-    if at_most is not None and compat.is_dim_expr(at_most):
+    # Only when JAX's bound of `at_most` (which assumes dim vars >= 1) is its
+    # true bound: `_u <= n - m` would cap _u below n when m = 0.
+    if (at_most is not None and compat.is_dim_expr(at_most)
+            and compat.upper_bound(at_most) >= _padded(at_most)):
         try:
             compat.add_constraint(scope, f"{name} <= {at_most}")
         except Exception:  # an expression JAX cannot use as a constraint: bound only
@@ -71,12 +74,12 @@ def _size(shape):
 
 
 def _padded(d) -> int:
+    """Padded size of an operand's axis, exactly as the interpreter computes it."""
     if not compat.is_dim_expr(d):
         return int(d)
-    hi = compat.upper_bound(d)
-    if hi == float("inf"):
-        raise ShapeError(f"cannot bound the size {d} of a data-dependent operand")
-    return int(hi)
+    from .shapes import DimEnv
+
+    return DimEnv(_scope(), {}, {}).padded(d)
 
 
 def _bound(shape) -> int:

@@ -59,6 +59,19 @@ def var_name(d) -> str:
     return name
 
 
+def _fit(x, length: int, axis: int = 0):
+    """Slice or zero-pad ``x`` along ``axis`` to ``length`` (results are compacted
+    to the front, so this keeps every logical element)."""
+    have = x.shape[axis]
+    if have == length:
+        return x
+    if have > length:
+        return lax.slice_in_dim(x, 0, length, axis=axis)
+    cfg = [(0, 0, 0)] * x.ndim
+    cfg[axis] = (0, length - have, 0)
+    return lax.pad(x, jnp.zeros((), x.dtype), cfg)
+
+
 def _bind_fresh(ctx, d, value):
     """Bind the logical value of a fresh dim var (once per masked evaluation)."""
     name = var_name(d)
@@ -129,6 +142,7 @@ def nonzero_rule(ctx, x, *, out_dim, mode):
     valid = (x != 0) & _logical_valid(shape, ctx.in_logical[0])
     pos, count = compact(valid.reshape(-1))
     _bind_fresh(ctx, out_dim, count)
+    pos = _fit(pos, ctx.padded(out_dim))
     idxs = _unravel(pos, shape)
     if mode == "nonzero":
         return list(idxs)
@@ -164,7 +178,7 @@ def boolean_mask_rule(ctx, x, m, *, axis, out_dim, check_extra):
         valid = valid & ~beyond
     pos, count = compact(valid.reshape(-1))
     _bind_fresh(ctx, out_dim, count)
-    idxs = _unravel(pos, tuple(m.shape))
+    idxs = _unravel(_fit(pos, ctx.padded(out_dim)), tuple(m.shape))
     index = (slice(None),) * axis + idxs
     out = x.at[index].get(mode="clip")
     if is_inexact(out.dtype):
@@ -215,19 +229,20 @@ def unique_rule(ctx, x, *, out_dim, return_index, return_inverse, return_counts,
     starts, u = compact(first)
     _bind_fresh(ctx, out_dim, u)
     n_valid = jnp.sum(valid, dtype=jnp.int32)
-    values = s_vals[starts]
+    ob = ctx.padded(out_dim)
+    values = _fit(s_vals[starts], ob)
     if floating:
-        values = jnp.where(iota < u, values, jnp.zeros_like(values))
+        values = jnp.where(lax.iota(jnp.int32, ob) < u, values, jnp.zeros_like(values))
     outs = [values]
     if return_index:
-        outs.append(s_lflat[starts])
+        outs.append(_fit(s_lflat[starts], ob))
     if return_inverse:
         gid = jnp.cumsum(first.astype(jnp.int32)) - 1
         inv = jnp.zeros((p,), jnp.int32).at[s_perm].set(gid, unique_indices=True)
         outs.append(inv.reshape(shape))
     if return_counts:
         nxt = jnp.where(iota + 1 < u, jnp.roll(starts, -1), n_valid)
-        outs.append(jnp.where(iota < u, nxt - starts, 0))
+        outs.append(_fit(jnp.where(iota < u, nxt - starts, 0), ob))
     return outs
 
 
