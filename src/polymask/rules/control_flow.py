@@ -73,7 +73,7 @@ def _pick(valid, new, old):
     """``new`` on valid steps, ``old`` otherwise (a select: NaN-safe both ways)."""
     if valid is None:
         return new
-    old = jnp.asarray(old, new.dtype)
+    old = jnp.broadcast_to(jnp.asarray(old, new.dtype), new.shape)
     return lax.select(jnp.broadcast_to(valid, new.shape), new, old)
 
 
@@ -137,6 +137,8 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll=
               for y in outs[num_carry:]]
         return new, ys
 
+    if compat.is_dim_expr(unroll):  # unroll=True is recorded as the (symbolic) length
+        unroll = True
     seq = ([lax.iota(jnp.int32, n_pad)] if dynamic else []) + list(xs)
     carry, ys = lax.scan(body, list(init), seq, length=n_pad, reverse=reverse,
                          unroll=unroll)
