@@ -1,0 +1,156 @@
+"""Reshapes in every form (prefix-preserving and fragmenting) and splits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import polymask as pm
+from polymask.testing import check_oracle, garbage_pad
+
+RNG = np.random.default_rng(0)
+
+
+def _arr(*shape):
+    return RNG.normal(size=shape).astype(np.float32)
+
+
+def test_case11_fragmenting_reshape():
+    x = jnp.arange(12.0).reshape(3, 4)
+    f = pm.mask(lambda x: x.reshape(-1))
+    np.testing.assert_array_equal(f(pm.Masked(x, (2, 3))).unpad(), [0, 1, 2, 4, 5, 6])
+    traces = []
+
+    def g(m):
+        traces.append(1)
+        return f(m)
+
+    jg = jax.jit(g)
+    out = jg(pm.Masked(x, (jnp.int32(2), jnp.int32(3))))
+    np.testing.assert_array_equal(out.unpad(), [0, 1, 2, 4, 5, 6])
+    out = jg(pm.Masked(x, (jnp.int32(3), jnp.int32(1))))
+    np.testing.assert_array_equal(out.unpad(), [0, 4, 8])
+    assert len(traces) == 1
+    check_oracle(lambda x: x.reshape(-1), [(_arr(a, b),) for a, b in [(2, 3), (3, 4), (0, 2)]],
+                 [(3, 4)])
+
+
+def test_case14_view_with_products_of_sizes():
+    def f(a):
+        return a.reshape(a.shape[0] * a.shape[1], a.shape[2] * a.shape[3])
+
+    exs = [(_arr(*s),) for s in [(2, 3, 1, 4), (3, 2, 2, 3), (1, 1, 1, 1), (0, 2, 1, 2)]]
+    check_oracle(f, exs, [(3, 3, 2, 4)])
+
+
+def test_merge_padded_static_pairs():
+    # (2, n) -> (2n,): the padded axis is inner.
+    check_oracle(lambda x: x.reshape(-1), [(_arr(2, n),) for n in (1, 3, 5, 0)], [(2, 5)],
+                 "2, n")
+    # (n, 3) -> (3n,): padded outer axis merged with static inner axes stays free.
+    check_oracle(lambda x: x.reshape(-1), [(_arr(n, 3),) for n in (1, 4, 0)], [(4, 3)], "n, 3")
+
+
+def test_split_axis_into_padded_inner_axis():
+    # (n, 2*k) -> (n, k, 2) and (n, 2, k): splitting a dynamic axis.
+    exs = [(_arr(n, 2 * k),) for n, k in [(2, 1), (3, 3), (1, 2)]]
+    check_oracle(lambda x: x.reshape(x.shape[0], -1, 2), exs, [(3, 6)], "n, 2*k")
+    check_oracle(lambda x: x.reshape(x.shape[0], 2, -1), exs, [(3, 6)], "n, 2*k")
+
+
+def test_split_with_divisibility_in_spec():
+    check_oracle(lambda x: x.reshape(-1, 2), [(_arr(s),) for s in (2, 4, 6, 0)], [(8,)], "2*k")
+
+
+def test_split_with_divisibility_constraint():
+    exs = [(_arr(s),) for s in (2, 4, 6, 0)]
+    check_oracle(lambda x: x.reshape(x.shape[0] // 2, 2), exs, [(7,)], "n",
+                 constraints=["mod(n, 2) == 0"])
+    with pytest.raises(pm.ShapeError, match="constraint"):
+        pm.mask(lambda x: x.reshape(x.shape[0] // 2, 2), "n",
+                constraints=["mod(n, 2) == 0"])(pm.Masked(jnp.ones(7), (5,)))
+
+
+def test_reshape_changing_element_count_is_an_error():
+    f = pm.mask(lambda x: x.reshape(x.shape[0] // 2, 2), "n")
+    np.testing.assert_array_equal(f(pm.Masked(jnp.arange(7.0), (4,))).unpad(), [[0, 1], [2, 3]])
+    with pytest.raises(pm.ShapeError, match="number of logical elements"):
+        f(pm.Masked(jnp.arange(7.0), (5,)))
+
+
+def test_merge_two_dynamic_axes_then_split_back():
+    def f(x):
+        a, b = x.shape
+        return (x.reshape(a * b) * 2).reshape(a, b)
+
+    check_oracle(f, [(_arr(a, b),) for a, b in [(2, 3), (3, 1), (1, 4), (0, 2)]], [(3, 4)])
+
+
+def test_reshape_int_and_bool():
+    f = pm.mask(lambda x: x.reshape(-1))
+    x = jnp.asarray(garbage_pad(np.arange(6, dtype=np.int32).reshape(2, 3), (3, 4)))
+    np.testing.assert_array_equal(f(pm.Masked(x, (2, 3))).unpad(), np.arange(6))
+    b = pm.Masked(x % 2 == 0, (jnp.int32(2), jnp.int32(3)))
+    out = jax.jit(f)(b)
+    np.testing.assert_array_equal(np.asarray(out.data)[:6], np.arange(6) % 2 == 0)
+
+
+def test_attention_head_reshapes_stay_free():
+    # (n, 64) -> (n, 4, 16) -> ... -> (n, 64) is prefix-preserving: no gather.
+    f = pm.mask(lambda x: x.reshape(x.shape[0], 4, 16).reshape(x.shape[0], 64), "n, 64")
+    text = str(jax.make_jaxpr(f)(pm.Masked(jnp.ones((8, 64)), (jnp.int32(5), 64))))
+    assert "gather" not in text
+
+
+_MERGE_OUTER = jax.jit(pm.mask(lambda x: x.reshape(x.shape[0] * x.shape[1], x.shape[2]),
+                               "a, b, _"))
+_FLATTEN = jax.jit(pm.mask(lambda x: x.reshape(-1), "a, b, _"))
+
+
+@settings(max_examples=10, deadline=None)
+@given(a=st.integers(0, 4), b=st.integers(0, 4), c=st.integers(1, 2),
+       pa=st.integers(0, 1), pb=st.integers(0, 1))
+def test_reshape_property(a, b, c, pa, pb):
+    x = RNG.normal(size=(a, b, c)).astype(np.float32)
+    bound = (a + pa + 1, b + pb + 1, c)
+    m = pm.Masked(jnp.asarray(garbage_pad(x, bound)), (jnp.int32(a), jnp.int32(b), c))
+    np.testing.assert_array_equal(_MERGE_OUTER(m).unpad(), x.reshape(a * b, c))
+    np.testing.assert_array_equal(_FLATTEN(m).unpad(), x.reshape(-1))
+
+
+# ----------------------------------------------------------------------------
+# split
+# ----------------------------------------------------------------------------
+def test_split_even_sections():
+    check_oracle(lambda x: jnp.split(x, 2), [(_arr(s),) for s in (2, 4, 6, 0)], [(8,)], "2*k")
+    check_oracle(lambda x: jnp.split(x, 3, axis=1),
+                 [(_arr(n, 3 * k),) for n, k in [(2, 1), (3, 2), (1, 0)]], [(3, 6)], "n, 3*k")
+
+
+def test_split_size_derived_sections():
+    def f(x):
+        k = x.shape[0] // 3
+        return jnp.split(x, [k, 2 * k])
+
+    check_oracle(f, [(_arr(s),) for s in (2, 4, 7, 0)], [(8,)])
+
+
+def test_split_static_sections_of_dynamic_axis():
+    check_oracle(lambda x: jnp.split(x, [1, 3]), [(_arr(s),) for s in (3, 5, 4)], [(6,)],
+                 constraints=["s0 >= 3"])
+
+
+def test_split_static_axis_with_dynamic_other_axis():
+    check_oracle(lambda x: jnp.split(x, 2, axis=1), [(_arr(n, 4),) for n in (1, 3, 0)],
+                 [(4, 4)], "n, 4")
+
+
+def test_chunks_by_size():
+    # chunk-like: two halves of an even-length sequence, then recombine.
+    def f(x):
+        a, b = jnp.split(x, 2)
+        return a * b
+
+    check_oracle(f, [(_arr(s),) for s in (2, 6, 0)], [(8,)], "2*k")
