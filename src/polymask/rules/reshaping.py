@@ -11,8 +11,9 @@ logical input sizes). Output padding is selected to 0 for float dtypes, so the
 gather's transpose (a scatter-add) cannot carry padding cotangents (possibly
 NaN) into the logical input gradient.
 
-``split`` (``jnp.split`` and friends, sizes may be dimension expressions)
-cuts each piece at its logical offset with a dynamic slice.
+``split`` (``jnp.split`` and friends, sizes may be dimension expressions) is
+masked in ``rules/slicing.py`` (pieces cut at logical offsets);
+``tests/test_reshape.py`` covers the size-derived sections.
 """
 
 from __future__ import annotations
@@ -23,10 +24,9 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from ..prologue import Check, run_checks
-from ..shapes import is_static, needs_mask
+from ..shapes import is_static
 from . import layout
-from .registry import register
-from .util import clean, is_inexact, valid_mask
+from .util import is_inexact, valid_mask
 
 
 def _prod(sizes):
@@ -117,32 +117,3 @@ def reshape_relayout(ctx, x):
 
 
 layout._RELAYOUT["reshape"] = reshape_relayout
-
-
-@register("split")
-def split_rule(ctx, x, *, sizes, axis):
-    """``lax.split``: piece ``k`` starts at the sum of the logical sizes before it."""
-    in_l, in_b = ctx.in_logical[0], ctx.in_bounds[0]
-    log_sizes = [ctx.logical(s) for s in sizes]
-    pad_sizes = [ctx.padded(s) for s in sizes]
-    if (not needs_mask(in_l[axis], in_b[axis])
-            and all(not needs_mask(lg, p) for lg, p in zip(log_sizes, pad_sizes))):
-        return ctx.bind(x)  # the split axis is exact: other axes just ride along
-    widest = max(pad_sizes) if pad_sizes else 0
-    cfg = [(0, 0, 0)] * x.ndim
-    cfg[axis] = (0, widest, 0)
-    ext = lax.pad(x, jnp.zeros((), x.dtype), cfg)  # no clamping of any start
-    outs, offset = [], 0
-    for k, (lg, p) in enumerate(zip(log_sizes, pad_sizes)):
-        if is_static(offset):
-            piece = lax.slice_in_dim(ext, int(offset), int(offset) + p, axis=axis)
-        else:
-            piece = lax.dynamic_slice_in_dim(ext, offset, p, axis=axis)
-        if is_inexact(piece.dtype) and needs_mask(lg, p):
-            # The slice's transpose pads the cotangent back at ``offset``: the
-            # piece's padding overlaps the next pieces' logical elements.
-            piece = clean(piece, ctx.out_logical[k], [axis])
-        outs.append(piece)
-        offset = offset + lg if is_static(offset) and is_static(lg) else \
-            jnp.asarray(offset, jnp.int32) + jnp.asarray(lg, jnp.int32)
-    return outs
