@@ -15,6 +15,12 @@ Backward pass: the transpose of a slice is a pad, so output padding that was
 read from *logical* input positions (``x[:-1]``: output padding reads
 ``x[n-1]``) would route padding cotangents (possibly NaN) into the logical
 gradient; float results are then selected to 0 in their padding.
+
+Limits that come from JAX's symbolic tracing, not from these rules: JAX
+assumes dim vars >= 1, so a length that does not mention the size
+(``x[:1]`` has length 1, ``lax.pad`` interior gives ``2n + 2``) is wrong
+at logical size 0; ``jnp.pad(mode="wrap")`` and ``jnp.take(mode="wrap")``
+need a constant size and fail while tracing (``ShapeError``).
 """
 
 from __future__ import annotations
