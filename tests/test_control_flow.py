@@ -226,6 +226,23 @@ def test_fori_loop_bounds_from_size_expressions():
     check_oracle(f, [(_vec(n),) for n in (3, 1, 6, 2)], [(6,)])
 
 
+def test_fori_loop_to_size_inside_jitted_helper():
+    @jax.jit
+    def accumulate(x, n):
+        return lax.fori_loop(0, n, lambda i, c: c + x[i] ** 2, 0.0)
+
+    def f(x):
+        return accumulate(x, x.shape[0])
+
+    # The exact-shape reference passes a traced n (a while loop): no reverse mode there.
+    check_oracle(f, [(_vec(n),) for n in (3, 1, 6)], [(6,)], modes=("eager", "jit", "vmap"))
+    # Masked, the bound is known to be a size: a scan, so grad works.
+    x = _vec(4)
+    g = jax.grad(lambda d: pm.mask(f)(pm.Masked(d, (jnp.int32(4),))).data)(
+        jnp.asarray(garbage_pad(x, (6,))))
+    np.testing.assert_allclose(g, np.concatenate([2 * x, np.zeros(2, np.float32)]), rtol=1e-6)
+
+
 def test_fori_loop_over_size_with_dynamic_carry():
     def f(x):
         def body(i, c):

@@ -12,6 +12,12 @@ from .registry import register
 
 @register("pjit", "jit")
 def pjit_rule(ctx, *args, jaxpr, **params):
+    # Remember where the inner jaxpr's inputs come from (``size_expr_of``
+    # follows a loop bound computed from sizes across the call).
+    links = ctx.dims.__dict__.setdefault("invar_links", {})
+    outer = (ctx.dims.__dict__.get("jaxpr_stack") or [None])[-1]
+    for iv, ov in zip(jaxpr.jaxpr.invars, ctx.eqn.invars):
+        links[iv] = (ov, outer)
     return ctx.eval_jaxpr(jaxpr, *args)
 
 
@@ -164,7 +170,7 @@ _INT_BINOPS = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b,
                "mul": lambda a, b: a * b}
 
 
-def size_expr_of(var, jaxpr, depth=0):
+def size_expr_of(var, jaxpr, depth=0, links=None):
     """The dimension expression an integer scalar ``var`` was computed from, or None.
 
     Follows ``dim_as_value`` (``x.shape[0]`` used as a number), literals,
@@ -180,6 +186,9 @@ def size_expr_of(var, jaxpr, depth=0):
         return None
     eqn = _producer(var, jaxpr)
     if eqn is None:
+        if links and var in links:  # an input of a jitted function: follow the call
+            outer_var, outer = links[var]
+            return size_expr_of(outer_var, outer, depth + 1, links)
         return None
     name = eqn.primitive.name
     if name == "dim_as_value":
@@ -187,13 +196,13 @@ def size_expr_of(var, jaxpr, depth=0):
     if name == "convert_element_type":
         if not jnp.issubdtype(eqn.params["new_dtype"], jnp.integer):
             return None
-        return size_expr_of(eqn.invars[0], jaxpr, depth + 1)
+        return size_expr_of(eqn.invars[0], jaxpr, depth + 1, links)
     if name == "neg":
-        e = size_expr_of(eqn.invars[0], jaxpr, depth + 1)
+        e = size_expr_of(eqn.invars[0], jaxpr, depth + 1, links)
         return None if e is None else -e
     if name in _INT_BINOPS:
-        a = size_expr_of(eqn.invars[0], jaxpr, depth + 1)
-        b = size_expr_of(eqn.invars[1], jaxpr, depth + 1)
+        a = size_expr_of(eqn.invars[0], jaxpr, depth + 1, links)
+        b = size_expr_of(eqn.invars[1], jaxpr, depth + 1, links)
         if a is None or b is None:
             return None
         return _INT_BINOPS[name](a, b)
@@ -229,8 +238,9 @@ def _trip_bound(ctx, lower_var, upper_var):
     """Static bound of ``upper - lower`` when both are computed from sizes."""
     stack = ctx.dims.__dict__.get("jaxpr_stack") or [None]
     jaxpr = stack[-1]
-    lo = size_expr_of(lower_var, jaxpr)
-    hi = size_expr_of(upper_var, jaxpr)
+    links = ctx.dims.__dict__.get("invar_links")
+    lo = size_expr_of(lower_var, jaxpr, links=links)
+    hi = size_expr_of(upper_var, jaxpr, links=links)
     if lo is None or hi is None:
         return None
     trip = hi - lo
