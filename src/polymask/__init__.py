@@ -2,7 +2,7 @@
 
 A value is a *padded array* plus its *logical shape*; ``mask(f)`` turns ``f``
 (written for exact arrays) into a function of padded arrays whose logical
-outputs equal ``f`` on the unpadded inputs. See DESIGN.md for the contract.
+outputs equal ``f`` on the unpadded inputs. See docs/DESIGN.md for the contract.
 """
 
 from __future__ import annotations

@@ -123,6 +123,15 @@ def _translate_trace_error(e: BaseException) -> BaseException | None:
             f"incompatible symbolic shapes at {where}: {msg}\n  Axes named by different "
             "dim vars are different sizes while tracing; if they are always equal, give "
             "them the same name in in_specs (e.g. ('n', 'n')).")
+    if (isinstance(e, TypeError) and "_DimExpr" in msg) or (
+            isinstance(e, ValueError) and "shape polymorphism" in msg):
+        return ShapeError(
+            f"JAX cannot trace this with a symbolic size at {where}:\n  {msg}\n  The JAX "
+            "function needs a size as a Python int (len(x), int(x.shape[0]), a Python "
+            "branch on it) or does not support symbolic shapes (e.g. jnp.convolve, "
+            "jnp.array_split, jnp.cov): use the lax form (lax.conv_general_dilated, "
+            "lax.slice, ...) or make that axis static with '_' in the spec. "
+            "See docs/coverage.md.")
     if isinstance(e, jax.errors.NonConcreteBooleanIndexError):
         return ShapeError(
             f"boolean indexing has a data-dependent size at {where}; inside polymask.mask "
@@ -561,7 +570,11 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
 
     Raises:
       ShapeError: bad spec, sizes out of range or inconsistent, a constraint
-        violated, or an inconclusive size comparison while tracing.
+        violated, or an inconclusive size comparison while tracing. With
+        concrete sizes it is raised at the call. Inside ``jax.jit`` (traced
+        sizes) the same message is raised when the result is computed, wrapped
+        by JAX as ``jax.errors.JaxRuntimeError`` (``polymask.jit`` checks sizes
+        on the host and raises ``ShapeError`` itself).
       UnsupportedError: a primitive without a masking rule.
 
     Composes with ``jax.jit`` (one trace per padded signature: sizes are

@@ -161,9 +161,10 @@ def stack(arrays: Sequence[Any], bound: Sequence[int] | None = None,
         dynamic axis of the default bound.
 
     Returns:
-      ``Masked`` with data ``(B, *bound)`` and sizes: a static ``B`` for axis 0
-      and ``(B,)`` int32 arrays for the other axes, ready for ``jax.vmap``
-      over the per-example ``Masked`` values (``in_axes=0``).
+      A *batched* ``Masked``: data ``(B, *bound)`` and ``shape`` a tuple of
+      ``len(bound)`` int32 arrays of shape ``(B,)`` (the per-example sizes; the
+      batch axis has no entry). ``jax.vmap(masked_fun)(batch)`` maps over it,
+      and ``.unpad()`` returns the list of examples.
 
     Raises:
       ShapeError: no arrays, mixed ranks, or an example larger than ``bound``.

@@ -121,7 +121,30 @@ def _nonzero_bind(a, mode):
 
 
 def nonzero(a, *, size=None, fill_value=None):
-    """Indices of the non-zero elements, as in ``np.nonzero`` (a tuple of arrays)."""
+    """Indices of the non-zero elements, as in ``np.nonzero``: a tuple of ``a.ndim`` arrays.
+
+    Inside ``polymask.mask`` the result has a *data-dependent size*: each index
+    array has shape ``(count,)`` where ``count`` is a fresh dim var whose bound
+    is the padded size of ``a`` (its number of elements) and whose logical
+    value is the number of non-zeros of the logical region, computed at run
+    time (``jax.jit`` compiles once for every count; under ``jax.vmap`` each
+    example has its own count). Later ops use it like any other size, e.g.
+    ``x[polymask.nonzero(x)].prod()``. Padding of the result is unspecified.
+
+    Outside ``mask`` (concrete input) this is ``jnp.nonzero``: the values of
+    ``np.nonzero`` as int32 ``jax.Array``s. With ``size=``/``fill_value=`` it is
+    ``jnp.nonzero`` with a fixed size, anywhere.
+
+    Args:
+      a: array of any dtype and rank >= 1 (non-zero = ``a != 0``).
+
+    Raises:
+      ShapeError: called under ``jax.jit`` outside ``mask`` without ``size=``
+        (the output size would depend on the data).
+
+    Follows the seed proposal's data-dependent sizes (unbacked sizes in
+    torch, unconstrained NumberProxies in Thunder); see docs/data_dependent.md.
+    """
     if size is not None or not _masking():
         return _eager("nonzero", jnp.nonzero, a, size=size, fill_value=fill_value,
                       hint=" (or pass size=)")
@@ -145,7 +168,16 @@ def flatnonzero(a, *, size=None, fill_value=None):
 
 
 def where(condition, x=None, y=None, *, size=None, fill_value=None):
-    """``np.where``: one argument = ``nonzero(condition)``; three = ``jnp.where``."""
+    """``np.where``: one argument returns ``nonzero(condition)``; three = ``jnp.where``.
+
+    With one argument inside ``polymask.mask`` the result is a tuple of index
+    arrays of a data-dependent size (see ``nonzero``); with three it is the
+    elementwise ``jnp.where(condition, x, y)`` (no size change).
+
+    Raises:
+      ValueError: exactly one of ``x``/``y`` given.
+      ShapeError: one argument under ``jax.jit`` outside ``mask`` without ``size=``.
+    """
     if x is None and y is None:
         return nonzero(condition, size=size, fill_value=fill_value)
     if x is None or y is None:

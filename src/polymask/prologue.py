@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import Any
 
 import jax
@@ -64,6 +65,22 @@ def format_message(message: str, values, rendered=None) -> str:
         return message.format(*rendered)
     except (IndexError, KeyError, ValueError):
         return message
+
+
+class _QuietPolymaskCallbackErrors(logging.Filter):
+    """Drop JAX's "jax.debug.callback failed" log for our own ShapeError.
+
+    The error still propagates (as ``JaxRuntimeError`` with our message); the
+    log record only duplicated it as a long traceback on stderr.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, ShapeError)
+
+
+for _name in ("jax._src.debugging", "jax._src.callback"):
+    logging.getLogger(_name).addFilter(_QuietPolymaskCallbackErrors())
 
 
 def run_checks(checks: list[Check], call_site: str) -> None:
