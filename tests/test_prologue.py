@@ -124,3 +124,9 @@ def test_unsound_symbolic_equality_becomes_a_runtime_check():
     # JAX's own broadcasting comparisons (inside jax) are not user assumptions.
     g = pm.mask(lambda x, y: jnp.sum(x * y), ("n", "n"))
     assert float(g(pm.Masked(jnp.ones(4), (1,)), pm.Masked(jnp.ones(4), (1,))).data) == 1.0
+
+
+def test_jax_function_needing_a_python_int_size_is_a_shape_error_at_user_line():
+    f = pm.mask(lambda x: jnp.convolve(x, jnp.array([1.0, -1.0, 2.0])), "n")
+    with pytest.raises(pm.ShapeError, match=r"symbolic size at .*test_prologue.py.*lax form"):
+        f(pm.pad(np.arange(5.0), 12))
