@@ -200,3 +200,13 @@ def test_property_mean_center_matmul(n, m, seed):
     f = lambda x, w: jnp.tanh((x - jnp.mean(x, axis=0, keepdims=True)) @ w).sum(axis=0)
     check_oracle(f, [(x, w)], [(7, 5), (5, 2)], ("n, m", "m, 2"),
                  modes=("eager", "grad"), rtol=1e-4, atol=1e-5)
+
+
+def test_top_k_padding_never_wins_ties():
+    f = lambda x: lax.top_k(x, 2)
+    x = np.array([-np.inf, 3.0, 3.0, -np.inf, 1.0], np.float32)
+    exs = [(x,), (x[:2],), (x[:3],), (np.array([-np.inf, -np.inf], np.float32),)]
+    check_oracle(f, exs, [(6,)], "n", constraints=["n >= 2"])
+    g = lambda x: lax.top_k(x, 2)
+    exs = [(vec((m, 4)),) for m in (1, 3)] + [(vec((2, 2)),)]
+    check_oracle(g, exs, [(3, 5)], ("m, n",), constraints=["n >= 2"])

@@ -23,7 +23,9 @@ ELEMENTWISE = (
     "and", "or", "xor", "shift_left", "shift_right_arithmetic", "shift_right_logical",
     "eq", "ne", "lt", "le", "gt", "ge", "complex", "igamma", "igammac", "igamma_grad_a",
     "random_gamma_grad", "polygamma", "zeta", "regularized_incomplete_beta",
-    "select_n", "clamp", "add_any",
+    "select_n", "clamp", "add_any", "mulhi", "zeros_like",
+    # placement / annotations: the padded buffer is placed like the logical one
+    "sharding_constraint", "device_put", "layout_constraint", "name", "pin", "unpin",
 )
 
 

@@ -18,3 +18,27 @@ def sort_rule(ctx, *operands, dimension, is_stable, num_keys):
     outs = lax.sort((padding_key, *operands), dimension=dimension, is_stable=is_stable,
                     num_keys=num_keys + 1)
     return list(outs[1:])
+
+
+@register("top_k")
+def top_k_rule(ctx, x, *, k, axis=-1, **params):
+    """Top ``k`` of the logical prefix of ``axis``, ties broken by the lower index.
+
+    A stable sort on (padding, value, -index) puts the logical values in
+    ascending order with equal values by descending index; the top ``k`` are
+    then the last ``k`` logical positions read backwards. (Filling padding with
+    -inf instead would let padding win ties against logical -inf values.)
+    """
+    axis = axis % x.ndim
+    lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
+    if not masked_axes(lg, bd, [axis]):
+        return ctx.bind(x)
+    padding_key = (~valid_mask(lg, bd, [axis])).astype(jnp.int32)
+    neg_index = -lax.broadcasted_iota(jnp.int32, x.shape, axis)
+    _, values, neg_idx = lax.sort((padding_key, x, neg_index), dimension=axis,
+                                  is_stable=True, num_keys=3)
+    n = jnp.asarray(lg[axis], jnp.int32)
+    pos = jnp.clip(n - 1 - lax.iota(jnp.int32, k), 0, bd[axis] - 1)
+    values = jnp.take(values, pos, axis=axis)
+    indices = -jnp.take(neg_idx, pos, axis=axis)
+    return [values, indices.astype(ctx.out_avals[1].dtype)]
