@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import re
 import threading
 import traceback as _tb
@@ -31,7 +30,7 @@ from .rules import get_rule
 from .rules.registry import COVERAGE_DOC, RuleContext
 from .rules.util import valid_mask
 from .shapes import DimEnv, is_static
-from .specs import AxisSpec, broadcast_specs, parse_leaf_spec
+from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
 
 __all__ = ["mask", "MaskedProgram", "trace_masked"]
 
@@ -159,22 +158,7 @@ def trace_masked(fun: Callable, args: Sequence[Any], in_specs=None, constraints=
         for p, _ in jax.tree_util.tree_flatten_with_path(tuple(args), is_leaf=_is_masked)[0]
     ]
     spec_leaves = broadcast_specs(in_specs, list(args), _is_masked)
-    try:
-        scope = jax.export.SymbolicScope(tuple(constraints))
-    except Exception as e:
-        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
-
-    used_names = set()
-    for s in spec_leaves:
-        if isinstance(s, str):
-            used_names.update(t for t in _identifiers(s))
-    counter = itertools.count()
-
-    def gen_name():
-        while True:
-            name = f"s{next(counter)}"
-            if name not in used_names:
-                return name
+    scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
 
     axis_specs = []
     for leaf, spec, path in zip(leaves, spec_leaves, paths):
@@ -259,11 +243,6 @@ def _dedupe(records):
             out.append((a, b, where))
     return out
 
-
-def _identifiers(spec: str):
-    import re
-
-    return re.findall(r"[A-Za-z_][A-Za-z_0-9]*", spec)
 
 
 def _dtype_of(x):

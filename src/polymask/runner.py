@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import collections
 import functools
-import itertools
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,7 +27,7 @@ from .buckets import as_policy, pow2
 from .errors import ShapeError
 from .interpreter import mask
 from .masked import Masked
-from .specs import broadcast_specs, parse_leaf_spec
+from .specs import broadcast_specs, parse_leaf_spec, scope_and_name_generator
 
 __all__ = ["jit", "ragged_map", "PolyJit", "RaggedMap"]
 
@@ -57,30 +55,12 @@ class _Plan:
         self.bound_fns = bound_fns
 
 
-def _identifiers(spec: str) -> set[str]:
-    return set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", spec))
-
-
 def _make_plan(args, in_specs, constraints, policy_for) -> _Plan:
     leaves = jax.tree_util.tree_leaves(tuple(args))
     paths = ["args" + jax.tree_util.keystr(p)
              for p, _ in jax.tree_util.tree_flatten_with_path(tuple(args))[0]]
     spec_leaves = broadcast_specs(in_specs, list(args), None)
-    try:
-        scope = jax.export.SymbolicScope(tuple(constraints))
-    except Exception as e:
-        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
-    used = set()
-    for s in spec_leaves:
-        if isinstance(s, str):
-            used |= _identifiers(s)
-    counter = itertools.count()
-
-    def gen_name():
-        while True:
-            name = f"s{next(counter)}"
-            if name not in used:
-                return name
+    scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
 
     var_index: dict[str, int] = {}
     var_values: list[int] = []

@@ -147,3 +147,27 @@ def as_int32(s: Size):
 
 def to_value(s: Size, dtype=jnp.int32) -> jax.Array:
     return jnp.asarray(s, dtype)
+
+
+def upper_bound_int(e) -> int:
+    """Upper bound of a dimension expression (or int) from JAX's decision procedure.
+
+    Raises:
+      ValueError: the expression is unbounded.
+    """
+    if not compat.is_dim_expr(e):
+        return int(e)
+    hi = compat.upper_bound(e)
+    if not np.isfinite(hi):
+        raise ValueError(f"unbounded dimension expression {e}")
+    return int(hi)
+
+
+def lower_bound_int(e) -> int:
+    """Lower bound of a dimension expression (or int); see ``upper_bound_int``."""
+    if not compat.is_dim_expr(e):
+        return int(e)
+    lo = compat.lower_bound(e)
+    if not np.isfinite(lo):
+        raise ValueError(f"unbounded dimension expression {e}")
+    return int(lo)

@@ -10,6 +10,8 @@ The same name on two inputs means the logical sizes must be equal.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -168,3 +170,33 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf) -> list:
                              f"spec leaves at {spec_keys}, array leaves at {arg_keys}")
         out.extend(spec_leaves)
     return out
+
+
+def _identifiers(spec: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", spec))
+
+
+def scope_and_name_generator(spec_leaves, constraints):
+    """A ``SymbolicScope`` with the user's constraints, and a generator of fresh
+    default dim var names (``s0``, ``s1``, ...) that avoid the names in specs.
+
+    Raises:
+      ShapeError: a constraint does not parse.
+    """
+    try:
+        scope = jax.export.SymbolicScope(tuple(constraints))
+    except Exception as e:
+        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
+    used: set[str] = set()
+    for s in spec_leaves:
+        if isinstance(s, str):
+            used |= _identifiers(s)
+    counter = itertools.count()
+
+    def gen_name() -> str:
+        while True:
+            name = f"s{next(counter)}"
+            if name not in used:
+                return name
+
+    return scope, gen_name

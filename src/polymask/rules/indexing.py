@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..shapes import is_static, needs_mask
+from ..shapes import is_static, needs_mask, upper_bound_int
 from .registry import register
 from .util import clean, identity_of, is_inexact, masked_axes, valid_mask
 
@@ -40,14 +40,7 @@ _MODE = lax.GatherScatterMode
 # ----------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------
-def _ub(e) -> int:
-    """Upper bound of a dimension expression (or int)."""
-    if not compat.is_dim_expr(e):
-        return int(e)
-    hi = compat.upper_bound(e)
-    if not np.isfinite(hi):
-        raise ValueError(f"unbounded dimension expression {e}")
-    return int(hi)
+_ub = upper_bound_int
 
 
 def _sub_ub(a, b) -> int:

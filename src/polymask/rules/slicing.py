@@ -26,34 +26,17 @@ need a constant size and fail while tracing (``ShapeError``).
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..shapes import is_static, needs_mask
+from ..shapes import is_static, lower_bound_int, needs_mask, upper_bound_int
 from .registry import register
 from .util import clean, is_inexact, masked_axes, valid_mask
-
 
 # ----------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------
-def _ub(e) -> int:
-    if not compat.is_dim_expr(e):
-        return int(e)
-    hi = compat.upper_bound(e)
-    if not np.isfinite(hi):
-        raise ValueError(f"unbounded dimension expression {e}")
-    return int(hi)
-
-
-def _lb(e) -> int:
-    if not compat.is_dim_expr(e):
-        return int(e)
-    lo = compat.lower_bound(e)
-    if not np.isfinite(lo):
-        raise ValueError(f"unbounded dimension expression {e}")
-    return int(lo)
+_ub, _lb = upper_bound_int, lower_bound_int
 
 
 def _same_dim(a, b) -> bool:
