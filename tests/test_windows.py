@@ -289,8 +289,9 @@ def test_conv_dynamic_kernel_size():
 # jnp.convolve / jnp.correlate: their lowering, on lax forms
 # ----------------------------------------------------------------------------
 def test_jnp_convolve_needs_concrete_shapes():
-    """jnp.convolve/correlate call len(x) (a dim expression is not an int)."""
-    with pytest.raises(TypeError, match="cannot be interpreted as an integer"):
+    """jnp.convolve/correlate call len(x) (a dim expression is not an int): a
+    ShapeError at the user's line that points to the lax form."""
+    with pytest.raises(pm.ShapeError, match=r"(?s)cannot be interpreted as an integer.*lax"):
         pm.mask(lambda x: jnp.convolve(x, jnp.ones(3)), "n")(pm.Masked(jnp.ones(6), (5,)))
 
 
