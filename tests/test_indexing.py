@@ -4,12 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import oracle
 from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
 
 import polymask as pm
-from polymask.testing import check_oracle, garbage_pad
+from polymask.testing import garbage_pad
 
 RNG = np.random.default_rng(0)
 X7 = np.arange(1, 8, dtype=np.float32)
@@ -17,17 +18,6 @@ X = RNG.normal(size=(5, 6)).astype(np.float32)
 W = RNG.normal(size=(50, 8)).astype(np.float32)
 
 
-def oracle(fun, exs, bounds, in_specs=None, *, modes=("eager", "jit", "vmap", "grad"),
-           n_grad=2, **kw):
-    """``check_oracle`` with the (costly, one compile per example) grad check on
-    the first ``n_grad`` examples and the static-size eager run on the first."""
-    fast = tuple(m for m in modes if m != "grad")
-    if fast:
-        check_oracle(fun, exs, bounds, in_specs, modes=fast, static_sizes=False, **kw)
-        if "eager" in fast:
-            check_oracle(fun, exs[:1], bounds, in_specs, modes=("eager",), **kw)
-    if "grad" in modes:
-        check_oracle(fun, exs[:n_grad], bounds, in_specs, modes=("grad",), **kw)
 
 
 def i32(*v):

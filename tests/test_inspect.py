@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import attention
 from jax import lax
 
 import polymask as pm
@@ -184,18 +185,6 @@ def test_explain_nested_jit_and_static_fast_path():
     assert all("<unknown" not in r.source for r in e.rows)
     assert any(r.rule == "static" for r in e.rows)
 
-
-def attention(x, wq, wk, wv, wo):
-    n = x.shape[0]
-    q = (x @ wq).reshape(n, 4, 16).transpose(1, 0, 2)
-    k = (x @ wk).reshape(n, 4, 16).transpose(1, 0, 2)
-    v = (x @ wv).reshape(n, 4, 16).transpose(1, 0, 2)
-    s = q @ k.transpose(0, 2, 1) / jnp.sqrt(16.0)
-    causal = jnp.tril(jnp.ones((n, n)))
-    s = jnp.where(causal[None] > 0, s, -1e9)
-    p = jax.nn.softmax(s, axis=-1)
-    o = (p @ v).transpose(1, 0, 2).reshape(n, 64)
-    return o @ wo
 
 
 def test_explain_attention():

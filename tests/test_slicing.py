@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import oracle
 from hypothesis import given
 from hypothesis import strategies as st
 from jax import lax
@@ -22,17 +23,6 @@ SEQ = [(X7,), (X7[:4],), (X7[:1],), (X7[:0],)]
 MAT = [(X,), (X[:3, :2],), (X[:1, :4],), (X[:0, :3],)]
 
 
-def oracle(fun, exs, bounds, in_specs=None, *, modes=("eager", "jit", "vmap", "grad"),
-           n_grad=2, **kw):
-    """``check_oracle`` with the (costly, one compile per example) grad check on
-    the first ``n_grad`` examples and the static-size eager run on the first."""
-    fast = tuple(m for m in modes if m != "grad")
-    if fast:
-        check_oracle(fun, exs, bounds, in_specs, modes=fast, static_sizes=False, **kw)
-        if "eager" in fast:
-            check_oracle(fun, exs[:1], bounds, in_specs, modes=("eager",), **kw)
-    if "grad" in modes:
-        check_oracle(fun, exs[:n_grad], bounds, in_specs, modes=("grad",), **kw)
 
 
 def masked(x, bound, n=None):

@@ -29,7 +29,7 @@ from .prologue import Check, concrete_value, run_checks
 from .rules import get_rule
 from .rules.registry import COVERAGE_DOC, RuleContext
 from .rules.util import valid_mask
-from .shapes import DimEnv, is_static
+from .shapes import DimEnv, is_static, needs_mask
 from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
 
 __all__ = ["mask", "MaskedProgram", "trace_masked"]
@@ -505,13 +505,20 @@ def run_program(prog: MaskedProgram, leaves, values: dict, interpreter=None) -> 
         data = jnp.asarray(data)
         if tuple(data.shape) != lb:  # a shared dim var with a smaller bound elsewhere
             data = lax.slice(data, (0,) * data.ndim, lb)
-        args.append(_entry_mask(data, [dims.logical(a.expr) for a in axes]))
+        arg = _entry_mask(data, [dims.logical(a.expr) for a in axes])
+        if arg is not data or not valid_mask_needed(data, axes, dims):
+            dims.mark_zero_padding(arg)
+        args.append(arg)
     outs = interp.eval_closed(prog.closed_jaxpr, args, dims)
     result = []
     for v, o in zip(prog.closed_jaxpr.jaxpr.outvars, outs):
         shape = tuple(dims.logical(d) for d in getattr(v.aval, "shape", ()))
         result.append(Masked(jnp.asarray(o), shape))
     return result
+
+
+def valid_mask_needed(data, axes, dims) -> bool:
+    return any(needs_mask(dims.logical(a.expr), n) for a, n in zip(axes, data.shape))
 
 
 def _entry_mask(data, logical):

@@ -40,6 +40,21 @@ class DimEnv:
         self._logical_cache: dict[Any, Size] = {}
         self.fresh_count = 0
 
+    # -- values whose padding is known to be exactly zero ----------------------
+    def mark_zero_padding(self, x) -> None:
+        """Record that every padded position of ``x`` holds exactly 0.
+
+        Rules use this to skip a ``select`` that would zero padding again (e.g.
+        a contraction over an entry-masked input). Keyed by object identity;
+        the value is kept alive so its id is not reused during the walk.
+        """
+        if not hasattr(self, "_zero_padded"):
+            self._zero_padded = {}
+        self._zero_padded[id(x)] = x
+
+    def has_zero_padding(self, x) -> bool:
+        return id(x) in getattr(self, "_zero_padded", {})
+
     # -- data-dependent sizes -------------------------------------------------
     def add_var(self, name: str, bound: int, logical: Size) -> None:
         """Bind a fresh (data-dependent) dim var created while tracing."""

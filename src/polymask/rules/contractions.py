@@ -20,9 +20,13 @@ def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
     inexact = is_inexact(ctx.out_avals[0].dtype)
     l_axes = None if inexact else lc
     r_axes = None if inexact else rc
-    lhs = clean(lhs, ctx.in_logical[0], l_axes)
-    rhs = clean(rhs, ctx.in_logical[1], r_axes)
+    # An operand whose padding is already exactly 0 (e.g. an entry-masked
+    # input, or another contraction's output) needs no second select.
+    if not ctx.has_zero_padding(lhs):
+        lhs = clean(lhs, ctx.in_logical[0], l_axes)
+    if not ctx.has_zero_padding(rhs):
+        rhs = clean(rhs, ctx.in_logical[1], r_axes)
     out = ctx.bind(lhs, rhs)
     if inexact and masked_axes(ctx.out_logical[0], ctx.out_bounds[0]):
-        out = clean(out, ctx.out_logical[0])
+        out = ctx.mark_zero_padding(clean(out, ctx.out_logical[0]))
     return out

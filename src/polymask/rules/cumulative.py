@@ -24,4 +24,9 @@ def cumulative_rule(ctx, x, *, axis, reverse):
         return ctx.bind(fill_padding(x, lg, identity_of(x.dtype, _KIND[ctx.primitive.name]),
                                      [axis]))
     out = ctx.bind(x)
-    return clean(out, lg, [axis]) if is_inexact(out.dtype) else out
+    if not is_inexact(out.dtype):
+        return out
+    out = clean(out, lg, [axis])
+    if ctx.has_zero_padding(x) and ctx.primitive.name == "cumsum":
+        ctx.mark_zero_padding(out)  # other axes' padding: cumsum of zeros is 0
+    return out

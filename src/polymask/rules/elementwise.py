@@ -7,6 +7,8 @@ padding stays in padding; ops that *combine* positions mask it.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from .registry import register
 
 ELEMENTWISE = (
@@ -29,7 +31,18 @@ ELEMENTWISE = (
 )
 
 
+# f(0, ..., 0) == 0 exactly: zero padding in all (full-shape) operands stays zero.
+_ZERO_PRESERVING = {"add", "sub", "mul", "neg", "max", "min", "convert_element_type",
+                    "copy", "copy_p", "stop_gradient", "add_any", "real", "imag", "abs"}
+
+
 @register(*ELEMENTWISE)
 def elementwise_rule(ctx, *args, **params):
     """Bind the primitive on the padded operands unchanged."""
-    return ctx.bind(*args)
+    out = ctx.bind(*args)
+    if (ctx.primitive.name in _ZERO_PRESERVING and args
+            and all(getattr(a, "shape", ()) == getattr(out, "shape", None)
+                    and ctx.has_zero_padding(a) for a in args)
+            and jnp.issubdtype(out.dtype, jnp.inexact)):
+        ctx.mark_zero_padding(out)
+    return out

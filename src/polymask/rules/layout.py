@@ -31,18 +31,23 @@ def broadcast_in_dim_rule(ctx, x, *dyn, shape, broadcast_dimensions, sharding):
     out = ctx.bind(x)
     if not is_inexact(out.dtype):
         return out
+    zero_in = ctx.has_zero_padding(x)
     in_shape = ctx.in_avals[0].shape
     new_axes = [ax for ax in range(len(shape))
                 if ax not in broadcast_dimensions
                 or in_shape[broadcast_dimensions.index(ax)] != shape[ax]]
     axes = masked_axes(ctx.out_logical[0], ctx.out_bounds[0], new_axes)
-    return clean(out, ctx.out_logical[0], axes) if axes else out
+    out = clean(out, ctx.out_logical[0], axes) if axes else out
+    return ctx.mark_zero_padding(out) if zero_in else out
 
 
 @register("squeeze", "transpose", "iota", "expand_dims", "rev_static")
 def relayout_rule(ctx, *args, **params):
     """Ops that keep the logical corner a corner: bind with padded-size params."""
-    return ctx.bind(*args)
+    out = ctx.bind(*args)
+    if args and ctx.has_zero_padding(args[0]):
+        ctx.mark_zero_padding(out)  # padding moves with the corner
+    return out
 
 
 def _groups(in_shape, out_shape):
@@ -125,7 +130,8 @@ def reshape_rule(ctx, x, *dyn, new_sizes, dimensions, sharding):
     if dyn or dimensions is not None:
         raise ctx.unsupported("reshape with dynamic operands or `dimensions`")
     if is_prefix_reshape(ctx):
-        return lax.reshape(x, tuple(ctx.out_bounds[0]))
+        out = lax.reshape(x, tuple(ctx.out_bounds[0]))
+        return ctx.mark_zero_padding(out) if ctx.has_zero_padding(x) else out
     relayout = _RELAYOUT.get("reshape")
     if relayout is None:
         raise ctx.unsupported(

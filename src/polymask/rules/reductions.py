@@ -19,7 +19,8 @@ _KIND = {
 @register(*_KIND)
 def monoid_reduction_rule(ctx, x, *, axes, **params):
     kind = _KIND[ctx.primitive.name]
-    x = fill_padding(x, ctx.in_logical[0], identity_of(x.dtype, kind), axes)
+    if not (kind in ("sum", "or", "xor") and ctx.has_zero_padding(x)):  # 0 is the identity
+        x = fill_padding(x, ctx.in_logical[0], identity_of(x.dtype, kind), axes)
     return ctx.bind(x)
 
 

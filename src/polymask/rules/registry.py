@@ -127,6 +127,15 @@ class RuleContext:
         """Evaluate an inner (closed) jaxpr with masking, sharing the dim env."""
         return self._interp.eval_closed(closed_jaxpr, list(args), self.dims)
 
+    def has_zero_padding(self, x) -> bool:
+        """True when every padded position of ``x`` is known to hold exactly 0."""
+        return self.dims.has_zero_padding(x)
+
+    def mark_zero_padding(self, x):
+        """Declare that every padded position of the result ``x`` is exactly 0."""
+        self.dims.mark_zero_padding(x)
+        return x
+
     def unsupported(self, reason: str) -> UnsupportedError:
         return UnsupportedError(
             f"polymask cannot mask primitive '{self.primitive.name}' here: {reason}\n"
