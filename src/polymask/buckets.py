@@ -85,7 +85,11 @@ def explicit(bounds: Sequence[int]) -> Policy:
 
 
 def fixed(maximum: int) -> Policy:
-    """Always ``maximum``: one program for every size ``<= maximum``."""
+    """Always ``maximum``: one program for every size ``<= maximum``.
+
+    Raises (when applied):
+      ShapeError: a size above ``maximum``.
+    """
     return explicit([maximum])
 
 
@@ -95,7 +99,15 @@ def exact() -> Policy:
 
 
 def as_policy(buckets) -> Callable[[int], int]:
-    """A callable ``size -> bound`` from a policy spec (see the module doc)."""
+    """A callable ``size -> bound`` from a policy spec (see the module doc).
+
+    Accepts None (``pow2()``), a ``Policy`` or any callable, ``"pow2"`` /
+    ``"exact"``, an int (``fixed``) or a list of bounds (``explicit``).
+
+    Raises:
+      ValueError: an unknown policy name.
+      TypeError: any other kind of spec.
+    """
     if buckets is None:
         return pow2()
     if isinstance(buckets, Policy) or callable(buckets):

@@ -152,7 +152,19 @@ def nonzero(a, *, size=None, fill_value=None):
 
 
 def argwhere(a, *, size=None, fill_value=None):
-    """``np.argwhere``: an ``(count, a.ndim)`` array of the non-zero indices."""
+    """``np.argwhere``: the non-zero indices as one array.
+
+    Args:
+      a: array of any dtype and rank >= 1.
+
+    Returns:
+      int32 array of shape ``(count, a.ndim)``; inside ``polymask.mask``
+      ``count`` is a data-dependent dim var bounded by ``a``'s padded size
+      (see ``nonzero``). Outside ``mask``: ``jnp.argwhere``'s values.
+
+    Raises:
+      ShapeError: under ``jax.jit`` outside ``mask`` without ``size=``.
+    """
     if size is not None or not _masking():
         return _eager("argwhere", jnp.argwhere, a, size=size, fill_value=fill_value,
                       hint=" (or pass size=)")
@@ -160,7 +172,19 @@ def argwhere(a, *, size=None, fill_value=None):
 
 
 def flatnonzero(a, *, size=None, fill_value=None):
-    """``np.flatnonzero``: indices of the non-zeros of the flattened (logical) array."""
+    """``np.flatnonzero``: indices of the non-zeros of the flattened logical array.
+
+    Args:
+      a: array of any dtype.
+
+    Returns:
+      int32 array of shape ``(count,)``, row-major indices into the *logical*
+      (unpadded) array; inside ``polymask.mask`` ``count`` is a data-dependent
+      dim var (see ``nonzero``).
+
+    Raises:
+      ShapeError: under ``jax.jit`` outside ``mask`` without ``size=``.
+    """
     if size is not None or not _masking():
         return _eager("flatnonzero", jnp.flatnonzero, a, size=size, fill_value=fill_value,
                       hint=" (or pass size=)")
@@ -201,10 +225,24 @@ def _bool_mask_bind(x, m, axis, check_extra=False):
 
 
 def boolean_mask(x, m, axis: int = 0):
-    """``x[m]`` along ``axis`` (``m`` of shape ``x.shape[axis:axis + m.ndim]``).
+    """``x[m]`` along ``axis``: NumPy boolean indexing.
 
-    Inside ``mask`` the selected axes become one axis of data-dependent size.
-    Differentiable w.r.t. ``x``.
+    Args:
+      x: array of shape ``(*pre, *M, *post)`` with ``M = m.shape`` at ``axis``.
+      m: boolean (or 0/1) array of shape ``M``.
+      axis: where ``m``'s axes start in ``x``.
+
+    Returns:
+      Array of shape ``(*pre, count, *post)``, ``x``'s dtype; the selected
+      elements in row-major order. Inside ``polymask.mask`` ``count`` is a
+      data-dependent dim var bounded by the padded size of ``M`` (one compile
+      for every count, a count per example under ``vmap``). Differentiable
+      w.r.t. ``x``.
+
+    Raises:
+      ValueError: ``m`` is a scalar or does not fit ``x`` at ``axis``.
+      ShapeError: ``m.shape`` differs from ``x.shape[axis:axis + m.ndim]``, or
+        called under ``jax.jit`` outside ``mask``.
     """
     x = jnp.asarray(x)
     m = jnp.asarray(m).astype(bool)
@@ -225,7 +263,21 @@ def boolean_mask(x, m, axis: int = 0):
 
 
 def compress(condition, a, axis=None, *, size=None, fill_value=0):
-    """``np.compress``: the slices of ``a`` along ``axis`` where ``condition`` is true."""
+    """``np.compress``: the slices of ``a`` along ``axis`` where ``condition`` is true.
+
+    Args:
+      condition: 1-D array (non-zero = keep); may be shorter than the axis.
+      a: array; flattened first when ``axis`` is None.
+
+    Returns:
+      ``a``'s dtype, with ``axis`` replaced by a data-dependent size inside
+      ``polymask.mask`` (see ``boolean_mask``); ``jnp.compress`` outside.
+
+    Raises:
+      ValueError: ``condition`` is not 1-D.
+      ShapeError: ``condition`` selects past the axis (at run time), or called
+        under ``jax.jit`` outside ``mask`` without ``size=``.
+    """
     if size is not None or not _masking():
         return _eager("compress", jnp.compress, condition, a, axis, size=size,
                       fill_value=fill_value, hint=" (or pass size=)")
@@ -245,7 +297,15 @@ def compress(condition, a, axis=None, *, size=None, fill_value=0):
 
 
 def extract(condition, arr, *, size=None, fill_value=0):
-    """``np.extract``: the elements of ``arr`` (flattened) where ``condition`` is true."""
+    """``np.extract``: the elements of ``arr`` (flattened) where ``condition`` is true.
+
+    Returns:
+      1-D array of ``arr``'s dtype; its length is data-dependent inside
+      ``polymask.mask`` (see ``compress``).
+
+    Raises:
+      ShapeError: under ``jax.jit`` outside ``mask`` without ``size=``.
+    """
     if size is not None or not _masking():
         return _eager("extract", jnp.extract, condition, arr, size=size,
                       fill_value=fill_value, hint=" (or pass size=)")
@@ -264,8 +324,20 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
            *, equal_nan=True, size=None, fill_value=None):
     """``np.unique`` (flattened; ``axis`` only outside ``mask``).
 
-    Returns the sorted unique values, plus the first indices, the inverse
-    (shape of ``ar``) and the counts when asked, as NumPy does.
+    Args:
+      ar: array of any dtype (NaNs count as one value when ``equal_nan``).
+      return_index, return_inverse, return_counts: as in NumPy.
+
+    Returns:
+      The sorted unique values (``ar``'s dtype, length ``count``), plus the
+      first indices (int32, ``(count,)``), the inverse (int32, shape of
+      ``ar``) and the counts (int32, ``(count,)``) when asked. Inside
+      ``polymask.mask`` ``count`` is a data-dependent dim var bounded by
+      ``ar``'s padded size.
+
+    Raises:
+      NotImplementedError: ``axis=`` inside ``mask``.
+      ShapeError: under ``jax.jit`` outside ``mask`` without ``size=``.
     """
     if size is not None or not _masking():
         return _eager("unique", jnp.unique, ar, return_index, return_inverse, return_counts,
@@ -295,8 +367,21 @@ def _traced(v) -> bool:
 def arange(start, stop=None, step=None, dtype=None, *, max_size=None):
     """``np.arange`` whose length may be a traced integer (inside ``mask``).
 
-    With traced ``start``/``stop``/``step`` inside ``mask``, ``max_size`` (an
-    int) bounds the length; a longer result is a runtime ``ShapeError``.
+    Args:
+      start, stop, step: as in NumPy; Python numbers or integer scalars
+        computed from data (e.g. ``k = jnp.sum(x > 0)``).
+      dtype: result dtype (default: inferred as ``jnp.arange`` does).
+      max_size: int bound on the length, required when an argument is traced.
+
+    Returns:
+      1-D array of length ``ceil((stop - start) / step)`` (clamped at 0); with
+      traced arguments inside ``polymask.mask`` the length is a fresh dim var
+      bounded by ``max_size``.
+
+    Raises:
+      ShapeError: traced arguments without ``max_size``, a length above
+        ``max_size`` (at run time), or traced arguments under ``jax.jit``
+        outside ``mask``.
     """
     args = [v for v in (start, stop, step) if v is not None]
     if not any(_traced(v) for v in args) or not _masking():
@@ -352,6 +437,14 @@ def dynamic_slice(x, start, sizes, *, max_size=None):
     ``start`` is clamped so the slice fits (as ``lax.dynamic_slice``). Inside
     ``mask`` a traced size gets a fresh dim var bounded by ``max_size`` (an int,
     or one per axis) or by the axis' padded size.
+
+    Returns:
+      ``x``'s dtype, shape ``(*sizes, *x.shape[len(sizes):])`` (clamped).
+
+    Raises:
+      ValueError: ``start`` and ``sizes`` lengths differ or exceed ``x.ndim``.
+      ShapeError: a size above ``max_size`` (at run time), or traced sizes
+        under ``jax.jit`` outside ``mask``.
     """
     x = jnp.asarray(x)
     starts, szs = _as_list(start, "start"), _as_list(sizes, "sizes")
