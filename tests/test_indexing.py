@@ -112,7 +112,6 @@ def test_take_along_axis():
                  ("n, m", "n, k"))
 
 
-@pytest.mark.skipif(pm.rules.get_rule("concatenate") is None, reason="needs concatenate")
 def test_strided_gather_index_vector():
     # a 2-D point gather: x[i, j] with dynamic-length index vectors
     exs = [(X, i32(0, 4, -1), i32(5, 0, -2)), (X[:3, :2], i32(2, 0), i32(1, -1))]
