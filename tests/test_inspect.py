@@ -10,7 +10,7 @@ from helpers import attention
 from jax import lax
 
 import polymask as pm
-from polymask.inspect import Explanation, ShapeFormula
+from polymask.explain import Explanation, ShapeFormula
 
 
 # ----------------------------------------------------------------------------

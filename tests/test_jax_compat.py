@@ -41,8 +41,15 @@ def test_source_line_and_literals():
     assert "test_jax_compat.py" in compat.source_line(eqn.source_info)
     lit = eqn.invars[1]
     assert compat.is_jaxpr_literal(lit) and float(compat.literal_value(lit)) == 2.0
+    # Ops bound inside user_context carry the equation's user line.
+    inner = jax.make_jaxpr(lambda x: _bind_in_context(eqn, x))(jnp.ones(3))
+    assert compat.source_line(inner.jaxpr.eqns[0].source_info) == \
+        compat.source_line(eqn.source_info)
+
+
+def _bind_in_context(eqn, x):
     with compat.user_context(eqn.source_info):
-        pass
+        return jax.lax.sin(x)
 
 
 def test_dim_as_value_is_the_shape_primitive():
@@ -51,12 +58,26 @@ def test_dim_as_value_is_the_shape_primitive():
     assert jaxpr.jaxpr.eqns[0].primitive is compat.dim_as_value_p
 
 
-def test_record_unsound_equalities_only_inside_the_context():
+def test_trace_hooks_record_unsound_equalities_only_inside_the_context():
     _, n = scope_and_n()
-    with compat.record_unsound_equalities(lambda f: True) as rec:
+    orig_eq = type(n).__eq__
+    with compat.trace_hooks((), lambda f: True) as rec:
+        assert compat.hooks_installed()
         assert (n == 1) is False
         assert (n != 2) is True
         assert (n == n) is True
-    assert [str(a) for a, _, _ in rec.records] == ["n", "n"]
+    assert [str(a) for a, _, _ in rec] == ["n", "n"]
     assert (n == 1) is False  # outside: plain JAX behaviour, nothing recorded
-    assert len(rec.records) == 2
+    assert len(rec) == 2
+    # Removed on exit: JAX's own method is back and nothing stays patched.
+    assert not compat.hooks_installed()
+    assert type(n).__eq__ is orig_eq
+
+
+def test_trace_hooks_are_removed_after_a_masked_trace():
+    import polymask as pm
+
+    orig_eq = type(scope_and_n()[1]).__eq__
+    pm.mask(lambda x: x * 2, "n")(pm.Masked(jnp.ones(4), (3,)))
+    assert not compat.hooks_installed()
+    assert type(scope_and_n()[1]).__eq__ is orig_eq

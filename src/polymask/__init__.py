@@ -10,8 +10,7 @@ from __future__ import annotations
 from . import buckets
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
 from .errors import ShapeError, UnsupportedError
-from .inspect import explain, shape_formula
-from .interpreter import mask
+from .explain import explain, shape_formula
 from .masked import Masked, logical_shape, pad, stack
 from .ops import (
     arange,
@@ -26,6 +25,7 @@ from .ops import (
     where,
 )
 from .runner import jit, ragged_map
+from .transform import mask
 
 __all__ = [
     "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "UnsupportedError",

@@ -8,6 +8,11 @@ file; ``tests/test_jax_compat.py`` covers each function here.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -186,84 +191,124 @@ def all_primitives() -> dict[str, str]:
     return dict(sorted(found.items()))
 
 
-def exclude_from_user_frames(path: str) -> None:
-    """Equations traced from ``path`` report their caller's line as the user's line.
+# The hooks are installed while at least one masked trace runs (in any thread)
+# and removed when the last one ends; what they record goes to the recorder
+# of the thread that made the comparison.
+_HOOK_LOCK = threading.Lock()
+_HOOK_USERS = 0
+_HOOK_ORIG: tuple = ()
+_HOOK_TLS = threading.local()
 
-    ``polymask.ops`` binds its primitives while the user's function is traced;
-    with this the source line of those equations (shown by ``explain`` and in
-    rule errors) is the user's call, not ``ops.py``.
+
+@contextlib.contextmanager
+def trace_hooks(excluded_paths: Sequence[str], is_user_frame) -> Iterator[list]:
+    """The JAX hooks a masked trace needs, installed for its duration only.
+
+    - Equations bound from ``excluded_paths`` (polymask's own ops) report
+      their caller's line as the user's line (``source_info_util``).
+    - ``DimExpr.__eq__``/``__ne__`` record each symbolic ``==`` that JAX
+      decided as False without a proof, made from a frame for which
+      ``is_user_frame(filename)`` holds (see ``_recording_eq``).
+
+    Yields the list the equality records are appended to, as
+    ``(lhs, rhs, "file:line (function)")``. Both hooks are removed when the
+    last trace in progress (in any thread) ends.
     """
-    _source_info_util.register_exclusion(path)
+    global _HOOK_USERS, _HOOK_ORIG
+    records: list = []
+    with _HOOK_LOCK:
+        if _HOOK_USERS == 0:
+            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__,
+                          list(_source_info_util._exclude_paths))
+            DimExpr.__eq__, DimExpr.__ne__ = _recording_eq(_HOOK_ORIG[0])
+        for p in excluded_paths:
+            if p not in _source_info_util._exclude_paths:
+                _source_info_util.register_exclusion(p)
+        _HOOK_USERS += 1
+    stack = _HOOK_TLS.__dict__.setdefault("stack", [])
+    stack.append((records, is_user_frame))
+    try:
+        yield records
+    finally:
+        stack.pop()
+        with _HOOK_LOCK:
+            _HOOK_USERS -= 1
+            if _HOOK_USERS == 0:
+                DimExpr.__eq__, DimExpr.__ne__, paths = _HOOK_ORIG
+                _source_info_util._exclude_paths[:] = paths
+                _source_info_util._exclude_path_regex.cache_clear()
+                _source_info_util.is_user_filename.cache_clear()
 
 
-_EQ_STATE = __import__("threading").local()
-_EQ_PATCHED = False
+def hooks_installed() -> bool:
+    """True while a masked trace is in progress (tests check the hooks are removed)."""
+    return _HOOK_USERS > 0
 
 
-def _install_equality_hook() -> None:
-    """Wrap ``DimExpr.__eq__``/``__ne__`` once; inactive unless a recorder is open."""
-    global _EQ_PATCHED
-    if _EQ_PATCHED:
-        return
-    import sys
+def _recording_eq(orig_eq):
+    """``__eq__``/``__ne__`` that record unsound symbolic equalities.
 
-    orig_eq = DimExpr.__eq__
+    JAX answers ``n == 1`` with False (and ``n != 1`` with True) when the
+    difference is not a constant, because ``__eq__`` cannot raise
+    (https://docs.jax.dev/en/latest/export/shape_poly.html#comparison-of-symbolic-dimensions-is-partially-supported).
+    A user's ``if x.shape[0] == 1:`` would then silently trace the wrong
+    branch for ``n == 1``; the prologue checks each recorded comparison at
+    run time.
+    """
 
     def record(a, b):
-        recorders = getattr(_EQ_STATE, "stack", None)
-        if not recorders:
+        stack = getattr(_HOOK_TLS, "stack", None)
+        if not stack:
             return
         try:
             diff = a - b
         except Exception:
             return
         if is_dim_expr(diff):  # neither provably equal nor provably different
-            rec = recorders[-1]
+            records, is_user_frame = stack[-1]
             f = sys._getframe(2)
-            if rec._is_user_frame(f.f_code.co_filename):
-                rec.records.append((a, b, f"{f.f_code.co_filename}:{f.f_lineno} "
-                                          f"({f.f_code.co_name})"))
+            if is_user_frame(f.f_code.co_filename):
+                records.append((a, b, f"{f.f_code.co_filename}:{f.f_lineno} "
+                                      f"({f.f_code.co_name})"))
 
     def eq(a, b):
         res = orig_eq(a, b)
-        if res is False and getattr(_EQ_STATE, "stack", None):
+        if res is False:
             record(a, b)
         return res
 
     def ne(a, b):
         res = orig_eq(a, b)
-        if res is False and getattr(_EQ_STATE, "stack", None):
+        if res is False:
             record(a, b)
         return not res
 
-    DimExpr.__eq__, DimExpr.__ne__ = eq, ne
-    _EQ_PATCHED = True
+    return eq, ne
 
 
-class record_unsound_equalities:
-    """Context manager: record symbolic ``==``/``!=`` that JAX decided unsoundly.
+class _QuietCallbackErrors(logging.Filter):
+    """Drop JAX's "callback failed" log record for one exception type.
 
-    JAX answers ``n == 1`` with False (and ``n != 1`` with True) when the
-    difference is not a constant, because ``__eq__`` cannot raise
-    (https://docs.jax.dev/en/latest/export/shape_poly.html#comparison-of-symbolic-dimensions-is-partially-supported).
-    A user's ``if x.shape[0] == 1:`` would then silently trace the wrong
-    branch for ``n == 1``. While active (per thread), each such comparison made
-    from a frame for which ``is_user_frame(filename)`` holds is appended to
-    ``self.records`` as ``(lhs, rhs, "file:line (function)")``; the prologue
-    then checks at run time that the two sides differ.
+    The error still propagates (as ``JaxRuntimeError`` with its message); the
+    log record only duplicated it as a long traceback on stderr.
     """
 
-    def __init__(self, is_user_frame):
-        self.records: list = []
-        self._is_user_frame = is_user_frame
+    def __init__(self, exc_type: type):
+        super().__init__()
+        self.exc_type = exc_type
 
-    def __enter__(self):
-        _install_equality_hook()
-        if not hasattr(_EQ_STATE, "stack"):
-            _EQ_STATE.stack = []
-        _EQ_STATE.stack.append(self)
-        return self
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, self.exc_type)
 
-    def __exit__(self, *exc):
-        _EQ_STATE.stack.pop()
-        return False
+
+_QUIETED: set = set()
+
+
+def quiet_callback_errors(exc_type: type) -> None:
+    """Silence JAX's log of host-callback failures raised as ``exc_type`` (once)."""
+    if exc_type in _QUIETED:
+        return
+    _QUIETED.add(exc_type)
+    for name in ("jax._src.debugging", "jax._src.callback"):
+        logging.getLogger(name).addFilter(_QuietCallbackErrors(exc_type))

@@ -25,7 +25,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from . import _jax_compat as compat
-from .errors import ShapeError, user_call_site
+from .diagnostics import user_call_site
+from .errors import ShapeError
 from .rules.data_dependent import (
     arange_p,
     boolean_mask_p,
@@ -33,17 +34,15 @@ from .rules.data_dependent import (
     nonzero_p,
     unique_p,
 )
+from .trace import current_scope
 
 __all__ = ["nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress",
            "extract", "unique", "arange", "dynamic_slice"]
 
 _COUNTER = itertools.count(1)
-compat.exclude_from_user_frames(__file__)
 
 
 def _scope():
-    from .interpreter import current_scope
-
     return current_scope()
 
 
@@ -486,63 +485,3 @@ def dynamic_slice(x, start, sizes, *, max_size=None):
     start_ops = [jnp.asarray(s, jnp.int32) for s in starts]
     return dynamic_slice_p.bind(x, *start_ops, *size_ops, out_shape=tuple(out_shape),
                                 fresh=tuple(fresh))
-
-
-
-# ----------------------------------------------------------------------------
-# jax.numpy's data-dependent ops inside mask: say which polymask function to use
-# ----------------------------------------------------------------------------
-_SUGGESTIONS = {
-    "nonzero": "polymask.nonzero(x)",
-    "where": "polymask.where(condition) (one argument; three arguments work as jnp.where)",
-    "argwhere": "polymask.argwhere(x)",
-    "flatnonzero": "polymask.flatnonzero(x)",
-    "unique": "polymask.unique(x, return_index=..., return_inverse=..., return_counts=...)",
-    "unique_values": "polymask.unique(x)",
-    "unique_counts": "polymask.unique(x, return_counts=True)",
-    "unique_inverse": "polymask.unique(x, return_inverse=True)",
-    "unique_all": "polymask.unique(x, True, True, True)",
-    "compress": "polymask.compress(condition, x)",
-    "extract": "polymask.extract(condition, x)",
-    "arange": "polymask.arange(n, max_size=...)",
-}
-
-
-def _api_called_by_user(e: BaseException) -> str | None:
-    """Name of the first library function the user's innermost frame called."""
-    import traceback
-
-    from .errors import _is_library_frame
-
-    frames = traceback.extract_tb(e.__traceback__)
-    user = [i for i, fr in enumerate(frames) if not _is_library_frame(fr.filename)]
-    if not user or user[-1] + 1 >= len(frames):
-        return None
-    return frames[user[-1] + 1].name
-
-
-def translate_trace_error(e: BaseException, where: str) -> BaseException | None:
-    """A ``ShapeError`` naming the polymask replacement of a data-dependent jnp op.
-
-    Used by the interpreter when tracing ``fun`` fails: ``jnp.nonzero`` without
-    ``size=``, one-argument ``jnp.where``, boolean indexing, ``jnp.unique``,
-    ``jnp.compress``, ``jnp.arange`` or slices with traced bounds.
-    """
-    api = _api_called_by_user(e)
-    said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if isinstance(e, jax.errors.NonConcreteBooleanIndexError):
-        return ShapeError(
-            f"boolean indexing x[m] has a data-dependent size (at {where}); inside "
-            "polymask.mask use polymask.boolean_mask(x, m) (or polymask.compress / "
-            "polymask.extract) instead.")
-    if isinstance(e, IndexError) and api in ("op", "__getitem__") and "Slice entries" in said:
-        return ShapeError(
-            f"a slice with traced bounds has a data-dependent size (at {where}); inside "
-            "polymask.mask use polymask.dynamic_slice(x, start, size, max_size=...) "
-            f"instead.\n  JAX said: {said}")
-    if isinstance(e, jax.errors.ConcretizationTypeError) and api in _SUGGESTIONS:
-        return ShapeError(
-            f"jnp.{api} has a data-dependent output size (at {where}); inside polymask.mask "
-            f"use {_SUGGESTIONS[api]} instead: its size becomes a logical size with a known "
-            f"bound.\n  JAX said: {said}")
-    return None

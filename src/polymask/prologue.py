@@ -1,4 +1,9 @@
-"""The prologue: checks on logical sizes before the computation.
+"""The prologue: the dim vars' logical values and every check on logical sizes.
+
+``solve_dim_vars`` reads each dim var's logical value off the input sizes
+(``plan.solve_sizes``) and lists the checks: sizes in ``[0, bound]``, equal
+sizes for equal names, affine axes, constraints, and symbolic ``==`` that the
+trace assumed false.
 
 Checks run in Python (raising ``ShapeError`` at once) when sizes are concrete.
 When sizes are traced (inside ``jax.jit`` or ``jax.vmap``) each check becomes a
@@ -13,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from typing import Any
 
 import jax
@@ -22,7 +26,11 @@ import numpy as np
 from jax import lax
 
 from . import _jax_compat as compat
+from .diagnostics import SIZE_BRANCH_REMEDIES
 from .errors import ShapeError
+from .masked import Masked
+from .plan import not_affine, solve_sizes
+from .shapes import DimEnv, is_static
 
 
 @dataclasses.dataclass
@@ -67,25 +75,10 @@ def format_message(message: str, values, rendered=None) -> str:
         return message
 
 
-class _QuietPolymaskCallbackErrors(logging.Filter):
-    """Drop JAX's "jax.debug.callback failed" log for our own ShapeError.
-
-    The error still propagates (as ``JaxRuntimeError`` with our message); the
-    log record only duplicated it as a long traceback on stderr.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, ShapeError)
-
-
-for _name in ("jax._src.debugging", "jax._src.callback"):
-    logging.getLogger(_name).addFilter(_QuietPolymaskCallbackErrors())
-
-
 def run_checks(checks: list[Check], call_site: str) -> None:
     """Raise eagerly for concrete violations; stage runtime errors otherwise."""
     staged = []
+    compat.quiet_callback_errors(ShapeError)
     for c in checks:
         v = concrete_value(c.bad)
         if v is not None:
@@ -139,3 +132,146 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
 
     check([jnp.asarray(c.bad) for c in checks],
           [jnp.asarray(v) for c in checks for v in c.values])
+
+
+# ----------------------------------------------------------------------------
+# Dim var values and the checks on them
+# ----------------------------------------------------------------------------
+def _leaf_sizes(leaf) -> tuple:
+    if isinstance(leaf, Masked):
+        return leaf.shape
+    return tuple(int(d) for d in np.shape(leaf))
+
+
+def _leaf_data(leaf):
+    return leaf.data if isinstance(leaf, Masked) else leaf
+
+
+def _validate_size_type(size, where: str) -> None:
+    if isinstance(size, bool) or isinstance(size, (float, complex)):
+        raise ShapeError(f"{where}: logical size {size!r} must be an integer")
+    if is_static(size):
+        return
+    dtype = getattr(size, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        raise ShapeError(f"{where}: logical size must be an integer scalar; got {size!r}"
+                         f" of dtype {dtype}")
+    if np.ndim(size) != 0:
+        raise ShapeError(
+            f"{where}: logical size must be a scalar; got shape {np.shape(size)} "
+            "(for a ragged batch, jax.vmap over the Masked value)")
+
+
+def _out_of_range(size, bound):
+    if is_static(size):
+        return not (0 <= int(size) <= bound)
+    return (size < 0) | (size > bound)
+
+
+def _ne(a, b):
+    if is_static(a) and is_static(b):
+        return int(a) != int(b)
+    return jnp.asarray(a) != jnp.asarray(b)
+
+
+def _eq(a, b):
+    if is_static(a) and is_static(b):
+        return int(a) == int(b)
+    return jnp.asarray(a) == jnp.asarray(b)
+
+
+def _lt(a, b):
+    if is_static(a) and is_static(b):
+        return int(a) < int(b)
+    return jnp.asarray(a) < jnp.asarray(b)
+
+
+def _axis_checks(leaves, prog, checks_on: bool) -> tuple[list[Check], list[list]]:
+    """Range and static-size checks of every input axis; returns them and the sizes."""
+    checks: list[Check] = []
+    all_sizes = []
+    for leaf, axes in zip(leaves, prog.axis_specs):
+        sizes = _leaf_sizes(leaf)
+        data = _leaf_data(leaf)
+        if len(sizes) != len(axes):
+            raise ShapeError(f"{axes[0].path if axes else 'argument'}: logical shape "
+                             f"{sizes} does not match the rank of data {np.shape(data)}")
+        for a, size in zip(axes, sizes):
+            _validate_size_type(size, a.where)
+            bound = np.shape(data)[a.axis]
+            if checks_on or is_static(size):
+                named = f"{a.where} (dim var '{a.var}')" if a.var else a.where
+                checks.append(Check(_out_of_range(size, bound),
+                                    f"{named}: logical size {{0}} is outside "
+                                    f"[0, {bound}] (the bound of that axis)", (size,)))
+            if a.var is None and not (is_static(size) and int(size) == int(a.expr)):
+                checks.append(Check(_ne(size, a.expr),
+                                    f"{a.where}: static axis of size {a.expr} got logical "
+                                    "size {0}", (size,)))
+        all_sizes.append(sizes)
+    return checks, all_sizes
+
+
+def _solution_checks(sol) -> list[Check]:
+    checks = []
+    for a, size in sol.affine:
+        checks.append(Check(not_affine(size, a),
+                            f"{a.where}: logical size {{0}} is not of the form "
+                            f"{a.expr} for an integer {a.var} >= 0", (size,)))
+    for var, prev, prev_where, value, where in sol.conflicts:
+        checks.append(Check(_ne(prev, value),
+                            f"dim var '{var}' has different logical values: "
+                            f"{{0}} at {prev_where} and {{1}} at {where}", (prev, value)))
+    return checks
+
+
+def _constraint_checks(prog, values) -> list[Check]:
+    checks = []
+    auto = {f"{v} <= {b}" for v, b in prog.var_bounds.items()}  # bounds: range-checked
+    env = DimEnv(prog.scope, prog.var_bounds, values)
+    for kind, e1, e2, text in compat.explicit_constraints(prog.scope):
+        names = compat.dim_vars(e1) | compat.dim_vars(e2)
+        if not names <= set(values) or text in auto:
+            continue  # a data-dependent dim var's bound: its rule guarantees it
+        names = sorted(names)
+        v1, v2 = env.logical_raw(e1), env.logical_raw(e2)
+        bad = _ne(v1, v2) if kind == "==" else _lt(v1, v2)
+        checks.append(Check(bad, f"constraint '{text}' does not hold for "
+                                 + ", ".join(f"{k}={{{i}}}" for i, k in enumerate(names)),
+                            tuple(values[k] for k in names)))
+    return checks
+
+
+def _assumed_unequal_checks(prog, values) -> list[Check]:
+    checks = []
+    env = DimEnv(prog.scope, prog.var_bounds, values)
+    for a, b, where in prog.assumed_unequal:
+        if not (compat.dim_vars(a) | compat.dim_vars(b)) <= set(values):
+            continue
+        va, vb = env.logical_raw(a), env.logical_raw(b)
+        checks.append(Check(
+            _eq(va, vb),
+            f"the masked function compared sizes `{a} == {b}` at {where} while tracing; JAX "
+            f"decides a symbolic `==` as False unless it is provable, so the traced program "
+            f"assumes {a} != {b}, but at run time both are {{0}}. {SIZE_BRANCH_REMEDIES}",
+            (va,)))
+    return checks
+
+
+def solve_dim_vars(prog, leaves, checks_on: bool) -> tuple[dict[str, Any], list[Check]]:
+    """Logical values of the dim vars from the input sizes, plus the prologue checks.
+
+    With ``checks_on=False`` only the checks decidable in Python are kept.
+
+    Raises:
+      ShapeError: a logical shape of the wrong rank or a size that is not an
+        integer scalar (the rest are ``Check``s for ``run_checks``).
+    """
+    checks, sizes = _axis_checks(leaves, prog, checks_on)
+    sol = solve_sizes(prog.axis_specs, sizes)
+    checks += _solution_checks(sol)
+    checks += _constraint_checks(prog, sol.values)
+    checks += _assumed_unequal_checks(prog, sol.values)
+    if not checks_on:
+        checks = [c for c in checks if concrete_value(c.bad) is not None]
+    return sol.values, checks

@@ -25,9 +25,9 @@ import numpy as np
 from . import _jax_compat as compat
 from .buckets import as_policy, pow2
 from .errors import ShapeError
-from .interpreter import mask
 from .masked import Masked
 from .specs import broadcast_specs, parse_leaf_spec, scope_and_name_generator
+from .transform import mask
 
 __all__ = ["jit", "ragged_map", "PolyJit", "RaggedMap"]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -37,23 +36,7 @@ class DimEnv:
         self.bounds = dict(bounds)
         self.logical_values = dict(logical)
         self._padded_cache: dict[Any, int] = {}
-        self._logical_cache: dict[Any, Size] = {}
-        self.fresh_count = 0
-
-    # -- values whose padding is known to be exactly zero ----------------------
-    def mark_zero_padding(self, x) -> None:
-        """Record that every padded position of ``x`` holds exactly 0.
-
-        Rules use this to skip a ``select`` that would zero padding again (e.g.
-        a contraction over an entry-masked input). Keyed by object identity;
-        the value is kept alive so its id is not reused during the walk.
-        """
-        if not hasattr(self, "_zero_padded"):
-            self._zero_padded = {}
-        self._zero_padded[id(x)] = x
-
-    def has_zero_padding(self, x) -> bool:
-        return id(x) in getattr(self, "_zero_padded", {})
+        self.logical_cache: dict[Any, Size] = {}
 
     # -- data-dependent sizes -------------------------------------------------
     def add_var(self, name: str, bound: int, logical: Size) -> None:
@@ -61,8 +44,8 @@ class DimEnv:
         self.bounds[name] = int(bound)
         self.logical_values[name] = logical
         # Only sizes that use this var are stale (it can be re-bound, e.g. in a loop body).
-        self._logical_cache = {k: v for k, v in self._logical_cache.items()
-                               if name not in compat.dim_vars(k)}
+        for k in [k for k in self.logical_cache if name in compat.dim_vars(k)]:
+            del self.logical_cache[k]
 
     # -- evaluation -------------------------------------------------------------
     def padded(self, d) -> int:
@@ -90,7 +73,7 @@ class DimEnv:
         """Logical size of a dimension: a Python int or an int32 scalar."""
         if not compat.is_dim_expr(d):
             return int(d)
-        hit = self._logical_cache.get(d)
+        hit = self.logical_cache.get(d)
         if hit is not None:
             return hit
         names = compat.dim_vars(d)
@@ -100,7 +83,7 @@ class DimEnv:
         else:
             env = {k: jnp.asarray(x, jnp.int32) for k, x in env.items()}
             val = jnp.maximum(jnp.asarray(compat.evaluate_dim(d, env), jnp.int32), 0)
-        self._logical_cache[d] = val
+        self.logical_cache[d] = val
         return val
 
     def logical_raw(self, d) -> Size:
@@ -154,14 +137,6 @@ def _zero_corners_upper(d, bounds: dict[str, int]) -> float:
 def needs_mask(logical: Size, padded: int) -> bool:
     """False only when the size is statically known to equal its bound."""
     return not (is_static(logical) and int(logical) == padded)
-
-
-def as_int32(s: Size):
-    return jnp.asarray(s, jnp.int32)
-
-
-def to_value(s: Size, dtype=jnp.int32) -> jax.Array:
-    return jnp.asarray(s, dtype)
 
 
 def upper_bound_int(e) -> int:

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .interpreter import mask
 from .masked import Masked
+from .transform import mask
 
 __all__ = ["garbage_pad", "check_oracle"]
 

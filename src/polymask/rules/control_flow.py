@@ -14,10 +14,9 @@ from .registry import register
 def pjit_rule(ctx, *args, jaxpr, **params):
     # Remember where the inner jaxpr's inputs come from (``size_expr_of``
     # follows a loop bound computed from sizes across the call).
-    links = ctx.dims.__dict__.setdefault("invar_links", {})
-    outer = (ctx.dims.__dict__.get("jaxpr_stack") or [None])[-1]
+    outer = ctx.state.jaxpr_stack[-1] if ctx.state.jaxpr_stack else None
     for iv, ov in zip(jaxpr.jaxpr.invars, ctx.eqn.invars):
-        links[iv] = (ov, outer)
+        ctx.state.invar_links[iv] = (ov, outer)
     return ctx.eval_jaxpr(jaxpr, *args)
 
 
@@ -36,20 +35,10 @@ def remat_rule(ctx, *args, jaxpr, prevent_cse, differentiated, policy):
 
     @jax.checkpoint
     def body(*xs):
-        with inner_trace(ctx.dims):
+        with ctx.state.scoped():
             return ctx.eval_jaxpr(closed, *xs)
 
     return body(*args)
-
-
-@register("custom_jvp_call")
-def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_zeros):
-    return ctx.eval_jaxpr(call_jaxpr, *args)
-
-
-@register("custom_vjp_call", "custom_vjp_call_jaxpr")
-def custom_vjp_rule(ctx, *args, call_jaxpr, **params):
-    return ctx.eval_jaxpr(call_jaxpr, *args)
 
 
 # ----------------------------------------------------------------------------
@@ -64,7 +53,6 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, **params):
 # ``0 * finite = 0`` keeps the constants' gradients exact. (An empty scan
 # feeds zeros.) Multiplying by a 0/1 mask instead would give ``0 * nan``.
 
-import contextlib  # noqa: E402
 import functools  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
@@ -83,25 +71,6 @@ def _pick(valid, new, old):
     return lax.select(jnp.broadcast_to(valid, new.shape), new, old)
 
 
-@contextlib.contextmanager
-def inner_trace(dims):
-    """Isolate the dim env while an inner function is traced (scan/while/cond body).
-
-    Logical sizes computed inside the body are tracers of the inner trace;
-    they must not stay in the (per-run) cache where the outer code would read
-    them after the body is done (an escaped tracer).
-    """
-    cache = dict(dims._logical_cache)
-    values = dict(dims.logical_values)
-    bounds = dict(dims.bounds)
-    try:
-        yield
-    finally:
-        dims._logical_cache = cache
-        dims.logical_values = values
-        dims.bounds = bounds
-
-
 def _as_dtype(vals, avals):
     return [jnp.asarray(v, a.dtype) if hasattr(a, "dtype") else v for v, a in zip(vals, avals)]
 
@@ -117,7 +86,6 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll=
     prefix. The body is masked recursively (its avals may carry dim vars of
     the same scope: dynamic inner axes of carries and rows).
     """
-    dims = ctx.dims
     args = _as_dtype(args, ctx.in_avals)
     consts = args[:num_consts]
     init = args[num_consts:num_consts + num_carry]
@@ -135,7 +103,7 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll=
             row = [r if s is None else _pick(valid, r, s) for r, s in zip(row, safe_rows)]
         else:
             valid, row = None, inp
-        with inner_trace(dims):
+        with ctx.state.scoped():
             outs = ctx.eval_jaxpr(jaxpr, *consts, *carry, *row)
         new = _as_dtype(outs[:num_carry], carry_avals)
         new = [_pick(valid, a, b) for a, b in zip(new, carry)]
@@ -236,9 +204,8 @@ def _fori_pattern(cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
 
 def _trip_bound(ctx, lower_var, upper_var):
     """Static bound of ``upper - lower`` when both are computed from sizes."""
-    stack = ctx.dims.__dict__.get("jaxpr_stack") or [None]
-    jaxpr = stack[-1]
-    links = ctx.dims.__dict__.get("invar_links")
+    jaxpr = ctx.state.jaxpr_stack[-1] if ctx.state.jaxpr_stack else None
+    links = ctx.state.invar_links
     lo = size_expr_of(lower_var, jaxpr, links=links)
     hi = size_expr_of(upper_var, jaxpr, links=links)
     if lo is None or hi is None:
@@ -263,7 +230,6 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
     shapes. Other loops run as a ``while_loop`` on the padded carries (carried
     shapes may have dynamic axes; the body is masked recursively).
     """
-    dims = ctx.dims
     args = _as_dtype(args, ctx.in_avals)
     cconsts = args[:cond_nconsts]
     bconsts = args[cond_nconsts:cond_nconsts + body_nconsts]
@@ -283,7 +249,7 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
                 valid = k < trip
                 # Invalid steps see the last valid index, not one past the end.
                 fed = [jnp.minimum(carry[0], last).astype(carry[0].dtype), *carry[1:]]
-                with inner_trace(dims):
+                with ctx.state.scoped():
                     outs = ctx.eval_jaxpr(body_jaxpr, *bconsts, *fed)
                 outs = _as_dtype(outs, carry_avals)
                 return [_pick(valid, a, b) for a, b in zip(outs, carry)], None
@@ -292,11 +258,11 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
             return carry
 
     def cond_fun(carry):
-        with inner_trace(dims):
+        with ctx.state.scoped():
             return ctx.eval_jaxpr(cond_jaxpr, *cconsts, *carry)[0]
 
     def body_fun(carry):
-        with inner_trace(dims):
+        with ctx.state.scoped():
             return _as_dtype(ctx.eval_jaxpr(body_jaxpr, *bconsts, *carry), carry_avals)
 
     return list(lax.while_loop(cond_fun, body_fun, list(init)))
@@ -310,10 +276,9 @@ def cond_rule(ctx, index, *ops, branches, **params):
     the same expressions; the padded outputs have equal bounds. Under
     ``vmap`` with a batched index JAX turns the switch into a select.
     """
-    dims = ctx.dims
 
     def run(branch, *xs):
-        with inner_trace(dims):
+        with ctx.state.scoped():
             return _as_dtype(ctx.eval_jaxpr(branch, *xs), ctx.out_avals)
 
     fns = [functools.partial(run, br) for br in branches]

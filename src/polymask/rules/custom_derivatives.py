@@ -24,19 +24,13 @@ def _dynamic_sizes(dims: DimEnv):
     return names, [jnp.asarray(dims.logical_values[v], jnp.int32) for v in names]
 
 
-def _env_with(dims: DimEnv, names, sizes) -> DimEnv:
-    values = dict(dims.logical_values)
-    values.update(zip(names, sizes))
-    return DimEnv(dims.scope, dims.bounds, values)
-
-
 def _all_float(xs) -> bool:
     return all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in xs)
 
 
 @register("custom_jvp_call")
 def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_zeros):
-    interp, dims = ctx._interp, ctx.dims
+    interp, dims = ctx.interpreter, ctx.dims
     consts, xs = list(args[:num_consts]), list(args[num_consts:])
     if not _all_float(xs):
         # Integer primals have float0 tangents; JAX's own rule would not use
@@ -46,7 +40,7 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
 
     @jax.custom_jvp
     def masked_call(sizes, consts, xs):
-        return interp.eval_closed(call_jaxpr, [*consts, *xs], _env_with(dims, names, sizes))
+        return interp.eval_closed(call_jaxpr, [*consts, *xs], ctx.state.with_sizes(names, sizes))
 
     @masked_call.defjvp
     def masked_call_jvp(primals, tangents):
@@ -54,7 +48,7 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
         _, _, txs = tangents
         jvp_jaxpr, jvp_consts, out_zeros = compat.call_wrapped(
             jvp_jaxpr_fun, *([False] * len(xs)))
-        env = _env_with(dims, names, sizes)
+        env = ctx.state.with_sizes(names, sizes)
         outs = interp.eval_jaxpr(jvp_jaxpr, jvp_consts, [*xs, *txs], env)
         n_out = len(out_zeros)
         primals_out, nz_tangents = outs[:n_out], iter(outs[n_out:])
@@ -68,7 +62,7 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
 @register("custom_vjp_call", "custom_vjp_call_jaxpr")
 def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, out_trees,
                     symbolic_zeros):
-    interp, dims = ctx._interp, ctx.dims
+    interp, dims = ctx.interpreter, ctx.dims
     consts, xs = list(args[:num_consts]), list(args[num_consts:])
     if not _all_float(xs):
         return ctx.eval_jaxpr(call_jaxpr, *args)
@@ -78,10 +72,10 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
 
     @jax.custom_vjp
     def masked_call(sizes, consts, xs):
-        return interp.eval_closed(call_jaxpr, [*consts, *xs], _env_with(dims, names, sizes))
+        return interp.eval_closed(call_jaxpr, [*consts, *xs], ctx.state.with_sizes(names, sizes))
 
     def masked_fwd(sizes, consts, xs):
-        env = _env_with(dims, names, sizes)
+        env = ctx.state.with_sizes(names, sizes)
         fwd_jaxpr, fwd_consts = compat.call_wrapped(fwd_jaxpr_thunk, *([True] * len(xs)))
         outs = interp.eval_jaxpr(fwd_jaxpr, fwd_consts, xs, env)
         _, res_tree, input_fwds = out_trees()
@@ -93,7 +87,7 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
 
     def masked_bwd(saved, cts):
         sizes, consts, res = saved
-        env = _env_with(dims, names, sizes)
+        env = ctx.state.with_sizes(names, sizes)
         fwd_jaxpr, _ = compat.call_wrapped(fwd_jaxpr_thunk, *([True] * len(in_avals)))
         res_avals = _residual_avals(fwd_jaxpr, out_trees()[2], in_avals)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in [*res_avals, *out_avals]]
@@ -104,7 +98,7 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
 
         bwd_closed = jax.make_jaxpr(bwd_flat)(*structs)
         cts_in = interp.eval_closed(bwd_closed, [*res, *cts], env)[num_consts:]
-        cts_in = [clean(c, env.logical_shape(a.shape)) for c, a in zip(cts_in, in_avals)]
+        cts_in = [clean(c, env.dims.logical_shape(a.shape)) for c, a in zip(cts_in, in_avals)]
         return None, [jnp.zeros_like(c) for c in consts], cts_in
 
     masked_call.defvjp(masked_fwd, masked_bwd)

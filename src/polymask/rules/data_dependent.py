@@ -31,7 +31,6 @@ from jax import lax
 from jax.interpreters import ad, batching
 
 from .. import _jax_compat as compat
-from ..prologue import Check, run_checks
 from .registry import register
 from .util import clean, is_inexact, valid_mask
 
@@ -78,10 +77,6 @@ def _bind_fresh(ctx, d, value):
     bound = int(compat.upper_bound(d))
     ctx.dims.add_var(name, bound, jnp.asarray(value, jnp.int32))
     return bound
-
-
-def _check(ctx, bad, message):
-    run_checks([Check(bad, f"{message}\n  at {ctx.source_line}")], ctx.source_line)
 
 
 def compact(valid_flat):
@@ -172,7 +167,7 @@ def boolean_mask_rule(ctx, x, m, *, axis, out_dim, check_extra):
         # compress: a condition longer than the axis may only be False there.
         n = ctx.in_logical[0][axis]
         beyond = lax.iota(jnp.int32, m.shape[0]) >= jnp.asarray(n, jnp.int32)
-        _check(ctx, jnp.any(valid & beyond),
+        ctx.require(jnp.any(valid & beyond),
                "polymask.compress: the condition selects an index beyond the logical size "
                "of the axis")
         valid = valid & ~beyond
@@ -272,7 +267,7 @@ def arange_length(start, stop, step):
 def arange_rule(ctx, start, stop, step, *, out_dim, dtype):
     length = arange_length(start, stop, step)
     bound = int(compat.upper_bound(out_dim))
-    _check(ctx, length > bound,
+    ctx.require(length > bound,
            f"polymask.arange: the length is larger than max_size={bound}")
     _bind_fresh(ctx, out_dim, jnp.minimum(length, bound))
     i = lax.iota(dtype, bound) if jnp.issubdtype(dtype, jnp.integer) else \
@@ -307,7 +302,7 @@ def dynamic_slice_rule(ctx, x, *starts_and_sizes, out_shape, fresh):
         if fresh[a]:
             bound = int(compat.upper_bound(d))
             length = jnp.clip(jnp.asarray(sizes[a], jnp.int32), 0, n)
-            _check(ctx, length > bound,
+            ctx.require(length > bound,
                    f"polymask.dynamic_slice: the size along axis {a} is larger than "
                    f"max_size={bound}")
             length = jnp.minimum(length, bound)
@@ -315,7 +310,7 @@ def dynamic_slice_rule(ctx, x, *starts_and_sizes, out_shape, fresh):
         else:
             bound = ctx.padded(d)
             length = jnp.asarray(ctx.logical(d), jnp.int32)
-            _check(ctx, length > n,
+            ctx.require(length > n,
                    f"polymask.dynamic_slice: slice size {d} along axis {a} is larger "
                    "than the logical size of the axis")
         start = jnp.clip(jnp.asarray(starts[a], jnp.int32), 0, jnp.maximum(n - length, 0))
@@ -453,7 +448,8 @@ def dynamic_unslice_rule(ctx, ct, *starts, x_shape):
 # jax.vmap *inside* mask: a shared selection batches; per-example sizes cannot
 # ----------------------------------------------------------------------------
 def _per_example_size_error(what):
-    from ..errors import UnsupportedError, user_call_site
+    from ..diagnostics import user_call_site
+    from ..errors import UnsupportedError
 
     return UnsupportedError(
         f"polymask.{what} under jax.vmap inside polymask.mask (at {user_call_site()}): "

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import _jax_compat as compat
 from ..errors import UnsupportedError
-from ..shapes import DimEnv
+from ..state import RunState
 
 _RULES: dict[str, Callable] = {}
 
@@ -70,18 +70,21 @@ class RuleContext:
 
     Attributes:
       eqn: the jaxpr equation (symbolic avals and params).
-      dims: the ``DimEnv`` (dim var bounds and logical values).
+      state: the ``RunState`` of the run (shared per-run facts, ``scoped()``).
+      dims: ``state.dims``, the ``DimEnv`` (dim var bounds and logical values).
+      interpreter: the interpreter (``eval_jaxpr`` recurses through it).
       in_logical / out_logical: per operand / result, the logical shape
         (tuple of Python ints or int32 scalars).
       in_bounds / out_bounds: per operand / result, the padded shape.
       source_line: the user's source line of this equation.
     """
 
-    def __init__(self, eqn, dims: DimEnv, interpreter):
+    def __init__(self, eqn, state: RunState):
         self.eqn = eqn
-        self.dims = dims
+        self.state = state
+        self.dims = dims = state.dims
+        self.interpreter = state.interpreter
         self.primitive = eqn.primitive
-        self._interp = interpreter
         self.in_avals = [v.aval for v in eqn.invars]
         self.out_avals = [v.aval for v in eqn.outvars]
         self.in_bounds = [_shape_of(a, dims.padded) for a in self.in_avals]
@@ -125,16 +128,26 @@ class RuleContext:
 
     def eval_jaxpr(self, closed_jaxpr, *args) -> list:
         """Evaluate an inner (closed) jaxpr with masking, sharing the dim env."""
-        return self._interp.eval_closed(closed_jaxpr, list(args), self.dims)
+        return self.interpreter.eval_closed(closed_jaxpr, list(args), self.state)
 
     def has_zero_padding(self, x) -> bool:
         """True when every padded position of ``x`` is known to hold exactly 0."""
-        return self.dims.has_zero_padding(x)
+        return self.state.has_zero_padding(x)
 
     def mark_zero_padding(self, x):
         """Declare that every padded position of the result ``x`` is exactly 0."""
-        self.dims.mark_zero_padding(x)
+        self.state.mark_zero_padding(x)
         return x
+
+    def require(self, bad, message: str) -> None:
+        """A run-time check: raise ``ShapeError(message)`` where ``bad`` holds.
+
+        ``bad`` is a bool or a traced bool; traced checks are staged like the
+        prologue's (``prologue.run_checks``).
+        """
+        from ..prologue import Check, run_checks
+
+        run_checks([Check(bad, f"{message}\n  at {self.source_line}")], self.source_line)
 
     def unsupported(self, reason: str) -> UnsupportedError:
         return UnsupportedError(

@@ -23,7 +23,6 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..prologue import Check, run_checks
 from ..shapes import is_static
 from . import layout
 from .util import is_inexact, valid_mask
@@ -55,10 +54,10 @@ def check_element_count(ctx, in_logical, out_logical) -> None:
         return
     a, b = _prod([_int(s) for s in in_logical]), _prod([_int(s) for s in out_logical])
     bad = (a != b) if is_static(a) and is_static(b) else jnp.asarray(a) != jnp.asarray(b)
-    run_checks([Check(bad, (
+    ctx.require(bad, (
         f"reshape {ctx.in_avals[0].shape} -> {ctx.out_avals[0].shape} changes the number "
         f"of logical elements for these sizes; state the divisibility in the spec "
-        f"(e.g. '2*k') or as a constraint (e.g. 'mod(n, 2) == 0')"))], ctx.source_line)
+        f"(e.g. '2*k') or as a constraint (e.g. 'mod(n, 2) == 0')"))
 
 
 def relayout_indices(in_logical, in_bounds, out_logical, out_bounds):

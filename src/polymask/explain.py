@@ -28,10 +28,14 @@ import numpy as np
 
 from . import _jax_compat as compat
 from .errors import ShapeError
-from .interpreter import Interpreter, run_program, solve_dim_vars, trace_masked
+from .interpreter import Interpreter, all_sizes_at_bound, run_program
 from .masked import Masked
+from .prologue import solve_dim_vars
+from .rules import get_rule
 from .rules.registry import substitute_dims
 from .shapes import DimEnv, is_static
+from .state import RunState
+from .trace import trace as trace_masked
 
 __all__ = ["shape_formula", "explain", "ShapeFormula", "Explanation"]
 
@@ -423,23 +427,23 @@ class _ExplainInterpreter(Interpreter):
 
     def __init__(self, concrete_sizes: dict | None):
         super().__init__()
-        self.trace_log = []
         self.rows: list[Row] = []
         self.depth = 0
         self.concrete = concrete_sizes
         self._plain = Interpreter()
         self._src_stack: list[str] = []
 
-    def eval_jaxpr(self, jaxpr, consts, args, dims):
+    def eval_jaxpr(self, jaxpr, consts, args, state):
         self.depth += 1
         try:
-            return super().eval_jaxpr(jaxpr, consts, args, dims)
+            return super().eval_jaxpr(jaxpr, consts, args, state)
         finally:
             self.depth -= 1
 
-    def _emitted(self, eqn, invals, dims) -> dict[str, int] | None:
+    def _emitted(self, eqn, invals, state) -> dict[str, int] | None:
         """Primitives the rule emits for ``eqn`` (besides the op and size arithmetic)."""
         arr_idx = [i for i, x in enumerate(invals) if _is_traced_array(x)]
+        dims = state.dims
         names = [k for k, v in dims.logical_values.items() if not is_static(v)]
 
         def sub(arrs, lvals):
@@ -448,9 +452,8 @@ class _ExplainInterpreter(Interpreter):
                 vals[i] = a
             lv = dict(dims.logical_values)
             lv.update(zip(names, lvals))
-            env = DimEnv(dims.scope, dims.bounds, lv)
-            for k, v in dims.__dict__.items():  # e.g. the stack of jaxprs being walked
-                env.__dict__.setdefault(k, v)
+            env = RunState(DimEnv(dims.scope, dims.bounds, lv), self._plain,
+                           list(state.jaxpr_stack), dict(state.invar_links))
             return self._plain.apply(eqn, vals, env)
 
         try:
@@ -474,7 +477,8 @@ class _ExplainInterpreter(Interpreter):
             counts[e.primitive.name] += 1
         return dict(counts)
 
-    def apply(self, eqn, invals, dims):
+    def apply(self, eqn, invals, state):
+        dims = state.dims
         size_query = None
         nested = _has_inner(eqn)
         if eqn.primitive is compat.dim_as_value_p:
@@ -483,7 +487,7 @@ class _ExplainInterpreter(Interpreter):
         elif nested:
             inserted = {}
         else:
-            inserted = self._emitted(eqn, invals, dims)
+            inserted = self._emitted(eqn, invals, state)
         src = compat.source_line(eqn.source_info)
         if src.startswith("<unknown") and self._src_stack:
             src = self._src_stack[-1]
@@ -498,10 +502,12 @@ class _ExplainInterpreter(Interpreter):
         self.rows.append(row)  # before the rule runs: nested equations come after it
         self._src_stack.append(src)
         try:
-            outs = super().apply(eqn, invals, dims)
+            outs = super().apply(eqn, invals, state)
         finally:
             self._src_stack.pop()
-        row.rule = self.trace_log[-1]["rule"] if self.trace_log else "?"
+        rule = get_rule(eqn.primitive.name)
+        static = rule is None or all_sizes_at_bound(eqn, dims)
+        row.rule = "static" if static else getattr(rule, "__name__", "rule")
         row.bounds = [tuple(dims.padded(d) for d in getattr(a, "shape", ())) for a in avals]
         if self.concrete is not None:
             try:

@@ -1,0 +1,215 @@
+"""Symbolic tracing: the user's function as a jaxpr over dimension expressions.
+
+``trace(fun, args, in_specs, constraints)`` traces ``fun`` once per padded
+signature with ``jax.make_jaxpr`` on ``ShapeDtypeStruct``s whose shapes are
+``jax.export`` dimension expressions, so every size-derived value stays
+symbolic (``dim_as_value``, as Thunder's shape primitive keeps it). The result
+is a ``MaskedProgram``: the jaxpr plus everything the prologue and the
+interpreter need to run it on padded arrays.
+
+``current_scope()`` is the ``SymbolicScope`` of the trace in progress; the
+data-dependent ops create their fresh dim vars in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _jax_compat as compat
+from .diagnostics import is_library_frame, translate_trace_error
+from .errors import ShapeError, UnsupportedError
+from .masked import Masked
+from .shapes import DimEnv
+from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
+
+__all__ = ["MaskedProgram", "trace", "current_scope", "is_masked", "flatten_args",
+           "dtype_of"]
+
+_TRACE_STATE = threading.local()
+
+# polymask's ops bind their primitives while the user's function is traced:
+# their equations should report the user's line, not ops.py's.
+_OPS_FILES = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops.py"),)
+
+
+def is_masked(x) -> bool:
+    return isinstance(x, Masked)
+
+
+def dtype_of(x):
+    return x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype
+
+
+def flatten_args(args: Sequence[Any]):
+    """Leaves (a ``Masked`` is one leaf) and treedef of a call's positional args."""
+    return jax.tree_util.tree_flatten(tuple(args), is_leaf=is_masked)
+
+
+def current_scope():
+    """The ``SymbolicScope`` of the masked trace in progress (None outside one)."""
+    stack = getattr(_TRACE_STATE, "scopes", None)
+    return stack[-1] if stack else None
+
+
+@contextmanager
+def _scope_active(scope) -> Iterator[None]:
+    if not hasattr(_TRACE_STATE, "scopes"):
+        _TRACE_STATE.scopes = []
+    _TRACE_STATE.scopes.append(scope)
+    try:
+        yield
+    finally:
+        _TRACE_STATE.scopes.pop()
+
+
+@dataclasses.dataclass
+class MaskedProgram:
+    """One symbolic trace of a function at a padded signature.
+
+    Attributes:
+      closed_jaxpr: the traced jaxpr; avals have dimension expressions.
+      scope: the ``SymbolicScope`` of its dim vars (bounds are constraints).
+      axis_specs: per input leaf, the ``AxisSpec`` of each axis.
+      var_bounds: the bound (largest logical size) of each spec dim var.
+      leaf_bounds: per input leaf, its padded shape in this program.
+      out_tree: the treedef of the function's outputs.
+      var_order: spec dim vars in order of first appearance.
+      assumed_unequal: symbolic ``a == b`` that JAX decided as False in user
+        code, as ``(a, b, "file:line (fn)")``; the prologue checks them.
+    """
+
+    closed_jaxpr: Any
+    scope: Any
+    axis_specs: list[list[AxisSpec]]
+    var_bounds: dict[str, int]
+    leaf_bounds: list[tuple[int, ...]]
+    out_tree: Any
+    var_order: list[str]
+    assumed_unequal: list[tuple[Any, Any, str]] = dataclasses.field(default_factory=list)
+
+    @property
+    def out_shapes(self) -> list[tuple]:
+        """Symbolic output shapes (dimension expressions) per output leaf."""
+        return [tuple(v.aval.shape) for v in self.closed_jaxpr.jaxpr.outvars]
+
+    def out_bounds(self) -> list[tuple[int, ...]]:
+        """Padded output shapes per output leaf."""
+        env = DimEnv(self.scope, self.var_bounds, {})
+        return [env.padded_shape(s) for s in self.out_shapes]
+
+
+def _arg_paths(args) -> list[str]:
+    flat = jax.tree_util.tree_flatten_with_path(tuple(args), is_leaf=is_masked)[0]
+    return ["args" + jax.tree_util.keystr(p) for p, _ in flat]
+
+
+def _leaf_data(leaf):
+    return leaf.data if is_masked(leaf) else leaf
+
+
+def _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name) -> list[list[AxisSpec]]:
+    out = []
+    for leaf, spec, path in zip(leaves, spec_leaves, paths):
+        padded = tuple(int(d) for d in np.shape(_leaf_data(leaf)))
+        out.append(parse_leaf_spec(spec, path, padded, scope,
+                                   default_dynamic=is_masked(leaf), name_gen=gen_name))
+    return out
+
+
+def _check_constraint_vars(scope, axis_specs) -> None:
+    spec_vars = {a.var for axes in axis_specs for a in axes if a.var}
+    for _, e1, e2, text in compat.explicit_constraints(scope):
+        unknown = (compat.dim_vars(e1) | compat.dim_vars(e2)) - spec_vars
+        if unknown:
+            raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(unknown)}; "
+                             f"the specs define {sorted(spec_vars)}")
+
+
+def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:
+    """Each dim var's bound: the smallest one its axes' padded sizes allow."""
+    bounds: dict[str, int] = {}
+    order: list[str] = []
+    for leaf, axes in zip(leaves, axis_specs):
+        shape = np.shape(_leaf_data(leaf))
+        for a in axes:
+            if a.var is None:
+                continue
+            data_bound = (int(shape[a.axis]) - a.offset) // a.coeff
+            if a.var not in bounds:
+                order.append(a.var)
+                bounds[a.var] = data_bound
+            else:
+                bounds[a.var] = min(bounds[a.var], data_bound)
+    for v, b in bounds.items():
+        if b < 1:
+            raise ShapeError(f"dim var '{v}' has bound {b}: padded sizes must leave room for "
+                             "at least one element (bound >= 1)")
+    return bounds, order
+
+
+def _dedupe(records):
+    seen, out = set(), []
+    for a, b, where in records:
+        key = (str(a), str(b), where)
+        if key not in seen:
+            seen.add(key)
+            out.append((a, b, where))
+    return out
+
+
+def trace(fun: Callable, args: Sequence[Any], in_specs=None,
+          constraints: Sequence[str] = ()) -> tuple[MaskedProgram, list]:
+    """Trace ``fun`` symbolically at the padded signature of ``args``.
+
+    Returns ``(program, leaves)`` where ``leaves`` are the flat input leaves.
+
+    Raises:
+      ShapeError: a bad spec or constraint, or a size question JAX cannot
+        decide while tracing (translated by ``diagnostics``).
+      UnsupportedError: raised by a polymask op while tracing.
+    """
+    leaves, in_tree = flatten_args(args)
+    spec_leaves = broadcast_specs(in_specs, list(args), is_masked)
+    scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
+    axis_specs = _parse_axis_specs(leaves, spec_leaves, _arg_paths(args), scope, gen_name)
+    _check_constraint_vars(scope, axis_specs)
+    var_bounds, var_order = _var_bounds(leaves, axis_specs)
+    for v, b in var_bounds.items():
+        compat.add_constraint(scope, f"{v} <= {b}")
+
+    env = DimEnv(scope, var_bounds, {})
+    leaf_bounds = [tuple(env.padded(a.expr) for a in axes) for axes in axis_specs]
+    avals = [jax.ShapeDtypeStruct(tuple(a.expr for a in axes), dtype_of(_leaf_data(leaf)))
+             for leaf, axes in zip(leaves, axis_specs)]
+
+    out_trees = []
+
+    def flat_fun(*flat):
+        out = fun(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
+        out_flat, out_tree = jax.tree_util.tree_flatten(out, is_leaf=is_masked)
+        out_trees.append(out_tree)
+        return [_leaf_data(o) for o in out_flat]
+
+    hooks = compat.trace_hooks(_OPS_FILES, lambda f: not is_library_frame(f))
+    try:
+        with _scope_active(scope), hooks as unsound_equalities:
+            closed = jax.make_jaxpr(flat_fun)(*avals)
+    except (ShapeError, UnsupportedError):
+        raise
+    except Exception as e:
+        translated = translate_trace_error(e)
+        if translated is not None:
+            raise translated from None
+        raise
+    prog = MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
+                         var_order, _dedupe(unsound_equalities))
+    return prog, leaves
