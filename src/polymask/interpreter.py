@@ -42,23 +42,30 @@ def _has_inner_jaxpr(params) -> bool:
     return False
 
 
-def _dim_exprs(eqn) -> list:
-    exprs = [d for v in (*eqn.invars, *eqn.outvars)
-             for d in getattr(v.aval, "shape", ()) if compat.is_dim_expr(d)]
-    substitute_dims(dict(eqn.params), lambda d: exprs.append(d) or d)
-    return exprs
+def _params_have_dims(params) -> bool:
+    found = []
+    substitute_dims(dict(params), lambda d: found.append(d) or d)
+    return bool(found)
 
 
 def all_sizes_at_bound(eqn, dims: DimEnv) -> bool:
-    """Every size of the equation is static and equal to its bound: no padding at all."""
-    if _has_inner_jaxpr(eqn.params):
+    """The static fast path applies: every size of ``eqn`` is static and at its bound.
+
+    Then nothing is padded and the primitive is bound unchanged. Equations
+    with sizes in their params (``dim_as_value``, a ``broadcast_in_dim`` to a
+    symbolic shape) and with inner jaxprs always go through their rule.
+    """
+    if _has_inner_jaxpr(eqn.params) or _params_have_dims(eqn.params):
         return False
-    for d in _dim_exprs(eqn):
-        if not compat.dim_vars(d) <= set(dims.logical_values):
-            return False
-        val = dims.logical(d)
-        if not is_static(val) or int(val) != dims.padded(d):
-            return False
+    for v in (*eqn.invars, *eqn.outvars):
+        for d in getattr(v.aval, "shape", ()):
+            if not compat.is_dim_expr(d):
+                continue
+            if not compat.dim_vars(d) <= set(dims.logical_values):
+                return False
+            val = dims.logical(d)
+            if not is_static(val) or int(val) != dims.padded(d):
+                return False
     return True
 
 
@@ -101,7 +108,7 @@ class Interpreter:
     def _apply_rule(self, eqn, invals, state: RunState):
         prim = eqn.primitive
         if all_sizes_at_bound(eqn, state.dims):
-            return prim.bind(*invals, **substitute_dims(dict(eqn.params), state.dims.padded))
+            return prim.bind(*invals, **eqn.params)
         rule = get_rule(prim.name)
         if rule is None:
             raise UnsupportedError(

@@ -41,14 +41,6 @@ class AxisSpec:
         return f"{self.path}.shape[{self.axis}]"
 
 
-def leaf_paths(args_tree_paths) -> list[str]:
-    out = []
-    for path in args_tree_paths:
-        s = "args" + jax.tree_util.keystr(path)
-        out.append(s)
-    return out
-
-
 def _linear_in_one_var(e, where: str) -> tuple[str, int, int]:
     names = sorted(compat.dim_vars(e))
     if len(names) != 1:

@@ -38,7 +38,8 @@ _TRACE_STATE = threading.local()
 
 # polymask's ops bind their primitives while the user's function is traced:
 # their equations should report the user's line, not ops.py's.
-_OPS_FILES = (os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops.py"),)
+_OPS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops")
+_OPS_FILES = tuple(os.path.join(_OPS_DIR, f) for f in ("selection.py", "sized.py", "_common.py"))
 
 
 def is_masked(x) -> bool:

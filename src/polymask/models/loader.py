@@ -16,7 +16,6 @@ import json
 import pathlib
 import threading
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -115,10 +114,6 @@ class SentenceEncoder:
         """Embeddings ``(N, hidden_size)`` of ``texts`` (L2-normalised, float32)."""
         return self.embed_ids(self.tokenize(texts), buckets=buckets, batch_size=batch_size,
                               progress=progress)
-
-    def exact_jit(self):
-        """Plain ``jax.jit`` of the same function (compiles once per token length)."""
-        return jax.jit(self.embed_fn())
 
 
 def load(model_dir=None, dtype=jnp.float32) -> SentenceEncoder:

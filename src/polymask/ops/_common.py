@@ -1,0 +1,82 @@
+"""Shared by the data-dependent ops: fresh dim vars, padded sizes, eager fallback."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .. import _jax_compat as compat
+from ..diagnostics import user_call_site
+from ..errors import ShapeError
+from ..trace import current_scope
+
+_COUNTER = itertools.count(1)
+
+
+def _scope():
+    return current_scope()
+
+
+def _fresh(bound: int, at_most=None):
+    """A fresh dim var ``_uK <= bound`` in the masked trace's scope.
+
+    ``at_most``: a symbolic size it never exceeds (``_uK <= n``), so that
+    shapes such as ``n - _uK`` trace as non-negative.
+    """
+    scope = _scope()
+    name = f"_u{next(_COUNTER)}"
+    d = compat.fresh_dim(name, scope)
+    compat.add_constraint(scope, f"{name} <= {max(int(bound), 1)}")
+    # Only when JAX's bound of `at_most` (which assumes dim vars >= 1) is its
+    # true bound: `_u <= n - m` would cap _u below n when m = 0.
+    if (at_most is not None and compat.is_dim_expr(at_most)
+            and compat.upper_bound(at_most) >= _padded(at_most)):
+        try:
+            compat.add_constraint(scope, f"{name} <= {at_most}")
+        except Exception:  # an expression JAX cannot use as a constraint: bound only
+            pass
+    return d
+
+
+def _size(shape):
+    """Number of elements of a (symbolic) shape, as a dimension expression or int."""
+    return math.prod(shape)
+
+
+def _padded(d) -> int:
+    """Padded size of an operand's axis, exactly as the interpreter computes it."""
+    if not compat.is_dim_expr(d):
+        return int(d)
+    from ..shapes import DimEnv
+
+    return DimEnv(_scope(), {}, {}).padded(d)
+
+
+def _bound(shape) -> int:
+    """Padded number of elements of an operand of (symbolic) ``shape``."""
+    return math.prod(_padded(d) for d in shape)
+
+
+_CONCRETIZATION = (jax.errors.ConcretizationTypeError, jax.errors.NonConcreteBooleanIndexError,
+                   jax.errors.TracerIntegerConversionError)
+
+
+def _eager(name, fn, *args, hint="", **kwargs):
+    """Run the ``jax.numpy`` version; explain what to do when the size is not concrete."""
+    args = [jnp.asarray(a) if isinstance(a, (list, tuple)) else a for a in args]
+    try:
+        return fn(*args, **kwargs)
+    except _CONCRETIZATION as e:
+        raise ShapeError(
+            f"polymask.{name} has a data-dependent output size, which needs concrete inputs "
+            f"(called at {user_call_site()}). Inside jax.jit / jax.vmap call it within "
+            f"polymask.mask, where the size becomes a logical size with a known bound{hint}."
+            f"\n  JAX said: {str(e).splitlines()[0]}") from None
+
+
+def _masking(*args) -> bool:
+    """True while a masked trace is in progress (polymask.mask's make_jaxpr)."""
+    return _scope() is not None
