@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -95,19 +96,25 @@ def fresh_dim(name: str, scope: SymbolicScope):
     return jax.export.symbolic_shape(name, scope=scope)[0]
 
 
+_POLYMASK_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
 def source_line(source_info) -> str:
-    """``file:line (function)`` of the user frame of an equation's source info."""
+    """``file:line (function)`` of the user frame of an equation's source info.
+
+    The innermost frame outside JAX (JAX's own filter) and outside polymask:
+    polymask's ops bind primitives while the user's function is traced, and
+    their equations should report the user's call.
+    """
     try:
-        frame = _source_info_util.user_frame(source_info.traceback)
+        frames = _source_info_util.user_frames(source_info.traceback)
+        frame = next((f for f in frames
+                      if not os.path.abspath(f.file_name).startswith(_POLYMASK_DIR)), None)
     except Exception:  # pragma: no cover - defensive
         frame = None
     if frame is None:
         return "<unknown location>"
     return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
-
-
-def new_jaxpr_eqn_source(eqn):
-    return eqn.source_info
 
 
 def is_jaxpr_literal(v) -> bool:
@@ -201,29 +208,23 @@ _HOOK_TLS = threading.local()
 
 
 @contextlib.contextmanager
-def trace_hooks(excluded_paths: Sequence[str], is_user_frame) -> Iterator[list]:
+def trace_hooks(is_user_frame) -> Iterator[list]:
     """The JAX hooks a masked trace needs, installed for its duration only.
 
-    - Equations bound from ``excluded_paths`` (polymask's own ops) report
-      their caller's line as the user's line (``source_info_util``).
-    - ``DimExpr.__eq__``/``__ne__`` record each symbolic ``==`` that JAX
-      decided as False without a proof, made from a frame for which
-      ``is_user_frame(filename)`` holds (see ``_recording_eq``).
+    ``DimExpr.__eq__``/``__ne__`` record each symbolic ``==`` that JAX decided
+    as False without a proof, made from a frame for which
+    ``is_user_frame(filename)`` holds (see ``_recording_eq``).
 
-    Yields the list the equality records are appended to, as
-    ``(lhs, rhs, "file:line (function)")``. Both hooks are removed when the
-    last trace in progress (in any thread) ends.
+    Yields the list the records are appended to, as ``(lhs, rhs,
+    "file:line (function)")``. The hook is removed when the last trace in
+    progress (in any thread) ends.
     """
     global _HOOK_USERS, _HOOK_ORIG
     records: list = []
     with _HOOK_LOCK:
         if _HOOK_USERS == 0:
-            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__,
-                          list(_source_info_util._exclude_paths))
+            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__)
             DimExpr.__eq__, DimExpr.__ne__ = _recording_eq(_HOOK_ORIG[0])
-        for p in excluded_paths:
-            if p not in _source_info_util._exclude_paths:
-                _source_info_util.register_exclusion(p)
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
     stack.append((records, is_user_frame))
@@ -234,10 +235,7 @@ def trace_hooks(excluded_paths: Sequence[str], is_user_frame) -> Iterator[list]:
         with _HOOK_LOCK:
             _HOOK_USERS -= 1
             if _HOOK_USERS == 0:
-                DimExpr.__eq__, DimExpr.__ne__, paths = _HOOK_ORIG
-                _source_info_util._exclude_paths[:] = paths
-                _source_info_util._exclude_path_regex.cache_clear()
-                _source_info_util.is_user_filename.cache_clear()
+                DimExpr.__eq__, DimExpr.__ne__ = _HOOK_ORIG
 
 
 def hooks_installed() -> bool:

@@ -14,7 +14,6 @@ data-dependent ops create their fresh dim vars in it.
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -35,11 +34,6 @@ __all__ = ["MaskedProgram", "trace", "current_scope", "is_masked", "flatten_args
            "dtype_of"]
 
 _TRACE_STATE = threading.local()
-
-# polymask's ops bind their primitives while the user's function is traced:
-# their equations should report the user's line, not ops.py's.
-_OPS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops")
-_OPS_FILES = tuple(os.path.join(_OPS_DIR, f) for f in ("selection.py", "sized.py", "_common.py"))
 
 
 def is_masked(x) -> bool:
@@ -200,7 +194,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
         out_trees.append(out_tree)
         return [_leaf_data(o) for o in out_flat]
 
-    hooks = compat.trace_hooks(_OPS_FILES, lambda f: not is_library_frame(f))
+    hooks = compat.trace_hooks(lambda f: not is_library_frame(f))
     try:
         with _scope_active(scope), hooks as unsound_equalities:
             closed = jax.make_jaxpr(flat_fun)(*avals)

@@ -54,6 +54,12 @@ class MaskedFunction:
         self._cache: dict[Any, MaskedProgram] = {}
         self._lock = threading.Lock()
 
+    @property
+    def programs(self) -> tuple[MaskedProgram, ...]:
+        """The masked programs traced so far (one per padded signature)."""
+        with self._lock:
+            return tuple(self._cache.values())
+
     def program(self, *args) -> tuple[MaskedProgram, list]:
         """The masked program for the padded signature of ``args`` (traced once per signature).
 
