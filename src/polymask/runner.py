@@ -94,9 +94,15 @@ def _build_inner(fun, entry: _Entry, in_tree, plan: CallPlan, in_specs, constrai
     var_index = {v: i for i, v in enumerate(plan.var_names)}
     n_static = sum(1 for p in plan.leaves if p.static)
 
+    def size(a, sizes):
+        if a.var is None:
+            return a.expr
+        s = sizes[var_index[a.var]]
+        s = s * a.coeff if a.coeff != 1 else s
+        return s + a.offset if a.offset else s
+
     def logical(axes, sizes):
-        return tuple(a.expr if a.var is None else sizes[var_index[a.var]] * a.coeff + a.offset
-                     for a in axes)
+        return tuple(size(a, sizes) for a in axes)
 
     def inner(*flat_in):
         bcast_leaves = flat_in[:n_bcast_leaves]
