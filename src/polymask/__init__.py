@@ -24,7 +24,8 @@ from .ops import (
     unique,
     where,
 )
-from .runner import jit, ragged_map
+from .ragged import ragged_map
+from .runner import jit
 from .transform import mask
 
 __all__ = [
