@@ -1,15 +1,11 @@
 """``explain``: the masked trace of a program, annotated equation by equation.
 
-``explain`` runs the masking interpreter once under ``jax.make_jaxpr`` with
-the logical sizes as traced values, so every mask a rule inserts is visible.
-An interpreter observer evaluates each user equation inside its own
-``jax.named_scope``; the equations of the resulting masked jaxpr are then
-attributed to user equations by their name stack (nothing is traced twice).
-Each equation is reported with its symbolic output shape, its padded bound,
-its masking rule, what the rule inserted and the user source line it came
-from. Size computations are listed once per distinct dimension expression:
-the masked program computes each one once (``DimEnv.logical`` caches per
-expression), however many times user code queries it.
+The masking interpreter runs once under ``jax.make_jaxpr`` with the logical
+sizes traced, so every mask a rule inserts is visible. An interpreter
+observer evaluates each user equation inside its own ``jax.named_scope``; the
+equations of the masked jaxpr are attributed to user equations by their name
+stack (nothing is traced twice). Size computations are listed once per
+distinct dimension expression (``DimEnv.logical`` caches per expression).
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import linecache
-import os
 import re
 from typing import Any
 
@@ -30,15 +25,19 @@ from .formula import (
     _PLACEHOLDER_BOUND,
     _abstractify,
     _args_from_specs,
+    _concrete_sizes,
     _dim_str,
+    _has_inner,
     _is_masked,
     _is_shape_tuple,
+    _short_path,
+    _size_table,
+    _walk_eqns,
 )
 from .interpreter import Interpreter, all_sizes_at_bound, run_program
 from .masked import Masked
 from .prologue import solve_dim_vars
 from .rules import get_rule
-from .rules.registry import substitute_dims
 from .shapes import DimEnv
 from .trace import trace as trace_masked
 
@@ -123,20 +122,6 @@ def _inserted_str(r: Row) -> str:
     if not r.inserted:
         return "-"
     return " ".join(f"{k}\u00d7{v}" if v > 1 else k for k, v in r.inserted.items())
-
-
-def _short_path(src: str) -> str:
-    m = re.match(r"(.*):(\d+) \((.*)\)$", src)
-    if not m:
-        return src
-    path = m.group(1)
-    try:
-        rel = os.path.relpath(path)
-        if len(rel) < len(path):
-            path = rel
-    except ValueError:
-        pass
-    return f"{path}:{m.group(2)} ({m.group(3)})"
 
 
 def _source_code(src: str) -> str:
@@ -256,22 +241,8 @@ def _inner_jaxprs(eqn, sizes: set):
                       if not compat.is_jaxpr_literal(ov) and ov in sizes}
 
 
-def _has_inner(eqn) -> bool:
-    return any(isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr))
-               for p in eqn.params.values()
-               for x in (p if isinstance(p, (tuple, list)) else (p,)))
-
-
 def _aval_str(aval) -> str:
     return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else str(aval)
-
-
-def _concrete_sizes(prog, leaves) -> dict | None:
-    """Dim var values from example ``Masked`` sizes, when all are concrete."""
-    values, _ = solve_dim_vars(prog, leaves, checks_on=False)
-    if any(compat.is_tracer(v) for v in values.values()):
-        return None
-    return {k: int(np.asarray(v)) for k, v in values.items()}
 
 
 def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=None,
@@ -312,12 +283,8 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     prog, absleaves = trace_masked(fun, absargs, in_specs, constraints)
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: _is_masked(v) or
                                           _is_shape_tuple(v))
-    ex_leaves = []
-    for a, b in zip(leaves_in, absleaves):
-        if _is_masked(a):
-            ex_leaves.append(Masked(b.data if _is_masked(b) else b, a.shape))
-        else:
-            ex_leaves.append(b)
+    ex_leaves = [Masked(b.data if _is_masked(b) else b, a.shape) if _is_masked(a) else b
+                 for a, b in zip(leaves_in, absleaves)]
     concrete = _concrete_sizes(prog, ex_leaves) if any(map(_is_masked, leaves_in)) else None
 
     # Every dynamic axis gets a traced int32 size so the masks become visible.
@@ -351,65 +318,6 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if print_output:
         print(text, file=file)
     return result
-
-
-def _all_exprs(shapes_and_dims):
-    for d in shapes_and_dims:
-        if compat.is_dim_expr(d):
-            yield d
-
-
-def _size_table(prog, concrete) -> dict[str, dict]:
-    dims = DimEnv(prog.scope, prog.var_bounds, {})
-    cdims = DimEnv(prog.scope, prog.var_bounds, concrete) if concrete else None
-    table: dict[str, dict] = {}
-
-    def add(d, where, query):
-        key = _dim_str(d)
-        if key not in table:
-            try:
-                bound = dims.padded(d)
-            except Exception:
-                bound = "?"
-            logical = None
-            if cdims is not None:
-                try:
-                    logical = cdims.logical(d)
-                except Exception:
-                    logical = None
-            table[key] = {"bound": bound, "logical": logical, "queries": 0,
-                          "first_use": where, "expr": d}
-        if query:
-            table[key]["queries"] += 1
-
-    for v in prog.var_order:
-        (e,) = jax.export.symbolic_shape(v, scope=prog.scope)
-        add(e, "input", False)
-    eqns = _walk_eqns(prog.closed_jaxpr.jaxpr)
-    for eqn in eqns:
-        src = _short_path(compat.source_line(eqn.source_info))
-        if eqn.primitive is compat.dim_as_value_p:
-            add(eqn.params["dim"], src, True)
-        for v in eqn.outvars:
-            for d in _all_exprs(getattr(v.aval, "shape", ())):
-                add(d, src, False)
-        if not _has_inner(eqn):  # sizes in params: SAME padding, slice limits, ...
-            found: list = []
-            substitute_dims(dict(eqn.params), lambda d: found.append(d) or d)
-            for d in found:
-                add(d, src + f" ({eqn.primitive.name} param)", False)
-    return table
-
-
-def _walk_eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for p in eqn.params.values():
-            for x in (p if isinstance(p, (tuple, list)) else (p,)):
-                if isinstance(x, compat.ClosedJaxpr):
-                    yield from _walk_eqns(x.jaxpr)
-                elif isinstance(x, compat.Jaxpr):
-                    yield from _walk_eqns(x)
 
 
 def _header(fun, prog, concrete, masked_jaxpr) -> str:

@@ -10,6 +10,7 @@ helpers here (``_abstractify``, ``_args_from_specs``) are shared with
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Any
 
@@ -20,6 +21,8 @@ import numpy as np
 from . import _jax_compat as compat
 from .errors import ShapeError
 from .masked import Masked
+from .prologue import solve_dim_vars
+from .rules.registry import substitute_dims
 from .shapes import DimEnv
 from .trace import trace as trace_masked
 
@@ -293,3 +296,93 @@ def _args_from_specs(in_specs, dtype):
         out.append(jax.tree_util.tree_map(lambda s, i=i: one(s, f"in_specs[{i}]"), spec,
                                           is_leaf=lambda s: s is None or isinstance(s, str)))
     return tuple(out)
+
+
+def _concrete_sizes(prog, leaves) -> dict | None:
+    """Dim var values from example ``Masked`` sizes, when all are concrete."""
+    values, _ = solve_dim_vars(prog, leaves, checks_on=False)
+    if any(compat.is_tracer(v) for v in values.values()):
+        return None
+    return {k: int(np.asarray(v)) for k, v in values.items()}
+
+
+# ----------------------------------------------------------------------------
+# The size expressions of a traced program (explain's sizes table)
+# ----------------------------------------------------------------------------
+def _all_exprs(shapes_and_dims):
+    for d in shapes_and_dims:
+        if compat.is_dim_expr(d):
+            yield d
+
+
+def _size_table(prog, concrete) -> dict[str, dict]:
+    dims = DimEnv(prog.scope, prog.var_bounds, {})
+    cdims = DimEnv(prog.scope, prog.var_bounds, concrete) if concrete else None
+    table: dict[str, dict] = {}
+
+    def add(d, where, query):
+        key = _dim_str(d)
+        if key not in table:
+            try:
+                bound = dims.padded(d)
+            except Exception:
+                bound = "?"
+            logical = None
+            if cdims is not None:
+                try:
+                    logical = cdims.logical(d)
+                except Exception:
+                    logical = None
+            table[key] = {"bound": bound, "logical": logical, "queries": 0,
+                          "first_use": where, "expr": d}
+        if query:
+            table[key]["queries"] += 1
+
+    for v in prog.var_order:
+        (e,) = jax.export.symbolic_shape(v, scope=prog.scope)
+        add(e, "input", False)
+    eqns = _walk_eqns(prog.closed_jaxpr.jaxpr)
+    for eqn in eqns:
+        src = _short_path(compat.source_line(eqn.source_info))
+        if eqn.primitive is compat.dim_as_value_p:
+            add(eqn.params["dim"], src, True)
+        for v in eqn.outvars:
+            for d in _all_exprs(getattr(v.aval, "shape", ())):
+                add(d, src, False)
+        if not _has_inner(eqn):  # sizes in params: SAME padding, slice limits, ...
+            found: list = []
+            substitute_dims(dict(eqn.params), lambda d: found.append(d) or d)
+            for d in found:
+                add(d, src + f" ({eqn.primitive.name} param)", False)
+    return table
+
+
+def _walk_eqns(jaxpr):
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for p in eqn.params.values():
+            for x in (p if isinstance(p, (tuple, list)) else (p,)):
+                if isinstance(x, compat.ClosedJaxpr):
+                    yield from _walk_eqns(x.jaxpr)
+                elif isinstance(x, compat.Jaxpr):
+                    yield from _walk_eqns(x)
+
+
+def _has_inner(eqn) -> bool:
+    return any(isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr))
+               for p in eqn.params.values()
+               for x in (p if isinstance(p, (tuple, list)) else (p,)))
+
+
+def _short_path(src: str) -> str:
+    m = re.match(r"(.*):(\d+) \((.*)\)$", src)
+    if not m:
+        return src
+    path = m.group(1)
+    try:
+        rel = os.path.relpath(path)
+        if len(rel) < len(path):
+            path = rel
+    except ValueError:
+        pass
+    return f"{path}:{m.group(2)} ({m.group(3)})"
