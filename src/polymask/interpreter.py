@@ -50,8 +50,12 @@ def _dim_exprs(eqn) -> list:
 
 
 def all_sizes_at_bound(eqn, dims: DimEnv) -> bool:
-    """Every size of the equation is static and equal to its bound: no padding at all."""
-    if _has_inner_jaxpr(eqn.params):
+    """Every size of the equation is static and equal to its bound: no padding at all.
+
+    ``dim_as_value`` always goes through its rule: JAX has no evaluation rule
+    for it outside ``jax.export``.
+    """
+    if _has_inner_jaxpr(eqn.params) or eqn.primitive is compat.dim_as_value_p:
         return False
     for d in _dim_exprs(eqn):
         if not compat.dim_vars(d) <= set(dims.logical_values):
