@@ -52,6 +52,17 @@ def _bind_in_context(eqn, x):
         return jax.lax.sin(x)
 
 
+def test_name_scopes():
+    def f(x):
+        with jax.named_scope("outer"), jax.named_scope("inner"):
+            y = jax.grad(jnp.sin)(x)
+        return y + 1.0
+
+    eqns = jax.make_jaxpr(f)(1.0).jaxpr.eqns
+    assert compat.name_scopes(eqns[0].source_info)[:2] == ("outer", "inner")
+    assert compat.name_scopes(eqns[-1].source_info) == ()
+
+
 def test_dim_as_value_is_the_shape_primitive():
     _, n = scope_and_n()
     jaxpr = jax.make_jaxpr(lambda x: x.shape[0] * 1.0)(jax.ShapeDtypeStruct((n,), jnp.float32))

@@ -130,6 +130,17 @@ def user_context(source_info):
     return _source_info_util.user_context(source_info.traceback)
 
 
+def name_scopes(source_info) -> tuple[str, ...]:
+    """The ``jax.named_scope`` names on an equation's name stack, outermost first.
+
+    Transforms (``jvp(...)``, ``transpose(...)``) are left out. Inner jaxprs
+    (jit, scan bodies) are traced under a fresh name stack, so their
+    equations carry only the scopes entered inside that trace.
+    """
+    return tuple(s.name for s in source_info.name_stack.stack
+                 if isinstance(s, _source_info_util.Scope))
+
+
 def is_tracer(x) -> bool:
     return isinstance(x, _core.Tracer)
 
