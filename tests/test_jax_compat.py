@@ -92,3 +92,27 @@ def test_trace_hooks_are_removed_after_a_masked_trace():
     pm.mask(lambda x: x * 2, "n")(pm.Masked(jnp.ones(4), (3,)))
     assert not compat.hooks_installed()
     assert type(scope_and_n()[1]).__eq__ is orig_eq
+
+
+def test_rule_tables_of_polymask_primitives():
+    """def_jvp / def_transpose / def_linear / def_batching on a fresh primitive."""
+    double_p = compat.Primitive("polymask_test_double")
+    double_p.def_impl(lambda x: 2 * x)
+    double_p.def_abstract_eval(lambda x: x)
+    compat.def_linear(double_p, lambda ct, x: [
+        None if compat.is_symbolic_zero(ct) else double_p.bind(ct)])
+    compat.def_batching(double_p, lambda args, dims: (double_p.bind(*args), dims[0]))
+    assert float(jax.grad(lambda x: double_p.bind(x))(1.0)) == 2.0
+    assert jax.vmap(double_p.bind)(jnp.arange(3.0)).tolist() == [0.0, 2.0, 4.0]
+
+    half_p = compat.Primitive("polymask_test_half")
+    half_p.def_impl(lambda x: x / 2)
+    half_p.def_abstract_eval(lambda x: x)
+    compat.def_jvp(half_p, lambda primals, tangents: (
+        half_p.bind(*primals),
+        compat.symbolic_zero_like(primals[0]) if compat.is_symbolic_zero(tangents[0])
+        else half_p.bind(tangents[0])))
+    compat.def_transpose(half_p, lambda ct, x: [half_p.bind(ct)])
+    assert float(jax.grad(lambda x: half_p.bind(x))(1.0)) == 0.5
+    assert compat.is_symbolic_zero(compat.symbolic_zero_like(jnp.ones(2)))
+    assert not compat.is_symbolic_zero(jnp.ones(2))

@@ -17,10 +17,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+from jax._src import ad_util as _ad_util
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_util
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
+from jax.interpreters import ad as _ad
+from jax.interpreters import batching as _batching
 
 DimExpr = _shape_poly._DimExpr
 SymbolicScope = _shape_poly.SymbolicScope
@@ -154,6 +157,41 @@ def instantiate_zero(x, aval=None):
         a = x.aval
         return _jnp.zeros(a.shape, a.dtype)
     return x
+
+
+# Rules of polymask's own primitives (``rules/data_dependent.py``), written to
+# the tables JAX's own primitives use (``jax.interpreters.ad`` / ``batching``).
+def def_jvp(prim: Primitive, jvp) -> None:
+    """``jvp(primals, tangents, **params) -> (primal_out, tangent_out)``."""
+    _ad.primitive_jvps[prim] = jvp
+
+
+def def_transpose(prim: Primitive, transpose) -> None:
+    """``transpose(ct, *operands, **params) -> cotangent per operand (None: none)``."""
+    _ad.primitive_transposes[prim] = transpose
+
+
+def def_linear(prim: Primitive, transpose) -> None:
+    """A linear primitive (``ad.deflinear2``): ``transpose(ct, out, *operands, **params)``."""
+    _ad.deflinear2(prim, transpose)
+
+
+def def_batching(prim: Primitive, batcher) -> None:
+    """``batcher(args, dims, **params) -> (out, out_dim)``."""
+    _batching.primitive_batchers[prim] = batcher
+
+
+def is_symbolic_zero(x) -> bool:
+    """True for JAX's symbolic ``Zero`` tangent / cotangent."""
+    return type(x) is _ad.Zero
+
+
+def symbolic_zero_like(primal):
+    """The symbolic ``Zero`` tangent of ``primal`` (a value with no derivative).
+
+    (``Zero.from_primal_value`` of older JAX is gone in 0.10; ``p2tz`` replaces it.)
+    """
+    return _ad_util.p2tz(primal)
 
 
 def call_wrapped(wrapped_fun, *args):
