@@ -22,7 +22,7 @@ from . import _jax_compat as compat
 from .errors import ShapeError
 from .masked import Masked
 from .prologue import solve_dim_vars
-from .rules.registry import substitute_dims
+from .rules.registry import has_inner_jaxpr, substitute_dims
 from .shapes import DimEnv
 from .trace import trace as trace_masked
 
@@ -369,9 +369,7 @@ def _walk_eqns(jaxpr):
 
 
 def _has_inner(eqn) -> bool:
-    return any(isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr))
-               for p in eqn.params.values()
-               for x in (p if isinstance(p, (tuple, list)) else (p,)))
+    return has_inner_jaxpr(eqn.params)
 
 
 def _short_path(src: str) -> str:

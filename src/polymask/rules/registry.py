@@ -66,6 +66,13 @@ def registered_primitives() -> list[str]:
     return sorted(_RULES)
 
 
+def has_inner_jaxpr(params) -> bool:
+    """True when an equation's params hold an inner jaxpr (calls, loops, branches)."""
+    return any(isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr))
+               for v in params.values()
+               for x in (v if isinstance(v, (tuple, list)) else (v,)))
+
+
 def substitute_dims(obj, fn):
     """Replace every dimension expression inside params (tuples, lists, dicts)."""
     if compat.is_dim_expr(obj):
