@@ -33,14 +33,6 @@ from .transform import mask
 __all__ = ["jit", "PolyJit"]
 
 
-def __getattr__(name):  # ragged_map and RaggedMap live in ragged.py (which imports _Runner)
-    if name in ("ragged_map", "RaggedMap"):
-        from . import ragged
-
-        return getattr(ragged, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _leaf_key(x):
     try:
         return (x.shape, x.dtype)
