@@ -382,7 +382,16 @@ def main(argv=None) -> int:
     ap.add_argument("--steady-passes", type=int, default=None)
     ap.add_argument("--emb-out", default=None, help="minilm: save the embeddings (.npy)")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--make-texts", type=int, default=None, metavar="N",
+                    help="write ~N short stdlib texts, one a line, to --out and exit")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.make_texts:
+        texts = common.short_texts(args.make_texts)
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write("\n".join(texts) + "\n")
+        print(f"{len(texts)} texts -> {args.out}")
+        return 0
     if args.list:
         for w, cs in CONTENDERS.items():
             print(w, " ".join(cs))
