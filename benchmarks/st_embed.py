@@ -23,10 +23,9 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--batch-size", type=int, default=32)
     args = ap.parse_args(argv)
+    import common
     import numpy as np
     from sentence_transformers import SentenceTransformer
-
-    import common
 
     with open(args.file, encoding="utf-8") as f:
         texts = f.read().splitlines()
