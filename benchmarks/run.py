@@ -187,7 +187,7 @@ METRICS = {
                   ("compiles_total", "XLA compiles, process", "{:.0f}")],
     "minilm": [("first_texts_per_s", "first pass [texts/s]", "{:.1f}"),
                ("steady_texts_per_s", "steady [texts/s]", "{:.1f}"),
-               ("setup_s", "model load [s]", "{:.2f}"),
+               ("setup_s", "imports + model load [s]", "{:.2f}"),
                ("compiles_first", "XLA compiles, first pass", "{:.0f}"),
                ("compiles_steady", "XLA compiles, steady", "{:.0f}"),
                ("compiles_total", "XLA compiles, process", "{:.0f}"),
@@ -322,9 +322,9 @@ def plots(agg: dict, out: pathlib.Path) -> list[str]:
         for c, e in agg["attention"].items():
             cum = e.get("cumulative_s_median")
             if cum:
-                comp = e.get("compiles_first") or {}
-                ax.plot(range(1, len(cum) + 1), cum,
-                        label=f"{c} ({comp.get('median', 0):.0f} XLA compiles)")
+                comp = e.get("compiles_first")
+                note = f"{comp['median']:.0f} XLA compiles" if comp else "no XLA"
+                ax.plot(range(1, len(cum) + 1), cum, label=f"{c} ({note})")
         ax.set_xlabel("call index (each a new T)")
         ax.set_ylabel("cumulative wall time [s] (median over rounds)")
         ax.set_yscale("log")
@@ -370,7 +370,9 @@ def main(argv=None) -> int:
     ap.add_argument("--contenders", default=None,
                     help="comma-separated contender names to keep (default: all available)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; --quick 1)")
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default=None,
+                    help="output directory (default benchmarks/results, "
+                         "--quick: benchmarks/results/quick, not committed)")
     ap.add_argument("--python", default=sys.executable, help="interpreter of the JAX contenders")
     ap.add_argument("--torch-python", default=None,
                     help="interpreter of the torch / sentence-transformers contenders "
@@ -397,7 +399,7 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown workload(s) {bad}; choose from {', '.join(WORKLOADS)}")
     keep = set(args.contenders.split(",")) if args.contenders else None
-    out = pathlib.Path(args.out)
+    out = pathlib.Path(args.out or HERE / "results" / ("quick" if args.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
 
     have = {m: can_import(args.torch_python, m) for m in ("torch", "sentence_transformers")}
@@ -443,7 +445,8 @@ def main(argv=None) -> int:
         text_file = tmp / "texts.txt"
         n_texts = args.process_texts or (200 if args.quick else 1400)
         subprocess.run([args.python, str(HERE / "contenders.py"), "--make-texts", str(n_texts),
-                        "--out", str(text_file)], check=True, env=child_env())
+                        "--out", str(text_file)], check=True, env=child_env(),
+                       stdout=subprocess.DEVNULL)
         env["process_texts"] = sum(1 for _ in open(text_file, encoding="utf-8"))
         env["pm_cmd"], env["pm_cache_args"], env["pm_cache_env"] = (
             args.pm_cmd, args.pm_cache_args, args.pm_cache_env)
