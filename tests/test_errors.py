@@ -16,7 +16,7 @@ import pytest
 from jax import lax
 
 import polymask as pm
-from polymask import interpreter as _interp
+from polymask import trace as _trace_mod
 from polymask.rules.registry import register_rule
 
 M = pm.Masked
@@ -295,7 +295,7 @@ def test_error_catalogue(case: Case):
 
     # No state corrupted: the trace scope stack is empty, nothing bad was cached,
     # the same masked function works on good input, without retracing.
-    assert not getattr(_interp._TRACE_STATE, "scopes", [])
+    assert not getattr(_trace_mod._TRACE_STATE, "scopes", [])
     if hasattr(m, "_polymask_cache"):  # at most the (valid) trace of the bad call's signature
         assert len(m._polymask_cache) <= n_cache + (case.exc is pm.UnsupportedError)
     if g is not None:

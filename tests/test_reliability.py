@@ -1,0 +1,160 @@
+"""Issue 14: input validation, tests that can fail, JAX spec syntax, errors."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polymask as pm
+from polymask import buckets as B
+from polymask.testing import check_oracle
+
+X5 = np.arange(5.0, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------
+# 1. Inputs validated
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize("size,words", [((-2,), "negative"), ((9,), "outside [0, 5]")])
+def test_unpad_rejects_sizes_outside_bound(size, words):
+    with pytest.raises(pm.ShapeError, match=r"shape\[0\]") as info:
+        pm.Masked(X5, size).unpad()
+    assert words in str(info.value)
+
+
+def test_unpad_rejects_wrong_rank_and_float_size():
+    with pytest.raises(pm.ShapeError, match="rank 2"):
+        pm.Masked(np.zeros((2, 3)), (1,)).unpad()
+    with pytest.raises(TypeError, match="must be an integer"):
+        pm.Masked(X5, (2.5,)).unpad()
+    with pytest.raises(TypeError, match="must be an integer"):
+        pm.Masked(X5, (True,)).unpad()
+    np.testing.assert_array_equal(pm.Masked(X5, (np.int32(5),)).unpad(), X5)
+    np.testing.assert_array_equal(pm.Masked(X5, (0,)).unpad(), X5[:0])
+
+
+@pytest.mark.parametrize("bound,exc,words", [
+    (3.7, TypeError, "got 3.7"),
+    ((4.9,), TypeError, "got 4.9"),
+    (-3, pm.ShapeError, "got -3"),
+    (True, TypeError, "got True"),
+    ((7, 2), pm.ShapeError, "rank 2"),
+])
+def test_pad_rejects_bad_bounds(bound, exc, words):
+    with pytest.raises(exc, match="bound") as info:
+        pm.pad(X5, bound)
+    assert words in str(info.value)
+
+
+def test_pad_scalar_and_fill():
+    with pytest.raises(pm.ShapeError, match="0-d"):
+        pm.pad(np.float32(1.0), 4)
+    m = pm.pad(np.float32(1.0), ())
+    assert m.shape == () and float(m.unpad()) == 1.0
+    with pytest.raises(TypeError, match="fill=nan.*int"):
+        pm.pad(np.arange(3), 4, fill=np.nan)
+    with pytest.raises(TypeError, match="out of range"):
+        pm.pad(np.arange(3, dtype=np.int8), 4, fill=1000)
+    with pytest.raises(TypeError, match="fill"):
+        pm.pad(np.ones(3, bool), 4, fill=2)
+    m = pm.pad(np.arange(3, dtype=np.int32), 4, fill=-1)
+    assert m.data.dtype == np.int32 and m.data.tolist() == [0, 1, 2, -1]
+    m = pm.pad(jnp.arange(3.0), 4, fill=np.inf)
+    assert np.isinf(m.data[3])
+
+
+def test_stack_validation_and_dtypes():
+    a, b = np.ones(2, np.int32), np.ones(3, np.int32)
+    with pytest.raises(pm.ShapeError, match="rank 2"):
+        pm.stack([a, b], bound=(4, 4))
+    with pytest.raises(pm.ShapeError, match="got -1"):
+        pm.stack([a, b], bound=(-1,))
+    with pytest.raises(TypeError, match="got 4.5"):
+        pm.stack([a, b], bound=(4.5,))
+    with pytest.raises(TypeError, match=r"arrays\[1\] has dtype float32.*int32"):
+        pm.stack([a, np.ones(3, np.float32)])
+    with pytest.raises(TypeError, match="fill=nan"):
+        pm.stack([a, b], fill=np.nan)
+    s = pm.stack([a, b], bound=(4,))
+    assert s.data.dtype == np.int32 and s.data.shape == (2, 4)
+    s = pm.stack([np.ones(2, np.float32), np.ones(3, np.float64)])
+    assert s.data.dtype == np.float32  # the dtype of arrays[0]
+    assert [u.tolist() for u in s.unpad()] == [[1, 1], [1, 1, 1]]
+
+
+def test_bucket_policies_reject_non_ints():
+    with pytest.raises(TypeError, match="minimum"):
+        B.pow2(3.5)
+    with pytest.raises(TypeError, match="size must be an int"):
+        B.pow2()(3.7)
+    with pytest.raises(TypeError, match="each bound"):
+        B.explicit([4.5])
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        B.multiple(0)
+    assert B.pow2()(np.int32(9)) == 16
+
+
+# ----------------------------------------------------------------------------
+# 2. Tests that cannot fail
+# ----------------------------------------------------------------------------
+def test_check_oracle_vmap_runs_with_one_example_and_catches_a_bug():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return jnp.sum(x)
+
+    check_oracle(f, [(np.arange(3.0),)], [(5,)], "n", modes=("vmap",))
+    assert calls  # the vmap mode ran (it used to be skipped for one example)
+
+
+def test_check_oracle_vmap_batches_differing_plain_args():
+    # plain arguments that differ between examples are batched, not skipped
+    ex = [(np.arange(3.0), np.float32(2.0)), (np.arange(4.0), np.float32(3.0))]
+    check_oracle(lambda x, s: jnp.sum(x) * s, ex, [(5,), None], ("n", None),
+                 modes=("vmap",))
+    with pytest.raises(ValueError, match="different shapes"):
+        check_oracle(lambda x, s: jnp.sum(x) * jnp.sum(s),
+                     [(np.arange(3.0), np.ones(2)), (np.arange(4.0), np.ones(3))],
+                     [(5,), None], ("n", None), modes=("vmap",))
+
+
+def test_check_grad_continues_past_int_only_example():
+    # example 0 has no float argument; example 1 must still be grad-checked
+    seen = []
+
+    def f(x):
+        seen.append(x.dtype)
+        return jnp.sum(x * x)
+
+    check_oracle(f, [(np.arange(3, dtype=np.int32),), (np.arange(4.0, dtype=np.float32),)],
+                 [(5,)], "n", modes=("grad",))
+    assert any(jnp.issubdtype(d, jnp.floating) for d in seen)
+
+
+# ----------------------------------------------------------------------------
+# 3. JAX's spec syntax
+# ----------------------------------------------------------------------------
+def test_spec_ellipsis_is_the_remaining_static_axes():
+    x = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
+    f = pm.mask(lambda x: jnp.sum(x, axis=0), "b, ...")
+    out = f(pm.Masked(x, (np.int32(2), 5, 6)))
+    np.testing.assert_allclose(out.unpad(), x[:2].sum(0))
+    assert out.shape == (5, 6)
+    with pytest.raises(pm.ShapeError, match="only be the last axis"):
+        pm.mask(jnp.sum, "n, ..., 6")(pm.Masked(x, (np.int32(2), 5, 6)))
+    with pytest.raises(pm.ShapeError, match="remaining axes"):
+        pm.mask(jnp.sum, "a, b, c, d, ...")(pm.Masked(x, (np.int32(2), 5, 6)))
+
+
+def test_equality_constraints():
+    f = pm.mask(lambda x, y: jnp.sum(x) + jnp.sum(y), ("n", "m"), constraints=["m == 2*n"])
+    assert float(f(pm.pad(np.ones(3), 5), pm.pad(np.ones(6), 10)).data) == 9.0
+    with pytest.raises(pm.ShapeError, match=r"args\[1\].shape\[0\].*2\*n"):
+        f(pm.pad(np.ones(3), 5), pm.pad(np.ones(5), 10))
+    g = pm.mask(jnp.sum, "n", constraints=["n == 3"])
+    with pytest.raises(pm.ShapeError, match="fix to the constant 3") as info:
+        g(pm.pad(np.ones(3), 5))
+    assert "pad that axis to exactly 3" in str(info.value)
+    assert float(g(pm.pad(np.ones(3), 3)).data) == 3.0
