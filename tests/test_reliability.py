@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -158,3 +159,139 @@ def test_equality_constraints():
         g(pm.pad(np.ones(3), 5))
     assert "pad that axis to exactly 3" in str(info.value)
     assert float(g(pm.pad(np.ones(3), 3)).data) == 3.0
+
+
+# ----------------------------------------------------------------------------
+# 4. Every error on a user's path is a polymask error
+# ----------------------------------------------------------------------------
+def _line(marker: str) -> str:
+    import inspect
+    src, start = inspect.getsourcelines(inspect.currentframe().f_back.f_code)
+    for i, text in enumerate(src):
+        if marker in text:
+            return f"{__file__}:{start + i}"
+    raise AssertionError(marker)
+
+
+XP = pm.pad(np.array([0.5, 2.2, 1.0, 3.7, 0.1], np.float32), 8)
+
+
+def _raises(fun, spec, *args, constraints=(), exc=pm.ShapeError):
+    with pytest.raises(exc) as info:
+        pm.mask(fun, spec, constraints=constraints)(*args)
+    return str(info.value)
+
+
+def test_pad_reflect_and_wrap_errors():
+    def f(x):
+        return jnp.pad(x, 1, mode="reflect")  # LINE-reflect
+
+    msg = _raises(f, "n", XP)
+    assert "constraints=['n >= 2']" in msg and _line("LINE-reflect") in msg
+    out = pm.mask(f, "n", constraints=["n >= 2"])(XP)
+    np.testing.assert_allclose(out.unpad(), np.pad(XP.unpad(), 1, mode="reflect"))
+
+    def g(x):
+        return jnp.pad(x, 1, mode="wrap")  # LINE-wrap
+
+    msg = _raises(g, "n", XP)
+    assert "jnp.concatenate([x[-k:], x, x[:k]])" in msg and _line("LINE-wrap") in msg
+    out = pm.mask(lambda x: jnp.concatenate([x[-1:], x, x[:1]]), "n",
+                  constraints=["n >= 1"])(XP)
+    np.testing.assert_allclose(out.unpad(), np.pad(XP.unpad(), 1, mode="wrap"))
+
+
+def test_float_arange_and_reduce_window_and_size_index_errors():
+    def f(x):
+        return jnp.arange(1., x.shape[0] + 1)  # LINE-arange
+
+    msg = _raises(f, "n", XP)
+    assert "jnp.arange(n) + 1.0" in msg and _line("LINE-arange") in msg
+    out = pm.mask(lambda x: jnp.arange(x.shape[0]) + 1.0, "n")(XP)
+    np.testing.assert_allclose(out.unpad(), np.arange(1.0, 6.0))
+
+    def g(x):
+        return jax.lax.reduce_window(x, 0., jax.lax.add, (x.shape[0] // 2,), (1,),  # LINE-rw
+                                     "VALID")
+
+    msg = _raises(g, "n", XP)
+    assert "lax.reduce_window" in msg and "Python ints" in msg and _line("LINE-rw") in msg
+
+    def h(x):
+        return x[x.shape[0] // 2]  # LINE-idx
+
+    msg = _raises(h, "n", XP)
+    assert "jnp.asarray(x.shape[0] // 2)" in msg and _line("LINE-idx") in msg
+    out = pm.mask(lambda x: x[jnp.asarray(x.shape[0] // 2)], "n")(XP)
+    assert float(out.data) == XP.unpad()[2]
+
+
+def test_conv_with_dynamic_kernel_channels_names_the_axes():
+    x = pm.pad(np.ones((1, 1, 6, 6), np.float32), (1, 1, 8, 8))
+    k = pm.pad(np.ones((1, 1, 3, 3), np.float32), (1, 1, 4, 4))
+
+    def f(x, k):
+        return jax.lax.conv(x, k, (1, 1), "VALID")  # LINE-conv
+
+    msg = _raises(f, None, x, k)
+    assert "args[1].shape[1]" in msg and "args[0].shape[1]" in msg
+    assert "static size with '_'" in msg and _line("LINE-conv") in msg
+
+
+def test_searchsorted_digitize_histogram():
+    bins = jnp.array([0., 1., 2., 3.], jnp.float32)
+    q = XP.unpad()
+    out = pm.mask(lambda x: jnp.searchsorted(bins, x), "n")(XP)
+    np.testing.assert_array_equal(out.unpad(), np.searchsorted(np.asarray(bins), q))
+    out = pm.mask(lambda x: jnp.searchsorted(bins, x, side="right"), "n")(XP)
+    np.testing.assert_array_equal(out.unpad(), np.searchsorted(np.asarray(bins), q, "right"))
+    out = pm.mask(lambda x: jnp.digitize(x, bins), "n")(XP)
+    np.testing.assert_array_equal(out.unpad(), np.digitize(q, np.asarray(bins)))
+    out = pm.mask(lambda x: jnp.histogram(x, bins)[0], "n")(XP)
+    np.testing.assert_allclose(out.unpad(), np.histogram(q, np.asarray(bins))[0])
+    check_oracle(lambda x: jnp.searchsorted(bins, x), [(q,), (q[:2],), (q[:0],)], [(8,)],
+                 "n", modes=("eager", "jit", "vmap"))
+
+    b = pm.pad(np.asarray(bins), 8)
+    v = jnp.array([1.5, 2.5, 9.], jnp.float32)
+
+    def f(b):
+        return jnp.searchsorted(b, v)  # LINE-ss
+
+    msg = _raises(f, "n", b)
+    assert "static size ('_'" in msg and "jnp.sum(a[:, None] < v" in msg
+    assert _line("LINE-ss") in msg and "constraints=['n >= 3']" not in msg
+    out = pm.mask(lambda b: jnp.sum(b[:, None] < v, axis=0), "n")(b)
+    np.testing.assert_array_equal(out.unpad(), np.searchsorted(np.asarray(bins), v))
+
+
+def test_two_data_dependent_calls_and_single_var_hint():
+    x = pm.pad(np.array([0., 2., 0., 3.], np.float32), 6)
+
+    def f(x):
+        return x[pm.flatnonzero(x)] * pm.flatnonzero(x)  # LINE-fnz
+
+    msg = _raises(f, "n", x)
+    assert "Compute the result once and reuse it" in msg and _line("LINE-fnz") in msg
+    assert "give them the same name in in_specs" not in msg
+
+    def g(x):
+        i = pm.flatnonzero(x)
+        return x[i] * i
+
+    np.testing.assert_allclose(pm.mask(g, "n")(x).unpad(), [2.0, 9.0])
+
+    def h(x):
+        return jnp.diff(x[1:])  # LINE-diff
+
+    msg = _raises(h, "n", XP)
+    assert "Axes named by different dim vars" not in msg
+    assert "constraints=['n >= 2']" in msg and _line("LINE-diff") in msg
+    out = pm.mask(h, "n", constraints=["n >= 2"])(XP)
+    np.testing.assert_allclose(out.unpad(), np.diff(XP.unpad()[1:]))
+
+    def k(x, y):
+        return x + y  # LINE-xy
+
+    msg = _raises(k, ("n", "m"), XP, XP)
+    assert "Axes named by different dim vars" in msg and _line("LINE-xy") in msg

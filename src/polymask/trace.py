@@ -215,7 +215,12 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     except (ShapeError, UnsupportedError):
         raise
     except Exception as e:
-        translated = translate_trace_error(e)
+        var_where = {}
+        for axes in axis_specs:
+            for a in axes:
+                if a.var:
+                    var_where.setdefault(a.var, a.where)
+        translated = translate_trace_error(e, var_where)
         if translated is not None:
             raise translated from None
         raise
