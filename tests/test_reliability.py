@@ -295,3 +295,49 @@ def test_two_data_dependent_calls_and_single_var_hint():
 
     msg = _raises(k, ("n", "m"), XP, XP)
     assert "Axes named by different dim vars" in msg and _line("LINE-xy") in msg
+
+
+# ----------------------------------------------------------------------------
+# 5. associative_scan over a dynamic axis; approx_top_k
+# ----------------------------------------------------------------------------
+def _affine_compose(a, b):
+    return a[0] * b[0], a[1] * b[0] + b[1]
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("add", lambda x: jax.lax.associative_scan(jnp.add, x)),
+    ("max reverse", lambda x: jax.lax.associative_scan(jnp.maximum, x, reverse=True)),
+    ("affine pytree", lambda x: jax.lax.associative_scan(_affine_compose, (x, 2 * x))[1]),
+    ("mul reverse", lambda x: jax.lax.associative_scan(jnp.multiply, x, reverse=True)),
+])
+def test_associative_scan_dynamic_axis(name, fn):
+    rng = np.random.default_rng(1)
+    ex = [(rng.normal(size=n).astype(np.float32),) for n in (0, 1, 5, 8)]
+    check_oracle(fn, ex, [(8,)], "n")
+
+
+def test_associative_scan_values_noncommutative_and_axis():
+    x = pm.pad(np.arange(1., 6., dtype=np.float32), 8, fill=np.nan)
+    out = pm.mask(lambda x: jax.lax.associative_scan(jnp.add, x, reverse=True), "n")(x)
+    np.testing.assert_allclose(out.unpad(), [15., 14., 12., 9., 5.])
+    rng = np.random.default_rng(2)
+    ex = [(rng.normal(size=(n, 2, 2)).astype(np.float32),) for n in (1, 3, 6)]
+    check_oracle(lambda x: jax.lax.associative_scan(lambda a, b: b @ a, x), ex,
+                 [(6, 2, 2)], "n, 2, 2")
+    check_oracle(lambda x: jax.lax.associative_scan(lambda a, b: b @ a, x, reverse=True), ex,
+                 [(6, 2, 2)], "n, 2, 2", modes=("eager", "jit"))
+    ex = [(rng.normal(size=(3, n)).astype(np.float32),) for n in (1, 3, 6)]
+    check_oracle(lambda x: jax.lax.associative_scan(jnp.add, x, axis=1, reverse=True), ex,
+                 [(3, 6)], "3, n")
+
+
+def test_approx_max_min_k_exact():
+    rng = np.random.default_rng(3)
+    ex = [(rng.normal(size=(2, n)).astype(np.float32),) for n in (3, 5, 8)]
+    check_oracle(lambda x: jax.lax.approx_max_k(x, 3), ex, [(2, 8)], "2, n",
+                 constraints=["n >= 3"])
+    check_oracle(lambda x: jax.lax.approx_min_k(x, 3), ex, [(2, 8)], "2, n",
+                 constraints=["n >= 3"])
+    x = pm.pad(np.array([1., 5., 3.], np.float32), 6, fill=np.nan)
+    vals, idx = pm.mask(lambda x: jax.lax.approx_max_k(x, 2), "n", constraints=["n >= 2"])(x)
+    assert vals.unpad().tolist() == [5.0, 3.0] and idx.unpad().tolist() == [1, 2]

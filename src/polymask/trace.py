@@ -45,7 +45,17 @@ _TRACE_STATE = threading.local()
 # polymask's ops bind their primitives while the user's function is traced:
 # their equations should report the user's line, not ops.py's.
 _OPS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops")
-_OPS_FILES = tuple(os.path.join(_OPS_DIR, f) for f in ("selection.py", "sized.py", "_common.py"))
+_OPS_FILES = tuple(os.path.join(_OPS_DIR, f) for f in ("selection.py", "sized.py", "_common.py")) + (
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules", "scans.py"),)
+
+
+def _scan_patch():
+    """``lax.associative_scan`` over a symbolic axis, for the trace (rules/scans.py)."""
+    from jax import lax
+
+    from .rules.scans import associative_scan_symbolic
+
+    return compat.patched_attr(lax, "associative_scan", associative_scan_symbolic)
 
 
 def is_masked(x) -> bool:
@@ -210,7 +220,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
 
     hooks = compat.trace_hooks(_OPS_FILES, lambda f: not is_library_frame(f))
     try:
-        with _scope_active(scope), hooks as unsound_equalities:
+        with _scope_active(scope), hooks as unsound_equalities, _scan_patch():
             closed = jax.make_jaxpr(flat_fun)(*avals)
     except (ShapeError, UnsupportedError):
         raise

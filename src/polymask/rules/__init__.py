@@ -1,6 +1,7 @@
 """Masking rules, one module per family; importing this package registers them."""
 
 from . import (  # noqa: F401  (imported for their registrations)
+    approx_topk,
     comparisons,
     contractions,
     control_flow,
