@@ -341,3 +341,33 @@ def test_approx_max_min_k_exact():
     x = pm.pad(np.array([1., 5., 3.], np.float32), 6, fill=np.nan)
     vals, idx = pm.mask(lambda x: jax.lax.approx_max_k(x, 2), "n", constraints=["n >= 2"])(x)
     assert vals.unpad().tolist() == [5.0, 3.0] and idx.unpad().tolist() == [1, 2]
+
+
+# ----------------------------------------------------------------------------
+# 6. Nested masks (jax.mask's nesting test)
+# ----------------------------------------------------------------------------
+def test_nested_mask_inside_vmap_inside_mask():
+    inner = pm.mask(jnp.sum, "n")
+
+    def fun(x, ns):
+        return jax.vmap(inner)(pm.Masked(x, (ns,))).data.sum()
+
+    outer = pm.mask(fun, ("m, _", "m"))
+    x = jnp.array([[3, 1, 4, 1], [5, 9, 2, 6], [5, 3, 5, 8]])
+    ns = jnp.array([2, 3, 99], jnp.int32)  # row 2 is padding: its garbage size is ignored
+    args = (pm.Masked(x, (jnp.int32(2), 4)), pm.Masked(ns, (jnp.int32(2),)))
+    assert int(outer(*args).data) == 3 + 1 + 5 + 9 + 2
+    assert int(jax.jit(outer)(*args).data) == 3 + 1 + 5 + 9 + 2
+    args3 = (pm.Masked(x, (jnp.int32(3), 4)), pm.Masked(jnp.array([2, 3, 1]), (jnp.int32(3),)))
+    assert int(jax.jit(outer)(*args3).data) == 3 + 1 + 5 + 9 + 2 + 5
+    bad = (pm.Masked(x, (jnp.int32(2), 4)), pm.Masked(jnp.array([2, 7, 0]), (jnp.int32(2),)))
+    with pytest.raises(Exception, match="outside") as info:
+        jax.block_until_ready(jax.jit(outer)(*bad))
+    assert "ShapeError" in str(info.value) or isinstance(info.value, pm.ShapeError)
+
+
+def test_underscore_spec_still_static():
+    x = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    out = pm.mask(lambda x: jnp.sum(x, axis=0), "m, _")(pm.Masked(x, (np.int32(2), 4)))
+    np.testing.assert_allclose(out.unpad(), x[:2].sum(0))
+    assert out.shape == (4,)

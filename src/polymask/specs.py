@@ -95,7 +95,8 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
         # '...' expands to the padded sizes of the remaining axes (static), as
         # symbolic_shape(like=...) reads it; we do not pass `like` otherwise, so
         # that an equality constraint 'n == 3' reaches the message below.
-        text = ", ".join(parts + [str(int(d)) for d in padded_shape[len(parts):]])
+        given = [str(int(padded_shape[i])) if p == "_" else p for i, p in enumerate(parts)]
+        text = ", ".join(given + [str(int(d)) for d in padded_shape[len(parts):]])
         exprs = jax.export.symbolic_shape(f"({text})" if text else "()", scope=scope)
     except Exception as e:  # jax raises ValueError with its own parse message
         raise ShapeError(f"{path}: cannot parse shape spec '{spec}': {e}") from None

@@ -2,10 +2,12 @@
 
 from . import (  # noqa: F401  (imported for their registrations)
     approx_topk,
+    callbacks,
     comparisons,
     contractions,
     control_flow,
     cumulative,
+    custom_batching,
     custom_derivatives,
     data_dependent,
     elementwise,
