@@ -371,3 +371,26 @@ def test_underscore_spec_still_static():
     out = pm.mask(lambda x: jnp.sum(x, axis=0), "m, _")(pm.Masked(x, (np.int32(2), 4)))
     np.testing.assert_allclose(out.unpad(), x[:2].sum(0))
     assert out.shape == (4,)
+
+
+# ----------------------------------------------------------------------------
+# 7. Size checks survive jax.export (checks="functional")
+# ----------------------------------------------------------------------------
+def test_exported_masked_program_rejects_size_above_bound():
+    g = pm.mask(jnp.cumsum, "n", checks="functional")
+    spec = pm.Masked(jax.ShapeDtypeStruct((5,), jnp.float32),
+                     (jax.ShapeDtypeStruct((), jnp.int32),))
+    exp = jax.export.deserialize(jax.export.export(jax.jit(g))(spec).serialize())
+    ok = exp.call(pm.Masked(jnp.arange(5.0), (jnp.int32(3),)))
+    np.testing.assert_allclose(ok.unpad(), [0.0, 1.0, 3.0])
+    bad = exp.call(pm.Masked(jnp.arange(5.0), (jnp.int32(9),)))
+    assert int(bad.shape[0]) == -1 and np.all(np.isnan(np.asarray(bad.data)))
+    with pytest.raises(pm.ShapeError, match="size check failed"):
+        bad.unpad()
+    # the poisoned result is rejected by the next masked call too
+    with pytest.raises(pm.ShapeError, match="outside"):
+        pm.mask(jnp.sum, "n")(bad)
+    # without jax.export: same behaviour under jit, and eager checks still raise
+    assert int(jax.jit(g)(pm.Masked(jnp.arange(5.0), (jnp.int32(9),))).shape[0]) == -1
+    with pytest.raises(pm.ShapeError, match="outside"):
+        g(pm.Masked(jnp.arange(5.0), (np.int32(9),)))

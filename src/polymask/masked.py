@@ -67,7 +67,9 @@ def _validate_sizes(sizes: tuple, bound: tuple, what: str) -> None:
             raise ShapeError(f"{what}: shape[{axis}] = {v.tolist()} is outside [0, {b}] "
                              f"(the padded size of axis {axis}); sizes count elements from "
                              "the start, they are not Python slice ends"
-                             + (" (negative)" if bad < 0 else ""))
+                             + (" (negative)" if bad < 0 else "")
+                             + ("; -1 marks the result of a masked call whose size check "
+                                "failed (mask(..., checks='functional'))" if bad == -1 else ""))
 
 
 class Masked:
@@ -169,6 +171,24 @@ class Masked:
 
 
 jax.tree_util.register_pytree_node(Masked, Masked.tree_flatten, Masked.tree_unflatten)
+
+
+def _serialize_aux(static) -> bytes:
+    import json
+    return json.dumps(list(static)).encode()
+
+
+def _deserialize_aux(data: bytes):
+    import json
+    return tuple(json.loads(data.decode()))
+
+
+try:  # so that jax.export can serialize functions taking/returning Masked values
+    jax.export.register_pytree_node_serialization(
+        Masked, serialized_name="polymask.Masked", serialize_auxdata=_serialize_aux,
+        deserialize_auxdata=_deserialize_aux)
+except Exception:  # pragma: no cover - registered twice (module reload) or old JAX
+    pass
 
 
 def _as_bound_entry(b, what: str) -> int:
