@@ -394,3 +394,9 @@ def test_exported_masked_program_rejects_size_above_bound():
     assert int(jax.jit(g)(pm.Masked(jnp.arange(5.0), (jnp.int32(9),))).shape[0]) == -1
     with pytest.raises(pm.ShapeError, match="outside"):
         g(pm.Masked(jnp.arange(5.0), (np.int32(9),)))
+
+
+def test_check_grad_skips_examples_without_float_outputs():
+    # float input, int output: nothing to differentiate, not a crash
+    check_oracle(lambda x: jnp.sum(x > 0), [(np.array([1.0, -1.0], np.float32),)], [(4,)], "n",
+                 modes=("grad",))

@@ -169,7 +169,7 @@ def _suggested_constraint(e: BaseException) -> str | None:
     import polymask as pm
     if not isinstance(e, pm.ShapeError):
         return None
-    m = re.search(r"constraints=\['(n[^']*?)'\]", str(e))
+    m = re.search(r"constraints=\['([^']*\bn\b[^']*)'\]", str(e))
     return m.group(1) if m else None
 
 
