@@ -359,3 +359,30 @@ def quiet_callback_errors(exc_type: type) -> None:
     _QUIETED.add(exc_type)
     for name in ("jax._src.debugging", "jax._src.callback"):
         logging.getLogger(name).addFilter(_QuietCallbackErrors(exc_type))
+
+
+_PATCH_LOCK = threading.Lock()
+_PATCH_USERS: dict = {}
+
+
+@contextlib.contextmanager
+def patched_attr(module, name: str, replacement) -> Iterator[None]:
+    """``module.name = replacement`` for the duration (reference-counted across
+    threads; the replacement must fall back to the original outside a masked
+    trace, since other threads see it too)."""
+    key = (id(module), name)
+    with _PATCH_LOCK:
+        users, orig = _PATCH_USERS.get(key, (0, getattr(module, name)))
+        if users == 0:
+            setattr(module, name, replacement)
+        _PATCH_USERS[key] = (users + 1, orig)
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            users, orig = _PATCH_USERS[key]
+            if users == 1:
+                setattr(module, name, orig)
+                del _PATCH_USERS[key]
+            else:
+                _PATCH_USERS[key] = (users - 1, orig)

@@ -172,26 +172,180 @@ def _inconclusive_error(msg: str, where: str) -> ShapeError:
         f"  {msg}{extra}\n  {remedies}")
 
 
-def translate_trace_error(e: BaseException) -> ShapeError | None:
+_NOT_VARS = {"min", "max", "mod", "floordiv", "non_negative", "shape", "shapes", "got",
+             "incompatible", "for", "broadcasting", "and", "sub", "add", "mul", "div"}
+
+
+def _dim_vars_in(text: str) -> list[str]:
+    """Dim var names in the shape tuples of a JAX message (``(n, _u1 + 2)``)."""
+    tuples = re.findall(r"\(([^()]*(?:\([^()]*\)[^()]*)*)\)", text)
+    names: list[str] = []
+    for t in tuples:
+        for n in re.findall(r"(?<![\w.])([A-Za-z_][A-Za-z_0-9]*)(?![\w(])", t):
+            if n not in _NOT_VARS and n not in names:
+                names.append(n)
+    return names
+
+
+def _lower_bound_that_fixes(msg: str, var: str) -> int | None:
+    """Smallest ``k`` such that ``var >= k`` makes the shapes in ``msg`` equal."""
+    shapes = re.findall(r"(\([^()]*(?:\([^()]*\)[^()]*)*\))", msg.split(":", 1)[-1])
+    if len(shapes) < 2:
+        return None
+    for k in range(1, 9):
+        try:
+            scope = jax.export.SymbolicScope((f"{var} >= {k}",))
+            parsed = [jax.export.symbolic_shape(sh.strip(), scope=scope) for sh in shapes[:2]]
+            if len(parsed[0]) == len(parsed[1]) and all(
+                    a == b or (1 in (a, b)) for a, b in zip(*parsed)):
+                return k
+        except Exception:
+            return None
+    return None
+
+
+def _describe_vars(names, var_where) -> str:
+    known = [f"{n} = {var_where[n]}" for n in names if var_where and n in var_where]
+    return f" ({', '.join(known)})" if known else ""
+
+
+def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
+    names = _dim_vars_in(msg)
+    fresh = [n for n in names if n.startswith("_u")]
+    user = [n for n in names if not n.startswith("_u")]
+    head = f"incompatible symbolic shapes at {where}: {msg}"
+    if len(fresh) >= 2 and not user:
+        return ShapeError(
+            f"{head}\n  The sizes {', '.join(fresh)} come from different calls of polymask's "
+            "data-dependent ops (nonzero, flatnonzero, where, unique, boolean_mask, ...): each "
+            "call gets its own size, and JAX cannot know two of them are equal even when the "
+            "calls are identical. Compute the result once and reuse it (i = "
+            "polymask.flatnonzero(x); x[i] * i).")
+    if len(user) >= 2 or (user and fresh):
+        return ShapeError(
+            f"{head}\n  Axes named by different dim vars{_describe_vars(user, var_where)} are "
+            "different sizes while tracing; if they are always equal, give them the same "
+            "name in in_specs (e.g. ('n', 'n')).")
+    if len(user) == 1:
+        (v,) = user
+        k = _lower_bound_that_fixes(msg, v)
+        bound = f"'{v} >= {k}'" if k else f"'{v} >= 2'"
+        return ShapeError(
+            f"{head}\n  Both shapes depend only on {v}{_describe_vars(user, var_where)}, but "
+            f"JAX cannot prove them equal for every {v} >= 0 (slicing near size 0 brings in "
+            f"min/max). State a lower bound as a constraint: mask(..., constraints=[{bound}])"
+            + ("" if k else " (or larger)") + ".")
+    return ShapeError(f"{head}\n  The two shapes must be equal for every logical size.")
+
+
+def _api_specific_error(e: BaseException, api: str | None, msg: str, where: str,
+                        var_where) -> ShapeError | None:
+    """Remedies for jnp/lax functions that reject symbolic sizes in known ways."""
+    said = msg.splitlines()[0] if msg else type(e).__name__
+    inconclusive = isinstance(e, compat.InconclusiveDimensionOperation)
+    if api == "pad" and "jnp.pad with 'reflect' or 'symmetric'" in msg:
+        m = re.search(r"axis size \(= (.+?)\).*padding length \(= (\d+)\)", msg)
+        c = f"'{m.group(1)} >= {int(m.group(2)) + 1}'" if m else "'n >= <pad width + 1>'"
+        return ShapeError(
+            f"jnp.pad(mode='reflect'/'symmetric') at {where} needs to know while tracing "
+            f"that the axis is longer than the pad width: state it as a constraint, "
+            f"mask(..., constraints=[{c}]).\n  JAX said: {said}")
+    if api == "pad" and (inconclusive or isinstance(e, (TypeError, ValueError))):
+        return ShapeError(
+            f"jnp.pad at {where} cannot pad a dynamic axis in this mode (JAX's 'wrap' and "
+            "'edge'-like modes branch on the size in Python). Write the padding with slices "
+            "and concatenate, e.g. for mode='wrap' with width k: "
+            "jnp.concatenate([x[-k:], x, x[:k]]) with constraints=['n >= k'] (n: that axis's "
+            f"dim var); or make the axis static with '_' in in_specs.\n  JAX said: {said}")
+    if api == "arange" and "non-constant arguments" in msg:
+        return ShapeError(
+            f"jnp.arange with a symbolic size at {where} needs integer start, stop and step "
+            "(all ints or size expressions). For a float range, build it from an integer "
+            "one: jnp.arange(x.shape[0]) * step + start (e.g. jnp.arange(1., n + 1) is "
+            f"jnp.arange(n) + 1.0).\n  JAX said: {said}")
+    if api in ("searchsorted", "digitize", "histogram", "histogram_bin_edges") and (
+            inconclusive or "_DimExpr" in msg):
+        return ShapeError(
+            f"jnp.{api} at {where} needs the length of the sorted array (the bins) as a "
+            "Python int: JAX picks the index dtype and the number of bisection steps from "
+            "it. Give that axis a static size ('_' in in_specs, or pass the bins as a plain "
+            "array), or count with comparisons: side='left': jnp.sum(a[:, None] < v, "
+            f"axis=0); side='right': jnp.sum(a[:, None] <= v, axis=0).\n  JAX said: {said}")
+    if api in _STATIC_PARAM_APIS and (inconclusive or "_DimExpr" in msg
+                                      or "polymorphism" in msg.lower()):
+        return ShapeError(
+            f"lax.{api} at {where} needs its window dimensions, strides, dilations and "
+            "padding as Python ints, and one was computed from a symbolic size (like "
+            "x.shape[0] // 2). Use a constant, or make the axis it comes from static with "
+            f"'_' in in_specs.\n  JAX said: {said}")
+    if (isinstance(e, IndexError) and api in ("op", "__getitem__", "_rewriting_take")
+            and re.search(r"Got .*[A-Za-z_]", said)):
+        return ShapeError(
+            f"an index computed from a symbolic size (at {where}) is a size expression, not "
+            "an array; JAX only indexes with ints and arrays. Make it an array: "
+            "x[jnp.asarray(x.shape[0] // 2)], or use lax.dynamic_index_in_dim(x, i, "
+            f"keepdims=False).\n  JAX said: {said}")
+    if isinstance(e, (TypeError, ValueError)) and var_where:
+        names = [n for n in re.findall(r"\b([A-Za-z_][A-Za-z_0-9]*)\b", said)
+                 if n in var_where]
+        if names and ("!=" in said or "must equal" in said or "must be equal" in said):
+            axes = ", ".join(f"{var_where[n]} (dim var '{n}')" for n in dict.fromkeys(names))
+            return ShapeError(
+                f"{api or 'a JAX function'} at {where} needs sizes it can compare while "
+                f"tracing, but they are symbolic: {axes}. If that axis has a fixed size "
+                "(a kernel's channel/feature axis, a window), give it a static size with '_' "
+                "in in_specs (or pass that argument as a plain array); if two such axes are "
+                f"always equal, give them the same dim var name.\n  JAX said: {said}")
+    return None
+
+
+_STATIC_PARAM_APIS = {"reduce_window", "_reduce_window_sum", "_reduce_window_max",
+                      "_reduce_window_min", "reduce_window_shape_tuple", "avg_pool", "max_pool"}
+
+
+_REMEDY_APIS = ("pad", "arange", "searchsorted", "digitize", "histogram",
+                "histogram_bin_edges", "reduce_window", "conv_general_dilated",
+                "conv_with_general_padding", "conv_transpose", "conv", "avg_pool", "max_pool")
+
+
+def _api_for_remedy(e: BaseException) -> str | None:
+    """The library function the user called, by frame or (when JAX filtered its
+    frames out of the traceback) by the user's source line."""
+    api = _api_called_by_user(e)
+    if api in _REMEDY_APIS or api in ("op", "__getitem__", "_rewriting_take"):
+        return api
+    user = [fr for fr in traceback.extract_tb(e.__traceback__)
+            if not is_library_frame(fr.filename)]
+    line = (user[-1].line or "") if user else ""
+    for name in _REMEDY_APIS:
+        if re.search(rf"\b{name}\s*\(", line):
+            return name
+    return api
+
+
+def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = None
+                          ) -> ShapeError | None:
     """The polymask error for a JAX error raised while tracing the user's function.
 
-    Returns None when the error is not about sizes (it then propagates as is).
+    ``var_where`` maps each spec dim var to an input axis (``args[0].shape[1]``)
+    for messages that name dim vars. Returns None when the error is not about
+    sizes (it then propagates as is).
     """
     where = user_frame_of_exception(e)
     msg = str(e).split("\n\n")[0].strip()
     dd = _data_dependent_error(e, where)
     if dd is not None:
         return dd
+    api_err = _api_specific_error(e, _api_for_remedy(e), msg, where, var_where)
+    if api_err is not None:
+        return api_err
     if isinstance(e, compat.InconclusiveDimensionOperation):
         return _inconclusive_error(msg, where)
     if isinstance(e, TypeError) and re.search(
             r"incompatible shapes|must have (the )?same shape|same shape|shapes must", msg):
-        return ShapeError(
-            f"incompatible symbolic shapes at {where}: {msg}\n  Axes named by different "
-            "dim vars are different sizes while tracing; if they are always equal, give "
-            "them the same name in in_specs (e.g. ('n', 'n')).")
+        return _incompatible_shapes_error(msg, where, var_where)
     if (isinstance(e, TypeError) and "_DimExpr" in msg) or (
-            isinstance(e, ValueError) and "shape polymorphism" in msg):
+            isinstance(e, ValueError) and "shape polymorphism" in msg.lower()):
         return ShapeError(
             f"JAX cannot trace this with a symbolic size at {where}:\n  {msg}\n  The JAX "
             "function needs a size as a Python int (len(x), int(x.shape[0]), a Python "

@@ -16,8 +16,10 @@ seed proposal asks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import threading
 from typing import Any
 
 import jax
@@ -75,6 +77,25 @@ def format_message(message: str, values, rendered=None) -> str:
         return message
 
 
+_FUNCTIONAL = threading.local()
+
+
+@contextlib.contextmanager
+def functional_checks():
+    """Collect traced checks as predicates instead of staging host callbacks.
+
+    For ``mask(..., checks="functional")``: programs without host callbacks
+    (``jax.export`` can serialize them); the caller poisons the outputs with
+    the collected predicates (``transform.poison_outputs``).
+    """
+    prev = getattr(_FUNCTIONAL, "bads", None)
+    _FUNCTIONAL.bads = bads = []
+    try:
+        yield bads
+    finally:
+        _FUNCTIONAL.bads = prev
+
+
 def run_checks(checks: list[Check], call_site: str) -> None:
     """Raise eagerly for concrete violations; stage runtime errors otherwise."""
     staged = []
@@ -87,7 +108,9 @@ def run_checks(checks: list[Check], call_site: str) -> None:
                                  f"  in the masked call at {call_site}")
         else:
             staged.append(c)
-    if staged:
+    if staged and getattr(_FUNCTIONAL, "bads", None) is not None:
+        _FUNCTIONAL.bads.extend(jnp.any(jnp.asarray(c.bad)) for c in staged)
+    elif staged:
         _stage_runtime_errors(staged, call_site)
 
 

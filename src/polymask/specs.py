@@ -73,25 +73,44 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
     if not isinstance(spec, str):
         raise ShapeError(f"{path}: a shape spec must be a string like 'b, n, 64'; got {spec!r}")
     stripped = spec.strip().strip("()").strip()
-    n_axes = 0 if stripped == "" else len(_split_top_level(stripped))
-    if n_axes != rank:
+    parts = [p.strip() for p in _split_top_level(stripped)] if stripped else []
+    ellipsis = bool(parts) and parts[-1] == "..."
+    if ellipsis:
+        parts = parts[:-1]  # '...': the remaining axes, static at their padded sizes
+    if "..." in parts:
+        raise ShapeError(f"{path}: spec '{spec}': '...' may only be the last axis "
+                         "(as in jax.export.symbolic_shape)")
+    n_axes = len(parts)
+    if n_axes != rank and not (ellipsis and n_axes <= rank):
         raise ShapeError(
             f"{path}: spec '{spec}' has {n_axes} axes but the array has rank {rank} "
-            f"(shape {tuple(padded_shape)})")
-    for i, part in enumerate(_split_top_level(stripped)):
-        part = part.strip()
+            f"(shape {tuple(padded_shape)})"
+            + (" ('...' stands for the remaining axes)" if ellipsis else ""))
+    for i, part in enumerate(parts):
         if part.isdigit() and int(part) != padded_shape[i]:
             raise ShapeError(
                 f"{path}.shape[{i}]: spec '{spec}' says {int(part)} but the padded size is "
                 f"{padded_shape[i]}")
     try:
-        exprs = jax.export.symbolic_shape(spec, scope=scope, like=padded_shape)
+        # '...' expands to the padded sizes of the remaining axes (static), as
+        # symbolic_shape(like=...) reads it; we do not pass `like` otherwise, so
+        # that an equality constraint 'n == 3' reaches the message below.
+        given = [str(int(padded_shape[i])) if p == "_" else p for i, p in enumerate(parts)]
+        text = ", ".join(given + [str(int(d)) for d in padded_shape[len(parts):]])
+        exprs = jax.export.symbolic_shape(f"({text})" if text else "()", scope=scope)
     except Exception as e:  # jax raises ValueError with its own parse message
         raise ShapeError(f"{path}: cannot parse shape spec '{spec}': {e}") from None
     axes = []
     for i, e in enumerate(exprs):
         where = f"{path}.shape[{i}]"
         if not compat.is_dim_expr(e):
+            if int(e) != padded_shape[i] and i < len(parts) and not parts[i].isdigit():
+                raise ShapeError(
+                    f"{where}: spec '{spec}' gives axis '{parts[i]}', which the constraints "
+                    f"fix to the constant {int(e)} (an equality constraint like "
+                    f"'{parts[i]} == {int(e)}'), but the padded size is {padded_shape[i]}. "
+                    "polymask cannot pad an axis whose size is a constant: pad that axis to "
+                    f"exactly {int(e)}, or drop the equality constraint.")
             if int(e) != padded_shape[i]:
                 raise ShapeError(
                     f"{where}: spec '{spec}' says {int(e)} but the padded size is "

@@ -28,12 +28,26 @@ from .diagnostics import is_library_frame, translate_trace_error
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
 from .shapes import DimEnv
-from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
+from .specs import (
+    AxisSpec,
+    _identifiers,
+    broadcast_specs,
+    parse_leaf_spec,
+    scope_and_name_generator,
+)
 
 __all__ = ["MaskedProgram", "trace", "current_scope", "is_masked", "flatten_args",
            "dtype_of"]
 
 _TRACE_STATE = threading.local()
+
+def _scan_patch():
+    """``lax.associative_scan`` over a symbolic axis, for the trace (rules/scans.py)."""
+    from jax import lax
+
+    from .rules.scans import associative_scan_symbolic
+
+    return compat.patched_attr(lax, "associative_scan", associative_scan_symbolic)
 
 
 def is_masked(x) -> bool:
@@ -120,8 +134,10 @@ def _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name) -> list[list[
     return out
 
 
-def _check_constraint_vars(scope, axis_specs) -> None:
+def _check_constraint_vars(scope, axis_specs, spec_leaves=()) -> None:
     spec_vars = {a.var for axes in axis_specs for a in axes if a.var}
+    # names an equality constraint substituted away ('n == 3', 'm == 2*n')
+    spec_vars |= {n for s in spec_leaves if isinstance(s, str) for n in _identifiers(s)}
     for _, e1, e2, text in compat.explicit_constraints(scope):
         unknown = (compat.dim_vars(e1) | compat.dim_vars(e2)) - spec_vars
         if unknown:
@@ -176,7 +192,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     spec_leaves = broadcast_specs(in_specs, list(args), is_masked)
     scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
     axis_specs = _parse_axis_specs(leaves, spec_leaves, _arg_paths(args), scope, gen_name)
-    _check_constraint_vars(scope, axis_specs)
+    _check_constraint_vars(scope, axis_specs, spec_leaves)
     var_bounds, var_order = _var_bounds(leaves, axis_specs)
     for v, b in var_bounds.items():
         compat.add_constraint(scope, f"{v} <= {b}")
@@ -196,12 +212,17 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
 
     hooks = compat.trace_hooks(lambda f: not is_library_frame(f))
     try:
-        with _scope_active(scope), hooks as unsound_equalities:
+        with _scope_active(scope), hooks as unsound_equalities, _scan_patch():
             closed = jax.make_jaxpr(flat_fun)(*avals)
     except (ShapeError, UnsupportedError):
         raise
     except Exception as e:
-        translated = translate_trace_error(e)
+        var_where = {}
+        for axes in axis_specs:
+            for a in axes:
+                if a.var:
+                    var_where.setdefault(a.var, a.where)
+        translated = translate_trace_error(e, var_where)
         if translated is not None:
             raise translated from None
         raise

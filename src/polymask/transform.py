@@ -18,7 +18,7 @@ import numpy as np
 from .diagnostics import at_call_site, user_call_site
 from .errors import ShapeError
 from .interpreter import run_program
-from .prologue import run_checks, solve_dim_vars
+from .prologue import functional_checks, run_checks, solve_dim_vars
 from .trace import MaskedProgram, dtype_of, flatten_args, is_masked, trace
 
 __all__ = ["mask", "MaskedFunction"]
@@ -40,6 +40,31 @@ def _signature(args, in_specs, constraints):
     except Exception:
         return None
     return (tree, tuple(sig), spec_key, tuple(constraints))
+
+
+def poison_outputs(outs: list, bads: list) -> list:
+    """``checks="functional"``: when a traced check fails, every dynamic output
+    size becomes -1 (``Masked.unpad`` and the next ``mask`` call reject it with
+    a ShapeError) and float data becomes NaN."""
+    if not bads:
+        return outs
+    import jax.numpy as jnp
+
+    from .masked import Masked, _is_static
+
+    bad = jnp.any(jnp.stack([jnp.asarray(b) for b in bads]))
+    out = []
+    for o in outs:
+        data = o.data if isinstance(o, Masked) else o
+        if jnp.issubdtype(jnp.result_type(data), jnp.inexact):
+            data = jnp.where(bad, jnp.nan, data)
+        if isinstance(o, Masked):
+            sizes = tuple(s if _is_static(s) else jnp.where(bad, jnp.int32(-1), s)
+                          for s in o.shape)
+            out.append(Masked(data, sizes))
+        else:
+            out.append(data)
+    return out
 
 
 class MaskedFunction:
@@ -84,8 +109,14 @@ class MaskedFunction:
             values, checks = solve_dim_vars(prog, leaves, self.checks)
         except ShapeError as e:
             raise at_call_site(e, call_site) from None
-        run_checks(checks, call_site)
-        outs = run_program(prog, leaves, values)
+        if self.checks == "functional":
+            with functional_checks() as bads:
+                run_checks(checks, call_site)
+                outs = run_program(prog, leaves, values)
+            outs = poison_outputs(outs, bads)
+        else:
+            run_checks(checks, call_site)
+            outs = run_program(prog, leaves, values)
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
     def __get__(self, obj, objtype=None):  # behave like a function as a class attribute
@@ -107,6 +138,10 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
         the prologue and used while tracing.
       checks: run the prologue checks (sizes in ``[0, bound]``, equal sizes for
         equal names, constraints). Concrete sizes are always range-checked.
+        ``"functional"``: traced checks use no host callback (so ``jax.export``
+        can serialize the program); a failed check makes every dynamic output
+        size -1 (``Masked.unpad`` raises ShapeError on it) and float outputs
+        NaN.
 
     Returns:
       ``masked_fun(*args)``: array leaves may be ``Masked`` (padded data plus
