@@ -16,7 +16,7 @@ import pytest
 from jax import lax
 
 import polymask as pm
-from polymask import interpreter as _interp
+from polymask import trace as _interp  # the trace scope stack lives in trace.py
 from polymask.rules.registry import register_rule
 
 M = pm.Masked
