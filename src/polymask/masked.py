@@ -59,17 +59,20 @@ class Masked:
     def unpad(self) -> jax.Array | np.ndarray | list:
         """The logical data ``data[:n0, :n1, ...]`` (needs concrete sizes).
 
-        For a ragged batch (``data`` has one more axis than ``shape`` and the
-        sizes are ``(B,)`` arrays, as made by ``stack`` or returned by
-        ``jax.vmap``), returns the list of the ``B`` unpadded examples.
+        For a batch (``data`` has ``k`` more leading axes than ``shape``, as made
+        by ``stack`` or returned by ``jax.vmap``), returns the list (nested ``k``
+        deep) of the unpadded examples. Each size may be static (a Python int:
+        the same for every example), an array of the batch shape (one size per
+        example) or a scalar array; any mix works, e.g. ``(n, 8)`` out of a
+        vmapped ``"n, 8"`` function.
 
         Raises:
-          ShapeError: sizes are traced (inside ``jit``/``vmap``).
+          ShapeError: sizes are traced (inside ``jit``/``vmap``), or a size
+            array's shape does not fit the batch axes.
         """
-        if self._is_ragged_batch():
-            sizes = [np.asarray(s) for s in self.shape]
-            return [self.data[i][tuple(slice(0, int(s[i])) for s in sizes)]
-                    for i in range(np.shape(self.data)[0])]
+        k = np.ndim(self.data) - len(self.shape)
+        if k > 0:
+            return self._unpad_batch(k)
         try:
             idx = tuple(slice(0, int(s)) for s in self.shape)
         except (TypeError, jax.errors.ConcretizationTypeError) as e:
@@ -78,17 +81,45 @@ class Masked:
                 ".valid() with jnp.where instead") from e
         return self.data[idx]
 
-    def _is_ragged_batch(self) -> bool:
-        return (np.ndim(self.data) == len(self.shape) + 1 and len(self.shape) > 0
-                and all(not _is_static(s) and np.ndim(s) == 1 for s in self.shape))
+    def _unpad_batch(self, k: int) -> list:
+        batch = tuple(np.shape(self.data)[:k])
+        try:
+            sizes = [np.broadcast_to(np.asarray(s), batch) for s in self.shape]
+        except (TypeError, jax.errors.ConcretizationTypeError) as e:
+            raise ShapeError("Masked.unpad() needs concrete logical sizes; inside jit/vmap "
+                             "use .valid() with jnp.where instead") from e
+        except ValueError as e:
+            raise ShapeError(f"Masked.unpad(): sizes of shapes {[np.shape(s) for s in self.shape]}"
+                             f" do not fit the batch axes {batch} of data "
+                             f"{tuple(np.shape(self.data))}") from e
+
+        def build(prefix):
+            if len(prefix) == k:
+                return self.data[prefix + tuple(slice(0, int(s[prefix])) for s in sizes)]
+            return [build(prefix + (i,)) for i in range(batch[len(prefix)])]
+
+        return build(())
+
+    def filled(self, value=0) -> jax.Array:
+        """``data`` with the padding replaced by ``value`` (works under jit/vmap/grad).
+
+        ``out.filled(0).sum()`` is the sum over the logical region, the way to
+        turn a masked output into a loss.
+        """
+        return jnp.where(self.valid(), self.data, jnp.asarray(value, self.data.dtype))
 
     def valid(self) -> jax.Array:
-        """Boolean array of ``data.shape``: True on the logical corner."""
+        """Boolean array of ``data.shape``: True on the logical corner (of each
+        example, for a batch)."""
         bound = self.bound
+        k = len(bound) - len(self.shape)  # leading batch axes (a ragged batch)
         ok = jnp.ones(bound, dtype=bool)
-        for axis, (s, b) in enumerate(zip(self.shape, bound)):
+        for axis, (s, b) in enumerate(zip(self.shape, bound[k:]), start=k):
             if _is_static(s) and s == b:
                 continue
+            s = jnp.asarray(s)
+            if k and s.ndim:  # one size per example: (B,) -> (B, 1, ..., 1)
+                s = s.reshape(s.shape + (1,) * (len(bound) - s.ndim))
             ok = ok & (jax.lax.broadcasted_iota(jnp.int32, bound, axis) < s)
         return ok
 
