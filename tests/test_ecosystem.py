@@ -179,9 +179,10 @@ def test_equinox_gru_under_scan():
                 lambda o: o.filled(0.0), pm.mask(m, "n, 3")(x), is_leaf=is_masked)))(m, x)
 
     exact = eqx.filter_jit(eqx.filter_value_and_grad(lambda m, x: loss(m(x))))
+    forward = eqx.filter_jit(pm.mask(model, "n, 3"))
     for i, x in enumerate(xs):
         xm = pm.Masked(b.data[i], tuple(s[i] for s in b.shape))
-        h, hs = pm.mask(model, "n, 3")(xm)
+        h, hs = forward(xm)
         close(h.unpad(), model(x)[0])
         close(hs.unpad(), model(x)[1])
         v, g = masked_value_and_grad(model, xm)
@@ -201,10 +202,10 @@ def test_nnx_multihead_attention_jit_grad():
             lambda m, x: pm.mask(m, "n, 8")(x, deterministic=True).filled(0.0).sum())(m, x)
 
     exact = nnx.jit(nnx.value_and_grad(lambda m, x: m(x, deterministic=True).sum()))
+    forward = nnx.jit(lambda m, x: pm.mask(m, "n, 8")(x, deterministic=True))
     for i, x in enumerate(xs):
         xm = pm.Masked(b.data[i], tuple(s[i] for s in b.shape))
-        close(pm.mask(mha, "n, 8")(xm, deterministic=True).unpad(),
-              mha(jnp.asarray(x), deterministic=True))
+        close(forward(mha, xm).unpad(), mha(jnp.asarray(x), deterministic=True))
         v, g = masked_vg(mha, xm)
         ve, ge = exact(mha, jnp.asarray(x))
         close(v, ve)
