@@ -245,13 +245,14 @@ def test_linen_transformer_block_via_apply():
     cm = pm.stack([np.asarray(c) for c in causal], bound=(1, BOUND, BOUND))
     vals, grads = jax.jit(jax.vmap(jax.value_and_grad(masked_loss), (None, 0, 0)))(
         params, b, cm)
+    exact_vg = jax.jit(jax.value_and_grad(exact_loss))
     for i, (x, c) in enumerate(zip(xs, causal)):
-        ve, ge = jax.value_and_grad(exact_loss)(params, jnp.asarray(x), c)
+        ve, ge = exact_vg(params, jnp.asarray(x), c)
         close(vals[i], ve)
         tree_close(jax.tree_util.tree_map(lambda g: g[i], grads), ge)
     # without a mask; rngs= is an unpadded keyword pytree of arrays
     rng = {"dropout": jax.random.PRNGKey(5)}
-    out = apply(params, pm.Masked(b.data[3], (3, 8)), rngs=rng)
+    out = jax.jit(apply)(params, pm.Masked(b.data[3], (3, 8)), rngs=rng)
     close(out.unpad(), block.apply(params, xs[3]))
     # dropout *on* draws random bits over a dynamic shape: not maskable (a draw at
     # the padded shape differs from the exact one), reported with the flax line
