@@ -171,12 +171,22 @@ def cmd_embed(args) -> int:
         print(f"polymask: {path}: no such file", file=sys.stderr)
         return 2
     texts = path.read_text(encoding="utf-8").splitlines()
+    out = args.out or str(path.with_suffix(".npy"))
+    if args.ray is not None:  # a Ray Data actor pool, each actor holding the encoder
+        from .ray_embed import embed_with_ray
+
+        t0 = time.perf_counter()
+        emb = embed_with_ray(texts, args.model, address=args.ray or None, actors=args.actors,
+                             batch_size=args.batch_size, min_bucket=args.min_bucket)
+        np.save(out, emb)
+        print(f"{len(texts)} texts -> {out} {emb.shape} float32 in "
+              f"{time.perf_counter() - t0:.1f} s (ray, {args.actors} actors)", file=sys.stderr)
+        return 0
     enc = _load_encoder(args.model)
     t0 = time.perf_counter()
     emb = enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
                     progress=args.progress)
     wall = time.perf_counter() - t0
-    out = args.out or str(path.with_suffix(".npy"))
     np.save(out, emb)
     st = enc.runner(_policy(args), args.batch_size).stats()
     print(f"{len(texts)} texts -> {out} {emb.shape} float32 in {wall:.1f} s "
@@ -208,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=32)
     e.add_argument("--min-bucket", type=int, default=16)
     e.add_argument("--progress", action="store_true")
+    e.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="embed on a Ray Data actor pool (ray extra); ADDRESS of a cluster, "
+                        "none: a local instance")
+    e.add_argument("--actors", type=int, default=2, help="Ray actors (with --ray)")
     e.set_defaults(func=cmd_embed)
     return p
 
