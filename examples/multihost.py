@@ -47,7 +47,8 @@ def run(process_id: int, num_processes: int, coordinator: str, local_devices: in
     import jax
     import numpy as np
     from jax.experimental import multihost_utils
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
 
     import polymask as pm
 

@@ -8,7 +8,6 @@ import sys
 
 import jax
 import numpy as np
-import pytest
 
 import polymask as pm
 
