@@ -258,3 +258,12 @@ def test_linen_transformer_block_via_apply():
     # the padded shape differs from the exact one), reported with the flax line
     with pytest.raises(pm.UnsupportedError, match="random_bits"):
         apply(params, pm.Masked(b.data[4], (4, 8)), deterministic=False, rngs=rng)
+
+
+def test_polymask_jit_accepts_modules():
+    model = RowMLP(jax.random.PRNGKey(2))
+    f = pm.jit(model, "n, 4")
+    for n in (0, 1, 3, 5, 9):
+        x = np.random.default_rng(n).normal(size=(n, 4)).astype(np.float32)
+        close(f(x), model(x))
+    assert f.stats()["compiles"] == 2  # buckets 8 and 16

@@ -19,7 +19,7 @@ from polymask.models.loader import SentenceEncoder  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_embed_with_ray_actor_pool(tmp_path, capsys):
+def test_embed_with_ray_actor_pool(tmp_path, capsys, monkeypatch):
     (tmp_path / "m").mkdir()
     model = _tiny_model_dir(tmp_path / "m")
     words = "the cat sat on a mat and a big red dog ran fast".split()
@@ -28,8 +28,8 @@ def test_embed_with_ray_actor_pool(tmp_path, capsys):
     f = tmp_path / "texts.txt"
     f.write_text("\n".join(texts) + "\n")
     out = tmp_path / "emb.npy"
-    os.environ["PYTHONPATH"] = os.pathsep.join(  # the actors import this checkout
-        [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(  # the actors import this checkout
+        [os.path.join(ROOT, "src"), os.path.join(ROOT, "tests"), os.environ.get("PYTHONPATH", "")]))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         assert cli.main(["embed", str(f), "--out", str(out), "--model", str(model),
