@@ -146,7 +146,7 @@ def test_equinox_mlp_filter_jit_filter_grad():
         close(fj(xm).unpad(), model(x))
         tree_close(grad_masked(model, xm), grad_exact(model, jnp.asarray(x)))
     # the whole ragged batch at once: vmap over the data, not the model
-    out = eqx.filter_jit(jax.vmap(pm.mask(model, "n, 4")))(b)
+    out = eqx.filter_jit(lambda m, b: jax.vmap(pm.mask(m, "n, 4"))(b))(model, b)
     for got, x in zip(out.unpad(), xs):
         close(got, model(x))
 
