@@ -330,19 +330,29 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
     """Transform ``fun`` (written for exact arrays) to run on padded arrays.
 
     Args:
-      fun: a JAX-traceable function of arrays (pytrees allowed).
+      fun: a JAX-traceable function of arrays (pytrees allowed), or a callable
+        pytree such as an equinox or flax.nnx module: its array leaves become
+        unpadded inputs (its other leaves are static), and the returned
+        ``MaskedFunction`` is a pytree holding it, so ``eqx.filter_jit``,
+        ``eqx.filter_grad``, ``nnx.jit`` and ``nnx.grad`` see its parameters.
       in_specs: None (every axis of a ``Masked`` input gets its own dim var;
-        plain arrays are unpadded and static), or one entry per positional
-        argument: a ``jax.export.symbolic_shape`` spec string (``"b, n, 64"``,
-        ``"_"`` = static, same name = equal sizes, ``"2*k"`` = affine), None,
-        or a pytree of specs matching the argument.
+        plain arrays are unpadded and static); or one entry per positional
+        argument (a tuple, as ``jax.vmap``'s ``in_axes``): a
+        ``jax.export.symbolic_shape`` spec string (``"b, n, 64"``, ``"_"`` =
+        static, same name = equal sizes, ``"2*k"`` = affine), None, or a
+        pytree of specs matching the argument; or a dict keyed by parameter
+        name (or positional index): ``{"x": "n, 16", "mask": "1, n, n"}``.
+        An argument without a spec is unpadded (a params pytree needs none).
+        Keyword arguments are passed through: their array leaves are inputs,
+        their other leaves (``deterministic=True``) static and part of the
+        cache key.
       constraints: extra ``jax.export`` constraints (``"n >= 3"``), checked in
         the prologue and used while tracing.
       checks: run the prologue checks (sizes in ``[0, bound]``, equal sizes for
         equal names, constraints). Concrete sizes are always range-checked.
 
     Returns:
-      ``masked_fun(*args)``: array leaves may be ``Masked`` (padded data plus
+      ``masked_fun(*args, **kwargs)``: array leaves may be ``Masked`` (padded data plus
       logical shape) or plain arrays (unpadded). Returns ``fun``'s output
       pytree with each array leaf a ``Masked`` whose logical shape is the
       symbolic output shape evaluated at the logical sizes and whose padded
