@@ -27,12 +27,13 @@ from .ops import (
 )
 from .ragged import ragged_map
 from .runner import jit
+from .training import value_and_grad
 from .transform import mask
 
 __all__ = [
     "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "UnsupportedError",
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
-    "buckets",
+    "buckets", "value_and_grad",
 ]
 __version__ = "0.1.0"

@@ -48,15 +48,14 @@ def _validate_sizes(sizes: tuple, bound: tuple, what: str) -> None:
     """Rank, type and range ``0 <= size <= bound`` of concrete logical sizes.
 
     Traced sizes are left to the prologue of ``mask`` (which checks them at
-    run time). A ragged batch (``len(bound) == len(sizes) + 1``, sizes of shape
-    ``(B,)``) is checked per example.
+    run time). A batch (``k = len(bound) - len(sizes)`` leading batch axes,
+    sizes static or arrays of per-example sizes) is checked per example.
     """
-    ragged = (len(bound) == len(sizes) + 1 and len(sizes) > 0
-              and all(not _is_static(s) and np.ndim(s) == 1 for s in sizes))
-    if len(sizes) != len(bound) and not ragged:
+    k = len(bound) - len(sizes)
+    if k < 0:
         raise ShapeError(f"{what}: logical shape {sizes} has {len(sizes)} axes but the data "
                          f"has shape {bound} (rank {len(bound)})")
-    per_axis = bound[1:] if ragged else bound
+    per_axis = bound[k:]
     for axis, (s, b) in enumerate(zip(sizes, per_axis)):
         _check_size_value(s, f"{what}: shape[{axis}]")
         v = _concrete(s)
@@ -114,21 +113,24 @@ class Masked:
     def unpad(self) -> jax.Array | np.ndarray | list:
         """The logical data ``data[:n0, :n1, ...]`` (needs concrete sizes).
 
-        For a ragged batch (``data`` has one more axis than ``shape`` and the
-        sizes are ``(B,)`` arrays, as made by ``stack`` or returned by
-        ``jax.vmap``), returns the list of the ``B`` unpadded examples.
+        For a batch (``data`` has ``k`` more leading axes than ``shape``, as made
+        by ``stack`` or returned by ``jax.vmap``), returns the list (nested ``k``
+        deep) of the unpadded examples. Each size may be static (a Python int:
+        the same for every example), an array of the batch shape (one size per
+        example) or a scalar array; any mix works, e.g. ``(n, 8)`` out of a
+        vmapped ``"n, 8"`` function.
 
         Raises:
           ShapeError: sizes are traced (inside ``jit``/``vmap``), a size is
-            outside ``[0, bound]`` (e.g. negative) or the logical shape has the
-            wrong rank.
+            outside ``[0, bound]`` (e.g. negative), the logical shape has more
+            axes than the data, or a size array's shape does not fit the batch
+            axes.
           TypeError: a size that is not an integer.
         """
         _validate_sizes(self.shape, self.bound, "Masked.unpad()")
-        if self._is_ragged_batch():
-            sizes = [np.asarray(s) for s in self.shape]
-            return [self.data[i][tuple(slice(0, int(s[i])) for s in sizes)]
-                    for i in range(np.shape(self.data)[0])]
+        k = np.ndim(self.data) - len(self.shape)
+        if k > 0:
+            return self._unpad_batch(k)
         try:
             idx = tuple(slice(0, int(s)) for s in self.shape)
         except (TypeError, jax.errors.ConcretizationTypeError) as e:
@@ -137,17 +139,45 @@ class Masked:
                 ".valid() with jnp.where instead") from e
         return self.data[idx]
 
-    def _is_ragged_batch(self) -> bool:
-        return (np.ndim(self.data) == len(self.shape) + 1 and len(self.shape) > 0
-                and all(not _is_static(s) and np.ndim(s) == 1 for s in self.shape))
+    def _unpad_batch(self, k: int) -> list:
+        batch = tuple(np.shape(self.data)[:k])
+        try:
+            sizes = [np.broadcast_to(np.asarray(s), batch) for s in self.shape]
+        except (TypeError, jax.errors.ConcretizationTypeError) as e:
+            raise ShapeError("Masked.unpad() needs concrete logical sizes; inside jit/vmap "
+                             "use .valid() with jnp.where instead") from e
+        except ValueError as e:
+            raise ShapeError(f"Masked.unpad(): sizes of shapes {[np.shape(s) for s in self.shape]}"
+                             f" do not fit the batch axes {batch} of data "
+                             f"{tuple(np.shape(self.data))}") from e
+
+        def build(prefix):
+            if len(prefix) == k:
+                return self.data[prefix + tuple(slice(0, int(s[prefix])) for s in sizes)]
+            return [build(prefix + (i,)) for i in range(batch[len(prefix)])]
+
+        return build(())
+
+    def filled(self, value=0) -> jax.Array:
+        """``data`` with the padding replaced by ``value`` (works under jit/vmap/grad).
+
+        ``out.filled(0).sum()`` is the sum over the logical region, the way to
+        turn a masked output into a loss.
+        """
+        return jnp.where(self.valid(), self.data, jnp.asarray(value, self.data.dtype))
 
     def valid(self) -> jax.Array:
-        """Boolean array of ``data.shape``: True on the logical corner."""
+        """Boolean array of ``data.shape``: True on the logical corner (of each
+        example, for a batch)."""
         bound = self.bound
+        k = len(bound) - len(self.shape)  # leading batch axes (a ragged batch)
         ok = jnp.ones(bound, dtype=bool)
-        for axis, (s, b) in enumerate(zip(self.shape, bound)):
+        for axis, (s, b) in enumerate(zip(self.shape, bound[k:]), start=k):
             if _is_static(s) and s == b:
                 continue
+            s = jnp.asarray(s)
+            if k and s.ndim:  # one size per example: (B,) -> (B, 1, ..., 1)
+                s = s.reshape(s.shape + (1,) * (len(bound) - s.ndim))
             ok = ok & (jax.lax.broadcasted_iota(jnp.int32, bound, axis) < s)
         return ok
 

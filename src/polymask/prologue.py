@@ -96,6 +96,27 @@ def functional_checks():
         _FUNCTIONAL.bads = prev
 
 
+def poison_outputs(outs: list, bads: list) -> list:
+    """``checks="functional"``: when a traced check fails, every dynamic output
+    size becomes -1 (``Masked.unpad`` and the next ``mask`` call reject it with
+    a ShapeError) and float data becomes NaN."""
+    if not bads:
+        return outs
+    bad = jnp.any(jnp.stack([jnp.asarray(b) for b in bads]))
+    out = []
+    for o in outs:
+        data = o.data if isinstance(o, Masked) else o
+        if jnp.issubdtype(jnp.result_type(data), jnp.inexact):
+            data = jnp.where(bad, jnp.nan, data)
+        if isinstance(o, Masked):
+            sizes = tuple(s if is_static(s) else jnp.where(bad, jnp.int32(-1), s)
+                          for s in o.shape)
+            out.append(Masked(data, sizes))
+        else:
+            out.append(data)
+    return out
+
+
 def run_checks(checks: list[Check], call_site: str) -> None:
     """Raise eagerly for concrete violations; stage runtime errors otherwise."""
     staged = []

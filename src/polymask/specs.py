@@ -139,13 +139,17 @@ def _split_top_level(s: str) -> list[str]:
     return parts
 
 
-def broadcast_specs(in_specs, args: Sequence[Any], is_leaf) -> list:
+def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list:
     """One spec (or None) per array leaf of ``args``.
 
     ``in_specs`` is None, or a sequence with one entry per positional argument;
     each entry is a spec string applied to that argument (when it is a single
     array), None, or a pytree of specs matching the argument's structure.
+    ``labels``: per argument, ``(spec_name, arg_name)`` for messages (default
+    ``in_specs[i]``, ``args[i]``).
     """
+    if labels is None:
+        labels = [(f"in_specs[{i}]", f"args[{i}]") for i in range(len(args))]
     leaves_per_arg = [jax.tree_util.tree_leaves(a, is_leaf=is_leaf) for a in args]
     if in_specs is None:
         return [None for leaves in leaves_per_arg for _ in leaves]
@@ -157,11 +161,11 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf) -> list:
             f"in_specs has {len(in_specs)} entries but the function was called with "
             f"{len(args)} positional arguments")
     out = []
-    for i, (spec, arg, leaves) in enumerate(zip(in_specs, args, leaves_per_arg)):
+    for (spec, arg, leaves, (sname, aname)) in zip(in_specs, args, leaves_per_arg, labels):
         if spec is None or isinstance(spec, str):
             if isinstance(spec, str) and len(leaves) != 1:
                 raise ShapeError(
-                    f"in_specs[{i}] is one spec '{spec}' but args[{i}] has {len(leaves)} "
+                    f"{sname} is one spec '{spec}' but {aname} has {len(leaves)} "
                     "array leaves; give a pytree of specs")
             out.extend([spec] * len(leaves))
             continue
@@ -177,7 +181,7 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf) -> list:
             spec_keys = arg_keys = None
             struct_ok = False
         if not struct_ok:
-            raise ShapeError(f"in_specs[{i}] does not match the structure of args[{i}]: "
+            raise ShapeError(f"{sname} does not match the structure of {aname}: "
                              f"spec leaves at {spec_keys}, array leaves at {arg_keys}")
         out.extend(spec_leaves)
     return out

@@ -36,7 +36,7 @@ from .specs import (
     scope_and_name_generator,
 )
 
-__all__ = ["MaskedProgram", "trace", "current_scope", "is_masked", "flatten_args",
+__all__ = ["MaskedProgram", "trace", "trace_flat", "current_scope", "is_masked", "flatten_args",
            "dtype_of"]
 
 _TRACE_STATE = threading.local()
@@ -190,8 +190,25 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     """
     leaves, in_tree = flatten_args(args)
     spec_leaves = broadcast_specs(in_specs, list(args), is_masked)
+
+    def call(*flat):
+        return fun(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
+
+    prog = trace_flat(call, leaves, spec_leaves, _arg_paths(args), constraints)
+    return prog, leaves
+
+
+def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any],
+               paths: Sequence[str], constraints: Sequence[str] = ()) -> MaskedProgram:
+    """Trace ``call(*leaves)`` symbolically: one spec (or None) and one path per leaf.
+
+    ``trace`` is this with the leaves of positional arguments; ``mask`` uses it
+    directly for keyword arguments and pytree callees (modules), whose
+    non-array leaves it keeps out of ``leaves``.
+    """
+    leaves = list(leaves)
     scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
-    axis_specs = _parse_axis_specs(leaves, spec_leaves, _arg_paths(args), scope, gen_name)
+    axis_specs = _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name)
     _check_constraint_vars(scope, axis_specs, spec_leaves)
     var_bounds, var_order = _var_bounds(leaves, axis_specs)
     for v, b in var_bounds.items():
@@ -205,7 +222,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     out_trees = []
 
     def flat_fun(*flat):
-        out = fun(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
+        out = call(*flat)
         out_flat, out_tree = jax.tree_util.tree_flatten(out, is_leaf=is_masked)
         out_trees.append(out_tree)
         return [_leaf_data(o) for o in out_flat]
@@ -226,6 +243,5 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
         if translated is not None:
             raise translated from None
         raise
-    prog = MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
+    return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
                          var_order, _dedupe(unsound_equalities))
-    return prog, leaves

@@ -7,7 +7,9 @@ program of their padded signature, solves and checks the logical sizes
 
 from __future__ import annotations
 
+import collections
 import functools
+import inspect
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,94 +20,278 @@ import numpy as np
 from .diagnostics import at_call_site, user_call_site
 from .errors import ShapeError
 from .interpreter import run_program
-from .prologue import functional_checks, run_checks, solve_dim_vars
-from .trace import MaskedProgram, dtype_of, flatten_args, is_masked, trace
+from .masked import Masked
+from .prologue import functional_checks, poison_outputs, run_checks, solve_dim_vars
+from .specs import broadcast_specs
+from .trace import MaskedProgram, _arg_paths, dtype_of, flatten_args, is_masked, trace_flat
 
-__all__ = ["mask", "MaskedFunction"]
+__all__ = ["mask", "MaskedFunction", "is_array_leaf", "is_pytree_callee"]
 
 
-def _signature(args, in_specs, constraints):
-    """The cache key of a call: tree, padded shapes and dtypes, specs (None: uncacheable)."""
-    leaves, tree = flatten_args(args)
-    sig = []
-    for leaf in leaves:
-        if is_masked(leaf):
-            sig.append(("M", tuple(np.shape(leaf.data)), str(dtype_of(leaf.data))))
-        else:
-            sig.append(("A", tuple(np.shape(leaf)), str(dtype_of(leaf)),
-                        isinstance(leaf, (int, float, bool, complex))))
+def is_array_leaf(x) -> bool:
+    """An input of the masked program: a ``Masked``, a JAX or NumPy array (or tracer)."""
+    return isinstance(x, (Masked, jax.Array, np.ndarray, np.generic))
+
+
+def is_pytree_callee(fun) -> bool:
+    """True for a callable that is itself a pytree (an equinox or flax.nnx module,
+    ``jax.tree_util.Partial``): its array leaves become unpadded inputs."""
     try:
-        spec_key = repr(in_specs)
-        hash(spec_key)
+        return not jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(fun))
+    except Exception:
+        return False
+
+
+def _leaf_sig(leaf):
+    if is_masked(leaf):
+        return ("M", tuple(np.shape(leaf.data)), str(dtype_of(leaf.data)))
+    return ("A", tuple(np.shape(leaf)), str(dtype_of(leaf)),
+            isinstance(leaf, (int, float, bool, complex)))
+
+
+def _hashable(key):
+    try:
+        hash(key)
     except Exception:
         return None
-    return (tree, tuple(sig), spec_key, tuple(constraints))
+    return key
 
 
-def poison_outputs(outs: list, bads: list) -> list:
-    """``checks="functional"``: when a traced check fails, every dynamic output
-    size becomes -1 (``Masked.unpad`` and the next ``mask`` call reject it with
-    a ShapeError) and float data becomes NaN."""
-    if not bads:
-        return outs
-    import jax.numpy as jnp
+def _parameters(fun):
+    """(parameter name -> positional index, all parameter names or None if unknown)."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return {}, None
+    index = {}
+    for i, p in enumerate(params):
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        index[p.name] = i
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return index, None  # **kwargs: any name may be passed
+    return index, {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
 
-    from .masked import Masked, _is_static
 
-    bad = jnp.any(jnp.stack([jnp.asarray(b) for b in bads]))
-    out = []
-    for o in outs:
-        data = o.data if isinstance(o, Masked) else o
-        if jnp.issubdtype(jnp.result_type(data), jnp.inexact):
-            data = jnp.where(bad, jnp.nan, data)
-        if isinstance(o, Masked):
-            sizes = tuple(s if _is_static(s) else jnp.where(bad, jnp.int32(-1), s)
-                          for s in o.shape)
-            out.append(Masked(data, sizes))
+def _split_specs(fun, in_specs, n_args: int, kwargs: dict):
+    """``in_specs`` -> (positional specs or None, {kwarg name: spec}).
+
+    A dict ``in_specs`` is keyed by parameter name (or positional index); a name
+    resolves to the keyword argument of that name when passed by keyword, else
+    to its position in ``fun``'s signature. Arguments without an entry get no
+    spec (plain arrays are unpadded). A name the call does not pass (its
+    default is used) is ignored; a name ``fun`` does not take is an error.
+    """
+    if in_specs is None:
+        return None, {}
+    if not isinstance(in_specs, dict):
+        return in_specs, {}
+    pos: list = [None] * n_args
+    kw: dict = {}
+    params = None
+    for key, spec in in_specs.items():
+        if isinstance(key, int):
+            if not 0 <= key < n_args:
+                raise ShapeError(f"in_specs[{key}]: the function was called with {n_args} "
+                                 "positional arguments")
+            pos[key] = spec
+            continue
+        if key in kwargs:
+            kw[key] = spec
+            continue
+        if params is None:
+            params = _parameters(fun)
+        index, names = params
+        if key in index:
+            if index[key] < n_args:
+                pos[index[key]] = spec
+        elif names is not None and key not in names:
+            raise ShapeError(
+                f"in_specs names argument '{key}', which {getattr(fun, '__name__', 'fun')} "
+                f"does not take (parameters: {sorted(names)})")
+    return tuple(pos), kw
+
+
+class _Call:
+    """One call bound to flat inputs: array leaves, their specs and paths, the
+    static rest (part of the cache key) and how to rebuild ``fun(*args, **kwargs)``."""
+
+    __slots__ = ("leaves", "specs", "paths", "static_key", "rebuild")
+
+
+def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
+    c = _Call()
+    leaves: list = []
+    specs: list = []
+    paths: list = []
+    static: list = []
+    pos_specs, kw_specs = _split_specs(fun, in_specs, len(args), kwargs)
+
+    # the callee (a module): array leaves unpadded, the rest static
+    if pytree_callee:
+        c_flat, c_tree = jax.tree_util.tree_flatten_with_path(fun, is_leaf=is_masked)
+        c_dyn = [is_array_leaf(x) for _, x in c_flat]
+        for (p, x), d in zip(c_flat, c_dyn):
+            if d:
+                leaves.append(x)
+                specs.append(None)
+                paths.append("fun" + jax.tree_util.keystr(p))
+        c_static = tuple(x for (_, x), d in zip(c_flat, c_dyn) if not d)
+        static.append(("callee", c_tree, tuple(c_dyn), c_static))
+    n_callee = len(leaves)
+
+    # positional arguments: every leaf is an input (as before)
+    p_leaves, p_tree = flatten_args(args)
+    leaves += p_leaves
+    specs += broadcast_specs(pos_specs, list(args), is_masked)
+    paths += _arg_paths(args)
+    static.append(("args", p_tree))
+
+    # keyword arguments: array leaves are inputs; the rest is static
+    kw_names = sorted(kwargs)
+    kw_parts = []
+    for name in kw_names:
+        value = kwargs[name]
+        flat, tree = jax.tree_util.tree_flatten_with_path(value, is_leaf=is_masked)
+        k_specs = broadcast_specs(
+            (kw_specs.get(name),), [value], is_masked,
+            labels=[(f"in_specs['{name}']", f"kwargs['{name}']")])
+        dyn = [is_array_leaf(x) for _, x in flat]
+        for (p, x), sp, d in zip(flat, k_specs, dyn):
+            if d:
+                leaves.append(x)
+                specs.append(sp)
+                paths.append(f"kwargs['{name}']" + jax.tree_util.keystr(p))
+            elif sp is not None:
+                raise ShapeError(f"in_specs['{name}'] gives spec '{sp}' to a non-array value "
+                                 f"{x!r} at kwargs['{name}']{jax.tree_util.keystr(p)}")
+        kw_static = tuple(x for (_, x), d in zip(flat, dyn) if not d)
+        kw_parts.append((name, tree, tuple(dyn), kw_static))
+        static.append((name, tree, tuple(dyn), kw_static))
+    n_pos = len(p_leaves)
+
+    def rebuild(*flat):
+        flat = list(flat)
+        if pytree_callee:
+            _, c_tree_, c_dyn_, c_static_ = static[0]
+            it_d, it_s = iter(flat[:n_callee]), iter(c_static_)
+            callee = jax.tree_util.tree_unflatten(
+                c_tree_, [next(it_d) if d else next(it_s) for d in c_dyn_])
         else:
-            out.append(data)
-    return out
+            callee = fun
+        pos = jax.tree_util.tree_unflatten(p_tree, flat[n_callee:n_callee + n_pos])
+        rest = iter(flat[n_callee + n_pos:])
+        kw = {}
+        for name, tree, dyn, st in kw_parts:
+            it_s = iter(st)
+            kw[name] = jax.tree_util.tree_unflatten(
+                tree, [next(rest) if d else next(it_s) for d in dyn])
+        return callee(*pos, **kw)
+
+    c.leaves, c.specs, c.paths, c.rebuild = leaves, specs, paths, rebuild
+    c.static_key = tuple(static)
+    return c
 
 
-class MaskedFunction:
-    """The callable ``mask`` returns; ``.program(*args)`` gives its traced program."""
+# Programs of pytree callees, shared by every ``mask(module, ...)`` with the same
+# module structure (``mask`` is often called afresh inside a grad/jit'd function).
+_SHARED: collections.OrderedDict = collections.OrderedDict()
+_SHARED_SIZE = 128
+_SHARED_LOCK = threading.Lock()
 
-    def __init__(self, fun: Callable, in_specs, constraints: Sequence[str], checks: bool):
-        functools.update_wrapper(self, fun, updated=())  # name and doc only
-        self.fun = fun
+
+class _Meta:
+    """What a ``MaskedFunction`` keeps besides its callee: specs, options, cache.
+
+    Compared by identity: the pytree aux data of a ``MaskedFunction``.
+    """
+
+    def __init__(self, in_specs, constraints, checks):
         self.in_specs = in_specs
         self.constraints = tuple(constraints)
         self.checks = checks
-        self._cache: dict[Any, MaskedProgram] = {}
-        self._lock = threading.Lock()
+        self.cache: dict[Any, MaskedProgram] = {}
+        self.lock = threading.Lock()
+        try:
+            self.spec_key = _hashable(repr(in_specs))
+        except Exception:
+            self.spec_key = None
 
-    @property
-    def programs(self) -> tuple[MaskedProgram, ...]:
-        """The masked programs traced so far (one per padded signature)."""
-        with self._lock:
-            return tuple(self._cache.values())
 
-    def program(self, *args) -> tuple[MaskedProgram, list]:
-        """The masked program for the padded signature of ``args`` (traced once per signature).
+class MaskedFunction:
+    """The callable ``mask`` returns; ``.program(*args, **kwargs)`` gives its traced program.
+
+    A pytree: when the callee is itself a pytree (an equinox or flax.nnx
+    module), its leaves are this object's leaves, so ``eqx.filter_jit``,
+    ``eqx.filter_grad``, ``jax.tree_util`` and ``nnx`` transforms see the
+    module's parameters through it.
+    """
+
+    def __init__(self, fun: Callable, in_specs, constraints: Sequence[str], checks: bool,
+                 _meta: _Meta | None = None):
+        self.fun = fun
+        self._meta = _meta or _Meta(in_specs, constraints, checks)
+        self._pytree_callee = is_pytree_callee(fun)
+        try:
+            self.__name__ = getattr(fun, "__name__", type(fun).__name__)
+            self.__qualname__ = getattr(fun, "__qualname__", self.__name__)
+            self.__doc__ = getattr(fun, "__doc__", None)
+            self.__wrapped__ = fun
+        except Exception:  # pragma: no cover
+            pass
+
+    in_specs = property(lambda self: self._meta.in_specs)
+    constraints = property(lambda self: self._meta.constraints)
+    checks = property(lambda self: self._meta.checks)
+
+    def _key(self, call: _Call):
+        m = self._meta
+        if m.spec_key is None:
+            return None
+        key = (tuple(_leaf_sig(x) for x in call.leaves), call.static_key, m.spec_key,
+               m.constraints)
+        if self._pytree_callee:
+            key = (key, type(self.fun))
+        return _hashable(key)
+
+    def _program_for(self, call: _Call) -> MaskedProgram:
+        m = self._meta
+        key = self._key(call)
+        if key is not None:
+            with m.lock:
+                prog = m.cache.get(key)
+            if prog is None and self._pytree_callee:
+                with _SHARED_LOCK:
+                    prog = _SHARED.get(key)
+                    if prog is not None:
+                        _SHARED.move_to_end(key)
+            if prog is not None:
+                return prog
+        prog = trace_flat(call.rebuild, call.leaves, call.specs, call.paths, m.constraints)
+        if key is not None:
+            with m.lock:
+                m.cache.setdefault(key, prog)
+            if self._pytree_callee:
+                with _SHARED_LOCK:
+                    _SHARED[key] = prog
+                    while len(_SHARED) > _SHARED_SIZE:
+                        _SHARED.popitem(last=False)
+        return prog
+
+    def program(self, *args, **kwargs) -> tuple[MaskedProgram, list]:
+        """The masked program for the padded signature of the call (traced once per
+        signature and static keyword/callee values).
 
         Returns ``(program, leaves)``; ``program.out_shapes`` are the symbolic
         output shapes.
         """
-        key = _signature(args, self.in_specs, self.constraints)
-        with self._lock:
-            prog = self._cache.get(key) if key is not None else None
-        if prog is not None:
-            return prog, flatten_args(args)[0]
-        prog, leaves = trace(self.fun, args, self.in_specs, self.constraints)
-        if key is not None:
-            with self._lock:
-                self._cache.setdefault(key, prog)
-        return prog, leaves
+        call = _bind(self.fun, self._pytree_callee, self.in_specs, args, kwargs)
+        return self._program_for(call), call.leaves
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         call_site = user_call_site()
         try:
-            prog, leaves = self.program(*args)
+            prog, leaves = self.program(*args, **kwargs)
             values, checks = solve_dim_vars(prog, leaves, self.checks)
         except ShapeError as e:
             raise at_call_site(e, call_site) from None
@@ -122,18 +308,50 @@ class MaskedFunction:
     def __get__(self, obj, objtype=None):  # behave like a function as a class attribute
         return self if obj is None else functools.partial(self, obj)
 
+    def __repr__(self) -> str:
+        return f"polymask.mask({self.fun!r}, {self.in_specs!r})"
+
+
+def _mf_flatten(mf: MaskedFunction):
+    if mf._pytree_callee:
+        return (mf.fun,), (mf._meta, None)
+    return (), (mf._meta, mf.fun)
+
+
+def _mf_unflatten(aux, children):
+    meta, fun = aux
+    obj = object.__new__(MaskedFunction)
+    obj.fun = children[0] if fun is None else fun
+    obj._meta = meta
+    obj._pytree_callee = fun is None
+    obj.__name__ = getattr(obj.fun, "__name__", type(obj.fun).__name__)
+    return obj
+
+
+jax.tree_util.register_pytree_node(MaskedFunction, _mf_flatten, _mf_unflatten)
+
 
 def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
          checks: bool = True) -> MaskedFunction:
     """Transform ``fun`` (written for exact arrays) to run on padded arrays.
 
     Args:
-      fun: a JAX-traceable function of arrays (pytrees allowed).
+      fun: a JAX-traceable function of arrays (pytrees allowed), or a callable
+        pytree such as an equinox or flax.nnx module: its array leaves become
+        unpadded inputs (its other leaves are static), and the returned
+        ``MaskedFunction`` is a pytree holding it, so ``eqx.filter_jit``,
+        ``eqx.filter_grad``, ``nnx.jit`` and ``nnx.grad`` see its parameters.
       in_specs: None (every axis of a ``Masked`` input gets its own dim var;
-        plain arrays are unpadded and static), or one entry per positional
-        argument: a ``jax.export.symbolic_shape`` spec string (``"b, n, 64"``,
-        ``"_"`` = static, same name = equal sizes, ``"2*k"`` = affine), None,
-        or a pytree of specs matching the argument.
+        plain arrays are unpadded and static); or one entry per positional
+        argument (a tuple, as ``jax.vmap``'s ``in_axes``): a
+        ``jax.export.symbolic_shape`` spec string (``"b, n, 64"``, ``"_"`` =
+        static, same name = equal sizes, ``"2*k"`` = affine), None, or a
+        pytree of specs matching the argument; or a dict keyed by parameter
+        name (or positional index): ``{"x": "n, 16", "mask": "1, n, n"}``.
+        An argument without a spec is unpadded (a params pytree needs none).
+        Keyword arguments are passed through: their array leaves are inputs,
+        their other leaves (``deterministic=True``) static and part of the
+        cache key.
       constraints: extra ``jax.export`` constraints (``"n >= 3"``), checked in
         the prologue and used while tracing.
       checks: run the prologue checks (sizes in ``[0, bound]``, equal sizes for
@@ -144,7 +362,7 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
         NaN.
 
     Returns:
-      ``masked_fun(*args)``: array leaves may be ``Masked`` (padded data plus
+      ``masked_fun(*args, **kwargs)``: array leaves may be ``Masked`` (padded data plus
       logical shape) or plain arrays (unpadded). Returns ``fun``'s output
       pytree with each array leaf a ``Masked`` whose logical shape is the
       symbolic output shape evaluated at the logical sizes and whose padded
