@@ -7,9 +7,8 @@ operand: the padded result is the primitive on the padded operands.
 
 from __future__ import annotations
 
-from .elementwise import elementwise_rule
-from .registry import register
+from .families import defelementwise
 
 TOTAL_ORDER_COMPARISONS = ("eq_to", "le_to", "lt_to")
 
-register(*TOTAL_ORDER_COMPARISONS)(elementwise_rule)
+defelementwise(*TOTAL_ORDER_COMPARISONS)
