@@ -1,6 +1,9 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tiered buckets compile in a background thread; off here so compile counts are
+# deterministic (tests of tiered buckets pass tiered=True and call .wait()).
+os.environ.setdefault("POLYMASK_TIERED", "0")
 
 from hypothesis import settings  # noqa: E402
 

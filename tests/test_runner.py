@@ -216,12 +216,79 @@ def test_jit_output_shapes_from_host_expressions():
     assert a.shape == (9,) and b.shape == (2,)
 
 
-def test_jit_recurring_output_shape_gets_compiled_slice():
-    pf = pm.jit(lambda x: x * 3, "n", slice_after=2)
-    for _ in range(4):
-        y = pf(np.arange(5, dtype=np.float32))
-        assert isinstance(y, jax.Array)
-        np.testing.assert_array_equal(y, np.arange(5) * 3)
+def test_jit_unpadding_compiles_nothing_per_length():
+    """Outputs are sliced on the host: no program per output length, all compiles counted."""
+    pf = pm.jit(lambda x: x * 3, "n", buckets=B.pow2(16))
+    with pm.runner.compile_counter() as cc:
+        for _ in range(3):
+            for n in range(1, 17):
+                xn = np.arange(n, dtype=np.float32)
+                for x in (xn, jax.device_put(xn)):  # device_put: no compile
+                    y = pf(x)
+                    assert isinstance(y, jax.Array) and y.shape == (n,)
+                    np.testing.assert_array_equal(y, np.arange(n) * 3)
     st = pf.stats()
-    assert st["slice_compiles"] == 1 and st["compiles"] == 1
-    assert pm.jit(lambda x: x * 3, "n", slice_after=None)(np.ones(3, np.float32)).shape == (3,)
+    assert st["compiles"] == 1 and st["slice_compiles"] == 0
+    assert cc.compiles == st["xla_compiles"] >= 1  # every XLA compile is in stats()
+    with pm.runner.compile_counter() as cc2:
+        pf(np.arange(7, dtype=np.float32))
+    assert cc2.compiles == 0
+
+
+def test_jit_precompile_then_no_compile_on_call():
+    pf = pm.jit(lambda w, x: jnp.tanh(x @ w), (None, "n, 4"), buckets=B.pow2(8))
+    w = np.ones((4, 2), np.float32)
+    pf.precompile(w, jax.ShapeDtypeStruct((16, 4), jnp.float32))
+    st = pf.stats()
+    assert st["compiles"] == 1 and st["precompiles"] == 1 and st["calls"] == 0
+    with pm.runner.compile_counter() as cc:
+        for n in (9, 12, 16):
+            x = np.random.default_rng(n).normal(size=(n, 4)).astype(np.float32)
+            np.testing.assert_allclose(pf(w, x), np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+    assert cc.compiles == 0 and pf.stats()["compiles"] == 1
+
+
+def test_jit_tiered_buckets_serve_then_switch():
+    traces = []
+
+    def f(x):
+        traces.append(x.shape)
+        return jnp.cumsum(x) + jnp.max(x)
+
+    pf = pm.jit(f, "n", buckets=B.pow2(4), tiered=True)
+    big = np.arange(60, dtype=np.float32)
+    np.testing.assert_allclose(pf(big), np.cumsum(big) + big.max())  # bucket 64, foreground
+    for n in (3, 5, 9, 17, 33, 2, 6):
+        x = np.arange(n, dtype=np.float32)[::-1].copy()
+        np.testing.assert_allclose(pf(x), np.cumsum(x) + x.max())  # served at once
+    assert pf.stats()["tiered_calls"] >= 1
+    pf.wait()
+    st = pf.stats()
+    assert st["compiles"] == 1 + 4  # 64 in the foreground; 4, 8, 16, 32 in the background
+    assert st["background_compiles"] == 4
+    tiered = st["tiered_calls"]
+    for n in (3, 5, 9, 17, 33):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_allclose(pf(x), np.cumsum(x) + x.max())
+    assert pf.stats()["tiered_calls"] == tiered  # tight buckets now
+    assert pf.stats()["compiles"] == 5
+
+
+def test_jit_tiered_off_compiles_in_foreground():
+    pf = pm.jit(jnp.sum, "n", buckets=B.pow2(4), tiered=False)
+    pf(np.ones(30, np.float32))
+    pf(np.ones(3, np.float32))
+    st = pf.stats()
+    assert st["compiles"] == 2 and st["tiered_calls"] == 0 and st["background_compiles"] == 0
+
+
+def test_persistent_compilation_cache_writes_files(tmp_path):
+    d = tmp_path / "xla"
+    prev = pm.enable_compilation_cache(d)
+    try:
+        pf = pm.jit(lambda x: jnp.sin(x) * 7 + 0.125, "n", buckets=B.fixed(48))
+        np.testing.assert_allclose(pf(np.ones(5, np.float32)), np.sin(np.ones(5)) * 7 + 0.125,
+                                   rtol=1e-6)
+        assert any(p.is_file() for p in d.rglob("*"))
+    finally:
+        pm.disable_compilation_cache(prev)

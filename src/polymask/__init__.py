@@ -8,6 +8,7 @@ outputs equal ``f`` on the unpadded inputs. See docs/DESIGN.md for the contract.
 from __future__ import annotations
 
 from . import buckets
+from .cache import default_cache_dir, disable_compilation_cache, enable_compilation_cache
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
 from .errors import ShapeError, UnsupportedError
 from .explain import explain
@@ -26,6 +27,7 @@ from .ops import (
     where,
 )
 from .ragged import ragged_map
+from . import runner
 from .runner import jit
 from .transform import mask
 
@@ -33,6 +35,7 @@ __all__ = [
     "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "UnsupportedError",
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
-    "buckets",
+    "buckets", "enable_compilation_cache", "disable_compilation_cache", "default_cache_dir",
+    "runner",
 ]
 __version__ = "0.1.0"

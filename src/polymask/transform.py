@@ -45,12 +45,14 @@ def _signature(args, in_specs, constraints):
 class MaskedFunction:
     """The callable ``mask`` returns; ``.program(*args)`` gives its traced program."""
 
-    def __init__(self, fun: Callable, in_specs, constraints: Sequence[str], checks: bool):
+    def __init__(self, fun: Callable, in_specs, constraints: Sequence[str], checks: bool,
+                 zero_padded: bool = False):
         functools.update_wrapper(self, fun, updated=())  # name and doc only
         self.fun = fun
         self.in_specs = in_specs
         self.constraints = tuple(constraints)
         self.checks = checks
+        self.zero_padded = zero_padded
         self._cache: dict[Any, MaskedProgram] = {}
         self._lock = threading.Lock()
 
@@ -85,7 +87,7 @@ class MaskedFunction:
         except ShapeError as e:
             raise at_call_site(e, call_site) from None
         run_checks(checks, call_site)
-        outs = run_program(prog, leaves, values)
+        outs = run_program(prog, leaves, values, zero_padded=self.zero_padded)
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
     def __get__(self, obj, objtype=None):  # behave like a function as a class attribute
@@ -93,7 +95,7 @@ class MaskedFunction:
 
 
 def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
-         checks: bool = True) -> MaskedFunction:
+         checks: bool = True, zero_padded: bool = False) -> MaskedFunction:
     """Transform ``fun`` (written for exact arrays) to run on padded arrays.
 
     Args:
@@ -107,6 +109,11 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
         the prologue and used while tracing.
       checks: run the prologue checks (sizes in ``[0, bound]``, equal sizes for
         equal names, constraints). Concrete sizes are always range-checked.
+      zero_padded: the caller promises that the padding of every ``Masked``
+        float input is exactly zero (``polymask.jit`` and ``ragged_map`` pad
+        with zeros on the host): the entry ``select`` that zeroes it is skipped
+        and rules treat the inputs as zero-padded. Gradients with respect to
+        the padding are then not forced to 0.
 
     Returns:
       ``masked_fun(*args)``: array leaves may be ``Masked`` (padded data plus
@@ -127,4 +134,4 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
     Composes with ``jax.jit`` (one trace per padded signature: sizes are
     runtime data), ``jax.vmap`` (ragged batches) and ``jax.grad``.
     """
-    return MaskedFunction(fun, in_specs, constraints, checks)
+    return MaskedFunction(fun, in_specs, constraints, checks, zero_padded)
