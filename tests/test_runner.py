@@ -292,3 +292,37 @@ def test_persistent_compilation_cache_writes_files(tmp_path):
         assert any(p.is_file() for p in d.rglob("*"))
     finally:
         pm.disable_compilation_cache(prev)
+
+
+def test_ragged_map_sorted_batches_keep_input_order_and_no_partial_compiles():
+    rng = np.random.default_rng(3)
+    sizes = [int(n) for n in rng.integers(1, 30, size=37)]
+    exs = [rng.normal(size=n).astype(np.float32) for n in sizes]
+    rm = pm.ragged_map(lambda x: (jnp.sum(x), x.shape[0] * jnp.ones(())), "n",
+                       buckets=B.pow2(8), batch_size=4, numpy_outputs=True)
+    outs = rm(exs)
+    for e, (s, n) in zip(exs, outs):  # input order
+        assert float(n) == e.shape[0]
+        np.testing.assert_allclose(s, e.sum(), rtol=1e-5, atol=1e-5)
+    buckets = {max(8, 1 << (n - 1).bit_length()) for n in sizes}
+    assert rm.stats()["compiles"] == len(buckets)  # partial batches: full-batch program
+    tok = pm.ragged_map(lambda x: jnp.sum(x), "n", buckets=B.pow2(8), batch_tokens=256,
+                        numpy_outputs=True)
+    for e, s in zip(exs, tok(exs)):
+        np.testing.assert_allclose(s, e.sum(), rtol=1e-5, atol=1e-5)
+    assert tok.stats()["compiles"] == len(buckets)
+    assert tok.stats()["calls"] < rm.stats()["calls"]  # 32 rows of 8, 16 of 16, 8 of 32
+
+
+def test_ragged_map_precompile():
+    rm = pm.ragged_map(lambda w, x: jnp.tanh(x @ w).sum(0), ("n, 3",), buckets=B.pow2(8),
+                       batch_size=4, numpy_outputs=True)
+    w = np.ones((3, 2), np.float32)
+    rm.precompile(jax.ShapeDtypeStruct((8, 3), jnp.float32), w)
+    assert rm.stats()["compiles"] == 1
+    exs = [np.full((n, 3), 0.1, np.float32) for n in (1, 5, 8, 3, 2)]
+    with pm.runner.compile_counter() as cc:
+        outs = rm(exs, w)
+    assert cc.compiles == 0 and rm.stats()["compiles"] == 1
+    for e, o in zip(exs, outs):
+        np.testing.assert_allclose(o, np.tanh(e @ w).sum(0), rtol=1e-5)

@@ -7,9 +7,9 @@ outputs equal ``f`` on the unpadded inputs. See docs/DESIGN.md for the contract.
 
 from __future__ import annotations
 
-from . import buckets
-from .cache import default_cache_dir, disable_compilation_cache, enable_compilation_cache
+from . import buckets, runner
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
+from .cache import default_cache_dir, disable_compilation_cache, enable_compilation_cache
 from .errors import ShapeError, UnsupportedError
 from .explain import explain
 from .formula import shape_formula
@@ -27,7 +27,6 @@ from .ops import (
     where,
 )
 from .ragged import ragged_map
-from . import runner
 from .runner import jit
 from .transform import mask
 

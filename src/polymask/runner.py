@@ -36,8 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from .masked import Masked
-from .plan import (CallPlan, OutputPlan, dtype_key, output_plan, padded_shape, plan_call,
-                   policy_getter)
+from .plan import (
+    CallPlan,
+    OutputPlan,
+    dtype_key,
+    output_plan,
+    padded_shape,
+    plan_call,
+    policy_getter,
+)
 from .transform import mask
 
 __all__ = ["jit", "PolyJit", "compile_counter"]
@@ -145,7 +152,7 @@ def _unpad(d, shape, numpy_outputs: bool):
         a = _slice(a, shape)
     if numpy_outputs:
         return a
-    return jax.device_put(np.ascontiguousarray(a))
+    return jax.device_put(np.array(a))
 
 
 _ArrayImpl = type(jax.numpy.zeros(()))
