@@ -162,13 +162,16 @@ def _entry_arg(leaf, axes, leaf_bound, state: RunState, zero_padded: bool = Fals
 
 
 def run_program(prog: MaskedProgram, leaves, values: dict,
-                interpreter: Interpreter | None = None, zero_padded: bool = False) -> list[Masked]:
+                interpreter: Interpreter | None = None, zero_padded: bool = False,
+                forward_only: bool = False) -> list[Masked]:
     """Evaluate a traced program on padded leaves with dim var values ``values``.
 
     ``zero_padded``: the padding of every ``Masked`` input is known to be zero
-    (no entry select; rules see the inputs as zero-padded).
+    (no entry select; rules see the inputs as zero-padded). ``forward_only``:
+    the result is never differentiated (see ``RunState``).
     """
-    state = RunState(DimEnv(prog.scope, prog.var_bounds, values), interpreter or _INTERPRETER)
+    state = RunState(DimEnv(prog.scope, prog.var_bounds, values), interpreter or _INTERPRETER,
+                     forward_only=forward_only)
     args = [_entry_arg(leaf, axes, lb, state, zero_padded)
             for leaf, axes, lb in zip(leaves, prog.axis_specs, prog.leaf_bounds)]
     outs = state.interpreter.eval_closed(prog.closed_jaxpr, args, state)

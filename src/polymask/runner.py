@@ -232,7 +232,8 @@ def _build_inner(fun, entry: _Entry, in_tree, plan: CallPlan, in_specs, constrai
     skips its entry select (``zero_padded=True``).
     """
     mask_specs = None if in_specs is None else (None,) * n_bcast + tuple(in_specs)
-    masked = mask(fun, mask_specs, constraints=constraints, checks=False, zero_padded=True)
+    masked = mask(fun, mask_specs, constraints=constraints, checks=False, zero_padded=True,
+                  differentiable=False)
     var_index = {v: i for i, v in enumerate(plan.var_names)}
     n_static = sum(1 for p in plan.leaves if p.static)
 

@@ -46,13 +46,14 @@ class MaskedFunction:
     """The callable ``mask`` returns; ``.program(*args)`` gives its traced program."""
 
     def __init__(self, fun: Callable, in_specs, constraints: Sequence[str], checks: bool,
-                 zero_padded: bool = False):
+                 zero_padded: bool = False, differentiable: bool = True):
         functools.update_wrapper(self, fun, updated=())  # name and doc only
         self.fun = fun
         self.in_specs = in_specs
         self.constraints = tuple(constraints)
         self.checks = checks
         self.zero_padded = zero_padded
+        self.differentiable = differentiable
         self._cache: dict[Any, MaskedProgram] = {}
         self._lock = threading.Lock()
 
@@ -87,7 +88,8 @@ class MaskedFunction:
         except ShapeError as e:
             raise at_call_site(e, call_site) from None
         run_checks(checks, call_site)
-        outs = run_program(prog, leaves, values, zero_padded=self.zero_padded)
+        outs = run_program(prog, leaves, values, zero_padded=self.zero_padded,
+                           forward_only=not self.differentiable)
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
     def __get__(self, obj, objtype=None):  # behave like a function as a class attribute
@@ -95,7 +97,8 @@ class MaskedFunction:
 
 
 def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
-         checks: bool = True, zero_padded: bool = False) -> MaskedFunction:
+         checks: bool = True, zero_padded: bool = False,
+         differentiable: bool = True) -> MaskedFunction:
     """Transform ``fun`` (written for exact arrays) to run on padded arrays.
 
     Args:
@@ -114,6 +117,10 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
         with zeros on the host): the entry ``select`` that zeroes it is skipped
         and rules treat the inputs as zero-padded. Gradients with respect to
         the padding are then not forced to 0.
+      differentiable: False when the masked function will never be
+        differentiated (``polymask.jit`` and ``ragged_map`` compile forward
+        programs): the selects that only keep its backward pass finite are
+        skipped (smaller programs).
 
     Returns:
       ``masked_fun(*args)``: array leaves may be ``Masked`` (padded data plus
@@ -134,4 +141,4 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
     Composes with ``jax.jit`` (one trace per padded signature: sizes are
     runtime data), ``jax.vmap`` (ragged batches) and ``jax.grad``.
     """
-    return MaskedFunction(fun, in_specs, constraints, checks, zero_padded)
+    return MaskedFunction(fun, in_specs, constraints, checks, zero_padded, differentiable)
