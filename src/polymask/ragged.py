@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import _jax_compat as compat
 from .buckets import as_policy
 from .errors import ShapeError
 from .plan import batch_bucket, dtype_key
@@ -207,7 +208,7 @@ class RaggedMap(_Runner):
             for d, shape in zip(datas, shapes):
                 a = _slice(d[r], shape)
                 outs.append(np.array(a) if self.numpy_outputs
-                            else jax.device_put(np.array(a)))
+                            else compat.upload(np.array(a)))
             results[ex] = jax.tree_util.tree_unflatten(outputs.tree, outs)
 
 

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _jax_compat as compat
 from .masked import Masked
 from .plan import (
     CallPlan,
@@ -152,7 +153,7 @@ def _unpad(d, shape, numpy_outputs: bool):
         a = _slice(a, shape)
     if numpy_outputs:
         return a
-    return jax.device_put(np.array(a))
+    return compat.upload(np.array(a))
 
 
 _ArrayImpl = type(jax.numpy.zeros(()))
@@ -525,10 +526,15 @@ class PolyJit(_Runner):
             if exact:
                 return lambda leaves: [leaves[i], sizes]
 
+            cache: dict = {}
+
             def one(leaves):  # the common case: one dynamic array, padded with NumPy
                 a = np.asarray(leaves[i])
                 out = np.zeros(bound, a.dtype)
-                out[tuple([slice(0, s) for s in a.shape])] = a
+                idx = cache.get(a.shape)
+                if idx is None:
+                    idx = cache[a.shape] = tuple(slice(0, s) for s in a.shape)
+                out[idx] = a
                 return [out, sizes]
 
             return one
