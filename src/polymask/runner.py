@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -180,18 +181,46 @@ def _device_pad_fn(shape, bound, dtype):
 # One compiled program per bucket signature
 # ----------------------------------------------------------------------------
 _TICK = itertools.count()
-_EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
-_EXECUTOR_LOCK = threading.Lock()
 
 
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    """One background compile thread per process (compiles do not compete with each other)."""
-    global _EXECUTOR
-    with _EXECUTOR_LOCK:
-        if _EXECUTOR is None:
-            _EXECUTOR = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="polymask-compile")
-        return _EXECUTOR
+class _BackgroundCompiler:
+    """One daemon thread per process that runs background compiles in order.
+
+    A daemon thread (not ``concurrent.futures``' pool) so that compiles still
+    queued at interpreter exit are dropped instead of delaying the exit.
+    """
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((fn, fut))
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="polymask-compile",
+                                                daemon=True)
+                self._thread.start()
+        return fut
+
+    def _run(self):
+        while True:
+            fn, fut = self._queue.get()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # reported by Future.result() (PolyJit.wait)
+                fut.set_exception(e)
+
+
+_BACKGROUND = _BackgroundCompiler()
+
+
+def _executor() -> _BackgroundCompiler:
+    return _BACKGROUND
 
 
 def _count_value(c) -> int:
