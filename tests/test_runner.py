@@ -290,6 +290,11 @@ def test_persistent_compilation_cache_writes_files(tmp_path):
         np.testing.assert_allclose(pf(np.ones(5, np.float32)), np.sin(np.ones(5)) * 7 + 0.125,
                                    rtol=1e-6)
         assert any(p.is_file() for p in d.rglob("*"))
+        jax.clear_caches()  # as a new process would: the program comes from disk
+        pf2 = pm.jit(lambda x: jnp.sin(x) * 7 + 0.125, "n", buckets=B.fixed(48))
+        pf2(np.ones(6, np.float32))
+        st = pf2.stats()
+        assert st["persistent_cache_hits"] >= 1 and st["xla_compiles"] == 0
     finally:
         pm.disable_compilation_cache(prev)
 
