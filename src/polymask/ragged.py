@@ -111,11 +111,12 @@ class RaggedMap(_Runner):
                 bar = None
         try:
             for (tree, sig), idxs in order:
-                rows = self._rows(infos[idxs[0]][0])
+                rows = self._group_rows(infos[idxs[0]][0], len(idxs))
                 for start in range(0, len(idxs), rows):
                     chunk = idxs[start:start + rows]
                     self._run_batch(tree, sig, chunk, infos, results, broadcast,
-                                    bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key)
+                                    bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key,
+                                    rows)
                     if bar is not None:
                         bar.update(len(chunk))
         finally:
@@ -161,9 +162,18 @@ class RaggedMap(_Runner):
             return self.batch_size
         return max(1, self.batch_tokens // max(1, plan.padded))
 
+    def _group_rows(self, plan, n: int) -> int:
+        """Rows of every batch of a bucket group of ``n`` examples: the full batch,
+        or the power of two that holds a smaller group (one program per bucket
+        either way; a small group does not pay for a full batch of padding rows)."""
+        full = self._rows(plan)
+        if self._batch_policy is not None or n >= full:
+            return full
+        return min(full, 1 << max(0, n - 1).bit_length())
+
     def _run_batch(self, tree, sig, chunk, infos, results, broadcast, bcast_leaves, bcast_tree,
-                   bcast_key, in_specs, spec_key):
-        full = self._rows(infos[chunk[0]][0])
+                   bcast_key, in_specs, spec_key, full=None):
+        full = full or self._rows(infos[chunk[0]][0])
         if self._batch_policy is None:
             B = full  # a partial batch runs in the full-batch program: no extra compile
         else:
