@@ -112,6 +112,11 @@ class RaggedMap(_Runner):
         try:
             for (tree, sig), idxs in order:
                 rows = self._group_rows(infos[idxs[0]][0], len(idxs))
+                full = self._rows(infos[idxs[0]][0])
+                if rows < full:  # a compiled (e.g. precompiled) full batch is used as is
+                    e = self._cache.get((tree, sig, full, bcast_key, spec_key))
+                    if e is not None and e.live:
+                        rows = full
                 for start in range(0, len(idxs), rows):
                     chunk = idxs[start:start + rows]
                     self._run_batch(tree, sig, chunk, infos, results, broadcast,
