@@ -85,3 +85,27 @@ def test_entry_point_help():
     r = subprocess.run([sys.executable, "-m", "polymask.cli", "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "demo" in r.stdout and "embed" in r.stdout
+
+
+def test_warmup_command_fills_the_cache_then_embed_compiles_nothing(tmp_path, capsys):
+    import polymask as pm
+
+    model = tmp_path / "m"
+    model.mkdir()
+    _tiny_model_dir(model)
+    cache = tmp_path / "xla"
+    try:
+        assert cli.main(["--cache-dir", str(cache), "warmup", "--model", str(model),
+                         "--batch-size", "4", "--min-bucket", "16"]) == 0
+        err = capsys.readouterr().err
+        assert "compiled length buckets" in err
+        assert any(p.is_file() for p in cache.rglob("*"))
+    finally:
+        pm.disable_compilation_cache()
+    enc = SentenceEncoder(model)
+    policy = pm.buckets.pow2(16)
+    lengths = enc.warmup(policy, batch_size=4, max_length=20)
+    assert lengths == [16, 32] and enc.runner(policy, 4).stats()["precompiles"] == 2
+    with pm.runner.compile_counter() as cc:
+        enc.embed(["a short text", "the cat sat on the mat"], buckets=policy, batch_size=4)
+    assert cc.compiles == 0

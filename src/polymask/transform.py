@@ -206,10 +206,12 @@ class _Meta:
     Compared by identity: the pytree aux data of a ``MaskedFunction``.
     """
 
-    def __init__(self, in_specs, constraints, checks):
+    def __init__(self, in_specs, constraints, checks, zero_padded=False, differentiable=True):
         self.in_specs = in_specs
         self.constraints = tuple(constraints)
         self.checks = checks
+        self.zero_padded = zero_padded
+        self.differentiable = differentiable
         self.cache: dict[Any, MaskedProgram] = {}
         self.lock = threading.Lock()
         try:
@@ -228,9 +230,10 @@ class MaskedFunction:
     """
 
     def __init__(self, fun: Callable, in_specs, constraints: Sequence[str], checks: bool,
+                 zero_padded: bool = False, differentiable: bool = True,
                  _meta: _Meta | None = None):
         self.fun = fun
-        self._meta = _meta or _Meta(in_specs, constraints, checks)
+        self._meta = _meta or _Meta(in_specs, constraints, checks, zero_padded, differentiable)
         self._pytree_callee = is_pytree_callee(fun)
         try:
             self.__name__ = getattr(fun, "__name__", type(fun).__name__)
@@ -295,14 +298,17 @@ class MaskedFunction:
             values, checks = solve_dim_vars(prog, leaves, self.checks)
         except ShapeError as e:
             raise at_call_site(e, call_site) from None
+        meta = self._meta
         if self.checks == "functional":
             with functional_checks() as bads:
                 run_checks(checks, call_site)
-                outs = run_program(prog, leaves, values)
+                outs = run_program(prog, leaves, values, zero_padded=meta.zero_padded,
+                                   forward_only=not meta.differentiable)
             outs = poison_outputs(outs, bads)
         else:
             run_checks(checks, call_site)
-            outs = run_program(prog, leaves, values)
+            outs = run_program(prog, leaves, values, zero_padded=meta.zero_padded,
+                               forward_only=not meta.differentiable)
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
     def __get__(self, obj, objtype=None):  # behave like a function as a class attribute
@@ -332,7 +338,8 @@ jax.tree_util.register_pytree_node(MaskedFunction, _mf_flatten, _mf_unflatten)
 
 
 def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
-         checks: bool = True) -> MaskedFunction:
+         checks: bool = True, zero_padded: bool = False,
+         differentiable: bool = True) -> MaskedFunction:
     """Transform ``fun`` (written for exact arrays) to run on padded arrays.
 
     Args:
@@ -360,6 +367,15 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
         can serialize the program); a failed check makes every dynamic output
         size -1 (``Masked.unpad`` raises ShapeError on it) and float outputs
         NaN.
+      zero_padded: the caller promises that the padding of every ``Masked``
+        float input is exactly zero (``polymask.jit`` and ``ragged_map`` pad
+        with zeros on the host): the entry ``select`` that zeroes it is skipped
+        and rules treat the inputs as zero-padded. Gradients with respect to
+        the padding are then not forced to 0.
+      differentiable: False when the masked function will never be
+        differentiated (``polymask.jit`` and ``ragged_map`` compile forward
+        programs): the selects that only keep its backward pass finite are
+        skipped (smaller programs).
 
     Returns:
       ``masked_fun(*args, **kwargs)``: array leaves may be ``Masked`` (padded data plus
@@ -380,4 +396,4 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
     Composes with ``jax.jit`` (one trace per padded signature: sizes are
     runtime data), ``jax.vmap`` (ragged batches) and ``jax.grad``.
     """
-    return MaskedFunction(fun, in_specs, constraints, checks)
+    return MaskedFunction(fun, in_specs, constraints, checks, zero_padded, differentiable)

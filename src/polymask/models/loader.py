@@ -106,6 +106,30 @@ class SentenceEncoder:
                 self._runners[key] = r
         return r
 
+    def warmup(self, buckets=None, batch_size=32, max_length=None) -> list[int]:
+        """Compile the batch program of every length bucket up to ``max_length``.
+
+        (default ``max_seq_length``) ahead of time; with the persistent
+        compilation cache on (``polymask.enable_compilation_cache``) later
+        processes load them from disk. Returns the bucket lengths compiled.
+        """
+        import jax
+
+        from ..plan import bucket_bound, policy_getter
+
+        policy = policy_getter(buckets)("n")
+        top = int(max_length or self.max_seq_length)
+        lengths, n = [], 1
+        while n <= top:
+            b = bucket_bound(policy, n)
+            if b not in lengths:
+                lengths.append(b)
+            n = b + 1
+        r = self.runner(buckets, batch_size)
+        for b in lengths:
+            r.precompile(jax.ShapeDtypeStruct((b,), np.int32), self.params)
+        return lengths
+
     def embed_ids(self, ids_list, *, buckets=None, batch_size=32, progress=False,
                   normalize: bool = True) -> np.ndarray:
         """Embeddings ``(N, hidden_size)`` of token-id sequences (ragged batches)."""
