@@ -10,6 +10,7 @@ The same name on two inputs means the logical sizes must be equal.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import re
 from collections.abc import Sequence
@@ -215,3 +216,58 @@ def scope_and_name_generator(spec_leaves, constraints):
                 return name
 
     return scope, gen_name
+
+
+def _parameters(fun):
+    """(parameter name -> positional index, all parameter names or None if unknown)."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return {}, None
+    index = {}
+    for i, p in enumerate(params):
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        index[p.name] = i
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return index, None  # **kwargs: any name may be passed
+    return index, {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
+
+
+def split_specs(fun, in_specs, n_args: int, kwargs: dict):
+    """``in_specs`` -> (positional specs or None, {kwarg name: spec}).
+
+    A dict ``in_specs`` is keyed by parameter name (or positional index); a name
+    resolves to the keyword argument of that name when passed by keyword, else
+    to its position in ``fun``'s signature. Arguments without an entry get no
+    spec (plain arrays are unpadded). A name the call does not pass (its
+    default is used) is ignored; a name ``fun`` does not take is an error.
+    """
+    if in_specs is None:
+        return None, {}
+    if not isinstance(in_specs, dict):
+        return in_specs, {}
+    pos: list = [None] * n_args
+    kw: dict = {}
+    params = None
+    for key, spec in in_specs.items():
+        if isinstance(key, int):
+            if not 0 <= key < n_args:
+                raise ShapeError(f"in_specs[{key}]: the function was called with {n_args} "
+                                 "positional arguments")
+            pos[key] = spec
+            continue
+        if key in kwargs:
+            kw[key] = spec
+            continue
+        if params is None:
+            params = _parameters(fun)
+        index, names = params
+        if key in index:
+            if index[key] < n_args:
+                pos[index[key]] = spec
+        elif names is not None and key not in names:
+            raise ShapeError(
+                f"in_specs names argument '{key}', which {getattr(fun, '__name__', 'fun')} "
+                f"does not take (parameters: {sorted(names)})")
+    return tuple(pos), kw

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import inspect
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,7 +21,7 @@ from .errors import ShapeError
 from .interpreter import run_program
 from .masked import Masked
 from .prologue import functional_checks, poison_outputs, run_checks, solve_dim_vars
-from .specs import broadcast_specs
+from .specs import broadcast_specs, split_specs
 from .trace import MaskedProgram, _arg_paths, dtype_of, flatten_args, is_masked, trace_flat
 
 __all__ = ["mask", "MaskedFunction", "is_array_leaf", "is_pytree_callee"]
@@ -57,61 +56,6 @@ def _hashable(key):
     return key
 
 
-def _parameters(fun):
-    """(parameter name -> positional index, all parameter names or None if unknown)."""
-    try:
-        params = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        return {}, None
-    index = {}
-    for i, p in enumerate(params):
-        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            break
-        index[p.name] = i
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return index, None  # **kwargs: any name may be passed
-    return index, {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
-
-
-def _split_specs(fun, in_specs, n_args: int, kwargs: dict):
-    """``in_specs`` -> (positional specs or None, {kwarg name: spec}).
-
-    A dict ``in_specs`` is keyed by parameter name (or positional index); a name
-    resolves to the keyword argument of that name when passed by keyword, else
-    to its position in ``fun``'s signature. Arguments without an entry get no
-    spec (plain arrays are unpadded). A name the call does not pass (its
-    default is used) is ignored; a name ``fun`` does not take is an error.
-    """
-    if in_specs is None:
-        return None, {}
-    if not isinstance(in_specs, dict):
-        return in_specs, {}
-    pos: list = [None] * n_args
-    kw: dict = {}
-    params = None
-    for key, spec in in_specs.items():
-        if isinstance(key, int):
-            if not 0 <= key < n_args:
-                raise ShapeError(f"in_specs[{key}]: the function was called with {n_args} "
-                                 "positional arguments")
-            pos[key] = spec
-            continue
-        if key in kwargs:
-            kw[key] = spec
-            continue
-        if params is None:
-            params = _parameters(fun)
-        index, names = params
-        if key in index:
-            if index[key] < n_args:
-                pos[index[key]] = spec
-        elif names is not None and key not in names:
-            raise ShapeError(
-                f"in_specs names argument '{key}', which {getattr(fun, '__name__', 'fun')} "
-                f"does not take (parameters: {sorted(names)})")
-    return tuple(pos), kw
-
-
 class _Call:
     """One call bound to flat inputs: array leaves, their specs and paths, the
     static rest (part of the cache key) and how to rebuild ``fun(*args, **kwargs)``."""
@@ -125,7 +69,7 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
     specs: list = []
     paths: list = []
     static: list = []
-    pos_specs, kw_specs = _split_specs(fun, in_specs, len(args), kwargs)
+    pos_specs, kw_specs = split_specs(fun, in_specs, len(args), kwargs)
 
     # the callee (a module): array leaves unpadded, the rest static
     if pytree_callee:
@@ -280,6 +224,12 @@ class MaskedFunction:
                     while len(_SHARED) > _SHARED_SIZE:
                         _SHARED.popitem(last=False)
         return prog
+
+    @property
+    def programs(self) -> tuple[MaskedProgram, ...]:
+        """The masked programs traced so far (one per padded signature)."""
+        with self._meta.lock:
+            return tuple(self._meta.cache.values())
 
     def program(self, *args, **kwargs) -> tuple[MaskedProgram, list]:
         """The masked program for the padded signature of the call (traced once per
