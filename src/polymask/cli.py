@@ -223,6 +223,9 @@ def cmd_embed(args) -> int:
               f"(line {', '.join(map(str, shown))}{', ...' if blank > 10 else ''})",
               file=sys.stderr)
     out = args.out or str(path.with_suffix(".npy"))
+    if not out.endswith((".npy", ".jsonl")):
+        print(f"polymask: --out {out}: use a .npy or .jsonl file name", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     if args.ray is not None:  # a Ray Data actor pool, each actor holding the encoder
         from .ray_embed import embed_with_ray
@@ -306,10 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--actors", type=int, default=2, help="Ray actors (with --ray)")
     e.set_defaults(func=cmd_embed)
 
-    w = sub.add_parser("warmup", help="compile every length bucket ahead of time (cached)")
+    w = sub.add_parser(
+        "warmup", help="compile every length bucket ahead of time (cached)",
+        description="Compile the embedding program of every token-length bucket into the "
+                    "persistent compilation cache (~/.cache/polymask/xla, $POLYMASK_CACHE_DIR; "
+                    "--no-cache before the subcommand turns it off), so later "
+                    "`polymask embed` runs compile nothing.")
     w.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
-    w.add_argument("--batch-size", type=int, default=32)
-    w.add_argument("--min-bucket", type=int, default=16)
+    w.add_argument("--batch-size", type=int, default=32, help="texts per batch (as for embed)")
+    w.add_argument("--min-bucket", type=int, default=16,
+                   help="smallest token-length bucket (powers of two from there)")
     w.set_defaults(func=cmd_warmup)
     return p
 

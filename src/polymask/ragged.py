@@ -4,10 +4,15 @@ Examples are planned one by one on the host (``plan.plan_call``), grouped by
 bucket signature, sorted by size (largest first, like sentence-transformers;
 results come back in input order), stacked into padded batches with NumPy and
 run as ``jax.jit(jax.vmap(mask(fun)))``: one compiled program per signature.
-A partial final batch runs in the full-batch program (its spare rows are
-zeros), so it compiles nothing more. ``batch_tokens`` sizes batches by a budget
-of padded elements per batch instead (more rows for short buckets).
-``runner._Runner`` keeps the cache and the stats.
+Within one call every batch of a bucket runs in one program: the full batch
+(a partial final batch fills its spare rows with zeros), or, for a bucket
+group smaller than a batch, the power of two of rows that holds it, so a small
+group does not pay for a full batch of padding rows; a full-batch program
+already compiled (e.g. precompiled) is reused instead. Calls with different
+small group sizes can therefore compile one program per power of two.
+``batch_tokens`` sizes batches by a budget of padded elements per batch
+instead (more rows for short buckets). ``programs.Runner`` keeps the cache and
+the stats.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ import numpy as np
 from . import _jax_compat as compat
 from .buckets import as_policy
 from .errors import ShapeError
+from .hostio import slice_to
 from .plan import batch_bucket, dtype_key
-from .runner import _build_inner, _Runner, _slice
+from .programs import Runner, build_inner
 
 __all__ = ["ragged_map", "RaggedMap"]
 
 
-class RaggedMap(_Runner):
+class RaggedMap(Runner):
     """The callable returned by ``polymask.ragged_map`` (see there)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
@@ -152,7 +158,7 @@ class RaggedMap(_Runner):
         nb, ns, nd = len(bcast_leaves), len(static_leaves), len(dyn)
 
         def make(entry):
-            inner = _build_inner(self.fun, entry, tree, plan, in_specs, self.constraints,
+            inner = build_inner(self.fun, entry, tree, plan, in_specs, self.constraints,
                                  len(broadcast), bcast_tree, nb)
             return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
 
@@ -203,7 +209,7 @@ class RaggedMap(_Runner):
         nb, ns, nd = len(bcast_leaves), len(static_leaves), len(dyn)
 
         def make(entry):
-            inner = _build_inner(self.fun, entry, tree, plan0, in_specs, self.constraints,
+            inner = build_inner(self.fun, entry, tree, plan0, in_specs, self.constraints,
                                  len(broadcast), bcast_tree, nb)
             return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
 
@@ -221,7 +227,7 @@ class RaggedMap(_Runner):
             shapes = outputs.shapes(in_shapes, None if out_sizes is None else out_sizes[r])
             outs = []
             for d, shape in zip(datas, shapes):
-                a = _slice(d[r], shape)
+                a = slice_to(d[r], shape)
                 outs.append(np.array(a) if self.numpy_outputs
                             else compat.upload(np.array(a)))
             results[ex] = jax.tree_util.tree_unflatten(outputs.tree, outs)
@@ -245,8 +251,10 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
       buckets: bucketing policy for the dim vars (default ``pow2()``).
       batch_size: most examples per batch.
       batch_buckets: policy for the rows of a partial batch (then one more
-        program per partial-batch size). Default None: a partial batch runs in
-        the full-batch program (spare rows are zeros; no extra compile).
+        program per partial-batch size). Default None: a partial final batch
+        runs in the full-batch program (spare rows are zeros); a bucket group
+        smaller than a batch runs in the power of two of rows that holds it
+        (see the module doc).
       sort: batch each bucket's examples largest first (results are always
         returned in input order).
       batch_tokens: size batches by padded elements instead of ``batch_size``:
