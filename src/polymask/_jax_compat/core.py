@@ -1,23 +1,11 @@
-"""Every use of private JAX API lives here (tested range: jax 0.10.x).
-
-polymask needs a few internals of ``jax.export``'s symbolic shapes (dimension
-expressions, their scope and bounds) and of the jaxpr machinery (source info,
-``dim_as_value``). Keeping them in one module means a JAX upgrade touches one
-file; ``tests/test_jax_compat.py`` covers each function here.
-"""
+"""Symbolic shapes, jaxprs, source info and JAX's rule tables (part of ``_jax_compat``)."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import sys
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 import jax
-import numpy as np
 from jax._src import ad_util as _ad_util
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_util
@@ -100,7 +88,7 @@ def fresh_dim(name: str, scope: SymbolicScope):
     return jax.export.symbolic_shape(name, scope=scope)[0]
 
 
-_POLYMASK_DIR = os.path.dirname(os.path.abspath(__file__))
+_POLYMASK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def source_line(source_info) -> str:
@@ -246,192 +234,3 @@ def all_primitives() -> dict[str, str]:
             if isinstance(value, _core.Primitive):
                 found.setdefault(value.name, mod.__name__)
     return dict(sorted(found.items()))
-
-
-# The hooks are installed while at least one masked trace runs (in any thread)
-# and removed when the last one ends; what they record goes to the recorder
-# of the thread that made the comparison.
-_HOOK_LOCK = threading.Lock()
-_HOOK_USERS = 0
-_HOOK_ORIG: tuple = ()
-_HOOK_TLS = threading.local()
-
-
-@contextlib.contextmanager
-def trace_hooks(is_user_frame) -> Iterator[list]:
-    """The JAX hooks a masked trace needs, installed for its duration only.
-
-    ``DimExpr.__eq__``/``__ne__`` record each symbolic ``==`` that JAX decided
-    as False without a proof, made from a frame for which
-    ``is_user_frame(filename)`` holds (see ``_recording_eq``).
-
-    Yields the list the records are appended to, as ``(lhs, rhs,
-    "file:line (function)")``. The hook is removed when the last trace in
-    progress (in any thread) ends.
-    """
-    global _HOOK_USERS, _HOOK_ORIG
-    records: list = []
-    with _HOOK_LOCK:
-        if _HOOK_USERS == 0:
-            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__)
-            DimExpr.__eq__, DimExpr.__ne__ = _recording_eq(_HOOK_ORIG[0])
-        _HOOK_USERS += 1
-    stack = _HOOK_TLS.__dict__.setdefault("stack", [])
-    stack.append((records, is_user_frame))
-    try:
-        yield records
-    finally:
-        stack.pop()
-        with _HOOK_LOCK:
-            _HOOK_USERS -= 1
-            if _HOOK_USERS == 0:
-                DimExpr.__eq__, DimExpr.__ne__ = _HOOK_ORIG
-
-
-def hooks_installed() -> bool:
-    """True while a masked trace is in progress (tests check the hooks are removed)."""
-    return _HOOK_USERS > 0
-
-
-def _recording_eq(orig_eq):
-    """``__eq__``/``__ne__`` that record unsound symbolic equalities.
-
-    JAX answers ``n == 1`` with False (and ``n != 1`` with True) when the
-    difference is not a constant, because ``__eq__`` cannot raise
-    (https://docs.jax.dev/en/latest/export/shape_poly.html#comparison-of-symbolic-dimensions-is-partially-supported).
-    A user's ``if x.shape[0] == 1:`` would then silently trace the wrong
-    branch for ``n == 1``; the prologue checks each recorded comparison at
-    run time.
-    """
-
-    def record(a, b):
-        stack = getattr(_HOOK_TLS, "stack", None)
-        if not stack:
-            return
-        try:
-            diff = a - b
-        except Exception:
-            return
-        if is_dim_expr(diff):  # neither provably equal nor provably different
-            records, is_user_frame = stack[-1]
-            f = sys._getframe(2)
-            if is_user_frame(f.f_code.co_filename):
-                records.append((a, b, f"{f.f_code.co_filename}:{f.f_lineno} "
-                                      f"({f.f_code.co_name})"))
-
-    def eq(a, b):
-        res = orig_eq(a, b)
-        if res is False:
-            record(a, b)
-        return res
-
-    def ne(a, b):
-        res = orig_eq(a, b)
-        if res is False:
-            record(a, b)
-        return not res
-
-    return eq, ne
-
-
-class _QuietCallbackErrors(logging.Filter):
-    """Drop JAX's "callback failed" log record for one exception type.
-
-    The error still propagates (as ``JaxRuntimeError`` with its message); the
-    log record only duplicated it as a long traceback on stderr.
-    """
-
-    def __init__(self, exc_type: type):
-        super().__init__()
-        self.exc_type = exc_type
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, self.exc_type)
-
-
-_QUIETED: set = set()
-
-
-def quiet_callback_errors(exc_type: type) -> None:
-    """Silence JAX's log of host-callback failures raised as ``exc_type`` (once)."""
-    if exc_type in _QUIETED:
-        return
-    _QUIETED.add(exc_type)
-    for name in ("jax._src.debugging", "jax._src.callback"):
-        logging.getLogger(name).addFilter(_QuietCallbackErrors(exc_type))
-
-
-_PATCH_LOCK = threading.Lock()
-_PATCH_USERS: dict = {}
-
-
-@contextlib.contextmanager
-def patched_attr(module, name: str, replacement) -> Iterator[None]:
-    """``module.name = replacement`` for the duration (reference-counted across
-    threads; the replacement must fall back to the original outside a masked
-    trace, since other threads see it too)."""
-    key = (id(module), name)
-    with _PATCH_LOCK:
-        users, orig = _PATCH_USERS.get(key, (0, getattr(module, name)))
-        if users == 0:
-            setattr(module, name, replacement)
-        _PATCH_USERS[key] = (users + 1, orig)
-    try:
-        yield
-    finally:
-        with _PATCH_LOCK:
-            users, orig = _PATCH_USERS[key]
-            if users == 1:
-                setattr(module, name, orig)
-                del _PATCH_USERS[key]
-            else:
-                _PATCH_USERS[key] = (users - 1, orig)
-# ----------------------------------------------------------------------------
-# Host -> device upload of a fresh NumPy array (the runners' unpadded outputs)
-# ----------------------------------------------------------------------------
-def upload(a):
-    """An uncommitted ``jax.Array`` on the default device holding the NumPy array ``a``.
-
-    ``jax.device_put`` binds a primitive through Python (about 5x slower per
-    call); ``xla_client.batched_device_put`` (C++) is what it ends in. ``a`` must not be
-    modified afterwards (it may be aliased on CPU). Falls back to
-    ``jax.device_put`` where the private API moved.
-    """
-    global _upload_impl
-    if _upload_impl is None:
-        _upload_impl = _make_upload()
-    return _upload_impl(a)
-
-
-_upload_impl = None
-
-
-def _make_upload():
-    try:
-        from jax._src import core as _core
-        from jax._src.lib import xla_client as _xc
-
-        dev = jax.devices()[0]
-        sharding = jax.sharding.SingleDeviceSharding(dev)
-        devs = [dev]
-        avals: dict = {}
-
-        def up(a):
-            dt = jax.dtypes.canonicalize_dtype(a.dtype)
-            if dt != a.dtype:  # as jax.device_put: float64 -> float32 without x64
-                a = a.astype(dt)
-            key = (a.shape, dt)
-            aval = avals.get(key)
-            if aval is None:
-                aval = avals[key] = _core.ShapedArray(a.shape, dt)
-            return _xc.batched_device_put(aval, sharding, [a], devs, False)
-
-        probe = np.arange(3, dtype=np.float32)
-        out = up(probe)
-        if not (isinstance(out, jax.Array) and np.array_equal(np.asarray(out), probe)
-                and not out.committed):
-            raise RuntimeError("unexpected batched_device_put result")
-        return up
-    except Exception:  # pragma: no cover - private API moved
-        return jax.device_put
