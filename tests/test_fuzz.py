@@ -30,11 +30,11 @@ def test_fuzz_catches_a_wrong_rule_and_prints_a_program():
     def wrong(ctx, x, **params):
         return good(ctx, x, **params) * 1.5
 
-    registry.register_rule("cumsum", wrong)
+    registry.register_rule("cumsum", wrong, override=True)
     try:
         status, msg = fuzz.run_one(prog, np.random.default_rng(0), modes=("eager",))
     finally:
-        registry.register_rule("cumsum", good)
+        registry.register_rule("cumsum", good, override=True)
     assert status == "fail"
     assert "--- runnable program ---" in msg and "x = jnp.cumsum(x)  # cumsum" in msg
     assert "T.check_oracle(f, [" in msg

@@ -26,7 +26,10 @@ def test_unpad_rejects_sizes_outside_bound(size, words):
 
 def test_unpad_rejects_wrong_rank_and_float_size():
     with pytest.raises(pm.ShapeError, match="rank 2"):
-        pm.Masked(np.zeros((2, 3)), (1,)).unpad()
+        pm.Masked(np.zeros((2, 3)), (1, 2, 3)).unpad()
+    # Fewer sizes than axes is a batch (leading axes), as vmap returns it.
+    got = pm.Masked(np.arange(6.0).reshape(2, 3), (1,)).unpad()
+    np.testing.assert_array_equal(np.stack(got), [[0.0], [3.0]])
     with pytest.raises(TypeError, match="must be an integer"):
         pm.Masked(X5, (2.5,)).unpad()
     with pytest.raises(TypeError, match="must be an integer"):

@@ -38,8 +38,7 @@ def unpad_output(d, shape, numpy_outputs: bool):
     return compat.upload(np.array(a))
 
 
-_ArrayImpl = type(jax.numpy.zeros(()))
-FAST_TYPES = (np.ndarray, _ArrayImpl)
+FAST_TYPES = (np.ndarray, compat.ArrayImpl)  # no array is made at import (jax.distributed)
 PAD_DEVICE_PROGRAMS: dict = {}
 
 

@@ -359,7 +359,11 @@ class OutputPlan:
 
     def shapes(self, in_shapes: Sequence[Sequence[int]], device_sizes=None) -> list[tuple]:
         """Exact output shapes, given the exact input leaf shapes and the device sizes."""
-        env = solve_sizes(self.in_axis_specs, in_shapes).values if self.has_host else None
+        specs = self.in_axis_specs
+        if len(in_shapes) < len(specs):
+            # A pytree callee (a module) adds its own leaves first; they are static.
+            specs = specs[len(specs) - len(in_shapes):]
+        env = solve_sizes(specs, in_shapes).values if self.has_host else None
         return [leaf.shape(env, device_sizes) for leaf in self.leaves]
 
 

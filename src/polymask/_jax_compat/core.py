@@ -7,6 +7,7 @@ from typing import Any
 
 import jax
 from jax._src import ad_util as _ad_util
+from jax._src import array as _array
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_util
 from jax._src.export import shape_poly as _shape_poly
@@ -24,6 +25,8 @@ ClosedJaxpr = _core.ClosedJaxpr
 Jaxpr = _core.Jaxpr
 ShapedArray = _core.ShapedArray
 Primitive = _core.Primitive
+# The concrete jax.Array class (exact type checks on the runners' fast path).
+ArrayImpl = _array.ArrayImpl
 dim_as_value_p = _shape_poly.dim_as_value_p
 
 
