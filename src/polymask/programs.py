@@ -184,17 +184,8 @@ class Runner:
                 fn = jax.jit(make_fn(entry))
                 out = fn(*flat_args)
                 jax.block_until_ready(out)
-            entry.compile_s = time.perf_counter() - t0
-            entry.fn = fn
-            entry.live = True
-            with self._lock:
-                st = self._stats
-                st["compiles"] += 1
-                st["compile_time_s"] += entry.compile_s
-                st["xla_compiles"] += cc.compiles
-                st["persistent_cache_hits"] += cc.cache_hits
-                if background:
-                    st["background_compiles"] += 1
+            self._install(entry, fn, time.perf_counter() - t0, cc,
+                          "background_compiles" if background else None)
             return out
 
     def _call_entry(self, entry: Entry, make_fn, flat_args):
@@ -214,17 +205,23 @@ class Runner:
             with compile_counter() as cc:
                 fn = jax.jit(make_fn(entry))
                 fn.lower(*avals).compile()  # jax.jit's cache keeps it for the calls
-            entry.compile_s = time.perf_counter() - t0
-            entry.fn = fn
-            entry.live = True
-            with self._lock:
-                st = self._stats
-                st["compiles"] += 1
-                st["precompiles"] += 1
-                st["compile_time_s"] += entry.compile_s
-                st["xla_compiles"] += cc.compiles
-                st["persistent_cache_hits"] += cc.cache_hits
+            self._install(entry, fn, time.perf_counter() - t0, cc, "precompiles")
             return True
+
+    def _install(self, entry: Entry, fn, seconds: float, cc, kind: str | None) -> None:
+        """Make ``fn`` the entry's compiled program and count the compile (``kind``:
+        an extra counter, e.g. ``"precompiles"``)."""
+        entry.compile_s = seconds
+        entry.fn = fn
+        entry.live = True
+        with self._lock:
+            st = self._stats
+            st["compiles"] += 1
+            st["compile_time_s"] += seconds
+            st["xla_compiles"] += cc.compiles
+            st["persistent_cache_hits"] += cc.cache_hits
+            if kind is not None:
+                st[kind] += 1
 
     def wait(self) -> None:
         """Wait for the background compiles started so far (tiered buckets)."""
