@@ -46,6 +46,13 @@ def enable_compilation_cache(path=None):
 
     Returns:
       The previous cache directory setting (for ``disable_compilation_cache``).
+
+    Raises:
+      OSError: ``path`` cannot be created.
+
+    Uses JAX's persistent compilation cache (``jax_compilation_cache_dir``),
+    with the minimum compile time and entry size set to 0 so every bucket
+    program is stored.
     """
     if path is None:
         path = default_cache_dir()

@@ -142,6 +142,10 @@ class RaggedMap(Runner):
         may be ``jax.ShapeDtypeStruct`` (a size picks its bucket); ``broadcast``
         are the broadcast arguments (values or structs). Needs ``in_specs``.
         Returns ``self``.
+
+        Raises:
+          ValueError: the ``ragged_map`` has no ``in_specs``.
+          ShapeError: the example does not fit the specs.
         """
         if self.in_specs is None:
             raise ValueError("ragged_map.precompile needs in_specs")

@@ -328,6 +328,9 @@ class PolyJit(Runner):
         arguments (``None`` specs) take their real values or structs. With the
         persistent compilation cache on, a later process loads it from disk.
         Returns ``self``.
+
+        Raises:
+          ShapeError: the shapes do not fit the specs (as a call would).
         """
         plan, leaves, tree = self._plan(args)
         key = (tree, plan.signature)

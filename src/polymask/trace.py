@@ -27,6 +27,7 @@ from . import _jax_compat as compat
 from .diagnostics import is_library_frame, translate_trace_error
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
+from .rules.registry import trace_patches
 from .shapes import DimEnv
 from .specs import (
     AxisSpec,
@@ -40,15 +41,6 @@ __all__ = ["MaskedProgram", "trace", "trace_flat", "current_scope", "is_masked",
            "dtype_of"]
 
 _TRACE_STATE = threading.local()
-
-def _scan_patch():
-    """``lax.associative_scan`` over a symbolic axis, for the trace (rules/scans.py)."""
-    from jax import lax
-
-    from .rules.scans import associative_scan_symbolic
-
-    return compat.patched_attr(lax, "associative_scan", associative_scan_symbolic)
-
 
 def is_masked(x) -> bool:
     return isinstance(x, Masked)
@@ -229,7 +221,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
 
     hooks = compat.trace_hooks(lambda f: not is_library_frame(f))
     try:
-        with _scope_active(scope), hooks as unsound_equalities, _scan_patch():
+        with _scope_active(scope), hooks as unsound_equalities, trace_patches():
             closed = jax.make_jaxpr(flat_fun)(*avals)
     except (ShapeError, UnsupportedError):
         raise

@@ -130,6 +130,15 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
       ``grads`` shaped like ``params``; equal to ``jax.value_and_grad`` of the
       same reduction computed example by example on exact arrays.
       ``vg.compiles`` counts the compiled signatures.
+
+    Raises:
+      ShapeError: ``fun`` does not return one array, a spec does not fit, or
+        examples of one batch disagree in rank or static sizes.
+      UnsupportedError: a primitive in ``fun`` has no masking rule.
+
+    Padding rows of the batch and padded positions of each example are
+    dropped with ``where`` (never multiplied by 0), so NaN in padding cannot
+    reach the loss or the gradients.
     """
     return RaggedValueAndGrad(fun, in_specs, argnums=argnums, reduce=reduce, buckets=buckets,
                               batch_buckets=batch_buckets, checks=checks)

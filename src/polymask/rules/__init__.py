@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     linalg,
     reductions,
     reshaping,
+    scans,
     slicing,
     sorting,
     windows,

@@ -2,8 +2,8 @@
 
 ``lax.associative_scan`` is not a primitive: JAX's implementation recurses on
 the axis length in Python and refuses a symbolic one. While a masked function
-is traced, ``trace.py`` routes calls over a symbolic axis to
-``associative_scan_symbolic`` (installed by ``_jax_compat.patched_attr``),
+is traced, calls over a symbolic axis are routed to
+``associative_scan_symbolic`` (``registry.register_trace_patch``),
 which computes the same scan with ops that trace at a symbolic length: a
 Hillis-Steele doubling scan with ``ceil(log2(bound))`` steps, the bound being
 the axis's upper bound in the trace's scope. Step ``d`` combines each
@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
+from .registry import register_trace_patch
 
 __all__ = ["associative_scan_symbolic", "is_symbolic_scan"]
 
@@ -78,3 +79,6 @@ def associative_scan_symbolic(fn, elems, reverse: bool = False, axis: int = 0):
     if reverse:
         flat = [lax.rev(e, (axis,)) for e in flat]
     return jax.tree_util.tree_unflatten(tree, flat)
+
+
+register_trace_patch(lax, "associative_scan", associative_scan_symbolic)
