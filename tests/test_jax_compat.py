@@ -47,6 +47,15 @@ def test_source_line_and_literals():
         compat.source_line(eqn.source_info)
 
 
+def test_jaxpr_as_fun_of_a_reduce_window_reducer():
+    f = lambda x: jax.lax.reduce_window(x, 1.0, lambda a, b: a * 2.0 + b, (2,), (1,), "VALID")
+    eqn = jax.make_jaxpr(f)(jnp.ones(3)).jaxpr.eqns[0]
+    reducer = compat.jaxpr_as_fun(eqn.params["jaxpr"], eqn.params["consts"])
+    assert float(reducer(jnp.float32(3.0), jnp.float32(1.0))[0]) == 7.0
+    closed = jax.make_jaxpr(lambda a: a + 1.0)(1.0)
+    assert float(compat.jaxpr_as_fun(closed)(2.0)[0]) == 3.0
+
+
 def _bind_in_context(eqn, x):
     with compat.user_context(eqn.source_info):
         return jax.lax.sin(x)

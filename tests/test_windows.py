@@ -505,6 +505,106 @@ def test_reduce_window_dynamic_window_size_too_many_values():
     np.testing.assert_allclose(out.unpad(), f(jnp.ones(50)))
 
 
+# ----------------------------------------------------------------------------
+# Generic reduce_window whose init value is not an identity of its reducer
+# (JAX's shape_poly_test harness reduce_window/add_generic_window_size=static).
+# XLA skips padding positions and base-dilation holes (each window is init
+# combined with its in-bounds elements only), so positions past the logical
+# size must contribute nothing: no fill value does that for every reducer.
+# ----------------------------------------------------------------------------
+def _add(a, b):  # not lax.add: JAX must not recognise the monoid
+    return a + b
+
+
+def _halve_add(a, b):  # non-associative: the order of the reducer calls matters
+    return a * 0.5 + b
+
+
+def test_reduce_window_generic_init_harness_repro():
+    """add with init 1 (generic path), window 4, stride 2, SAME over ``16*b``."""
+    def f(x):
+        return lax.reduce_window(jnp.reshape(x, (1, -1, 1)), np.float32(1.), lax.add,
+                                 (1, 4, 1), (1, 2, 1), "SAME")
+
+    assert "reduce_window[" in str(jax.make_jaxpr(f)(np.ones((1, 4, 2), np.float32)))
+    x = np.full((1, 8, 2), np.nan, np.float32)
+    x[:, :5] = RNG.random((1, 5, 2))
+    for g in (pm.mask(f, "_, b, ..."), jax.jit(pm.mask(f, "_, b, ..."))):
+        out = g(pm.Masked(jnp.asarray(x), (1, jnp.int32(5), 2)))
+        np.testing.assert_allclose(out.unpad(), f(jnp.asarray(x[:, :5])), rtol=1e-6)
+    exs = [(_rand(1, b, 2),) for b in range(9)]
+    check_oracle(f, exs, [(1, 8, 2)], "_, b, ...", modes=("eager", "jit", "vmap"))
+
+
+def _rw_generic_sweep_fn(stride, base_dilation):
+    pads = [*PADS, [(0, 3)], [(2, -1)], [(3, 3)]]
+
+    def f(x):
+        return [lax.reduce_window(x, np.float32(init), red, (3,), (stride,), pad,
+                                  base_dilation=(base_dilation,), window_dilation=(wd,))
+                for red, init in ((_add, 1.0), (_halve_add, 0.0))
+                for pad in pads for wd in (1, 2)]
+
+    return jax.jit(f)
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_reduce_window_generic_non_identity_init_sweep(stride):
+    """Every logical size 0..bound; VALID/SAME/SAME_LOWER/explicit (negative too)
+    padding, window dilation; base dilation 2 from size 1 (module docstring)."""
+    exs = [(_vec(n),) for n in range(BOUND + 1)]
+    check_oracle(_rw_generic_sweep_fn(stride, 1), exs, [(BOUND,)], modes=("jit", "vmap"))
+    check_oracle(_rw_generic_sweep_fn(stride, 1), exs[4:5], [(BOUND,)], modes=("eager",))
+    check_oracle(_rw_generic_sweep_fn(stride, 2), exs[1:], [(BOUND,)], modes=("jit",))
+
+
+def test_reduce_window_generic_non_identity_init_2d_dynamic_window_variadic():
+    def f2(x):  # two masked axes
+        return (lax.reduce_window(x, np.float32(1.), _add, (2, 3), (2, 1), "SAME"),
+                lax.reduce_window(x, np.float32(1.), _add, (3, 2), (1, 2), [(1, 2), (2, 0)],
+                                  base_dilation=(1, 2)),
+                lax.reduce_window(x, np.float32(2.), lax.mul, (2, 2), (1, 1), "VALID"))
+
+    exs = [(_rand(a, b),) for a, b in ((4, 5), (1, 1), (0, 3), (2, 1), (3, 4))]
+    check_oracle(jax.jit(f2), exs, [(4, 5)], "a, b", modes=("jit", "vmap"))
+    check_oracle(jax.jit(f2), exs[:1], [(4, 5)], "a, b", modes=("eager",))
+
+    def fdyn(x):  # window size b over the static axis
+        w = (2, x.shape[0])
+        return (lax.reduce_window(x, np.float32(1.), _add, w, (1, 2), "SAME"),
+                lax.reduce_window(x, np.float32(1.), _halve_add, w, (2, 1), [(1, 1), (0, 2)]))
+
+    exs = [(_rand(b, 8),) for b in (3, 1, 2, 6)]
+    check_oracle(fdyn, exs, [(6, 8)], "b, ...", modes=("eager", "jit", "vmap"))
+
+    def fvar(x, y):  # variadic, an int operand, init 2 for the subtraction
+        return lax.reduce_window((x, y), (np.float32(1.), np.int32(2)),
+                                 lambda a, b: (a[0] + b[0], a[1] - b[1]), (3,), (2,), "SAME")
+
+    exs = [(_vec(n), RNG.integers(-9, 9, size=n).astype(np.int32)) for n in range(8)]
+    check_oracle(fvar, exs, [(7,), (7,)], ("n", "n"), modes=("eager", "jit", "vmap"))
+
+
+def test_reduce_window_generic_non_identity_init_jvp():
+    """Forward mode (JAX's generic reduce_window has a JVP, no transpose)."""
+    fs = (lambda x: lax.reduce_window(x, np.float32(1.), _add, (4,), (2,), "SAME"),
+          lambda x: lax.reduce_window(x, np.float32(0.), _halve_add, (3,), (1,), [(2, 1)]))
+    for fn in fs:
+        m = pm.mask(fn, "n")
+
+        @jax.jit
+        def jvp(x, t, n, m=m):
+            return jax.jvp(lambda d: m(pm.Masked(d, (n,))).data, (x,), (t,))
+
+        for n in range(9):
+            x, t = _vec(8), _vec(8)
+            p, tp = jvp(x, t, jnp.int32(n))
+            p0, tp0 = jax.jvp(fn, (x[:n],), (t[:n],))
+            k = p0.shape[0]
+            np.testing.assert_allclose(p[:k], p0, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(tp[:k], tp0, rtol=1e-5, atol=1e-6)
+
+
 def test_conv_groups_with_dynamic_grouped_axes():
     """feature/batch groups whose grouped axis is dynamic (spec "2*k")."""
     @jax.jit

@@ -136,6 +136,13 @@ def name_scopes(source_info) -> tuple[str, ...]:
                  if isinstance(s, _source_info_util.Scope))
 
 
+def jaxpr_as_fun(jaxpr, consts=()):
+    """A Python callable evaluating ``jaxpr`` (a ``Jaxpr`` with ``consts``, or a
+    ``ClosedJaxpr``) unmasked: ``fun(*args) -> list of outputs``."""
+    closed = jaxpr if isinstance(jaxpr, ClosedJaxpr) else ClosedJaxpr(jaxpr, list(consts))
+    return _core.jaxpr_as_fun(closed)
+
+
 def is_tracer(x) -> bool:
     return isinstance(x, _core.Tracer)
 

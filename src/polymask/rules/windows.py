@@ -3,8 +3,14 @@
 Every windowed op is masked the same way, one window axis at a time:
 
 * The input's padding is filled with the value the unpadded program pads
-  with (0 for convolutions and sums, the identity for max/min, the init value
-  for a generic ``reduce_window``), with ``select`` (NaN-safe).
+  with (0 for convolutions and sums, the identity for max/min), with
+  ``select`` (NaN-safe). A generic ``reduce_window`` has no such value: XLA
+  *skips* padding positions and base-dilation holes (a window is its init
+  value combined with its in-bounds elements only, so an init value that is
+  not an identity, e.g. ``add`` from 1, counts once per window). When a
+  logical window may read past the logical size (high padding on a masked
+  axis) or a position written by ``lax.pad`` (below), the op runs on
+  ``(*operands, valid)`` with a reducer that skips invalid elements.
 * The op's low padding ``lo`` is a dimension expression of the *logical*
   size (``SAME`` with strides is parity dependent). Output ``o`` reads
   dilated-padded input position ``o*s + j*r - lo``. When ``lo`` evaluates to
@@ -41,14 +47,16 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from .. import _jax_compat as compat
 from ..shapes import is_static, needs_mask
 from .registry import register
-from .util import clean, clean_float, fill_padding, identity_of
+from .util import clean, clean_float, fill_padding, identity_of, is_inexact, masked_axes, valid_mask
 
 _BRUTE_FORCE_LIMIT = 2048
 _MAX_WINDOW_BRANCHES = 64  # values a dynamic window size may take (lax.switch branches)
@@ -331,23 +339,133 @@ def reduce_window_monoid_rule(ctx, x, *, window_dimensions, window_strides, padd
 @register("reduce_window")
 def reduce_window_generic_rule(ctx, *args, jaxpr, consts, window_dimensions, window_strides,
                                padding, base_dilation, window_dilation):
+    """A generic reducer (its init value need not be an identity of it).
+
+    XLA computes each window as ``init`` combined with the window's elements
+    that lie in the (base-dilated) operand: padding positions and base-dilation
+    holes are *skipped*, not read as ``init``. So positions past the logical
+    size can hold no fill value that acts as "nothing" in general (an init of
+    1 for ``add`` adds 1 per padded position a window reads). When some
+    logical window may read such a position (a masked axis with high padding,
+    or an axis laid out with ``lax.pad``), the op runs on ``(*operands,
+    valid)`` with a reducer that skips invalid elements: the same reducer
+    calls, in the same order, as on the exact array.
+    """
     n = len(args) // 2
     operands, inits = args[:n], args[n:]
     if 0 in ctx.out_bounds[0]:
         return [_zeros_out(ctx, i) for i in range(n)]
     filled = [fill_padding(x, lg, init)
               for x, lg, init in zip(operands, ctx.in_logical[:n], inits)]
+    reducer = compat.jaxpr_as_fun(jaxpr, consts)
 
     def run(wd):
         plans = _window_plans(ctx, ctx.in_bounds[0], ctx.out_bounds[0], wd,
                               window_strides, padding, base_dilation, window_dilation)
         shifted = [_shift_input(x, init, plans) for x, init in zip(filled, inits)]
         pad, dil = _phys(plans)
-        return list(ctx.bind(*shifted, *inits, padding=pad, base_dilation=dil,
-                             window_dimensions=wd))
+        if not _reads_invalid(ctx, plans, padding):
+            return list(ctx.bind(*shifted, *inits, padding=pad, base_dilation=dil,
+                                 window_dimensions=wd))
+        valid = valid_mask(ctx.in_logical[0], ctx.in_bounds[0])
+        if valid is None:
+            valid = jnp.ones(ctx.in_bounds[0], jnp.bool_)
+        valid = _shift_input(valid, False, plans)
+        win = dict(window_dimensions=tuple(wd), window_strides=tuple(window_strides),
+                   padding=pad, base_dilation=dil, window_dilation=tuple(window_dilation))
+        return _reduce_window_skipping(reducer, shifted, inits, valid, win)
 
     outs = _with_static_windows(ctx, window_dimensions, run)
     return [clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
+
+
+def _reads_invalid(ctx, plans, padding) -> bool:
+    """Whether a logical output's window may read a position of the physical
+    operand that is not a logical element (nor physical padding, which XLA
+    skips): the padding of a masked axis with logical high padding > 0, or
+    any position ``lax.pad`` wrote (a non-"param" axis)."""
+    masked = set(masked_axes(ctx.in_logical[0], ctx.in_bounds[0]) or ())
+    for p in plans:
+        if p.kind != "param":
+            return True
+        if p.axis in masked:
+            hi = ctx.dims.logical_raw(padding[p.axis][1])
+            if not is_static(hi) or int(hi) > 0:
+                return True
+    return False
+
+
+def _skipping(reducer, n, k=0, jvp_of=None):
+    """The reducer over ``(*values, valid)`` that skips invalid elements.
+
+    ``combine(a, b)`` is ``reducer(a, b)`` when both are valid, else the
+    valid one (either when neither is): invalid elements act as an identity
+    for any reducer and any association order. With ``jvp_of`` (the indices
+    of the differentiated values), each element carries ``k`` tangents after
+    its ``n`` values and the reducer's JVP is applied.
+    """
+    def combine(a, b):
+        va, vb = a[-1], b[-1]
+        if jvp_of is None:
+            r = list(reducer(*a[:n], *b[:n]))
+        else:
+            r = _reducer_jvp(reducer, n, jvp_of, a, b)
+        both = va & vb
+        out = [lax.select(both, ri, lax.select(va, x, y)) for ri, x, y in zip(r, a, b)]
+        return (*out, va | vb)
+
+    return combine
+
+
+def _reducer_jvp(reducer, n, diff, a, b):
+    """``reducer(a, b)`` and its tangents along ``diff`` (values, then tangents)."""
+    k = len(diff)
+
+    def at(xs):  # the differentiated values of a then b, the others fixed
+        fa, fb = list(a[:n]), list(b[:n])
+        for j, i in enumerate(diff):
+            fa[i], fb[i] = xs[j], xs[k + j]
+        r = list(reducer(*fa, *fb))
+        return [r[i] for i in diff], r
+
+    prim = [a[i] for i in diff] + [b[i] for i in diff]
+    tans = list(a[n:n + k]) + list(b[n:n + k])
+    _, r_tan, r = jax.jvp(lambda *xs: at(xs), prim, tans, has_aux=True)
+    return [*r, *r_tan]
+
+
+def _reduce_window_skipping(reducer, operands, inits, valid, win):
+    """``reduce_window`` of ``operands`` where elements with ``valid`` False are
+    skipped (like XLA's padding); forward-mode differentiable like JAX's own
+    generic ``reduce_window`` (no non-zero init tangents)."""
+    n = len(operands)
+    diff = [i for i in range(n) if is_inexact(operands[i].dtype)]
+
+    @jax.custom_jvp
+    def run(operands, inits, valid):
+        outs = lax.reduce_window((*operands, valid), (*inits, True), _skipping(reducer, n),
+                                 **win)
+        return list(outs[:n])
+
+    def run_jvp(primals, tangents):
+        operands, inits, valid = primals
+        t_ops, t_inits, _ = tangents
+        if not all(isinstance(t, SymbolicZero) for t in t_inits):
+            raise TypeError("reduce_window jvp does not support non-zero init_value_tangent.")
+        tans = [t_ops[i] for i in diff]
+        tans = [jnp.zeros(t.shape, t.dtype) if isinstance(t, SymbolicZero) else t
+                for t in tans]
+        zeros = [jnp.zeros((), operands[i].dtype) for i in diff]
+        outs = lax.reduce_window(
+            (*operands, *tans, valid), (*inits, *zeros, True),
+            _skipping(reducer, n, len(diff), diff), **win)
+        t_out = [np.zeros(o.shape, jax.dtypes.float0) for o in outs[:n]]
+        for j, i in enumerate(diff):
+            t_out[i] = outs[n + j]
+        return list(outs[:n]), t_out
+
+    run.defjvp(run_jvp, symbolic_zeros=True)
+    return run(list(operands), list(inits), valid)
 
 
 # ----------------------------------------------------------------------------
