@@ -9,6 +9,7 @@ file; ``tests/test_jax_compat.py`` covers each function here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 import threading
@@ -192,49 +193,83 @@ def all_primitives() -> dict[str, str]:
 
 
 # The hooks are installed while at least one masked trace runs (in any thread)
-# and removed when the last one ends; what they record goes to the recorder
-# of the thread that made the comparison.
+# and removed when the last one ends; a hook only acts for the thread whose
+# trace is in progress (its frame on ``_HOOK_TLS.stack``).
 _HOOK_LOCK = threading.Lock()
 _HOOK_USERS = 0
 _HOOK_ORIG: tuple = ()
 _HOOK_TLS = threading.local()
 
 
+class SplitNeeded(InconclusiveDimensionOperation):
+    """A size comparison JAX cannot decide in the trace in progress.
+
+    ``cond`` is a dimension expression: the trace must be repeated once with
+    ``cond >= 0`` and once with ``cond <= -1`` added to the scope. It derives
+    from JAX's ``InconclusiveDimensionOperation`` so that JAX code that falls
+    back on an inconclusive comparison (``max``/``min``, ``divmod``) still does.
+    """
+
+    def __init__(self, message: str, cond):
+        super().__init__(message)
+        self.cond = cond
+
+
+class ForcedSplit(Exception):
+    """Like ``SplitNeeded`` but not an inconclusive error, so JAX's
+    ``core.definitely_equal`` does not turn it into False: raised for two sizes
+    equal at every size but not structurally (their ``min``/``max`` operands
+    are compared instead, after which JAX simplifies them)."""
+
+    def __init__(self, message: str, cond):
+        super().__init__(message)
+        self.cond = cond
+
+
+@dataclasses.dataclass
+class _HookFrame:
+    split_vars: frozenset
+    is_user_frame: Any
+    busy: bool = False
+
+
 @contextlib.contextmanager
-def trace_hooks(excluded_paths: Sequence[str], is_user_frame) -> Iterator[list]:
+def trace_hooks(excluded_paths: Sequence[str], is_user_frame,
+                split_vars: Sequence[str] = ()) -> Iterator[None]:
     """The JAX hooks a masked trace needs, installed for its duration only.
 
     - Equations bound from ``excluded_paths`` (polymask's own ops) report
       their caller's line as the user's line (``source_info_util``).
-    - ``DimExpr.__eq__``/``__ne__`` record each symbolic ``==`` that JAX
-      decided as False without a proof, made from a frame for which
-      ``is_user_frame(filename)`` holds (see ``_recording_eq``).
+    - Size comparisons in ``split_vars`` that JAX cannot decide raise
+      ``SplitNeeded`` (instead of JAX's inconclusive error, or, for ``==``,
+      instead of JAX's unsound ``False``), so the tracer can trace each
+      outcome under a constraint (see ``_split_geq`` and ``_split_eq``).
 
-    Yields the list the equality records are appended to, as
-    ``(lhs, rhs, "file:line (function)")``. Both hooks are removed when the
-    last trace in progress (in any thread) ends.
+    Both hooks are removed when the last trace in progress (in any thread) ends.
     """
     global _HOOK_USERS, _HOOK_ORIG
-    records: list = []
     with _HOOK_LOCK:
         if _HOOK_USERS == 0:
-            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__,
+            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                           list(_source_info_util._exclude_paths))
-            DimExpr.__eq__, DimExpr.__ne__ = _recording_eq(_HOOK_ORIG[0])
+            eq = _split_eq(_HOOK_ORIG[0])
+            DimExpr.__eq__ = eq
+            DimExpr.__ne__ = lambda a, b: not eq(a, b)
+            _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
         for p in excluded_paths:
             if p not in _source_info_util._exclude_paths:
                 _source_info_util.register_exclusion(p)
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
-    stack.append((records, is_user_frame))
+    stack.append(_HookFrame(frozenset(split_vars), is_user_frame))
     try:
-        yield records
+        yield None
     finally:
         stack.pop()
         with _HOOK_LOCK:
             _HOOK_USERS -= 1
             if _HOOK_USERS == 0:
-                DimExpr.__eq__, DimExpr.__ne__, paths = _HOOK_ORIG
+                DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision, paths = _HOOK_ORIG
                 _source_info_util._exclude_paths[:] = paths
                 _source_info_util._exclude_path_regex.cache_clear()
                 _source_info_util.is_user_filename.cache_clear()
@@ -245,45 +280,105 @@ def hooks_installed() -> bool:
     return _HOOK_USERS > 0
 
 
-def _recording_eq(orig_eq):
-    """``__eq__``/``__ne__`` that record unsound symbolic equalities.
+def _active_frame(expr) -> _HookFrame | None:
+    """The hook frame of this thread's trace when ``expr`` is a splittable size."""
+    stack = getattr(_HOOK_TLS, "stack", None)
+    if not stack or not is_dim_expr(expr):
+        return None
+    frame = stack[-1]
+    if frame.busy or not dim_vars(expr) <= frame.split_vars:
+        return None
+    return frame
 
-    JAX answers ``n == 1`` with False (and ``n != 1`` with True) when the
-    difference is not a constant, because ``__eq__`` cannot raise
-    (https://docs.jax.dev/en/latest/export/shape_poly.html#comparison-of-symbolic-dimensions-is-partially-supported).
-    A user's ``if x.shape[0] == 1:`` would then silently trace the wrong
-    branch for ``n == 1``; the prologue checks each recorded comparison at
-    run time.
-    """
 
-    def record(a, b):
-        stack = getattr(_HOOK_TLS, "stack", None)
-        if not stack:
-            return
+def _split_geq(orig_geq):
+    """``_geq_decision`` that raises ``SplitNeeded(e1 - e2)`` when inconclusive."""
+
+    def geq(e1, e2, cmp_str):
         try:
-            diff = a - b
-        except Exception:
-            return
-        if is_dim_expr(diff):  # neither provably equal nor provably different
-            records, is_user_frame = stack[-1]
-            f = sys._getframe(2)
-            if is_user_frame(f.f_code.co_filename):
-                records.append((a, b, f"{f.f_code.co_filename}:{f.f_lineno} "
-                                      f"({f.f_code.co_name})"))
+            return orig_geq(e1, e2, cmp_str)
+        except InconclusiveDimensionOperation as e:
+            diff = e1 - e2
+            if _active_frame(diff) is None:
+                raise
+            raise SplitNeeded(str(e).split("\n")[0], diff) from None
+
+    return geq
+
+
+def _min_max_operands(e):
+    """The operands of the smallest ``min``/``max`` inside ``e`` (None if none)."""
+    best = None
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if not is_dim_expr(x):
+            continue
+        for term, _ in x._sorted_terms:
+            for factor, _ in term._factors:
+                if factor.var is not None:
+                    continue
+                if factor.operation in ("max", "min"):
+                    if best is None or factor._size < best._size:
+                        best = factor
+                todo.extend(factor.operands)
+    return None if best is None else best.operands
+
+
+def _split_eq(orig_eq):
+    """``DimExpr.__eq__`` that decides with the scope's bounds, or splits.
+
+    JAX answers ``a == b`` structurally and says False when ``a - b`` is not a
+    constant, because ``__eq__`` cannot raise
+    (https://docs.jax.dev/en/latest/export/shape_poly.html#comparison-of-symbolic-dimensions-is-partially-supported),
+    so ``if x.shape[0] == 1:`` would silently trace the wrong branch at 1.
+    Here the bounds decide it when they can; otherwise the trace splits on
+    ``a - b`` when ``b`` is a constant or the comparison is in user code, and
+    on the operands of a ``min``/``max`` in ``a - b`` (equal at every size but
+    not structurally, like ``jnp.diff(x[1:])``'s two shapes) wherever it is.
+    A comparison of two different dim vars inside JAX stays False (JAX then
+    reports incompatible shapes).
+    """
 
     def eq(a, b):
         res = orig_eq(a, b)
-        if res is False:
-            record(a, b)
+        if res is True or not isinstance(a, DimExpr):
+            return res
+        if isinstance(b, DimExpr):
+            if a.scope is not b.scope:
+                return res
+        elif not _core.is_constant_dim(b):
+            return res
+        try:
+            diff = a - b
+        except Exception:
+            return res
+        frame = _active_frame(diff)
+        if frame is None:
+            return res
+        frame.busy = True
+        try:
+            lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
+            if lo > 0 or hi < 0:
+                return False
+            if lo == hi == 0:
+                return True
+            operands = _min_max_operands(diff)
+            caller = sys._getframe(1)
+            while caller is not None and caller.f_code.co_filename == __file__:
+                caller = caller.f_back
+            user = caller is not None and frame.is_user_frame(caller.f_code.co_filename)
+        finally:
+            frame.busy = False
+        message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
+        if operands is not None:
+            cls = ForcedSplit if isinstance(b, DimExpr) else SplitNeeded
+            raise cls(message, operands[0] - operands[1])
+        if not isinstance(b, DimExpr) or user:
+            raise SplitNeeded(message, diff)
         return res
 
-    def ne(a, b):
-        res = orig_eq(a, b)
-        if res is False:
-            record(a, b)
-        return not res
-
-    return eq, ne
+    return eq
 
 
 class _QuietCallbackErrors(logging.Filter):

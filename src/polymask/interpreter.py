@@ -161,7 +161,7 @@ def _entry_arg(leaf, axes, leaf_bound, state: RunState):
 def run_program(prog: MaskedProgram, leaves, values: dict,
                 interpreter: Interpreter | None = None) -> list[Masked]:
     """Evaluate a traced program on padded leaves with dim var values ``values``."""
-    state = RunState(DimEnv(prog.scope, prog.var_bounds, values), interpreter or _INTERPRETER)
+    state = RunState(DimEnv(prog.scope, prog.dim_bounds, values), interpreter or _INTERPRETER)
     args = [_entry_arg(leaf, axes, lb, state)
             for leaf, axes, lb in zip(leaves, prog.axis_specs, prog.leaf_bounds)]
     outs = state.interpreter.eval_closed(prog.closed_jaxpr, args, state)

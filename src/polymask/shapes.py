@@ -34,6 +34,9 @@ class DimEnv:
     def __init__(self, scope, bounds: dict[str, int], logical: dict[str, Size]):
         self.scope = scope
         self.bounds = dict(bounds)
+        # The dim vars bound here are >= 1 (internal dim vars, see trace.py):
+        # JAX's bounds are exact for them. Data-dependent ones (add_var) may be 0.
+        self.exact_vars = frozenset(bounds)
         self.logical_values = dict(logical)
         self._padded_cache: dict[Any, int] = {}
         self.logical_cache: dict[Any, Size] = {}
@@ -64,7 +67,8 @@ class DimEnv:
                              "add a constraint such as 'n <= 128'")
         # JAX's bounds assume every dim var >= 1, but sizes (and counts) may be
         # 0 at run time: `n - u` with u = 0 exceeds the bound JAX proves.
-        hi = max(hi, _zero_corners_upper(d, self.bounds))
+        if not compat.dim_vars(d) <= self.exact_vars:
+            hi = max(hi, _zero_corners_upper(d, self.bounds, self.exact_vars))
         res = max(int(hi), 0)
         self._padded_cache[d] = res
         return res
@@ -115,8 +119,11 @@ def _interval_upper(d, bounds: dict[str, int]) -> float:
     return best
 
 
-def _zero_corners_upper(d, bounds: dict[str, int]) -> float:
-    """Largest value of ``d`` at the corners of [0, bound]^vars where some var is 0."""
+def _zero_corners_upper(d, bounds: dict[str, int], exact=frozenset()) -> float:
+    """Largest value of ``d`` at the corners of [0, bound]^vars where some var is 0.
+
+    Vars in ``exact`` range over [1, bound] instead.
+    """
     names = sorted(compat.dim_vars(d))
     if len(names) > 6:
         return -float("inf")
@@ -126,7 +133,8 @@ def _zero_corners_upper(d, bounds: dict[str, int]) -> float:
         return -float("inf")
     best = -float("inf")
     for mask in range((1 << len(names)) - 1):  # the all-bounds corner is JAX's case
-        env = {v: (int(hi[v]) if (mask >> i) & 1 else 0) for i, v in enumerate(names)}
+        env = {v: (int(hi[v]) if (mask >> i) & 1 else int(v in exact))
+               for i, v in enumerate(names)}
         try:
             best = max(best, int(compat.evaluate_dim(d, env)))
         except (ZeroDivisionError, ValueError, ArithmeticError):

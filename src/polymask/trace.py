@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from . import _jax_compat as compat
 from .diagnostics import is_library_frame, translate_trace_error
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
-from .shapes import DimEnv
+from .shapes import DimEnv, is_static
 from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
 
 __all__ = ["MaskedProgram", "trace", "current_scope", "is_masked", "flatten_args",
@@ -74,18 +75,29 @@ def _scope_active(scope) -> Iterator[None]:
 
 @dataclasses.dataclass
 class MaskedProgram:
-    """One symbolic trace of a function at a padded signature.
+    """One symbolic trace of a function at a padded signature (one case).
+
+    Sizes may be 0 but JAX's decision procedure assumes every dim var >= 1,
+    so a spec dim var ``n`` is traced as ``n__p1 - 1`` with an internal dim
+    var ``n__p1 = n + 1 >= 1`` (unless the user's constraints say ``n >= 1``):
+    JAX's own shape arithmetic is then exact at size 0. Users never see the
+    internal names (``display``).
 
     Attributes:
-      closed_jaxpr: the traced jaxpr; avals have dimension expressions.
-      scope: the ``SymbolicScope`` of its dim vars (bounds are constraints).
-      axis_specs: per input leaf, the ``AxisSpec`` of each axis.
+      closed_jaxpr: the traced jaxpr; avals have dimension expressions in
+        the internal dim vars.
+      scope: the ``SymbolicScope`` of the internal dim vars (bounds, the
+        user's constraints and this case's conditions are constraints).
+      axis_specs: per input leaf, the ``AxisSpec`` of each axis (``expr`` in
+        internal dim vars; ``var``, ``coeff``, ``offset`` as in the spec).
       var_bounds: the bound (largest logical size) of each spec dim var.
       leaf_bounds: per input leaf, its padded shape in this program.
       out_tree: the treedef of the function's outputs.
       var_order: spec dim vars in order of first appearance.
-      assumed_unequal: symbolic ``a == b`` that JAX decided as False in user
-        code, as ``(a, b, "file:line (fn)")``; the prologue checks them.
+      dim_bounds: the bound of each internal dim var.
+      internal: spec dim var -> ``(internal name, offset)`` (internal = var + offset).
+      user_scope: the scope of the user's constraints over the spec dim vars.
+      conditions: this case's conditions (``"e >= 0"`` / ``"e <= -1"``, internal).
     """
 
     closed_jaxpr: Any
@@ -95,7 +107,10 @@ class MaskedProgram:
     leaf_bounds: list[tuple[int, ...]]
     out_tree: Any
     var_order: list[str]
-    assumed_unequal: list[tuple[Any, Any, str]] = dataclasses.field(default_factory=list)
+    dim_bounds: dict[str, int] = dataclasses.field(default_factory=dict)
+    internal: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    user_scope: Any = None
+    conditions: tuple[str, ...] = ()
 
     @property
     def out_shapes(self) -> list[tuple]:
@@ -104,8 +119,56 @@ class MaskedProgram:
 
     def out_bounds(self) -> list[tuple[int, ...]]:
         """Padded output shapes per output leaf."""
-        env = DimEnv(self.scope, self.var_bounds, {})
+        env = DimEnv(self.scope, self.dim_bounds, {})
         return [env.padded_shape(s) for s in self.out_shapes]
+
+    def internal_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Internal dim var values from the spec dim vars' logical values."""
+        out = {}
+        for v, x in values.items():
+            name, off = self.internal.get(v, (v, 0))
+            if off == 0:
+                out[name] = x
+            elif is_static(x):
+                out[name] = int(x) + off
+            else:
+                out[name] = jnp.asarray(x, jnp.int32) + off
+        return out
+
+    def spec_var_expr(self, v: str):
+        """The (internal) dimension expression of spec dim var ``v``."""
+        name, off = self.internal.get(v, (v, 0))
+        (e,) = jax.export.symbolic_shape(name, scope=self.scope)
+        return e - off
+
+    def display(self, e) -> str:
+        """``e`` (or a text with internal names) in terms of the spec dim vars."""
+        return display_text(str(e), self.internal)
+
+
+def display_text(text: str, internal: dict[str, tuple[str, int]]) -> str:
+    """Rewrite internal dim var names in ``text`` (``n__p1 - 1`` -> ``n``)."""
+    for v, (name, off) in internal.items():
+        if off == 0 or name not in text:
+            continue
+        pat = re.compile(r"(?P<sign>- )?(?P<coef>\d+\*)?\b" + re.escape(name)
+                         + r"\b(?![*^])(?P<const> [+-] \d+(?![\w*^(]))?")
+
+        def repl(m, v=v, off=off):
+            sgn = -1 if m.group("sign") else 1
+            a = int(m.group("coef")[:-1]) if m.group("coef") else 1
+            c = int(m.group("const").replace(" ", "")) if m.group("const") else 0
+            c += sgn * a * off
+            term = ("- " if sgn < 0 else "") + (f"{a}*{v}" if a != 1 else v)
+            if c > 0:
+                term += f" + {c}"
+            elif c < 0:
+                term += f" - {-c}"
+            return term
+
+        text = pat.sub(repl, text)
+        text = re.sub(r"\b" + re.escape(name) + r"\b", f"({v} + {off})", text)
+    return text
 
 
 def _arg_paths(args) -> list[str]:
@@ -157,37 +220,85 @@ def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:
     return bounds, order
 
 
-def _dedupe(records):
-    seen, out = set(), []
-    for a, b, where in records:
-        key = (str(a), str(b), where)
-        if key not in seen:
-            seen.add(key)
-            out.append((a, b, where))
+SHIFT_SUFFIX = "__p1"
+
+
+def _translate(text: str, internal: dict[str, tuple[str, int]]) -> str:
+    """A constraint over spec dim vars rewritten over the internal dim vars."""
+    for v, (name, off) in internal.items():
+        if off:
+            text = re.sub(r"\b" + re.escape(v) + r"\b", f"({name} - {off})", text)
+    return text
+
+
+def _internal_names(var_order, var_bounds, constraints) -> dict[str, tuple[str, int]]:
+    """Spec dim var -> (internal name, offset): shifted unless the constraints say >= 1."""
+    shifted = {v: (v + SHIFT_SUFFIX, 1) for v in var_order}
+    if not constraints:
+        return shifted
+    texts = [_translate(c, shifted) for c in constraints]
+    texts += [f"{n} <= {var_bounds[v] + off}" for v, (n, off) in shifted.items()]
+    try:
+        scope = jax.export.SymbolicScope(tuple(texts))
+    except Exception:
+        return shifted
+    out = {}
+    for v, (n, off) in shifted.items():
+        (e,) = jax.export.symbolic_shape(n, scope=scope)
+        out[v] = (v, 0) if compat.lower_bound(e - off) >= 1 else (n, off)
     return out
 
 
+def split_of(e: BaseException):
+    """``e`` when it is a ``SplitNeeded`` (None otherwise).
+
+    An error raised while JAX handled a ``SplitNeeded`` (its ``__context__``)
+    is the plain function's own error for the outcome JAX fell back on.
+    """
+    return e if isinstance(e, (compat.SplitNeeded, compat.ForcedSplit)) else None
+
+
 def trace(fun: Callable, args: Sequence[Any], in_specs=None,
-          constraints: Sequence[str] = ()) -> tuple[MaskedProgram, list]:
+          constraints: Sequence[str] = (), conditions: Sequence[str] = ()
+          ) -> tuple[MaskedProgram, list]:
     """Trace ``fun`` symbolically at the padded signature of ``args``.
 
-    Returns ``(program, leaves)`` where ``leaves`` are the flat input leaves.
+    ``conditions`` (over the internal dim vars) are added to the scope: the
+    case of a case split (``cases.py``). Returns ``(program, leaves)`` where
+    ``leaves`` are the flat input leaves.
 
     Raises:
+      compat.SplitNeeded: a size comparison JAX cannot decide (``cases.py``
+        traces each outcome).
       ShapeError: a bad spec or constraint, or a size question JAX cannot
-        decide while tracing (translated by ``diagnostics``).
+        answer while tracing (translated by ``diagnostics``).
       UnsupportedError: raised by a polymask op while tracing.
     """
     leaves, in_tree = flatten_args(args)
     spec_leaves = broadcast_specs(in_specs, list(args), is_masked)
-    scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
-    axis_specs = _parse_axis_specs(leaves, spec_leaves, _arg_paths(args), scope, gen_name)
-    _check_constraint_vars(scope, axis_specs)
-    var_bounds, var_order = _var_bounds(leaves, axis_specs)
-    for v, b in var_bounds.items():
-        compat.add_constraint(scope, f"{v} <= {b}")
+    user_scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
+    paths = _arg_paths(args)
+    user_axes = _parse_axis_specs(leaves, spec_leaves, paths, user_scope, gen_name)
+    _check_constraint_vars(user_scope, user_axes)
+    var_bounds, var_order = _var_bounds(leaves, user_axes)
+    internal = _internal_names(var_order, var_bounds, constraints)
+    texts = [_translate(c, internal) for c in constraints]
+    texts += [f"{internal[v][0]} <= {b + internal[v][1]}" for v, b in var_bounds.items()]
+    texts += list(conditions)
+    try:
+        scope = jax.export.SymbolicScope(tuple(texts))
+    except Exception as e:
+        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
+    var_expr = {}
+    for v, (name, off) in internal.items():
+        (e,) = jax.export.symbolic_shape(name, scope=scope)
+        var_expr[v] = e - off
+    axis_specs = [[a if a.var is None else
+                   dataclasses.replace(a, expr=a.coeff * var_expr[a.var] + a.offset)
+                   for a in axes] for axes in user_axes]
+    dim_bounds = {internal[v][0]: b + internal[v][1] for v, b in var_bounds.items()}
 
-    env = DimEnv(scope, var_bounds, {})
+    env = DimEnv(scope, dim_bounds, {})
     leaf_bounds = [tuple(env.padded(a.expr) for a in axes) for axes in axis_specs]
     avals = [jax.ShapeDtypeStruct(tuple(a.expr for a in axes), dtype_of(_leaf_data(leaf)))
              for leaf, axes in zip(leaves, axis_specs)]
@@ -200,17 +311,32 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
         out_trees.append(out_tree)
         return [_leaf_data(o) for o in out_flat]
 
-    hooks = compat.trace_hooks(_OPS_FILES, lambda f: not is_library_frame(f))
+    hooks = compat.trace_hooks(_OPS_FILES, lambda f: not is_library_frame(f),
+                               split_vars=set(dim_bounds))
     try:
-        with _scope_active(scope), hooks as unsound_equalities:
+        with _scope_active(scope), hooks:
             closed = jax.make_jaxpr(flat_fun)(*avals)
     except (ShapeError, UnsupportedError):
         raise
     except Exception as e:
+        split = split_of(e)
+        if split is not None:
+            raise split from None
         translated = translate_trace_error(e)
         if translated is not None:
-            raise translated from None
+            raise _displayed(translated, internal) from None
         raise
     prog = MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
-                         var_order, _dedupe(unsound_equalities))
+                         var_order, dim_bounds, internal, user_scope, tuple(conditions))
     return prog, leaves
+
+
+def _displayed(e: BaseException, internal) -> BaseException:
+    text = str(e)
+    new = display_text(text, internal)
+    if new == text:
+        return e
+    try:
+        return type(e)(new).with_traceback(e.__traceback__)
+    except Exception:  # pragma: no cover - exotic subclass
+        return e

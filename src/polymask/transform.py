@@ -17,9 +17,10 @@ import numpy as np
 
 from .diagnostics import at_call_site, user_call_site
 from .errors import ShapeError
+from .cases import DEFAULT_MAX_CASES, CaseTree, run_cases, trace_cases
 from .interpreter import run_program
 from .prologue import run_checks, solve_dim_vars
-from .trace import MaskedProgram, dtype_of, flatten_args, is_masked, trace
+from .trace import MaskedProgram, dtype_of, flatten_args, is_masked
 
 __all__ = ["mask", "MaskedFunction"]
 
@@ -45,41 +46,57 @@ def _signature(args, in_specs, constraints):
 class MaskedFunction:
     """The callable ``mask`` returns; ``.program(*args)`` gives its traced program."""
 
-    def __init__(self, fun: Callable, in_specs, constraints: Sequence[str], checks: bool):
+    def __init__(self, fun: Callable, in_specs, constraints: Sequence[str], checks: bool,
+                 max_cases: int = DEFAULT_MAX_CASES):
         functools.update_wrapper(self, fun, updated=())  # name and doc only
         self.fun = fun
         self.in_specs = in_specs
         self.constraints = tuple(constraints)
         self.checks = checks
-        self._cache: dict[Any, MaskedProgram] = {}
+        self.max_cases = max_cases
+        self._cache: dict[Any, CaseTree] = {}
         self._lock = threading.Lock()
+
+    def cases(self, *args) -> tuple[CaseTree, list]:
+        """The decision tree of masked programs for the padded signature of ``args``.
+
+        Traced once per signature (once per case). Returns ``(tree, leaves)``;
+        ``tree.cases`` lists the cases, ``tree.summary()`` describes them.
+        """
+        key = _signature(args, self.in_specs, self.constraints)
+        with self._lock:
+            tree = self._cache.get(key) if key is not None else None
+        if tree is not None:
+            return tree, flatten_args(args)[0]
+        tree, leaves = trace_cases(self.fun, args, self.in_specs, self.constraints,
+                                   self.max_cases)
+        if key is not None:
+            with self._lock:
+                self._cache.setdefault(key, tree)
+        return tree, leaves
 
     def program(self, *args) -> tuple[MaskedProgram, list]:
         """The masked program for the padded signature of ``args`` (traced once per signature).
 
         Returns ``(program, leaves)``; ``program.out_shapes`` are the symbolic
-        output shapes.
+        output shapes. With case splits (``cases``) this is the first case's.
         """
-        key = _signature(args, self.in_specs, self.constraints)
-        with self._lock:
-            prog = self._cache.get(key) if key is not None else None
-        if prog is not None:
-            return prog, flatten_args(args)[0]
-        prog, leaves = trace(self.fun, args, self.in_specs, self.constraints)
-        if key is not None:
-            with self._lock:
-                self._cache.setdefault(key, prog)
-        return prog, leaves
+        tree, leaves = self.cases(*args)
+        return tree.base, leaves
 
     def __call__(self, *args):
         call_site = user_call_site()
         try:
-            prog, leaves = self.program(*args)
+            tree, leaves = self.cases(*args)
+            prog = tree.base
             values, checks = solve_dim_vars(prog, leaves, self.checks)
         except ShapeError as e:
             raise at_call_site(e, call_site) from None
         run_checks(checks, call_site)
-        outs = run_program(prog, leaves, values)
+        if tree.single:
+            outs = run_program(prog, leaves, values)
+        else:
+            outs = run_cases(tree, leaves, values, call_site, run_program)
         return jax.tree_util.tree_unflatten(prog.out_tree, outs)
 
     def __get__(self, obj, objtype=None):  # behave like a function as a class attribute
@@ -87,7 +104,7 @@ class MaskedFunction:
 
 
 def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
-         checks: bool = True) -> MaskedFunction:
+         checks: bool = True, max_cases: int = DEFAULT_MAX_CASES) -> MaskedFunction:
     """Transform ``fun`` (written for exact arrays) to run on padded arrays.
 
     Args:
@@ -101,6 +118,10 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
         the prologue and used while tracing.
       checks: run the prologue checks (sizes in ``[0, bound]``, equal sizes for
         equal names, constraints). Concrete sizes are always range-checked.
+      max_cases: most cases (leaves of the decision tree) traced for the size
+        comparisons JAX cannot decide (``if x.shape[0] > 2``, ``top_k``'s
+        ``k <= n``, ...); each case is a masked program and the logical sizes
+        choose one at run time (``lax.switch`` under ``jit``).
 
     Returns:
       ``masked_fun(*args)``: array leaves may be ``Masked`` (padded data plus
@@ -111,7 +132,8 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
 
     Raises:
       ShapeError: bad spec, sizes out of range or inconsistent, a constraint
-        violated, or an inconclusive size comparison while tracing. With
+        violated, sizes for which ``fun`` itself fails (``top_k`` with
+        ``k > n``), or more than ``max_cases`` cases. With
         concrete sizes it is raised at the call. Inside ``jax.jit`` (traced
         sizes) the same message is raised when the result is computed, wrapped
         by JAX as ``jax.errors.JaxRuntimeError`` (``polymask.jit`` checks sizes
@@ -121,4 +143,4 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
     Composes with ``jax.jit`` (one trace per padded signature: sizes are
     runtime data), ``jax.vmap`` (ragged batches) and ``jax.grad``.
     """
-    return MaskedFunction(fun, in_specs, constraints, checks)
+    return MaskedFunction(fun, in_specs, constraints, checks, max_cases)
