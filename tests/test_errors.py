@@ -217,11 +217,14 @@ CASES = [
           M(jnp.ones((3, 5)), (jnp.array([1, 2, 3]),))), Exception,
          ("dim var 'n'", "2 at args[0].shape[0]", "4 at args[1].shape[0]"), jit=True, vmap=True),
     # -- while tracing: ShapeError / UnsupportedError at the user's line ---------
-    Case("python if on a size", mk(f_if, "n"), (M(X5, (3,)),), None, pm.ShapeError,
-         ("inconclusive", "'n' > '2'", "constraints=['n >= 3']", "lax.cond", "jnp.where"),
-         where=line_of("MARK-IF")),
-    Case("top_k needs n >= k", mk(f_topk, "n"), (M(X5, (3,)),), None, pm.ShapeError,
-         ("inconclusive", "constraints=['n >= 3']"), where=line_of("MARK-TOPK")),
+    Case("top_k needs n >= k", mk(f_topk, "n"), (M(X5, (2,)),), (M(X5, (3,)),),
+         pm.ShapeError, ("the function fails", "n <= 2", "top_k"), where=line_of("MARK-TOPK")),
+    Case("jit: top_k needs n >= k", mk(f_topk, "n"), (M(X5, (d(2),)),), (M(X5, (d(4),)),),
+         Exception, ("the function fails", "n <= 2", "top_k"), where=line_of("MARK-TOPK"),
+         jit=True),
+    Case("vmap: top_k needs n >= k", mk(f_topk, "n"), (M(jnp.ones((2, 5)), (d([4, 1]),)),),
+         (M(jnp.ones((2, 5)), (d([4, 3]),)),), Exception, ("the function fails", "n <= 2"),
+         where=line_of("MARK-TOPK"), jit=True, vmap=True),
     Case("size as a Python int", mk(f_int, "n"), (M(X5, (3,)),), None, pm.ShapeError,
          ("Python constant", "polymask.logical_shape"), where=line_of("MARK-INT")),
     Case("reshape(-1, 2) of n", mk(f_reshape, "n"), (M(X5, (3,)),), None, pm.ShapeError,
@@ -312,9 +315,10 @@ def test_catalogue_size():
     assert len({c.name for c in CASES}) == len(CASES)
 
 
-def test_remedy_constraint_fixes_inconclusive_comparison():
-    with pytest.raises(pm.ShapeError, match="constraints=\\['n >= 3'\\]"):
-        pm.mask(f_if, "n")(M(X5, (3,)))
+def test_size_branch_splits_and_constraint_still_checked():
+    for n in range(6):
+        x = X5[:n]
+        assert float(pm.mask(f_if, "n")(M(X5, (n,))).data) == pytest.approx(float(f_if(x)))
     m = pm.mask(f_if, "n", constraints=["n >= 3"])
     assert float(m(M(X5, (4,))).data) == 12
     with pytest.raises(pm.ShapeError, match="constraint 'n >= 3' does not hold for n=2"):

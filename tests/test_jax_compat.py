@@ -58,18 +58,24 @@ def test_dim_as_value_is_the_shape_primitive():
     assert jaxpr.jaxpr.eqns[0].primitive is compat.dim_as_value_p
 
 
-def test_trace_hooks_record_unsound_equalities_only_inside_the_context():
+def test_trace_hooks_split_undecidable_comparisons_only_inside_the_context():
+    import pytest
+
     _, n = scope_and_n()
     orig_eq = type(n).__eq__
-    with compat.trace_hooks((), lambda f: True) as rec:
+    with compat.trace_hooks((), lambda f: True, split_vars={"n": (1, 10)}):
         assert compat.hooks_installed()
-        assert (n == 1) is False
-        assert (n != 2) is True
-        assert (n == n) is True
-    assert [str(a) for a, _, _ in rec] == ["n", "n"]
-    assert (n == 1) is False  # outside: plain JAX behaviour, nothing recorded
-    assert len(rec) == 2
-    # Removed on exit: JAX's own method is back and nothing stays patched.
+        assert (n == n) is True and (n + 1 == n) is False
+        assert (n - n % 1 == n) is True  # equal at every value in the bounds
+        with pytest.raises(compat.SplitNeeded) as info:
+            _ = n == 1
+        assert str(info.value.cond) == "n - 1"
+        with pytest.raises(compat.SplitNeeded) as info:
+            _ = n > 2
+        assert str(info.value.cond) == "- n + 2"
+        # JAX's own fallback on an inconclusive comparison still applies.
+        assert str(n.max(3)) == "max(n, 3)"
+    assert (n == 1) is False  # outside: plain JAX behaviour
     assert not compat.hooks_installed()
     assert type(n).__eq__ is orig_eq
 

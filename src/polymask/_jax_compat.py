@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import sys
 import threading
@@ -215,32 +216,23 @@ class SplitNeeded(InconclusiveDimensionOperation):
         self.cond = cond
 
 
-class ForcedSplit(Exception):
-    """Like ``SplitNeeded`` but not an inconclusive error, so JAX's
-    ``core.definitely_equal`` does not turn it into False: raised for two sizes
-    equal at every size but not structurally (their ``min``/``max`` operands
-    are compared instead, after which JAX simplifies them)."""
-
-    def __init__(self, message: str, cond):
-        super().__init__(message)
-        self.cond = cond
-
-
 @dataclasses.dataclass
 class _HookFrame:
-    split_vars: frozenset
+    split_vars: dict  # internal dim var -> (lowest, highest) value
     is_user_frame: Any
     busy: bool = False
+    everywhere: dict = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
 def trace_hooks(excluded_paths: Sequence[str], is_user_frame,
-                split_vars: Sequence[str] = ()) -> Iterator[None]:
+                split_vars: dict | None = None) -> Iterator[None]:
     """The JAX hooks a masked trace needs, installed for its duration only.
 
     - Equations bound from ``excluded_paths`` (polymask's own ops) report
       their caller's line as the user's line (``source_info_util``).
-    - Size comparisons in ``split_vars`` that JAX cannot decide raise
+    - Size comparisons in ``split_vars`` (``{name: (lowest, highest)}``)
+      that JAX cannot decide raise
       ``SplitNeeded`` (instead of JAX's inconclusive error, or, for ``==``,
       instead of JAX's unsound ``False``), so the tracer can trace each
       outcome under a constraint (see ``_split_geq`` and ``_split_eq``).
@@ -261,7 +253,7 @@ def trace_hooks(excluded_paths: Sequence[str], is_user_frame,
                 _source_info_util.register_exclusion(p)
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
-    stack.append(_HookFrame(frozenset(split_vars), is_user_frame))
+    stack.append(_HookFrame(dict(split_vars or {}), is_user_frame))
     try:
         yield None
     finally:
@@ -286,7 +278,7 @@ def _active_frame(expr) -> _HookFrame | None:
     if not stack or not is_dim_expr(expr):
         return None
     frame = stack[-1]
-    if frame.busy or not dim_vars(expr) <= frame.split_vars:
+    if frame.busy or not dim_vars(expr) <= set(frame.split_vars):
         return None
     return frame
 
@@ -306,23 +298,28 @@ def _split_geq(orig_geq):
     return geq
 
 
-def _min_max_operands(e):
-    """The operands of the smallest ``min``/``max`` inside ``e`` (None if none)."""
-    best = None
-    todo = [e]
-    while todo:
-        x = todo.pop()
-        if not is_dim_expr(x):
-            continue
-        for term, _ in x._sorted_terms:
-            for factor, _ in term._factors:
-                if factor.var is not None:
-                    continue
-                if factor.operation in ("max", "min"):
-                    if best is None or factor._size < best._size:
-                        best = factor
-                todo.extend(factor.operands)
-    return None if best is None else best.operands
+_EVERYWHERE_LIMIT = 4096
+
+
+def _zero_everywhere(diff, frame: _HookFrame) -> bool:
+    """``diff`` is 0 for every value of its dim vars in their ranges (few values only)."""
+    hit = frame.everywhere.get(diff)
+    if hit is not None:
+        return hit
+    names = sorted(dim_vars(diff))
+    ranges = [range(frame.split_vars[v][0], frame.split_vars[v][1] + 1) for v in names]
+    total = 1
+    for r in ranges:
+        total *= len(r)
+    res = False
+    if total <= _EVERYWHERE_LIMIT:
+        try:
+            res = all(int(diff._evaluate(dict(zip(names, combo)))) == 0
+                      for combo in itertools.product(*ranges))
+        except Exception:
+            res = False
+    frame.everywhere[diff] = res
+    return res
 
 
 def _split_eq(orig_eq):
@@ -332,12 +329,12 @@ def _split_eq(orig_eq):
     constant, because ``__eq__`` cannot raise
     (https://docs.jax.dev/en/latest/export/shape_poly.html#comparison-of-symbolic-dimensions-is-partially-supported),
     so ``if x.shape[0] == 1:`` would silently trace the wrong branch at 1.
-    Here the bounds decide it when they can; otherwise the trace splits on
-    ``a - b`` when ``b`` is a constant or the comparison is in user code, and
-    on the operands of a ``min``/``max`` in ``a - b`` (equal at every size but
-    not structurally, like ``jnp.diff(x[1:])``'s two shapes) wherever it is.
-    A comparison of two different dim vars inside JAX stays False (JAX then
-    reports incompatible shapes).
+    Here the bounds decide it when they can, and two sizes equal at every
+    value of the dim vars within their bounds are equal (``jnp.diff(x[1:])``'s
+    two shapes, structurally different ``min``s); otherwise the trace splits
+    on ``a - b`` when ``b`` is a constant or the comparison is in user code.
+    Else (two different sizes compared inside JAX) it stays False: JAX then
+    reports incompatible shapes, or takes its general path, as before.
     """
 
     def eq(a, b):
@@ -361,9 +358,8 @@ def _split_eq(orig_eq):
             lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
             if lo > 0 or hi < 0:
                 return False
-            if lo == hi == 0:
+            if (lo == hi == 0) or _zero_everywhere(diff, frame):
                 return True
-            operands = _min_max_operands(diff)
             caller = sys._getframe(1)
             while caller is not None and caller.f_code.co_filename == __file__:
                 caller = caller.f_back
@@ -371,9 +367,6 @@ def _split_eq(orig_eq):
         finally:
             frame.busy = False
         message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
-        if operands is not None:
-            cls = ForcedSplit if isinstance(b, DimExpr) else SplitNeeded
-            raise cls(message, operands[0] - operands[1])
         if not isinstance(b, DimExpr) or user:
             raise SplitNeeded(message, diff)
         return res

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -94,7 +95,7 @@ class CaseTree:
     def describe_conditions(self, case: Case) -> str:
         if not case.conditions:
             return "all sizes"
-        return " and ".join(self.display(c) for c in case.conditions)
+        return " and ".join(pretty_condition(c, self.internal) for c in case.conditions)
 
     def splits(self) -> list[Split]:
         out, todo = [], [self.root]
@@ -112,7 +113,7 @@ class CaseTree:
         def walk(node, depth):
             pad = "  " * depth
             if isinstance(node, Split):
-                lines.append(f"{pad}if {self.display(str(node.cond))} >= 0   "
+                lines.append(f"{pad}if {pretty_condition(f'{node.cond} >= 0', self.internal)}   "
                              f"[{node.text} at {node.where}]")
                 walk(node.yes, depth + 1)
                 lines.append(f"{pad}else")
@@ -146,6 +147,22 @@ class CaseTree:
 
         out = walk(self.root)
         return out if is_static(out) else jnp.asarray(out, jnp.int32)
+
+
+def pretty_condition(text: str, internal) -> str:
+    """``"n__p1 - 3 <= -1"`` -> ``"n <= 1"`` (other forms: the expression as is)."""
+    expr, op, rhs = text.rpartition(" >= ")[0] or text.rpartition(" <= ")[0], \
+        (">=" if " >= " in text else "<="), text.rsplit(" ", 1)[1]
+    shown = display_text(expr, internal)
+    m = re.fullmatch(r"(- )?(\w+)(?: ([+-]) (\d+))?", shown)
+    if not m:
+        return f"{shown} {op} {rhs}"
+    neg, var = bool(m.group(1)), m.group(2)
+    c = int(m.group(4) or 0) * (-1 if m.group(3) == "-" else 1)
+    bound = int(rhs) - c  # (+/-) var op bound
+    if neg:
+        return f"{var} {'<=' if op == '>=' else '>='} {-bound}"
+    return f"{var} {op} {bound}"
 
 
 def _sizes_text(assignments: list[dict[str, int]]) -> str:
@@ -207,7 +224,7 @@ def trace_cases(fun: Callable, args: Sequence[Any], in_specs=None,
             prog, leaves = trace(fun, args, in_specs, constraints, conditions)
         except UnsupportedError:
             raise
-        except (compat.SplitNeeded, compat.ForcedSplit) as s:
+        except compat.SplitNeeded as s:
             text = (str(s).replace("Symbolic dimension comparison ", "")
                     .replace(" is inconclusive.", ""))
             node = Split(s.cond, display_text(text, _internal_of(s.cond)),

@@ -255,7 +255,7 @@ def split_of(e: BaseException):
     An error raised while JAX handled a ``SplitNeeded`` (its ``__context__``)
     is the plain function's own error for the outcome JAX fell back on.
     """
-    return e if isinstance(e, (compat.SplitNeeded, compat.ForcedSplit)) else None
+    return e if isinstance(e, compat.SplitNeeded) else None
 
 
 def trace(fun: Callable, args: Sequence[Any], in_specs=None,
@@ -297,6 +297,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
                    dataclasses.replace(a, expr=a.coeff * var_expr[a.var] + a.offset)
                    for a in axes] for axes in user_axes]
     dim_bounds = {internal[v][0]: b + internal[v][1] for v, b in var_bounds.items()}
+    internal_off = {name: off for name, off in internal.values()}
 
     env = DimEnv(scope, dim_bounds, {})
     leaf_bounds = [tuple(env.padded(a.expr) for a in axes) for axes in axis_specs]
@@ -312,7 +313,8 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
         return [_leaf_data(o) for o in out_flat]
 
     hooks = compat.trace_hooks(_OPS_FILES, lambda f: not is_library_frame(f),
-                               split_vars=set(dim_bounds))
+                               split_vars={v: (1 if internal_off.get(v) else 0, b)
+                                           for v, b in dim_bounds.items()})
     try:
         with _scope_active(scope), hooks:
             closed = jax.make_jaxpr(flat_fun)(*avals)
