@@ -84,8 +84,8 @@ def conv_t(x):
 def test_transposed_conv_at_every_size():
     xs = [(RNG.normal(size=(1, 2, t)).astype(np.float32),) for t in range(7)]
     check_oracle(conv_t, xs, [(1, 2, 8)], ["1, 2, t"])
-    assert pm.shape_formula(conv_t, pm.Masked(jnp.zeros((1, 2, 8)), (1, 2, 3)),
-                            in_specs=["1, 2, t"])
+    (f,) = [pm.shape_formula(conv_t, ["1, 2, t"], (1, 2, 8))]
+    assert f.jax_str == "(1, 1, max(2*t - 1, 0) + 1)" and f.evaluate(t=0) == (1, 1, 1)
 
 
 def test_interior_pad_at_every_size():
@@ -193,6 +193,14 @@ def test_too_many_cases_lists_the_comparisons():
 
     with pytest.raises(pm.ShapeError, match="max_cases=3"):
         pm.mask(f, "n", max_cases=3)(masked(vec(2), 8))
+
+
+def test_shape_formula_is_piecewise_and_explain_lists_the_cases():
+    f = pm.shape_formula(lambda x: lax.top_k(x, 2)[0] if x.shape[0] > 2 else x, ["n"], (4,))
+    assert len(f.cases) == 2 and "n" in f.cases[0][0]
+    text = str(pm.explain(lambda x: x * 2 if x.shape[0] > 2 else x * 3, ["n"], (4,),
+                          print_output=False))
+    assert "cases" in text and "__p1" not in text
 
 
 def test_cases_summary_names_spec_dim_vars():

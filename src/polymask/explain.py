@@ -35,7 +35,8 @@ from .rules import get_rule
 from .rules.registry import substitute_dims
 from .shapes import DimEnv, is_static
 from .state import RunState
-from .trace import trace as trace_masked
+from .cases import trace_cases
+from .trace import _translate, display_text
 
 __all__ = ["shape_formula", "explain", "ShapeFormula", "Explanation"]
 
@@ -146,6 +147,11 @@ class ShapeFormula:
     bound: tuple[int, ...] | None
     dtype: Any
     scope: Any = dataclasses.field(repr=False, default=None)
+    internal: dict = dataclasses.field(repr=False, default_factory=dict)
+    cases: tuple = dataclasses.field(repr=False, default=())
+
+    def _str(self, d) -> str:
+        return display_text(_dim_str(d), self.internal)
 
     @property
     def strs(self) -> tuple[str, ...]:
@@ -154,11 +160,13 @@ class ShapeFormula:
 
     @property
     def jax_str(self) -> str:
-        return _tuple_str(_dim_str(d) for d in self.exprs)
+        return _tuple_str(self._str(d) for d in self.exprs)
 
     @property
     def dim_vars(self) -> set[str]:
-        return set().union(*(compat.dim_vars(d) for d in self.exprs)) if self.exprs else set()
+        names = set().union(*(compat.dim_vars(d) for d in self.exprs)) if self.exprs else set()
+        back = {n: v for v, (n, _) in self.internal.items()}
+        return {back.get(n, n) for n in names}
 
     @property
     def ndim(self) -> int:
@@ -168,16 +176,21 @@ class ShapeFormula:
         """The logical shape at the given dim var values (``f.evaluate(n=7)``)."""
         out = []
         for d in self.exprs:
-            need = compat.dim_vars(d)
+            back = {n: v for v, (n, _) in self.internal.items()}
+            need = {back.get(n, n) for n in compat.dim_vars(d)}
             missing = need - set(sizes)
             if missing:
                 raise ShapeError(f"ShapeFormula.evaluate: no value for dim vars "
                                  f"{sorted(missing)} (formula {self})")
-            out.append(max(int(compat.evaluate_dim(d, {k: int(sizes[k]) for k in need})), 0))
+            vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
+                    for k, x in sizes.items()}
+            out.append(max(int(compat.evaluate_dim(d, {k: vals[k] for k in
+                                                       compat.dim_vars(d)})), 0))
         return tuple(out)
 
     def _parse(self, text: str):
         """A dimension expression from jax syntax or Python syntax (``//``, ``%``)."""
+        text = _translate(text, self.internal)
         try:
             (e,) = jax.export.symbolic_shape(text, scope=self.scope)
             return e
@@ -192,7 +205,7 @@ class ShapeFormula:
             return None
 
     def _key(self):
-        return tuple(_dim_str(d) for d in self.exprs)
+        return tuple(self._str(d) for d in self.exprs)
 
     def _coerce(self, other):
         if isinstance(other, ShapeFormula):
@@ -203,12 +216,12 @@ class ShapeFormula:
                 if isinstance(d, (int, np.integer)):
                     key.append(str(int(d)))
                 elif compat.is_dim_expr(d):
-                    key.append(str(d))
+                    key.append(self._str(d))
                 elif isinstance(d, str):
                     e = self._parse(d)
                     if e is None:
                         return None
-                    key.append(_dim_str(e))
+                    key.append(self._str(e))
                 else:
                     return None
             return tuple(key)
@@ -265,13 +278,27 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
     if no_args:
         args = _args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
-    prog, _ = trace_masked(fun, absargs, in_specs, constraints)
-    dims = DimEnv(prog.scope, prog.var_bounds, {})
-    out = []
-    for v in prog.closed_jaxpr.jaxpr.outvars:
-        shape = tuple(getattr(v.aval, "shape", ()))
-        bound = None if no_args else tuple(dims.padded(d) for d in shape)
-        out.append(ShapeFormula(tuple(shape), bound, v.aval.dtype, prog.scope))
+    tree, _ = trace_cases(fun, absargs, in_specs, constraints)
+    live = [c for c in tree.cases if c.program is not None and c.reachable]
+
+    def formulas(prog, bounds=None):
+        dims = DimEnv(prog.scope, prog.dim_bounds, {})
+        out = []
+        for i, v in enumerate(prog.closed_jaxpr.jaxpr.outvars):
+            shape = tuple(getattr(v.aval, "shape", ()))
+            bound = None if no_args else (
+                bounds[i] if bounds else tuple(dims.padded(d) for d in shape))
+            out.append(ShapeFormula(tuple(shape), bound, v.aval.dtype, prog.scope,
+                                    prog.internal))
+        return out
+
+    prog = tree.base
+    out = formulas(prog, None if tree.single else tree.out_bounds)
+    if len(live) > 1:  # piecewise: each case's formula, with its conditions
+        per_case = [(tree.describe_conditions(c), formulas(c.program)) for c in live]
+        out = [dataclasses.replace(f, cases=tuple((cond, fs[i]) for cond, fs in per_case))
+               if len({fs[i].strs for _, fs in per_case}) > 1 else f
+               for i, f in enumerate(out)]
     return jax.tree_util.tree_unflatten(prog.out_tree, out)
 
 
@@ -574,7 +601,8 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if placeholder:
         args = _args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
-    prog, absleaves = trace_masked(fun, absargs, in_specs, constraints)
+    tree, absleaves = trace_cases(fun, absargs, in_specs, constraints)
+    prog = tree.base
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: _is_masked(v) or
                                           _is_shape_tuple(v))
     ex_leaves = []
@@ -611,10 +639,14 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
 
     size_table = _size_table(prog, interp.rows, concrete)
     header = _header(fun, prog, concrete, masked_jaxpr)
+    if not tree.single:
+        header += ("\ncases (a size comparison JAX cannot decide; the sizes choose one at run "
+                   "time; the trace below is case " f"{tree.cases.index(next(c for c in tree.cases if c.program is prog))}):\n"
+                   + "\n".join("  " + ln for ln in tree.summary().splitlines()))
     if placeholder:
         header += (f"\n(no example arguments: every dim var has the placeholder bound "
                    f"{_PLACEHOLDER_BOUND})")
-    text = _render_text(header, size_table, interp.rows, prog)
+    text = display_text(_render_text(header, size_table, interp.rows, prog), prog.internal)
     result = Explanation(text, interp.rows, size_table, masked_jaxpr, header)
     if print_output:
         print(text, file=file)
@@ -628,12 +660,12 @@ def _all_exprs(shapes_and_dims):
 
 
 def _size_table(prog, rows, concrete) -> dict[str, dict]:
-    dims = DimEnv(prog.scope, prog.var_bounds, {})
-    cdims = DimEnv(prog.scope, prog.var_bounds, concrete) if concrete else None
+    dims = DimEnv(prog.scope, prog.dim_bounds, {})
+    cdims = DimEnv(prog.scope, prog.dim_bounds, concrete) if concrete else None
     table: dict[str, dict] = {}
 
     def add(d, where, query):
-        key = _dim_str(d)
+        key = prog.display(_dim_str(d))
         if key not in table:
             try:
                 bound = dims.padded(d)
@@ -651,7 +683,7 @@ def _size_table(prog, rows, concrete) -> dict[str, dict]:
             table[key]["queries"] += 1
 
     for v in prog.var_order:
-        (e,) = jax.export.symbolic_shape(v, scope=prog.scope)
+        e = prog.spec_var_expr(v)
         add(e, "input", False)
     eqns = _walk_eqns(prog.closed_jaxpr.jaxpr)
     for eqn in eqns:
@@ -693,7 +725,8 @@ def _header(fun, prog, concrete, masked_jaxpr) -> str:
     dv = []
     for v in prog.var_order:
         src = next((a.where for axes in prog.axis_specs for a in axes if a.var == v), "?")
-        val = f" = {concrete[v]}" if concrete and v in concrete else ""
+        name, off = prog.internal.get(v, (v, 0))
+        val = f" = {int(concrete[name]) - off}" if concrete and name in concrete else ""
         dv.append(f"{v} in [0, {prog.var_bounds[v]}] from {src}{val}")
     if dv:
         lines.append("dim vars: " + "; ".join(dv))
