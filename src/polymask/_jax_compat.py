@@ -368,7 +368,8 @@ def _split_eq(orig_eq):
             frame.busy = False
         message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
         if not isinstance(b, DimExpr) or user:
-            raise SplitNeeded(message, diff)
+            # Split where it narrows: below/at-or-above 0, then at/above 0.
+            raise SplitNeeded(message, -diff if lo >= 0 else diff)
         return res
 
     return eq

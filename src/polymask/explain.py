@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
+from .cases import trace_cases
 from .errors import ShapeError
 from .interpreter import Interpreter, all_sizes_at_bound, run_program
 from .masked import Masked
@@ -35,7 +36,6 @@ from .rules import get_rule
 from .rules.registry import substitute_dims
 from .shapes import DimEnv, is_static
 from .state import RunState
-from .cases import trace_cases
 from .trace import _translate, display_text
 
 __all__ = ["shape_formula", "explain", "ShapeFormula", "Explanation"]

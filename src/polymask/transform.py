@@ -15,9 +15,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from .cases import DEFAULT_MAX_CASES, CaseTree, run_cases, trace_cases
 from .diagnostics import at_call_site, user_call_site
 from .errors import ShapeError
-from .cases import DEFAULT_MAX_CASES, CaseTree, run_cases, trace_cases
 from .interpreter import run_program
 from .prologue import run_checks, solve_dim_vars
 from .trace import MaskedProgram, dtype_of, flatten_args, is_masked
