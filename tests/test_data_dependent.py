@@ -434,3 +434,13 @@ def test_count_of_a_size_that_can_be_zero():
     out = f(pm.Masked(jnp.array([1.0, 0, 1, 1, 9]), (jnp.int32(4),)),
             pm.Masked(jnp.ones(2), (jnp.int32(2),)))
     np.testing.assert_array_equal(out.unpad(), [0, 1])
+
+
+def test_grad_through_unique_values_gets_a_symbolic_zero_tangent():
+    """unique's values have no derivative: its JVP returns symbolic zeros (the
+    JVP once used ``Zero.from_primal_value``, which jax 0.10 no longer has)."""
+    def f(x):
+        return jnp.sum(pm.unique(x) * 0.0) + jnp.sum(x)
+
+    g = pm.mask(jax.grad(f), "n")(pm.Masked(jnp.array([1.0, 2.0, 2.0, 0.0]), (3,)))
+    np.testing.assert_array_equal(np.asarray(g.data)[:3], [1.0, 1.0, 1.0])

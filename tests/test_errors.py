@@ -16,8 +16,9 @@ import pytest
 from jax import lax
 
 import polymask as pm
-from polymask import interpreter as _interp
 from polymask.rules.registry import register_rule
+from polymask.trace import current_scope
+from polymask.transform import MaskedFunction
 
 M = pm.Masked
 X5 = jnp.arange(5.0)
@@ -276,11 +277,11 @@ def test_error_catalogue(case: Case):
     m = case.make()
     traces: list = []
     g = None
-    if case.good is not None and hasattr(m, "_polymask_cache"):
+    if case.good is not None and isinstance(m, MaskedFunction):
         g, out = call(m, case.good, case.jit, case.vmap, traces)
         _block(out)
         good_out = jax.tree_util.tree_map(np.asarray, out)
-    n_traces, n_cache = len(traces), len(getattr(m, "_polymask_cache", {}))
+    n_traces, n_cache = len(traces), (len(m.programs) if isinstance(m, MaskedFunction) else 0)
 
     with pytest.raises(case.exc) as info:
         if g is not None:
@@ -292,22 +293,22 @@ def test_error_catalogue(case: Case):
         assert "ShapeError" in msg or isinstance(info.value, pm.ShapeError), msg
     for w in case.words:
         assert w in msg, f"{w!r} not in:\n{msg}"
-    where = case.where or (line_of(CALL) if hasattr(m, "_polymask_cache") else None)
+    where = case.where or (line_of(CALL) if isinstance(m, MaskedFunction) else None)
     if where is not None:
         assert where in msg, f"location {where!r} not in:\n{msg}"
 
     # No state corrupted: the trace scope stack is empty, nothing bad was cached,
     # the same masked function works on good input, without retracing.
-    assert not getattr(_interp._TRACE_STATE, "scopes", [])
-    if hasattr(m, "_polymask_cache"):  # at most the (valid) trace of the bad call's signature
-        assert len(m._polymask_cache) <= n_cache + (case.exc is pm.UnsupportedError)
+    assert current_scope() is None
+    if isinstance(m, MaskedFunction):  # at most the (valid) trace of the bad call's signature
+        assert len(m.programs) <= n_cache + (case.exc is pm.UnsupportedError)
     if g is not None:
         again = g(*case.good)
         jax.tree_util.tree_map(np.testing.assert_array_equal, good_out,
                                jax.tree_util.tree_map(np.asarray, again))
         if case.jit:
             assert len(traces) == n_traces, "retraced after the error"
-        assert len(m._polymask_cache) == n_cache
+        assert len(m.programs) == n_cache
 
 
 def test_catalogue_size():

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from polymask import _jax_compat as compat
+from polymask import _jax_hooks as jax_hooks
 
 
 def scope_and_n(constraints=("n <= 10",)):
@@ -52,6 +53,17 @@ def _bind_in_context(eqn, x):
         return jax.lax.sin(x)
 
 
+def test_name_scopes():
+    def f(x):
+        with jax.named_scope("outer"), jax.named_scope("inner"):
+            y = jax.grad(jnp.sin)(x)
+        return y + 1.0
+
+    eqns = jax.make_jaxpr(f)(1.0).jaxpr.eqns
+    assert compat.name_scopes(eqns[0].source_info)[:2] == ("outer", "inner")
+    assert compat.name_scopes(eqns[-1].source_info) == ()
+
+
 def test_dim_as_value_is_the_shape_primitive():
     _, n = scope_and_n()
     jaxpr = jax.make_jaxpr(lambda x: x.shape[0] * 1.0)(jax.ShapeDtypeStruct((n,), jnp.float32))
@@ -63,20 +75,20 @@ def test_trace_hooks_split_undecidable_comparisons_only_inside_the_context():
 
     _, n = scope_and_n()
     orig_eq = type(n).__eq__
-    with compat.trace_hooks((), lambda f: True, split_vars={"n": (1, 10)}):
-        assert compat.hooks_installed()
+    with jax_hooks.trace_hooks(lambda f: True, split_vars={"n": (1, 10)}):
+        assert jax_hooks.hooks_installed()
         assert (n == n) is True and (n + 1 == n) is False
         assert (n - n % 1 == n) is True  # equal at every value in the bounds
-        with pytest.raises(compat.SplitNeeded) as info:
+        with pytest.raises(jax_hooks.SplitNeeded) as info:
             _ = n == 1
         assert str(info.value.cond) == "- n + 1"  # n >= 1: split at n <= 1
-        with pytest.raises(compat.SplitNeeded) as info:
+        with pytest.raises(jax_hooks.SplitNeeded) as info:
             _ = n > 2
         assert str(info.value.cond) == "- n + 2"
         # JAX's own fallback on an inconclusive comparison still applies.
         assert str(n.max(3)) == "max(n, 3)"
     assert (n == 1) is False  # outside: plain JAX behaviour
-    assert not compat.hooks_installed()
+    assert not jax_hooks.hooks_installed()
     assert type(n).__eq__ is orig_eq
 
 
@@ -85,5 +97,29 @@ def test_trace_hooks_are_removed_after_a_masked_trace():
 
     orig_eq = type(scope_and_n()[1]).__eq__
     pm.mask(lambda x: x * 2, "n")(pm.Masked(jnp.ones(4), (3,)))
-    assert not compat.hooks_installed()
+    assert not jax_hooks.hooks_installed()
     assert type(scope_and_n()[1]).__eq__ is orig_eq
+
+
+def test_rule_tables_of_polymask_primitives():
+    """def_jvp / def_transpose / def_linear / def_batching on a fresh primitive."""
+    double_p = compat.Primitive("polymask_test_double")
+    double_p.def_impl(lambda x: 2 * x)
+    double_p.def_abstract_eval(lambda x: x)
+    compat.def_linear(double_p, lambda ct, x: [
+        None if compat.is_symbolic_zero(ct) else double_p.bind(ct)])
+    compat.def_batching(double_p, lambda args, dims: (double_p.bind(*args), dims[0]))
+    assert float(jax.grad(lambda x: double_p.bind(x))(1.0)) == 2.0
+    assert jax.vmap(double_p.bind)(jnp.arange(3.0)).tolist() == [0.0, 2.0, 4.0]
+
+    half_p = compat.Primitive("polymask_test_half")
+    half_p.def_impl(lambda x: x / 2)
+    half_p.def_abstract_eval(lambda x: x)
+    compat.def_jvp(half_p, lambda primals, tangents: (
+        half_p.bind(*primals),
+        compat.symbolic_zero_like(primals[0]) if compat.is_symbolic_zero(tangents[0])
+        else half_p.bind(tangents[0])))
+    compat.def_transpose(half_p, lambda ct, x: [half_p.bind(ct)])
+    assert float(jax.grad(lambda x: half_p.bind(x))(1.0)) == 0.5
+    assert compat.is_symbolic_zero(compat.symbolic_zero_like(jnp.ones(2)))
+    assert not compat.is_symbolic_zero(jnp.ones(2))

@@ -10,7 +10,8 @@ from __future__ import annotations
 from . import buckets
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
 from .errors import ShapeError, UnsupportedError
-from .explain import explain, shape_formula
+from .explain import explain
+from .formula import shape_formula
 from .masked import Masked, logical_shape, pad, stack
 from .ops import (
     arange,
@@ -24,7 +25,8 @@ from .ops import (
     unique,
     where,
 )
-from .runner import jit, ragged_map
+from .ragged import ragged_map
+from .runner import jit
 from .transform import mask
 
 __all__ = [

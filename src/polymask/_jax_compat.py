@@ -3,25 +3,24 @@
 polymask needs a few internals of ``jax.export``'s symbolic shapes (dimension
 expressions, their scope and bounds) and of the jaxpr machinery (source info,
 ``dim_as_value``). Keeping them in one module means a JAX upgrade touches one
-file; ``tests/test_jax_compat.py`` covers each function here.
+file (and ``_jax_hooks.py``, the hooks a masked trace installs in JAX's
+symbolic shapes); ``tests/test_jax_compat.py`` covers each function here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import itertools
 import logging
-import sys
-import threading
-from collections.abc import Iterator, Sequence
+import os
 from typing import Any
 
 import jax
+from jax._src import ad_util as _ad_util
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_util
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
+from jax.interpreters import ad as _ad
+from jax.interpreters import batching as _batching
 
 DimExpr = _shape_poly._DimExpr
 SymbolicScope = _shape_poly.SymbolicScope
@@ -97,19 +96,25 @@ def fresh_dim(name: str, scope: SymbolicScope):
     return jax.export.symbolic_shape(name, scope=scope)[0]
 
 
+_POLYMASK_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
 def source_line(source_info) -> str:
-    """``file:line (function)`` of the user frame of an equation's source info."""
+    """``file:line (function)`` of the user frame of an equation's source info.
+
+    The innermost frame outside JAX (JAX's own filter) and outside polymask:
+    polymask's ops bind primitives while the user's function is traced, and
+    their equations should report the user's call.
+    """
     try:
-        frame = _source_info_util.user_frame(source_info.traceback)
+        frames = _source_info_util.user_frames(source_info.traceback)
+        frame = next((f for f in frames
+                      if not os.path.abspath(f.file_name).startswith(_POLYMASK_DIR)), None)
     except Exception:  # pragma: no cover - defensive
         frame = None
     if frame is None:
         return "<unknown location>"
     return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
-
-
-def new_jaxpr_eqn_source(eqn):
-    return eqn.source_info
 
 
 def is_jaxpr_literal(v) -> bool:
@@ -125,6 +130,17 @@ def user_context(source_info):
     return _source_info_util.user_context(source_info.traceback)
 
 
+def name_scopes(source_info) -> tuple[str, ...]:
+    """The ``jax.named_scope`` names on an equation's name stack, outermost first.
+
+    Transforms (``jvp(...)``, ``transpose(...)``) are left out. Inner jaxprs
+    (jit, scan bodies) are traced under a fresh name stack, so their
+    equations carry only the scopes entered inside that trace.
+    """
+    return tuple(s.name for s in source_info.name_stack.stack
+                 if isinstance(s, _source_info_util.Scope))
+
+
 def is_tracer(x) -> bool:
     return isinstance(x, _core.Tracer)
 
@@ -138,6 +154,41 @@ def instantiate_zero(x, aval=None):
         a = x.aval
         return _jnp.zeros(a.shape, a.dtype)
     return x
+
+
+# Rules of polymask's own primitives (``rules/data_dependent.py``), written to
+# the tables JAX's own primitives use (``jax.interpreters.ad`` / ``batching``).
+def def_jvp(prim: Primitive, jvp) -> None:
+    """``jvp(primals, tangents, **params) -> (primal_out, tangent_out)``."""
+    _ad.primitive_jvps[prim] = jvp
+
+
+def def_transpose(prim: Primitive, transpose) -> None:
+    """``transpose(ct, *operands, **params) -> cotangent per operand (None: none)``."""
+    _ad.primitive_transposes[prim] = transpose
+
+
+def def_linear(prim: Primitive, transpose) -> None:
+    """A linear primitive (``ad.deflinear2``): ``transpose(ct, out, *operands, **params)``."""
+    _ad.deflinear2(prim, transpose)
+
+
+def def_batching(prim: Primitive, batcher) -> None:
+    """``batcher(args, dims, **params) -> (out, out_dim)``."""
+    _batching.primitive_batchers[prim] = batcher
+
+
+def is_symbolic_zero(x) -> bool:
+    """True for JAX's symbolic ``Zero`` tangent / cotangent."""
+    return type(x) is _ad.Zero
+
+
+def symbolic_zero_like(primal):
+    """The symbolic ``Zero`` tangent of ``primal`` (a value with no derivative).
+
+    (``Zero.from_primal_value`` of older JAX is gone in 0.10; ``p2tz`` replaces it.)
+    """
+    return _ad_util.p2tz(primal)
 
 
 def call_wrapped(wrapped_fun, *args):
@@ -191,188 +242,6 @@ def all_primitives() -> dict[str, str]:
             if isinstance(value, _core.Primitive):
                 found.setdefault(value.name, mod.__name__)
     return dict(sorted(found.items()))
-
-
-# The hooks are installed while at least one masked trace runs (in any thread)
-# and removed when the last one ends; a hook only acts for the thread whose
-# trace is in progress (its frame on ``_HOOK_TLS.stack``).
-_HOOK_LOCK = threading.Lock()
-_HOOK_USERS = 0
-_HOOK_ORIG: tuple = ()
-_HOOK_TLS = threading.local()
-
-
-class SplitNeeded(InconclusiveDimensionOperation):
-    """A size comparison JAX cannot decide in the trace in progress.
-
-    ``cond`` is a dimension expression: the trace must be repeated once with
-    ``cond >= 0`` and once with ``cond <= -1`` added to the scope. It derives
-    from JAX's ``InconclusiveDimensionOperation`` so that JAX code that falls
-    back on an inconclusive comparison (``max``/``min``, ``divmod``) still does.
-    """
-
-    def __init__(self, message: str, cond):
-        super().__init__(message)
-        self.cond = cond
-
-
-@dataclasses.dataclass
-class _HookFrame:
-    split_vars: dict  # internal dim var -> (lowest, highest) value
-    is_user_frame: Any
-    busy: bool = False
-    everywhere: dict = dataclasses.field(default_factory=dict)
-
-
-@contextlib.contextmanager
-def trace_hooks(excluded_paths: Sequence[str], is_user_frame,
-                split_vars: dict | None = None) -> Iterator[None]:
-    """The JAX hooks a masked trace needs, installed for its duration only.
-
-    - Equations bound from ``excluded_paths`` (polymask's own ops) report
-      their caller's line as the user's line (``source_info_util``).
-    - Size comparisons in ``split_vars`` (``{name: (lowest, highest)}``)
-      that JAX cannot decide raise
-      ``SplitNeeded`` (instead of JAX's inconclusive error, or, for ``==``,
-      instead of JAX's unsound ``False``), so the tracer can trace each
-      outcome under a constraint (see ``_split_geq`` and ``_split_eq``).
-
-    Both hooks are removed when the last trace in progress (in any thread) ends.
-    """
-    global _HOOK_USERS, _HOOK_ORIG
-    with _HOOK_LOCK:
-        if _HOOK_USERS == 0:
-            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
-                          list(_source_info_util._exclude_paths))
-            eq = _split_eq(_HOOK_ORIG[0])
-            DimExpr.__eq__ = eq
-            DimExpr.__ne__ = lambda a, b: not eq(a, b)
-            _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
-        for p in excluded_paths:
-            if p not in _source_info_util._exclude_paths:
-                _source_info_util.register_exclusion(p)
-        _HOOK_USERS += 1
-    stack = _HOOK_TLS.__dict__.setdefault("stack", [])
-    stack.append(_HookFrame(dict(split_vars or {}), is_user_frame))
-    try:
-        yield None
-    finally:
-        stack.pop()
-        with _HOOK_LOCK:
-            _HOOK_USERS -= 1
-            if _HOOK_USERS == 0:
-                DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision, paths = _HOOK_ORIG
-                _source_info_util._exclude_paths[:] = paths
-                _source_info_util._exclude_path_regex.cache_clear()
-                _source_info_util.is_user_filename.cache_clear()
-
-
-def hooks_installed() -> bool:
-    """True while a masked trace is in progress (tests check the hooks are removed)."""
-    return _HOOK_USERS > 0
-
-
-def _active_frame(expr) -> _HookFrame | None:
-    """The hook frame of this thread's trace when ``expr`` is a splittable size."""
-    stack = getattr(_HOOK_TLS, "stack", None)
-    if not stack or not is_dim_expr(expr):
-        return None
-    frame = stack[-1]
-    if frame.busy or not dim_vars(expr) <= set(frame.split_vars):
-        return None
-    return frame
-
-
-def _split_geq(orig_geq):
-    """``_geq_decision`` that raises ``SplitNeeded(e1 - e2)`` when inconclusive."""
-
-    def geq(e1, e2, cmp_str):
-        try:
-            return orig_geq(e1, e2, cmp_str)
-        except InconclusiveDimensionOperation as e:
-            diff = e1 - e2
-            if _active_frame(diff) is None:
-                raise
-            raise SplitNeeded(str(e).split("\n")[0], diff) from None
-
-    return geq
-
-
-_EVERYWHERE_LIMIT = 4096
-
-
-def _zero_everywhere(diff, frame: _HookFrame) -> bool:
-    """``diff`` is 0 for every value of its dim vars in their ranges (few values only)."""
-    hit = frame.everywhere.get(diff)
-    if hit is not None:
-        return hit
-    names = sorted(dim_vars(diff))
-    ranges = [range(frame.split_vars[v][0], frame.split_vars[v][1] + 1) for v in names]
-    total = 1
-    for r in ranges:
-        total *= len(r)
-    res = False
-    if total <= _EVERYWHERE_LIMIT:
-        try:
-            res = all(int(diff._evaluate(dict(zip(names, combo)))) == 0
-                      for combo in itertools.product(*ranges))
-        except Exception:
-            res = False
-    frame.everywhere[diff] = res
-    return res
-
-
-def _split_eq(orig_eq):
-    """``DimExpr.__eq__`` that decides with the scope's bounds, or splits.
-
-    JAX answers ``a == b`` structurally and says False when ``a - b`` is not a
-    constant, because ``__eq__`` cannot raise
-    (https://docs.jax.dev/en/latest/export/shape_poly.html#comparison-of-symbolic-dimensions-is-partially-supported),
-    so ``if x.shape[0] == 1:`` would silently trace the wrong branch at 1.
-    Here the bounds decide it when they can, and two sizes equal at every
-    value of the dim vars within their bounds are equal (``jnp.diff(x[1:])``'s
-    two shapes, structurally different ``min``s); otherwise the trace splits
-    on ``a - b`` when ``b`` is a constant or the comparison is in user code.
-    Else (two different sizes compared inside JAX) it stays False: JAX then
-    reports incompatible shapes, or takes its general path, as before.
-    """
-
-    def eq(a, b):
-        res = orig_eq(a, b)
-        if res is True or not isinstance(a, DimExpr):
-            return res
-        if isinstance(b, DimExpr):
-            if a.scope is not b.scope:
-                return res
-        elif not _core.is_constant_dim(b):
-            return res
-        try:
-            diff = a - b
-        except Exception:
-            return res
-        frame = _active_frame(diff)
-        if frame is None:
-            return res
-        frame.busy = True
-        try:
-            lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
-            if lo > 0 or hi < 0:
-                return False
-            if (lo == hi == 0) or _zero_everywhere(diff, frame):
-                return True
-            caller = sys._getframe(1)
-            while caller is not None and caller.f_code.co_filename == __file__:
-                caller = caller.f_back
-            user = caller is not None and frame.is_user_frame(caller.f_code.co_filename)
-        finally:
-            frame.busy = False
-        message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
-        if not isinstance(b, DimExpr) or user:
-            # Split where it narrows: below/at-or-above 0, then at/above 0.
-            raise SplitNeeded(message, -diff if lo >= 0 else diff)
-        return res
-
-    return eq
 
 
 class _QuietCallbackErrors(logging.Filter):

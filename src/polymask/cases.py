@@ -3,7 +3,7 @@
 While a function is traced, a comparison of sizes that JAX cannot decide (a
 Python ``if`` on a size, ``lax.cond`` on a size predicate, ``top_k``'s
 ``k <= n``, a ``dynamic_slice`` window, ``x.shape[0] == 1`` inside JAX's det
-...) raises ``SplitNeeded(e)`` (``_jax_compat.trace_hooks``). ``trace_cases``
+...) raises ``SplitNeeded(e)`` (``_jax_hooks.trace_hooks``). ``trace_cases``
 then traces again with ``e >= 0`` and with ``e <= -1`` added to the scope,
 where JAX's decision procedure decides it, and so on: the result is a small
 decision tree (``CaseTree``) whose leaves are masked programs, or *error
@@ -34,6 +34,7 @@ import numpy as np
 from jax import lax
 
 from . import _jax_compat as compat
+from . import _jax_hooks as jax_hooks
 from .diagnostics import user_frame_of_exception
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
@@ -96,6 +97,15 @@ class CaseTree:
         if not case.conditions:
             return "all sizes"
         return " and ".join(pretty_condition(c, self.internal) for c in case.conditions)
+
+    def explain_header(self) -> str:
+        """``polymask.explain``'s lines about the cases (empty for one case)."""
+        if self.single:
+            return ""
+        shown = next(c.index for c in self.cases if c.program is self.base)
+        return ("\ncases (a size comparison JAX cannot decide; the sizes choose one at run "
+                f"time; the trace below is case {shown}):\n"
+                + "\n".join("  " + ln for ln in self.summary().splitlines()))
 
     def splits(self) -> list[Split]:
         out, todo = [], [self.root]
@@ -224,7 +234,7 @@ def trace_cases(fun: Callable, args: Sequence[Any], in_specs=None,
             prog, leaves = trace(fun, args, in_specs, constraints, conditions)
         except UnsupportedError:
             raise
-        except compat.SplitNeeded as s:
+        except jax_hooks.SplitNeeded as s:
             text = (str(s).replace("Symbolic dimension comparison ", "")
                     .replace(" is inconclusive.", ""))
             node = Split(s.cond, display_text(text, _internal_of(s.cond)),

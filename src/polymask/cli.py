@@ -103,6 +103,7 @@ def _load_encoder(model_dir):
 
 
 def _policy(args):
+    """The length bucket policy of ``--min-bucket`` (applied through ``plan.bucket_bound``)."""
     from . import buckets as B
 
     return B.pow2(args.min_bucket)
@@ -116,6 +117,7 @@ def cmd_demo(args) -> int:
     import numpy as np
 
     from . import buckets as B
+    from .plan import bucket_bound
 
     enc = _load_encoder(args.model)
     texts = stdlib_docstrings(args.texts, seed=args.seed)
@@ -141,7 +143,7 @@ def cmd_demo(args) -> int:
     jax_wall = time.perf_counter() - t1
     dev = float(max(np.abs(emb[i] - r).max() for i, r in zip(sample, ref)))
     sample_lengths = len({lengths[i] for i in sample})
-    n_buckets = len({_policy(args)(n) for n in lengths})
+    n_buckets = len({bucket_bound(_policy(args), n) for n in lengths})
     rows = [
         ("texts", f"{len(texts)}"),
         ("tokens (exact)", f"{sum(lengths)}"),

@@ -1,24 +1,18 @@
-"""Inspection: ``shape_formula`` (symbolic output shapes) and ``explain`` (the masked trace).
+"""``explain``: the masked trace of a program, annotated equation by equation.
 
-``shape_formula`` traces ``fun`` symbolically (as ``mask`` does) and returns
-the output shapes as ``jax.export`` dimension expressions: the shape rule of
-the whole program, in terms of the dim vars of the input specs.
-
-``explain`` runs the masking interpreter under ``jax.make_jaxpr`` with the
-logical sizes as traced values, so every mask a rule inserts is visible, and
-reports each equation with its symbolic output shape, its padded bound, what
-its masking rule emitted and the user source line it came from. Size
-computations are listed once per distinct dimension expression: the masked
-program computes each one once (``DimEnv.logical`` caches per expression),
-however many times user code queries it.
+The masking interpreter runs once under ``jax.make_jaxpr`` with the logical
+sizes traced, so every mask a rule inserts is visible. An interpreter
+observer evaluates each user equation inside its own ``jax.named_scope``; the
+equations of the masked jaxpr are attributed to user equations by their name
+stack (nothing is traced twice). Size computations are listed once per
+distinct dimension expression (``DimEnv.logical`` caches per expression).
 """
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import dataclasses
 import linecache
-import os
 import re
 from typing import Any
 
@@ -28,320 +22,23 @@ import numpy as np
 
 from . import _jax_compat as compat
 from .cases import trace_cases
-from .errors import ShapeError
+from .formula import (
+    _PLACEHOLDER_BOUND,
+    _abstractify,
+    _args_from_specs,
+    _dim_str,
+    _is_masked,
+    _is_shape_tuple,
+)
 from .interpreter import Interpreter, all_sizes_at_bound, run_program
 from .masked import Masked
 from .prologue import solve_dim_vars
 from .rules import get_rule
-from .rules.registry import substitute_dims
-from .shapes import DimEnv, is_static
-from .state import RunState
-from .trace import _translate, display_text
+from .shapes import DimEnv
+from .sizetable import _concrete_sizes, _has_inner, _short_path, _size_table, _walk_eqns
+from .trace import display_text
 
-__all__ = ["shape_formula", "explain", "ShapeFormula", "Explanation"]
-
-
-def _is_masked(x) -> bool:
-    return isinstance(x, Masked)
-
-
-# ----------------------------------------------------------------------------
-# Arguments: example arrays, Masked values, ShapeDtypeStructs or padded shapes
-# ----------------------------------------------------------------------------
-def _is_shape_tuple(x) -> bool:
-    return (isinstance(x, (tuple, list)) and
-            all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in x))
-
-
-def _abstractify(args, in_specs, dtype):
-    """Replace data by ``ShapeDtypeStruct``s; bare shape tuples become padded inputs.
-
-    Example arrays are kept abstract (nothing is computed). With
-    ``in_specs=None`` every axis of every input is dynamic (its own dim var),
-    so the formulas are in terms of all input sizes.
-    """
-    def one(x):
-        if _is_masked(x):
-            return Masked(jax.ShapeDtypeStruct(np.shape(x.data), x.data.dtype), x.shape)
-        if _is_shape_tuple(x):
-            sds = jax.ShapeDtypeStruct(tuple(int(d) for d in x), dtype)
-            return Masked(sds) if in_specs is None else sds
-        if isinstance(x, jax.ShapeDtypeStruct) or hasattr(x, "shape"):
-            sds = jax.ShapeDtypeStruct(tuple(np.shape(x)), x.dtype)
-            return Masked(sds) if in_specs is None else sds
-        return x
-
-    return tuple(jax.tree_util.tree_map(one, a, is_leaf=lambda v: _is_masked(v) or
-                                        _is_shape_tuple(v)) for a in args)
-
-
-# ----------------------------------------------------------------------------
-# shape_formula
-# ----------------------------------------------------------------------------
-def _py_expr(s: str) -> str:
-    """jax's printed form of a dimension expression -> Python syntax.
-
-    ``floordiv(n + 1, 2)`` -> ``(n + 1) // 2``; ``mod(n, 3)`` -> ``n % 3``;
-    ``max``/``min`` stay calls. Nested quotients get parentheses.
-    """
-    def conv(s: str, top: bool) -> str:
-        out, i = "", 0
-        while i < len(s):
-            m = re.match(r"(floordiv|mod)\(", s[i:])
-            if m and (i == 0 or not (s[i - 1].isalnum() or s[i - 1] == "_")):
-                j = i + len(m.group(0))
-                depth, k, parts, cur = 1, j, [], ""
-                while k < len(s) and depth:
-                    ch = s[k]
-                    if ch == "(":
-                        depth += 1
-                    elif ch == ")":
-                        depth -= 1
-                        if depth == 0:
-                            break
-                    if ch == "," and depth == 1:
-                        parts.append(cur)
-                        cur = ""
-                    else:
-                        cur += ch
-                    k += 1
-                parts.append(cur)
-                a, b = (conv(p.strip(), False) for p in parts)
-                op = "//" if m.group(1) == "floordiv" else "%"
-                a = a if re.fullmatch(r"-?\s*[\w.]+|\(.*\)", a) else f"({a})"
-                b = b if re.fullmatch(r"[\w.]+", b) else f"({b})"
-                whole = f"{a} {op} {b}"
-                whole_top = top and i == 0 and k == len(s) - 1
-                out += whole if whole_top else f"({whole})"
-                i = k + 1
-            else:
-                out += s[i]
-                i += 1
-        return out
-
-    return conv(s, True)
-
-
-def _dim_str(d) -> str:
-    return str(d) if compat.is_dim_expr(d) else str(int(d))
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ShapeFormula:
-    """The symbolic shape of one output.
-
-    Attributes:
-      exprs: one ``jax.export`` dimension expression (or int) per axis.
-      bound: the padded shape (each expression's upper bound); None when no
-        example arguments were given.
-      dtype: the output dtype.
-      scope: the ``SymbolicScope`` the expressions live in.
-
-    ``str(f)`` is Python syntax, e.g. ``((n + 1) // 2,)``; ``f.jax_str`` is
-    jax's own form (``(floordiv(n + 1, 2),)``). Formulas compare equal when
-    their expressions are equal after JAX's normalisation (``m*n == n*m``),
-    also against tuples of strings/ints (parsed in this formula's scope).
-    """
-
-    exprs: tuple
-    bound: tuple[int, ...] | None
-    dtype: Any
-    scope: Any = dataclasses.field(repr=False, default=None)
-    internal: dict = dataclasses.field(repr=False, default_factory=dict)
-    cases: tuple = dataclasses.field(repr=False, default=())
-
-    def _str(self, d) -> str:
-        return display_text(_dim_str(d), self.internal)
-
-    @property
-    def strs(self) -> tuple[str, ...]:
-        """Each axis in Python syntax."""
-        return tuple(_py_expr(_dim_str(d)) for d in self.exprs)
-
-    @property
-    def jax_str(self) -> str:
-        return _tuple_str(self._str(d) for d in self.exprs)
-
-    @property
-    def dim_vars(self) -> set[str]:
-        names = set().union(*(compat.dim_vars(d) for d in self.exprs)) if self.exprs else set()
-        back = {n: v for v, (n, _) in self.internal.items()}
-        return {back.get(n, n) for n in names}
-
-    @property
-    def ndim(self) -> int:
-        return len(self.exprs)
-
-    def evaluate(self, **sizes) -> tuple[int, ...]:
-        """The logical shape at the given dim var values (``f.evaluate(n=7)``)."""
-        out = []
-        for d in self.exprs:
-            back = {n: v for v, (n, _) in self.internal.items()}
-            need = {back.get(n, n) for n in compat.dim_vars(d)}
-            missing = need - set(sizes)
-            if missing:
-                raise ShapeError(f"ShapeFormula.evaluate: no value for dim vars "
-                                 f"{sorted(missing)} (formula {self})")
-            vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
-                    for k, x in sizes.items()}
-            out.append(max(int(compat.evaluate_dim(d, {k: vals[k] for k in
-                                                       compat.dim_vars(d)})), 0))
-        return tuple(out)
-
-    def _parse(self, text: str):
-        """A dimension expression from jax syntax or Python syntax (``//``, ``%``)."""
-        text = _translate(text, self.internal)
-        try:
-            (e,) = jax.export.symbolic_shape(text, scope=self.scope)
-            return e
-        except Exception:
-            pass
-        names = set(re.findall(r"[A-Za-z_]\w*", text)) - {"floordiv", "mod"}
-        try:
-            env = {v: jax.export.symbolic_shape(v, scope=self.scope)[0] for v in names}
-            env.update(floordiv=lambda a, b: a // b, mod=lambda a, b: a % b)
-            return eval(text, {"__builtins__": {}}, env)  # noqa: S307 (names are dim vars)
-        except Exception:
-            return None
-
-    def _key(self):
-        return tuple(self._str(d) for d in self.exprs)
-
-    def _coerce(self, other):
-        if isinstance(other, ShapeFormula):
-            return other._key()
-        if isinstance(other, (tuple, list)):
-            key = []
-            for d in other:
-                if isinstance(d, (int, np.integer)):
-                    key.append(str(int(d)))
-                elif compat.is_dim_expr(d):
-                    key.append(self._str(d))
-                elif isinstance(d, str):
-                    e = self._parse(d)
-                    if e is None:
-                        return None
-                    key.append(self._str(e))
-                else:
-                    return None
-            return tuple(key)
-        return None
-
-    def __eq__(self, other):
-        key = self._coerce(other)
-        if key is None:
-            return NotImplemented
-        return key == self._key()
-
-    def __hash__(self):
-        return hash(self._key())
-
-    def __len__(self):
-        return len(self.exprs)
-
-    def __getitem__(self, i):
-        return self.exprs[i]
-
-    def __iter__(self):
-        return iter(self.exprs)
-
-    def __str__(self) -> str:
-        return _tuple_str(self.strs)
-
-    def __repr__(self) -> str:
-        return f"ShapeFormula({self}, bound={self.bound}, dtype={np.dtype(self.dtype).name})"
-
-
-def _tuple_str(parts) -> str:
-    parts = list(parts)
-    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
-
-
-def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
-    """Symbolic output shapes of ``fun`` as dimension expressions.
-
-    Args:
-      fun: the function (as given to ``polymask.mask``).
-      in_specs: as for ``mask``; with None every axis of every input gets its
-        own dim var (``s0``, ``s1``, ...).
-      *args: example arguments: arrays, ``Masked`` values,
-        ``jax.ShapeDtypeStruct``s, or padded shapes given as tuples of ints
-        (``dtype``, default float32). Only shapes and dtypes are used. Without
-        them, every input is built from its spec string (``"n, 64"``).
-      constraints: as for ``mask``.
-
-    Returns:
-      ``fun``'s output pytree with a ``ShapeFormula`` per array leaf, e.g.
-      ``shape_formula(lambda x: x[::2], "n", (10,))`` gives ``((n + 1) // 2,)``.
-    """
-    no_args = not args
-    if no_args:
-        args = _args_from_specs(in_specs, dtype)
-    absargs = _abstractify(args, in_specs, dtype)
-    tree, _ = trace_cases(fun, absargs, in_specs, constraints)
-    live = [c for c in tree.cases if c.program is not None and c.reachable]
-
-    def formulas(prog, bounds=None):
-        dims = DimEnv(prog.scope, prog.dim_bounds, {})
-        out = []
-        for i, v in enumerate(prog.closed_jaxpr.jaxpr.outvars):
-            shape = tuple(getattr(v.aval, "shape", ()))
-            bound = None if no_args else (
-                bounds[i] if bounds else tuple(dims.padded(d) for d in shape))
-            out.append(ShapeFormula(tuple(shape), bound, v.aval.dtype, prog.scope,
-                                    prog.internal))
-        return out
-
-    prog = tree.base
-    out = formulas(prog, None if tree.single else tree.out_bounds)
-    if len(live) > 1:  # piecewise: each case's formula, with its conditions
-        per_case = [(tree.describe_conditions(c), formulas(c.program)) for c in live]
-        out = [dataclasses.replace(f, cases=tuple((cond, fs[i]) for cond, fs in per_case))
-               if len({fs[i].strs for _, fs in per_case}) > 1 else f
-               for i, f in enumerate(out)]
-    return jax.tree_util.tree_unflatten(prog.out_tree, out)
-
-
-_PLACEHOLDER_BOUND = 1024
-
-
-def _args_from_specs(in_specs, dtype):
-    """Abstract arguments from spec strings alone (``shape_formula(fun, specs)``).
-
-    Each dim var gets a placeholder bound; the formulas do not depend on it
-    (``ShapeFormula.bound`` is None then).
-    """
-    if in_specs is None:
-        raise ShapeError("shape_formula(fun, in_specs) without example arguments needs "
-                         "in_specs with a spec string for every argument")
-    specs = (in_specs,) if isinstance(in_specs, str) else tuple(in_specs)
-
-    def one(spec, where):
-        if not isinstance(spec, str):
-            raise ShapeError(f"{where}: without example arguments every spec must be a "
-                             f"string (got {spec!r}); pass example arguments or shapes")
-        try:
-            exprs = jax.export.symbolic_shape(spec)
-        except Exception as e:
-            raise ShapeError(f"{where}: cannot parse shape spec '{spec}': {e}") from None
-        shape = []
-        for e in exprs:
-            names = compat.dim_vars(e)
-            shape.append(int(compat.evaluate_dim(e, {v: _PLACEHOLDER_BOUND for v in names})))
-        return jax.ShapeDtypeStruct(tuple(shape), dtype)
-
-    out = []
-    for i, spec in enumerate(specs):
-        out.append(jax.tree_util.tree_map(lambda s, i=i: one(s, f"in_specs[{i}]"), spec,
-                                          is_leaf=lambda s: s is None or isinstance(s, str)))
-    return tuple(out)
-
-
-# ----------------------------------------------------------------------------
-# explain
-# ----------------------------------------------------------------------------
-_MASK_PRIMS = {"iota", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not",
-               "select_n", "broadcast_in_dim", "convert_element_type"}
+__all__ = ["explain", "Explanation", "Row"]
 
 
 @dataclasses.dataclass
@@ -424,20 +121,6 @@ def _inserted_str(r: Row) -> str:
     return " ".join(f"{k}\u00d7{v}" if v > 1 else k for k, v in r.inserted.items())
 
 
-def _short_path(src: str) -> str:
-    m = re.match(r"(.*):(\d+) \((.*)\)$", src)
-    if not m:
-        return src
-    path = m.group(1)
-    try:
-        rel = os.path.relpath(path)
-        if len(rel) < len(path):
-            path = rel
-    except ValueError:
-        pass
-    return f"{path}:{m.group(2)} ({m.group(3)})"
-
-
 def _source_code(src: str) -> str:
     m = re.match(r"(.*):(\d+) \(", src)
     if not m:
@@ -445,157 +128,150 @@ def _source_code(src: str) -> str:
     return linecache.getline(m.group(1), int(m.group(2))).strip()
 
 
-def _is_traced_array(x) -> bool:
-    return compat.is_tracer(x) or isinstance(x, jax.Array)
+def _tag(index: int) -> str:
+    return f"polymask_eqn{index}"
 
 
-class _ExplainInterpreter(Interpreter):
-    """Logs every equation and traces each rule application on its own to see what it emits."""
+class _Recorder:
+    """Interpreter observer: one ``Row`` per user equation, evaluated in its own name scope."""
 
-    def __init__(self, concrete_sizes: dict | None):
-        super().__init__()
+    def __init__(self, concrete: dict | None):
         self.rows: list[Row] = []
-        self.depth = 0
-        self.concrete = concrete_sizes
-        self._plain = Interpreter()
-        self._src_stack: list[str] = []
+        self.prims: dict[str, tuple[Row, str]] = {}  # tag -> (row, primitive name)
+        self.open: list[Row] = []  # rows being evaluated, innermost last
+        self.concrete = concrete
 
-    def eval_jaxpr(self, jaxpr, consts, args, state):
-        self.depth += 1
-        try:
-            return super().eval_jaxpr(jaxpr, consts, args, state)
-        finally:
-            self.depth -= 1
-
-    def _emitted(self, eqn, invals, state) -> dict[str, int] | None:
-        """Primitives the rule emits for ``eqn`` (besides the op and size arithmetic)."""
-        arr_idx = [i for i, x in enumerate(invals) if _is_traced_array(x)]
+    @contextlib.contextmanager
+    def observe(self, eqn, state):
         dims = state.dims
-        names = [k for k, v in dims.logical_values.items() if not is_static(v)]
-
-        def sub(arrs, lvals):
-            vals = list(invals)
-            for i, a in zip(arr_idx, arrs):
-                vals[i] = a
-            lv = dict(dims.logical_values)
-            lv.update(zip(names, lvals))
-            env = RunState(DimEnv(dims.scope, dims.bounds, lv), self._plain,
-                           list(state.jaxpr_stack), dict(state.invar_links))
-            return self._plain.apply(eqn, vals, env)
-
-        try:
-            closed = jax.make_jaxpr(sub)([invals[i] for i in arr_idx],
-                                         [dims.logical_values[k] for k in names])
-        except Exception:
-            return None
-        jaxpr = closed.jaxpr
-        size_vars = set(jaxpr.invars[len(arr_idx):])
-        counts: collections.Counter = collections.Counter()
-        op_seen = False
-        for e in jaxpr.eqns:
-            ins = [v for v in e.invars if not compat.is_jaxpr_literal(v)]
-            if all(v in size_vars for v in ins) and \
-                    all(getattr(v.aval, "shape", None) == () for v in e.outvars):
-                size_vars.update(e.outvars)
-                continue
-            if e.primitive is eqn.primitive and not op_seen:
-                op_seen = True
-                continue
-            counts[e.primitive.name] += 1
-        return dict(counts)
-
-    def apply(self, eqn, invals, state):
-        dims = state.dims
-        size_query = None
-        nested = _has_inner(eqn)
-        if eqn.primitive is compat.dim_as_value_p:
-            size_query = _dim_str(eqn.params["dim"])
-            inserted: dict | None = {}
-        elif nested:
-            inserted = {}
-        else:
-            inserted = self._emitted(eqn, invals, state)
         src = compat.source_line(eqn.source_info)
-        if src.startswith("<unknown") and self._src_stack:
-            src = self._src_stack[-1]
-        avals = [v.aval for v in eqn.outvars]
+        if src.startswith("<unknown") and self.open:
+            src = self.open[-1].source
+        nested = _has_inner(eqn)
         name = eqn.primitive.name
         if nested and isinstance(eqn.params.get("name"), str):
             name = f"{name}({eqn.params['name']})"
-        row = Row(index=len(self.rows) + 1, depth=self.depth - 1, primitive=name,
-                  rule="?", shapes=[_aval_str(a) for a in avals], bounds=[], logical=None,
-                  inserted=inserted if inserted is not None else {"?": 1},
-                  size_query=size_query, source=src, code=_source_code(src), nested=nested)
-        self.rows.append(row)  # before the rule runs: nested equations come after it
-        self._src_stack.append(src)
-        try:
-            outs = super().apply(eqn, invals, state)
-        finally:
-            self._src_stack.pop()
         rule = get_rule(eqn.primitive.name)
         static = rule is None or all_sizes_at_bound(eqn, dims)
-        row.rule = "static" if static else getattr(rule, "__name__", "rule")
-        row.bounds = [tuple(dims.padded(d) for d in getattr(a, "shape", ())) for a in avals]
-        if self.concrete is not None:
-            try:
-                cd = DimEnv(dims.scope, dims.bounds, self.concrete)
-                row.logical = [tuple(cd.logical(d) for d in getattr(a, "shape", ()))
-                               for a in avals]
-            except Exception:
-                row.logical = None
-        return outs
+        size_query = (_dim_str(eqn.params["dim"]) if eqn.primitive is compat.dim_as_value_p
+                      else None)
+        row = Row(index=len(self.rows) + 1, depth=len(self.open), primitive=name,
+                  rule="static" if static else rule.__name__,
+                  shapes=[_aval_str(v.aval) for v in eqn.outvars], bounds=[], logical=None,
+                  inserted={}, size_query=size_query, source=src, code=_source_code(src),
+                  nested=nested)
+        self.rows.append(row)  # before the rule runs: nested equations come after it
+        self.prims[_tag(row.index)] = (row, eqn.primitive.name)
+        self.open.append(row)
+        try:
+            with jax.named_scope(_tag(row.index)):
+                yield
+        finally:
+            self.open.pop()
+        # After the rule: a data-dependent size gets its bound from the rule.
+        shapes = [getattr(v.aval, "shape", ()) for v in eqn.outvars]
+        row.bounds = [dims.padded_shape(s) for s in shapes]
+        if self.concrete is not None and all(compat.dim_vars(d) <= set(self.concrete)
+                                             for s in shapes for d in s):
+            cd = DimEnv(dims.scope, dims.bounds, self.concrete)
+            row.logical = [tuple(cd.logical(d) for d in s) for s in shapes]
+
+    def attribute(self, masked_jaxpr, n_sizes: int) -> None:
+        """Count, per row, the primitives of ``masked_jaxpr`` its rule inserted.
+
+        An equation belongs to the innermost user equation on its name stack,
+        or to the equation whose inner jaxpr holds it. Not counted: the
+        equation's own primitive (once) and scalar size arithmetic (in the
+        sizes table).
+        """
+        jaxpr = masked_jaxpr.jaxpr
+        own_seen: set[int] = set()
+
+        def walk(jaxpr, sizes: set, owner: Row | None):
+            for eqn in jaxpr.eqns:
+                tags = [self.prims[t] for t in compat.name_scopes(eqn.source_info)
+                        if t in self.prims]
+                row, prim = tags[-1] if tags else (owner, None)
+                ins = [v for v in eqn.invars if not compat.is_jaxpr_literal(v)]
+                if all(v in sizes for v in ins) and \
+                        all(getattr(v.aval, "shape", None) == () for v in eqn.outvars):
+                    sizes.update(eqn.outvars)
+                    continue
+                inner_owner = None
+                if row is not None:
+                    if prim is not None and row.index not in own_seen and \
+                            eqn.primitive.name == prim:
+                        own_seen.add(row.index)
+                        inner_owner = row  # e.g. a scan body: the rule's masks in it
+                    else:
+                        row.inserted[eqn.primitive.name] = \
+                            row.inserted.get(eqn.primitive.name, 0) + 1
+                for sub, sub_sizes in _inner_jaxprs(eqn, sizes):
+                    walk(sub, sub_sizes, inner_owner)
+
+        walk(jaxpr, set(jaxpr.invars[len(jaxpr.invars) - n_sizes:]), None)
 
 
-def _has_inner(eqn) -> bool:
-    for p in eqn.params.values():
-        for x in (p if isinstance(p, (tuple, list)) else (p,)):
-            if isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr)):
-                return True
-    return False
+def _inner_jaxprs(eqn, sizes: set):
+    """``(jaxpr, its input vars known to be sizes)`` for each inner jaxpr of ``eqn``.
+
+    Only loop-invariant inputs are mapped: consts of a scan / while, operands
+    of a cond, jit and other call-like primitives.
+    """
+    p = eqn.params
+    for key, val in p.items():
+        for x in (val if isinstance(val, (tuple, list)) else (val,)):
+            if not isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr)):
+                continue
+            j = x.jaxpr if isinstance(x, compat.ClosedJaxpr) else x
+            outer = list(eqn.invars)
+            if eqn.primitive.name == "scan":
+                outer = outer[:p["num_consts"]]
+            elif eqn.primitive.name == "while":
+                nc = p["cond_nconsts"]
+                outer = outer[:nc] if key == "cond_jaxpr" else outer[nc:nc + p["body_nconsts"]]
+            elif eqn.primitive.name == "cond":
+                outer = outer[1:]
+            elif len(outer) != len(j.invars):
+                outer = []
+            yield j, {iv for ov, iv in zip(outer, j.invars)
+                      if not compat.is_jaxpr_literal(ov) and ov in sizes}
 
 
 def _aval_str(aval) -> str:
-    try:
-        return aval.str_short(short_dtypes=True)
-    except Exception:
-        return str(aval)
-
-
-def _concrete_sizes(prog, leaves) -> dict | None:
-    """Dim var values from example ``Masked`` sizes, when all are concrete."""
-    try:
-        values, _ = solve_dim_vars(prog, leaves, checks_on=False)
-    except Exception:
-        return None
-    out = {}
-    for k, v in values.items():
-        if compat.is_tracer(v):
-            return None
-        out[k] = int(np.asarray(v))
-    return out
+    return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else str(aval)
 
 
 def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=None,
-            print_output: bool = True, width: int | None = None) -> Explanation:
+            print_output: bool = True) -> Explanation:
     """Print and return the masked trace of ``fun``, annotated.
 
     Args:
       fun, in_specs, constraints: as for ``polymask.mask``.
       *args: example arguments: ``Masked`` values (their logical sizes, when
         concrete, are shown as the "logical" column), arrays,
-        ``jax.ShapeDtypeStruct``s or padded shapes (tuples of ints, ``dtype``).
+        ``jax.ShapeDtypeStruct``s or padded shapes (tuples of ints of dtype
+        ``dtype``, default float32). Only shapes and dtypes are used; nothing
+        is computed on the data. Without them, every input is built from its
+        spec string with a placeholder bound per dim var.
       file: where to print (default stdout); ``print_output=False`` only returns.
 
-    The masked program is traced with the logical sizes as *traced* values
-    (as under ``jax.jit``), so every mask the rules insert is shown. For each
-    equation: its symbolic output shape, padded bound, the masking rule used,
-    what the rule inserted (``select_n``, ``iota``/compare masks, dynamic
-    slices, ...; ``static`` = bound unchanged, no mask), and the user source
-    line. Size computations are listed once per distinct dimension expression.
+    The masked program is traced once, with the logical sizes as *traced*
+    int32 values (as under ``jax.jit``), so every mask the rules insert is
+    shown. For each equation: its symbolic output shape, padded bound, the
+    masking rule used, what the rule inserted (``select_n``, ``iota``/compare
+    masks, dynamic slices, ...; ``static`` = bound unchanged, no mask), and
+    the user source line. Size computations are listed once per distinct
+    dimension expression.
 
     Returns:
       An ``Explanation``: a ``str`` with ``.rows``, ``.sizes``,
       ``.masked_jaxpr`` and a rich renderable (``rich.print(explanation)``).
+
+    Raises:
+      ShapeError: as ``mask`` does for bad specs, constraints or arguments
+        (and for example ``Masked`` sizes of the wrong rank or type).
+      UnsupportedError: ``fun`` uses a primitive without a masking rule.
     """
     placeholder = not args
     if placeholder:
@@ -605,27 +281,19 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     prog = tree.base
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: _is_masked(v) or
                                           _is_shape_tuple(v))
-    ex_leaves = []
-    for a, b in zip(leaves_in, absleaves):
-        if _is_masked(a):
-            ex_leaves.append(Masked(b.data if _is_masked(b) else b, a.shape))
-        else:
-            ex_leaves.append(b)
+    ex_leaves = [Masked(b.data if _is_masked(b) else b, a.shape) if _is_masked(a) else b
+                 for a, b in zip(leaves_in, absleaves)]
     concrete = _concrete_sizes(prog, ex_leaves) if any(map(_is_masked, leaves_in)) else None
 
     # Every dynamic axis gets a traced int32 size so the masks become visible.
-    dyn_pos = []
-    for li, axes in enumerate(prog.axis_specs):
-        for a in axes:
-            if a.var is not None:
-                dyn_pos.append((li, a.axis))
-
-    interp = _ExplainInterpreter(concrete)
+    n_sizes = sum(a.var is not None for axes in prog.axis_specs for a in axes)
+    recorder = _Recorder(concrete)
+    interp = Interpreter(observe=recorder.observe)
 
     def masked_program(datas, sizes):
         it = iter(sizes)
         leaves = []
-        for li, (d, axes) in enumerate(zip(datas, prog.axis_specs)):
+        for d, axes in zip(datas, prog.axis_specs):
             shape = [int(np.shape(d)[a.axis]) if a.var is None else next(it) for a in axes]
             leaves.append(Masked(d, tuple(shape)))
         values, _ = solve_dim_vars(prog, leaves, checks_on=False)
@@ -634,82 +302,20 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
 
     datas = [jax.ShapeDtypeStruct(tuple(np.shape(leaf.data if _is_masked(leaf) else leaf)),
                                   leaf.dtype) for leaf in absleaves]
-    sizes = [jax.ShapeDtypeStruct((), jnp.int32) for _ in dyn_pos]
+    sizes = [jax.ShapeDtypeStruct((), jnp.int32) for _ in range(n_sizes)]
     masked_jaxpr = jax.make_jaxpr(masked_program)(datas, sizes)
+    recorder.attribute(masked_jaxpr, n_sizes)
 
-    size_table = _size_table(prog, interp.rows, concrete)
-    header = _header(fun, prog, concrete, masked_jaxpr)
-    if not tree.single:
-        header += ("\ncases (a size comparison JAX cannot decide; the sizes choose one at run "
-                   "time; the trace below is case " f"{tree.cases.index(next(c for c in tree.cases if c.program is prog))}):\n"
-                   + "\n".join("  " + ln for ln in tree.summary().splitlines()))
+    size_table = _size_table(prog, concrete)
+    header = _header(fun, prog, concrete, masked_jaxpr) + tree.explain_header()
     if placeholder:
         header += (f"\n(no example arguments: every dim var has the placeholder bound "
                    f"{_PLACEHOLDER_BOUND})")
-    text = display_text(_render_text(header, size_table, interp.rows, prog), prog.internal)
-    result = Explanation(text, interp.rows, size_table, masked_jaxpr, header)
+    text = display_text(_render_text(header, size_table, recorder.rows), prog.internal)
+    result = Explanation(text, recorder.rows, size_table, masked_jaxpr, header)
     if print_output:
         print(text, file=file)
     return result
-
-
-def _all_exprs(shapes_and_dims):
-    for d in shapes_and_dims:
-        if compat.is_dim_expr(d):
-            yield d
-
-
-def _size_table(prog, rows, concrete) -> dict[str, dict]:
-    dims = DimEnv(prog.scope, prog.dim_bounds, {})
-    cdims = DimEnv(prog.scope, prog.dim_bounds, concrete) if concrete else None
-    table: dict[str, dict] = {}
-
-    def add(d, where, query):
-        key = prog.display(_dim_str(d))
-        if key not in table:
-            try:
-                bound = dims.padded(d)
-            except Exception:
-                bound = "?"
-            logical = None
-            if cdims is not None:
-                try:
-                    logical = cdims.logical(d)
-                except Exception:
-                    logical = None
-            table[key] = {"bound": bound, "logical": logical, "queries": 0,
-                          "first_use": where, "expr": d}
-        if query:
-            table[key]["queries"] += 1
-
-    for v in prog.var_order:
-        e = prog.spec_var_expr(v)
-        add(e, "input", False)
-    eqns = _walk_eqns(prog.closed_jaxpr.jaxpr)
-    for eqn in eqns:
-        src = _short_path(compat.source_line(eqn.source_info))
-        if eqn.primitive is compat.dim_as_value_p:
-            add(eqn.params["dim"], src, True)
-        for v in eqn.outvars:
-            for d in _all_exprs(getattr(v.aval, "shape", ())):
-                add(d, src, False)
-        if not _has_inner(eqn):  # sizes in params: SAME padding, slice limits, ...
-            found: list = []
-            substitute_dims(dict(eqn.params), lambda d: found.append(d) or d)
-            for d in found:
-                add(d, src + f" ({eqn.primitive.name} param)", False)
-    return table
-
-
-def _walk_eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for p in eqn.params.values():
-            for x in (p if isinstance(p, (tuple, list)) else (p,)):
-                if isinstance(x, compat.ClosedJaxpr):
-                    yield from _walk_eqns(x.jaxpr)
-                elif isinstance(x, compat.Jaxpr):
-                    yield from _walk_eqns(x)
 
 
 def _header(fun, prog, concrete, masked_jaxpr) -> str:
@@ -744,7 +350,7 @@ def _header(fun, prog, concrete, masked_jaxpr) -> str:
     return "\n".join(lines)
 
 
-def _render_text(header, size_table, rows: list[Row], prog) -> str:
+def _render_text(header, size_table, rows: list[Row]) -> str:
     out = [header, "", "sizes (each computed once in the masked program, however often queried):"]
     w = max([len(k) for k in size_table] + [10])
     out.append(f"  {'expression':<{w}}  {'bound':>5}  {'logical':>7}  {'queries':>7}  first use")

@@ -21,7 +21,7 @@ from .diagnostics import relocate
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
 from .rules import get_rule
-from .rules.registry import COVERAGE_DOC, RuleContext, substitute_dims
+from .rules.registry import COVERAGE_DOC, RuleContext, has_inner_jaxpr, substitute_dims
 from .rules.util import valid_mask
 from .shapes import DimEnv, is_static, needs_mask
 from .state import RunState
@@ -32,14 +32,6 @@ __all__ = ["Interpreter", "run_program", "all_sizes_at_bound"]
 # ``observe(eqn, state)`` returns a context manager entered around the
 # evaluation of each equation (``polymask.explain`` uses it).
 Observer = Callable[[Any, RunState], contextlib.AbstractContextManager]
-
-
-def _has_inner_jaxpr(params) -> bool:
-    for v in params.values():
-        for x in (v if isinstance(v, (tuple, list)) else (v,)):
-            if isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr)):
-                return True
-    return False
 
 
 def _params_have_dims(params) -> bool:
@@ -55,7 +47,7 @@ def all_sizes_at_bound(eqn, dims: DimEnv) -> bool:
     with sizes in their params (``dim_as_value``, a ``broadcast_in_dim`` to a
     symbolic shape) and with inner jaxprs always go through their rule.
     """
-    if _has_inner_jaxpr(eqn.params) or _params_have_dims(eqn.params):
+    if has_inner_jaxpr(eqn.params) or _params_have_dims(eqn.params):
         return False
     for v in (*eqn.invars, *eqn.outvars):
         for d in getattr(v.aval, "shape", ()):

@@ -179,9 +179,8 @@ def stack(arrays: Sequence[Any], bound: Sequence[int] | None = None,
     if bound is None:
         bound = tuple(int(m) for m in shapes.max(axis=0)) if shapes.size else ()
         if buckets is not None:
-            from .buckets import as_policy
-            policy = as_policy(buckets)
-            bound = tuple(policy(b) for b in bound)
+            from .plan import bucket_shape
+            bound = bucket_shape(buckets, bound)
     bound = tuple(int(b) for b in bound)
     dtype = np.result_type(*nps)
     data = np.full((len(nps),) + bound, fill, dtype=dtype)

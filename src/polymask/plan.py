@@ -10,24 +10,35 @@ checks; the host raises at once).
 ``bucket_values`` / ``padded_shape`` apply a bucket policy: every padded
 shape that ``polymask.jit``, ``ragged_map``, ``stack`` and the CLI build is
 computed here.
+
+``plan_call`` is the host side of one ``polymask.jit`` call (or one
+``ragged_map`` example): specs parsed, sizes solved and checked, buckets and
+padded shapes chosen. ``output_plan`` says, from a traced ``MaskedProgram``,
+how each output axis gets its exact size after the call: static, evaluated
+on the host from the input sizes, or returned by the device.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _jax_compat as compat
 from .buckets import as_policy, pow2
 from .errors import ShapeError
 from .shapes import is_static
-from .specs import AxisSpec
+from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
 
 __all__ = ["Solution", "solve_sizes", "solve_axis", "not_affine", "policy_getter",
-           "bucket_values", "padded_shape", "bucket_bound"]
+           "bucket_values", "padded_shape", "bucket_bound", "bucket_shape", "batch_bucket",
+           "LeafPlan", "CallPlan", "plan_call", "StaticSize", "HostSize", "DeviceSize",
+           "OutputLayout", "OutputPlan", "output_plan"]
 
 Size = Any
 
@@ -142,3 +153,240 @@ def padded_shape(axes: Sequence[AxisSpec], buckets: Mapping[str, int]) -> tuple[
     """A leaf's padded shape when each dim var is padded to its bucket."""
     return tuple(int(a.expr) if a.var is None else a.coeff * buckets[a.var] + a.offset
                  for a in axes)
+
+
+def bucket_shape(buckets, shape: Sequence[int]) -> tuple[int, ...]:
+    """Every size of ``shape`` rounded up by one policy spec (``stack``'s default bound)."""
+    policy = as_policy(buckets)
+    return tuple(bucket_bound(policy, s) for s in shape)
+
+
+def batch_bucket(policy: Callable[[int], int], n: int, most: int) -> int:
+    """Rows of a batch of ``n`` examples: the policy's bound for ``n``, at least ``n``,
+    at most ``most`` (``ragged_map``'s partial batches)."""
+    return min(most, max(n, int(policy(n))))
+
+
+# ----------------------------------------------------------------------------
+# Host plans: one polymask.jit call, one ragged_map example
+# ----------------------------------------------------------------------------
+def dtype_key(x):
+    """A leaf's dtype for cache keys (the Python type of a Python scalar)."""
+    if isinstance(x, (bool, int, float, complex)):
+        return type(x)
+    dt = getattr(x, "dtype", None)
+    return np.asarray(x).dtype if dt is None else dt
+
+
+@dataclasses.dataclass
+class LeafPlan:
+    """One input leaf of a host call.
+
+    Attributes:
+      path: where the leaf is (``args[0]['x']``).
+      shape: its exact shape.
+      dtype: its ``dtype_key``.
+      axes: the ``AxisSpec`` of each axis, or None for a static leaf (passed
+        unchanged; its exact shape is part of the cache key).
+      padded: the shape it is padded to (``shape`` for a static leaf).
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: Any
+    axes: list[AxisSpec] | None
+    padded: tuple[int, ...]
+
+    @property
+    def static(self) -> bool:
+        return self.axes is None
+
+
+@dataclasses.dataclass
+class CallPlan:
+    """Everything the host decides for one call's exact input shapes.
+
+    Attributes:
+      leaves: one ``LeafPlan`` per input leaf, in flattening order.
+      var_names: the dim vars in order of first appearance (the order of the
+        logical-size vector the compiled program gets).
+      values: their logical values, in that order.
+      buckets: dim var -> bucket (its policy's bound for its value).
+      signature: the hashable bucket signature, per leaf ``(static, padded
+        shape, dtype)``: calls with equal signatures share a compiled program.
+      logical, padded: element counts of the dynamic leaves, exact and padded.
+    """
+
+    leaves: list[LeafPlan]
+    var_names: list[str]
+    values: list[int]
+    buckets: dict[str, int]
+    signature: tuple
+    logical: int
+    padded: int
+
+
+def _raise_violations(sol: Solution) -> None:
+    for a, size in sol.affine:
+        if not_affine(size, a):
+            raise ShapeError(f"{a.where}: size {size} is not of the form {a.expr} for an "
+                             f"integer {a.var} >= 0")
+    for var, prev, prev_where, value, where in sol.conflicts:
+        raise ShapeError(f"dim var '{var}' has different sizes: {prev} at {prev_where} and "
+                         f"{value} at {where}")
+
+
+def _check_constraints(scope, env: Mapping[str, int]) -> None:
+    for kind, e1, e2, text in compat.explicit_constraints(scope):
+        names = compat.dim_vars(e1) | compat.dim_vars(e2)
+        missing = names - set(env)
+        if missing:
+            raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(missing)}")
+        v1, v2 = int(compat.evaluate_dim(e1, env)), int(compat.evaluate_dim(e2, env))
+        if (kind == "==" and v1 != v2) or (kind == ">=" and v1 < v2):
+            raise ShapeError(f"constraint '{text}' does not hold for "
+                             + ", ".join(f"{k}={env[k]}" for k in sorted(names)))
+
+
+def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
+              policy_for: Callable[[str], Callable[[int], int]]) -> CallPlan:
+    """Plan one call on exact arrays ``args`` (host side; see ``CallPlan``).
+
+    ``in_specs=None`` makes every axis of every non-scalar array leaf dynamic;
+    otherwise a leaf whose spec is None, or whose axes are all static, is
+    static. Python scalars are always static.
+
+    Raises:
+      ShapeError: a bad spec, a size not of its affine form, different sizes
+        for one dim var, or a constraint that does not hold.
+    """
+    flat = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+    spec_leaves = broadcast_specs(in_specs, list(args), None)
+    scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
+    parsed = []
+    for (key_path, leaf), spec in zip(flat, spec_leaves):
+        path = "args" + jax.tree_util.keystr(key_path)
+        shape = tuple(int(d) for d in np.shape(leaf))
+        is_scalar_py = isinstance(leaf, (bool, int, float, complex))
+        axes = None
+        if not is_scalar_py and (spec is not None or (in_specs is None and shape)):
+            axes = parse_leaf_spec(spec, path, shape, scope, default_dynamic=True,
+                                   name_gen=gen_name)
+            if all(a.var is None for a in axes):
+                axes = None
+        parsed.append((path, shape, dtype_key(leaf), axes))
+    sol = solve_sizes([axes or () for _, _, _, axes in parsed],
+                      [shape for _, shape, _, _ in parsed])
+    _raise_violations(sol)
+    _check_constraints(scope, sol.values)
+    buckets = bucket_values(policy_for, sol.values)
+    leaves, signature, logical, padded = [], [], 0, 0
+    for path, shape, dtype, axes in parsed:
+        bound = shape if axes is None else padded_shape(axes, buckets)
+        leaves.append(LeafPlan(path, shape, dtype, axes, bound))
+        signature.append((axes is None, bound, dtype))
+        if axes is not None:
+            logical += math.prod(shape)
+            padded += math.prod(bound)
+    return CallPlan(leaves, list(sol.values), [int(v) for v in sol.values.values()], buckets,
+                    tuple(signature), logical, padded)
+
+
+# ----------------------------------------------------------------------------
+# Output layouts: how each output axis gets its exact size after a call
+# ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class StaticSize:
+    """An output axis of a fixed size."""
+
+    size: int
+
+    def value(self, env, device_sizes) -> int:
+        return self.size
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSize:
+    """An output axis whose size is a dimension expression of the input dim
+    vars: evaluated on the host from the exact input sizes (no device round trip)."""
+
+    expr: Any
+
+    def value(self, env, device_sizes) -> int:
+        return max(0, int(compat.evaluate_dim(self.expr, env)))
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSize:
+    """A data-dependent output axis (``polymask.nonzero``, ...): its size is
+    entry ``index`` of the size vector the compiled program returns."""
+
+    index: int
+
+    def value(self, env, device_sizes) -> int:
+        return int(device_sizes[self.index])
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputLayout:
+    """How one output leaf gets its exact shape: one size source per axis."""
+
+    axes: tuple[StaticSize | HostSize | DeviceSize, ...]
+
+    def shape(self, env, device_sizes) -> tuple[int, ...]:
+        return tuple(a.value(env, device_sizes) for a in self.axes)
+
+
+@dataclasses.dataclass
+class OutputPlan:
+    """The outputs of one traced program, as the host reassembles them.
+
+    Attributes:
+      tree: the output treedef.
+      leaves: one ``OutputLayout`` per output leaf.
+      device_axes: ``(output leaf, axis)`` of each ``DeviceSize``, in index
+        order: the compiled program returns these sizes as one int32 vector.
+      in_axis_specs: the program's input specs, to solve the dim vars of
+        ``HostSize`` expressions from the exact input shapes.
+      has_host: some axis is a ``HostSize``.
+      internal: spec dim var -> ``(internal name, offset)`` (``MaskedProgram.internal``).
+    """
+
+    tree: Any
+    leaves: list[OutputLayout]
+    device_axes: list[tuple[int, int]]
+    in_axis_specs: list[list[AxisSpec]]
+    has_host: bool
+    internal: dict = dataclasses.field(default_factory=dict)
+
+    def shapes(self, in_shapes: Sequence[Sequence[int]], device_sizes=None) -> list[tuple]:
+        """Exact output shapes, given the exact input leaf shapes and the device sizes."""
+        env = None
+        if self.has_host:
+            env = {self.internal.get(v, (v, 0))[0]: int(x) + self.internal.get(v, (v, 0))[1]
+                   for v, x in solve_sizes(self.in_axis_specs, in_shapes).values.items()}
+        return [leaf.shape(env, device_sizes) for leaf in self.leaves]
+
+
+def output_plan(prog, single: bool = True) -> OutputPlan:
+    """The ``OutputPlan`` of a ``MaskedProgram`` (from its symbolic ``out_shapes``).
+
+    With several cases (``cases.py``, ``single=False``) the sizes choose the
+    case on the device, so every output size comes from the device.
+    """
+    in_vars = {prog.internal.get(v, (v, 0))[0] for v in prog.var_bounds}
+    leaves, device_axes, has_host = [], [], False
+    for li, shape in enumerate(prog.out_shapes):
+        axes: list[StaticSize | HostSize | DeviceSize] = []
+        for k, d in enumerate(shape):
+            if single and not compat.is_dim_expr(d):
+                axes.append(StaticSize(int(d)))
+            elif single and compat.dim_vars(d) <= in_vars:
+                axes.append(HostSize(d))
+                has_host = True
+            else:
+                axes.append(DeviceSize(len(device_axes)))
+                device_axes.append((li, k))
+        leaves.append(OutputLayout(tuple(axes)))
+    return OutputPlan(prog.out_tree, leaves, device_axes, prog.axis_specs, has_host,
+                      prog.internal)

@@ -1,4 +1,4 @@
-"""``polymask.jit`` and ``polymask.ragged_map``: exact arrays in, exact arrays out.
+"""``polymask.jit``: exact arrays in, exact arrays out.
 
 Each dynamic axis is padded to its *bucket* on the host with NumPy (no
 per-shape device program: see DESIGN.md's performance notes), one
@@ -6,13 +6,17 @@ per-shape device program: see DESIGN.md's performance notes), one
 logical sizes travel as one int32 vector (runtime data: a new size inside a
 known bucket never recompiles). Sizes are validated on the host, so the masked
 program runs with ``checks=False`` (no host callback in the compiled code).
+
+This module keeps the caches and makes the calls; what a call means (specs,
+sizes, buckets, output layouts) is decided in ``plan.py``. ``_Runner`` is
+shared with ``ragged_map`` (``ragged.py``).
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,117 +26,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _jax_compat as compat
-from .buckets import as_policy, pow2
-from .errors import ShapeError
 from .masked import Masked
-from .specs import broadcast_specs, parse_leaf_spec, scope_and_name_generator
+from .plan import CallPlan, OutputPlan, dtype_key, output_plan, plan_call, policy_getter
 from .transform import mask
 
-__all__ = ["jit", "ragged_map", "PolyJit", "RaggedMap"]
-
-
-# ----------------------------------------------------------------------------
-# Plans: which axes are dynamic, how sizes map to dim vars (host side, cached)
-# ----------------------------------------------------------------------------
-class _LeafPlan:
-    __slots__ = ("path", "static", "axes", "shape")
-
-    def __init__(self, path, static, axes, shape):
-        self.path = path
-        self.static = static  # True: passed unchanged (exact shape is part of the key)
-        self.axes = axes  # per axis: ("s", size) or ("d", var_index, coeff, offset)
-        self.shape = shape
-
-
-class _Plan:
-    """Spec analysis for one tree structure and one set of exact input shapes."""
-
-    def __init__(self, leaf_plans, var_names, var_values, bound_fns):
-        self.leaves: list[_LeafPlan] = leaf_plans
-        self.var_names: list[str] = var_names
-        self.var_values: list[int] = var_values
-        self.bound_fns = bound_fns
-
-
-def _make_plan(args, in_specs, constraints, policy_for) -> _Plan:
-    leaves = jax.tree_util.tree_leaves(tuple(args))
-    paths = ["args" + jax.tree_util.keystr(p)
-             for p, _ in jax.tree_util.tree_flatten_with_path(tuple(args))[0]]
-    spec_leaves = broadcast_specs(in_specs, list(args), None)
-    scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
-
-    var_index: dict[str, int] = {}
-    var_values: list[int] = []
-    var_where: list[str] = []
-    leaf_plans = []
-    for leaf, spec, path in zip(leaves, spec_leaves, paths):
-        shape = tuple(int(d) for d in np.shape(leaf))
-        is_scalar_py = isinstance(leaf, (bool, int, float, complex))
-        dynamic_default = in_specs is None and len(shape) > 0 and not is_scalar_py
-        if (spec is None and not dynamic_default) or is_scalar_py:
-            leaf_plans.append(_LeafPlan(path, True, None, shape))
-            continue
-        axes_specs = parse_leaf_spec(spec, path, shape, scope, default_dynamic=True,
-                                     name_gen=gen_name)
-        axes = []
-        for a, size in zip(axes_specs, shape):
-            if a.var is None:
-                axes.append(("s", size))
-                continue
-            if size < a.offset or (size - a.offset) % a.coeff:
-                raise ShapeError(f"{a.where}: size {size} is not of the form {a.expr} for an "
-                                 f"integer {a.var} >= 0")
-            value = (size - a.offset) // a.coeff
-            if a.var not in var_index:
-                var_index[a.var] = len(var_values)
-                var_values.append(value)
-                var_where.append(a.where)
-            elif var_values[var_index[a.var]] != value:
-                i = var_index[a.var]
-                raise ShapeError(f"dim var '{a.var}' has different sizes: {var_values[i]} at "
-                                 f"{var_where[i]} and {value} at {a.where}")
-            axes.append(("d", var_index[a.var], a.coeff, a.offset))
-        if all(ax[0] == "s" for ax in axes):
-            leaf_plans.append(_LeafPlan(path, True, None, shape))
-        else:
-            leaf_plans.append(_LeafPlan(path, False, axes, shape))
-    names = list(var_index)
-    env = dict(zip(names, var_values))
-    for kind, e1, e2, text in compat.explicit_constraints(scope):
-        missing = (compat.dim_vars(e1) | compat.dim_vars(e2)) - set(env)
-        if missing:
-            raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(missing)}")
-        v1, v2 = int(compat.evaluate_dim(e1, env)), int(compat.evaluate_dim(e2, env))
-        if (kind == "==" and v1 != v2) or (kind == ">=" and v1 < v2):
-            raise ShapeError(f"constraint '{text}' does not hold for "
-                             + ", ".join(f"{k}={env[k]}" for k in sorted(
-                                 compat.dim_vars(e1) | compat.dim_vars(e2))))
-    bound_fns = [policy_for(n) for n in names]
-    return _Plan(leaf_plans, names, var_values, bound_fns)
-
-
-def _policy_getter(buckets):
-    if isinstance(buckets, dict):
-        default = as_policy(buckets.get(None, pow2()))
-        table = {k: as_policy(v) for k, v in buckets.items() if k is not None}
-        return lambda name: table.get(name, default)
-    p = as_policy(buckets)
-    return lambda name: p
-
-
-def _dtype_key(x):
-    if isinstance(x, (bool, int, float, complex)):
-        return type(x)
-    dt = getattr(x, "dtype", None)
-    return np.asarray(x).dtype if dt is None else dt
+__all__ = ["jit", "PolyJit"]
 
 
 def _leaf_key(x):
     try:
         return (x.shape, x.dtype)
     except AttributeError:
-        return (np.shape(x), _dtype_key(x))
+        return (np.shape(x), dtype_key(x))
 
 
 def _pad_host(x, bound: tuple[int, ...]):
@@ -146,95 +51,70 @@ def _pad_host(x, bound: tuple[int, ...]):
     return out
 
 
+def _slice(a, shape):
+    return a[tuple(slice(0, int(n)) for n in shape)]
+
+
 # ----------------------------------------------------------------------------
 # One compiled program per bucket signature
 # ----------------------------------------------------------------------------
+@dataclasses.dataclass(eq=False)
 class _Entry:
-    """One compiled program: a ``jax.jit`` of the masked function at one signature."""
+    """One compiled program: a ``jax.jit`` of the masked function at one signature.
 
-    __slots__ = ("lock", "fn", "box", "compile_s")
+    ``outputs`` is filled in while the program is traced (from the masked
+    program's symbolic output shapes).
+    """
 
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.fn = None
-        self.box: dict = {}
-        self.compile_s = 0.0
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    fn: Callable | None = None
+    outputs: OutputPlan | None = None
+    compile_s: float = 0.0
 
 
-def _build_inner(fun, n_bcast, in_tree, leaf_plans, in_specs, constraints, box,
-                 bcast_tree=None, n_bcast_leaves=0, host_sizes=False):
+def _build_inner(fun, entry: _Entry, in_tree, plan: CallPlan, in_specs, constraints,
+                 n_bcast=0, bcast_tree=None, n_bcast_leaves=0):
     """The traced function: rebuild ``Masked`` inputs from a size vector, run ``mask(fun)``.
 
-    Returns the output data leaves and the dynamic output sizes as one int32
-    vector; static output sizes and the output tree go to ``box`` at trace time.
+    Its arguments are the broadcast leaves, the static leaves, the padded
+    dynamic leaves and the logical-size vector (``plan.var_names`` order). It
+    returns the output data leaves, plus the data-dependent output sizes as
+    one int32 vector when there are any (``entry.outputs.device_axes``).
     """
     mask_specs = None if in_specs is None else (None,) * n_bcast + tuple(in_specs)
     masked = mask(fun, mask_specs, constraints=constraints, checks=False)
+    var_index = {v: i for i, v in enumerate(plan.var_names)}
+    n_static = sum(1 for p in plan.leaves if p.static)
 
-    n_static = sum(1 for p in leaf_plans if p.static)
+    def size(a, sizes):
+        if a.var is None:
+            return a.expr
+        s = sizes[var_index[a.var]]
+        s = s * a.coeff if a.coeff != 1 else s
+        return s + a.offset if a.offset else s
+
+    def logical(axes, sizes):
+        return tuple(size(a, sizes) for a in axes)
 
     def inner(*flat_in):
         bcast_leaves = flat_in[:n_bcast_leaves]
         static_it = iter(flat_in[n_bcast_leaves:n_bcast_leaves + n_static])
         dyn_it = iter(flat_in[n_bcast_leaves + n_static:-1])
         sizes = flat_in[-1]
-        box["traces"] = box.get("traces", 0) + 1
-        flat = []
-        for p in leaf_plans:
-            if p.static:
-                flat.append(next(static_it))
-                continue
-            data = next(dyn_it)
-            shp = []
-            for ax in p.axes:
-                if ax[0] == "s":
-                    shp.append(ax[1])
-                else:
-                    _, i, a, b = ax
-                    s = sizes[i]
-                    if a != 1:
-                        s = s * a
-                    if b:
-                        s = s + b
-                    shp.append(s)
-            flat.append(Masked(data, tuple(shp)))
+        flat = [next(static_it) if p.static else Masked(next(dyn_it), logical(p.axes, sizes))
+                for p in plan.leaves]
         args = jax.tree_util.tree_unflatten(in_tree, flat)
         if n_bcast:
             args = tuple(jax.tree_util.tree_unflatten(bcast_tree, list(bcast_leaves))) + args
-        out = masked(*args)
-        out_leaves, out_tree = jax.tree_util.tree_flatten(
-            out, is_leaf=lambda x: isinstance(x, Masked))
-        # Output sizes that are dimension expressions of the input dim vars are
-        # computed on the host from the exact input shapes (no device round trip);
-        # only data-dependent sizes (polymask.nonzero, ...) come back from the device.
-        progs = list(getattr(masked, "_polymask_cache", {}).values())
-        prog = progs[-1] if progs and host_sizes else None
-        sym_out = prog.out_shapes if prog is not None else None
-        in_vars = set(prog.var_bounds) if prog is not None else set()
-        datas, dyn_sizes, out_axes = [], [], []
-        for li, o in enumerate(out_leaves):
-            if not isinstance(o, Masked):
-                o = Masked(jnp.asarray(o))
-            datas.append(o.data)
-            axes = []
-            for k, s in enumerate(o.shape):
-                expr = sym_out[li][k] if sym_out is not None and li < len(sym_out) else None
-                if isinstance(s, (int, np.integer)):
-                    axes.append(("s", int(s)))
-                elif (expr is not None and compat.is_dim_expr(expr)
-                      and compat.dim_vars(expr) <= in_vars):
-                    axes.append(("h", expr))
-                else:
-                    axes.append(("d", len(dyn_sizes)))
-                    dyn_sizes.append(jnp.asarray(s, jnp.int32).reshape(()))
-            out_axes.append(tuple(axes))
-        box["out_tree"] = out_tree
-        box["out_axes"] = out_axes
-        box["in_axes"] = prog.axis_specs if prog is not None else None
-        box["has_sizes"] = bool(dyn_sizes)
-        if not dyn_sizes:
+        tree, _ = masked.cases(*args)  # the tracer's symbolic output shapes
+        outputs = entry.outputs = output_plan(tree.base, tree.single)
+        out_leaves = jax.tree_util.tree_leaves(masked(*args),
+                                               is_leaf=lambda x: isinstance(x, Masked))
+        datas = [o.data if isinstance(o, Masked) else jnp.asarray(o) for o in out_leaves]
+        if not outputs.device_axes:
             return datas
-        return datas, jnp.stack(dyn_sizes)
+        return datas, jnp.stack([jnp.asarray(out_leaves[li].shape[k], jnp.int32).reshape(())
+                                 for li, k in outputs.device_axes])
 
     return inner
 
@@ -248,80 +128,81 @@ class _Runner:
         self.fun = fun
         self.in_specs = None if in_specs is None else tuple(in_specs)
         self.constraints = tuple(constraints)
-        self._policy_for = _policy_getter(buckets)
+        self._policy_for = policy_getter(buckets)
         self.cache_size = int(cache_size)
         self._lock = threading.Lock()
         self._plans: collections.OrderedDict = collections.OrderedDict()
         self._cache: collections.OrderedDict = collections.OrderedDict()
-        self._spec_key = repr(self.in_specs)
         self._stats = dict(calls=0, compiles=0, cache_hits=0, evictions=0,
                            compile_time_s=0.0, logical_elements=0, padded_elements=0)
 
     # -- plans -----------------------------------------------------------------
-    def _plan(self, args, in_specs=None, spec_key=None):
+    def _plan(self, args, in_specs=None, spec_key=None) -> tuple[CallPlan, list, Any]:
+        """The ``CallPlan`` of ``args`` (cached by tree, exact shapes and dtypes, specs)."""
         if spec_key is None:
-            in_specs, spec_key = self.in_specs, None
+            in_specs = self.in_specs
         leaves, tree = jax.tree_util.tree_flatten(tuple(args))
-        shapes = tuple((np.shape(x), _dtype_key(x)) for x in leaves)
-        key = (tree, shapes, spec_key)
+        key = (tree, tuple((np.shape(x), dtype_key(x)) for x in leaves), spec_key)
         with self._lock:
             plan = self._plans.get(key)
             if plan is not None:
                 self._plans.move_to_end(key)
         if plan is None:
-            plan = _make_plan(args, in_specs, self.constraints, self._policy_for)
+            plan = plan_call(args, in_specs, self.constraints, self._policy_for)
             with self._lock:
                 self._plans[key] = plan
                 while len(self._plans) > 4096:
                     self._plans.popitem(last=False)
         return plan, leaves, tree
 
-    def _buckets(self, plan):
-        return [fn(v) for fn, v in zip(plan.bound_fns, plan.var_values)]
-
-    @staticmethod
-    def _padded_shape(p: _LeafPlan, bucket_vals):
-        return tuple(ax[1] if ax[0] == "s" else ax[2] * bucket_vals[ax[1]] + ax[3]
-                     for ax in p.axes)
-
     # -- cache -------------------------------------------------------------------
-    def _entry(self, key):
+    def _count(self, logical: int, padded: int) -> None:
+        with self._lock:
+            st = self._stats
+            st["calls"] += 1
+            st["logical_elements"] += logical
+            st["padded_elements"] += padded
+
+    def _entry(self, key) -> _Entry:
         with self._lock:
             e = self._cache.get(key)
             if e is not None:
                 self._cache.move_to_end(key)
                 self._stats["cache_hits"] += 1
-                return e, False
+                return e
             e = _Entry()
             self._cache[key] = e
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
                 self._stats["evictions"] += 1
-            return e, True
+            return e
 
-    def _entry_counted(self, info):
-        """``_entry`` plus the per-call stats, under one lock acquisition."""
+    def _entry_counted(self, key, logical: int, padded: int) -> _Entry:
+        """``_count`` plus ``_entry``, under one lock acquisition on a cache hit."""
         with self._lock:
             st = self._stats
             st["calls"] += 1
-            st["logical_elements"] += info.logical
-            st["padded_elements"] += info.padded
-            e = self._cache.get(info.key)
+            st["logical_elements"] += logical
+            st["padded_elements"] += padded
+            e = self._cache.get(key)
             if e is not None:
-                self._cache.move_to_end(info.key)
+                self._cache.move_to_end(key)
                 st["cache_hits"] += 1
                 return e
-        return self._entry(info.key)[0]
+        return self._entry(key)
 
-    def _call_entry(self, entry, make_fn, flat_args):
-        """Run ``entry`` (tracing and compiling it on first use, once, under its lock)."""
+    def _call_entry(self, entry: _Entry, make_fn, flat_args):
+        """Run ``entry`` (tracing and compiling it on first use, once, under its lock).
+
+        ``make_fn(entry)`` builds the function to ``jax.jit``.
+        """
         fn = entry.fn
         if fn is not None:
             return fn(*flat_args)
         with entry.lock:
             if entry.fn is None:
                 t0 = time.perf_counter()
-                fn = jax.jit(make_fn(entry.box))
+                fn = jax.jit(make_fn(entry))
                 out = fn(*flat_args)
                 jax.block_until_ready(out)
                 entry.compile_s = time.perf_counter() - t0
@@ -349,49 +230,23 @@ class _Runner:
             self._plans.clear()
 
 
-def _slice(a, shape):
-    return a[tuple(slice(0, int(n)) for n in shape)]
-
-
-def _out_shapes(box, sizes_np, fast_key):
-    """Exact output shapes: static, host-evaluated from the input shapes, or from the device."""
-    env = None
-    shapes = []
-    for axes in box["out_axes"]:
-        shape = []
-        for ax in axes:
-            if ax[0] == "s":
-                shape.append(ax[1])
-            elif ax[0] == "d":
-                shape.append(int(sizes_np[ax[1]]))
-            else:
-                if env is None:
-                    env = {}
-                    for (shp, _), specs in zip(fast_key[1], box["in_axes"]):
-                        for a in specs:
-                            if a.var is not None:
-                                env[a.var] = (int(shp[a.axis]) - a.offset) // a.coeff
-                shape.append(max(0, int(compat.evaluate_dim(ax[1], env))))
-        shapes.append(tuple(shape))
-    return shapes
-
-
+@dataclasses.dataclass(eq=False)
 class _CallInfo:
-    """Everything a call needs for one (tree, exact shapes): the host fast path."""
+    """Everything a ``PolyJit`` call needs for one (tree, exact shapes): the fast path.
 
-    __slots__ = ("static_idx", "dyn_idx", "bounds", "sizes", "logical", "padded", "key",
-                 "out_shapes", "out_entry")
+    ``out_shapes`` caches the exact output shapes of ``out_entry`` when none
+    comes from the device.
+    """
 
-    def __init__(self, static_idx, dyn_idx, bounds, sizes, logical, padded, key):
-        self.static_idx = static_idx
-        self.dyn_idx = dyn_idx
-        self.bounds = bounds
-        self.sizes = sizes
-        self.logical = logical
-        self.padded = padded
-        self.key = key
-        self.out_shapes = None
-        self.out_entry = None
+    plan: CallPlan
+    static_idx: tuple[int, ...]
+    dyn_idx: tuple[int, ...]
+    bounds: tuple[tuple[int, ...], ...]
+    sizes: Any  # the logical-size vector, on the device
+    key: tuple
+    in_shapes: list[tuple[int, ...]]
+    out_shapes: list | None = None
+    out_entry: _Entry | None = None
 
 
 class PolyJit(_Runner):
@@ -408,25 +263,13 @@ class PolyJit(_Runner):
         self._infos: dict = {}
         functools.update_wrapper(self, fun)
 
-    def _info(self, args, leaves, tree, fast_key):
+    def _info(self, args, tree, fast_key) -> _CallInfo:
         plan, _, _ = self._plan(args)
-        bvals = self._buckets(plan)
-        static_idx, dyn_idx, bounds, sig = [], [], [], []
-        logical = padded = 0
-        for i, (x, p) in enumerate(zip(leaves, plan.leaves)):
-            if p.static:
-                static_idx.append(i)
-                sig.append(("S", p.shape, _dtype_key(x)))
-                continue
-            bound = self._padded_shape(p, bvals)
-            dyn_idx.append(i)
-            bounds.append(bound)
-            sig.append(("D", bound, _dtype_key(x)))
-            logical += math.prod(p.shape)
-            padded += math.prod(bound)
-        info = _CallInfo(tuple(static_idx), tuple(dyn_idx), tuple(bounds),
-                         jax.device_put(np.asarray(plan.var_values, np.int32)), logical, padded,
-                         (tree, tuple(sig)))
+        dyn_idx = tuple(i for i, p in enumerate(plan.leaves) if not p.static)
+        info = _CallInfo(plan, tuple(i for i, p in enumerate(plan.leaves) if p.static), dyn_idx,
+                         tuple(plan.leaves[i].padded for i in dyn_idx),
+                         jax.device_put(np.asarray(plan.values, np.int32)),
+                         (tree, plan.signature), [p.shape for p in plan.leaves])
         with self._lock:
             if len(self._infos) > 4096:
                 self._infos.clear()
@@ -438,27 +281,22 @@ class PolyJit(_Runner):
         fast_key = (tree, tuple(map(_leaf_key, leaves)))
         info = self._infos.get(fast_key)
         if info is None:
-            info = self._info(args, leaves, tree, fast_key)
+            info = self._info(args, tree, fast_key)
         flat = [leaves[i] for i in info.static_idx]
         flat += [_pad_host(leaves[i], b) for i, b in zip(info.dyn_idx, info.bounds)]
         flat.append(info.sizes)
-        entry = self._entry_counted(info)
-        if entry.fn is None:
-            plan, _, _ = self._plan(args)
-            make = lambda box: _build_inner(self.fun, 0, tree, plan.leaves, self.in_specs,
-                                            self.constraints, box, host_sizes=True)
-        else:
-            make = None
+        entry = self._entry_counted(info.key, info.plan.logical, info.plan.padded)
+        make = None if entry.fn is not None else functools.partial(self._make, tree, info.plan)
         out = self._call_entry(entry, make, flat)
-        box = entry.box
-        if box["has_sizes"]:
+        outputs = entry.outputs
+        if outputs.device_axes:
             datas, out_sizes = out
-            shapes = _out_shapes(box, np.asarray(out_sizes), fast_key)
+            shapes = outputs.shapes(info.in_shapes, np.asarray(out_sizes))
         else:
             datas = out
             shapes = info.out_shapes
             if shapes is None or info.out_entry is not entry:
-                shapes = info.out_shapes = _out_shapes(box, (), fast_key)
+                shapes = info.out_shapes = outputs.shapes(info.in_shapes)
                 info.out_entry = entry
         outs = []
         for d, shape in zip(datas, shapes):
@@ -468,7 +306,10 @@ class PolyJit(_Runner):
                 outs.append(_slice(np.asarray(d), shape))
             else:
                 outs.append(self._unpad_device(d, shape))
-        return jax.tree_util.tree_unflatten(box["out_tree"], outs)
+        return jax.tree_util.tree_unflatten(outputs.tree, outs)
+
+    def _make(self, tree, plan, entry):
+        return _build_inner(self.fun, entry, tree, plan, self.in_specs, self.constraints)
 
     def _unpad_device(self, d, shape):
         """Exact ``jax.Array`` of a padded output.
@@ -526,179 +367,3 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     """
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
                    cache_size=cache_size, numpy_outputs=numpy_outputs, slice_after=slice_after)
-
-
-# ----------------------------------------------------------------------------
-# ragged_map
-# ----------------------------------------------------------------------------
-class RaggedMap(_Runner):
-    """The callable returned by ``polymask.ragged_map`` (see there)."""
-
-    def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
-                 constraints=(), cache_size=64, progress=False, numpy_outputs=False):
-        super().__init__(fun, in_specs, buckets, constraints, cache_size)
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
-        self.batch_size = int(batch_size)
-        if batch_buckets is None:
-            batch_buckets = pow2(minimum=max(1, self.batch_size // 4))
-        self._batch_policy = as_policy(batch_buckets)
-        self.progress = progress
-        self.numpy_outputs = numpy_outputs
-        functools.update_wrapper(self, fun)
-
-    def _auto_specs(self, arg_lists):
-        """in_specs=None: the axes whose sizes differ across examples are dynamic."""
-        trees = {jax.tree_util.tree_structure(a) for a in arg_lists}
-        if len(trees) != 1:
-            raise ShapeError("ragged_map: examples have different pytree structures "
-                             f"({len(trees)} kinds)")
-        per_ex = [jax.tree_util.tree_leaves(a) for a in arg_lists]
-        n_leaves = len(per_ex[0])
-        leaf_specs = []
-        for li in range(n_leaves):
-            shapes = [np.shape(ex[li]) for ex in per_ex]
-            if len({len(sh) for sh in shapes}) != 1:
-                raise ShapeError(f"ragged_map: leaf {li} of the examples has different ranks")
-            first = shapes[0]
-            varying = [any(sh[k] != first[k] for sh in shapes) for k in range(len(first))]
-            if not any(varying):
-                leaf_specs.append(None)
-                continue
-            leaf_specs.append(", ".join(f"l{li}_{k}" if v else str(first[k])
-                                        for k, v in enumerate(varying)))
-        specs, it = [], iter(leaf_specs)
-        for a in arg_lists[0]:
-            sub = jax.tree_util.tree_structure(a)
-            vals = [next(it) for _ in range(sub.num_leaves)]
-            specs.append(vals[0] if sub.num_leaves == 1 and sub == jax.tree_util.tree_structure(
-                0) else jax.tree_util.tree_unflatten(sub, vals))
-        return tuple(specs)
-
-    def __call__(self, examples: Sequence[Any], *broadcast, progress=None):
-        """Map over ``examples``; ``broadcast`` arguments are passed unbatched first."""
-        examples = list(examples)
-        if not examples:
-            return []
-        arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
-        if self.in_specs is None:
-            in_specs = self._auto_specs(arg_lists)
-        else:
-            in_specs = self.in_specs
-        spec_key = repr(in_specs)
-        bcast_leaves, bcast_tree = jax.tree_util.tree_flatten(tuple(broadcast))
-        bcast_key = (bcast_tree, tuple((np.shape(x), _dtype_key(x)) for x in bcast_leaves))
-        groups: dict = collections.defaultdict(list)
-        infos = []
-        for i, args in enumerate(arg_lists):
-            plan, leaves, tree = self._plan(args, in_specs, spec_key)
-            bvals = self._buckets(plan)
-            sig = []
-            for x, p in zip(leaves, plan.leaves):
-                if p.static:
-                    sig.append(("S", p.shape, _dtype_key(x)))
-                else:
-                    sig.append(("D", self._padded_shape(p, bvals), _dtype_key(x)))
-            groups[(tree, tuple(sig))].append(i)
-            infos.append((plan, leaves))
-        results: list[Any] = [None] * len(examples)
-        show = self.progress if progress is None else progress
-        bar = None
-        if show:
-            try:
-                from tqdm.auto import tqdm
-                bar = tqdm(total=len(examples), desc="polymask", unit="ex")
-            except ImportError:  # pragma: no cover - tqdm is optional
-                bar = None
-        try:
-            for (tree, sig), idxs in groups.items():
-                for start in range(0, len(idxs), self.batch_size):
-                    chunk = idxs[start:start + self.batch_size]
-                    self._run_batch(tree, sig, chunk, infos, results, broadcast,
-                                    bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key)
-                    if bar is not None:
-                        bar.update(len(chunk))
-        finally:
-            if bar is not None:
-                bar.close()
-        return results
-
-    def _run_batch(self, tree, sig, chunk, infos, results, broadcast, bcast_leaves, bcast_tree,
-                   bcast_key, in_specs, spec_key):
-        B = min(self.batch_size, max(len(chunk), self._batch_policy(len(chunk))))
-        rows = chunk + [chunk[0]] * (B - len(chunk))
-        plan0, leaves0 = infos[chunk[0]]
-        static_leaves = [x for x, p in zip(leaves0, plan0.leaves) if p.static]
-        dyn = []
-        logical = padded = 0
-        for li, p in enumerate(plan0.leaves):
-            if p.static:
-                continue
-            bound = sig[li][1]
-            buf = np.zeros((B,) + bound, dtype=sig[li][2])
-            for r, ex in enumerate(rows):
-                x = np.asarray(infos[ex][1][li])
-                buf[(r,) + tuple(slice(0, n) for n in x.shape)] = x
-                if r < len(chunk):
-                    logical += x.size
-            padded += math.prod(bound) * len(chunk)
-            dyn.append(buf)
-        sizes = np.asarray([infos[ex][0].var_values for ex in rows], np.int32).reshape(B, -1)
-        entry, _ = self._entry((tree, sig, B, bcast_key, spec_key))
-        with self._lock:
-            st = self._stats
-            st["calls"] += 1
-            st["logical_elements"] += logical
-            st["padded_elements"] += padded
-        nb, ns, nd = len(bcast_leaves), len(static_leaves), len(dyn)
-
-        def make(box):
-            inner = _build_inner(self.fun, len(broadcast), tree, plan0.leaves, in_specs,
-                                 self.constraints, box, bcast_tree, nb)
-            return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
-
-        out = self._call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
-        box = entry.box
-        if box["has_sizes"]:
-            datas, out_sizes = out
-            out_sizes = np.asarray(out_sizes)
-        else:
-            datas, out_sizes = out, None
-        datas = [np.asarray(d) for d in datas]
-        for r, ex in enumerate(chunk):
-            outs = []
-            for d, axes in zip(datas, box["out_axes"]):
-                shape = tuple(ax[1] if ax[0] == "s" else int(out_sizes[r, ax[1]])
-                              for ax in axes)
-                a = _slice(d[r], shape)
-                outs.append(np.array(a) if self.numpy_outputs else jnp.asarray(a))
-            results[ex] = jax.tree_util.tree_unflatten(box["out_tree"], outs)
-
-
-def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 32,
-               batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
-               progress: bool = False, numpy_outputs: bool = False) -> RaggedMap:
-    """Map ``fun`` over a list of examples of different sizes, in ragged batches.
-
-    ``ragged_map(fun, ...)(examples, *broadcast)`` returns
-    ``[fun(*broadcast, *ex) for ex in examples]`` (an example that is not a tuple
-    is one argument), computed as ``jit(vmap(mask(fun)))`` over batches of
-    examples that share a bucket signature.
-
-    Args:
-      fun: a function written for exact arrays.
-      in_specs: specs of the example arguments (as for ``polymask.jit``);
-        broadcast arguments are always static (e.g. model parameters).
-      buckets: bucketing policy for the dim vars (default ``pow2()``).
-      batch_size: most examples per batch.
-      batch_buckets: policy for the batch size of a partial batch (default:
-        powers of two from ``batch_size // 4``; rows are filled with copies).
-      progress: show a tqdm progress bar.
-      numpy_outputs: return NumPy arrays instead of ``jax.Array``.
-
-    Returns:
-      A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
-    """
-    return RaggedMap(fun, in_specs, buckets=buckets, batch_size=batch_size,
-                     batch_buckets=batch_buckets, constraints=constraints,
-                     cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs)

@@ -80,13 +80,8 @@ class DimEnv:
         hit = self.logical_cache.get(d)
         if hit is not None:
             return hit
-        names = compat.dim_vars(d)
-        env = {v: self.logical_values[v] for v in names}
-        if all(is_static(x) for x in env.values()):
-            val = max(int(compat.evaluate_dim(d, {k: int(x) for k, x in env.items()})), 0)
-        else:
-            env = {k: jnp.asarray(x, jnp.int32) for k, x in env.items()}
-            val = jnp.maximum(jnp.asarray(compat.evaluate_dim(d, env), jnp.int32), 0)
+        raw = self.logical_raw(d)
+        val = max(raw, 0) if is_static(raw) else jnp.maximum(raw, 0)
         self.logical_cache[d] = val
         return val
 

@@ -14,7 +14,6 @@ data-dependent ops create their fresh dim vars in it.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
+from . import _jax_hooks as jax_hooks
 from .diagnostics import is_library_frame, translate_trace_error
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
@@ -36,11 +36,6 @@ __all__ = ["MaskedProgram", "trace", "current_scope", "is_masked", "flatten_args
            "dtype_of"]
 
 _TRACE_STATE = threading.local()
-
-# polymask's ops bind their primitives while the user's function is traced:
-# their equations should report the user's line, not ops.py's.
-_OPS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ops")
-_OPS_FILES = tuple(os.path.join(_OPS_DIR, f) for f in ("selection.py", "sized.py", "_common.py"))
 
 
 def is_masked(x) -> bool:
@@ -255,7 +250,7 @@ def split_of(e: BaseException):
     An error raised while JAX handled a ``SplitNeeded`` (its ``__context__``)
     is the plain function's own error for the outcome JAX fell back on.
     """
-    return e if isinstance(e, compat.SplitNeeded) else None
+    return e if isinstance(e, jax_hooks.SplitNeeded) else None
 
 
 def trace(fun: Callable, args: Sequence[Any], in_specs=None,
@@ -268,7 +263,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     ``leaves`` are the flat input leaves.
 
     Raises:
-      compat.SplitNeeded: a size comparison JAX cannot decide (``cases.py``
+      jax_hooks.SplitNeeded: a size comparison JAX cannot decide (``cases.py``
         traces each outcome).
       ShapeError: a bad spec or constraint, or a size question JAX cannot
         answer while tracing (translated by ``diagnostics``).
@@ -312,9 +307,9 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
         out_trees.append(out_tree)
         return [_leaf_data(o) for o in out_flat]
 
-    hooks = compat.trace_hooks(_OPS_FILES, lambda f: not is_library_frame(f),
-                               split_vars={v: (1 if internal_off.get(v) else 0, b)
-                                           for v, b in dim_bounds.items()})
+    hooks = jax_hooks.trace_hooks(lambda f: not is_library_frame(f),
+                                  split_vars={v: (1 if internal_off.get(v) else 0, b)
+                                              for v, b in dim_bounds.items()})
     try:
         with _scope_active(scope), hooks:
             closed = jax.make_jaxpr(flat_fun)(*avals)

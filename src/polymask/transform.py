@@ -75,6 +75,13 @@ class MaskedFunction:
                 self._cache.setdefault(key, tree)
         return tree, leaves
 
+    @property
+    def programs(self) -> tuple[MaskedProgram, ...]:
+        """The masked programs traced so far: one per padded signature (with case
+        splits, the signature's first live case; ``cases`` gives them all)."""
+        with self._lock:
+            return tuple(t.base for t in self._cache.values())
+
     def program(self, *args) -> tuple[MaskedProgram, list]:
         """The masked program for the padded signature of ``args`` (traced once per signature).
 

@@ -92,7 +92,7 @@ class SentenceEncoder:
 
     def runner(self, buckets=None, batch_size=32):
         """The cached ``polymask.ragged_map`` used by ``embed``."""
-        from ..runner import ragged_map
+        from ..ragged import ragged_map
 
         key = (repr(buckets), batch_size)
         with self._lock:

@@ -1,6 +1,6 @@
 """Calls and control flow: recurse into inner jaxprs with the same dim env.
 
-``jit``/``pjit``, ``closed_call``, ``remat`` and custom-derivative calls are
+``jit``, ``closed_call``, ``remat`` and custom-derivative calls are
 evaluated inline by the masking interpreter. ``scan``, ``while`` and ``cond``
 live in this module too (see the control-flow issue).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from .registry import register
 
 
-@register("pjit", "jit")
-def pjit_rule(ctx, *args, jaxpr, **params):
+@register("jit")
+def jit_rule(ctx, *args, jaxpr, **params):
     # Remember where the inner jaxpr's inputs come from (``size_expr_of``
     # follows a loop bound computed from sizes across the call).
     outer = ctx.state.jaxpr_stack[-1] if ctx.state.jaxpr_stack else None
@@ -20,12 +20,12 @@ def pjit_rule(ctx, *args, jaxpr, **params):
     return ctx.eval_jaxpr(jaxpr, *args)
 
 
-@register("closed_call", "core_call")
+@register("closed_call")
 def closed_call_rule(ctx, *args, call_jaxpr, **params):
     return ctx.eval_jaxpr(call_jaxpr, *args)
 
 
-@register("remat2", "checkpoint")
+@register("remat2")
 def remat_rule(ctx, *args, jaxpr, prevent_cse, differentiated, policy):
     import jax
 

@@ -59,7 +59,7 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
     return masked_call(sizes, consts, xs)
 
 
-@register("custom_vjp_call", "custom_vjp_call_jaxpr")
+@register("custom_vjp_call")
 def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, out_trees,
                     symbolic_zeros):
     interp, dims = ctx.interpreter, ctx.dims

@@ -28,7 +28,6 @@ import math
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.interpreters import ad, batching
 
 from .. import _jax_compat as compat
 from .registry import register
@@ -334,9 +333,9 @@ def _zero_jvp(prim):
     def jvp(primals, tangents, **params):
         out = prim.bind(*primals, **params)
         outs = out if prim.multiple_results else [out]
-        zeros = [ad.Zero.from_primal_value(o) for o in outs]
+        zeros = [compat.symbolic_zero_like(o) for o in outs]
         return out, (zeros if prim.multiple_results else zeros[0])
-    ad.primitive_jvps[prim] = jvp
+    compat.def_jvp(prim, jvp)
 
 
 for _p in (nonzero_p, unique_p, arange_p):
@@ -357,21 +356,21 @@ def _boolean_mask_jvp(primals, tangents, **params):
     x, m = primals
     tx, _ = tangents
     out = boolean_mask_p.bind(x, m, **params)
-    if type(tx) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
+    if compat.is_symbolic_zero(tx):
+        return out, compat.symbolic_zero_like(out)
     return out, boolean_mask_p.bind(tx, m, **params)
 
 
 def _boolean_mask_transpose(ct, x, m, *, axis, out_dim, check_extra):
-    if type(ct) is ad.Zero:
+    if compat.is_symbolic_zero(ct):
         return [None, None]
     return [boolean_unmask_p.bind(ct, m, axis=axis, x_shape=tuple(x.aval.shape)), None]
 
 
-ad.primitive_jvps[boolean_mask_p] = _boolean_mask_jvp
-ad.primitive_transposes[boolean_mask_p] = _boolean_mask_transpose
-ad.deflinear2(boolean_unmask_p, lambda ct, _ct, m, *, axis, x_shape: [
-    None if type(ct) is ad.Zero else
+compat.def_jvp(boolean_mask_p, _boolean_mask_jvp)
+compat.def_transpose(boolean_mask_p, _boolean_mask_transpose)
+compat.def_linear(boolean_unmask_p, lambda ct, _ct, m, *, axis, x_shape: [
+    None if compat.is_symbolic_zero(ct) else
     boolean_mask_p.bind(ct, m, axis=axis, out_dim=_ct.aval.shape[axis], check_extra=False),
     None])
 
@@ -406,21 +405,21 @@ def _dynamic_unslice_abstract(ct, *starts, x_shape):
 def _dynamic_slice_jvp(primals, tangents, **params):
     x, *rest = primals
     out = dynamic_slice_p.bind(x, *rest, **params)
-    if type(tangents[0]) is ad.Zero:
-        return out, ad.Zero.from_primal_value(out)
+    if compat.is_symbolic_zero(tangents[0]):
+        return out, compat.symbolic_zero_like(out)
     return out, dynamic_slice_p.bind(tangents[0], *rest, **params)
 
 
 def _dynamic_slice_transpose(ct, x, *starts_and_sizes, out_shape, fresh):
-    if type(ct) is ad.Zero:
+    if compat.is_symbolic_zero(ct):
         return [None] * (1 + len(starts_and_sizes))
     k = len(starts_and_sizes) // 2
     out = dynamic_unslice_p.bind(ct, *starts_and_sizes[:k], x_shape=tuple(x.aval.shape))
     return [out] + [None] * len(starts_and_sizes)
 
 
-ad.primitive_jvps[dynamic_slice_p] = _dynamic_slice_jvp
-ad.primitive_transposes[dynamic_slice_p] = _dynamic_slice_transpose
+compat.def_jvp(dynamic_slice_p, _dynamic_slice_jvp)
+compat.def_transpose(dynamic_slice_p, _dynamic_slice_transpose)
 
 
 @register("polymask_dynamic_unslice")
@@ -460,7 +459,7 @@ def _per_example_size_error(what):
 
 
 def _not_batched(bd) -> bool:
-    return bd is None  # batching.not_mapped
+    return bd is None  # jax.interpreters.batching.not_mapped
 
 
 def _boolean_mask_batch(args, dims, *, axis, out_dim, check_extra):
@@ -491,8 +490,8 @@ def _refuse_batch(what):
     return rule
 
 
-batching.primitive_batchers[boolean_mask_p] = _boolean_mask_batch
-batching.primitive_batchers[dynamic_slice_p] = _dynamic_slice_batch
-batching.primitive_batchers[nonzero_p] = _refuse_batch("nonzero / where / argwhere")
-batching.primitive_batchers[unique_p] = _refuse_batch("unique")
-batching.primitive_batchers[arange_p] = _refuse_batch("arange (with a batched length)")
+compat.def_batching(boolean_mask_p, _boolean_mask_batch)
+compat.def_batching(dynamic_slice_p, _dynamic_slice_batch)
+compat.def_batching(nonzero_p, _refuse_batch("nonzero / where / argwhere"))
+compat.def_batching(unique_p, _refuse_batch("unique"))
+compat.def_batching(arange_p, _refuse_batch("arange (with a batched length)"))

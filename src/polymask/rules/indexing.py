@@ -29,10 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import _jax_compat as compat
 from ..shapes import is_static, needs_mask, upper_bound_int
 from .registry import register
-from .util import clean, identity_of, is_inexact, masked_axes, valid_mask
+from .util import clean_float, identity_of, same_dim, valid_mask
 
 _MODE = lax.GatherScatterMode
 
@@ -103,14 +102,6 @@ def default_fill(dtype):
     return np.iinfo(dtype).max
 
 
-def _clean_out(ctx, out, k=0):
-    """Select float padding of output ``k`` to 0 (NaN-safe transpose)."""
-    if not is_inexact(out.dtype):
-        return out
-    axes = masked_axes(ctx.out_logical[k], ctx.out_bounds[k])
-    return clean(out, ctx.out_logical[k], axes) if axes else out
-
-
 # ----------------------------------------------------------------------------
 # gather
 # ----------------------------------------------------------------------------
@@ -160,7 +151,7 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
         m = lax.broadcast_in_dim(in_bounds, out_shape, tuple(batch_pos))
         fv = default_fill(out.dtype) if fill_value is None else fill_value
         out = lax.select(m, out, lax.full_like(out, fv))
-    return _clean_out(ctx, out)
+    return clean_float(out, ctx.out_logical[0])
 
 
 # ----------------------------------------------------------------------------
@@ -212,7 +203,7 @@ def scatter_rule(ctx, operand, indices, updates, *, dimension_numbers, indices_a
         ax = win_axis[d]
         if ax is None or not needs_mask(upd_l[ax], upd_b[ax]):
             continue
-        if d not in dn.scatter_dims_to_operand_dims and _same_dim(win_sym[d], op_sym[d]) \
+        if d not in dn.scatter_dims_to_operand_dims and same_dim(win_sym[d], op_sym[d]) \
                 and win_pad[d] == op_b[d]:
             continue  # the window padding lands on the operand's padding
         bad_win.append(ax)
@@ -279,13 +270,6 @@ def scatter_rule(ctx, operand, indices, updates, *, dimension_numbers, indices_a
     return _cut(out, op_b)
 
 
-def _same_dim(a, b) -> bool:
-    try:
-        return bool(a == b)
-    except compat.InconclusiveDimensionOperation:
-        return False
-
-
 def _oob_index(dtype, size: int):
     """An index past the end of an axis of ``size`` (XLA drops such updates)."""
     info = np.iinfo(np.dtype(dtype))
@@ -319,7 +303,7 @@ def dynamic_slice_rule(ctx, operand, *args, slice_sizes):
     ext = [max(0, _sub_ub(op_sym[d], slice_sizes[d]) + ss_pad[d] - op_b[d]) for d in range(nd)]
     starts = _clamped_starts(starts, op_l, ss_log)
     out = lax.dynamic_slice(_extend(operand, ext), starts, ss_pad)
-    return _clean_out(ctx, out)
+    return clean_float(out, ctx.out_logical[0])
 
 
 @register("dynamic_update_slice")

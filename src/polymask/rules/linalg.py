@@ -57,7 +57,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .registry import register
-from .util import clean, masked_axes, valid_mask
+from .util import clean, clean_float, masked_axes, valid_mask
 
 
 # ----------------------------------------------------------------------------
@@ -90,12 +90,6 @@ def _embed(x, logical, diag=None):
         x.dtype)
     fill = lax.select(on_diag, jnp.broadcast_to(one, x.shape), jnp.zeros_like(x))
     return lax.select(valid, x, fill)
-
-
-def _clean_float(x, logical):
-    if not jnp.issubdtype(x.dtype, jnp.inexact):
-        return x
-    return clean(x, logical)
 
 
 def _fill_index(x, logical):
@@ -286,7 +280,7 @@ def svd_rule(ctx, x, *, compute_uv, subset_by_index, **params):
         return ctx.bind(x)
     if not _matrix_masked(lg, bd):
         outs = ctx.bind(_embed(x, lg))
-        return [_clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
+        return [clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
     if subset_by_index is not None:
         raise ctx.unsupported("svd with subset_by_index on a dynamic matrix axis: the "
                               "index range refers to the logical spectrum")
@@ -367,8 +361,8 @@ def _batch_only_rule(name):
             ins.append(a)
         outs = ctx.bind(*ins)
         if not ctx.primitive.multiple_results:
-            return _clean_float(outs, ctx.out_logical[0])
-        return [_clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
+            return clean_float(outs, ctx.out_logical[0])
+        return [clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
 
     rule.__name__ = f"{name}_batch_rule"
     return rule
@@ -444,7 +438,7 @@ def fft_rule(ctx, x, *, fft_type, fft_lengths):
     axes = list(range(nd - k, nd))
     dyn = {a for a in axes if masked_axes(lin, bin_, [a]) or masked_axes(lout, bout, [a])}
     if not dyn:
-        return _clean_float(ctx.bind(x), lout)
+        return clean_float(ctx.bind(x), lout)
     if max(max(bin_[a], bout[a]) for a in dyn) > _MAX_DYNAMIC_FFT:
         raise ctx.unsupported(
             f"fft along a dynamic axis with a bound above {_MAX_DYNAMIC_FFT}: the int32 "

@@ -7,29 +7,17 @@ dtype's min/max, never +-inf for ints) before the physical reduction.
 
 from __future__ import annotations
 
+from .families import defreducer
 from .registry import register
-from .util import fill_padding, identity_of
+from .util import fill_padding
 
-_KIND = {
-    "reduce_sum": "sum", "reduce_prod": "prod", "reduce_max": "max", "reduce_min": "min",
-    "reduce_and": "and", "reduce_or": "or", "reduce_xor": "xor",
-}
-
-
-@register(*_KIND)
-def monoid_reduction_rule(ctx, x, *, axes, **params):
-    kind = _KIND[ctx.primitive.name]
-    if not (kind in ("sum", "or", "xor") and ctx.has_zero_padding(x)):  # 0 is the identity
-        x = fill_padding(x, ctx.in_logical[0], identity_of(x.dtype, kind), axes)
-    return ctx.bind(x)
-
-
-@register("argmax", "argmin")
-def arg_reduction_rule(ctx, x, *, axes, index_dtype):
-    """Padding gets the worst value so the first logical extremum wins."""
-    kind = "max" if ctx.primitive.name == "argmax" else "min"
-    x = fill_padding(x, ctx.in_logical[0], identity_of(x.dtype, kind), axes)
-    return ctx.bind(x)
+defreducer("reduce_sum", kind="sum")
+defreducer("reduce_prod", kind="prod")
+defreducer("reduce_max", "argmax", kind="max")
+defreducer("reduce_min", "argmin", kind="min")
+defreducer("reduce_and", kind="and")
+defreducer("reduce_or", kind="or")
+defreducer("reduce_xor", kind="xor")
 
 
 @register("reduce")

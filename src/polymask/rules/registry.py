@@ -27,19 +27,35 @@ _RULES: dict[str, Callable] = {}
 COVERAGE_DOC = "docs/coverage.md"
 
 
-def register(*names: str):
-    """Decorator: register a masking rule for the primitives named."""
+def register(*names: str, override: bool = False):
+    """Decorator: register a masking rule for the primitives named.
+
+    Like JAX's own rule tables, a second rule for the same primitive is an
+    error (``ValueError``) unless ``override=True``: two modules silently
+    fighting over a primitive would make the winner depend on import order.
+    """
 
     def deco(fn):
         for n in names:
-            _RULES[n] = fn
+            register_rule(n, fn, override=override)
         return fn
 
     return deco
 
 
-def register_rule(name: str, fn: Callable) -> None:
+def register_rule(name: str, fn: Callable, *, override: bool = False) -> None:
+    """Register ``fn`` as the masking rule of primitive ``name`` (see ``register``)."""
+    old = _RULES.get(name)
+    if old is not None and not override:
+        raise ValueError(
+            f"a masking rule for primitive '{name}' is already registered "
+            f"({_describe(old)}); cannot also register {_describe(fn)} "
+            f"(pass override=True to replace it)")
     _RULES[name] = fn
+
+
+def _describe(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def get_rule(name: str) -> Callable | None:
@@ -48,6 +64,13 @@ def get_rule(name: str) -> Callable | None:
 
 def registered_primitives() -> list[str]:
     return sorted(_RULES)
+
+
+def has_inner_jaxpr(params) -> bool:
+    """True when an equation's params hold an inner jaxpr (calls, loops, branches)."""
+    return any(isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr))
+               for v in params.values()
+               for x in (v if isinstance(v, (tuple, list)) else (v,)))
 
 
 def substitute_dims(obj, fn):

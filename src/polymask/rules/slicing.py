@@ -31,19 +31,12 @@ from jax import lax
 from .. import _jax_compat as compat
 from ..shapes import is_static, lower_bound_int, needs_mask, upper_bound_int
 from .registry import register
-from .util import clean, is_inexact, masked_axes, valid_mask
+from .util import clean_float, masked_axes, same_dim, valid_mask
 
 # ----------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------
 _ub, _lb = upper_bound_int, lower_bound_int
-
-
-def _same_dim(a, b) -> bool:
-    try:
-        return bool(a == b)
-    except compat.InconclusiveDimensionOperation:
-        return False
 
 
 def _add(a, b):
@@ -72,13 +65,6 @@ def _window(x, starts, spans, start_ubs):
                              tuple(int(p) for p in spans))
 
 
-def _clean_axes(ctx, out, axes, k=0):
-    if not is_inexact(out.dtype):
-        return out
-    axes = masked_axes(ctx.out_logical[k], ctx.out_bounds[k], axes)
-    return clean(out, ctx.out_logical[k], axes) if axes else out
-
-
 # ----------------------------------------------------------------------------
 # slice
 # ----------------------------------------------------------------------------
@@ -97,8 +83,8 @@ def slice_rule(ctx, x, *, start_indices, limit_indices, strides):
     assert tuple(y.shape) == tuple(out_b), (y.shape, out_b)
     # Output padding reads logical input positions unless the slice runs to
     # the end of the (logical) axis.
-    leak = [d for d in range(x.ndim) if not _same_dim(limit_indices[d], in_sym[d])]
-    return _clean_axes(ctx, y, leak)
+    leak = [d for d in range(x.ndim) if not same_dim(limit_indices[d], in_sym[d])]
+    return clean_float(y, ctx.out_logical[0], leak)
 
 
 # ----------------------------------------------------------------------------
@@ -171,7 +157,7 @@ def split_rule(ctx, x, *, sizes, axis):
         spans = list(ctx.out_bounds[k])
         y = _window(x, starts, spans, ubs)
         if k < len(sizes) - 1:
-            y = _clean_axes(ctx, y, [axis], k)
+            y = clean_float(y, ctx.out_logical[k], [axis])
         outs.append(y)
         off = _add(off, s_l)
         off_sym = off_sym + s_sym
@@ -203,7 +189,7 @@ def tile_rule(ctx, x, *, reps):
             y = jnp.take(y, idx, axis=d, mode="clip")
         else:
             y = lax.concatenate([y] * r, d)
-    return _clean_axes(ctx, y, axes)
+    return clean_float(y, ctx.out_logical[0], axes)
 
 
 # ----------------------------------------------------------------------------
@@ -270,4 +256,4 @@ def pad_rule(ctx, x, padding_value, *, padding_config):
         y = lax.dynamic_slice(x, [jnp.asarray(s, jnp.int32) for s in starts], tuple(spans))
     # Output padding may hold cropped logical elements or padding values:
     # select it away for NaN-safe cotangents (incl. w.r.t. the padding value).
-    return _clean_axes(ctx, y, None)
+    return clean_float(y, ctx.out_logical[0])

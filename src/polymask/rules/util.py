@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax_compat as compat
 from ..shapes import needs_mask
 
 
@@ -39,11 +40,6 @@ def valid_mask(logical: Sequence, padded: Sequence[int], axes=None):
     return ok
 
 
-def axis_valid(size, padded: int):
-    """Boolean vector of length ``padded``: ``arange(padded) < size``."""
-    return lax.iota(jnp.int32, int(padded)) < jnp.asarray(size, jnp.int32)
-
-
 def fill_padding(x, logical: Sequence, fill, axes=None):
     """``where(valid, x, fill)`` over ``axes``; ``x`` unchanged when nothing is padded."""
     m = valid_mask(logical, x.shape, axes)
@@ -55,6 +51,19 @@ def fill_padding(x, logical: Sequence, fill, axes=None):
 def clean(x, logical: Sequence, axes=None):
     """Zero the padding (``select``, NaN-safe) on ``axes``."""
     return fill_padding(x, logical, 0, axes)
+
+
+def clean_float(x, logical: Sequence, axes=None):
+    """Zero the padding of a float result on ``axes`` (default all); ints unchanged.
+
+    Rules call this on results whose padding may hold values read from
+    logical positions: the transpose would route those positions' padding
+    cotangents (possibly NaN) into the logical gradient. Integer results
+    have no cotangents, so they skip the ``select``.
+    """
+    if not is_inexact(x.dtype):
+        return x
+    return clean(x, logical, axes)
 
 
 def identity_of(dtype, kind: str):
@@ -81,3 +90,11 @@ def identity_of(dtype, kind: str):
 
 def is_inexact(dtype) -> bool:
     return bool(jnp.issubdtype(dtype, jnp.inexact))
+
+
+def same_dim(a, b) -> bool:
+    """True when two (symbolic) sizes are provably equal; False when unknown."""
+    try:
+        return bool(a == b)
+    except compat.InconclusiveDimensionOperation:
+        return False

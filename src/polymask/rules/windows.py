@@ -40,7 +40,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from ..shapes import is_static, needs_mask
 from .registry import register
-from .util import clean, fill_padding, identity_of, is_inexact, masked_axes
+from .util import clean, clean_float, fill_padding, identity_of
 
 _BRUTE_FORCE_LIMIT = 2048
 
@@ -158,12 +158,6 @@ def _unshift_output(z, plans: list[_AxisPlan]):
     return lax.dynamic_slice(z, starts, sizes)
 
 
-def _clean_output(ctx, out):
-    if is_inexact(out.dtype) and masked_axes(ctx.out_logical[0], ctx.out_bounds[0]):
-        return clean(out, ctx.out_logical[0])
-    return out
-
-
 def _zeros_out(ctx, i=0):
     return jnp.zeros(ctx.out_bounds[i], ctx.out_avals[i].dtype)
 
@@ -207,7 +201,7 @@ def conv_rule(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     out = ctx.bind(lhs, rhs, padding=pad, lhs_dilation=dil)
     if compact_out:
         out = _gather_groups(out, ospec[1], groups, ctx.out_logical[0][ospec[1]])
-    return _clean_output(ctx, out)
+    return clean_float(out, ctx.out_logical[0])
 
 
 def _spread_groups(x, axis, groups, size):
@@ -265,7 +259,7 @@ def reduce_window_monoid_rule(ctx, x, *, window_dimensions, window_strides, padd
     x = _shift_input(x, fill, plans)
     pad, dil = _phys(plans)
     out = ctx.bind(x, padding=pad, base_dilation=dil)
-    return _clean_output(ctx, out)
+    return clean_float(out, ctx.out_logical[0])
 
 
 @register("reduce_window")
@@ -283,13 +277,7 @@ def reduce_window_generic_rule(ctx, *args, jaxpr, consts, window_dimensions, win
         filled.append(_shift_input(x, init, plans))
     pad, dil = _phys(plans)
     outs = ctx.bind(*filled, *inits, padding=pad, base_dilation=dil)
-    return [_clean_output_i(ctx, o, i) for i, o in enumerate(outs)]
-
-
-def _clean_output_i(ctx, out, i):
-    if is_inexact(out.dtype) and masked_axes(ctx.out_logical[i], ctx.out_bounds[i]):
-        return clean(out, ctx.out_logical[i])
-    return out
+    return [clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
 
 
 # ----------------------------------------------------------------------------
@@ -313,7 +301,7 @@ def select_and_gather_add_rule(ctx, tangents, operand, *, select_prim, window_di
     tangents = _shift_input(tangents, 0, plans)
     pad, dil = _phys(plans)
     out = ctx.bind(tangents, operand, padding=pad, base_dilation=dil)
-    return _clean_output(ctx, out)
+    return clean_float(out, ctx.out_logical[0])
 
 
 @register("select_and_scatter_add")
@@ -331,4 +319,4 @@ def select_and_scatter_add_rule(ctx, source, operand, *, select_prim, window_dim
     operand = _shift_input(operand, fill, plans)
     z = ctx.bind(source, operand, padding=_phys(plans)[0])
     out = _unshift_output(z, plans)
-    return _clean_output(ctx, out)
+    return clean_float(out, ctx.out_logical[0])

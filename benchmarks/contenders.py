@@ -1,0 +1,422 @@
+"""Run ONE contender of ONE workload in this process and print one JSON line.
+
+    python benchmarks/contenders.py --workload attention --contender polymask_jit [--quick]
+    python benchmarks/contenders.py --list
+
+The line starts with ``BENCH_RESULT `` (``run.py`` reads it). Every XLA compile
+of the process is counted (``common.CompileCounter``, JAX's monitoring events),
+split by phase: ``setup`` (imports, parameters, model load), ``first`` (first
+pass) and ``steady`` (all steady-state passes together).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import common  # noqa: E402
+
+T_PROCESS0 = time.perf_counter()
+
+
+# ----------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------
+class Phases:
+    """Compile snapshots between phases of a JAX contender."""
+
+    def __init__(self, counter):
+        self.counter = counter
+        self.last = counter.snapshot()
+        self.out: dict = {}
+
+    def mark(self, name: str) -> None:
+        s = self.counter.snapshot()
+        self.out[name] = common.CompileCounter.delta(self.last, s)
+        self.last = s
+
+    def result(self) -> dict:
+        total = self.counter.snapshot()
+        return dict(compiles={k: {kk: vv for kk, vv in v.items() if kk != "names"}
+                              for k, v in self.out.items()},
+                    compiles_total=total["xla_compiles"], cache_hits_total=total["cache_hits"],
+                    compile_s_total=total["compile_s"],
+                    compile_names={k: v["names"] for k, v in self.out.items()})
+
+
+def start_jax():
+    import jax
+
+    counter = common.CompileCounter().install()
+    return jax, counter
+
+
+def passes(call, xs, block):
+    """Cumulative wall time after each call of one pass over ``xs``."""
+    cum, t0 = [], time.perf_counter()
+    for x in xs:
+        block(call(x))
+        cum.append(time.perf_counter() - t0)
+    return cum
+
+
+def steady_summary(times: list[float]) -> dict:
+    import statistics
+
+    return dict(steady_s=statistics.median(times), steady_min_s=min(times),
+                steady_max_s=max(times), steady_passes=times)
+
+
+# ----------------------------------------------------------------------------
+# workload 1: causal attention, 48 distinct T
+# ----------------------------------------------------------------------------
+def make_attention(jnp, jax):
+    """The attention of ``run.make_attention`` (exact shapes)."""
+    import math
+
+    def attn(p, x):
+        n, d = x.shape
+        h = 4
+        q = (x @ p["q"]).reshape(n, h, d // h).transpose(1, 0, 2)
+        k = (x @ p["k"]).reshape(n, h, d // h).transpose(1, 0, 2)
+        v = (x @ p["v"]).reshape(n, h, d // h).transpose(1, 0, 2)
+        s = q @ k.transpose(0, 2, 1) / math.sqrt(d // h)
+        causal = jnp.tril(jnp.ones((n, n), bool))
+        s = jnp.where(causal, s, -1e30)
+        a = jax.nn.softmax(s, axis=-1) @ v
+        return jnp.tanh(a.transpose(1, 0, 2).reshape(n, d) @ p["o"]) + x
+
+    return attn
+
+
+def make_attention_padded(jnp, jax):
+    """Hand-written one-bucket version: x padded to (128, 64) plus the length."""
+    import math
+
+    def attn(p, x, length):
+        n, d = x.shape
+        h = 4
+        q = (x @ p["q"]).reshape(n, h, d // h).transpose(1, 0, 2)
+        k = (x @ p["k"]).reshape(n, h, d // h).transpose(1, 0, 2)
+        v = (x @ p["v"]).reshape(n, h, d // h).transpose(1, 0, 2)
+        s = q @ k.transpose(0, 2, 1) / math.sqrt(d // h)
+        row = jnp.arange(n)[:, None]
+        col = jnp.arange(n)[None, :]
+        s = jnp.where((col <= row) & (col < length), s, -1e30)
+        a = jax.nn.softmax(s, axis=-1) @ v
+        return jnp.tanh(a.transpose(1, 0, 2).reshape(n, d) @ p["o"]) + x
+
+    return attn
+
+
+def attention(name: str, quick: bool, steady_passes: int) -> dict:
+    import numpy as np
+
+    params_np, xs = common.attention_inputs(quick)
+    res: dict = {}
+    if name == "torch_eager":
+        import torch
+
+        t0 = time.perf_counter()
+        p = {k: torch.from_numpy(v) for k, v in params_np.items()}
+
+        def attn(x):
+            n, d = x.shape
+            h = 4
+            q = (x @ p["q"]).reshape(n, h, d // h).transpose(0, 1)
+            k = (x @ p["k"]).reshape(n, h, d // h).transpose(0, 1)
+            v = (x @ p["v"]).reshape(n, h, d // h).transpose(0, 1)
+            s = q @ k.transpose(1, 2) / (d // h) ** 0.5
+            causal = torch.tril(torch.ones((n, n), dtype=torch.bool))
+            s = torch.where(causal, s, torch.tensor(-1e30))
+            a = torch.softmax(s, dim=-1) @ v
+            return torch.tanh(a.transpose(0, 1).reshape(n, d) @ p["o"]) + x
+
+        def call(x):
+            with torch.no_grad():
+                return attn(torch.from_numpy(x)).numpy()
+
+        res["setup_s"] = time.perf_counter() - t0
+        cum = passes(call, xs, lambda r: r)
+        steady = [passes(call, xs, lambda r: r)[-1] for _ in range(steady_passes)]
+        outs = [call(x) for x in xs[:4]]
+        res.update(torch_threads=torch.get_num_threads(), torch=torch.__version__)
+        phases = None
+    else:
+        jax, counter = start_jax()
+        import jax.numpy as jnp
+
+        phases = Phases(counter)
+        t0 = time.perf_counter()
+        p = {k: jnp.asarray(v) for k, v in params_np.items()}
+        block = jax.block_until_ready
+        if name in ("polymask_jit", "polymask_jit_numpy"):
+            import polymask as pm
+
+            f = pm.jit(make_attention(jnp, jax), (None, "n, 64"), buckets=pm.buckets.pow2(16),
+                       numpy_outputs=(name == "polymask_jit_numpy"))
+            call = lambda x: f(p, x)
+        elif name == "jax_jit":
+            f = jax.jit(make_attention(jnp, jax))
+            call = lambda x: f(p, x)
+        elif name == "handwritten":
+            f = jax.jit(make_attention_padded(jnp, jax))
+
+            def call(x):
+                t = x.shape[0]
+                xp = np.zeros((common.ATT_PAD, common.ATT_D), np.float32)
+                xp[:t] = x
+                return np.asarray(f(p, xp, np.int32(t)))[:t]
+        else:
+            raise SystemExit(f"unknown attention contender {name!r}")
+        res["setup_s"] = time.perf_counter() - t0
+        phases.mark("setup")
+        cum = passes(call, xs, block)
+        phases.mark("first")
+        steady = []
+        for i in range(steady_passes):
+            steady.append(passes(call, xs, block)[-1])
+            phases.mark(f"steady{i + 1}")
+        outs = [np.asarray(call(x)) for x in xs[:4]]
+        phases.mark("check")
+        if hasattr(f, "stats"):
+            res["polymask_stats"] = f.stats()
+    dev = max(float(np.abs(o - common.attention_numpy(params_np, x)).max())
+              for o, x in zip(outs, xs[:4]))
+    res.update(first_pass_s=cum[-1], cumulative_s=cum, max_abs_dev_vs_numpy=dev,
+               lengths=[x.shape[0] for x in xs], **steady_summary(steady))
+    if phases is not None:
+        res.update(phases.result())
+    return res
+
+
+# ----------------------------------------------------------------------------
+# workload 2: MiniLM on the demo texts
+# ----------------------------------------------------------------------------
+def batched_bert(jnp, jax, cfg):
+    """What a JAX user writes: a (B, T) batch padded to its longest text + attention mask."""
+    import math
+
+    from polymask.models import bert
+
+    h, dh = cfg.num_attention_heads, cfg.head_dim
+    eps = cfg.layer_norm_eps
+
+    def ln(x, p):
+        mu = jnp.mean(x, -1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mu), -1, keepdims=True)
+        return (x - mu) * jax.lax.rsqrt(var + eps) * p["g"] + p["b"]
+
+    def dense(x, p):
+        return x @ p["w"] + p["b"]
+
+    def f(params, ids, mask):
+        b, t = ids.shape
+        x = params["word"][ids] + params["pos"][:t][None] + params["type"][0]
+        x = ln(x, params["emb_ln"])
+        bias = jnp.where(mask, 0.0, -1e9)[:, None, None, :]
+        scale = 1.0 / math.sqrt(dh)
+        for lp in params["layers"]:
+            q = dense(x, lp["q"]).reshape(b, t, h, dh)
+            k = dense(x, lp["k"]).reshape(b, t, h, dh)
+            v = dense(x, lp["v"]).reshape(b, t, h, dh)
+            s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * scale + bias
+            ctx = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1), v).reshape(b, t, h * dh)
+            x = ln(x + dense(ctx, lp["o"]), lp["attn_ln"])
+            x = ln(x + dense(bert._act(dense(x, lp["ff1"]), cfg.hidden_act), lp["ff2"]),
+                   lp["ff_ln"])
+        m = mask[..., None].astype(x.dtype)
+        pooled = jnp.sum(x * m, 1) / jnp.maximum(jnp.sum(m, 1), 1.0)
+        return pooled / jnp.maximum(jnp.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
+
+    return jax.jit(f)
+
+
+def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> dict:
+    import numpy as np
+
+    res: dict = {}
+    phases = None
+    t0 = time.perf_counter()
+    if name == "sentence_transformers":
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        texts = common_texts(quick)
+        model = SentenceTransformer(common.model_dir(), device="cpu")
+        run = lambda: model.encode(texts, batch_size=32, convert_to_numpy=True)
+        res.update(torch_threads=torch.get_num_threads(), torch=torch.__version__)
+    else:
+        jax, counter = start_jax()
+        import jax.numpy as jnp
+
+        from polymask.models import load
+
+        phases = Phases(counter)
+        enc = load()
+        texts = common_texts(quick)
+        if name == "polymask":
+            run = lambda: enc.embed(texts)
+        elif name == "jax_jit_sorted":
+            f = batched_bert(jnp, jax, enc.config)
+
+            def run(batch_size=32):
+                ids = enc.tokenize(texts)
+                order = np.argsort([len(x) for x in ids], kind="stable")
+                out = np.zeros((len(ids), enc.config.hidden_size), np.float32)
+                for s in range(0, len(ids), batch_size):
+                    sel = order[s:s + batch_size]
+                    t = max(len(ids[i]) for i in sel)
+                    b = np.zeros((len(sel), t), np.int32)
+                    m = np.zeros((len(sel), t), bool)
+                    for j, i in enumerate(sel):
+                        b[j, :len(ids[i])] = ids[i]
+                        m[j, :len(ids[i])] = True
+                    out[sel] = np.asarray(f(enc.params, b, m))
+                return out
+        else:
+            raise SystemExit(f"unknown minilm contender {name!r}")
+        phases.mark("setup")
+    res["setup_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    emb = np.asarray(run())
+    first = time.perf_counter() - t0
+    if phases:
+        phases.mark("first")
+    steady = []
+    for i in range(steady_passes):
+        t0 = time.perf_counter()
+        run()
+        steady.append(time.perf_counter() - t0)
+        if phases:
+            phases.mark(f"steady{i + 1}")
+    if emb_out:
+        np.save(emb_out, emb.astype(np.float32))
+    n = len(texts)
+    res.update(texts=n, first_pass_s=first, first_texts_per_s=n / first,
+               steady_texts_per_s=n / float(np.median(steady)),
+               steady_texts_per_s_min=n / max(steady), steady_texts_per_s_max=n / min(steady),
+               **steady_summary(steady))
+    if name == "polymask":
+        res["polymask_stats"] = enc.runner(None, 32).stats()
+    if phases:
+        res.update(phases.result())
+    return res
+
+
+def common_texts(quick):
+    return common.minilm_texts(quick)
+
+
+# ----------------------------------------------------------------------------
+# workload 3: per-call time of a tiny function
+# ----------------------------------------------------------------------------
+def percall(name: str, quick: bool) -> dict:
+    import statistics
+
+    import numpy as np
+
+    jax, counter = start_jax()
+    import jax.numpy as jnp
+
+    phases = Phases(counter)
+    kind, inp = name.rsplit("/", 1)
+    fun = lambda x: jnp.sum(x * x)
+    if kind == "polymask_jit":
+        import polymask as pm
+
+        f = pm.jit(fun, "n")
+    elif kind == "jax_jit":
+        f = jax.jit(fun)
+    else:
+        raise SystemExit(f"unknown percall contender {name!r}")
+    x = np.random.default_rng(3).normal(size=100).astype(np.float32)
+    if inp == "array":
+        x = jnp.asarray(x)
+    elif inp != "numpy":
+        raise SystemExit(f"input kind must be numpy or array, not {inp!r}")
+    phases.mark("setup")
+    r = f(x)
+    for _ in range(200):
+        r = f(x)
+    jax.block_until_ready(r)
+    phases.mark("first")
+    blocks, inner = (5, 300) if quick else (21, 2000)
+    per = []
+    for _ in range(blocks):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            r = f(x)
+        jax.block_until_ready(r)
+        per.append((time.perf_counter() - t0) / inner * 1e6)
+    phases.mark("steady")
+    np.testing.assert_allclose(float(r), float(np.sum(np.asarray(x) ** 2)), rtol=1e-5)
+    q = statistics.quantiles(per, n=4)
+    res = dict(us_per_call=statistics.median(per), us_per_call_q1=q[0], us_per_call_q3=q[2],
+               us_per_call_min=min(per), us_per_call_max=max(per), calls_per_block=inner,
+               blocks=blocks, **phases.result())
+    if hasattr(f, "stats"):
+        res["polymask_stats"] = f.stats()
+    return res
+
+
+# ----------------------------------------------------------------------------
+CONTENDERS = {
+    "attention": ["polymask_jit", "polymask_jit_numpy", "jax_jit", "handwritten", "torch_eager"],
+    "minilm": ["polymask", "jax_jit_sorted", "sentence_transformers"],
+    "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
+}
+OPTIONAL = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers"}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", choices=sorted(CONTENDERS))
+    ap.add_argument("--contender")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--steady-passes", type=int, default=None)
+    ap.add_argument("--emb-out", default=None, help="minilm: save the embeddings (.npy)")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--make-texts", type=int, default=None, metavar="N",
+                    help="write ~N short stdlib texts, one a line, to --out and exit")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    if args.make_texts:
+        texts = common.short_texts(args.make_texts)
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write("\n".join(texts) + "\n")
+        print(f"{len(texts)} texts -> {args.out}")
+        return 0
+    if args.list:
+        for w, cs in CONTENDERS.items():
+            print(w, " ".join(cs))
+        return 0
+    load0 = os.getloadavg()[0]
+    # >= 3 steady passes: polymask.jit compiles an output slice for a shape seen 4 times
+    sp = args.steady_passes or (3 if args.quick else 5)
+    if args.workload == "attention":
+        res = attention(args.contender, args.quick, sp)
+    elif args.workload == "minilm":
+        res = minilm(args.contender, args.quick, 1 if args.quick else 3, args.emb_out)
+    else:
+        res = percall(args.contender, args.quick)
+    res.update(workload=args.workload, contender=args.contender, quick=args.quick,
+               loadavg_start=load0, process_s=time.perf_counter() - T_PROCESS0,
+               python=sys.version.split()[0])
+    try:
+        import jax
+
+        res["jax"] = jax.__version__
+    except ImportError:
+        pass
+    common.emit(res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,320 @@
+"""``shape_formula``: the symbolic output shapes of a masked program.
+
+``shape_formula`` traces ``fun`` symbolically (as ``mask`` does) and returns
+the output shapes as ``jax.export`` dimension expressions: the shape rule of
+the whole program, in terms of the dim vars of the input specs. The argument
+helpers here (``_abstractify``, ``_args_from_specs``) are shared with
+``polymask.explain``. With case splits (``cases.py``) a formula that differs
+between cases is piecewise (``ShapeFormula.cases``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _jax_compat as compat
+from .cases import trace_cases
+from .errors import ShapeError
+from .masked import Masked
+from .shapes import DimEnv
+from .trace import _translate, display_text
+
+__all__ = ["shape_formula", "ShapeFormula"]
+
+def _is_masked(x) -> bool:
+    return isinstance(x, Masked)
+
+
+# ----------------------------------------------------------------------------
+# Arguments: example arrays, Masked values, ShapeDtypeStructs or padded shapes
+# ----------------------------------------------------------------------------
+def _is_shape_tuple(x) -> bool:
+    return (isinstance(x, (tuple, list)) and
+            all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in x))
+
+
+def _abstractify(args, in_specs, dtype):
+    """Replace data by ``ShapeDtypeStruct``s; bare shape tuples become padded inputs.
+
+    Example arrays are kept abstract (nothing is computed). With
+    ``in_specs=None`` every axis of every input is dynamic (its own dim var),
+    so the formulas are in terms of all input sizes.
+    """
+    def one(x):
+        if _is_masked(x):
+            return Masked(jax.ShapeDtypeStruct(np.shape(x.data), x.data.dtype), x.shape)
+        if _is_shape_tuple(x):
+            sds = jax.ShapeDtypeStruct(tuple(int(d) for d in x), dtype)
+            return Masked(sds) if in_specs is None else sds
+        if isinstance(x, jax.ShapeDtypeStruct) or hasattr(x, "shape"):
+            sds = jax.ShapeDtypeStruct(tuple(np.shape(x)), x.dtype)
+            return Masked(sds) if in_specs is None else sds
+        return x
+
+    return tuple(jax.tree_util.tree_map(one, a, is_leaf=lambda v: _is_masked(v) or
+                                        _is_shape_tuple(v)) for a in args)
+
+
+# ----------------------------------------------------------------------------
+# shape_formula
+# ----------------------------------------------------------------------------
+def _py_expr(s: str) -> str:
+    """jax's printed form of a dimension expression -> Python syntax.
+
+    ``floordiv(n + 1, 2)`` -> ``(n + 1) // 2``; ``mod(n, 3)`` -> ``n % 3``;
+    ``max``/``min`` stay calls. Nested quotients get parentheses.
+    """
+    def conv(s: str, top: bool) -> str:
+        out, i = "", 0
+        while i < len(s):
+            m = re.match(r"(floordiv|mod)\(", s[i:])
+            if m and (i == 0 or not (s[i - 1].isalnum() or s[i - 1] == "_")):
+                j = i + len(m.group(0))
+                depth, k, parts, cur = 1, j, [], ""
+                while k < len(s) and depth:
+                    ch = s[k]
+                    if ch == "(":
+                        depth += 1
+                    elif ch == ")":
+                        depth -= 1
+                        if depth == 0:
+                            break
+                    if ch == "," and depth == 1:
+                        parts.append(cur)
+                        cur = ""
+                    else:
+                        cur += ch
+                    k += 1
+                parts.append(cur)
+                a, b = (conv(p.strip(), False) for p in parts)
+                op = "//" if m.group(1) == "floordiv" else "%"
+                a = a if re.fullmatch(r"-?\s*[\w.]+|\(.*\)", a) else f"({a})"
+                b = b if re.fullmatch(r"[\w.]+", b) else f"({b})"
+                whole = f"{a} {op} {b}"
+                whole_top = top and i == 0 and k == len(s) - 1
+                out += whole if whole_top else f"({whole})"
+                i = k + 1
+            else:
+                out += s[i]
+                i += 1
+        return out
+
+    return conv(s, True)
+
+
+def _dim_str(d) -> str:
+    return str(d) if compat.is_dim_expr(d) else str(int(d))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShapeFormula:
+    """The symbolic shape of one output.
+
+    Attributes:
+      exprs: one ``jax.export`` dimension expression (or int) per axis.
+      bound: the padded shape (each expression's upper bound); None when no
+        example arguments were given.
+      dtype: the output dtype.
+      scope: the ``SymbolicScope`` the expressions live in.
+
+    ``str(f)`` is Python syntax, e.g. ``((n + 1) // 2,)``; ``f.jax_str`` is
+    jax's own form (``(floordiv(n + 1, 2),)``). Formulas compare equal when
+    their expressions are equal after JAX's normalisation (``m*n == n*m``),
+    also against tuples of strings/ints (parsed in this formula's scope).
+    """
+
+    exprs: tuple
+    bound: tuple[int, ...] | None
+    dtype: Any
+    scope: Any = dataclasses.field(repr=False, default=None)
+    internal: dict = dataclasses.field(repr=False, default_factory=dict)
+    cases: tuple = dataclasses.field(repr=False, default=())  # ((conditions, formula), ...)
+
+    def _str(self, d) -> str:
+        return display_text(_dim_str(d), self.internal)
+
+    @property
+    def strs(self) -> tuple[str, ...]:
+        """Each axis in Python syntax."""
+        return tuple(_py_expr(_dim_str(d)) for d in self.exprs)
+
+    @property
+    def jax_str(self) -> str:
+        return _tuple_str(self._str(d) for d in self.exprs)
+
+    @property
+    def dim_vars(self) -> set[str]:
+        names = set().union(*(compat.dim_vars(d) for d in self.exprs)) if self.exprs else set()
+        back = {n: v for v, (n, _) in self.internal.items()}
+        return {back.get(n, n) for n in names}
+
+    @property
+    def ndim(self) -> int:
+        return len(self.exprs)
+
+    def evaluate(self, **sizes) -> tuple[int, ...]:
+        """The logical shape at the given dim var values (``f.evaluate(n=7)``)."""
+        out = []
+        back = {n: v for v, (n, _) in self.internal.items()}
+        vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
+                for k, x in sizes.items()}
+        for d in self.exprs:
+            missing = {back.get(n, n) for n in compat.dim_vars(d)} - set(sizes)
+            if missing:
+                raise ShapeError(f"ShapeFormula.evaluate: no value for dim vars "
+                                 f"{sorted(missing)} (formula {self})")
+            out.append(max(int(compat.evaluate_dim(d, {k: vals[k] for k in
+                                                       compat.dim_vars(d)})), 0))
+        return tuple(out)
+
+    def _parse(self, text: str):
+        """A dimension expression from jax syntax or Python syntax (``//``, ``%``)."""
+        text = _translate(text, self.internal)
+        try:
+            (e,) = jax.export.symbolic_shape(text, scope=self.scope)
+            return e
+        except Exception:
+            pass
+        names = set(re.findall(r"[A-Za-z_]\w*", text)) - {"floordiv", "mod"}
+        try:
+            env = {v: jax.export.symbolic_shape(v, scope=self.scope)[0] for v in names}
+            env.update(floordiv=lambda a, b: a // b, mod=lambda a, b: a % b)
+            return eval(text, {"__builtins__": {}}, env)  # noqa: S307 (names are dim vars)
+        except Exception:
+            return None
+
+    def _key(self):
+        return tuple(self._str(d) for d in self.exprs)
+
+    def _coerce(self, other):
+        if isinstance(other, ShapeFormula):
+            return other._key()
+        if isinstance(other, (tuple, list)):
+            key = []
+            for d in other:
+                if isinstance(d, (int, np.integer)):
+                    key.append(str(int(d)))
+                elif compat.is_dim_expr(d):
+                    key.append(self._str(d))
+                elif isinstance(d, str):
+                    e = self._parse(d)
+                    if e is None:
+                        return None
+                    key.append(self._str(e))
+                else:
+                    return None
+            return tuple(key)
+        return None
+
+    def __eq__(self, other):
+        key = self._coerce(other)
+        if key is None:
+            return NotImplemented
+        return key == self._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def __len__(self):
+        return len(self.exprs)
+
+    def __getitem__(self, i):
+        return self.exprs[i]
+
+    def __iter__(self):
+        return iter(self.exprs)
+
+    def __str__(self) -> str:
+        return _tuple_str(self.strs)
+
+    def __repr__(self) -> str:
+        return f"ShapeFormula({self}, bound={self.bound}, dtype={np.dtype(self.dtype).name})"
+
+
+def _tuple_str(parts) -> str:
+    parts = list(parts)
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
+    """Symbolic output shapes of ``fun`` as dimension expressions.
+
+    Args:
+      fun: the function (as given to ``polymask.mask``).
+      in_specs: as for ``mask``; with None every axis of every input gets its
+        own dim var (``s0``, ``s1``, ...).
+      *args: example arguments: arrays, ``Masked`` values,
+        ``jax.ShapeDtypeStruct``s, or padded shapes given as tuples of ints
+        (``dtype``, default float32). Only shapes and dtypes are used. Without
+        them, every input is built from its spec string (``"n, 64"``).
+      constraints: as for ``mask``.
+
+    Returns:
+      ``fun``'s output pytree with a ``ShapeFormula`` per array leaf, e.g.
+      ``shape_formula(lambda x: x[::2], "n", (10,))`` gives ``((n + 1) // 2,)``.
+    """
+    no_args = not args
+    if no_args:
+        args = _args_from_specs(in_specs, dtype)
+    absargs = _abstractify(args, in_specs, dtype)
+    tree, _ = trace_cases(fun, absargs, in_specs, constraints)
+
+    def formulas(prog, bounds=None):
+        dims = DimEnv(prog.scope, prog.dim_bounds, {})
+        out = []
+        for i, v in enumerate(prog.closed_jaxpr.jaxpr.outvars):
+            shape = tuple(getattr(v.aval, "shape", ()))
+            bound = None if no_args else (
+                bounds[i] if bounds else tuple(dims.padded(d) for d in shape))
+            out.append(ShapeFormula(shape, bound, v.aval.dtype, prog.scope, prog.internal))
+        return out
+
+    out = formulas(tree.base, None if tree.single else tree.out_bounds)
+    live = [c for c in tree.cases if c.program is not None and c.reachable]
+    if len(live) > 1:  # piecewise: each case's formula, with its conditions
+        per_case = [(tree.describe_conditions(c), formulas(c.program)) for c in live]
+        out = [dataclasses.replace(f, cases=tuple((cond, fs[i]) for cond, fs in per_case))
+               if len({fs[i].strs for _, fs in per_case}) > 1 else f
+               for i, f in enumerate(out)]
+    return jax.tree_util.tree_unflatten(tree.base.out_tree, out)
+
+
+_PLACEHOLDER_BOUND = 1024
+
+
+def _args_from_specs(in_specs, dtype):
+    """Abstract arguments from spec strings alone (``shape_formula(fun, specs)``).
+
+    Each dim var gets a placeholder bound; the formulas do not depend on it
+    (``ShapeFormula.bound`` is None then).
+    """
+    if in_specs is None:
+        raise ShapeError("shape_formula(fun, in_specs) without example arguments needs "
+                         "in_specs with a spec string for every argument")
+    specs = (in_specs,) if isinstance(in_specs, str) else tuple(in_specs)
+
+    def one(spec, where):
+        if not isinstance(spec, str):
+            raise ShapeError(f"{where}: without example arguments every spec must be a "
+                             f"string (got {spec!r}); pass example arguments or shapes")
+        try:
+            exprs = jax.export.symbolic_shape(spec)
+        except Exception as e:
+            raise ShapeError(f"{where}: cannot parse shape spec '{spec}': {e}") from None
+        shape = []
+        for e in exprs:
+            names = compat.dim_vars(e)
+            shape.append(int(compat.evaluate_dim(e, {v: _PLACEHOLDER_BOUND for v in names})))
+        return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+    out = []
+    for i, spec in enumerate(specs):
+        out.append(jax.tree_util.tree_map(lambda s, i=i: one(s, f"in_specs[{i}]"), spec,
+                                          is_leaf=lambda s: s is None or isinstance(s, str)))
+    return tuple(out)

@@ -1,0 +1,184 @@
+"""``polymask.ragged_map``: map a function over examples of different sizes.
+
+Examples are planned one by one on the host (``plan.plan_call``), grouped by
+bucket signature, stacked into padded batches with NumPy and run as
+``jax.jit(jax.vmap(mask(fun)))``, one compiled program per signature and batch
+size (``runner._Runner`` keeps the cache and the stats).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .buckets import as_policy, pow2
+from .errors import ShapeError
+from .plan import batch_bucket, dtype_key
+from .runner import _build_inner, _Runner, _slice
+
+__all__ = ["ragged_map", "RaggedMap"]
+
+
+class RaggedMap(_Runner):
+    """The callable returned by ``polymask.ragged_map`` (see there)."""
+
+    def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
+                 constraints=(), cache_size=64, progress=False, numpy_outputs=False):
+        super().__init__(fun, in_specs, buckets, constraints, cache_size)
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.batch_size = int(batch_size)
+        if batch_buckets is None:
+            batch_buckets = pow2(minimum=max(1, self.batch_size // 4))
+        self._batch_policy = as_policy(batch_buckets)
+        self.progress = progress
+        self.numpy_outputs = numpy_outputs
+        functools.update_wrapper(self, fun)
+
+    def _auto_specs(self, arg_lists):
+        """in_specs=None: the axes whose sizes differ across examples are dynamic."""
+        trees = {jax.tree_util.tree_structure(a) for a in arg_lists}
+        if len(trees) != 1:
+            raise ShapeError("ragged_map: examples have different pytree structures "
+                             f"({len(trees)} kinds)")
+        per_ex = [jax.tree_util.tree_leaves(a) for a in arg_lists]
+        n_leaves = len(per_ex[0])
+        leaf_specs = []
+        for li in range(n_leaves):
+            shapes = [np.shape(ex[li]) for ex in per_ex]
+            if len({len(sh) for sh in shapes}) != 1:
+                raise ShapeError(f"ragged_map: leaf {li} of the examples has different ranks")
+            first = shapes[0]
+            varying = [any(sh[k] != first[k] for sh in shapes) for k in range(len(first))]
+            if not any(varying):
+                leaf_specs.append(None)
+                continue
+            leaf_specs.append(", ".join(f"l{li}_{k}" if v else str(first[k])
+                                        for k, v in enumerate(varying)))
+        specs, it = [], iter(leaf_specs)
+        for a in arg_lists[0]:
+            sub = jax.tree_util.tree_structure(a)
+            vals = [next(it) for _ in range(sub.num_leaves)]
+            specs.append(vals[0] if sub.num_leaves == 1 and sub == jax.tree_util.tree_structure(
+                0) else jax.tree_util.tree_unflatten(sub, vals))
+        return tuple(specs)
+
+    def __call__(self, examples: Sequence[Any], *broadcast, progress=None):
+        """Map over ``examples``; ``broadcast`` arguments are passed unbatched first."""
+        examples = list(examples)
+        if not examples:
+            return []
+        arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
+        if self.in_specs is None:
+            in_specs = self._auto_specs(arg_lists)
+        else:
+            in_specs = self.in_specs
+        spec_key = repr(in_specs)
+        bcast_leaves, bcast_tree = jax.tree_util.tree_flatten(tuple(broadcast))
+        bcast_key = (bcast_tree, tuple((np.shape(x), dtype_key(x)) for x in bcast_leaves))
+        groups: dict = collections.defaultdict(list)
+        infos = []
+        for i, args in enumerate(arg_lists):
+            plan, leaves, tree = self._plan(args, in_specs, spec_key)
+            groups[(tree, plan.signature)].append(i)
+            infos.append((plan, leaves))
+        results: list[Any] = [None] * len(examples)
+        show = self.progress if progress is None else progress
+        bar = None
+        if show:
+            try:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=len(examples), desc="polymask", unit="ex")
+            except ImportError:  # pragma: no cover - tqdm is optional
+                bar = None
+        try:
+            for (tree, sig), idxs in groups.items():
+                for start in range(0, len(idxs), self.batch_size):
+                    chunk = idxs[start:start + self.batch_size]
+                    self._run_batch(tree, sig, chunk, infos, results, broadcast,
+                                    bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key)
+                    if bar is not None:
+                        bar.update(len(chunk))
+        finally:
+            if bar is not None:
+                bar.close()
+        return results
+
+    def _run_batch(self, tree, sig, chunk, infos, results, broadcast, bcast_leaves, bcast_tree,
+                   bcast_key, in_specs, spec_key):
+        B = batch_bucket(self._batch_policy, len(chunk), self.batch_size)
+        rows = chunk + [chunk[0]] * (B - len(chunk))
+        plan0, leaves0 = infos[chunk[0]]
+        static_leaves = [x for x, p in zip(leaves0, plan0.leaves) if p.static]
+        dyn = []
+        for li, p in enumerate(plan0.leaves):
+            if p.static:
+                continue
+            buf = np.zeros((B,) + p.padded, dtype=p.dtype)
+            for r, ex in enumerate(rows):
+                x = np.asarray(infos[ex][1][li])
+                buf[(r,) + tuple(slice(0, n) for n in x.shape)] = x
+            dyn.append(buf)
+        sizes = np.asarray([infos[ex][0].values for ex in rows], np.int32).reshape(B, -1)
+        entry = self._entry((tree, sig, B, bcast_key, spec_key))
+        self._count(sum(infos[ex][0].logical for ex in chunk),
+                    sum(infos[ex][0].padded for ex in chunk))
+        nb, ns, nd = len(bcast_leaves), len(static_leaves), len(dyn)
+
+        def make(entry):
+            inner = _build_inner(self.fun, entry, tree, plan0, in_specs, self.constraints,
+                                 len(broadcast), bcast_tree, nb)
+            return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
+
+        out = self._call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
+        outputs = entry.outputs
+        if outputs.device_axes:
+            datas, out_sizes = out
+            out_sizes = np.asarray(out_sizes)
+        else:
+            datas, out_sizes = out, None
+        datas = [np.asarray(d) for d in datas]
+        bcast_shapes = [np.shape(x) for x in bcast_leaves]
+        for r, ex in enumerate(chunk):
+            in_shapes = bcast_shapes + [p.shape for p in infos[ex][0].leaves]
+            shapes = outputs.shapes(in_shapes, None if out_sizes is None else out_sizes[r])
+            outs = []
+            for d, shape in zip(datas, shapes):
+                a = _slice(d[r], shape)
+                outs.append(np.array(a) if self.numpy_outputs else jnp.asarray(a))
+            results[ex] = jax.tree_util.tree_unflatten(outputs.tree, outs)
+
+
+def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 32,
+               batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
+               progress: bool = False, numpy_outputs: bool = False) -> RaggedMap:
+    """Map ``fun`` over a list of examples of different sizes, in ragged batches.
+
+    ``ragged_map(fun, ...)(examples, *broadcast)`` returns
+    ``[fun(*broadcast, *ex) for ex in examples]`` (an example that is not a tuple
+    is one argument), computed as ``jit(vmap(mask(fun)))`` over batches of
+    examples that share a bucket signature.
+
+    Args:
+      fun: a function written for exact arrays.
+      in_specs: specs of the example arguments (as for ``polymask.jit``);
+        broadcast arguments are always static (e.g. model parameters).
+      buckets: bucketing policy for the dim vars (default ``pow2()``).
+      batch_size: most examples per batch.
+      batch_buckets: policy for the batch size of a partial batch (default:
+        powers of two from ``batch_size // 4``; rows are filled with copies).
+      progress: show a tqdm progress bar.
+      numpy_outputs: return NumPy arrays instead of ``jax.Array``.
+
+    Returns:
+      A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
+    """
+    return RaggedMap(fun, in_specs, buckets=buckets, batch_size=batch_size,
+                     batch_buckets=batch_buckets, constraints=constraints,
+                     cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs)

@@ -1,0 +1,120 @@
+"""Rule families: one constructor per kind of masking, one line per member.
+
+In the style of ``jax/_src/interpreters/batching.py`` (``defvectorized``,
+``defbroadcasting``, ``defreducer``) and ``ad.py`` (``deflinear2``): a family
+member is registered by naming it, e.g. ``defelementwise("sin", "cos")`` or
+``defreducer("reduce_sum", kind="sum")``; the rule body is shared.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax.numpy as jnp
+
+from .registry import register
+from .util import clean, fill_padding, identity_of, is_inexact, masked_axes
+
+
+def _declared_by_caller(rule):
+    """Attribute ``rule`` to the module that called the ``def*`` constructor.
+
+    The coverage table (``tools/coverage.py``) and duplicate-registration
+    errors name a rule's module; that should be ``rules/elementwise.py``, not
+    this file. Frames: 0 here, 1 the ``def*`` constructor, 2 its caller.
+    """
+    rule.__module__ = sys._getframe(2).f_globals["__name__"]
+    return rule
+
+
+def defelementwise(*names: str, zero_preserving: bool = False) -> None:
+    """Elementwise primitives: bind on the padded operands unchanged.
+
+    Logical positions only ever read logical positions; garbage in padding
+    stays in padding. With ``zero_preserving`` (``f(0, ..., 0) == 0``
+    exactly) zero padding in all full-shape operands is recorded as kept.
+    """
+    register(*names)(_declared_by_caller(_elementwise_rule(zero_preserving)))
+
+
+def _elementwise_rule(zero_preserving: bool):
+    def elementwise_rule(ctx, *args, **params):
+        out = ctx.bind(*args)
+        if zero_preserving and _all_zero_padded(ctx, args, out):
+            ctx.mark_zero_padding(out)
+        return out
+
+    return elementwise_rule
+
+
+def _all_zero_padded(ctx, args, out) -> bool:
+    """Every operand is full-shape with zero padding, and the result is float."""
+    return bool(args) and all(
+        getattr(a, "shape", ()) == getattr(out, "shape", None) and ctx.has_zero_padding(a)
+        for a in args) and jnp.issubdtype(out.dtype, jnp.inexact)
+
+
+def defrelayout(*names: str) -> None:
+    """Ops that keep the logical corner a corner: bind with padded-size params.
+
+    The padding moves with the corner, so zero padding of the first operand
+    stays zero padding.
+    """
+    register(*names)(_declared_by_caller(_relayout_rule()))
+
+
+def _relayout_rule():
+    def relayout_rule(ctx, *args, **params):
+        out = ctx.bind(*args)
+        if args and ctx.has_zero_padding(args[0]):
+            ctx.mark_zero_padding(out)
+        return out
+
+    return relayout_rule
+
+
+def defreducer(*names: str, kind: str) -> None:
+    """Reductions over ``axes`` (incl. ``argmax``/``argmin``): padding becomes
+    the identity of ``kind`` before the physical reduction.
+
+    For ``argmax``/``argmin`` the identity is the worst value, so the first
+    logical extremum wins.
+    """
+    register(*names)(_declared_by_caller(_reducer_rule(kind)))
+
+
+def _reducer_rule(kind: str):
+    def reducer_rule(ctx, x, *, axes, **params):
+        if not (kind in ("sum", "or", "xor") and ctx.has_zero_padding(x)):  # 0 is the identity
+            x = fill_padding(x, ctx.in_logical[0], identity_of(x.dtype, kind), axes)
+        return ctx.bind(x)
+
+    return reducer_rule
+
+
+def defcumulative(*names: str, kind: str) -> None:
+    """Cumulative scans along ``axis`` whose combiner has the identity of ``kind``.
+
+    Forward scans are prefix-safe but their transpose (a reverse scan) reads
+    the padding's cotangent, so float results get their padding selected to
+    0. Reverse scans read the padding, so it is filled with the identity.
+    """
+    register(*names)(_declared_by_caller(_cumulative_rule(kind)))
+
+
+def _cumulative_rule(kind: str):
+    def cumulative_rule(ctx, x, *, axis, reverse):
+        lg = ctx.in_logical[0]
+        if not masked_axes(lg, ctx.in_bounds[0], [axis]):
+            return ctx.bind(x)
+        if reverse:
+            return ctx.bind(fill_padding(x, lg, identity_of(x.dtype, kind), [axis]))
+        out = ctx.bind(x)
+        if not is_inexact(out.dtype):
+            return out
+        out = clean(out, lg, [axis])
+        if kind == "sum" and ctx.has_zero_padding(x):
+            ctx.mark_zero_padding(out)  # other axes' padding: a sum of zeros is 0
+        return out
+
+    return cumulative_rule

@@ -1,0 +1,31 @@
+"""Architecture invariants of the package layout (docs/CONTRIBUTING.md's file map)."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "polymask"
+
+
+def test_no_import_cycles():
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "import_cycles.py")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert " 0 import cycles" in r.stdout
+
+
+def test_no_module_outside_rules_over_400_lines():
+    big = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+           if "rules" not in p.parts and (n := len(p.read_text().splitlines())) > 400}
+    assert not big, big
+
+
+def test_interpreter_names_no_primitive():
+    from polymask import _jax_compat as compat
+
+    text = (SRC / "interpreter.py").read_text()
+    named = [p for p in compat.all_primitives() if f'"{p}"' in text or f"'{p}'" in text]
+    assert not named, named
