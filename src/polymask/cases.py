@@ -237,6 +237,11 @@ def trace_cases(fun: Callable, args: Sequence[Any], in_specs=None,
         except jax_hooks.SplitNeeded as s:
             text = (str(s).replace("Symbolic dimension comparison ", "")
                     .replace(" is inconclusive.", ""))
+            if {f"{s.cond} >= 0", f"{s.cond} <= -1"} & set(conditions):
+                raise ShapeError(  # JAX's decision procedure cannot use the condition
+                    f"cannot decide the size comparison {display_text(text, _internal_of(s.cond))} "
+                    f"at {user_frame_of_exception(s)} even for one outcome of it; state "
+                    "what you know as constraints (mask(..., constraints=['n >= 3']))") from None
             node = Split(s.cond, display_text(text, _internal_of(s.cond)),
                          user_frame_of_exception(s))
             splits.append(node)

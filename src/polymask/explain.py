@@ -135,7 +135,8 @@ def _tag(index: int) -> str:
 class _Recorder:
     """Interpreter observer: one ``Row`` per user equation, evaluated in its own name scope."""
 
-    def __init__(self, concrete: dict | None):
+    def __init__(self, concrete: dict | None, internal: dict):
+        self.show = lambda text: display_text(text, internal)  # spec dim var names
         self.rows: list[Row] = []
         self.prims: dict[str, tuple[Row, str]] = {}  # tag -> (row, primitive name)
         self.open: list[Row] = []  # rows being evaluated, innermost last
@@ -153,11 +154,11 @@ class _Recorder:
             name = f"{name}({eqn.params['name']})"
         rule = get_rule(eqn.primitive.name)
         static = rule is None or all_sizes_at_bound(eqn, dims)
-        size_query = (_dim_str(eqn.params["dim"]) if eqn.primitive is compat.dim_as_value_p
+        size_query = (self.show(_dim_str(eqn.params["dim"])) if eqn.primitive is compat.dim_as_value_p
                       else None)
         row = Row(index=len(self.rows) + 1, depth=len(self.open), primitive=name,
                   rule="static" if static else rule.__name__,
-                  shapes=[_aval_str(v.aval) for v in eqn.outvars], bounds=[], logical=None,
+                  shapes=[self.show(_aval_str(v.aval)) for v in eqn.outvars], bounds=[], logical=None,
                   inserted={}, size_query=size_query, source=src, code=_source_code(src),
                   nested=nested)
         self.rows.append(row)  # before the rule runs: nested equations come after it
@@ -287,7 +288,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
 
     # Every dynamic axis gets a traced int32 size so the masks become visible.
     n_sizes = sum(a.var is not None for axes in prog.axis_specs for a in axes)
-    recorder = _Recorder(concrete)
+    recorder = _Recorder(concrete, prog.internal)
     interp = Interpreter(observe=recorder.observe)
 
     def masked_program(datas, sizes):

@@ -142,7 +142,7 @@ class ShapeFormula:
     @property
     def strs(self) -> tuple[str, ...]:
         """Each axis in Python syntax."""
-        return tuple(_py_expr(_dim_str(d)) for d in self.exprs)
+        return tuple(_py_expr(self._str(d)) for d in self.exprs)
 
     @property
     def jax_str(self) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -21,6 +22,9 @@ from . import _jax_compat as compat
 from .errors import ShapeError
 
 Size = Any
+
+# A spec dim var ``n`` is traced as ``n__p1 - 1`` (trace.py: sizes may be 0).
+SHIFT_SUFFIX = "__p1"
 
 
 def is_static(s) -> bool:
@@ -40,6 +44,7 @@ class DimEnv:
         self.logical_values = dict(logical)
         self._padded_cache: dict[Any, int] = {}
         self.logical_cache: dict[Any, Size] = {}
+        self._unshift_cache: dict[Any, Any] = {}
 
     # -- data-dependent sizes -------------------------------------------------
     def add_var(self, name: str, bound: int, logical: Size) -> None:
@@ -93,7 +98,31 @@ class DimEnv:
         if all(is_static(x) for x in env.values()):
             return int(compat.evaluate_dim(d, {k: int(x) for k, x in env.items()}))
         env = {k: jnp.asarray(x, jnp.int32) for k, x in env.items()}
+        d, env = self._unshifted(d, env)
         return jnp.asarray(compat.evaluate_dim(d, env), jnp.int32)
+
+    def _unshifted(self, d, env):
+        """``d`` over ``n`` instead of the shifted ``n__p1`` (``n + 1``), when it has any.
+
+        ``(n__p1 - 1)*(m__p1 - 1)`` is ``n__p1*m__p1 - n__p1 - m__p1 + 1`` in
+        JAX's normal form (three products at run time); over ``n, m`` it is
+        ``n*m`` again. The expression moves to a scope without constraints
+        (only evaluated there, never compared).
+        """
+        names = {v: v.removesuffix(SHIFT_SUFFIX) for v in env}
+        if names == {v: v for v in env} or len(set(names.values())) < len(names):
+            return d, env
+        hit = self._unshift_cache.get(d)
+        if hit is None:
+            try:
+                syms = jax.export.symbolic_shape(", ".join(names.values()))
+                sub = {v: s + (1 if v != names[v] else 0) for v, s in zip(names, syms)}
+                hit = self._unshift_cache[d] = compat.evaluate_dim(d, sub)
+            except Exception:
+                hit = self._unshift_cache[d] = d
+        if hit is d:
+            return d, env
+        return hit, {names[v]: (x - 1 if v != names[v] else x) for v, x in env.items()}
 
     def padded_shape(self, shape) -> tuple[int, ...]:
         return tuple(self.padded(d) for d in shape)

@@ -29,7 +29,7 @@ from . import _jax_hooks as jax_hooks
 from .diagnostics import is_library_frame, translate_trace_error
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
-from .shapes import DimEnv, is_static
+from .shapes import SHIFT_SUFFIX, DimEnv, is_static
 from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
 
 __all__ = ["MaskedProgram", "trace", "current_scope", "is_masked", "flatten_args",
@@ -215,7 +215,6 @@ def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:
     return bounds, order
 
 
-SHIFT_SUFFIX = "__p1"
 
 
 def _translate(text: str, internal: dict[str, tuple[str, int]]) -> str:
