@@ -165,9 +165,6 @@ def test_split():
     check_all_sizes(lambda x: jnp.split(x, [2, 5])[1], 6, expect_errors=[0, 1, 2, 3, 4])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "open: every case of jnp.pad(mode='symmetric') fails while tracing (the n >= 1 case "
-    "too), so mask raises 'the function fails for every size'; not investigated yet"))
 def test_symmetric_pad():
     check_all_sizes(lambda x: jnp.pad(x, 1, mode="symmetric"), 4, expect_errors=[0])
 

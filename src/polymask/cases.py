@@ -230,24 +230,13 @@ def trace_cases(fun: Callable, args: Sequence[Any], in_specs=None,
     def explore(conditions: tuple[str, ...]):
         if len(cases) >= max_cases:
             raise _too_many(splits, max_cases, first.get("internal", {}))
+        split = None
         try:
             prog, leaves = trace(fun, args, in_specs, constraints, conditions)
         except UnsupportedError:
             raise
         except jax_hooks.SplitNeeded as s:
-            text = (str(s).replace("Symbolic dimension comparison ", "")
-                    .replace(" is inconclusive.", ""))
-            if {f"{s.cond} >= 0", f"{s.cond} <= -1"} & set(conditions):
-                raise ShapeError(  # JAX's decision procedure cannot use the condition
-                    f"cannot decide the size comparison {display_text(text, _internal_of(s.cond))} "
-                    f"at {user_frame_of_exception(s)} even for one outcome of it; state "
-                    "what you know as constraints (mask(..., constraints=['n >= 3']))") from None
-            node = Split(s.cond, display_text(text, _internal_of(s.cond)),
-                         user_frame_of_exception(s))
-            splits.append(node)
-            node.yes = explore(conditions + (f"{s.cond} >= 0",))
-            node.no = explore(conditions + (f"{s.cond} <= -1",))
-            return node
+            split = s  # traced below, outside this handler (no exception context)
         except Exception as e:
             if not conditions:
                 raise
@@ -255,6 +244,20 @@ def trace_cases(fun: Callable, args: Sequence[Any], in_specs=None,
                         where=user_frame_of_exception(e))
             cases.append(case)
             return case
+        if split is not None:
+            text = display_text(str(split).replace("Symbolic dimension comparison ", "")
+                                .replace(" is inconclusive.", ""), _internal_of(split.cond))
+            where = user_frame_of_exception(split)
+            if {f"{split.cond} >= 0", f"{split.cond} <= -1"} & set(conditions):
+                raise ShapeError(  # JAX's decision procedure cannot use the condition
+                    f"cannot decide the size comparison {text} at {where} even for one "
+                    "outcome of it; state what you know as constraints "
+                    "(mask(..., constraints=['n >= 3']))")
+            node = Split(split.cond, text, where)
+            splits.append(node)
+            node.yes = explore(conditions + (f"{split.cond} >= 0",))
+            node.no = explore(conditions + (f"{split.cond} <= -1",))
+            return node
         first.setdefault("prog", prog)
         first.setdefault("leaves", leaves)
         first.setdefault("internal", prog.internal)

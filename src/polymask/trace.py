@@ -225,6 +225,17 @@ def _translate(text: str, internal: dict[str, tuple[str, int]]) -> str:
     return text
 
 
+def _pinned(scope, internal) -> list[str]:
+    """``"v == c"`` for each internal dim var whose range in ``scope`` is one value."""
+    out = []
+    for name, _ in internal.values():
+        (e,) = jax.export.symbolic_shape(name, scope=scope)
+        lo, hi = compat.lower_bound(e), compat.upper_bound(e)
+        if lo == hi:
+            out.append(f"{name} == {int(lo)}")
+    return out
+
+
 def _internal_names(var_order, var_bounds, constraints) -> dict[str, tuple[str, int]]:
     """Spec dim var -> (internal name, offset): shifted unless the constraints say >= 1."""
     shifted = {v: (v + SHIFT_SUFFIX, 1) for v in var_order}
@@ -244,12 +255,22 @@ def _internal_names(var_order, var_bounds, constraints) -> dict[str, tuple[str, 
 
 
 def split_of(e: BaseException):
-    """``e`` when it is a ``SplitNeeded`` (None otherwise).
+    """The ``SplitNeeded`` of ``e``: ``e`` itself, or one JAX was handling when it
+    raised ``e`` (its ``__cause__``/``__context__``), None when there is none.
 
-    An error raised while JAX handled a ``SplitNeeded`` (its ``__context__``)
-    is the plain function's own error for the outcome JAX fell back on.
+    JAX code that catches an inconclusive comparison and then raises (``jnp.pad``
+    with ``mode="symmetric"`` needs ``n > 1`` proven) fails only because the
+    comparison was undecided: each outcome, traced with it decided, is what
+    plain JAX does at those sizes. (Code that falls back without raising,
+    ``max``/``min``, never gets here.)
     """
-    return e if isinstance(e, jax_hooks.SplitNeeded) else None
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, jax_hooks.SplitNeeded):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def trace(fun: Callable, args: Sequence[Any], in_specs=None,
@@ -283,6 +304,9 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
         scope = jax.export.SymbolicScope(tuple(texts))
     except Exception as e:
         raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
+    pins = _pinned(scope, internal) if conditions else []
+    if pins:  # a case for one size: traced at that size, as plain JAX would
+        scope = jax.export.SymbolicScope(tuple(texts + pins))
     var_expr = {}
     for v, (name, off) in internal.items():
         (e,) = jax.export.symbolic_shape(name, scope=scope)
