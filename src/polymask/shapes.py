@@ -106,12 +106,13 @@ class DimEnv:
 
         ``(n__p1 - 1)*(m__p1 - 1)`` is ``n__p1*m__p1 - n__p1 - m__p1 + 1`` in
         JAX's normal form (three products at run time); over ``n, m`` it is
-        ``n*m`` again. The expression moves to a scope without constraints
-        (only evaluated there, never compared).
+        ``n*m`` again. Polynomials only: the new scope's ``n`` is >= 1 for JAX,
+        which would simplify ``min(n, 1)`` to 1.
         """
         names = {v: v.removesuffix(SHIFT_SUFFIX) for v in env}
-        if names == {v: v for v in env} or len(set(names.values())) < len(names):
-            return d, env
+        if (names == {v: v for v in env} or len(set(names.values())) < len(names)
+                or any(op in str(d) for op in ("min(", "max(", "floordiv(", "mod("))):
+            return d, env  # JAX simplifies those assuming n >= 1: polynomials only
         hit = self._unshift_cache.get(d)
         if hit is None:
             try:
