@@ -51,13 +51,15 @@ class SplitNeeded(InconclusiveDimensionOperation):
 @dataclasses.dataclass
 class _HookFrame:
     split_vars: dict  # internal dim var -> (lowest, highest) value
+    scope: Any  # the trace's SymbolicScope (None: any)
     is_user_frame: Any
     busy: bool = False
     everywhere: dict = dataclasses.field(default_factory=dict)
 
 
 @contextlib.contextmanager
-def trace_hooks(is_user_frame, split_vars: dict | None = None) -> Iterator[None]:
+def trace_hooks(is_user_frame, split_vars: dict | None = None,
+                scope=None) -> Iterator[None]:
     """The JAX hooks a masked trace needs, installed for its duration only.
 
     Size comparisons in ``split_vars`` (``{name: (lowest, highest)}``) that
@@ -65,7 +67,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None) -> Iterator[None]
     error, or, for ``==``, instead of JAX's unsound ``False``), so the tracer
     can trace each outcome under a constraint (see ``_split_geq`` and
     ``_split_eq``). ``is_user_frame(filename)`` tells a comparison made in
-    user code from one made inside JAX.
+    user code from one made inside JAX. Only sizes of ``scope`` (when given)
+    split: JAX compares sizes of earlier traces too (its caches' keys).
 
     The hooks are removed when the last trace in progress (in any thread) ends.
     """
@@ -79,7 +82,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None) -> Iterator[None]
             _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
-    stack.append(_HookFrame(dict(split_vars or {}), is_user_frame))
+    stack.append(_HookFrame(dict(split_vars or {}), scope, is_user_frame))
     try:
         yield None
     finally:
@@ -103,6 +106,8 @@ def _active_frame(expr) -> _HookFrame | None:
     frame = stack[-1]
     if frame.busy or not dim_vars(expr) <= set(frame.split_vars):
         return None
+    if frame.scope is not None and expr.scope is not frame.scope:
+        return None  # a size of another trace (a JAX cache key compared on lookup)
     return frame
 
 

@@ -225,14 +225,26 @@ def _translate(text: str, internal: dict[str, tuple[str, int]]) -> str:
     return text
 
 
-def _pinned(scope, internal) -> list[str]:
-    """``"v == c"`` for each internal dim var whose range in ``scope`` is one value."""
+def _pinned(conditions, internal, var_bounds) -> list[str]:
+    """``"v == c"`` for each internal dim var the case's conditions leave one value.
+
+    Counted here over the var's range (JAX's bounds from several constraints on
+    one var are not always tight); conditions over several vars are skipped.
+    """
     out = []
-    for name, _ in internal.values():
-        (e,) = jax.export.symbolic_shape(name, scope=scope)
-        lo, hi = compat.lower_bound(e), compat.upper_bound(e)
-        if lo == hi:
-            out.append(f"{name} == {int(lo)}")
+    for v, (name, off) in internal.items():
+        ok = set(range(off, var_bounds[v] + off + 1))
+        for c in conditions:
+            text, op, _ = c.rsplit(" ", 2)
+            try:
+                (e,) = jax.export.symbolic_shape(text)
+            except Exception:
+                continue
+            if compat.dim_vars(e) == {name}:
+                ok = {x for x in ok if (int(compat.evaluate_dim(e, {name: x})) >= 0)
+                      == (op == ">=")}
+        if len(ok) == 1:
+            out.append(f"{name} == {ok.pop()}")
     return out
 
 
@@ -304,7 +316,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
         scope = jax.export.SymbolicScope(tuple(texts))
     except Exception as e:
         raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
-    pins = _pinned(scope, internal) if conditions else []
+    pins = _pinned(conditions, internal, var_bounds)
     if pins:  # a case for one size: traced at that size, as plain JAX would
         scope = jax.export.SymbolicScope(tuple(texts + pins))
     var_expr = {}
@@ -332,7 +344,8 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
 
     hooks = jax_hooks.trace_hooks(lambda f: not is_library_frame(f),
                                   split_vars={v: (1 if internal_off.get(v) else 0, b)
-                                              for v, b in dim_bounds.items()})
+                                              for v, b in dim_bounds.items()},
+                                  scope=scope)
     try:
         with _scope_active(scope), hooks:
             closed = jax.make_jaxpr(flat_fun)(*avals)
