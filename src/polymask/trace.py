@@ -241,11 +241,19 @@ def _pinned(conditions, internal, var_bounds) -> list[str]:
             except Exception:
                 continue
             if compat.dim_vars(e) == {name}:
-                ok = {x for x in ok if (int(compat.evaluate_dim(e, {name: x})) >= 0)
-                      == (op == ">=")}
+                ok = {x for x in ok if _holds(e, name, x, op)}
         if len(ok) == 1:
             out.append(f"{name} == {ok.pop()}")
     return out
+
+
+def _holds(e, name: str, x: int, op: str) -> bool:
+    """``e >= 0`` (op ``>=``) or ``e <= -1`` at ``name = x``; True when undefined (x // 0)."""
+    try:
+        with np.errstate(all="raise"):
+            return (int(compat.evaluate_dim(e, {name: x})) >= 0) == (op == ">=")
+    except (ArithmeticError, FloatingPointError):
+        return True
 
 
 def _internal_names(var_order, var_bounds, constraints) -> dict[str, tuple[str, int]]:
