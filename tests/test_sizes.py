@@ -157,6 +157,22 @@ def test_dynamic_slice():
     check_all_sizes(lambda x: lax.dynamic_slice(x, (1,), (2,)), 4, expect_errors=[0, 1])
 
 
+@pytest.mark.parametrize("i", [0, 1, 3, -1])
+def test_dynamic_slice_traced_start(i):
+    def f(x, start):
+        return lax.dynamic_slice(x, (start,), (2,))
+
+    start = jnp.int32(i)
+    check_oracle(f, [(vec(n), start) for n in range(2, 5)], [(4,), None], ["n", None],
+                 modes=("eager", "jit", "vmap"))
+    m = pm.mask(f, ["n", None])
+    for n in (0, 1):
+        with pytest.raises(pm.ShapeError, match="the function fails"):
+            m(masked(vec(n), 4), start)
+        with pytest.raises(Exception, match="the function fails"):
+            jax.block_until_ready(jax.jit(m)(masked(vec(n), 4), start))
+
+
 def test_dynamic_update_slice_static_window():
     check_all_sizes(lambda x: lax.dynamic_update_slice(x, jnp.ones(2), (1,)), 4,
                     expect_errors=[0, 1])
