@@ -224,3 +224,22 @@ def test_cases_summary_names_spec_dim_vars():
     tree, _ = pm.mask(lambda x: lax.top_k(x, 2)[0], "n").cases(masked(vec(3), 4))
     text = tree.summary()
     assert "__p1" not in text and "n in {0..1}" in text and "n in {2..4}" in text
+
+
+def test_polymask_jit_cases_and_host_errors():
+    def f(x):
+        return lax.top_k(x, 2)[0] if x.shape[0] > 2 else x * 3
+
+    pj = pm.jit(f, "n")
+    for n in range(6):
+        x = jnp.asarray(vec(n))
+        np.testing.assert_allclose(pj(x), f(x))
+    pg = pm.jit(lambda x: lax.top_k(x, 2)[0], "n")
+    for n in (0, 3, 1):
+        x = jnp.asarray(vec(n))
+        if n < 2:
+            with pytest.raises(pm.ShapeError, match="the function fails"):
+                pg(x)
+        else:
+            np.testing.assert_allclose(pg(x), lax.top_k(x, 2)[0])
+    assert pg.stats()["compiles"] == 1

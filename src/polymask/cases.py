@@ -338,15 +338,22 @@ def _pad_to(data, shape):
     return jnp.pad(data, [(0, t - s) for s, t in zip(data.shape, shape)])
 
 
+def _error_message(tree: CaseTree, c: Case) -> str:
+    return (f"for these sizes ({tree.describe_conditions(c)}) the function fails at "
+            f"{c.where}:\n  {c.error}")
+
+
 def _error_checks(tree: CaseTree, idx) -> list[Check]:
-    checks = []
-    for c in tree.cases:
-        if c.error is None or not c.reachable:
-            continue
-        bad = (idx == c.index) if is_static(idx) else (idx == c.index)
-        checks.append(Check(bad, f"for these sizes ({tree.describe_conditions(c)}) the "
-                                 f"function fails at {c.where}:\n  {c.error}"))
-    return checks
+    return [Check(idx == c.index, _error_message(tree, c)) for c in tree.cases
+            if c.error is not None and c.reachable]
+
+
+def host_error(tree: CaseTree, values: dict[str, int]) -> str | None:
+    """The error of the case that concrete spec dim var ``values`` choose (None: no error)."""
+    if tree.single or all(c.error is None for c in tree.cases):
+        return None
+    case = tree.cases[int(tree.select(tree.base.internal_values(values)))]
+    return None if case.error is None else _error_message(tree, case)
 
 
 def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,

@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .cases import host_error
+from .errors import ShapeError
 from .masked import Masked
 from .plan import CallPlan, OutputPlan, dtype_key, output_plan, plan_call, policy_getter
 from .transform import mask
@@ -70,6 +72,15 @@ class _Entry:
     fn: Callable | None = None
     outputs: OutputPlan | None = None
     compile_s: float = 0.0
+    tree: Any = None  # the CaseTree (cases.py), known once traced
+
+
+def _raise_case_error(entry: _Entry, plan: CallPlan) -> None:
+    """Sizes for which the function fails (an error case) raise ``ShapeError`` on the host."""
+    msg = None if entry.tree is None else host_error(
+        entry.tree, dict(zip(plan.var_names, plan.values)))
+    if msg is not None:
+        raise ShapeError(msg)
 
 
 def _build_inner(fun, entry: _Entry, in_tree, plan: CallPlan, in_specs, constraints,
@@ -108,6 +119,7 @@ def _build_inner(fun, entry: _Entry, in_tree, plan: CallPlan, in_specs, constrai
             args = tuple(jax.tree_util.tree_unflatten(bcast_tree, list(bcast_leaves))) + args
         tree, _ = masked.cases(*args)  # the tracer's symbolic output shapes
         outputs = entry.outputs = output_plan(tree.base, tree.single)
+        entry.tree = tree
         out_leaves = jax.tree_util.tree_leaves(masked(*args),
                                                is_leaf=lambda x: isinstance(x, Masked))
         datas = [o.data if isinstance(o, Masked) else jnp.asarray(o) for o in out_leaves]
@@ -287,7 +299,12 @@ class PolyJit(_Runner):
         flat.append(info.sizes)
         entry = self._entry_counted(info.key, info.plan.logical, info.plan.padded)
         make = None if entry.fn is not None else functools.partial(self._make, tree, info.plan)
-        out = self._call_entry(entry, make, flat)
+        _raise_case_error(entry, info.plan)
+        try:
+            out = self._call_entry(entry, make, flat)
+        except Exception:
+            _raise_case_error(entry, info.plan)  # first call: the tree is known now
+            raise
         outputs = entry.outputs
         if outputs.device_axes:
             datas, out_sizes = out
