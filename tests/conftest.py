@@ -1,6 +1,12 @@
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tiered buckets compile in a background thread; off here so compile counts are
+# deterministic (tests of tiered buckets pass tiered=True and call .wait()).
+os.environ.setdefault("POLYMASK_TIERED", "0")
+# The CLI turns the persistent compilation cache on by default: not in tests
+# (it is process-global JAX config); tests that want it pass --cache-dir.
+os.environ.setdefault("POLYMASK_CACHE_DIR", "off")
 
 from hypothesis import settings  # noqa: E402
 

@@ -30,10 +30,37 @@ def test_embed_command(tmp_path, capsys):
     out = tmp_path / "emb.npy"
     assert cli.main(["embed", str(f), "--out", str(out), "--model", str(model)]) == 0
     emb = np.load(out)
-    assert emb.shape == (3, 16) and emb.dtype == np.float32
-    ref = SentenceEncoder(model).embed(f.read_text().splitlines())
+    assert emb.shape == (2, 16) and emb.dtype == np.float32  # the blank line is skipped
+    texts = [t for t in f.read_text().splitlines() if t.strip()]
+    ref = SentenceEncoder(model).embed(texts)
     np.testing.assert_allclose(emb, ref, atol=1e-6)
-    assert "3 texts" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "2 texts" in err and "skipped 1 blank line (line 2)" in err and "texts/s" in err
+
+
+def test_embed_jsonl_no_normalize_progress(tmp_path, capsys):
+    import json
+
+    (tmp_path / "m").mkdir()
+    model = _tiny_model_dir(tmp_path / "m")
+    f = tmp_path / "texts.txt"
+    texts = ["the cat sat", "a big red dog ran fast", "", "  ", "on a mat"]
+    f.write_text("\n".join(texts) + "\n")
+    out = tmp_path / "emb.jsonl"
+    assert cli.main(["embed", str(f), "--out", str(out), "--model", str(model),
+                     "--no-normalize", "--batch-size", "2", "--progress"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["line"] for r in rows] == [1, 2, 5]
+    assert [r["text"] for r in rows] == ["the cat sat", "a big red dog ran fast", "on a mat"]
+    emb = np.array([r["embedding"] for r in rows], np.float32)
+    enc = SentenceEncoder(model)
+    ref = enc.embed([r["text"] for r in rows], normalize=False)
+    np.testing.assert_allclose(emb, ref, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(np.linalg.norm(emb, axis=1), 1.0)  # not normalised
+    np.testing.assert_allclose(enc.embed(["on a mat"])[0], ref[2] / np.linalg.norm(ref[2]),
+                               rtol=1e-5, atol=1e-6)
+    err = capsys.readouterr().err
+    assert "skipped 2 blank lines (line 3, 4)" in err and "texts/s" in err
 
 
 def test_embed_missing_file(tmp_path, capsys):
@@ -58,3 +85,27 @@ def test_entry_point_help():
     r = subprocess.run([sys.executable, "-m", "polymask.cli", "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "demo" in r.stdout and "embed" in r.stdout
+
+
+def test_warmup_command_fills_the_cache_then_embed_compiles_nothing(tmp_path, capsys):
+    import polymask as pm
+
+    model = tmp_path / "m"
+    model.mkdir()
+    _tiny_model_dir(model)
+    cache = tmp_path / "xla"
+    try:
+        assert cli.main(["--cache-dir", str(cache), "warmup", "--model", str(model),
+                         "--batch-size", "4", "--min-bucket", "16"]) == 0
+        err = capsys.readouterr().err
+        assert "compiled length buckets" in err
+        assert any(p.is_file() for p in cache.rglob("*"))
+    finally:
+        pm.disable_compilation_cache()
+    enc = SentenceEncoder(model)
+    policy = pm.buckets.pow2(16)
+    lengths = enc.warmup(policy, batch_size=4, max_length=20)
+    assert lengths == [16, 32] and enc.runner(policy, 4).stats()["precompiles"] == 2
+    with pm.runner.compile_counter() as cc:
+        enc.embed(["a short text", "the cat sat on the mat"], buckets=policy, batch_size=4)
+    assert cc.compiles == 0

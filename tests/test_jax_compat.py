@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from polymask import _jax_compat as compat
-from polymask import _jax_hooks as jax_hooks
+from polymask import _jax_compat as jax_hooks
 
 
 def scope_and_n(constraints=("n <= 10",)):

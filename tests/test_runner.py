@@ -216,12 +216,118 @@ def test_jit_output_shapes_from_host_expressions():
     assert a.shape == (9,) and b.shape == (2,)
 
 
-def test_jit_recurring_output_shape_gets_compiled_slice():
-    pf = pm.jit(lambda x: x * 3, "n", slice_after=2)
-    for _ in range(4):
-        y = pf(np.arange(5, dtype=np.float32))
-        assert isinstance(y, jax.Array)
-        np.testing.assert_array_equal(y, np.arange(5) * 3)
+def test_jit_unpadding_compiles_nothing_per_length():
+    """Outputs are sliced on the host: no program per output length, all compiles counted."""
+    pf = pm.jit(lambda x: x * 3, "n", buckets=B.pow2(16))
+    with pm.runner.compile_counter() as cc:
+        for _ in range(3):
+            for n in range(1, 17):
+                xn = np.arange(n, dtype=np.float32)
+                for x in (xn, jax.device_put(xn)):  # device_put: no compile
+                    y = pf(x)
+                    assert isinstance(y, jax.Array) and y.shape == (n,)
+                    np.testing.assert_array_equal(y, np.arange(n) * 3)
     st = pf.stats()
-    assert st["slice_compiles"] == 1 and st["compiles"] == 1
-    assert pm.jit(lambda x: x * 3, "n", slice_after=None)(np.ones(3, np.float32)).shape == (3,)
+    assert st["compiles"] == 1 and st["slice_compiles"] == 0
+    assert cc.compiles == st["xla_compiles"] >= 1  # every XLA compile is in stats()
+    with pm.runner.compile_counter() as cc2:
+        pf(np.arange(7, dtype=np.float32))
+    assert cc2.compiles == 0
+
+
+def test_jit_precompile_then_no_compile_on_call():
+    pf = pm.jit(lambda w, x: jnp.tanh(x @ w), (None, "n, 4"), buckets=B.pow2(8))
+    w = np.ones((4, 2), np.float32)
+    pf.precompile(w, jax.ShapeDtypeStruct((16, 4), jnp.float32))
+    st = pf.stats()
+    assert st["compiles"] == 1 and st["precompiles"] == 1 and st["calls"] == 0
+    with pm.runner.compile_counter() as cc:
+        for n in (9, 12, 16):
+            x = np.random.default_rng(n).normal(size=(n, 4)).astype(np.float32)
+            np.testing.assert_allclose(pf(w, x), np.tanh(x @ w), rtol=1e-5, atol=1e-6)
+    assert cc.compiles == 0 and pf.stats()["compiles"] == 1
+
+
+def test_jit_tiered_buckets_serve_then_switch():
+    traces = []
+
+    def f(x):
+        traces.append(x.shape)
+        return jnp.cumsum(x) + jnp.max(x)
+
+    pf = pm.jit(f, "n", buckets=B.pow2(4), tiered=True)
+    big = np.arange(60, dtype=np.float32)
+    np.testing.assert_allclose(pf(big), np.cumsum(big) + big.max())  # bucket 64, foreground
+    for n in (3, 5, 9, 17, 33, 2, 6):
+        x = np.arange(n, dtype=np.float32)[::-1].copy()
+        np.testing.assert_allclose(pf(x), np.cumsum(x) + x.max())  # served at once
+    assert pf.stats()["tiered_calls"] >= 1
+    pf.wait()
+    st = pf.stats()
+    assert st["compiles"] == 1 + 4  # 64 in the foreground; 4, 8, 16, 32 in the background
+    assert st["background_compiles"] == 4
+    tiered = st["tiered_calls"]
+    for n in (3, 5, 9, 17, 33):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_allclose(pf(x), np.cumsum(x) + x.max())
+    assert pf.stats()["tiered_calls"] == tiered  # tight buckets now
+    assert pf.stats()["compiles"] == 5
+
+
+def test_jit_tiered_off_compiles_in_foreground():
+    pf = pm.jit(jnp.sum, "n", buckets=B.pow2(4), tiered=False)
+    pf(np.ones(30, np.float32))
+    pf(np.ones(3, np.float32))
+    st = pf.stats()
+    assert st["compiles"] == 2 and st["tiered_calls"] == 0 and st["background_compiles"] == 0
+
+
+def test_persistent_compilation_cache_writes_files(tmp_path):
+    d = tmp_path / "xla"
+    prev = pm.enable_compilation_cache(d)
+    try:
+        pf = pm.jit(lambda x: jnp.sin(x) * 7 + 0.125, "n", buckets=B.fixed(48))
+        np.testing.assert_allclose(pf(np.ones(5, np.float32)), np.sin(np.ones(5)) * 7 + 0.125,
+                                   rtol=1e-6)
+        assert any(p.is_file() for p in d.rglob("*"))
+        jax.clear_caches()  # as a new process would: the program comes from disk
+        pf2 = pm.jit(lambda x: jnp.sin(x) * 7 + 0.125, "n", buckets=B.fixed(48))
+        pf2(np.ones(6, np.float32))
+        st = pf2.stats()
+        assert st["persistent_cache_hits"] >= 1 and st["xla_compiles"] == 0
+    finally:
+        pm.disable_compilation_cache(prev)
+
+
+def test_ragged_map_sorted_batches_keep_input_order_and_no_partial_compiles():
+    rng = np.random.default_rng(3)
+    sizes = [int(n) for n in rng.integers(1, 30, size=37)]
+    exs = [rng.normal(size=n).astype(np.float32) for n in sizes]
+    rm = pm.ragged_map(lambda x: (jnp.sum(x), x.shape[0] * jnp.ones(())), "n",
+                       buckets=B.pow2(8), batch_size=4, numpy_outputs=True)
+    outs = rm(exs)
+    for e, (s, n) in zip(exs, outs):  # input order
+        assert float(n) == e.shape[0]
+        np.testing.assert_allclose(s, e.sum(), rtol=1e-5, atol=1e-5)
+    buckets = {max(8, 1 << (n - 1).bit_length()) for n in sizes}
+    assert rm.stats()["compiles"] == len(buckets)  # partial batches: full-batch program
+    tok = pm.ragged_map(lambda x: jnp.sum(x), "n", buckets=B.pow2(8), batch_tokens=256,
+                        numpy_outputs=True)
+    for e, s in zip(exs, tok(exs)):
+        np.testing.assert_allclose(s, e.sum(), rtol=1e-5, atol=1e-5)
+    assert tok.stats()["compiles"] == len(buckets)
+    assert tok.stats()["calls"] < rm.stats()["calls"]  # 32 rows of 8, 16 of 16, 8 of 32
+
+
+def test_ragged_map_precompile():
+    rm = pm.ragged_map(lambda w, x: jnp.tanh(x @ w).sum(0), ("n, 3",), buckets=B.pow2(8),
+                       batch_size=4, numpy_outputs=True)
+    w = np.ones((3, 2), np.float32)
+    rm.precompile(jax.ShapeDtypeStruct((8, 3), jnp.float32), w)
+    assert rm.stats()["compiles"] == 1
+    exs = [np.full((n, 3), 0.1, np.float32) for n in (1, 5, 8, 3, 2)]
+    with pm.runner.compile_counter() as cc:
+        outs = rm(exs, w)
+    assert cc.compiles == 0 and rm.stats()["compiles"] == 1
+    for e, o in zip(exs, outs):
+        np.testing.assert_allclose(o, np.tanh(e @ w).sum(0), rtol=1e-5)

@@ -7,8 +7,9 @@ outputs equal ``f`` on the unpadded inputs. See docs/DESIGN.md for the contract.
 
 from __future__ import annotations
 
-from . import buckets
+from . import buckets, runner
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
+from .cache import default_cache_dir, disable_compilation_cache, enable_compilation_cache
 from .errors import ShapeError, UnsupportedError
 from .explain import explain
 from .formula import shape_formula
@@ -27,12 +28,14 @@ from .ops import (
 )
 from .ragged import ragged_map
 from .runner import jit
+from .training import value_and_grad
 from .transform import mask
 
 __all__ = [
     "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "UnsupportedError",
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
-    "buckets",
+    "buckets", "value_and_grad", "enable_compilation_cache", "disable_compilation_cache",
+    "default_cache_dir", "runner",
 ]
 __version__ = "0.1.0"

@@ -20,9 +20,20 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from .errors import ShapeError
 
 __all__ = ["Policy", "pow2", "multiple", "explicit", "fixed", "exact", "as_policy"]
+
+
+def _int_arg(v, what: str, minimum: int) -> int:
+    """``v`` as an int >= ``minimum``; TypeError for floats/bools, ValueError below."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"{what} must be an int; got {v!r}")
+    if v < minimum:
+        raise ValueError(f"{what} must be >= {minimum}; got {int(v)}")
+    return int(v)
 
 
 class Policy:
@@ -33,6 +44,11 @@ class Policy:
         self.name = name
 
     def __call__(self, size: int) -> int:
+        if isinstance(size, (bool, np.bool_)) or not (
+                isinstance(size, (int, np.integer))
+                or (isinstance(size, np.ndarray) and size.ndim == 0
+                    and np.issubdtype(size.dtype, np.integer))):
+            raise TypeError(f"bucket policy {self.name}: a size must be an int; got {size!r}")
         size = int(size)
         if size < 0:
             raise ShapeError(f"bucket policy {self.name}: negative size {size}")
@@ -47,8 +63,7 @@ class Policy:
 
 def pow2(minimum: int = 8) -> Policy:
     """Next power of two, at least ``minimum`` (``pow2(8)``: 0..8 -> 8, 9 -> 16)."""
-    if minimum < 1:
-        raise ValueError("pow2: minimum must be >= 1")
+    minimum = _int_arg(minimum, "pow2: minimum", 1)
 
     def fn(n):
         return max(int(minimum), 1 << max(n - 1, 0).bit_length())
@@ -58,9 +73,8 @@ def pow2(minimum: int = 8) -> Policy:
 
 def multiple(k: int, minimum: int | None = None) -> Policy:
     """Next multiple of ``k`` (at least ``minimum``, default ``k``)."""
-    if k < 1:
-        raise ValueError("multiple: k must be >= 1")
-    lo = k if minimum is None else int(minimum)
+    k = _int_arg(k, "multiple: k", 1)
+    lo = k if minimum is None else _int_arg(minimum, "multiple: minimum", 1)
 
     def fn(n):
         return max(lo, -(-n // k) * k, 1)
@@ -70,9 +84,9 @@ def multiple(k: int, minimum: int | None = None) -> Policy:
 
 def explicit(bounds: Sequence[int]) -> Policy:
     """Smallest bound in ``bounds`` that is ``>= size``; ShapeError above the largest."""
-    bs = sorted({int(b) for b in bounds})
-    if not bs or bs[0] < 1:
-        raise ValueError("explicit: needs bounds >= 1")
+    bs = sorted({_int_arg(b, "explicit: each bound", 1) for b in bounds})
+    if not bs:
+        raise ValueError("explicit: needs at least one bound >= 1")
 
     def fn(n):
         i = bisect.bisect_left(bs, n)

@@ -3,7 +3,7 @@
 While a function is traced, a comparison of sizes that JAX cannot decide (a
 Python ``if`` on a size, ``lax.cond`` on a size predicate, ``top_k``'s
 ``k <= n``, a ``dynamic_slice`` window, ``x.shape[0] == 1`` inside JAX's det
-...) raises ``SplitNeeded(e)`` (``_jax_hooks.trace_hooks``). ``trace_cases``
+...) raises ``SplitNeeded(e)`` (``_jax_compat.trace_hooks``). ``trace_cases``
 then traces again with ``e >= 0`` and with ``e <= -1`` added to the scope,
 where JAX's decision procedure decides it, and so on: the result is a small
 decision tree (``CaseTree``) whose leaves are masked programs, or *error
@@ -34,15 +34,15 @@ import numpy as np
 from jax import lax
 
 from . import _jax_compat as compat
-from . import _jax_hooks as jax_hooks
 from .diagnostics import user_frame_of_exception
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
 from .prologue import Check, concrete_value, run_checks
 from .shapes import DimEnv, is_static
-from .trace import SHIFT_SUFFIX, MaskedProgram, display_text, trace
+from .trace import SHIFT_SUFFIX, MaskedProgram, display_text, flatten_args, trace
 
-__all__ = ["Case", "Split", "CaseTree", "trace_cases", "run_cases", "DEFAULT_MAX_CASES"]
+__all__ = ["Case", "Split", "CaseTree", "trace_cases", "trace_function_cases", "run_cases",
+           "DEFAULT_MAX_CASES"]
 
 DEFAULT_MAX_CASES = 16
 _ENUMERATE_LIMIT = 4096  # largest number of size combinations enumerated per tree
@@ -212,10 +212,13 @@ def _error_text(e: BaseException, internal) -> str:
     return display_text(text, internal or {})
 
 
-def trace_cases(fun: Callable, args: Sequence[Any], in_specs=None,
-                constraints: Sequence[str] = (), max_cases: int = DEFAULT_MAX_CASES
-                ) -> tuple[CaseTree, list]:
-    """Trace ``fun`` at the padded signature of ``args``, splitting on undecidable sizes.
+def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
+                max_cases: int = DEFAULT_MAX_CASES) -> CaseTree:
+    """Trace a function once per case, splitting on undecidable size comparisons.
+
+    ``trace_one(conditions)`` traces it at one padded signature with the case's
+    conditions added to the scope (``trace.trace_flat``); it raises
+    ``SplitNeeded`` at a comparison JAX cannot decide.
 
     Raises:
       ShapeError: as ``trace``; when more than ``max_cases`` cases are needed;
@@ -232,10 +235,10 @@ def trace_cases(fun: Callable, args: Sequence[Any], in_specs=None,
             raise _too_many(splits, max_cases, first.get("internal", {}))
         split = None
         try:
-            prog, leaves = trace(fun, args, in_specs, constraints, conditions)
+            prog = trace_one(conditions)
         except UnsupportedError:
             raise
-        except jax_hooks.SplitNeeded as s:
+        except compat.SplitNeeded as s:
             split = s  # traced below, outside this handler (no exception context)
         except Exception as e:
             if not conditions:
@@ -259,7 +262,6 @@ def trace_cases(fun: Callable, args: Sequence[Any], in_specs=None,
             node.no = explore(conditions + (f"{split.cond} <= -1",))
             return node
         first.setdefault("prog", prog)
-        first.setdefault("leaves", leaves)
         first.setdefault("internal", prog.internal)
         case = Case(len(cases), conditions, program=prog)
         cases.append(case)
@@ -281,7 +283,16 @@ def trace_cases(fun: Callable, args: Sequence[Any], in_specs=None,
                 f"{err.error}\n  (for {tree.describe_conditions(err)}, at {err.where})")
         tree.base = live[0].program
         _common_outputs(tree, live)
-    return tree, first["leaves"]
+    return tree
+
+
+def trace_function_cases(fun: Callable, args: Sequence[Any], in_specs=None,
+                         constraints: Sequence[str] = (),
+                         max_cases: int = DEFAULT_MAX_CASES) -> tuple[CaseTree, list]:
+    """``trace_cases`` of ``fun`` at the padded signature of ``args``: ``(tree, leaves)``."""
+    tree = trace_cases(lambda conditions: trace(fun, args, in_specs, constraints, conditions)[0],
+                       max_cases)
+    return tree, flatten_args(args)[0]
 
 
 def _too_many(splits: list[Split], max_cases: int, internal) -> ShapeError:

@@ -8,6 +8,12 @@ deviation from an exact per-text run on a sample, which is also timed with
 plain ``jax.jit`` (one compile per token length).
 
 ``polymask embed FILE --out FILE.npy`` embeds one text per line.
+``polymask warmup`` compiles every length bucket ahead of time.
+
+Compiled programs are kept in JAX's persistent compilation cache, by default
+in ``~/.cache/polymask/xla`` (``$POLYMASK_CACHE_DIR`` to move it,
+``POLYMASK_CACHE_DIR=off`` or ``--no-cache`` to turn it off), so a second
+run compiles nothing.
 """
 
 from __future__ import annotations
@@ -165,29 +171,109 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def cmd_embed(args) -> int:
+def _write_embeddings(out: str, emb, texts: list[str], line_numbers: list[int]) -> None:
+    """``.jsonl``: one ``{"line", "text", "embedding"}`` object per text; else ``.npy``."""
+    import json
+
     import numpy as np
 
+    if out.endswith(".jsonl"):
+        with open(out, "w", encoding="utf-8") as fh:
+            for ln, t, v in zip(line_numbers, texts, emb):
+                fh.write(json.dumps({"line": ln, "text": t,
+                                     "embedding": [float(x) for x in v]}) + "\n")
+    else:
+        np.save(out, emb)
+
+
+def _embed_with_progress(enc, texts, args):
+    """Embed in chunks of 8 batches, with a progress bar in texts/s (stderr)."""
+    import numpy as np
+
+    if not args.progress or not texts:
+        return enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
+                         normalize=args.normalize)
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the models extra
+        return enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
+                         normalize=args.normalize)
+    chunk = 8 * args.batch_size
+    parts = []
+    with tqdm(total=len(texts), unit="texts", desc="polymask embed", file=sys.stderr) as bar:
+        for i in range(0, len(texts), chunk):
+            parts.append(enc.embed(texts[i:i + chunk], buckets=_policy(args),
+                                   batch_size=args.batch_size, normalize=args.normalize))
+            bar.update(len(parts[-1]))
+    return np.concatenate(parts)
+
+
+def cmd_embed(args) -> int:
     path = pathlib.Path(args.file)
     if not path.exists():
         print(f"polymask: {path}: no such file", file=sys.stderr)
         return 2
-    texts = path.read_text(encoding="utf-8").splitlines()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    line_numbers = [i + 1 for i, t in enumerate(lines) if t.strip()]
+    texts = [lines[i - 1] for i in line_numbers]
+    blank = len(lines) - len(texts)
+    if blank:
+        shown = [i + 1 for i, t in enumerate(lines) if not t.strip()][:10]
+        print(f"polymask: skipped {blank} blank line{'s' * (blank != 1)} "
+              f"(line {', '.join(map(str, shown))}{', ...' if blank > 10 else ''})",
+              file=sys.stderr)
+    out = args.out or str(path.with_suffix(".npy"))
+    if not out.endswith((".npy", ".jsonl")):
+        print(f"polymask: --out {out}: use a .npy or .jsonl file name", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    if args.ray is not None:  # a Ray Data actor pool, each actor holding the encoder
+        from .ray_embed import embed_with_ray
+
+        emb = embed_with_ray(texts, args.model, address=args.ray or None, actors=args.actors,
+                             batch_size=args.batch_size, min_bucket=args.min_bucket,
+                             normalize=args.normalize)
+        how = f"ray, {args.actors} actors"
+    else:
+        enc = _load_encoder(args.model)
+        emb = _embed_with_progress(enc, texts, args)
+        st = enc.runner(_policy(args), args.batch_size, args.normalize).stats()
+        how = f"{st['compiles']} compiles"
+    wall = time.perf_counter() - t0
+    _write_embeddings(out, emb, texts, line_numbers)
+    print(f"{len(texts)} texts -> {out} {emb.shape} float32 in {wall:.1f} s "
+          f"({len(texts) / max(wall, 1e-9):.1f} texts/s, {how})", file=sys.stderr)
+    return 0
+
+
+def cmd_warmup(args) -> int:
     enc = _load_encoder(args.model)
     t0 = time.perf_counter()
-    emb = enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
-                    progress=args.progress)
-    wall = time.perf_counter() - t0
-    out = args.out or str(path.with_suffix(".npy"))
-    np.save(out, emb)
+    lengths = enc.warmup(_policy(args), args.batch_size)
     st = enc.runner(_policy(args), args.batch_size).stats()
-    print(f"{len(texts)} texts -> {out} {emb.shape} float32 in {wall:.1f} s "
-          f"({st['compiles']} compiles)", file=sys.stderr)
+    print(f"compiled length buckets {lengths} (batch size {args.batch_size}) in "
+          f"{time.perf_counter() - t0:.1f} s: {st['xla_compiles']} XLA compiles, "
+          f"{st['persistent_cache_hits']} loaded from the cache", file=sys.stderr)
     return 0
+
+
+def _enable_cache(args) -> None:
+    if args.no_cache:
+        return
+    from .cache import default_cache_dir, enable_compilation_cache
+
+    d = args.cache_dir or default_cache_dir()
+    if d is not None:
+        enable_compilation_cache(d)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="polymask", description=__doc__.split("\n\n")[0])
+    p.add_argument("--no-cache", action="store_true",
+                   help="do not use the persistent compilation cache")
+    p.add_argument("--cache-dir", default=None,
+                   help="compilation cache directory (default $POLYMASK_CACHE_DIR or "
+                        "~/.cache/polymask/xla)")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="embed stdlib docstrings with all-MiniLM-L6-v2 and report")
@@ -203,20 +289,44 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_demo)
 
-    e = sub.add_parser("embed", help="embed a text file, one text per line")
+    e = sub.add_parser("embed", help="embed a text file, one text per line (blank lines "
+                                      "skipped and reported)")
     e.add_argument("file")
-    e.add_argument("--out", default=None, help="output .npy (default: FILE with .npy)")
-    e.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
+    e.add_argument("--out", default=None,
+                   help="output .npy, or .jsonl (one {line, text, embedding} per text); "
+                        "default: FILE with .npy")
+    e.add_argument("--model", default=None, metavar="DIR",
+                   help="a BERT-style model directory (config.json, model.safetensors, "
+                        "tokenizer.json; default: installed all-MiniLM-L6-v2)")
     e.add_argument("--batch-size", type=int, default=32)
+    e.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
+                   help="L2-normalise the embeddings (default: yes)")
     e.add_argument("--min-bucket", type=int, default=16)
-    e.add_argument("--progress", action="store_true")
+    e.add_argument("--progress", action="store_true", help="progress bar (texts/s) on stderr")
+    e.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="embed on a Ray Data actor pool (ray extra); ADDRESS of a cluster, "
+                        "none: a local instance")
+    e.add_argument("--actors", type=int, default=2, help="Ray actors (with --ray)")
     e.set_defaults(func=cmd_embed)
+
+    w = sub.add_parser(
+        "warmup", help="compile every length bucket ahead of time (cached)",
+        description="Compile the embedding program of every token-length bucket into the "
+                    "persistent compilation cache (~/.cache/polymask/xla, $POLYMASK_CACHE_DIR; "
+                    "--no-cache before the subcommand turns it off), so later "
+                    "`polymask embed` runs compile nothing.")
+    w.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
+    w.add_argument("--batch-size", type=int, default=32, help="texts per batch (as for embed)")
+    w.add_argument("--min-bucket", type=int, default=16,
+                   help="smallest token-length bucket (powers of two from there)")
+    w.set_defaults(func=cmd_warmup)
     return p
 
 
 def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    _enable_cache(args)
     return int(args.func(args) or 0)
 
 

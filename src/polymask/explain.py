@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
-from .cases import trace_cases
+from .cases import trace_function_cases
 from .formula import (
     _PLACEHOLDER_BOUND,
     _abstractify,
@@ -278,7 +278,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if placeholder:
         args = _args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
-    tree, absleaves = trace_cases(fun, absargs, in_specs, constraints)
+    tree, absleaves = trace_function_cases(fun, absargs, in_specs, constraints)
     prog = tree.base
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: _is_masked(v) or
                                           _is_shape_tuple(v))

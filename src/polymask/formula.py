@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
-from .cases import trace_cases
+from .cases import trace_function_cases
 from .errors import ShapeError
 from .masked import Masked
 from .shapes import DimEnv
@@ -263,7 +263,7 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
     if no_args:
         args = _args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
-    tree, _ = trace_cases(fun, absargs, in_specs, constraints)
+    tree, _ = trace_function_cases(fun, absargs, in_specs, constraints)
 
     def formulas(prog, bounds=None):
         dims = DimEnv(prog.scope, prog.dim_bounds, {})

@@ -361,10 +361,14 @@ class OutputPlan:
 
     def shapes(self, in_shapes: Sequence[Sequence[int]], device_sizes=None) -> list[tuple]:
         """Exact output shapes, given the exact input leaf shapes and the device sizes."""
+        specs = self.in_axis_specs
+        if len(in_shapes) < len(specs):
+            # A pytree callee (a module) adds its own leaves first; they are static.
+            specs = specs[len(specs) - len(in_shapes):]
         env = None
         if self.has_host:
             env = {self.internal.get(v, (v, 0))[0]: int(x) + self.internal.get(v, (v, 0))[1]
-                   for v, x in solve_sizes(self.in_axis_specs, in_shapes).values.items()}
+                   for v, x in solve_sizes(specs, in_shapes).values.items()}
         return [leaf.shape(env, device_sizes) for leaf in self.leaves]
 
 

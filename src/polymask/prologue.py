@@ -16,8 +16,10 @@ seed proposal asks.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import threading
 from typing import Any
 
 import jax
@@ -74,6 +76,46 @@ def format_message(message: str, values, rendered=None) -> str:
         return message
 
 
+_FUNCTIONAL = threading.local()
+
+
+@contextlib.contextmanager
+def functional_checks():
+    """Collect traced checks as predicates instead of staging host callbacks.
+
+    For ``mask(..., checks="functional")``: programs without host callbacks
+    (``jax.export`` can serialize them); the caller poisons the outputs with
+    the collected predicates (``transform.poison_outputs``).
+    """
+    prev = getattr(_FUNCTIONAL, "bads", None)
+    _FUNCTIONAL.bads = bads = []
+    try:
+        yield bads
+    finally:
+        _FUNCTIONAL.bads = prev
+
+
+def poison_outputs(outs: list, bads: list) -> list:
+    """``checks="functional"``: when a traced check fails, every dynamic output
+    size becomes -1 (``Masked.unpad`` and the next ``mask`` call reject it with
+    a ShapeError) and float data becomes NaN."""
+    if not bads:
+        return outs
+    bad = jnp.any(jnp.stack([jnp.asarray(b) for b in bads]))
+    out = []
+    for o in outs:
+        data = o.data if isinstance(o, Masked) else o
+        if jnp.issubdtype(jnp.result_type(data), jnp.inexact):
+            data = jnp.where(bad, jnp.nan, data)
+        if isinstance(o, Masked):
+            sizes = tuple(s if is_static(s) else jnp.where(bad, jnp.int32(-1), s)
+                          for s in o.shape)
+            out.append(Masked(data, sizes))
+        else:
+            out.append(data)
+    return out
+
+
 def run_checks(checks: list[Check], call_site: str) -> None:
     """Raise eagerly for concrete violations; stage runtime errors otherwise."""
     staged = []
@@ -86,7 +128,9 @@ def run_checks(checks: list[Check], call_site: str) -> None:
                                  f"  in the masked call at {call_site}")
         else:
             staged.append(c)
-    if staged:
+    if staged and getattr(_FUNCTIONAL, "bads", None) is not None:
+        _FUNCTIONAL.bads.extend(jnp.any(jnp.asarray(c.bad)) for c in staged)
+    elif staged:
         _stage_runtime_errors(staged, call_site)
 
 

@@ -1,9 +1,18 @@
 """``polymask.ragged_map``: map a function over examples of different sizes.
 
 Examples are planned one by one on the host (``plan.plan_call``), grouped by
-bucket signature, stacked into padded batches with NumPy and run as
-``jax.jit(jax.vmap(mask(fun)))``, one compiled program per signature and batch
-size (``runner._Runner`` keeps the cache and the stats).
+bucket signature, sorted by size (largest first, like sentence-transformers;
+results come back in input order), stacked into padded batches with NumPy and
+run as ``jax.jit(jax.vmap(mask(fun)))``: one compiled program per signature.
+Within one call every batch of a bucket runs in one program: the full batch
+(a partial final batch fills its spare rows with zeros), or, for a bucket
+group smaller than a batch, the power of two of rows that holds it, so a small
+group does not pay for a full batch of padding rows; a full-batch program
+already compiled (e.g. precompiled) is reused instead. Calls with different
+small group sizes can therefore compile one program per power of two.
+``batch_tokens`` sizes batches by a budget of padded elements per batch
+instead (more rows for short buckets). ``programs.Runner`` keeps the cache and
+the stats.
 """
 
 from __future__ import annotations
@@ -14,29 +23,33 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from .buckets import as_policy, pow2
+from . import _jax_compat as compat
+from .buckets import as_policy
 from .errors import ShapeError
+from .hostio import slice_to
 from .plan import batch_bucket, dtype_key
-from .runner import _build_inner, _Runner, _slice
+from .programs import Runner, build_inner, raise_case_error
 
 __all__ = ["ragged_map", "RaggedMap"]
 
 
-class RaggedMap(_Runner):
+class RaggedMap(Runner):
     """The callable returned by ``polymask.ragged_map`` (see there)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
-                 constraints=(), cache_size=64, progress=False, numpy_outputs=False):
+                 constraints=(), cache_size=64, progress=False, numpy_outputs=False,
+                 sort=True, batch_tokens=None):
         super().__init__(fun, in_specs, buckets, constraints, cache_size)
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.batch_size = int(batch_size)
-        if batch_buckets is None:
-            batch_buckets = pow2(minimum=max(1, self.batch_size // 4))
-        self._batch_policy = as_policy(batch_buckets)
+        self._batch_policy = None if batch_buckets is None else as_policy(batch_buckets)
+        self.sort = bool(sort)
+        if batch_tokens is not None and int(batch_tokens) < 1:
+            raise ValueError("batch_tokens must be >= 1")
+        self.batch_tokens = None if batch_tokens is None else int(batch_tokens)
         self.progress = progress
         self.numpy_outputs = numpy_outputs
         functools.update_wrapper(self, fun)
@@ -88,6 +101,11 @@ class RaggedMap(_Runner):
             plan, leaves, tree = self._plan(args, in_specs, spec_key)
             groups[(tree, plan.signature)].append(i)
             infos.append((plan, leaves))
+        order = list(groups.items())
+        if self.sort:  # largest examples first; results still in input order
+            for _, idxs in order:
+                idxs.sort(key=lambda i: -infos[i][0].logical)
+            order.sort(key=lambda kv: -infos[kv[1][0]][0].padded)
         results: list[Any] = [None] * len(examples)
         show = self.progress if progress is None else progress
         bar = None
@@ -98,11 +116,18 @@ class RaggedMap(_Runner):
             except ImportError:  # pragma: no cover - tqdm is optional
                 bar = None
         try:
-            for (tree, sig), idxs in groups.items():
-                for start in range(0, len(idxs), self.batch_size):
-                    chunk = idxs[start:start + self.batch_size]
+            for (tree, sig), idxs in order:
+                rows = self._group_rows(infos[idxs[0]][0], len(idxs))
+                full = self._rows(infos[idxs[0]][0])
+                if rows < full:  # a compiled (e.g. precompiled) full batch is used as is
+                    e = self._cache.get((tree, sig, full, bcast_key, spec_key))
+                    if e is not None and e.live:
+                        rows = full
+                for start in range(0, len(idxs), rows):
+                    chunk = idxs[start:start + rows]
                     self._run_batch(tree, sig, chunk, infos, results, broadcast,
-                                    bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key)
+                                    bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key,
+                                    rows)
                     if bar is not None:
                         bar.update(len(chunk))
         finally:
@@ -110,9 +135,65 @@ class RaggedMap(_Runner):
                 bar.close()
         return results
 
+    def precompile(self, example, *broadcast) -> RaggedMap:
+        """Compile the full-batch program of ``example``'s bucket now (no run).
+
+        ``example`` is one example (a tuple for several arguments) whose arrays
+        may be ``jax.ShapeDtypeStruct`` (a size picks its bucket); ``broadcast``
+        are the broadcast arguments (values or structs). Needs ``in_specs``.
+        Returns ``self``.
+
+        Raises:
+          ValueError: the ``ragged_map`` has no ``in_specs``.
+          ShapeError: the example does not fit the specs.
+        """
+        if self.in_specs is None:
+            raise ValueError("ragged_map.precompile needs in_specs")
+        args = example if isinstance(example, tuple) else (example,)
+        in_specs, spec_key = self.in_specs, repr(self.in_specs)
+        bcast_leaves, bcast_tree = jax.tree_util.tree_flatten(tuple(broadcast))
+        bcast_key = (bcast_tree, tuple((np.shape(x), dtype_key(x)) for x in bcast_leaves))
+        plan, leaves, tree = self._plan(args, in_specs, spec_key)
+        B = self._rows(plan)
+        entry = self._entry((tree, plan.signature, B, bcast_key, spec_key), hit=False)
+        static_leaves = [x for x, p in zip(leaves, plan.leaves) if p.static]
+        dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves
+               if not p.static]
+        nb, ns, nd = len(bcast_leaves), len(static_leaves), len(dyn)
+
+        def make(entry):
+            inner = build_inner(self.fun, entry, tree, plan, in_specs, self.constraints,
+                                 len(broadcast), bcast_tree, nb)
+            return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
+
+        avals = [*bcast_leaves, *static_leaves, *dyn,
+                 jax.ShapeDtypeStruct((B, len(plan.values)), np.int32)]
+        self._precompile_entry(entry, make, avals)
+        return self
+
+    def _rows(self, plan) -> int:
+        """Rows of a full batch of this bucket: ``batch_size``, or from ``batch_tokens``."""
+        if self.batch_tokens is None:
+            return self.batch_size
+        return max(1, self.batch_tokens // max(1, plan.padded))
+
+    def _group_rows(self, plan, n: int) -> int:
+        """Rows of every batch of a bucket group of ``n`` examples: the full batch,
+        or the power of two that holds a smaller group (one program per bucket
+        either way; a small group does not pay for a full batch of padding rows)."""
+        full = self._rows(plan)
+        if self._batch_policy is not None or n >= full:
+            return full
+        return min(full, 1 << max(0, n - 1).bit_length())
+
     def _run_batch(self, tree, sig, chunk, infos, results, broadcast, bcast_leaves, bcast_tree,
-                   bcast_key, in_specs, spec_key):
-        B = batch_bucket(self._batch_policy, len(chunk), self.batch_size)
+                   bcast_key, in_specs, spec_key, full=None):
+        full = full or self._rows(infos[chunk[0]][0])
+        if self._batch_policy is None:
+            B = full  # a partial batch runs in the full-batch program: no extra compile
+        else:
+            B = batch_bucket(self._batch_policy, len(chunk), full)
+        # Spare rows: zeros with the first example's sizes (valid, and discarded).
         rows = chunk + [chunk[0]] * (B - len(chunk))
         plan0, leaves0 = infos[chunk[0]]
         static_leaves = [x for x, p in zip(leaves0, plan0.leaves) if p.static]
@@ -121,7 +202,7 @@ class RaggedMap(_Runner):
             if p.static:
                 continue
             buf = np.zeros((B,) + p.padded, dtype=p.dtype)
-            for r, ex in enumerate(rows):
+            for r, ex in enumerate(chunk):
                 x = np.asarray(infos[ex][1][li])
                 buf[(r,) + tuple(slice(0, n) for n in x.shape)] = x
             dyn.append(buf)
@@ -132,11 +213,13 @@ class RaggedMap(_Runner):
         nb, ns, nd = len(bcast_leaves), len(static_leaves), len(dyn)
 
         def make(entry):
-            inner = _build_inner(self.fun, entry, tree, plan0, in_specs, self.constraints,
+            inner = build_inner(self.fun, entry, tree, plan0, in_specs, self.constraints,
                                  len(broadcast), bcast_tree, nb)
             return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
 
         out = self._call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
+        for ex in chunk:
+            raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values)
         outputs = entry.outputs
         if outputs.device_axes:
             datas, out_sizes = out
@@ -150,14 +233,16 @@ class RaggedMap(_Runner):
             shapes = outputs.shapes(in_shapes, None if out_sizes is None else out_sizes[r])
             outs = []
             for d, shape in zip(datas, shapes):
-                a = _slice(d[r], shape)
-                outs.append(np.array(a) if self.numpy_outputs else jnp.asarray(a))
+                a = slice_to(d[r], shape)
+                outs.append(np.array(a) if self.numpy_outputs
+                            else compat.upload(np.array(a)))
             results[ex] = jax.tree_util.tree_unflatten(outputs.tree, outs)
 
 
 def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 32,
                batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
-               progress: bool = False, numpy_outputs: bool = False) -> RaggedMap:
+               progress: bool = False, numpy_outputs: bool = False, sort: bool = True,
+               batch_tokens: int | None = None) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -171,8 +256,16 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         broadcast arguments are always static (e.g. model parameters).
       buckets: bucketing policy for the dim vars (default ``pow2()``).
       batch_size: most examples per batch.
-      batch_buckets: policy for the batch size of a partial batch (default:
-        powers of two from ``batch_size // 4``; rows are filled with copies).
+      batch_buckets: policy for the rows of a partial batch (then one more
+        program per partial-batch size). Default None: a partial final batch
+        runs in the full-batch program (spare rows are zeros); a bucket group
+        smaller than a batch runs in the power of two of rows that holds it
+        (see the module doc).
+      sort: batch each bucket's examples largest first (results are always
+        returned in input order).
+      batch_tokens: size batches by padded elements instead of ``batch_size``:
+        a bucket whose examples pad to ``P`` elements gets
+        ``max(1, batch_tokens // P)`` rows (more rows for short buckets).
       progress: show a tqdm progress bar.
       numpy_outputs: return NumPy arrays instead of ``jax.Array``.
 
@@ -181,4 +274,5 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
     """
     return RaggedMap(fun, in_specs, buckets=buckets, batch_size=batch_size,
                      batch_buckets=batch_buckets, constraints=constraints,
-                     cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs)
+                     cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs,
+                     sort=sort, batch_tokens=batch_tokens)

@@ -10,6 +10,7 @@ The same name on two inputs means the logical sizes must be equal.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import re
 from collections.abc import Sequence
@@ -73,25 +74,44 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
     if not isinstance(spec, str):
         raise ShapeError(f"{path}: a shape spec must be a string like 'b, n, 64'; got {spec!r}")
     stripped = spec.strip().strip("()").strip()
-    n_axes = 0 if stripped == "" else len(_split_top_level(stripped))
-    if n_axes != rank:
+    parts = [p.strip() for p in _split_top_level(stripped)] if stripped else []
+    ellipsis = bool(parts) and parts[-1] == "..."
+    if ellipsis:
+        parts = parts[:-1]  # '...': the remaining axes, static at their padded sizes
+    if "..." in parts:
+        raise ShapeError(f"{path}: spec '{spec}': '...' may only be the last axis "
+                         "(as in jax.export.symbolic_shape)")
+    n_axes = len(parts)
+    if n_axes != rank and not (ellipsis and n_axes <= rank):
         raise ShapeError(
             f"{path}: spec '{spec}' has {n_axes} axes but the array has rank {rank} "
-            f"(shape {tuple(padded_shape)})")
-    for i, part in enumerate(_split_top_level(stripped)):
-        part = part.strip()
+            f"(shape {tuple(padded_shape)})"
+            + (" ('...' stands for the remaining axes)" if ellipsis else ""))
+    for i, part in enumerate(parts):
         if part.isdigit() and int(part) != padded_shape[i]:
             raise ShapeError(
                 f"{path}.shape[{i}]: spec '{spec}' says {int(part)} but the padded size is "
                 f"{padded_shape[i]}")
     try:
-        exprs = jax.export.symbolic_shape(spec, scope=scope, like=padded_shape)
+        # '...' expands to the padded sizes of the remaining axes (static), as
+        # symbolic_shape(like=...) reads it; we do not pass `like` otherwise, so
+        # that an equality constraint 'n == 3' reaches the message below.
+        given = [str(int(padded_shape[i])) if p == "_" else p for i, p in enumerate(parts)]
+        text = ", ".join(given + [str(int(d)) for d in padded_shape[len(parts):]])
+        exprs = jax.export.symbolic_shape(f"({text})" if text else "()", scope=scope)
     except Exception as e:  # jax raises ValueError with its own parse message
         raise ShapeError(f"{path}: cannot parse shape spec '{spec}': {e}") from None
     axes = []
     for i, e in enumerate(exprs):
         where = f"{path}.shape[{i}]"
         if not compat.is_dim_expr(e):
+            if int(e) != padded_shape[i] and i < len(parts) and not parts[i].isdigit():
+                raise ShapeError(
+                    f"{where}: spec '{spec}' gives axis '{parts[i]}', which the constraints "
+                    f"fix to the constant {int(e)} (an equality constraint like "
+                    f"'{parts[i]} == {int(e)}'), but the padded size is {padded_shape[i]}. "
+                    "polymask cannot pad an axis whose size is a constant: pad that axis to "
+                    f"exactly {int(e)}, or drop the equality constraint.")
             if int(e) != padded_shape[i]:
                 raise ShapeError(
                     f"{where}: spec '{spec}' says {int(e)} but the padded size is "
@@ -120,13 +140,17 @@ def _split_top_level(s: str) -> list[str]:
     return parts
 
 
-def broadcast_specs(in_specs, args: Sequence[Any], is_leaf) -> list:
+def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list:
     """One spec (or None) per array leaf of ``args``.
 
     ``in_specs`` is None, or a sequence with one entry per positional argument;
     each entry is a spec string applied to that argument (when it is a single
     array), None, or a pytree of specs matching the argument's structure.
+    ``labels``: per argument, ``(spec_name, arg_name)`` for messages (default
+    ``in_specs[i]``, ``args[i]``).
     """
+    if labels is None:
+        labels = [(f"in_specs[{i}]", f"args[{i}]") for i in range(len(args))]
     leaves_per_arg = [jax.tree_util.tree_leaves(a, is_leaf=is_leaf) for a in args]
     if in_specs is None:
         return [None for leaves in leaves_per_arg for _ in leaves]
@@ -138,11 +162,11 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf) -> list:
             f"in_specs has {len(in_specs)} entries but the function was called with "
             f"{len(args)} positional arguments")
     out = []
-    for i, (spec, arg, leaves) in enumerate(zip(in_specs, args, leaves_per_arg)):
+    for (spec, arg, leaves, (sname, aname)) in zip(in_specs, args, leaves_per_arg, labels):
         if spec is None or isinstance(spec, str):
             if isinstance(spec, str) and len(leaves) != 1:
                 raise ShapeError(
-                    f"in_specs[{i}] is one spec '{spec}' but args[{i}] has {len(leaves)} "
+                    f"{sname} is one spec '{spec}' but {aname} has {len(leaves)} "
                     "array leaves; give a pytree of specs")
             out.extend([spec] * len(leaves))
             continue
@@ -158,7 +182,7 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf) -> list:
             spec_keys = arg_keys = None
             struct_ok = False
         if not struct_ok:
-            raise ShapeError(f"in_specs[{i}] does not match the structure of args[{i}]: "
+            raise ShapeError(f"{sname} does not match the structure of {aname}: "
                              f"spec leaves at {spec_keys}, array leaves at {arg_keys}")
         out.extend(spec_leaves)
     return out
@@ -192,3 +216,58 @@ def scope_and_name_generator(spec_leaves, constraints):
                 return name
 
     return scope, gen_name
+
+
+def _parameters(fun):
+    """(parameter name -> positional index, all parameter names or None if unknown)."""
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):
+        return {}, None
+    index = {}
+    for i, p in enumerate(params):
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            break
+        index[p.name] = i
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return index, None  # **kwargs: any name may be passed
+    return index, {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
+
+
+def split_specs(fun, in_specs, n_args: int, kwargs: dict):
+    """``in_specs`` -> (positional specs or None, {kwarg name: spec}).
+
+    A dict ``in_specs`` is keyed by parameter name (or positional index); a name
+    resolves to the keyword argument of that name when passed by keyword, else
+    to its position in ``fun``'s signature. Arguments without an entry get no
+    spec (plain arrays are unpadded). A name the call does not pass (its
+    default is used) is ignored; a name ``fun`` does not take is an error.
+    """
+    if in_specs is None:
+        return None, {}
+    if not isinstance(in_specs, dict):
+        return in_specs, {}
+    pos: list = [None] * n_args
+    kw: dict = {}
+    params = None
+    for key, spec in in_specs.items():
+        if isinstance(key, int):
+            if not 0 <= key < n_args:
+                raise ShapeError(f"in_specs[{key}]: the function was called with {n_args} "
+                                 "positional arguments")
+            pos[key] = spec
+            continue
+        if key in kwargs:
+            kw[key] = spec
+            continue
+        if params is None:
+            params = _parameters(fun)
+        index, names = params
+        if key in index:
+            if index[key] < n_args:
+                pos[index[key]] = spec
+        elif names is not None and key not in names:
+            raise ShapeError(
+                f"in_specs names argument '{key}', which {getattr(fun, '__name__', 'fun')} "
+                f"does not take (parameters: {sorted(names)})")
+    return tuple(pos), kw

@@ -26,6 +26,8 @@ class RunState:
         across ``pjit`` calls, for the same lookups.
       zero_padded: ``id(value) -> value`` for values whose padding is known to
         be exactly 0 (the value is kept alive so its id is not reused).
+      forward_only: the masked program is never differentiated (the runners):
+        rules may skip the selects that only keep the backward pass finite.
     """
 
     dims: DimEnv
@@ -33,6 +35,7 @@ class RunState:
     jaxpr_stack: list = dataclasses.field(default_factory=list)
     invar_links: dict = dataclasses.field(default_factory=dict)
     zero_padded: dict[int, Any] = dataclasses.field(default_factory=dict)
+    forward_only: bool = False
 
     @property
     def logical_cache(self) -> dict:
@@ -75,4 +78,5 @@ class RunState:
         """
         values = dict(self.dims.logical_values)
         values.update(zip(names, sizes))
-        return RunState(DimEnv(self.dims.scope, self.dims.bounds, values), self.interpreter)
+        return RunState(DimEnv(self.dims.scope, self.dims.bounds, values), self.interpreter,
+                        forward_only=self.forward_only)

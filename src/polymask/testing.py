@@ -115,27 +115,42 @@ def check_oracle(fun: Callable, examples: Sequence[Sequence[Any]],
             compare(jf(*padded_args(ex)), ref, f"jit, example {i}")
         assert len(traces) == 1, f"jit traced {len(traces)} times for {len(examples)} sizes"
 
-    if "vmap" in modes and len(examples) > 1:
+    if "vmap" in modes:
+        # A ragged batch of all the examples (a batch of one when there is one
+        # example). Plain (unpadded) arguments that are equal across examples
+        # are passed unbatched; ones that differ are batched when their shapes
+        # agree, and are an error otherwise (vmap cannot batch them).
         per = [padded_args(ex) for ex in examples]
-        in_axes = [0 if b is not None else None for b in bounds]
+        in_axes = []
         stacked = []
         for j, b in enumerate(bounds):
             if b is None:
-                stacked.append(per[0][j])
+                if _same(examples, j):
+                    in_axes.append(None)
+                    stacked.append(per[0][j])
+                    continue
+                shapes = {np.shape(ex[j]) for ex in examples}
+                if len(shapes) != 1:
+                    raise ValueError(
+                        f"check_oracle: vmap mode: plain argument {j} has different shapes "
+                        f"{sorted(shapes)} across examples; give it a bound or drop 'vmap' "
+                        "from modes")
+                in_axes.append(0)
+                stacked.append(jnp.stack([jnp.asarray(ex[j]) for ex in examples]))
                 continue
+            in_axes.append(0)
             data = jnp.stack([p[j].data for p in per])
             sizes = tuple(jnp.stack([jnp.asarray(p[j].shape[k]) for p in per])
                           for k in range(len(b)))
             stacked.append(Masked(data, sizes))
-        if any(b is None and not _same(examples, j) for j, b in enumerate(bounds)):
-            pass  # unbatched plain args must be equal across examples for vmap
-        else:
-            out = jax.jit(jax.vmap(mfun, in_axes=in_axes))(*stacked)
-            outs = _leaves(out)
-            for i, ref in enumerate(refs):
-                for k, (o, r) in enumerate(zip(outs, jax.tree_util.tree_leaves(ref))):
-                    _assert_close(_unpad_batched(o, i), r, rtol, atol,
-                                  f"vmap, example {i}, output {k}")
+        out = jax.jit(jax.vmap(mfun, in_axes=in_axes))(*stacked)
+        outs = _leaves(out)
+        for i, ref in enumerate(refs):
+            rs = jax.tree_util.tree_leaves(ref)
+            assert len(outs) == len(rs), f"vmap: {len(outs)} outputs, expected {len(rs)}"
+            for k, (o, r) in enumerate(zip(outs, rs)):
+                _assert_close(_unpad_batched(o, i), r, rtol, atol,
+                              f"vmap, example {i}, output {k}")
 
     if "grad" in modes:
         _check_grad(fun, mfun, examples, bounds, grad_rtol or max(rtol, 1e-4), atol)
@@ -152,8 +167,11 @@ def _check_grad(fun, mfun, examples, bounds, rtol, atol):
         float_args = [j for j, a in enumerate(ex)
                       if np.issubdtype(np.asarray(a).dtype, np.floating)]
         if not float_args:
-            return
+            continue
         ref_out = fun(*[jnp.asarray(a) for a in ex])
+        if not any(jnp.issubdtype(jnp.result_type(r), jnp.floating)
+                   for r in jax.tree_util.tree_leaves(ref_out)):
+            continue  # no float output to differentiate
         weights = [rng.normal(size=np.shape(r)).astype(np.float32)
                    for r in jax.tree_util.tree_leaves(ref_out)]
 

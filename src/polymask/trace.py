@@ -25,18 +25,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
-from . import _jax_hooks as jax_hooks
 from .diagnostics import is_library_frame, translate_trace_error
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
+from .rules.registry import trace_patches
 from .shapes import SHIFT_SUFFIX, DimEnv, is_static
-from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
+from .specs import (
+    AxisSpec,
+    _identifiers,
+    broadcast_specs,
+    parse_leaf_spec,
+    scope_and_name_generator,
+)
 
-__all__ = ["MaskedProgram", "trace", "current_scope", "is_masked", "flatten_args",
+__all__ = ["MaskedProgram", "trace", "trace_flat", "current_scope", "is_masked", "flatten_args",
            "dtype_of"]
 
 _TRACE_STATE = threading.local()
-
 
 def is_masked(x) -> bool:
     return isinstance(x, Masked)
@@ -184,8 +189,10 @@ def _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name) -> list[list[
     return out
 
 
-def _check_constraint_vars(scope, axis_specs) -> None:
+def _check_constraint_vars(scope, axis_specs, spec_leaves=()) -> None:
     spec_vars = {a.var for axes in axis_specs for a in axes if a.var}
+    # names an equality constraint substituted away ('n == 3', 'm == 2*n')
+    spec_vars |= {n for s in spec_leaves if isinstance(s, str) for n in _identifiers(s)}
     for _, e1, e2, text in compat.explicit_constraints(scope):
         unknown = (compat.dim_vars(e1) | compat.dim_vars(e2)) - spec_vars
         if unknown:
@@ -217,12 +224,60 @@ def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:
 
 
 
+_COMPARATOR = re.compile(r"\s*(>=|<=|==)\s*")
+
+
 def _translate(text: str, internal: dict[str, tuple[str, int]]) -> str:
-    """A constraint over spec dim vars rewritten over the internal dim vars."""
-    for v, (name, off) in internal.items():
-        if off:
-            text = re.sub(r"\b" + re.escape(v) + r"\b", f"({name} - {off})", text)
-    return text
+    """A constraint over spec dim vars rewritten over the internal dim vars.
+
+    Each side is parsed and ``v`` replaced by ``name - off`` symbolically (JAX's
+    constraint syntax has no parentheses after ``*``). For ``==`` the constant
+    moves to the right: JAX wants a single term on the left.
+    """
+    if not any(off for _, off in internal.values()):
+        return text
+    parts = _COMPARATOR.split(text.strip())
+    if len(parts) != 3:
+        return text  # JAX's own parser reports it
+    lhs, op, rhs = parts
+    plain, inner = jax.export.SymbolicScope(), jax.export.SymbolicScope()
+
+    def substituted(side: str):
+        (e,) = jax.export.symbolic_shape(side, scope=plain)
+        if not compat.is_dim_expr(e):
+            return e
+        env = {}
+        for v in compat.dim_vars(e):
+            name, off = internal.get(v, (v, 0))
+            (x,) = jax.export.symbolic_shape(name, scope=inner)
+            env[v] = x - off
+        return compat.evaluate_dim(e, env)
+
+    try:
+        left, right = substituted(lhs), substituted(rhs)
+        if op == "==" and compat.is_dim_expr(left):
+            const = int(compat.evaluate_dim(left, {v: 0 for v in compat.dim_vars(left)}))
+            left, right = left - const, right - const
+    except Exception:
+        return text
+    return f"{left} {op} {right}"
+
+
+def _internal_scope(constraints, conditions, internal, var_bounds):
+    """The scope of the internal dim vars: the user's constraints (translated),
+    each var's bound and the case's conditions (pinned to one value when they
+    leave one)."""
+    texts = [_translate(c, internal) for c in constraints]
+    texts += [f"{internal[v][0]} <= {b + internal[v][1]}" for v, b in var_bounds.items()]
+    texts += list(conditions)
+    try:
+        scope = jax.export.SymbolicScope(tuple(texts))
+    except Exception as e:
+        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
+    pins = _pinned(conditions, internal, var_bounds)
+    if pins:  # a case for one size: traced at that size, as plain JAX would
+        scope = jax.export.SymbolicScope(tuple(texts + pins))
+    return scope
 
 
 def _pinned(conditions, internal, var_bounds) -> list[str]:
@@ -286,7 +341,7 @@ def split_of(e: BaseException):
     """
     seen = set()
     while e is not None and id(e) not in seen:
-        if isinstance(e, jax_hooks.SplitNeeded):
+        if isinstance(e, compat.SplitNeeded):
             return e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
@@ -303,7 +358,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     ``leaves`` are the flat input leaves.
 
     Raises:
-      jax_hooks.SplitNeeded: a size comparison JAX cannot decide (``cases.py``
+      compat.SplitNeeded: a size comparison JAX cannot decide (``cases.py``
         traces each outcome).
       ShapeError: a bad spec or constraint, or a size question JAX cannot
         answer while tracing (translated by ``diagnostics``).
@@ -311,22 +366,30 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     """
     leaves, in_tree = flatten_args(args)
     spec_leaves = broadcast_specs(in_specs, list(args), is_masked)
+
+    def call(*flat):
+        return fun(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
+
+    prog = trace_flat(call, leaves, spec_leaves, _arg_paths(args), constraints, conditions)
+    return prog, leaves
+
+
+def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any],
+               paths: Sequence[str], constraints: Sequence[str] = (),
+               conditions: Sequence[str] = ()) -> MaskedProgram:
+    """Trace ``call(*leaves)`` symbolically: one spec (or None) and one path per leaf.
+
+    ``trace`` is this with the leaves of positional arguments; ``mask`` uses it
+    directly for keyword arguments and pytree callees (modules), whose
+    non-array leaves it keeps out of ``leaves``. Raises as ``trace``.
+    """
+    leaves = list(leaves)
     user_scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
-    paths = _arg_paths(args)
     user_axes = _parse_axis_specs(leaves, spec_leaves, paths, user_scope, gen_name)
-    _check_constraint_vars(user_scope, user_axes)
+    _check_constraint_vars(user_scope, user_axes, spec_leaves)
     var_bounds, var_order = _var_bounds(leaves, user_axes)
     internal = _internal_names(var_order, var_bounds, constraints)
-    texts = [_translate(c, internal) for c in constraints]
-    texts += [f"{internal[v][0]} <= {b + internal[v][1]}" for v, b in var_bounds.items()]
-    texts += list(conditions)
-    try:
-        scope = jax.export.SymbolicScope(tuple(texts))
-    except Exception as e:
-        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
-    pins = _pinned(conditions, internal, var_bounds)
-    if pins:  # a case for one size: traced at that size, as plain JAX would
-        scope = jax.export.SymbolicScope(tuple(texts + pins))
+    scope = _internal_scope(constraints, conditions, internal, var_bounds)
     var_expr = {}
     for v, (name, off) in internal.items():
         (e,) = jax.export.symbolic_shape(name, scope=scope)
@@ -345,17 +408,17 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     out_trees = []
 
     def flat_fun(*flat):
-        out = fun(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
+        out = call(*flat)
         out_flat, out_tree = jax.tree_util.tree_flatten(out, is_leaf=is_masked)
         out_trees.append(out_tree)
         return [_leaf_data(o) for o in out_flat]
 
-    hooks = jax_hooks.trace_hooks(lambda f: not is_library_frame(f),
-                                  split_vars={v: (1 if internal_off.get(v) else 0, b)
-                                              for v, b in dim_bounds.items()},
-                                  scope=scope)
+    hooks = compat.trace_hooks(lambda f: not is_library_frame(f),
+                               split_vars={v: (1 if internal_off.get(v) else 0, b)
+                                           for v, b in dim_bounds.items()},
+                               scope=scope)
     try:
-        with _scope_active(scope), hooks:
+        with _scope_active(scope), hooks, trace_patches():
             closed = jax.make_jaxpr(flat_fun)(*avals)
     except (ShapeError, UnsupportedError):
         raise
@@ -363,13 +426,17 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
         split = split_of(e)
         if split is not None:
             raise split from None
-        translated = translate_trace_error(e)
+        var_where = {}
+        for axes in axis_specs:
+            for a in axes:
+                if a.var:
+                    var_where.setdefault(a.var, a.where)
+        translated = translate_trace_error(e, var_where)
         if translated is not None:
             raise _displayed(translated, internal) from None
         raise
-    prog = MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
+    return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
                          var_order, dim_bounds, internal, user_scope, tuple(conditions))
-    return prog, leaves
 
 
 def _displayed(e: BaseException, internal) -> BaseException:

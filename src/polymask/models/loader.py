@@ -19,7 +19,7 @@ import threading
 import jax.numpy as jnp
 import numpy as np
 
-from .bert import BertConfig, embed, load_params
+from .bert import BertConfig, embed, encode, load_params, mean_pool
 
 __all__ = ["default_model_dir", "load", "SentenceEncoder", "INSTALL_HINT"]
 
@@ -85,35 +85,66 @@ class SentenceEncoder:
         return [np.asarray(e.ids, np.int32) for e in encs]
 
     # -- embeddings --------------------------------------------------------------
-    def embed_fn(self):
-        """``f(params, ids) -> (hidden_size,)`` for one exact sequence."""
+    def embed_fn(self, normalize: bool = True):
+        """``f(params, ids) -> (hidden_size,)`` for one exact sequence (mean-pooled,
+        L2-normalised unless ``normalize=False``)."""
         cfg = self.config
-        return lambda params, ids: embed(params, ids, cfg)
+        if normalize:
+            return lambda params, ids: embed(params, ids, cfg)
+        return lambda params, ids: mean_pool(encode(params, ids, cfg))
 
-    def runner(self, buckets=None, batch_size=32):
+    def runner(self, buckets=None, batch_size=32, normalize: bool = True):
         """The cached ``polymask.ragged_map`` used by ``embed``."""
         from ..ragged import ragged_map
 
-        key = (repr(buckets), batch_size)
+        key = (repr(buckets), batch_size, normalize)
         with self._lock:
             r = self._runners.get(key)
             if r is None:
-                r = ragged_map(self.embed_fn(), ("n",), buckets=buckets, batch_size=batch_size,
-                               numpy_outputs=True)
+                r = ragged_map(self.embed_fn(normalize), ("n",), buckets=buckets,
+                               batch_size=batch_size, numpy_outputs=True)
                 self._runners[key] = r
         return r
 
-    def embed_ids(self, ids_list, *, buckets=None, batch_size=32, progress=False) -> np.ndarray:
+    def warmup(self, buckets=None, batch_size=32, max_length=None) -> list[int]:
+        """Compile the batch program of every length bucket up to ``max_length``.
+
+        (default ``max_seq_length``) ahead of time; with the persistent
+        compilation cache on (``polymask.enable_compilation_cache``) later
+        processes load them from disk. Returns the bucket lengths compiled.
+        """
+        import jax
+
+        from ..plan import bucket_bound, policy_getter
+
+        policy = policy_getter(buckets)("n")
+        top = int(max_length or self.max_seq_length)
+        lengths, n = [], 1
+        while n <= top:
+            b = bucket_bound(policy, n)
+            if b not in lengths:
+                lengths.append(b)
+            n = b + 1
+        r = self.runner(buckets, batch_size)
+        for b in lengths:
+            r.precompile(jax.ShapeDtypeStruct((b,), np.int32), self.params)
+        return lengths
+
+    def embed_ids(self, ids_list, *, buckets=None, batch_size=32, progress=False,
+                  normalize: bool = True) -> np.ndarray:
         """Embeddings ``(N, hidden_size)`` of token-id sequences (ragged batches)."""
         if len(ids_list) == 0:
             return np.zeros((0, self.config.hidden_size), np.float32)
-        out = self.runner(buckets, batch_size)(ids_list, self.params, progress=progress)
+        out = self.runner(buckets, batch_size, normalize)(ids_list, self.params,
+                                                          progress=progress)
         return np.stack(out).astype(np.float32)
 
-    def embed(self, texts, *, buckets=None, batch_size=32, progress=False) -> np.ndarray:
-        """Embeddings ``(N, hidden_size)`` of ``texts`` (L2-normalised, float32)."""
+    def embed(self, texts, *, buckets=None, batch_size=32, progress=False,
+              normalize: bool = True) -> np.ndarray:
+        """Embeddings ``(N, hidden_size)`` of ``texts`` (float32; L2-normalised
+        unless ``normalize=False``, as sentence-transformers' ``encode``)."""
         return self.embed_ids(self.tokenize(texts), buckets=buckets, batch_size=batch_size,
-                              progress=progress)
+                              progress=progress, normalize=normalize)
 
 
 def load(model_dir=None, dtype=jnp.float32) -> SentenceEncoder:

@@ -1,9 +1,13 @@
 """Masking rules, one module per family; importing this package registers them."""
 
 from . import (  # noqa: F401  (imported for their registrations)
+    approx_topk,
+    callbacks,
+    comparisons,
     contractions,
     control_flow,
     cumulative,
+    custom_batching,
     custom_derivatives,
     data_dependent,
     elementwise,
@@ -12,6 +16,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     linalg,
     reductions,
     reshaping,
+    scans,
     slicing,
     sorting,
     windows,

@@ -17,6 +17,16 @@ from .util import clean, is_inexact, masked_axes
 @register("dot_general")
 def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
     (lc, rc), _ = dimension_numbers
+    if ctx.state.forward_only:
+        # Never differentiated (``polymask.jit``/``ragged_map``): zeroing the
+        # contracted padding is enough; free-axis padding stays garbage.
+        zl, zr = ctx.has_zero_padding(lhs), ctx.has_zero_padding(rhs)
+        if not zl:
+            lhs = clean(lhs, ctx.in_logical[0], lc)
+        if not zr:
+            rhs = clean(rhs, ctx.in_logical[1], rc)
+        out = ctx.bind(lhs, rhs)
+        return ctx.mark_zero_padding(out) if zl and zr else out
     inexact = is_inexact(ctx.out_avals[0].dtype)
     l_axes = None if inexact else lc
     r_axes = None if inexact else rc

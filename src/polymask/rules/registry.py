@@ -15,6 +15,7 @@ primitive-specific code: everything lives in one module per rule family.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -56,6 +57,28 @@ def register_rule(name: str, fn: Callable, *, override: bool = False) -> None:
 
 def _describe(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+_TRACE_PATCHES: list[tuple[Any, str, Callable]] = []
+
+
+def register_trace_patch(module, name: str, replacement: Callable) -> None:
+    """Replace ``module.name`` by ``replacement`` while a masked trace runs.
+
+    For JAX functions that refuse symbolic sizes before binding any primitive
+    (``lax.associative_scan``): the replacement must fall back to the original
+    outside a masked trace, since other threads see it too.
+    """
+    _TRACE_PATCHES.append((module, name, replacement))
+
+
+@contextlib.contextmanager
+def trace_patches():
+    """Install every registered trace patch for the duration (``trace.py``)."""
+    with contextlib.ExitStack() as stack:
+        for module, name, replacement in _TRACE_PATCHES:
+            stack.enter_context(compat.patched_attr(module, name, replacement))
+        yield
 
 
 def get_rule(name: str) -> Callable | None:

@@ -3,8 +3,8 @@
 While a masked trace is in progress, a size comparison that JAX cannot decide
 (``_shape_poly._geq_decision`` inconclusive, or ``DimExpr.__eq__`` answering
 False without a proof) raises ``SplitNeeded`` so that ``cases.py`` can trace
-each outcome under a constraint. Kept next to ``_jax_compat.py`` (the other
-uses of private JAX API); ``tests/test_jax_compat.py`` covers it.
+each outcome under a constraint. Part of ``_jax_compat``;
+``tests/test_jax_compat.py`` covers it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from jax._src import core as _core
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
 
-from ._jax_compat import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr
+from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr
 
 __all__ = ["SplitNeeded", "trace_hooks", "hooks_installed"]
 

@@ -1,20 +1,13 @@
-"""Every use of private JAX API lives here (tested range: jax 0.10.x).
-
-polymask needs a few internals of ``jax.export``'s symbolic shapes (dimension
-expressions, their scope and bounds) and of the jaxpr machinery (source info,
-``dim_as_value``). Keeping them in one module means a JAX upgrade touches one
-file (and ``_jax_hooks.py``, the hooks a masked trace installs in JAX's
-symbolic shapes); ``tests/test_jax_compat.py`` covers each function here.
-"""
+"""Symbolic shapes, jaxprs, source info and JAX's rule tables (part of ``_jax_compat``)."""
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
 import jax
 from jax._src import ad_util as _ad_util
+from jax._src import array as _array
 from jax._src import core as _core
 from jax._src import source_info_util as _source_info_util
 from jax._src.export import shape_poly as _shape_poly
@@ -32,6 +25,8 @@ ClosedJaxpr = _core.ClosedJaxpr
 Jaxpr = _core.Jaxpr
 ShapedArray = _core.ShapedArray
 Primitive = _core.Primitive
+# The concrete jax.Array class (exact type checks on the runners' fast path).
+ArrayImpl = _array.ArrayImpl
 dim_as_value_p = _shape_poly.dim_as_value_p
 
 
@@ -96,7 +91,7 @@ def fresh_dim(name: str, scope: SymbolicScope):
     return jax.export.symbolic_shape(name, scope=scope)[0]
 
 
-_POLYMASK_DIR = os.path.dirname(os.path.abspath(__file__))
+_POLYMASK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def source_line(source_info) -> str:
@@ -242,31 +237,3 @@ def all_primitives() -> dict[str, str]:
             if isinstance(value, _core.Primitive):
                 found.setdefault(value.name, mod.__name__)
     return dict(sorted(found.items()))
-
-
-class _QuietCallbackErrors(logging.Filter):
-    """Drop JAX's "callback failed" log record for one exception type.
-
-    The error still propagates (as ``JaxRuntimeError`` with its message); the
-    log record only duplicated it as a long traceback on stderr.
-    """
-
-    def __init__(self, exc_type: type):
-        super().__init__()
-        self.exc_type = exc_type
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, self.exc_type)
-
-
-_QUIETED: set = set()
-
-
-def quiet_callback_errors(exc_type: type) -> None:
-    """Silence JAX's log of host-callback failures raised as ``exc_type`` (once)."""
-    if exc_type in _QUIETED:
-        return
-    _QUIETED.add(exc_type)
-    for name in ("jax._src.debugging", "jax._src.callback"):
-        logging.getLogger(name).addFilter(_QuietCallbackErrors(exc_type))

@@ -1,0 +1,23 @@
+"""Every use of private JAX API lives in this package (tested range: jax 0.10.x).
+
+polymask needs a few internals of ``jax.export``'s symbolic shapes (dimension
+expressions, their scope and bounds), of the jaxpr machinery (source info,
+``dim_as_value``, JAX's rule tables) and of the runtime (host callbacks' logs,
+device upload). Keeping them in one place means a JAX upgrade touches one
+package; ``tests/test_jax_compat.py`` covers each function. Import it as
+``from polymask import _jax_compat as compat``: the names below are its API.
+
+- ``core``: symbolic shapes, jaxprs, source info, rule tables, primitive list
+- ``splits``: the hooks a masked trace installs in JAX's symbolic shapes while
+  it runs (undecidable size comparisons raise ``SplitNeeded``)
+- ``hooks``: ``patched_attr``, ``quiet_callback_errors``
+- ``runtime``: ``upload`` (host -> device without a program)
+"""
+
+from .core import *  # noqa: F401,F403
+from .core import (  # noqa: F401  (private names used by polymask modules)
+    _POLYMASK_DIR,
+)
+from .hooks import *  # noqa: F401,F403
+from .runtime import *  # noqa: F401,F403
+from .splits import *  # noqa: F401,F403

@@ -1,0 +1,14 @@
+"""Total-order comparisons (``eq_to``, ``le_to``, ``lt_to``): elementwise.
+
+JAX binds them in ``jnp.searchsorted`` (and so ``jnp.digitize`` and
+``jnp.histogram``). Like ``lt``/``le``/``eq`` they read one position of each
+operand: the padded result is the primitive on the padded operands.
+"""
+
+from __future__ import annotations
+
+from .families import defelementwise
+
+TOTAL_ORDER_COMPARISONS = ("eq_to", "le_to", "lt_to")
+
+defelementwise(*TOTAL_ORDER_COMPARISONS)

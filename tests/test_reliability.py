@@ -1,0 +1,405 @@
+"""Issue 14: input validation, tests that can fail, JAX spec syntax, errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polymask as pm
+from polymask import buckets as B
+from polymask.testing import check_oracle
+
+X5 = np.arange(5.0, dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------
+# 1. Inputs validated
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize("size,words", [((-2,), "negative"), ((9,), "outside [0, 5]")])
+def test_unpad_rejects_sizes_outside_bound(size, words):
+    with pytest.raises(pm.ShapeError, match=r"shape\[0\]") as info:
+        pm.Masked(X5, size).unpad()
+    assert words in str(info.value)
+
+
+def test_unpad_rejects_wrong_rank_and_float_size():
+    with pytest.raises(pm.ShapeError, match="rank 2"):
+        pm.Masked(np.zeros((2, 3)), (1, 2, 3)).unpad()
+    # Fewer sizes than axes is a batch (leading axes), as vmap returns it.
+    got = pm.Masked(np.arange(6.0).reshape(2, 3), (1,)).unpad()
+    np.testing.assert_array_equal(np.stack(got), [[0.0], [3.0]])
+    with pytest.raises(TypeError, match="must be an integer"):
+        pm.Masked(X5, (2.5,)).unpad()
+    with pytest.raises(TypeError, match="must be an integer"):
+        pm.Masked(X5, (True,)).unpad()
+    np.testing.assert_array_equal(pm.Masked(X5, (np.int32(5),)).unpad(), X5)
+    np.testing.assert_array_equal(pm.Masked(X5, (0,)).unpad(), X5[:0])
+
+
+@pytest.mark.parametrize("bound,exc,words", [
+    (3.7, TypeError, "got 3.7"),
+    ((4.9,), TypeError, "got 4.9"),
+    (-3, pm.ShapeError, "got -3"),
+    (True, TypeError, "got True"),
+    ((7, 2), pm.ShapeError, "rank 2"),
+])
+def test_pad_rejects_bad_bounds(bound, exc, words):
+    with pytest.raises(exc, match="bound") as info:
+        pm.pad(X5, bound)
+    assert words in str(info.value)
+
+
+def test_pad_scalar_and_fill():
+    with pytest.raises(pm.ShapeError, match="0-d"):
+        pm.pad(np.float32(1.0), 4)
+    m = pm.pad(np.float32(1.0), ())
+    assert m.shape == () and float(m.unpad()) == 1.0
+    with pytest.raises(TypeError, match="fill=nan.*int"):
+        pm.pad(np.arange(3), 4, fill=np.nan)
+    with pytest.raises(TypeError, match="out of range"):
+        pm.pad(np.arange(3, dtype=np.int8), 4, fill=1000)
+    with pytest.raises(TypeError, match="fill"):
+        pm.pad(np.ones(3, bool), 4, fill=2)
+    m = pm.pad(np.arange(3, dtype=np.int32), 4, fill=-1)
+    assert m.data.dtype == np.int32 and m.data.tolist() == [0, 1, 2, -1]
+    m = pm.pad(jnp.arange(3.0), 4, fill=np.inf)
+    assert np.isinf(m.data[3])
+
+
+def test_stack_validation_and_dtypes():
+    a, b = np.ones(2, np.int32), np.ones(3, np.int32)
+    with pytest.raises(pm.ShapeError, match="rank 2"):
+        pm.stack([a, b], bound=(4, 4))
+    with pytest.raises(pm.ShapeError, match="got -1"):
+        pm.stack([a, b], bound=(-1,))
+    with pytest.raises(TypeError, match="got 4.5"):
+        pm.stack([a, b], bound=(4.5,))
+    with pytest.raises(TypeError, match=r"arrays\[1\] has dtype float32.*int32"):
+        pm.stack([a, np.ones(3, np.float32)])
+    with pytest.raises(TypeError, match="fill=nan"):
+        pm.stack([a, b], fill=np.nan)
+    s = pm.stack([a, b], bound=(4,))
+    assert s.data.dtype == np.int32 and s.data.shape == (2, 4)
+    s = pm.stack([np.ones(2, np.float32), np.ones(3, np.float64)])
+    assert s.data.dtype == np.float32  # the dtype of arrays[0]
+    assert [u.tolist() for u in s.unpad()] == [[1, 1], [1, 1, 1]]
+
+
+def test_bucket_policies_reject_non_ints():
+    with pytest.raises(TypeError, match="minimum"):
+        B.pow2(3.5)
+    with pytest.raises(TypeError, match="size must be an int"):
+        B.pow2()(3.7)
+    with pytest.raises(TypeError, match="each bound"):
+        B.explicit([4.5])
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        B.multiple(0)
+    assert B.pow2()(np.int32(9)) == 16
+
+
+# ----------------------------------------------------------------------------
+# 2. Tests that cannot fail
+# ----------------------------------------------------------------------------
+def test_check_oracle_vmap_runs_with_one_example_and_catches_a_bug():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return jnp.sum(x)
+
+    check_oracle(f, [(np.arange(3.0),)], [(5,)], "n", modes=("vmap",))
+    assert calls  # the vmap mode ran (it used to be skipped for one example)
+
+
+def test_check_oracle_vmap_batches_differing_plain_args():
+    # plain arguments that differ between examples are batched, not skipped
+    ex = [(np.arange(3.0), np.float32(2.0)), (np.arange(4.0), np.float32(3.0))]
+    check_oracle(lambda x, s: jnp.sum(x) * s, ex, [(5,), None], ("n", None),
+                 modes=("vmap",))
+    with pytest.raises(ValueError, match="different shapes"):
+        check_oracle(lambda x, s: jnp.sum(x) * jnp.sum(s),
+                     [(np.arange(3.0), np.ones(2)), (np.arange(4.0), np.ones(3))],
+                     [(5,), None], ("n", None), modes=("vmap",))
+
+
+def test_check_grad_continues_past_int_only_example():
+    # example 0 has no float argument; example 1 must still be grad-checked
+    seen = []
+
+    def f(x):
+        seen.append(x.dtype)
+        return jnp.sum(x * x)
+
+    check_oracle(f, [(np.arange(3, dtype=np.int32),), (np.arange(4.0, dtype=np.float32),)],
+                 [(5,)], "n", modes=("grad",))
+    assert any(jnp.issubdtype(d, jnp.floating) for d in seen)
+
+
+# ----------------------------------------------------------------------------
+# 3. JAX's spec syntax
+# ----------------------------------------------------------------------------
+def test_spec_ellipsis_is_the_remaining_static_axes():
+    x = np.arange(4 * 5 * 6, dtype=np.float32).reshape(4, 5, 6)
+    f = pm.mask(lambda x: jnp.sum(x, axis=0), "b, ...")
+    out = f(pm.Masked(x, (np.int32(2), 5, 6)))
+    np.testing.assert_allclose(out.unpad(), x[:2].sum(0))
+    assert out.shape == (5, 6)
+    with pytest.raises(pm.ShapeError, match="only be the last axis"):
+        pm.mask(jnp.sum, "n, ..., 6")(pm.Masked(x, (np.int32(2), 5, 6)))
+    with pytest.raises(pm.ShapeError, match="remaining axes"):
+        pm.mask(jnp.sum, "a, b, c, d, ...")(pm.Masked(x, (np.int32(2), 5, 6)))
+
+
+def test_equality_constraints():
+    f = pm.mask(lambda x, y: jnp.sum(x) + jnp.sum(y), ("n", "m"), constraints=["m == 2*n"])
+    assert float(f(pm.pad(np.ones(3), 5), pm.pad(np.ones(6), 10)).data) == 9.0
+    with pytest.raises(pm.ShapeError, match=r"args\[1\].shape\[0\].*2\*n"):
+        f(pm.pad(np.ones(3), 5), pm.pad(np.ones(5), 10))
+    g = pm.mask(jnp.sum, "n", constraints=["n == 3"])
+    with pytest.raises(pm.ShapeError, match="fix to the constant 3") as info:
+        g(pm.pad(np.ones(3), 5))
+    assert "pad that axis to exactly 3" in str(info.value)
+    assert float(g(pm.pad(np.ones(3), 3)).data) == 3.0
+
+
+# ----------------------------------------------------------------------------
+# 4. Every error on a user's path is a polymask error
+# ----------------------------------------------------------------------------
+def _line(marker: str) -> str:
+    import inspect
+    src, start = inspect.getsourcelines(inspect.currentframe().f_back.f_code)
+    for i, text in enumerate(src):
+        if marker in text:
+            return f"{__file__}:{start + i}"
+    raise AssertionError(marker)
+
+
+XP = pm.pad(np.array([0.5, 2.2, 1.0, 3.7, 0.1], np.float32), 8)
+
+
+def _raises(fun, spec, *args, constraints=(), exc=pm.ShapeError):
+    with pytest.raises(exc) as info:
+        pm.mask(fun, spec, constraints=constraints)(*args)
+    return str(info.value)
+
+
+def test_pad_reflect_and_wrap_errors():
+    def f(x):
+        return jnp.pad(x, 1, mode="reflect")  # LINE-reflect
+
+    msg = _raises(f, "n", XP)
+    assert "constraints=['n >= 2']" in msg and _line("LINE-reflect") in msg
+    out = pm.mask(f, "n", constraints=["n >= 2"])(XP)
+    np.testing.assert_allclose(out.unpad(), np.pad(XP.unpad(), 1, mode="reflect"))
+
+    def g(x):
+        return jnp.pad(x, 1, mode="wrap")  # LINE-wrap
+
+    msg = _raises(g, "n", XP)
+    assert "jnp.concatenate([x[-k:], x, x[:k]])" in msg and _line("LINE-wrap") in msg
+    out = pm.mask(lambda x: jnp.concatenate([x[-1:], x, x[:1]]), "n",
+                  constraints=["n >= 1"])(XP)
+    np.testing.assert_allclose(out.unpad(), np.pad(XP.unpad(), 1, mode="wrap"))
+
+
+def test_float_arange_and_reduce_window_and_size_index_errors():
+    def f(x):
+        return jnp.arange(1., x.shape[0] + 1)  # LINE-arange
+
+    msg = _raises(f, "n", XP)
+    assert "jnp.arange(n) + 1.0" in msg and _line("LINE-arange") in msg
+    out = pm.mask(lambda x: jnp.arange(x.shape[0]) + 1.0, "n")(XP)
+    np.testing.assert_allclose(out.unpad(), np.arange(1.0, 6.0))
+
+    def g(x):
+        return jax.lax.reduce_window(x, 0., jax.lax.add, (x.shape[0] // 2,), (1,),  # LINE-rw
+                                     "VALID")
+
+    msg = _raises(g, "n", XP)
+    assert "lax.reduce_window" in msg and "Python ints" in msg and _line("LINE-rw") in msg
+
+    def h(x):
+        return x[x.shape[0] // 2]  # LINE-idx
+
+    msg = _raises(h, "n", XP)
+    assert "jnp.asarray(x.shape[0] // 2)" in msg and _line("LINE-idx") in msg
+    out = pm.mask(lambda x: x[jnp.asarray(x.shape[0] // 2)], "n")(XP)
+    assert float(out.data) == XP.unpad()[2]
+
+
+def test_conv_with_dynamic_kernel_channels_names_the_axes():
+    x = pm.pad(np.ones((1, 1, 6, 6), np.float32), (1, 1, 8, 8))
+    k = pm.pad(np.ones((1, 1, 3, 3), np.float32), (1, 1, 4, 4))
+
+    def f(x, k):
+        return jax.lax.conv(x, k, (1, 1), "VALID")  # LINE-conv
+
+    msg = _raises(f, None, x, k)
+    assert "args[1].shape[1]" in msg and "args[0].shape[1]" in msg
+    assert "static size with '_'" in msg and _line("LINE-conv") in msg
+
+
+def test_searchsorted_digitize_histogram():
+    bins = jnp.array([0., 1., 2., 3.], jnp.float32)
+    q = XP.unpad()
+    out = pm.mask(lambda x: jnp.searchsorted(bins, x), "n")(XP)
+    np.testing.assert_array_equal(out.unpad(), np.searchsorted(np.asarray(bins), q))
+    out = pm.mask(lambda x: jnp.searchsorted(bins, x, side="right"), "n")(XP)
+    np.testing.assert_array_equal(out.unpad(), np.searchsorted(np.asarray(bins), q, "right"))
+    out = pm.mask(lambda x: jnp.digitize(x, bins), "n")(XP)
+    np.testing.assert_array_equal(out.unpad(), np.digitize(q, np.asarray(bins)))
+    out = pm.mask(lambda x: jnp.histogram(x, bins)[0], "n")(XP)
+    np.testing.assert_allclose(out.unpad(), np.histogram(q, np.asarray(bins))[0])
+    check_oracle(lambda x: jnp.searchsorted(bins, x), [(q,), (q[:2],), (q[:0],)], [(8,)],
+                 "n", modes=("eager", "jit", "vmap"))
+
+    b = pm.pad(np.asarray(bins), 8)
+    v = jnp.array([1.5, 2.5, 9.], jnp.float32)
+
+    def f(b):
+        return jnp.searchsorted(b, v)  # LINE-ss
+
+    msg = _raises(f, "n", b)
+    assert "static size ('_'" in msg and "jnp.sum(a[:, None] < v" in msg
+    assert _line("LINE-ss") in msg and "constraints=['n >= 3']" not in msg
+    out = pm.mask(lambda b: jnp.sum(b[:, None] < v, axis=0), "n")(b)
+    np.testing.assert_array_equal(out.unpad(), np.searchsorted(np.asarray(bins), v))
+
+
+def test_two_data_dependent_calls_and_single_var_hint():
+    x = pm.pad(np.array([0., 2., 0., 3.], np.float32), 6)
+
+    def f(x):
+        return x[pm.flatnonzero(x)] * pm.flatnonzero(x)  # LINE-fnz
+
+    msg = _raises(f, "n", x)
+    assert "Compute the result once and reuse it" in msg and _line("LINE-fnz") in msg
+    assert "give them the same name in in_specs" not in msg
+
+    def g(x):
+        i = pm.flatnonzero(x)
+        return x[i] * i
+
+    np.testing.assert_allclose(pm.mask(g, "n")(x).unpad(), [2.0, 9.0])
+
+    def h(x):
+        return jnp.diff(x[1:])  # LINE-diff
+
+    msg = _raises(h, "n", XP)
+    assert "Axes named by different dim vars" not in msg
+    assert "constraints=['n >= 2']" in msg and _line("LINE-diff") in msg
+    out = pm.mask(h, "n", constraints=["n >= 2"])(XP)
+    np.testing.assert_allclose(out.unpad(), np.diff(XP.unpad()[1:]))
+
+    def k(x, y):
+        return x + y  # LINE-xy
+
+    msg = _raises(k, ("n", "m"), XP, XP)
+    assert "Axes named by different dim vars" in msg and _line("LINE-xy") in msg
+
+
+# ----------------------------------------------------------------------------
+# 5. associative_scan over a dynamic axis; approx_top_k
+# ----------------------------------------------------------------------------
+def _affine_compose(a, b):
+    return a[0] * b[0], a[1] * b[0] + b[1]
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("add", lambda x: jax.lax.associative_scan(jnp.add, x)),
+    ("max reverse", lambda x: jax.lax.associative_scan(jnp.maximum, x, reverse=True)),
+    ("affine pytree", lambda x: jax.lax.associative_scan(_affine_compose, (x, 2 * x))[1]),
+    ("mul reverse", lambda x: jax.lax.associative_scan(jnp.multiply, x, reverse=True)),
+])
+def test_associative_scan_dynamic_axis(name, fn):
+    rng = np.random.default_rng(1)
+    ex = [(rng.normal(size=n).astype(np.float32),) for n in (0, 1, 5, 8)]
+    check_oracle(fn, ex, [(8,)], "n")
+
+
+def test_associative_scan_values_noncommutative_and_axis():
+    x = pm.pad(np.arange(1., 6., dtype=np.float32), 8, fill=np.nan)
+    out = pm.mask(lambda x: jax.lax.associative_scan(jnp.add, x, reverse=True), "n")(x)
+    np.testing.assert_allclose(out.unpad(), [15., 14., 12., 9., 5.])
+    rng = np.random.default_rng(2)
+    ex = [(rng.normal(size=(n, 2, 2)).astype(np.float32),) for n in (1, 3, 6)]
+    check_oracle(lambda x: jax.lax.associative_scan(lambda a, b: b @ a, x), ex,
+                 [(6, 2, 2)], "n, 2, 2")
+    check_oracle(lambda x: jax.lax.associative_scan(lambda a, b: b @ a, x, reverse=True), ex,
+                 [(6, 2, 2)], "n, 2, 2", modes=("eager", "jit"))
+    ex = [(rng.normal(size=(3, n)).astype(np.float32),) for n in (1, 3, 6)]
+    check_oracle(lambda x: jax.lax.associative_scan(jnp.add, x, axis=1, reverse=True), ex,
+                 [(3, 6)], "3, n")
+
+
+def test_approx_max_min_k_exact():
+    rng = np.random.default_rng(3)
+    ex = [(rng.normal(size=(2, n)).astype(np.float32),) for n in (3, 5, 8)]
+    check_oracle(lambda x: jax.lax.approx_max_k(x, 3), ex, [(2, 8)], "2, n",
+                 constraints=["n >= 3"])
+    check_oracle(lambda x: jax.lax.approx_min_k(x, 3), ex, [(2, 8)], "2, n",
+                 constraints=["n >= 3"])
+    x = pm.pad(np.array([1., 5., 3.], np.float32), 6, fill=np.nan)
+    vals, idx = pm.mask(lambda x: jax.lax.approx_max_k(x, 2), "n", constraints=["n >= 2"])(x)
+    assert vals.unpad().tolist() == [5.0, 3.0] and idx.unpad().tolist() == [1, 2]
+
+
+# ----------------------------------------------------------------------------
+# 6. Nested masks (jax.mask's nesting test)
+# ----------------------------------------------------------------------------
+def test_nested_mask_inside_vmap_inside_mask():
+    inner = pm.mask(jnp.sum, "n")
+
+    def fun(x, ns):
+        return jax.vmap(inner)(pm.Masked(x, (ns,))).data.sum()
+
+    outer = pm.mask(fun, ("m, _", "m"))
+    x = jnp.array([[3, 1, 4, 1], [5, 9, 2, 6], [5, 3, 5, 8]])
+    ns = jnp.array([2, 3, 99], jnp.int32)  # row 2 is padding: its garbage size is ignored
+    args = (pm.Masked(x, (jnp.int32(2), 4)), pm.Masked(ns, (jnp.int32(2),)))
+    assert int(outer(*args).data) == 3 + 1 + 5 + 9 + 2
+    assert int(jax.jit(outer)(*args).data) == 3 + 1 + 5 + 9 + 2
+    args3 = (pm.Masked(x, (jnp.int32(3), 4)), pm.Masked(jnp.array([2, 3, 1]), (jnp.int32(3),)))
+    assert int(jax.jit(outer)(*args3).data) == 3 + 1 + 5 + 9 + 2 + 5
+    bad = (pm.Masked(x, (jnp.int32(2), 4)), pm.Masked(jnp.array([2, 7, 0]), (jnp.int32(2),)))
+    with pytest.raises(Exception, match="outside") as info:
+        jax.block_until_ready(jax.jit(outer)(*bad))
+    assert "ShapeError" in str(info.value) or isinstance(info.value, pm.ShapeError)
+
+
+def test_underscore_spec_still_static():
+    x = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    out = pm.mask(lambda x: jnp.sum(x, axis=0), "m, _")(pm.Masked(x, (np.int32(2), 4)))
+    np.testing.assert_allclose(out.unpad(), x[:2].sum(0))
+    assert out.shape == (4,)
+
+
+# ----------------------------------------------------------------------------
+# 7. Size checks survive jax.export (checks="functional")
+# ----------------------------------------------------------------------------
+def test_exported_masked_program_rejects_size_above_bound():
+    g = pm.mask(jnp.cumsum, "n", checks="functional")
+    spec = pm.Masked(jax.ShapeDtypeStruct((5,), jnp.float32),
+                     (jax.ShapeDtypeStruct((), jnp.int32),))
+    exp = jax.export.deserialize(jax.export.export(jax.jit(g))(spec).serialize())
+    ok = exp.call(pm.Masked(jnp.arange(5.0), (jnp.int32(3),)))
+    np.testing.assert_allclose(ok.unpad(), [0.0, 1.0, 3.0])
+    bad = exp.call(pm.Masked(jnp.arange(5.0), (jnp.int32(9),)))
+    assert int(bad.shape[0]) == -1 and np.all(np.isnan(np.asarray(bad.data)))
+    with pytest.raises(pm.ShapeError, match="size check failed"):
+        bad.unpad()
+    # the poisoned result is rejected by the next masked call too
+    with pytest.raises(pm.ShapeError, match="outside"):
+        pm.mask(jnp.sum, "n")(bad)
+    # without jax.export: same behaviour under jit, and eager checks still raise
+    assert int(jax.jit(g)(pm.Masked(jnp.arange(5.0), (jnp.int32(9),))).shape[0]) == -1
+    with pytest.raises(pm.ShapeError, match="outside"):
+        g(pm.Masked(jnp.arange(5.0), (np.int32(9),)))
+
+
+def test_check_grad_skips_examples_without_float_outputs():
+    # float input, int output: nothing to differentiate, not a crash
+    check_oracle(lambda x: jnp.sum(x > 0), [(np.array([1.0, -1.0], np.float32),)], [(4,)], "n",
+                 modes=("grad",))
