@@ -313,20 +313,18 @@ def test_cond_predicate_from_size_under_vmap():
 # ----------------------------------------------------------------------------
 # Python `if` on a size
 # ----------------------------------------------------------------------------
-def test_python_if_on_size_is_a_shape_error():
+def test_python_if_on_size_is_a_case_split():
     def f(x):
-        if x.shape[0] > 2:  # the line the error must name
+        if x.shape[0] > 2:  # the comparison the case tree must name
             return x * 2
         return x
 
-    with pytest.raises(pm.ShapeError) as info:
-        pm.mask(f, "n")(pm.Masked(jnp.ones(5), (3,)))
-    msg = str(info.value)
+    check_oracle(f, [(_vec(n),) for n in range(6)], [(5,)])
+    tree, _ = pm.mask(f, "n").cases(pm.Masked(jnp.ones(5), (3,)))
+    text = tree.summary()
     line = f.__code__.co_firstlineno + 1
-    assert f"test_control_flow.py:{line}" in msg
-    assert "'n' > '2'" in msg or "n > 2" in msg
-    assert "constraints=" in msg
-    assert "lax.cond" in msg and "jnp.where" in msg
+    assert len(tree.cases) == 2 and f"test_control_flow.py:{line}" in text
+    assert "n in {0..2}" in text and "n in {3..5}" in text
 
 
 def test_python_if_on_size_with_constraint_traces():

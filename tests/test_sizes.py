@@ -8,6 +8,8 @@ eagerly, under one ``jax.jit``, over a ragged ``vmap`` batch and for
 under ``jit`` and ``vmap``) and never returns a value.
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -243,3 +245,15 @@ def test_polymask_jit_cases_and_host_errors():
         else:
             np.testing.assert_allclose(pg(x), lax.top_k(x, 2)[0])
     assert pg.stats()["compiles"] == 1
+
+
+def test_explain_shows_the_case_the_example_sizes_reach():
+    def f(x):
+        return x * 2 if x.shape[0] > 2 else x * 3
+
+    def shown(n):
+        text = str(pm.explain(f, ["n"], pm.Masked(jnp.zeros(4), (n,)), print_output=False))
+        return re.search(r"the trace below is case (\d+)", text).group(1)
+
+    assert shown(1) != shown(3)
+    assert shown(0) == shown(2) == shown(1)

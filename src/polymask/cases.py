@@ -35,11 +35,12 @@ from jax import lax
 
 from . import _jax_compat as compat
 from .diagnostics import user_frame_of_exception
+from .dimvars import display_text
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
 from .prologue import Check, concrete_value, run_checks
-from .shapes import DimEnv, is_static
-from .trace import SHIFT_SUFFIX, MaskedProgram, display_text, flatten_args, trace
+from .shapes import SHIFT_SUFFIX, DimEnv, is_static
+from .trace import MaskedProgram, flatten_args, trace
 
 __all__ = ["Case", "Split", "CaseTree", "trace_cases", "trace_function_cases", "run_cases",
            "DEFAULT_MAX_CASES"]
@@ -98,11 +99,13 @@ class CaseTree:
             return "all sizes"
         return " and ".join(pretty_condition(c, self.internal) for c in case.conditions)
 
-    def explain_header(self) -> str:
-        """``polymask.explain``'s lines about the cases (empty for one case)."""
+    def explain_header(self, shown_program: MaskedProgram | None = None) -> str:
+        """``polymask.explain``'s lines about the cases (empty for one case); the
+        trace shown is ``shown_program``'s (default: the first live case)."""
         if self.single:
             return ""
-        shown = next(c.index for c in self.cases if c.program is self.base)
+        prog = shown_program or self.base
+        shown = next(c.index for c in self.cases if c.program is prog)
         return ("\ncases (a size comparison JAX cannot decide; the sizes choose one at run "
                 f"time; the trace below is case {shown}):\n"
                 + "\n".join("  " + ln for ln in self.summary().splitlines()))

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import _jax_compat as compat
 from .cases import trace_function_cases
+from .dimvars import display_text
 from .formula import (
     _PLACEHOLDER_BOUND,
     _abstractify,
@@ -36,7 +37,6 @@ from .prologue import solve_dim_vars
 from .rules import get_rule
 from .shapes import DimEnv
 from .sizetable import _concrete_sizes, _has_inner, _short_path, _size_table, _walk_eqns
-from .trace import display_text
 
 __all__ = ["explain", "Explanation", "Row"]
 
@@ -285,6 +285,10 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     ex_leaves = [Masked(b.data if _is_masked(b) else b, a.shape) if _is_masked(a) else b
                  for a, b in zip(leaves_in, absleaves)]
     concrete = _concrete_sizes(prog, ex_leaves) if any(map(_is_masked, leaves_in)) else None
+    if concrete is not None and not tree.single:  # show the case the example sizes reach
+        case = tree.cases[int(tree.select(concrete))]
+        if case.program is not None:
+            prog = case.program
 
     # Every dynamic axis gets a traced int32 size so the masks become visible.
     n_sizes = sum(a.var is not None for axes in prog.axis_specs for a in axes)
@@ -308,7 +312,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     recorder.attribute(masked_jaxpr, n_sizes)
 
     size_table = _size_table(prog, concrete)
-    header = _header(fun, prog, concrete, masked_jaxpr) + tree.explain_header()
+    header = _header(fun, prog, concrete, masked_jaxpr) + tree.explain_header(prog)
     if placeholder:
         header += (f"\n(no example arguments: every dim var has the placeholder bound "
                    f"{_PLACEHOLDER_BOUND})")

@@ -20,10 +20,10 @@ import numpy as np
 
 from . import _jax_compat as compat
 from .cases import trace_function_cases
+from .dimvars import display_text, translate_constraint
 from .errors import ShapeError
 from .masked import Masked
 from .shapes import DimEnv
-from .trace import _translate, display_text
 
 __all__ = ["shape_formula", "ShapeFormula"]
 
@@ -175,7 +175,7 @@ class ShapeFormula:
 
     def _parse(self, text: str):
         """A dimension expression from jax syntax or Python syntax (``//``, ``%``)."""
-        text = _translate(text, self.internal)
+        text = translate_constraint(text, self.internal)
         try:
             (e,) = jax.export.symbolic_shape(text, scope=self.scope)
             return e

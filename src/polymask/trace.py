@@ -14,7 +14,6 @@ data-dependent ops create their fresh dim vars in it.
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,11 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
+from . import dimvars
 from .diagnostics import is_library_frame, translate_trace_error
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
 from .rules.registry import trace_patches
-from .shapes import SHIFT_SUFFIX, DimEnv, is_static
+from .shapes import DimEnv, is_static
 from .specs import (
     AxisSpec,
     _identifiers,
@@ -143,32 +143,7 @@ class MaskedProgram:
 
     def display(self, e) -> str:
         """``e`` (or a text with internal names) in terms of the spec dim vars."""
-        return display_text(str(e), self.internal)
-
-
-def display_text(text: str, internal: dict[str, tuple[str, int]]) -> str:
-    """Rewrite internal dim var names in ``text`` (``n__p1 - 1`` -> ``n``)."""
-    for v, (name, off) in internal.items():
-        if off == 0 or name not in text:
-            continue
-        pat = re.compile(r"(?P<sign>- )?(?P<coef>\d+\*)?\b" + re.escape(name)
-                         + r"\b(?![*^])(?P<const> [+-] \d+(?![\w*^(]))?")
-
-        def repl(m, v=v, off=off):
-            sgn = -1 if m.group("sign") else 1
-            a = int(m.group("coef")[:-1]) if m.group("coef") else 1
-            c = int(m.group("const").replace(" ", "")) if m.group("const") else 0
-            c += sgn * a * off
-            term = ("- " if sgn < 0 else "") + (f"{a}*{v}" if a != 1 else v)
-            if c > 0:
-                term += f" + {c}"
-            elif c < 0:
-                term += f" - {-c}"
-            return term
-
-        text = pat.sub(repl, text)
-        text = re.sub(r"\b" + re.escape(name) + r"\b", f"({v} + {off})", text)
-    return text
+        return dimvars.display_text(str(e), self.internal)
 
 
 def _arg_paths(args) -> list[str]:
@@ -222,111 +197,6 @@ def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:
     return bounds, order
 
 
-
-
-_COMPARATOR = re.compile(r"\s*(>=|<=|==)\s*")
-
-
-def _translate(text: str, internal: dict[str, tuple[str, int]]) -> str:
-    """A constraint over spec dim vars rewritten over the internal dim vars.
-
-    Each side is parsed and ``v`` replaced by ``name - off`` symbolically (JAX's
-    constraint syntax has no parentheses after ``*``). For ``==`` the constant
-    moves to the right: JAX wants a single term on the left.
-    """
-    if not any(off for _, off in internal.values()):
-        return text
-    parts = _COMPARATOR.split(text.strip())
-    if len(parts) != 3:
-        return text  # JAX's own parser reports it
-    lhs, op, rhs = parts
-    plain, inner = jax.export.SymbolicScope(), jax.export.SymbolicScope()
-
-    def substituted(side: str):
-        (e,) = jax.export.symbolic_shape(side, scope=plain)
-        if not compat.is_dim_expr(e):
-            return e
-        env = {}
-        for v in compat.dim_vars(e):
-            name, off = internal.get(v, (v, 0))
-            (x,) = jax.export.symbolic_shape(name, scope=inner)
-            env[v] = x - off
-        return compat.evaluate_dim(e, env)
-
-    try:
-        left, right = substituted(lhs), substituted(rhs)
-        if op == "==" and compat.is_dim_expr(left):
-            const = int(compat.evaluate_dim(left, {v: 0 for v in compat.dim_vars(left)}))
-            left, right = left - const, right - const
-    except Exception:
-        return text
-    return f"{left} {op} {right}"
-
-
-def _internal_scope(constraints, conditions, internal, var_bounds):
-    """The scope of the internal dim vars: the user's constraints (translated),
-    each var's bound and the case's conditions (pinned to one value when they
-    leave one)."""
-    texts = [_translate(c, internal) for c in constraints]
-    texts += [f"{internal[v][0]} <= {b + internal[v][1]}" for v, b in var_bounds.items()]
-    texts += list(conditions)
-    try:
-        scope = jax.export.SymbolicScope(tuple(texts))
-    except Exception as e:
-        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
-    pins = _pinned(conditions, internal, var_bounds)
-    if pins:  # a case for one size: traced at that size, as plain JAX would
-        scope = jax.export.SymbolicScope(tuple(texts + pins))
-    return scope
-
-
-def _pinned(conditions, internal, var_bounds) -> list[str]:
-    """``"v == c"`` for each internal dim var the case's conditions leave one value.
-
-    Counted here over the var's range (JAX's bounds from several constraints on
-    one var are not always tight); conditions over several vars are skipped.
-    """
-    out = []
-    for v, (name, off) in internal.items():
-        ok = set(range(off, var_bounds[v] + off + 1))
-        for c in conditions:
-            text, op, _ = c.rsplit(" ", 2)
-            try:
-                (e,) = jax.export.symbolic_shape(text)
-            except Exception:
-                continue
-            if compat.dim_vars(e) == {name}:
-                ok = {x for x in ok if _holds(e, name, x, op)}
-        if len(ok) == 1:
-            out.append(f"{name} == {ok.pop()}")
-    return out
-
-
-def _holds(e, name: str, x: int, op: str) -> bool:
-    """``e >= 0`` (op ``>=``) or ``e <= -1`` at ``name = x``; True when undefined (x // 0)."""
-    try:
-        with np.errstate(all="raise"):
-            return (int(compat.evaluate_dim(e, {name: x})) >= 0) == (op == ">=")
-    except (ArithmeticError, FloatingPointError):
-        return True
-
-
-def _internal_names(var_order, var_bounds, constraints) -> dict[str, tuple[str, int]]:
-    """Spec dim var -> (internal name, offset): shifted unless the constraints say >= 1."""
-    shifted = {v: (v + SHIFT_SUFFIX, 1) for v in var_order}
-    if not constraints:
-        return shifted
-    texts = [_translate(c, shifted) for c in constraints]
-    texts += [f"{n} <= {var_bounds[v] + off}" for v, (n, off) in shifted.items()]
-    try:
-        scope = jax.export.SymbolicScope(tuple(texts))
-    except Exception:
-        return shifted
-    out = {}
-    for v, (n, off) in shifted.items():
-        (e,) = jax.export.symbolic_shape(n, scope=scope)
-        out[v] = (v, 0) if compat.lower_bound(e - off) >= 1 else (n, off)
-    return out
 
 
 def split_of(e: BaseException):
@@ -388,8 +258,8 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
     user_axes = _parse_axis_specs(leaves, spec_leaves, paths, user_scope, gen_name)
     _check_constraint_vars(user_scope, user_axes, spec_leaves)
     var_bounds, var_order = _var_bounds(leaves, user_axes)
-    internal = _internal_names(var_order, var_bounds, constraints)
-    scope = _internal_scope(constraints, conditions, internal, var_bounds)
+    internal = dimvars.internal_names(var_order, var_bounds, constraints)
+    scope = dimvars.internal_scope(constraints, conditions, internal, var_bounds)
     var_expr = {}
     for v, (name, off) in internal.items():
         (e,) = jax.export.symbolic_shape(name, scope=scope)
@@ -433,18 +303,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
                     var_where.setdefault(a.var, a.where)
         translated = translate_trace_error(e, var_where)
         if translated is not None:
-            raise _displayed(translated, internal) from None
+            raise dimvars.displayed_error(translated, internal) from None
         raise
     return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
                          var_order, dim_bounds, internal, user_scope, tuple(conditions))
-
-
-def _displayed(e: BaseException, internal) -> BaseException:
-    text = str(e)
-    new = display_text(text, internal)
-    if new == text:
-        return e
-    try:
-        return type(e)(new).with_traceback(e.__traceback__)
-    except Exception:  # pragma: no cover - exotic subclass
-        return e
