@@ -302,7 +302,7 @@ def test_error_catalogue(case: Case):
     assert current_scope() is None
     if isinstance(m, MaskedFunction):  # at most the (valid) trace of the bad call's signature
         # (or a case tree whose error case the bad sizes chose: reshape(-1, 2) at odd n)
-        error_case = any(c.error is not None for t in m._cache.values() for c in t.cases)
+        error_case = any(c.error is not None for t in m._meta.cache.values() for c in t.cases)
         assert len(m.programs) <= n_cache + (case.exc is pm.UnsupportedError or error_case)
     if g is not None:
         again = g(*case.good)

@@ -371,10 +371,16 @@ def host_error(tree: CaseTree, values: dict[str, int]) -> str | None:
 
 
 def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
-              run_program: Callable) -> list[Masked]:
-    """Run the case the logical sizes select (see the module doc)."""
+              run_program: Callable, checks_on: bool = True) -> list[Masked]:
+    """Run the case the logical sizes select (see the module doc).
+
+    ``checks_on=False`` (``mask(..., checks=False)``; ``polymask.jit`` checks
+    on the host instead, ``programs.raise_case_error``): sizes of an error case
+    are not checked in the program.
+    """
     idx = tree.select(values)
-    run_checks(_error_checks(tree, idx), call_site)
+    if checks_on or concrete_value(idx) is not None:
+        run_checks(_error_checks(tree, idx), call_site)
     if concrete_value(idx) is not None:
         case = tree.cases[int(np.asarray(idx))]
         outs = run_program(case.program, leaves, values)
@@ -393,7 +399,24 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
 
     datas, sizes = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
                               [branch(c) for c in tree.cases])
-    return [Masked(d, tuple(s)) for d, s in zip(datas, sizes)]
+    static = _static_out_sizes(tree)
+    return [Masked(d, tuple(st if st is not None else s for s, st in zip(ss, sts)))
+            for d, ss, sts in zip(datas, sizes, static)]
+
+
+def _static_out_sizes(tree: CaseTree) -> list[list[int | None]]:
+    """Per output axis, its size when it is the same int in every live case (else None):
+    such an axis stays a Python int, as in a single-case program."""
+    live = [c.program for c in tree.cases if c.program is not None and c.reachable]
+    out = []
+    for i, bound in enumerate(tree.out_bounds):
+        axes = []
+        for k in range(len(bound)):
+            sizes = {None if compat.is_dim_expr(d) else int(d)
+                     for d in (p.out_shapes[i][k] for p in live)}
+            axes.append(sizes.pop() if len(sizes) == 1 else None)
+        out.append(axes)
+    return out
 
 
 def as_jax_tree(tree: CaseTree, outs: list[Masked]):

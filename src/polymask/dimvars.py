@@ -83,12 +83,21 @@ def translate_constraint(text: str, internal: dict[str, tuple[str, int]]) -> str
 
     try:
         left, right = substituted(lhs), substituted(rhs)
-        if op == "==" and compat.is_dim_expr(left):
-            const = int(compat.evaluate_dim(left, {v: 0 for v in compat.dim_vars(left)}))
+        if op == "==":
+            const = _constant_term(left)
             left, right = left - const, right - const
     except Exception:
         return text
     return f"{left} {op} {right}"
+
+
+def _constant_term(e) -> int:
+    """The constant term of a dimension expression as JAX prints it (``2*k - 2`` -> -2)."""
+    text = str(e)
+    head, sep, tail = max(text.rpartition(" + "), text.rpartition(" - "), key=lambda p: len(p[0]))
+    if sep and tail.isdigit() and head.count("(") == head.count(")"):
+        return int(tail) if sep == " + " else -int(tail)
+    return 0
 
 
 def internal_scope(constraints, conditions, internal, var_bounds):

@@ -280,7 +280,7 @@ class MaskedFunction:
                                 forward_only=not meta.differentiable)
         if tree.single:
             return run(tree.base, leaves, values)
-        return run_cases(tree, leaves, values, call_site, run)
+        return run_cases(tree, leaves, values, call_site, run, checks_on=bool(self.checks))
 
     def __get__(self, obj, objtype=None):  # behave like a function as a class attribute
         return self if obj is None else functools.partial(self, obj)

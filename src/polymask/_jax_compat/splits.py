@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import linecache
 import sys
 import threading
 from collections.abc import Iterator
@@ -150,6 +151,21 @@ def _zero_everywhere(diff, frame: _HookFrame) -> bool:
     return res
 
 
+_EQ_TOKENS = ("==", "!=", " in ", ".index(", ".count(")
+
+
+def _is_shape_decision(caller) -> bool:
+    """A comparison written in JAX's Python code (``a.shape[-1] == 1``), as opposed
+    to a cache lookup: JAX's C++ caches compare keys (shapes among them) with
+    ``==`` when 7 bits of their hashes match, and objects' ``__eq__`` compare
+    avals; splitting there would make the cases depend on what the process
+    traced before (and on the hash seed)."""
+    if caller is None or caller.f_code.co_name in ("__eq__", "__ne__", "__hash__"):
+        return False
+    line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+    return any(t in line for t in _EQ_TOKENS)
+
+
 def _split_eq(orig_eq):
     """``DimExpr.__eq__`` that decides with the scope's bounds, or splits.
 
@@ -192,10 +208,11 @@ def _split_eq(orig_eq):
             while caller is not None and caller.f_code.co_filename == __file__:
                 caller = caller.f_back
             user = caller is not None and frame.is_user_frame(caller.f_code.co_filename)
+            decision = user or _is_shape_decision(caller)
         finally:
             frame.busy = False
         message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
-        if not isinstance(b, DimExpr) or user:
+        if (not isinstance(b, DimExpr) and decision) or user:
             # Split where it narrows: below/at-or-above 0, then at/above 0.
             raise SplitNeeded(message, -diff if lo >= 0 else diff)
         return res
