@@ -23,7 +23,7 @@ from . import _jax_compat as compat
 from .errors import ShapeError
 from .shapes import SHIFT_SUFFIX
 
-__all__ = ["display_text", "displayed_error", "translate_constraint", "internal_names",
+__all__ = ["display_text", "display_expr", "to_internal", "displayed_error", "translate_constraint", "internal_names",
            "internal_scope"]
 
 
@@ -68,27 +68,57 @@ def translate_constraint(text: str, internal: dict[str, tuple[str, int]]) -> str
     if len(parts) != 3:
         return text  # JAX's own parser reports it
     lhs, op, rhs = parts
-    plain, inner = jax.export.SymbolicScope(), jax.export.SymbolicScope()
-
-    def substituted(side: str):
-        (e,) = jax.export.symbolic_shape(side, scope=plain)
-        if not compat.is_dim_expr(e):
-            return e
-        env = {}
-        for v in compat.dim_vars(e):
-            name, off = internal.get(v, (v, 0))
-            (x,) = jax.export.symbolic_shape(name, scope=inner)
-            env[v] = x - off
-        return compat.evaluate_dim(e, env)
-
+    inner = jax.export.SymbolicScope()
     try:
-        left, right = substituted(lhs), substituted(rhs)
+        left, right = to_internal(lhs, internal, inner), to_internal(rhs, internal, inner)
         if op == "==":
             const = _constant_term(left)
             left, right = left - const, right - const
     except Exception:
         return text
     return f"{left} {op} {right}"
+
+
+def to_internal(text: str, internal: dict[str, tuple[str, int]], scope):
+    """A dimension expression over spec dim vars (JAX syntax) as an expression of
+    ``scope`` over the internal dim vars (``v`` -> ``name - off``)."""
+    (e,) = jax.export.symbolic_shape(text, scope=jax.export.SymbolicScope())
+    if not compat.is_dim_expr(e):
+        return e
+    env = {}
+    for v in compat.dim_vars(e):
+        name, off = internal.get(v, (v, 0))
+        (x,) = jax.export.symbolic_shape(name, scope=scope)
+        env[v] = x - off
+    return compat.evaluate_dim(e, env)
+
+
+_NOT_POLYNOMIAL = ("min(", "max(", "floordiv(", "mod(", "non_negative(")
+
+
+def display_expr(d, internal: dict[str, tuple[str, int]]) -> str:
+    """A dimension expression in terms of the spec dim vars, as text.
+
+    A polynomial is rewritten symbolically (``n__p1*m__p1 - n__p1 - m__p1 + 1``
+    -> ``m*n``); other expressions textually (``display_text``): JAX would
+    simplify ``min(n, 1)`` assuming ``n >= 1`` in a scope over ``n``.
+    """
+    text = str(d) if compat.is_dim_expr(d) else str(int(d))
+    if not compat.is_dim_expr(d) or any(op in text for op in _NOT_POLYNOMIAL):
+        return display_text(text, internal)
+    shifted = {name: (v, off) for v, (name, off) in internal.items() if off}
+    if not compat.dim_vars(d) & set(shifted):
+        return text
+    try:
+        plain = jax.export.SymbolicScope()
+        env = {}
+        for name in compat.dim_vars(d):
+            v, off = shifted.get(name, (name, 0))
+            (x,) = jax.export.symbolic_shape(v, scope=plain)
+            env[name] = x + off
+        return str(compat.evaluate_dim(d, env))
+    except Exception:
+        return display_text(text, internal)
 
 
 def _constant_term(e) -> int:

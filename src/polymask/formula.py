@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _jax_compat as compat
 from .cases import trace_function_cases
-from .dimvars import display_text, translate_constraint
+from .dimvars import display_expr, to_internal
 from .errors import ShapeError
 from .masked import Masked
 from .shapes import DimEnv
@@ -137,7 +137,7 @@ class ShapeFormula:
     cases: tuple = dataclasses.field(repr=False, default=())  # ((conditions, formula), ...)
 
     def _str(self, d) -> str:
-        return display_text(_dim_str(d), self.internal)
+        return display_expr(d, self.internal)
 
     @property
     def strs(self) -> tuple[str, ...]:
@@ -175,22 +175,20 @@ class ShapeFormula:
 
     def _parse(self, text: str):
         """A dimension expression from jax syntax or Python syntax (``//``, ``%``)."""
-        text = translate_constraint(text, self.internal)
         try:
-            (e,) = jax.export.symbolic_shape(text, scope=self.scope)
-            return e
+            return to_internal(text, self.internal, self.scope)
         except Exception:
             pass
         names = set(re.findall(r"[A-Za-z_]\w*", text)) - {"floordiv", "mod"}
         try:
-            env = {v: jax.export.symbolic_shape(v, scope=self.scope)[0] for v in names}
+            env = {v: to_internal(v, self.internal, self.scope) for v in names}
             env.update(floordiv=lambda a, b: a // b, mod=lambda a, b: a % b)
             return eval(text, {"__builtins__": {}}, env)  # noqa: S307 (names are dim vars)
         except Exception:
             return None
 
-    def _key(self):
-        return tuple(self._str(d) for d in self.exprs)
+    def _key(self):  # internal form: JAX's normal form of each expression
+        return tuple(_dim_str(d) for d in self.exprs)
 
     def _coerce(self, other):
         if isinstance(other, ShapeFormula):
@@ -201,12 +199,12 @@ class ShapeFormula:
                 if isinstance(d, (int, np.integer)):
                     key.append(str(int(d)))
                 elif compat.is_dim_expr(d):
-                    key.append(self._str(d))
+                    key.append(_dim_str(d))
                 elif isinstance(d, str):
                     e = self._parse(d)
                     if e is None:
                         return None
-                    key.append(self._str(e))
+                    key.append(_dim_str(e))
                 else:
                     return None
             return tuple(key)

@@ -74,6 +74,8 @@ class DimEnv:
         # 0 at run time: `n - u` with u = 0 exceeds the bound JAX proves.
         if not compat.dim_vars(d) <= self.exact_vars:
             hi = max(hi, _zero_corners_upper(d, self.bounds, self.exact_vars))
+        else:
+            hi = min(hi, _unshifted_upper(d, self.bounds))
         res = max(int(hi), 0)
         self._padded_cache[d] = res
         return res
@@ -142,6 +144,54 @@ def _interval_upper(d, bounds: dict[str, int]) -> float:
         env = {v: (bounds[v] if (mask >> i) & 1 else 0) for i, v in enumerate(names)}
         best = max(best, int(compat.evaluate_dim(d, env)))
     return best
+
+
+def _unshifted_upper(d, bounds: dict[str, int]) -> float:
+    """A tighter sound upper bound of a polynomial over shifted dim vars.
+
+    ``n__p1*m__p1 - n__p1 - m__p1 + 1`` (that is ``n*m``) over ``n__p1`` in
+    [1, 4], ``m__p1`` in [1, 5] gets 19 from JAX's term-wise bounds, 12 over
+    ``n, m``. Each face of the box where some spec vars are 0 is bounded by
+    JAX in a scope where the others are >= 1 (sound: every value is on a face).
+    """
+    shifted = sorted(v for v in compat.dim_vars(d) if v.endswith(SHIFT_SUFFIX))
+    text = str(d)
+    if not shifted or len(shifted) > 4 or any(op in text for op in _NOT_POLYNOMIAL):
+        return float("inf")
+    key = (text, tuple(bounds.get(v) for v in sorted(compat.dim_vars(d))))
+    hit = _UNSHIFTED_CACHE.get(key)
+    if hit is None:
+        if len(_UNSHIFTED_CACHE) > 4096:
+            _UNSHIFTED_CACHE.clear()
+        hit = _UNSHIFTED_CACHE[key] = _faces_upper(d, shifted, bounds)
+    return hit
+
+
+_UNSHIFTED_CACHE: dict = {}
+
+
+def _faces_upper(d, shifted, bounds) -> float:
+    best = -float("inf")
+    try:
+        for zeros in range(1 << len(shifted)):
+            live = [v for i, v in enumerate(shifted) if not (zeros >> i) & 1]
+            scope = jax.export.SymbolicScope(
+                tuple(f"{v[:-len(SHIFT_SUFFIX)]} <= {bounds[v] - 1}" for v in live))
+            env = {v: 1 for i, v in enumerate(shifted) if (zeros >> i) & 1}
+            for v in live:
+                (x,) = jax.export.symbolic_shape(v[:-len(SHIFT_SUFFIX)], scope=scope)
+                env[v] = x + 1
+            for v in compat.dim_vars(d) - set(shifted):  # unshifted vars stay as they are
+                (env[v],) = jax.export.symbolic_shape(v, scope=scope)
+            face = compat.evaluate_dim(d, env)
+            best = max(best, compat.upper_bound(face) if compat.is_dim_expr(face)
+                       else int(face))
+    except Exception:
+        return float("inf")
+    return best if np.isfinite(best) else float("inf")
+
+
+_NOT_POLYNOMIAL = ("min(", "max(", "floordiv(", "mod(", "non_negative(")
 
 
 def _zero_corners_upper(d, bounds: dict[str, int], exact=frozenset()) -> float:
