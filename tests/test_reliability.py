@@ -185,20 +185,30 @@ def _raises(fun, spec, *args, constraints=(), exc=pm.ShapeError):
     return str(info.value)
 
 
-def test_pad_reflect_and_wrap_errors():
-    def f(x):
-        return jnp.pad(x, 1, mode="reflect")  # LINE-reflect
+def test_pad_reflect_and_wrap_at_every_size():
+    # JAX branches on the size in Python for these modes: case splits (and, for
+    # 'wrap', one trace per size) give plain JAX's value at every size, and its
+    # error where it fails (size 0).
+    for mode in ("reflect", "wrap"):
+        def f(x, mode=mode):
+            return jnp.pad(x, 1, mode=mode)  # LINE-pad
 
-    msg = _raises(f, "n", XP)
-    assert "constraints=['n >= 2']" in msg and _line("LINE-reflect") in msg
-    out = pm.mask(f, "n", constraints=["n >= 2"])(XP)
-    np.testing.assert_allclose(out.unpad(), np.pad(XP.unpad(), 1, mode="reflect"))
+        m = pm.mask(f, "n")
+        for n in range(7):
+            x = np.arange(1.0, n + 1, dtype=np.float32)
+            if n == 0:
+                with pytest.raises(pm.ShapeError, match="as it does on the exact arrays"):
+                    m(pm.pad(x, 6))
+                continue
+            np.testing.assert_allclose(m(pm.pad(x, 6)).unpad(), np.pad(x, 1, mode=mode))
 
     def g(x):
         return jnp.pad(x, 1, mode="wrap")  # LINE-wrap
 
-    msg = _raises(g, "n", XP)
-    assert "jnp.concatenate([x[-k:], x, x[:k]])" in msg and _line("LINE-wrap") in msg
+    # too many sizes to trace one by one: a clear refusal with the remedy
+    msg = _raises(g, "n", pm.pad(np.ones(20, np.float32), 40))
+    assert "cannot be traced with symbolic sizes" in msg and _line("LINE-wrap") in msg
+    assert "jnp.concatenate([x[-k:], x, x[:k]])" in msg
     out = pm.mask(lambda x: jnp.concatenate([x[-1:], x, x[:1]]), "n",
                   constraints=["n >= 1"])(XP)
     np.testing.assert_allclose(out.unpad(), np.pad(XP.unpad(), 1, mode="wrap"))

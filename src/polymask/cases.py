@@ -24,25 +24,21 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from . import _jax_compat as compat
 from .diagnostics import user_frame_of_exception
-from .dimvars import display_text
+from .dimvars import display_text, pretty_condition, sizes_text
 from .errors import ShapeError, UnsupportedError
-from .masked import Masked
-from .prologue import Check, concrete_value, run_checks
 from .shapes import SHIFT_SUFFIX, DimEnv, is_static
 from .trace import MaskedProgram, flatten_args, trace
 
-__all__ = ["Case", "Split", "CaseTree", "trace_cases", "trace_function_cases", "run_cases",
+__all__ = ["Case", "Split", "CaseTree", "trace_cases", "trace_function_cases",
            "DEFAULT_MAX_CASES"]
 
 DEFAULT_MAX_CASES = 16
@@ -59,6 +55,11 @@ class Case:
     error: str | None = None
     where: str = ""
     reached_by: list[dict[str, int]] | None = None  # None: not enumerated
+
+    @property
+    def one_size(self) -> bool:
+        """Reached by one combination of sizes only (an error there is plain JAX's)."""
+        return self.reached_by is not None and len(self.reached_by) == 1
 
     @property
     def reachable(self) -> bool:
@@ -138,7 +139,7 @@ class CaseTree:
                         for s in node.program.out_shapes))
             sizes = ""
             if node.reached_by is not None:
-                sizes = "; sizes " + (_sizes_text(node.reached_by) if node.reached_by
+                sizes = "; sizes " + (sizes_text(node.reached_by) if node.reached_by
                                       else "none (unreachable)")
             lines.append(f"{pad}case {node.index}: {what}{sizes}")
 
@@ -160,43 +161,6 @@ class CaseTree:
 
         out = walk(self.root)
         return out if is_static(out) else jnp.asarray(out, jnp.int32)
-
-
-def pretty_condition(text: str, internal) -> str:
-    """``"n__p1 - 3 <= -1"`` -> ``"n <= 1"`` (other forms: the expression as is)."""
-    expr, op, rhs = text.rpartition(" >= ")[0] or text.rpartition(" <= ")[0], \
-        (">=" if " >= " in text else "<="), text.rsplit(" ", 1)[1]
-    shown = display_text(expr, internal)
-    m = re.fullmatch(r"(- )?(\w+)(?: ([+-]) (\d+))?", shown)
-    if not m:
-        return f"{shown} {op} {rhs}"
-    neg, var = bool(m.group(1)), m.group(2)
-    c = int(m.group(4) or 0) * (-1 if m.group(3) == "-" else 1)
-    bound = int(rhs) - c  # (+/-) var op bound
-    if neg:
-        return f"{var} {'<=' if op == '>=' else '>='} {-bound}"
-    return f"{var} {op} {bound}"
-
-
-def _sizes_text(assignments: list[dict[str, int]]) -> str:
-    names = sorted(assignments[0])
-    if len(names) == 1:
-        vals = sorted(a[names[0]] for a in assignments)
-        return f"{names[0]} in {_ranges(vals)}"
-    shown = ", ".join("(" + ", ".join(f"{k}={a[k]}" for k in names) + ")"
-                      for a in assignments[:6])
-    return shown + (f", ... ({len(assignments)} in all)" if len(assignments) > 6 else "")
-
-
-def _ranges(vals: list[int]) -> str:
-    parts, start = [], None
-    for i, v in enumerate(vals):
-        if start is None:
-            start = v
-        if i + 1 == len(vals) or vals[i + 1] != v + 1:
-            parts.append(str(start) if start == v else f"{start}..{v}")
-            start = None
-    return "{" + ", ".join(parts) + "}"
 
 
 def _internal_of(cond) -> dict[str, tuple[str, int]]:
@@ -246,8 +210,7 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
         except Exception as e:
             if not conditions:
                 raise
-            case = Case(len(cases), conditions, error=_error_text(e, first.get("internal")),
-                        where=user_frame_of_exception(e))
+            case = _error_case(len(cases), conditions, e, first.get("internal"))
             cases.append(case)
             return case
         if split is not None:
@@ -284,9 +247,83 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
             raise ShapeError(
                 f"the function fails for every logical size within the bounds: "
                 f"{err.error}\n  (for {tree.describe_conditions(err)}, at {err.where})")
+        if _refine_errors(tree, trace_one, max_cases):
+            live = [c for c in tree.cases if c.program is not None and c.reachable]
         tree.base = live[0].program
         _common_outputs(tree, live)
     return tree
+
+
+def _error_case(index: int, conditions, e: BaseException, internal) -> Case:
+    where = getattr(e, "polymask_where", None) or user_frame_of_exception(e)
+    return Case(index, conditions, error=_error_text(e, internal), where=where)
+
+
+def _refine_errors(tree: CaseTree, trace_one, max_cases: int) -> bool:
+    """Trace an error case reached by several sizes of one dim var once per size.
+
+    The symbolic trace of a case can fail where JAX needs a concrete size
+    (``jnp.pad(mode="wrap")`` computes ``n % k`` in Python). Pinned to one size,
+    the trace is plain JAX's own: it works where plain JAX works and fails
+    where plain JAX fails. Done while the total stays within ``max_cases``.
+    """
+    base = tree.base
+    if len(base.var_order) != 1:
+        return False
+    (v,) = base.var_order
+    name, off = base.internal[v]
+    changed = False
+    for case in list(tree.cases):
+        if case.error is None or not case.reached_by or case.one_size:
+            continue
+        values = sorted(a[v] for a in case.reached_by)
+        if len(tree.cases) + len(values) - 1 > max_cases:
+            continue
+        leaves = []
+        for a in values:
+            conditions = (f"{name} - {a + off} >= 0", f"- {name} + {a + off} >= 0")
+            try:
+                leaves.append(Case(0, conditions, program=trace_one(conditions)))
+            except UnsupportedError:
+                raise
+            except Exception as e:
+                leaves.append(_error_case(0, conditions, e, tree.internal))
+        node = leaves[0]
+        # a fresh scope: the base program's may pin the var to one value
+        (var,) = jax.export.symbolic_shape(name, scope=jax.export.SymbolicScope(
+            (f"{name} <= {base.var_bounds[v] + off}",)))
+        var = var - off
+        for a, leaf in zip(values[1:], leaves[1:]):  # only these sizes reach here
+            node = Split(var - a, f"'{v}' >= {a}", case.where, yes=leaf, no=node)
+        _replace(tree, case, node)
+        changed = True
+    if changed:
+        tree.cases = _leaves_in_order(tree.root)
+        for i, c in enumerate(tree.cases):
+            c.index = i
+        _enumerate(tree)
+    return changed
+
+
+def _replace(tree: CaseTree, old, new) -> None:
+    if tree.root is old:
+        tree.root = new
+        return
+    todo = [tree.root]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, Split):
+            if node.yes is old:
+                node.yes = new
+            if node.no is old:
+                node.no = new
+            todo += [node.yes, node.no]
+
+
+def _leaves_in_order(node) -> list[Case]:
+    if isinstance(node, Case):
+        return [node]
+    return _leaves_in_order(node.yes) + _leaves_in_order(node.no)
 
 
 def trace_function_cases(fun: Callable, args: Sequence[Any], in_specs=None,
@@ -343,81 +380,3 @@ def _common_outputs(tree: CaseTree, live: list[Case]) -> None:
             bounds[i] = [max(x, y) for x, y in zip(bounds[i], b)]
     tree.out_tree = ref.out_tree
     tree.out_bounds = [tuple(b) for b in bounds]
-
-
-def _pad_to(data, shape):
-    data = jnp.asarray(data)
-    if tuple(data.shape) == tuple(shape):
-        return data
-    return jnp.pad(data, [(0, t - s) for s, t in zip(data.shape, shape)])
-
-
-def _error_message(tree: CaseTree, c: Case) -> str:
-    return (f"for these sizes ({tree.describe_conditions(c)}) the function fails at "
-            f"{c.where}:\n  {c.error}")
-
-
-def _error_checks(tree: CaseTree, idx) -> list[Check]:
-    return [Check(idx == c.index, _error_message(tree, c)) for c in tree.cases
-            if c.error is not None and c.reachable]
-
-
-def host_error(tree: CaseTree, values: dict[str, int]) -> str | None:
-    """The error of the case that concrete spec dim var ``values`` choose (None: no error)."""
-    if tree.single or all(c.error is None for c in tree.cases):
-        return None
-    case = tree.cases[int(tree.select(tree.base.internal_values(values)))]
-    return None if case.error is None else _error_message(tree, case)
-
-
-def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
-              run_program: Callable, checks_on: bool = True) -> list[Masked]:
-    """Run the case the logical sizes select (see the module doc).
-
-    ``checks_on=False`` (``mask(..., checks=False)``; ``polymask.jit`` checks
-    on the host instead, ``programs.raise_case_error``): sizes of an error case
-    are not checked in the program.
-    """
-    idx = tree.select(values)
-    if checks_on or concrete_value(idx) is not None:
-        run_checks(_error_checks(tree, idx), call_site)
-    if concrete_value(idx) is not None:
-        case = tree.cases[int(np.asarray(idx))]
-        outs = run_program(case.program, leaves, values)
-        return [Masked(_pad_to(o.data, b), o.shape) for o, b in zip(outs, tree.out_bounds)]
-
-    def branch(case: Case):
-        def run():
-            if case.program is None or not case.reachable:
-                datas = [jnp.zeros(b, v.aval.dtype) for b, v in
-                         zip(tree.out_bounds, tree.base.closed_jaxpr.jaxpr.outvars)]
-                return datas, [[jnp.int32(0)] * len(b) for b in tree.out_bounds]
-            outs = run_program(case.program, leaves, values)
-            return ([_pad_to(o.data, b) for o, b in zip(outs, tree.out_bounds)],
-                    [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
-        return run
-
-    datas, sizes = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
-                              [branch(c) for c in tree.cases])
-    static = _static_out_sizes(tree)
-    return [Masked(d, tuple(st if st is not None else s for s, st in zip(ss, sts)))
-            for d, ss, sts in zip(datas, sizes, static)]
-
-
-def _static_out_sizes(tree: CaseTree) -> list[list[int | None]]:
-    """Per output axis, its size when it is the same int in every live case (else None):
-    such an axis stays a Python int, as in a single-case program."""
-    live = [c.program for c in tree.cases if c.program is not None and c.reachable]
-    out = []
-    for i, bound in enumerate(tree.out_bounds):
-        axes = []
-        for k in range(len(bound)):
-            sizes = {None if compat.is_dim_expr(d) else int(d)
-                     for d in (p.out_shapes[i][k] for p in live)}
-            axes.append(sizes.pop() if len(sizes) == 1 else None)
-        out.append(axes)
-    return out
-
-
-def as_jax_tree(tree: CaseTree, outs: list[Masked]):
-    return jax.tree_util.tree_unflatten(tree.out_tree, outs)

@@ -23,7 +23,7 @@ from . import _jax_compat as compat
 from .errors import ShapeError
 from .shapes import SHIFT_SUFFIX
 
-__all__ = ["display_text", "display_expr", "to_internal", "displayed_error", "translate_constraint", "internal_names",
+__all__ = ["display_text", "display_expr", "pretty_condition", "sizes_text", "to_internal", "displayed_error", "translate_constraint", "internal_names",
            "internal_scope"]
 
 
@@ -133,7 +133,8 @@ def _constant_term(e) -> int:
 def internal_scope(constraints, conditions, internal, var_bounds):
     """The scope of the internal dim vars: the user's constraints (translated),
     each var's bound and the case's conditions (pinned to one value when they
-    leave one)."""
+    leave one). Returns ``(scope, static)``: static when every var is pinned
+    (the trace is then plain JAX's at one size)."""
     texts = [translate_constraint(c, internal) for c in constraints]
     texts += [f"{internal[v][0]} <= {b + internal[v][1]}" for v, b in var_bounds.items()]
     texts += list(conditions)
@@ -144,7 +145,7 @@ def internal_scope(constraints, conditions, internal, var_bounds):
     pins = _pinned(conditions, internal, var_bounds)
     if pins:  # a case for one size: traced at that size, as plain JAX would
         scope = jax.export.SymbolicScope(tuple(texts + pins))
-    return scope
+    return scope, bool(internal) and len(pins) == len(internal)
 
 
 def _pinned(conditions, internal, var_bounds) -> list[str]:
@@ -205,3 +206,40 @@ def displayed_error(e: BaseException, internal) -> BaseException:
         return type(e)(new).with_traceback(e.__traceback__)
     except Exception:  # pragma: no cover - exotic subclass
         return e
+
+
+def pretty_condition(text: str, internal) -> str:
+    """``"n__p1 - 3 <= -1"`` -> ``"n <= 1"`` (other forms: the expression as is)."""
+    expr, op, rhs = text.rpartition(" >= ")[0] or text.rpartition(" <= ")[0], \
+        (">=" if " >= " in text else "<="), text.rsplit(" ", 1)[1]
+    shown = display_text(expr, internal)
+    m = re.fullmatch(r"(- )?(\w+)(?: ([+-]) (\d+))?", shown)
+    if not m:
+        return f"{shown} {op} {rhs}"
+    neg, var = bool(m.group(1)), m.group(2)
+    c = int(m.group(4) or 0) * (-1 if m.group(3) == "-" else 1)
+    bound = int(rhs) - c  # (+/-) var op bound
+    if neg:
+        return f"{var} {'<=' if op == '>=' else '>='} {-bound}"
+    return f"{var} {op} {bound}"
+
+
+def sizes_text(assignments: list[dict[str, int]]) -> str:
+    names = sorted(assignments[0])
+    if len(names) == 1:
+        vals = sorted(a[names[0]] for a in assignments)
+        return f"{names[0]} in {_ranges(vals)}"
+    shown = ", ".join("(" + ", ".join(f"{k}={a[k]}" for k in names) + ")"
+                      for a in assignments[:6])
+    return shown + (f", ... ({len(assignments)} in all)" if len(assignments) > 6 else "")
+
+
+def _ranges(vals: list[int]) -> str:
+    parts, start = [], None
+    for i, v in enumerate(vals):
+        if start is None:
+            start = v
+        if i + 1 == len(vals) or vals[i + 1] != v + 1:
+            parts.append(str(start) if start == v else f"{start}..{v}")
+            start = None
+    return "{" + ", ".join(parts) + "}"

@@ -286,9 +286,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
                  for a, b in zip(leaves_in, absleaves)]
     concrete = _concrete_sizes(prog, ex_leaves) if any(map(_is_masked, leaves_in)) else None
     if concrete is not None and not tree.single:  # show the case the example sizes reach
-        case = tree.cases[int(tree.select(concrete))]
-        if case.program is not None:
-            prog = case.program
+        prog = tree.cases[int(tree.select(concrete))].program or prog
 
     # Every dynamic axis gets a traced int32 size so the masks become visible.
     n_sizes = sum(a.var is not None for axes in prog.axis_specs for a in axes)

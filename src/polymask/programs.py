@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .cases import host_error
+from .case_dispatch import host_error
 from .compiling import COMPILE_TICK, compile_counter, install_listeners
 from .errors import ShapeError
 from .masked import Masked

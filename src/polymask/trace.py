@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _jax_compat as compat
 from . import dimvars
-from .diagnostics import is_library_frame, translate_trace_error
+from .diagnostics import is_library_frame, translate_trace_error, user_frame_of_exception
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
 from .rules.registry import trace_patches
@@ -259,7 +259,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
     _check_constraint_vars(user_scope, user_axes, spec_leaves)
     var_bounds, var_order = _var_bounds(leaves, user_axes)
     internal = dimvars.internal_names(var_order, var_bounds, constraints)
-    scope = dimvars.internal_scope(constraints, conditions, internal, var_bounds)
+    scope, static = dimvars.internal_scope(constraints, conditions, internal, var_bounds)
     var_expr = {}
     for v, (name, off) in internal.items():
         (e,) = jax.export.symbolic_shape(name, scope=scope)
@@ -301,9 +301,13 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
             for a in axes:
                 if a.var:
                     var_where.setdefault(a.var, a.where)
-        translated = translate_trace_error(e, var_where)
+        # At pinned sizes the trace is plain JAX's: its error is the plain
+        # function's, not a symbolic-shape limitation to translate.
+        translated = None if static else translate_trace_error(e, var_where)
         if translated is not None:
-            raise dimvars.displayed_error(translated, internal) from None
+            err = dimvars.displayed_error(translated, internal)
+            err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
+            raise err from None
         raise
     return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
                          var_order, dim_bounds, internal, user_scope, tuple(conditions))

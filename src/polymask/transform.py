@@ -16,7 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .cases import DEFAULT_MAX_CASES, CaseTree, run_cases, trace_cases
+from .case_dispatch import run_cases
+from .cases import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .diagnostics import at_call_site, user_call_site
 from .errors import ShapeError
 from .interpreter import run_program
