@@ -44,8 +44,10 @@ CONTENDERS = {
 }
 NEEDS = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers",
          "sentence_transformers_run1": "sentence_transformers"}
-PM_CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR={cache} JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 "
-                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0")
+# The CLI's persistent cache is on by default (~/.cache/polymask/xla): every
+# variant names its cache explicitly, or "off", so no run sees another's cache.
+PM_CACHE_ENV = "POLYMASK_CACHE_DIR={cache}"
+PM_NOCACHE_ENV = "POLYMASK_CACHE_DIR=off"
 
 
 def log(msg: str) -> None:
@@ -127,10 +129,8 @@ def process_variants(args, tmp: pathlib.Path, text_file: pathlib.Path, have_st: 
     def pm(name, out, cache=None):
         def thunk():
             cmd, report = pm_cmd(out, cache)
-            env = {}
-            if cache is not None:
-                env = dict(kv.split("=", 1) for kv in
-                           shlex.split(args.pm_cache_env.format(cache=cache)))
+            spec = PM_NOCACHE_ENV if cache is None else args.pm_cache_env.format(cache=cache)
+            env = dict(kv.split("=", 1) for kv in shlex.split(spec))
             res = run_command(cmd, env, args.timeout)
             if os.path.exists(report):
                 with open(report) as f:

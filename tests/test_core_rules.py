@@ -210,3 +210,46 @@ def test_top_k_padding_never_wins_ties():
     g = lambda x: lax.top_k(x, 2)
     exs = [(vec((m, 4)),) for m in (1, 3)] + [(vec((2, 2)),)]
     check_oracle(g, exs, [(3, 5)], ("m, n",), constraints=["n >= 2"])
+
+
+def test_top_k_with_k_from_the_size():
+    # k = n - 1 (a dimension expression): padded size its bound, logical size
+    # n - 1; plain JAX gives an empty result at n = 1 (k = 0).
+    f = lambda x: lax.top_k(x, x.shape[-1] - 1)
+    x = np.array([2.0, -1.0, 2.0, np.inf, 0.5, -np.inf, 2.0, 7.0], np.float32)
+    exs = [(x[:n],) for n in (1, 2, 3, 5, 8)]
+    check_oracle(f, exs, [(8,)], "b")
+    # Rows of a 2-D operand, with k of the other axis's size (n >= m).
+    g = lambda x, y: lax.top_k(x, y.shape[0])
+    exs = [(vec((2, n)), vec(m)) for n, m in ((4, 0), (4, 4), (1, 1), (5, 3))]
+    check_oracle(g, exs, [(3, 5), (5,)], ("r, n", "m"), constraints=["n >= m"])
+
+
+def test_top_k_with_k_from_the_size_repro():
+    f = lambda x: lax.top_k(x, x.shape[-1] - 1)
+    x = np.full(32, np.nan, np.float32)
+    x[:16] = RNG.random(16)
+    for fn in (pm.mask(f, "b, ..."), jax.jit(pm.mask(f, "b, ..."))):
+        vals, idx = fn(pm.Masked(jnp.asarray(x), (np.int32(16),)))
+        assert vals.data.shape == (31,) and idx.data.shape == (31,)
+        want_v, want_i = lax.top_k(jnp.asarray(x[:16]), 15)
+        np.testing.assert_array_equal(vals.unpad(), want_v)
+        np.testing.assert_array_equal(idx.unpad(), want_i)
+
+
+def test_top_k_with_negative_k_raises():
+    # n = 0 gives k = -1: plain JAX raises, so must the masked function.
+    f = lambda x: lax.top_k(x, x.shape[-1] - 1)
+    with pytest.raises(ValueError):
+        f(jnp.zeros((0,), jnp.float32))
+    m = pm.mask(f, "b")
+    arg = pm.Masked(jnp.full((8,), np.nan, jnp.float32), (np.int32(0),))
+    with pytest.raises(pm.ShapeError, match="k = b - 1 is -1"):
+        m(arg)
+    with pytest.raises(Exception, match="ShapeError: top_k: k = b - 1 is -1"):
+        jax.block_until_ready(jax.jit(m)(arg))
+    # Under vmap the error names the offending batch element.
+    data = jnp.full((2, 8), np.nan, jnp.float32)
+    with pytest.raises(Exception, match="(?s)is -1 .*batch element 1"):
+        jax.block_until_ready(jax.jit(jax.vmap(m))(
+            pm.Masked(data, (jnp.array([3, 0], jnp.int32),))))

@@ -9,7 +9,7 @@ import pytest
 
 import polymask as pm
 from polymask import buckets as B
-from polymask.testing import check_oracle
+from polymask.testing import check_oracle, garbage_pad
 
 X5 = np.arange(5.0, dtype=np.float32)
 
@@ -122,6 +122,31 @@ def test_check_oracle_vmap_batches_differing_plain_args():
         check_oracle(lambda x, s: jnp.sum(x) * jnp.sum(s),
                      [(np.arange(3.0), np.ones(2)), (np.arange(4.0), np.ones(3))],
                      [(5,), None], ("n", None), modes=("vmap",))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2,
+                                   jnp.float16, np.float32])
+def test_garbage_pad_low_precision_floats_get_nan(dtype):
+    # bfloat16 / float8 are not np.inexact: they used to reach np.iinfo and fail
+    out = garbage_pad(np.ones(3, dtype), (6,))
+    assert out.dtype == np.dtype(dtype) and out.shape == (6,)
+    np.testing.assert_array_equal(out[:3].astype(np.float32), [1.0, 1.0, 1.0])
+    assert np.isnan(out[3:].astype(np.float32)).all()
+
+
+def test_garbage_pad_other_dtypes():
+    out = garbage_pad(np.ones((1, 2), jnp.float4_e2m1fn), (2, 2))  # no NaN: largest finite
+    np.testing.assert_array_equal(out.astype(np.float32), [[1, 1], [6, 6]])
+    np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.int4), (2,)).astype(np.int32),
+                                  [1, 7])
+    np.testing.assert_array_equal(garbage_pad(np.ones(1, np.int32), (2,)), [1, 2**30 + 6])
+    np.testing.assert_array_equal(garbage_pad(np.zeros(1, bool), (2,)), [False, True])
+
+
+def test_check_oracle_bfloat16():
+    x = np.linspace(-1, 1, 5).astype(jnp.bfloat16)
+    check_oracle(lambda x: jnp.cumsum(x * 2), [(x,), (x[:2],)], [(8,)], "n",
+                 rtol=2e-2, atol=2e-2)
 
 
 def test_check_grad_continues_past_int_only_example():

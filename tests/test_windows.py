@@ -425,6 +425,86 @@ def test_max_pool_grad_nan_padding():
                  exs, [(8,)], modes=("grad",))
 
 
+# ----------------------------------------------------------------------------
+# Window sizes given by a dimension expression (JAX's shape_poly_test harnesses
+# reduce_window/*_window_size=dynamic)
+# ----------------------------------------------------------------------------
+def _rw_dynamic_window(x):
+    """x: f32[b, 8]; the window over the static axis 1 has size b."""
+    w = (2, x.shape[0])
+    return (lax.reduce_window(x, np.float32(1.0), lax.min, w, (1, 1), "VALID"),  # generic
+            lax.reduce_window(x, np.float32(1.0), lax.min, w, (1, 1), "VALID")
+            + lax.reduce_window(x, np.float32(1.0), lax.max, w, (1, 1), "VALID"),
+            lax.reduce_window(x, np.float32(0.0), lax.add, w, (1, 1), "VALID"),  # monoid
+            lax.reduce_window(x, -jnp.inf, lax.max, w, (1, 2), "SAME"),
+            lax.reduce_window(x, jnp.inf, lax.min, w, (2, 3), [(1, 0), (2, 1)]))
+
+
+def test_reduce_window_dynamic_window_size():
+    exs = [(_rand(b, 8),) for b in (3, 1, 2, 6)]
+    check_oracle(_rw_dynamic_window, exs, [(6, 8)], "b, ...", modes=("eager", "jit", "vmap"))
+
+
+def test_reduce_window_dynamic_window_size_repro():
+    f = lambda x: lax.reduce_window(x, np.float32(1.), lax.min, (2, x.shape[0]), (1, 1),
+                                    "VALID")
+    x = np.full((6, 8), np.nan, np.float32)
+    x[:3] = RNG.random((3, 8))
+    for g in (pm.mask(f, "b, ..."), jax.jit(pm.mask(f, "b, ..."))):
+        out = g(pm.Masked(jnp.asarray(x), (np.int32(3), 8)))
+        np.testing.assert_array_equal(out.unpad(), f(jnp.asarray(x[:3])))
+        assert out.unpad().shape == (2, 6)
+
+
+def test_reduce_window_dynamic_window_variadic_and_grad():
+    def f(x, y):  # the variadic generic harness (a non-associative reducer)
+        return lax.reduce_window((x, y), (np.float32(1.0), np.int32(2)),
+                                 lambda a, b: (lax.add(a[0], b[0]), lax.sub(a[1], b[1])),
+                                 (2, x.shape[0]), (1, 1), "VALID")
+
+    exs = [(_rand(b, 8), RNG.integers(-9, 9, size=(b, 8)).astype(np.int32))
+           for b in (3, 1, 5)]
+    check_oracle(f, exs, [(6, 8), (6, 8)], ("b, ...", "b, ..."),
+                 modes=("eager", "jit", "vmap"))
+    # Monoid reductions are differentiable (through lax.switch); a whole-axis
+    # window of a dynamic axis is its reduction.
+    g = lambda x: (lax.reduce_window(x, 0.0, lax.add, (2, x.shape[0]), (1, 1), "VALID"),
+                   lax.reduce_window(x, -jnp.inf, lax.max, (x.shape[0], 1), (1, 1), "VALID"))
+    check_oracle(g, [(_rand(b, 8),) for b in (3, 1, 6)], [(6, 8)], "b, ...")
+
+
+def test_max_pool_dynamic_window_grad_and_jvp_inside_mask():
+    pool = lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (x.shape[0] // 2 + 1,), (2,),
+                                       "SAME")
+    f = lambda x: (jax.grad(lambda x: jnp.sum(jnp.sin(pool(x))))(x),
+                   jax.jvp(pool, (x,), (jnp.cos(x),)))
+    exs = [(_vec(n),) for n in (7, 1, 4, 8)]
+    check_oracle(f, exs, [(8,)], "n", modes=("eager", "jit", "vmap"))
+
+
+def test_reduce_window_dynamic_window_size_zero_raises():
+    """Plain JAX rejects a window size 0 (b = 0); so does the masked function."""
+    f = lambda x: lax.reduce_window(x, 0.0, lax.add, (1, x.shape[0]), (1, 1), "VALID")
+    with pytest.raises(TypeError, match="strictly positive"):
+        f(jnp.zeros((0, 8)))
+    m = pm.mask(f, "b, ...")
+    arg = pm.Masked(jnp.full((6, 8), np.nan, jnp.float32), (np.int32(0), 8))
+    with pytest.raises(pm.ShapeError, match="window size b of axis 1 is 0"):
+        m(arg)
+    with pytest.raises(Exception, match="ShapeError: reduce_window_sum: the window size b"):
+        jax.block_until_ready(jax.jit(m)(arg))
+
+
+def test_reduce_window_dynamic_window_size_too_many_values():
+    f = lambda x: lax.reduce_window(x, 0.0, lax.add, (x.shape[0],), (1,), "SAME")
+    with pytest.raises(pm.UnsupportedError,
+                       match=r"(?s)reduce_window_sum.*depends on a dynamic size.*jnp.min"):
+        pm.mask(f, "n")(pm.Masked(jnp.ones(100), (jnp.int32(50),)))
+    # Static logical sizes need no dispatch.
+    out = pm.mask(f, "n")(pm.Masked(jnp.ones(100), (50,)))
+    np.testing.assert_allclose(out.unpad(), f(jnp.ones(50)))
+
+
 def test_conv_groups_with_dynamic_grouped_axes():
     """feature/batch groups whose grouped axis is dynamic (spec "2*k")."""
     @jax.jit

@@ -24,12 +24,20 @@ __all__ = ["garbage_pad", "check_oracle"]
 
 
 def garbage_value(dtype):
+    """The padding fill of ``garbage_pad``: NaN for floats (bfloat16 and float8
+    included; the largest finite value for float types without NaN), True for
+    bools, a large value for ints."""
     dtype = np.dtype(dtype)
-    if np.issubdtype(dtype, np.inexact):
-        return np.nan
+    # jnp.issubdtype knows the ml_dtypes floats (bfloat16, float8_*), which
+    # np.issubdtype does not count as np.inexact.
+    if jnp.issubdtype(dtype, jnp.inexact):
+        if jnp.issubdtype(dtype, jnp.complexfloating) or np.isnan(np.array(np.nan, dtype)):
+            return np.nan
+        return jnp.finfo(dtype).max  # e.g. float4_e2m1fn: no NaN (nor inf)
     if dtype == np.bool_:
         return True
-    return np.iinfo(dtype).max // 2 + 7
+    info = jnp.iinfo(dtype)
+    return min(int(info.max), int(info.max) // 2 + 7)  # int4: max // 2 + 7 overflows
 
 
 def garbage_pad(x, bound: Sequence[int], fill=None) -> np.ndarray:
@@ -56,7 +64,9 @@ def _leaves(tree):
 def _assert_close(got, want, rtol, atol, what):
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, f"{what}: logical shape {got.shape} != {want.shape}"
-    if np.issubdtype(want.dtype, np.inexact):
+    if jnp.issubdtype(want.dtype, jnp.inexact):
+        if not np.issubdtype(want.dtype, np.inexact):  # bfloat16, float8: compare as float32
+            got, want = got.astype(np.float32), want.astype(np.float32)
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=what)
     else:
         np.testing.assert_array_equal(got, want, err_msg=what)
@@ -165,7 +175,7 @@ def _check_grad(fun, mfun, examples, bounds, rtol, atol):
     rng = np.random.default_rng(0)
     for i, ex in enumerate(examples):
         float_args = [j for j, a in enumerate(ex)
-                      if np.issubdtype(np.asarray(a).dtype, np.floating)]
+                      if jnp.issubdtype(np.asarray(a).dtype, jnp.floating)]
         if not float_args:
             continue
         ref_out = fun(*[jnp.asarray(a) for a in ex])

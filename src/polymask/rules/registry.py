@@ -185,15 +185,20 @@ class RuleContext:
         self.state.mark_zero_padding(x)
         return x
 
-    def require(self, bad, message: str) -> None:
+    def require(self, bad, message: str, values: tuple = ()) -> None:
         """A run-time check: raise ``ShapeError(message)`` where ``bad`` holds.
 
         ``bad`` is a bool or a traced bool; traced checks are staged like the
-        prologue's (``prologue.run_checks``).
+        prologue's (``prologue.run_checks``). With ``values`` (sizes, maybe
+        traced), ``{0}``, ``{1}``... in ``message`` name their actual values
+        (other braces in ``message`` must then be doubled).
         """
         from ..prologue import Check, run_checks
 
-        run_checks([Check(bad, f"{message}\n  at {self.source_line}")], self.source_line)
+        line = self.source_line
+        if values:
+            line = line.replace("{", "{{").replace("}", "}}")
+        run_checks([Check(bad, f"{message}\n  at {line}", tuple(values))], self.source_line)
 
     def unsupported(self, reason: str) -> UnsupportedError:
         return UnsupportedError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from .. import _jax_compat as compat
 from .registry import register
 from .util import masked_axes, valid_mask
 
@@ -28,17 +29,31 @@ def top_k_rule(ctx, x, *, k, axis=-1, **params):
     ascending order with equal values by descending index; the top ``k`` are
     then the last ``k`` logical positions read backwards. (Filling padding with
     -inf instead would let padding win ties against logical -inf values.)
+
+    ``k`` may be a dimension expression (``x.shape[-1] - 1``): the output's
+    padded size is its bound and its logical size ``k`` at the logical sizes;
+    sizes where plain JAX rejects ``k`` (negative, or above the axis size)
+    raise ``ShapeError``.
     """
     axis = axis % x.ndim
     lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
-    if not masked_axes(lg, bd, [axis]):
+    kb = ctx.out_bounds[0][axis]
+    if compat.is_dim_expr(k):
+        k_raw = ctx.dims.logical_raw(k)
+        ctx.require(k_raw < 0, f"top_k: k = {k} is {{0}} at these sizes; "
+                    "k must be nonnegative", values=(k_raw,))
+        ctx.require(k_raw > lg[axis], f"top_k: k = {k} is {{0}}, larger than the size "
+                    "{1} of the sorted axis", values=(k_raw, lg[axis]))
+    if not masked_axes(lg, bd, [axis]) and kb <= bd[axis]:
         return ctx.bind(x)
     padding_key = (~valid_mask(lg, bd, [axis])).astype(jnp.int32)
     neg_index = -lax.broadcasted_iota(jnp.int32, x.shape, axis)
     _, values, neg_idx = lax.sort((padding_key, x, neg_index), dimension=axis,
                                   is_stable=True, num_keys=3)
     n = jnp.asarray(lg[axis], jnp.int32)
-    pos = jnp.clip(n - 1 - lax.iota(jnp.int32, k), 0, bd[axis] - 1)
+    # Output position i (of the padded bound of k) reads sorted position
+    # n - 1 - i; positions past the logical k are padding (free).
+    pos = jnp.clip(n - 1 - lax.iota(jnp.int32, kb), 0, max(bd[axis] - 1, 0))
     values = jnp.take(values, pos, axis=axis)
     indices = -jnp.take(neg_idx, pos, axis=axis)
     return [values, indices.astype(ctx.out_avals[1].dtype)]

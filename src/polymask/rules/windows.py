@@ -24,6 +24,12 @@ Every windowed op is masked the same way, one window axis at a time:
   ``feature_group_count=2``, batch with ``batch_group_count``, or grouped
   output features) re-lay the logical groups out one per padded group block.
 
+* A window size given by a dimension expression (``x.shape[0]``) is
+  evaluated at the logical sizes; when that value is traced, ``lax.switch``
+  runs the op with each possible static window size (1 to its bound, at most
+  ``_MAX_WINDOW_BRANCHES`` values, else ``UnsupportedError``), so any reducer,
+  associative or not, gives XLA's result. A window size < 1 is a ShapeError.
+
 Known limit (JAX's symbolic shapes, not this module): a base/lhs-dilated axis
 has symbolic size ``d*(n-1)+1``, which JAX derives assuming ``n >= 1``; at
 logical size 0 with padding larger than the window, the logical output size
@@ -32,6 +38,8 @@ follows that formula, not JAX's concrete result (e.g. base dilation 2, padding
 """
 
 from __future__ import annotations
+
+import itertools
 
 import jax.numpy as jnp
 import numpy as np
@@ -43,6 +51,7 @@ from .registry import register
 from .util import clean, clean_float, fill_padding, identity_of
 
 _BRUTE_FORCE_LIMIT = 2048
+_MAX_WINDOW_BRANCHES = 64  # values a dynamic window size may take (lax.switch branches)
 
 
 # ----------------------------------------------------------------------------
@@ -243,6 +252,59 @@ def _window_plans(ctx, in_bounds, out_bounds, window_dimensions, window_strides,
     return plans
 
 
+def _with_static_windows(ctx, window_dimensions, body):
+    """``body(window_dimensions)`` with every window size a Python int.
+
+    A window size given by a dimension expression (``x.shape[0]``) is
+    evaluated at the logical sizes; when that value is traced, ``lax.switch``
+    dispatches over its possible values (the op is run with each static window
+    size in its own branch, so every reducer, associative or not, gives XLA's
+    result). Sizes where JAX rejects the window (< 1) raise ``ShapeError``.
+    """
+    name = ctx.primitive.name
+    static, dynamic = [], []  # dynamic: (axis, candidate sizes, logical value)
+    for ax, w in enumerate(window_dimensions):
+        if not compat.is_dim_expr(w):
+            static.append(int(w))
+            continue
+        raw = ctx.dims.logical_raw(w)
+        ctx.require(raw < 1, f"{name}: the window size {w} of axis {ax} is {{0}} at these "
+                    "sizes; window sizes must be >= 1", values=(raw,))
+        if is_static(raw):
+            static.append(max(int(raw), 1))
+            continue
+        dynamic.append((ax, range(1, max(ctx.padded(w), 1) + 1), jnp.asarray(raw, jnp.int32)))
+        static.append(1)
+    if not dynamic:
+        return body(tuple(static))
+    count = int(np.prod([len(c) for _, c, _ in dynamic]))
+    if count > _MAX_WINDOW_BRANCHES:
+        axes = [ax for ax, _, _ in dynamic]
+        raise ctx.unsupported(
+            f"the window size on axis {axes} depends on a dynamic size "
+            f"({[str(window_dimensions[a]) for a in axes]}) and can take {count} values "
+            f"(at most {_MAX_WINDOW_BRANCHES} are supported: lower the bounds); a window "
+            "that spans a whole axis is a reduction over that axis, e.g. "
+            "jnp.min(x, axis=...) / jnp.sum / jnp.max")
+    # Touch the lazily computed output sizes outside the branches (their
+    # values would otherwise be the inner traces').
+    ctx.out_logical  # noqa: B018
+    index, branches = jnp.int32(0), []
+    for _, cands, raw in dynamic:
+        index = index * len(cands) + (jnp.clip(raw, cands[0], cands[-1]) - cands[0])
+    for combo in itertools.product(*(c for _, c, _ in dynamic)):
+        wd = list(static)
+        for (ax, _, _), w in zip(dynamic, combo):
+            wd[ax] = w
+
+        def branch(wd=tuple(wd)):
+            with ctx.state.scoped():
+                return body(wd)
+
+        branches.append(branch)
+    return lax.switch(index, branches)
+
+
 _RW_KIND = {"reduce_window_sum": "sum", "reduce_window_max": "max",
             "reduce_window_min": "min"}
 
@@ -254,11 +316,15 @@ def reduce_window_monoid_rule(ctx, x, *, window_dimensions, window_strides, padd
         return _zeros_out(ctx)
     fill = identity_of(x.dtype, _RW_KIND[ctx.primitive.name])
     x = fill_padding(x, ctx.in_logical[0], fill)
-    plans = _window_plans(ctx, ctx.in_bounds[0], ctx.out_bounds[0], window_dimensions,
-                          window_strides, padding, base_dilation, window_dilation)
-    x = _shift_input(x, fill, plans)
-    pad, dil = _phys(plans)
-    out = ctx.bind(x, padding=pad, base_dilation=dil)
+
+    def run(wd):
+        plans = _window_plans(ctx, ctx.in_bounds[0], ctx.out_bounds[0], wd,
+                              window_strides, padding, base_dilation, window_dilation)
+        pad, dil = _phys(plans)
+        return ctx.bind(_shift_input(x, fill, plans), padding=pad, base_dilation=dil,
+                        window_dimensions=wd)
+
+    out = _with_static_windows(ctx, window_dimensions, run)
     return clean_float(out, ctx.out_logical[0])
 
 
@@ -269,14 +335,18 @@ def reduce_window_generic_rule(ctx, *args, jaxpr, consts, window_dimensions, win
     operands, inits = args[:n], args[n:]
     if 0 in ctx.out_bounds[0]:
         return [_zeros_out(ctx, i) for i in range(n)]
-    plans = _window_plans(ctx, ctx.in_bounds[0], ctx.out_bounds[0], window_dimensions,
-                          window_strides, padding, base_dilation, window_dilation)
-    filled = []
-    for x, lg, init in zip(operands, ctx.in_logical[:n], inits):
-        x = fill_padding(x, lg, init)
-        filled.append(_shift_input(x, init, plans))
-    pad, dil = _phys(plans)
-    outs = ctx.bind(*filled, *inits, padding=pad, base_dilation=dil)
+    filled = [fill_padding(x, lg, init)
+              for x, lg, init in zip(operands, ctx.in_logical[:n], inits)]
+
+    def run(wd):
+        plans = _window_plans(ctx, ctx.in_bounds[0], ctx.out_bounds[0], wd,
+                              window_strides, padding, base_dilation, window_dilation)
+        shifted = [_shift_input(x, init, plans) for x, init in zip(filled, inits)]
+        pad, dil = _phys(plans)
+        return list(ctx.bind(*shifted, *inits, padding=pad, base_dilation=dil,
+                             window_dimensions=wd))
+
+    outs = _with_static_windows(ctx, window_dimensions, run)
     return [clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
 
 
@@ -295,12 +365,15 @@ def select_and_gather_add_rule(ctx, tangents, operand, *, select_prim, window_di
     fill = _select_fill(select_prim, operand.dtype)
     operand = fill_padding(operand, ctx.in_logical[1], fill)
     tangents = clean(tangents, ctx.in_logical[0])
-    plans = _window_plans(ctx, ctx.in_bounds[1], ctx.out_bounds[0], window_dimensions,
-                          window_strides, padding, base_dilation, window_dilation)
-    operand = _shift_input(operand, fill, plans)
-    tangents = _shift_input(tangents, 0, plans)
-    pad, dil = _phys(plans)
-    out = ctx.bind(tangents, operand, padding=pad, base_dilation=dil)
+
+    def run(wd):
+        plans = _window_plans(ctx, ctx.in_bounds[1], ctx.out_bounds[0], wd,
+                              window_strides, padding, base_dilation, window_dilation)
+        pad, dil = _phys(plans)
+        return ctx.bind(_shift_input(tangents, 0, plans), _shift_input(operand, fill, plans),
+                        padding=pad, base_dilation=dil, window_dimensions=wd)
+
+    out = _with_static_windows(ctx, window_dimensions, run)
     return clean_float(out, ctx.out_logical[0])
 
 
@@ -314,9 +387,13 @@ def select_and_scatter_add_rule(ctx, source, operand, *, select_prim, window_dim
     operand = fill_padding(operand, ctx.in_logical[1], fill)
     source = clean(source, ctx.in_logical[0])  # padded windows must scatter nothing
     ones = (1,) * operand.ndim
-    plans = _window_plans(ctx, ctx.in_bounds[1], src_bounds, window_dimensions,
-                          window_strides, padding, ones, ones)
-    operand = _shift_input(operand, fill, plans)
-    z = ctx.bind(source, operand, padding=_phys(plans)[0])
-    out = _unshift_output(z, plans)
+
+    def run(wd):
+        plans = _window_plans(ctx, ctx.in_bounds[1], src_bounds, wd,
+                              window_strides, padding, ones, ones)
+        z = ctx.bind(source, _shift_input(operand, fill, plans), padding=_phys(plans)[0],
+                     window_dimensions=wd)
+        return _unshift_output(z, plans)
+
+    out = _with_static_windows(ctx, window_dimensions, run)
     return clean_float(out, ctx.out_logical[0])
