@@ -303,7 +303,8 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
                     var_where.setdefault(a.var, a.where)
         # At pinned sizes the trace is plain JAX's: its error is the plain
         # function's, not a symbolic-shape limitation to translate.
-        translated = None if static else translate_trace_error(e, var_where)
+        shown = dimvars.displayed_error(e, internal)  # messages name spec dim vars
+        translated = None if static else translate_trace_error(shown, var_where)
         if translated is not None:
             err = dimvars.displayed_error(translated, internal)
             err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
