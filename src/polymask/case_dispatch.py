@@ -77,7 +77,7 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
                 datas = [jnp.zeros(b, v.aval.dtype) for b, v in
                          zip(tree.out_bounds, tree.base.closed_jaxpr.jaxpr.outvars)]
                 return datas, [[jnp.int32(0)] * len(b) for b in tree.out_bounds]
-            outs = run_program(case.program, leaves, values)
+            outs = run_program(case.program, leaves, values, guard=idx == case.index)
             return ([_pad_to(o.data, b) for o, b in zip(outs, tree.out_bounds)],
                     [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
         return run
