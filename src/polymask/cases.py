@@ -260,42 +260,43 @@ def _error_case(index: int, conditions, e: BaseException, internal) -> Case:
 
 
 def _refine_errors(tree: CaseTree, trace_one, max_cases: int) -> bool:
-    """Trace an error case reached by several sizes of one dim var once per size.
+    """Trace an error case reached by several size combinations once per combination.
 
     The symbolic trace of a case can fail where JAX needs a concrete size
-    (``jnp.pad(mode="wrap")`` computes ``n % k`` in Python). Pinned to one size,
-    the trace is plain JAX's own: it works where plain JAX works and fails
-    where plain JAX fails. Done while the total stays within ``max_cases``.
+    (``jnp.pad(mode="wrap")`` computes ``n % k`` in Python). Pinned to one size
+    of every dim var, the trace is plain JAX's own: it works where plain JAX
+    works and fails where plain JAX fails. Done while the total stays within
+    ``max_cases``.
     """
     base = tree.base
-    if len(base.var_order) != 1:
-        return False
-    (v,) = base.var_order
-    name, off = base.internal[v]
+    names = list(base.var_order)
+    # fresh scopes: the base program's may pin a var to one value
+    var_exprs = []
+    for v in names:
+        name, off = base.internal[v]
+        (e,) = jax.export.symbolic_shape(name, scope=jax.export.SymbolicScope(
+            (f"{name} <= {base.var_bounds[v] + off}",)))
+        var_exprs.append(e - off)
     changed = False
     for case in list(tree.cases):
         if case.error is None or not case.reached_by or case.one_size:
             continue
-        values = sorted(a[v] for a in case.reached_by)
-        if len(tree.cases) + len(values) - 1 > max_cases:
+        combos = sorted(tuple(a[v] for v in names) for a in case.reached_by)
+        if len(tree.cases) + len(combos) - 1 > max_cases:
             continue
-        leaves = []
-        for a in values:
-            conditions = (f"{name} - {a + off} >= 0", f"- {name} + {a + off} >= 0")
+        leaves = {}
+        for combo in combos:
+            conditions = ()
+            for v, a in zip(names, combo):
+                name, off = base.internal[v]
+                conditions += (f"{name} - {a + off} >= 0", f"- {name} + {a + off} >= 0")
             try:
-                leaves.append(Case(0, conditions, program=trace_one(conditions)))
+                leaves[combo] = Case(0, conditions, program=trace_one(conditions))
             except UnsupportedError:
                 raise
             except Exception as e:
-                leaves.append(_error_case(0, conditions, e, tree.internal))
-        node = leaves[0]
-        # a fresh scope: the base program's may pin the var to one value
-        (var,) = jax.export.symbolic_shape(name, scope=jax.export.SymbolicScope(
-            (f"{name} <= {base.var_bounds[v] + off}",)))
-        var = var - off
-        for a, leaf in zip(values[1:], leaves[1:]):  # only these sizes reach here
-            node = Split(var - a, f"'{v}' >= {a}", case.where, yes=leaf, no=node)
-        _replace(tree, case, node)
+                leaves[combo] = _error_case(0, conditions, e, tree.internal)
+        _replace(tree, case, _dispatch(combos, names, var_exprs, leaves, case.where))
         changed = True
     if changed:
         tree.cases = _leaves_in_order(tree.root)
@@ -303,6 +304,19 @@ def _refine_errors(tree: CaseTree, trace_one, max_cases: int) -> bool:
             c.index = i
         _enumerate(tree)
     return changed
+
+
+def _dispatch(combos, names, var_exprs, leaves, where):
+    """Threshold splits that send each of ``combos`` (only these reach here) to its leaf."""
+    if len(combos) == 1:
+        return leaves[combos[0]]
+    j = next(j for j in range(len(names)) if len({c[j] for c in combos}) > 1)
+    values = sorted({c[j] for c in combos})
+    node = _dispatch([c for c in combos if c[j] == values[0]], names, var_exprs, leaves, where)
+    for a in values[1:]:
+        yes = _dispatch([c for c in combos if c[j] == a], names, var_exprs, leaves, where)
+        node = Split(var_exprs[j] - a, f"'{names[j]}' >= {a}", where, yes=yes, no=node)
+    return node
 
 
 def _replace(tree: CaseTree, old, new) -> None:
