@@ -244,12 +244,13 @@ def test_top_k_with_negative_k_raises():
         f(jnp.zeros((0,), jnp.float32))
     m = pm.mask(f, "b")
     arg = pm.Masked(jnp.full((8,), np.nan, jnp.float32), (np.int32(0),))
-    with pytest.raises(pm.ShapeError, match="k = b - 1 is -1"):
+    # a case split: b = 0 is a case of its own, where the plain function fails
+    with pytest.raises(pm.ShapeError, match="(?s)b in {0}.*k argument to top_k must be nonneg"):
         m(arg)
-    with pytest.raises(Exception, match="ShapeError: top_k: k = b - 1 is -1"):
+    with pytest.raises(Exception, match="(?s)ShapeError: for these sizes .b in {0}"):
         jax.block_until_ready(jax.jit(m)(arg))
     # Under vmap the error names the offending batch element.
     data = jnp.full((2, 8), np.nan, jnp.float32)
-    with pytest.raises(Exception, match="(?s)is -1 .*batch element 1"):
+    with pytest.raises(Exception, match="(?s)must be nonnegative.*batch element 1"):
         jax.block_until_ready(jax.jit(jax.vmap(m))(
             pm.Masked(data, (jnp.array([3, 0], jnp.int32),))))

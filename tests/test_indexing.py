@@ -274,7 +274,12 @@ def test_take_property(n, idx, mode):
         return  # clamping into an empty axis is undefined
     if mode == "promise_in_bounds":
         i = np.clip(i, -n, n - 1)  # the promise
-    want = np.asarray(jnp.asarray(x).at[jnp.asarray(i)].get(mode=mode))
-    out = _take_jit(mode)(jnp.asarray(garbage_pad(x, (9,))), jnp.int32(n),
-                          jnp.asarray(garbage_pad(i, (6,))), jnp.int32(len(i)))
-    np.testing.assert_array_equal(out.unpad(), want)
+    args = (jnp.asarray(garbage_pad(x, (9,))), jnp.int32(n),
+            jnp.asarray(garbage_pad(i, (6,))), jnp.int32(len(i)))
+    try:
+        want = np.asarray(jnp.asarray(x).at[jnp.asarray(i)].get(mode=mode))
+    except TypeError:  # plain JAX fails (a non-empty take from an empty axis)
+        with pytest.raises(Exception, match="the function fails"):
+            jax.block_until_ready(_take_jit(mode)(*args).data)
+        return
+    np.testing.assert_array_equal(_take_jit(mode)(*args).unpad(), want)

@@ -39,7 +39,8 @@ def test_shape_formula_accepts_examples_shapes_and_structs():
     c = pm.shape_formula(fun, "n", pm.Masked(jnp.zeros(8), (3,)))
     d = pm.shape_formula(fun, "n", jax.ShapeDtypeStruct((8,), jnp.int32))
     assert a == b == c == d
-    assert str(a) == "(n - 1,)"
+    assert str(a) == "(- min(n, 1) + n,)"  # exact at n = 0 too (not n - 1)
+    assert [a.evaluate(n=n) for n in range(3)] == [(0,), (0,), (1,)]
     assert d.dtype == jnp.int32
     # in_specs=None: every axis is its own dim var
     e = pm.shape_formula(lambda x: x.T, None, (3, 4))
@@ -131,6 +132,9 @@ def test_cse_strided_size_computed_once():
     # floordiv(n + 1, 2) is computed once (three uses, two of them as a number)
     int_divs = [e for e in _eqns(masked.jaxpr) if e.primitive.name == "div"
                 and e.outvars[0].aval.dtype == jnp.int32 and e.outvars[0].aval.shape == ()]
+    # JAX's strided slice compares n >= 1: n = 0 is a case of its own, traced at size 0
+    tree = m.cases(pm.Masked(jnp.ones(10), (7,)))[0]
+    assert len(tree.cases) == 2, tree.summary()
     assert len(int_divs) == 1
     got = m(pm.Masked(jnp.arange(10.0), (7,))).data
     np.testing.assert_allclose(got, (0 + 2 + 4 + 6) / 4 + 4 + 12)

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from polymask import _jax_compat as compat
+from polymask import _jax_compat as jax_hooks
 
 
 def scope_and_n(constraints=("n <= 10",)):
@@ -78,19 +79,25 @@ def test_dim_as_value_is_the_shape_primitive():
     assert jaxpr.jaxpr.eqns[0].primitive is compat.dim_as_value_p
 
 
-def test_trace_hooks_record_unsound_equalities_only_inside_the_context():
+def test_trace_hooks_split_undecidable_comparisons_only_inside_the_context():
+    import pytest
+
     _, n = scope_and_n()
     orig_eq = type(n).__eq__
-    with compat.trace_hooks(lambda f: True) as rec:
-        assert compat.hooks_installed()
-        assert (n == 1) is False
-        assert (n != 2) is True
-        assert (n == n) is True
-    assert [str(a) for a, _, _ in rec] == ["n", "n"]
-    assert (n == 1) is False  # outside: plain JAX behaviour, nothing recorded
-    assert len(rec) == 2
-    # Removed on exit: JAX's own method is back and nothing stays patched.
-    assert not compat.hooks_installed()
+    with jax_hooks.trace_hooks(lambda f: True, split_vars={"n": (1, 10)}):
+        assert jax_hooks.hooks_installed()
+        assert (n == n) is True and (n + 1 == n) is False
+        assert (n - n % 1 == n) is True  # equal at every value in the bounds
+        with pytest.raises(jax_hooks.SplitNeeded) as info:
+            _ = n == 1
+        assert str(info.value.cond) == "- n + 1"  # n >= 1: split at n <= 1
+        with pytest.raises(jax_hooks.SplitNeeded) as info:
+            _ = n > 2
+        assert str(info.value.cond) == "- n + 2"
+        # JAX's own fallback on an inconclusive comparison still applies.
+        assert str(n.max(3)) == "max(n, 3)"
+    assert (n == 1) is False  # outside: plain JAX behaviour
+    assert not jax_hooks.hooks_installed()
     assert type(n).__eq__ is orig_eq
 
 
@@ -99,7 +106,7 @@ def test_trace_hooks_are_removed_after_a_masked_trace():
 
     orig_eq = type(scope_and_n()[1]).__eq__
     pm.mask(lambda x: x * 2, "n")(pm.Masked(jnp.ones(4), (3,)))
-    assert not compat.hooks_installed()
+    assert not jax_hooks.hooks_installed()
     assert type(scope_and_n()[1]).__eq__ is orig_eq
 
 

@@ -164,12 +164,9 @@ def test_det_slogdet():
          static_sizes=False, **TOL)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "JAX's det JVP (_cofactor_solve) branches on `a.shape[-1] == 1` in Python; a symbolic "
-    "trace takes the n != 1 branch, whose partial_det[..., -2] is out of bounds at n = 1. "
-    "Workaround: constraints=['n >= 2']."))
-def test_det_grad_size_one_known_limitation():
-    check_oracle(jnp.linalg.det, [(gen(1),)], [(4, 4)], "n, n", modes=("grad",),
+def test_det_grad_size_one():
+    # JAX's det JVP branches on `a.shape[-1] == 1` in Python: a case split.
+    check_oracle(jnp.linalg.det, [(gen(1),), (gen(2),)], [(4, 4)], "n, n", modes=("grad",),
          static_sizes=False, **TOL)
 
 

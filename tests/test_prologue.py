@@ -114,16 +114,20 @@ def _if_size_is_one(x):
     return x + 1.0
 
 
-def test_unsound_symbolic_equality_becomes_a_runtime_check():
+def test_symbolic_equality_in_user_code_is_a_case_split():
+    # JAX decides a symbolic `==` as False while tracing; polymask splits on it.
     m = pm.mask(_if_size_is_one, "n")
-    np.testing.assert_array_equal(m(pm.Masked(jnp.ones(4), (3,))).unpad(), [2, 2, 2])
-    with pytest.raises(pm.ShapeError, match=r"compared sizes `n == 1` at .*test_prologue.py"):
-        m(pm.Masked(jnp.ones(4), (1,)))
-    with pytest.raises(Exception, match="compared sizes"):
-        jax.block_until_ready(jax.jit(m)(pm.Masked(jnp.ones(4), (jnp.int32(1),))).data)
-    # JAX's own broadcasting comparisons (inside jax) are not user assumptions.
+    for n in range(5):
+        x = np.arange(4.0, dtype=np.float32)
+        want = _if_size_is_one(jnp.asarray(x[:n]))
+        np.testing.assert_array_equal(m(pm.Masked(jnp.asarray(x), (n,))).unpad(), want)
+        got = jax.jit(m)(pm.Masked(jnp.asarray(x), (jnp.int32(n),)))
+        np.testing.assert_array_equal(got.unpad(), want)
+    assert len(m.cases(pm.Masked(jnp.ones(4), (1,)))[0].cases) >= 2
+    # JAX's own broadcasting comparisons (inside jax) are not split on.
     g = pm.mask(lambda x, y: jnp.sum(x * y), ("n", "n"))
     assert float(g(pm.Masked(jnp.ones(4), (1,)), pm.Masked(jnp.ones(4), (1,))).data) == 1.0
+    assert len(g.cases(pm.Masked(jnp.ones(4), (1,)), pm.Masked(jnp.ones(4), (1,)))[0].cases) == 1
 
 
 def test_jax_function_needing_a_python_int_size_is_a_shape_error_at_user_line():

@@ -210,20 +210,30 @@ def _raises(fun, spec, *args, constraints=(), exc=pm.ShapeError):
     return str(info.value)
 
 
-def test_pad_reflect_and_wrap_errors():
-    def f(x):
-        return jnp.pad(x, 1, mode="reflect")  # LINE-reflect
+def test_pad_reflect_and_wrap_at_every_size():
+    # JAX branches on the size in Python for these modes: case splits (and, for
+    # 'wrap', one trace per size) give plain JAX's value at every size, and its
+    # error where it fails (size 0).
+    for mode in ("reflect", "wrap"):
+        def f(x, mode=mode):
+            return jnp.pad(x, 1, mode=mode)  # LINE-pad
 
-    msg = _raises(f, "n", XP)
-    assert "constraints=['n >= 2']" in msg and _line("LINE-reflect") in msg
-    out = pm.mask(f, "n", constraints=["n >= 2"])(XP)
-    np.testing.assert_allclose(out.unpad(), np.pad(XP.unpad(), 1, mode="reflect"))
+        m = pm.mask(f, "n")
+        for n in range(7):
+            x = np.arange(1.0, n + 1, dtype=np.float32)
+            if n == 0:
+                with pytest.raises(pm.ShapeError, match="as it does on the exact arrays"):
+                    m(pm.pad(x, 6))
+                continue
+            np.testing.assert_allclose(m(pm.pad(x, 6)).unpad(), np.pad(x, 1, mode=mode))
 
     def g(x):
         return jnp.pad(x, 1, mode="wrap")  # LINE-wrap
 
-    msg = _raises(g, "n", XP)
-    assert "jnp.concatenate([x[-k:], x, x[:k]])" in msg and _line("LINE-wrap") in msg
+    # too many sizes to trace one by one: a clear refusal with the remedy
+    msg = _raises(g, "n", pm.pad(np.ones(20, np.float32), 40))
+    assert "cannot be traced with symbolic sizes" in msg and _line("LINE-wrap") in msg
+    assert "jnp.concatenate([x[-k:], x, x[:k]])" in msg
     out = pm.mask(lambda x: jnp.concatenate([x[-1:], x, x[:1]]), "n",
                   constraints=["n >= 1"])(XP)
     np.testing.assert_allclose(out.unpad(), np.pad(XP.unpad(), 1, mode="wrap"))
@@ -239,11 +249,16 @@ def test_float_arange_and_reduce_window_and_size_index_errors():
     np.testing.assert_allclose(out.unpad(), np.arange(1.0, 6.0))
 
     def g(x):
-        return jax.lax.reduce_window(x, 0., jax.lax.add, (x.shape[0] // 2,), (1,),  # LINE-rw
-                                     "VALID")
+        return jax.lax.reduce_window(x, 0., jax.lax.add, (x.shape[0] // 2,), (1,), "VALID")
 
-    msg = _raises(g, "n", XP)
-    assert "lax.reduce_window" in msg and "Python ints" in msg and _line("LINE-rw") in msg
+    # a window size from a size: one branch per window size; 0 fails as in plain JAX
+    for n in range(6):
+        xn = pm.pad(np.arange(1.0, n + 1, dtype=np.float32), 8)
+        if n < 2:
+            with pytest.raises(pm.ShapeError, match="strictly positive"):
+                pm.mask(g, "n")(xn)
+            continue
+        np.testing.assert_allclose(pm.mask(g, "n")(xn).unpad(), g(jnp.asarray(xn.unpad())))
 
     def h(x):
         return x[x.shape[0] // 2]  # LINE-idx
@@ -310,13 +325,11 @@ def test_two_data_dependent_calls_and_single_var_hint():
     np.testing.assert_allclose(pm.mask(g, "n")(x).unpad(), [2.0, 9.0])
 
     def h(x):
-        return jnp.diff(x[1:])  # LINE-diff
+        return jnp.diff(x[1:])  # one dim var: JAX's two shapes agree at every size
 
-    msg = _raises(h, "n", XP)
-    assert "Axes named by different dim vars" not in msg
-    assert "constraints=['n >= 2']" in msg and _line("LINE-diff") in msg
-    out = pm.mask(h, "n", constraints=["n >= 2"])(XP)
-    np.testing.assert_allclose(out.unpad(), np.diff(XP.unpad()[1:]))
+    for n in range(6):
+        xn = pm.pad(np.arange(n, dtype=np.float32) ** 2, 8)
+        np.testing.assert_allclose(pm.mask(h, "n")(xn).unpad(), np.diff(xn.unpad()[1:]))
 
     def k(x, y):
         return x + y  # LINE-xy

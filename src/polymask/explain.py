@@ -21,25 +21,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
+from .cases import trace_function_cases
+from .dimvars import display_text
 from .formula import (
     _PLACEHOLDER_BOUND,
     _abstractify,
     _args_from_specs,
-    _concrete_sizes,
     _dim_str,
-    _has_inner,
     _is_masked,
     _is_shape_tuple,
-    _short_path,
-    _size_table,
-    _walk_eqns,
 )
 from .interpreter import Interpreter, all_sizes_at_bound, run_program
 from .masked import Masked
 from .prologue import solve_dim_vars
 from .rules import get_rule
 from .shapes import DimEnv
-from .trace import trace as trace_masked
+from .sizetable import _concrete_sizes, _has_inner, _short_path, _size_table, _walk_eqns
 
 __all__ = ["explain", "Explanation", "Row"]
 
@@ -138,7 +135,8 @@ def _tag(index: int) -> str:
 class _Recorder:
     """Interpreter observer: one ``Row`` per user equation, evaluated in its own name scope."""
 
-    def __init__(self, concrete: dict | None):
+    def __init__(self, concrete: dict | None, internal: dict):
+        self.show = lambda text: display_text(text, internal)  # spec dim var names
         self.rows: list[Row] = []
         self.prims: dict[str, tuple[Row, str]] = {}  # tag -> (row, primitive name)
         self.open: list[Row] = []  # rows being evaluated, innermost last
@@ -156,11 +154,11 @@ class _Recorder:
             name = f"{name}({eqn.params['name']})"
         rule = get_rule(eqn.primitive.name)
         static = rule is None or all_sizes_at_bound(eqn, dims)
-        size_query = (_dim_str(eqn.params["dim"]) if eqn.primitive is compat.dim_as_value_p
+        size_query = (self.show(_dim_str(eqn.params["dim"])) if eqn.primitive is compat.dim_as_value_p
                       else None)
         row = Row(index=len(self.rows) + 1, depth=len(self.open), primitive=name,
                   rule="static" if static else rule.__name__,
-                  shapes=[_aval_str(v.aval) for v in eqn.outvars], bounds=[], logical=None,
+                  shapes=[self.show(_aval_str(v.aval)) for v in eqn.outvars], bounds=[], logical=None,
                   inserted={}, size_query=size_query, source=src, code=_source_code(src),
                   nested=nested)
         self.rows.append(row)  # before the rule runs: nested equations come after it
@@ -280,16 +278,19 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if placeholder:
         args = _args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
-    prog, absleaves = trace_masked(fun, absargs, in_specs, constraints)
+    tree, absleaves = trace_function_cases(fun, absargs, in_specs, constraints)
+    prog = tree.base
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: _is_masked(v) or
                                           _is_shape_tuple(v))
     ex_leaves = [Masked(b.data if _is_masked(b) else b, a.shape) if _is_masked(a) else b
                  for a, b in zip(leaves_in, absleaves)]
     concrete = _concrete_sizes(prog, ex_leaves) if any(map(_is_masked, leaves_in)) else None
+    if concrete is not None and not tree.single:  # show the case the example sizes reach
+        prog = tree.cases[int(tree.select(concrete))].program or prog
 
     # Every dynamic axis gets a traced int32 size so the masks become visible.
     n_sizes = sum(a.var is not None for axes in prog.axis_specs for a in axes)
-    recorder = _Recorder(concrete)
+    recorder = _Recorder(concrete, prog.internal)
     interp = Interpreter(observe=recorder.observe)
 
     def masked_program(datas, sizes):
@@ -309,11 +310,11 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     recorder.attribute(masked_jaxpr, n_sizes)
 
     size_table = _size_table(prog, concrete)
-    header = _header(fun, prog, concrete, masked_jaxpr)
+    header = _header(fun, prog, concrete, masked_jaxpr) + tree.explain_header(prog)
     if placeholder:
         header += (f"\n(no example arguments: every dim var has the placeholder bound "
                    f"{_PLACEHOLDER_BOUND})")
-    text = _render_text(header, size_table, recorder.rows)
+    text = display_text(_render_text(header, size_table, recorder.rows), prog.internal)
     result = Explanation(text, recorder.rows, size_table, masked_jaxpr, header)
     if print_output:
         print(text, file=file)
@@ -333,7 +334,8 @@ def _header(fun, prog, concrete, masked_jaxpr) -> str:
     dv = []
     for v in prog.var_order:
         src = next((a.where for axes in prog.axis_specs for a in axes if a.var == v), "?")
-        val = f" = {concrete[v]}" if concrete and v in concrete else ""
+        name, off = prog.internal.get(v, (v, 0))
+        val = f" = {int(concrete[name]) - off}" if concrete and name in concrete else ""
         dv.append(f"{v} in [0, {prog.var_bounds[v]}] from {src}{val}")
     if dv:
         lines.append("dim vars: " + "; ".join(dv))

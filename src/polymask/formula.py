@@ -4,13 +4,13 @@
 the output shapes as ``jax.export`` dimension expressions: the shape rule of
 the whole program, in terms of the dim vars of the input specs. The argument
 helpers here (``_abstractify``, ``_args_from_specs``) are shared with
-``polymask.explain``.
+``polymask.explain``. With case splits (``cases.py``) a formula that differs
+between cases is piecewise (``ShapeFormula.cases``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from typing import Any
 
@@ -19,12 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
+from .cases import trace_function_cases
+from .dimvars import display_expr, to_internal
 from .errors import ShapeError
 from .masked import Masked
-from .prologue import solve_dim_vars
-from .rules.registry import has_inner_jaxpr, substitute_dims
 from .shapes import DimEnv
-from .trace import trace as trace_masked
 
 __all__ = ["shape_formula", "ShapeFormula"]
 
@@ -134,19 +133,26 @@ class ShapeFormula:
     bound: tuple[int, ...] | None
     dtype: Any
     scope: Any = dataclasses.field(repr=False, default=None)
+    internal: dict = dataclasses.field(repr=False, default_factory=dict)
+    cases: tuple = dataclasses.field(repr=False, default=())  # ((conditions, formula), ...)
+
+    def _str(self, d) -> str:
+        return display_expr(d, self.internal)
 
     @property
     def strs(self) -> tuple[str, ...]:
         """Each axis in Python syntax."""
-        return tuple(_py_expr(_dim_str(d)) for d in self.exprs)
+        return tuple(_py_expr(self._str(d)) for d in self.exprs)
 
     @property
     def jax_str(self) -> str:
-        return _tuple_str(_dim_str(d) for d in self.exprs)
+        return _tuple_str(self._str(d) for d in self.exprs)
 
     @property
     def dim_vars(self) -> set[str]:
-        return set().union(*(compat.dim_vars(d) for d in self.exprs)) if self.exprs else set()
+        names = set().union(*(compat.dim_vars(d) for d in self.exprs)) if self.exprs else set()
+        back = {n: v for v, (n, _) in self.internal.items()}
+        return {back.get(n, n) for n in names}
 
     @property
     def ndim(self) -> int:
@@ -155,31 +161,33 @@ class ShapeFormula:
     def evaluate(self, **sizes) -> tuple[int, ...]:
         """The logical shape at the given dim var values (``f.evaluate(n=7)``)."""
         out = []
+        back = {n: v for v, (n, _) in self.internal.items()}
+        vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
+                for k, x in sizes.items()}
         for d in self.exprs:
-            need = compat.dim_vars(d)
-            missing = need - set(sizes)
+            missing = {back.get(n, n) for n in compat.dim_vars(d)} - set(sizes)
             if missing:
                 raise ShapeError(f"ShapeFormula.evaluate: no value for dim vars "
                                  f"{sorted(missing)} (formula {self})")
-            out.append(max(int(compat.evaluate_dim(d, {k: int(sizes[k]) for k in need})), 0))
+            out.append(max(int(compat.evaluate_dim(d, {k: vals[k] for k in
+                                                       compat.dim_vars(d)})), 0))
         return tuple(out)
 
     def _parse(self, text: str):
         """A dimension expression from jax syntax or Python syntax (``//``, ``%``)."""
         try:
-            (e,) = jax.export.symbolic_shape(text, scope=self.scope)
-            return e
+            return to_internal(text, self.internal, self.scope)
         except Exception:
             pass
         names = set(re.findall(r"[A-Za-z_]\w*", text)) - {"floordiv", "mod"}
         try:
-            env = {v: jax.export.symbolic_shape(v, scope=self.scope)[0] for v in names}
+            env = {v: to_internal(v, self.internal, self.scope) for v in names}
             env.update(floordiv=lambda a, b: a // b, mod=lambda a, b: a % b)
             return eval(text, {"__builtins__": {}}, env)  # noqa: S307 (names are dim vars)
         except Exception:
             return None
 
-    def _key(self):
+    def _key(self):  # internal form: JAX's normal form of each expression
         return tuple(_dim_str(d) for d in self.exprs)
 
     def _coerce(self, other):
@@ -191,7 +199,7 @@ class ShapeFormula:
                 if isinstance(d, (int, np.integer)):
                     key.append(str(int(d)))
                 elif compat.is_dim_expr(d):
-                    key.append(str(d))
+                    key.append(_dim_str(d))
                 elif isinstance(d, str):
                     e = self._parse(d)
                     if e is None:
@@ -253,14 +261,26 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
     if no_args:
         args = _args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
-    prog, _ = trace_masked(fun, absargs, in_specs, constraints)
-    dims = DimEnv(prog.scope, prog.var_bounds, {})
-    out = []
-    for v in prog.closed_jaxpr.jaxpr.outvars:
-        shape = tuple(getattr(v.aval, "shape", ()))
-        bound = None if no_args else tuple(dims.padded(d) for d in shape)
-        out.append(ShapeFormula(tuple(shape), bound, v.aval.dtype, prog.scope))
-    return jax.tree_util.tree_unflatten(prog.out_tree, out)
+    tree, _ = trace_function_cases(fun, absargs, in_specs, constraints)
+
+    def formulas(prog, bounds=None):
+        dims = DimEnv(prog.scope, prog.dim_bounds, {})
+        out = []
+        for i, v in enumerate(prog.closed_jaxpr.jaxpr.outvars):
+            shape = tuple(getattr(v.aval, "shape", ()))
+            bound = None if no_args else (
+                bounds[i] if bounds else tuple(dims.padded(d) for d in shape))
+            out.append(ShapeFormula(shape, bound, v.aval.dtype, prog.scope, prog.internal))
+        return out
+
+    out = formulas(tree.base, None if tree.single else tree.out_bounds)
+    live = [c for c in tree.cases if c.program is not None and c.reachable]
+    if len(live) > 1:  # piecewise: each case's formula, with its conditions
+        per_case = [(tree.describe_conditions(c), formulas(c.program)) for c in live]
+        out = [dataclasses.replace(f, cases=tuple((cond, fs[i]) for cond, fs in per_case))
+               if len({fs[i].strs for _, fs in per_case}) > 1 else f
+               for i, f in enumerate(out)]
+    return jax.tree_util.tree_unflatten(tree.base.out_tree, out)
 
 
 _PLACEHOLDER_BOUND = 1024
@@ -296,91 +316,3 @@ def _args_from_specs(in_specs, dtype):
         out.append(jax.tree_util.tree_map(lambda s, i=i: one(s, f"in_specs[{i}]"), spec,
                                           is_leaf=lambda s: s is None or isinstance(s, str)))
     return tuple(out)
-
-
-def _concrete_sizes(prog, leaves) -> dict | None:
-    """Dim var values from example ``Masked`` sizes, when all are concrete."""
-    values, _ = solve_dim_vars(prog, leaves, checks_on=False)
-    if any(compat.is_tracer(v) for v in values.values()):
-        return None
-    return {k: int(np.asarray(v)) for k, v in values.items()}
-
-
-# ----------------------------------------------------------------------------
-# The size expressions of a traced program (explain's sizes table)
-# ----------------------------------------------------------------------------
-def _all_exprs(shapes_and_dims):
-    for d in shapes_and_dims:
-        if compat.is_dim_expr(d):
-            yield d
-
-
-def _size_table(prog, concrete) -> dict[str, dict]:
-    dims = DimEnv(prog.scope, prog.var_bounds, {})
-    cdims = DimEnv(prog.scope, prog.var_bounds, concrete) if concrete else None
-    table: dict[str, dict] = {}
-
-    def add(d, where, query):
-        key = _dim_str(d)
-        if key not in table:
-            try:
-                bound = dims.padded(d)
-            except Exception:
-                bound = "?"
-            logical = None
-            if cdims is not None:
-                try:
-                    logical = cdims.logical(d)
-                except Exception:
-                    logical = None
-            table[key] = {"bound": bound, "logical": logical, "queries": 0,
-                          "first_use": where, "expr": d}
-        if query:
-            table[key]["queries"] += 1
-
-    for v in prog.var_order:
-        (e,) = jax.export.symbolic_shape(v, scope=prog.scope)
-        add(e, "input", False)
-    eqns = _walk_eqns(prog.closed_jaxpr.jaxpr)
-    for eqn in eqns:
-        src = _short_path(compat.source_line(eqn.source_info))
-        if eqn.primitive is compat.dim_as_value_p:
-            add(eqn.params["dim"], src, True)
-        for v in eqn.outvars:
-            for d in _all_exprs(getattr(v.aval, "shape", ())):
-                add(d, src, False)
-        if not _has_inner(eqn):  # sizes in params: SAME padding, slice limits, ...
-            found: list = []
-            substitute_dims(dict(eqn.params), lambda d: found.append(d) or d)
-            for d in found:
-                add(d, src + f" ({eqn.primitive.name} param)", False)
-    return table
-
-
-def _walk_eqns(jaxpr):
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for p in eqn.params.values():
-            for x in (p if isinstance(p, (tuple, list)) else (p,)):
-                if isinstance(x, compat.ClosedJaxpr):
-                    yield from _walk_eqns(x.jaxpr)
-                elif isinstance(x, compat.Jaxpr):
-                    yield from _walk_eqns(x)
-
-
-def _has_inner(eqn) -> bool:
-    return has_inner_jaxpr(eqn.params)
-
-
-def _short_path(src: str) -> str:
-    m = re.match(r"(.*):(\d+) \((.*)\)$", src)
-    if not m:
-        return src
-    path = m.group(1)
-    try:
-        rel = os.path.relpath(path)
-        if len(rel) < len(path):
-            path = rel
-    except ValueError:
-        pass
-    return f"{path}:{m.group(2)} ({m.group(3)})"

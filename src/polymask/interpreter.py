@@ -155,15 +155,15 @@ def _entry_arg(leaf, axes, leaf_bound, state: RunState, zero_padded: bool = Fals
 
 def run_program(prog: MaskedProgram, leaves, values: dict,
                 interpreter: Interpreter | None = None, zero_padded: bool = False,
-                forward_only: bool = False) -> list[Masked]:
+                forward_only: bool = False, guard=None) -> list[Masked]:
     """Evaluate a traced program on padded leaves with dim var values ``values``.
 
     ``zero_padded``: the padding of every ``Masked`` input is known to be zero
     (no entry select; rules see the inputs as zero-padded). ``forward_only``:
-    the result is never differentiated (see ``RunState``).
+    the result is never differentiated; ``guard``: see ``RunState``.
     """
-    state = RunState(DimEnv(prog.scope, prog.var_bounds, values), interpreter or _INTERPRETER,
-                     forward_only=forward_only)
+    state = RunState(DimEnv(prog.scope, prog.dim_bounds, values), interpreter or _INTERPRETER,
+                     forward_only=forward_only, guard=guard)
     # (rules.util.shared_masks() would build each validity mask once, but a shared
     # mask is materialised by XLA instead of fused into each select: measured
     # 2x slower MiniLM steady state at bucket 256, so masks stay per use.)

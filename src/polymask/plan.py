@@ -349,6 +349,7 @@ class OutputPlan:
       in_axis_specs: the program's input specs, to solve the dim vars of
         ``HostSize`` expressions from the exact input shapes.
       has_host: some axis is a ``HostSize``.
+      internal: spec dim var -> ``(internal name, offset)`` (``MaskedProgram.internal``).
     """
 
     tree: Any
@@ -356,6 +357,7 @@ class OutputPlan:
     device_axes: list[tuple[int, int]]
     in_axis_specs: list[list[AxisSpec]]
     has_host: bool
+    internal: dict = dataclasses.field(default_factory=dict)
 
     def shapes(self, in_shapes: Sequence[Sequence[int]], device_sizes=None) -> list[tuple]:
         """Exact output shapes, given the exact input leaf shapes and the device sizes."""
@@ -363,24 +365,32 @@ class OutputPlan:
         if len(in_shapes) < len(specs):
             # A pytree callee (a module) adds its own leaves first; they are static.
             specs = specs[len(specs) - len(in_shapes):]
-        env = solve_sizes(specs, in_shapes).values if self.has_host else None
+        env = None
+        if self.has_host:
+            env = {self.internal.get(v, (v, 0))[0]: int(x) + self.internal.get(v, (v, 0))[1]
+                   for v, x in solve_sizes(specs, in_shapes).values.items()}
         return [leaf.shape(env, device_sizes) for leaf in self.leaves]
 
 
-def output_plan(prog) -> OutputPlan:
-    """The ``OutputPlan`` of a ``MaskedProgram`` (from its symbolic ``out_shapes``)."""
-    in_vars = set(prog.var_bounds)
+def output_plan(prog, single: bool = True) -> OutputPlan:
+    """The ``OutputPlan`` of a ``MaskedProgram`` (from its symbolic ``out_shapes``).
+
+    With several cases (``cases.py``, ``single=False``) the sizes choose the
+    case on the device, so every output size comes from the device.
+    """
+    in_vars = {prog.internal.get(v, (v, 0))[0] for v in prog.var_bounds}
     leaves, device_axes, has_host = [], [], False
     for li, shape in enumerate(prog.out_shapes):
         axes: list[StaticSize | HostSize | DeviceSize] = []
         for k, d in enumerate(shape):
-            if not compat.is_dim_expr(d):
+            if single and not compat.is_dim_expr(d):
                 axes.append(StaticSize(int(d)))
-            elif compat.dim_vars(d) <= in_vars:
+            elif single and compat.dim_vars(d) <= in_vars:
                 axes.append(HostSize(d))
                 has_host = True
             else:
                 axes.append(DeviceSize(len(device_axes)))
                 device_axes.append((li, k))
         leaves.append(OutputLayout(tuple(axes)))
-    return OutputPlan(prog.out_tree, leaves, device_axes, prog.axis_specs, has_host)
+    return OutputPlan(prog.out_tree, leaves, device_axes, prog.axis_specs, has_host,
+                      prog.internal)

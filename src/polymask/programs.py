@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .case_dispatch import host_error
 from .compiling import COMPILE_TICK, compile_counter, install_listeners
+from .errors import ShapeError
 from .masked import Masked
 from .plan import (
     CallPlan,
@@ -56,6 +58,20 @@ class Entry:
     cover_key: Any = None
     buckets: dict | None = None
     padded: int = 0
+    tree: Any = None  # the CaseTree (cases.py), known once traced
+
+
+def raise_case_error(entry: Entry, var_names, values) -> None:
+    """Raise ``ShapeError`` when these logical sizes reach an error case of the
+    entry's decision tree (the plain function fails at them: top_k with k > n).
+
+    Checked on the host: the compiled program has no host callback.
+    """
+    if entry.tree is None:
+        return
+    msg = host_error(entry.tree, dict(zip(var_names, (int(v) for v in values))))
+    if msg is not None:
+        raise ShapeError(msg)
 
 
 def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
@@ -95,8 +111,9 @@ def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraint
         args = jax.tree_util.tree_unflatten(in_tree, flat)
         if n_bcast:
             args = tuple(jax.tree_util.tree_unflatten(bcast_tree, list(bcast_leaves))) + args
-        prog, _ = masked.program(*args)  # the tracer's symbolic output shapes
-        outputs = entry.outputs = output_plan(prog)
+        tree, _ = masked.cases(*args)  # the tracer's symbolic output shapes
+        outputs = entry.outputs = output_plan(tree.base, tree.single)
+        entry.tree = tree
         out_leaves = jax.tree_util.tree_leaves(masked(*args),
                                                is_leaf=lambda x: isinstance(x, Masked))
         datas = [o.data if isinstance(o, Masked) else jnp.asarray(o) for o in out_leaves]

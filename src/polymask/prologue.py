@@ -2,8 +2,8 @@
 
 ``solve_dim_vars`` reads each dim var's logical value off the input sizes
 (``plan.solve_sizes``) and lists the checks: sizes in ``[0, bound]``, equal
-sizes for equal names, affine axes, constraints, and symbolic ``==`` that the
-trace assumed false.
+sizes for equal names, affine axes and constraints. The values returned are
+those of the program's internal dim vars (``MaskedProgram.internal_values``).
 
 Checks run in Python (raising ``ShapeError`` at once) when sizes are concrete.
 When sizes are traced (inside ``jax.jit`` or ``jax.vmap``) each check becomes a
@@ -28,7 +28,6 @@ import numpy as np
 from jax import lax
 
 from . import _jax_compat as compat
-from .diagnostics import SIZE_BRANCH_REMEDIES
 from .errors import ShapeError
 from .masked import Masked
 from .plan import not_affine, solve_sizes
@@ -218,12 +217,6 @@ def _ne(a, b):
     return jnp.asarray(a) != jnp.asarray(b)
 
 
-def _eq(a, b):
-    if is_static(a) and is_static(b):
-        return int(a) == int(b)
-    return jnp.asarray(a) == jnp.asarray(b)
-
-
 def _lt(a, b):
     if is_static(a) and is_static(b):
         return int(a) < int(b)
@@ -270,35 +263,19 @@ def _solution_checks(sol) -> list[Check]:
 
 
 def _constraint_checks(prog, values) -> list[Check]:
+    """The user's constraints, checked on the spec dim vars' logical values."""
     checks = []
-    auto = {f"{v} <= {b}" for v, b in prog.var_bounds.items()}  # bounds: range-checked
-    env = DimEnv(prog.scope, prog.var_bounds, values)
-    for kind, e1, e2, text in compat.explicit_constraints(prog.scope):
+    env = DimEnv(prog.user_scope, prog.var_bounds, values)
+    for kind, e1, e2, text in compat.explicit_constraints(prog.user_scope):
         names = compat.dim_vars(e1) | compat.dim_vars(e2)
-        if not names <= set(values) or text in auto:
-            continue  # a data-dependent dim var's bound: its rule guarantees it
+        if not names <= set(values):
+            continue
         names = sorted(names)
         v1, v2 = env.logical_raw(e1), env.logical_raw(e2)
         bad = _ne(v1, v2) if kind == "==" else _lt(v1, v2)
         checks.append(Check(bad, f"constraint '{text}' does not hold for "
                                  + ", ".join(f"{k}={{{i}}}" for i, k in enumerate(names)),
                             tuple(values[k] for k in names)))
-    return checks
-
-
-def _assumed_unequal_checks(prog, values) -> list[Check]:
-    checks = []
-    env = DimEnv(prog.scope, prog.var_bounds, values)
-    for a, b, where in prog.assumed_unequal:
-        if not (compat.dim_vars(a) | compat.dim_vars(b)) <= set(values):
-            continue
-        va, vb = env.logical_raw(a), env.logical_raw(b)
-        checks.append(Check(
-            _eq(va, vb),
-            f"the masked function compared sizes `{a} == {b}` at {where} while tracing; JAX "
-            f"decides a symbolic `==` as False unless it is provable, so the traced program "
-            f"assumes {a} != {b}, but at run time both are {{0}}. {SIZE_BRANCH_REMEDIES}",
-            (va,)))
     return checks
 
 
@@ -315,7 +292,6 @@ def solve_dim_vars(prog, leaves, checks_on: bool) -> tuple[dict[str, Any], list[
     sol = solve_sizes(prog.axis_specs, sizes)
     checks += _solution_checks(sol)
     checks += _constraint_checks(prog, sol.values)
-    checks += _assumed_unequal_checks(prog, sol.values)
     if not checks_on:
         checks = [c for c in checks if concrete_value(c.bad) is not None]
-    return sol.values, checks
+    return prog.internal_values(sol.values), checks

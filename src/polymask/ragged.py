@@ -30,7 +30,7 @@ from .buckets import as_policy
 from .errors import ShapeError
 from .hostio import slice_to
 from .plan import batch_bucket, dtype_key
-from .programs import Runner, build_inner
+from .programs import Runner, build_inner, raise_case_error
 
 __all__ = ["ragged_map", "RaggedMap"]
 
@@ -218,6 +218,8 @@ class RaggedMap(Runner):
             return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
 
         out = self._call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
+        for ex in chunk:
+            raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values)
         outputs = entry.outputs
         if outputs.device_axes:
             datas, out_sizes = out

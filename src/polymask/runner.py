@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from .compiling import COMPILE_TICK, background_executor, compile_counter
+from .errors import ShapeError
 from .hostio import (
     FAST_TYPES,
     PAD_DEVICE_PROGRAMS,
@@ -44,7 +45,7 @@ from .plan import (
     dtype_key,
     padded_shape,
 )
-from .programs import Entry, Runner, build_inner, count_value
+from .programs import Entry, Runner, build_inner, count_value, raise_case_error
 
 __all__ = ["jit", "PolyJit", "compile_counter"]
 
@@ -82,6 +83,7 @@ class _CallInfo:
     out_entry: Entry | None = None
     build: Callable | None = None
     single_out: bool = False
+    error: str | None = None  # these sizes reach an error case (its message)
 
 
 _LEAF_TREE = jax.tree_util.tree_structure(0)
@@ -218,6 +220,8 @@ class PolyJit(Runner):
             if info is None:
                 info = self._info(args, tree, key, False)
         next(info.calls)
+        if info.error is not None:
+            raise ShapeError(info.error)
         entry = info.entry
         if entry is not None and entry.live:
             entry.tick = next(COMPILE_TICK)
@@ -227,6 +231,11 @@ class PolyJit(Runner):
                 return out[0]  # one exact output (the steady state of most functions)
         else:
             entry, out = self._slow_call(info, leaves)
+            try:
+                raise_case_error(entry, info.plan.var_names, info.plan.values)
+            except ShapeError as e:
+                info.error = str(e)
+                raise
         return self._outputs(info, entry, out)
 
     def _outputs(self, info: _CallInfo, entry: Entry, out):

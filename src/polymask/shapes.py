@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -21,6 +22,9 @@ from . import _jax_compat as compat
 from .errors import ShapeError
 
 Size = Any
+
+# A spec dim var ``n`` is traced as ``n__p1 - 1`` (trace.py: sizes may be 0).
+SHIFT_SUFFIX = "__p1"
 
 
 def is_static(s) -> bool:
@@ -34,9 +38,13 @@ class DimEnv:
     def __init__(self, scope, bounds: dict[str, int], logical: dict[str, Size]):
         self.scope = scope
         self.bounds = dict(bounds)
+        # The dim vars bound here are >= 1 (internal dim vars, see trace.py):
+        # JAX's bounds are exact for them. Data-dependent ones (add_var) may be 0.
+        self.exact_vars = frozenset(bounds)
         self.logical_values = dict(logical)
         self._padded_cache: dict[Any, int] = {}
         self.logical_cache: dict[Any, Size] = {}
+        self._unshift_cache: dict[Any, Any] = {}
 
     # -- data-dependent sizes -------------------------------------------------
     def add_var(self, name: str, bound: int, logical: Size) -> None:
@@ -64,7 +72,10 @@ class DimEnv:
                              "add a constraint such as 'n <= 128'")
         # JAX's bounds assume every dim var >= 1, but sizes (and counts) may be
         # 0 at run time: `n - u` with u = 0 exceeds the bound JAX proves.
-        hi = max(hi, _zero_corners_upper(d, self.bounds))
+        if not compat.dim_vars(d) <= self.exact_vars:
+            hi = max(hi, _zero_corners_upper(d, self.bounds, self.exact_vars))
+        else:
+            hi = min(hi, _unshifted_upper(d, self.bounds))
         res = max(int(hi), 0)
         self._padded_cache[d] = res
         return res
@@ -89,7 +100,32 @@ class DimEnv:
         if all(is_static(x) for x in env.values()):
             return int(compat.evaluate_dim(d, {k: int(x) for k, x in env.items()}))
         env = {k: jnp.asarray(x, jnp.int32) for k, x in env.items()}
+        d, env = self._unshifted(d, env)
         return jnp.asarray(compat.evaluate_dim(d, env), jnp.int32)
+
+    def _unshifted(self, d, env):
+        """``d`` over ``n`` instead of the shifted ``n__p1`` (``n + 1``), when it has any.
+
+        ``(n__p1 - 1)*(m__p1 - 1)`` is ``n__p1*m__p1 - n__p1 - m__p1 + 1`` in
+        JAX's normal form (three products at run time); over ``n, m`` it is
+        ``n*m`` again. Polynomials only: the new scope's ``n`` is >= 1 for JAX,
+        which would simplify ``min(n, 1)`` to 1.
+        """
+        names = {v: v.removesuffix(SHIFT_SUFFIX) for v in env}
+        if (names == {v: v for v in env} or len(set(names.values())) < len(names)
+                or any(op in str(d) for op in ("min(", "max(", "floordiv(", "mod("))):
+            return d, env  # JAX simplifies those assuming n >= 1: polynomials only
+        hit = self._unshift_cache.get(d)
+        if hit is None:
+            try:
+                syms = jax.export.symbolic_shape(", ".join(names.values()))
+                sub = {v: s + (1 if v != names[v] else 0) for v, s in zip(names, syms)}
+                hit = self._unshift_cache[d] = compat.evaluate_dim(d, sub)
+            except Exception:
+                hit = self._unshift_cache[d] = d
+        if hit is d:
+            return d, env
+        return hit, {names[v]: (x - 1 if v != names[v] else x) for v, x in env.items()}
 
     def padded_shape(self, shape) -> tuple[int, ...]:
         return tuple(self.padded(d) for d in shape)
@@ -110,8 +146,59 @@ def _interval_upper(d, bounds: dict[str, int]) -> float:
     return best
 
 
-def _zero_corners_upper(d, bounds: dict[str, int]) -> float:
-    """Largest value of ``d`` at the corners of [0, bound]^vars where some var is 0."""
+def _unshifted_upper(d, bounds: dict[str, int]) -> float:
+    """A tighter sound upper bound of a polynomial over shifted dim vars.
+
+    ``n__p1*m__p1 - n__p1 - m__p1 + 1`` (that is ``n*m``) over ``n__p1`` in
+    [1, 4], ``m__p1`` in [1, 5] gets 19 from JAX's term-wise bounds, 12 over
+    ``n, m``. Each face of the box where some spec vars are 0 is bounded by
+    JAX in a scope where the others are >= 1 (sound: every value is on a face).
+    """
+    shifted = sorted(v for v in compat.dim_vars(d) if v.endswith(SHIFT_SUFFIX))
+    text = str(d)
+    if not shifted or len(shifted) > 4 or any(op in text for op in _NOT_POLYNOMIAL):
+        return float("inf")
+    key = (text, tuple(bounds.get(v) for v in sorted(compat.dim_vars(d))))
+    hit = _UNSHIFTED_CACHE.get(key)
+    if hit is None:
+        if len(_UNSHIFTED_CACHE) > 4096:
+            _UNSHIFTED_CACHE.clear()
+        hit = _UNSHIFTED_CACHE[key] = _faces_upper(d, shifted, bounds)
+    return hit
+
+
+_UNSHIFTED_CACHE: dict = {}
+
+
+def _faces_upper(d, shifted, bounds) -> float:
+    best = -float("inf")
+    try:
+        for zeros in range(1 << len(shifted)):
+            live = [v for i, v in enumerate(shifted) if not (zeros >> i) & 1]
+            scope = jax.export.SymbolicScope(
+                tuple(f"{v[:-len(SHIFT_SUFFIX)]} <= {bounds[v] - 1}" for v in live))
+            env = {v: 1 for i, v in enumerate(shifted) if (zeros >> i) & 1}
+            for v in live:
+                (x,) = jax.export.symbolic_shape(v[:-len(SHIFT_SUFFIX)], scope=scope)
+                env[v] = x + 1
+            for v in compat.dim_vars(d) - set(shifted):  # unshifted vars stay as they are
+                (env[v],) = jax.export.symbolic_shape(v, scope=scope)
+            face = compat.evaluate_dim(d, env)
+            best = max(best, compat.upper_bound(face) if compat.is_dim_expr(face)
+                       else int(face))
+    except Exception:
+        return float("inf")
+    return best if np.isfinite(best) else float("inf")
+
+
+_NOT_POLYNOMIAL = ("min(", "max(", "floordiv(", "mod(", "non_negative(")
+
+
+def _zero_corners_upper(d, bounds: dict[str, int], exact=frozenset()) -> float:
+    """Largest value of ``d`` at the corners of [0, bound]^vars where some var is 0.
+
+    Vars in ``exact`` range over [1, bound] instead.
+    """
     names = sorted(compat.dim_vars(d))
     if len(names) > 6:
         return -float("inf")
@@ -121,7 +208,8 @@ def _zero_corners_upper(d, bounds: dict[str, int]) -> float:
         return -float("inf")
     best = -float("inf")
     for mask in range((1 << len(names)) - 1):  # the all-bounds corner is JAX's case
-        env = {v: (int(hi[v]) if (mask >> i) & 1 else 0) for i, v in enumerate(names)}
+        env = {v: (int(hi[v]) if (mask >> i) & 1 else int(v in exact))
+               for i, v in enumerate(names)}
         try:
             best = max(best, int(compat.evaluate_dim(d, env)))
         except (ZeroDivisionError, ValueError, ArithmeticError):

@@ -28,6 +28,10 @@ class RunState:
         be exactly 0 (the value is kept alive so its id is not reused).
       forward_only: the masked program is never differentiated (the runners):
         rules may skip the selects that only keep the backward pass finite.
+      guard: a traced bool when the program is one case of a case split
+        (``case_dispatch``): true where this case is the one the sizes choose.
+        Rules' run-time checks hold only there (under ``vmap`` every case runs
+        for every example).
     """
 
     dims: DimEnv
@@ -36,6 +40,7 @@ class RunState:
     invar_links: dict = dataclasses.field(default_factory=dict)
     zero_padded: dict[int, Any] = dataclasses.field(default_factory=dict)
     forward_only: bool = False
+    guard: Any = None
 
     @property
     def logical_cache(self) -> dict:
@@ -79,4 +84,4 @@ class RunState:
         values = dict(self.dims.logical_values)
         values.update(zip(names, sizes))
         return RunState(DimEnv(self.dims.scope, self.dims.bounds, values), self.interpreter,
-                        forward_only=self.forward_only)
+                        forward_only=self.forward_only, guard=self.guard)

@@ -24,11 +24,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
-from .diagnostics import is_library_frame, translate_trace_error
+from . import dimvars
+from .diagnostics import is_library_frame, translate_trace_error, user_frame_of_exception
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
 from .rules.registry import trace_patches
-from .shapes import DimEnv
+from .shapes import DimEnv, is_static
 from .specs import (
     AxisSpec,
     _identifiers,
@@ -74,18 +75,29 @@ def _scope_active(scope) -> Iterator[None]:
 
 @dataclasses.dataclass
 class MaskedProgram:
-    """One symbolic trace of a function at a padded signature.
+    """One symbolic trace of a function at a padded signature (one case).
+
+    Sizes may be 0 but JAX's decision procedure assumes every dim var >= 1,
+    so a spec dim var ``n`` is traced as ``n__p1 - 1`` with an internal dim
+    var ``n__p1 = n + 1 >= 1`` (unless the user's constraints say ``n >= 1``):
+    JAX's own shape arithmetic is then exact at size 0. Users never see the
+    internal names (``display``).
 
     Attributes:
-      closed_jaxpr: the traced jaxpr; avals have dimension expressions.
-      scope: the ``SymbolicScope`` of its dim vars (bounds are constraints).
-      axis_specs: per input leaf, the ``AxisSpec`` of each axis.
+      closed_jaxpr: the traced jaxpr; avals have dimension expressions in
+        the internal dim vars.
+      scope: the ``SymbolicScope`` of the internal dim vars (bounds, the
+        user's constraints and this case's conditions are constraints).
+      axis_specs: per input leaf, the ``AxisSpec`` of each axis (``expr`` in
+        internal dim vars; ``var``, ``coeff``, ``offset`` as in the spec).
       var_bounds: the bound (largest logical size) of each spec dim var.
       leaf_bounds: per input leaf, its padded shape in this program.
       out_tree: the treedef of the function's outputs.
       var_order: spec dim vars in order of first appearance.
-      assumed_unequal: symbolic ``a == b`` that JAX decided as False in user
-        code, as ``(a, b, "file:line (fn)")``; the prologue checks them.
+      dim_bounds: the bound of each internal dim var.
+      internal: spec dim var -> ``(internal name, offset)`` (internal = var + offset).
+      user_scope: the scope of the user's constraints over the spec dim vars.
+      conditions: this case's conditions (``"e >= 0"`` / ``"e <= -1"``, internal).
     """
 
     closed_jaxpr: Any
@@ -95,7 +107,10 @@ class MaskedProgram:
     leaf_bounds: list[tuple[int, ...]]
     out_tree: Any
     var_order: list[str]
-    assumed_unequal: list[tuple[Any, Any, str]] = dataclasses.field(default_factory=list)
+    dim_bounds: dict[str, int] = dataclasses.field(default_factory=dict)
+    internal: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    user_scope: Any = None
+    conditions: tuple[str, ...] = ()
 
     @property
     def out_shapes(self) -> list[tuple]:
@@ -104,8 +119,31 @@ class MaskedProgram:
 
     def out_bounds(self) -> list[tuple[int, ...]]:
         """Padded output shapes per output leaf."""
-        env = DimEnv(self.scope, self.var_bounds, {})
+        env = DimEnv(self.scope, self.dim_bounds, {})
         return [env.padded_shape(s) for s in self.out_shapes]
+
+    def internal_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Internal dim var values from the spec dim vars' logical values."""
+        out = {}
+        for v, x in values.items():
+            name, off = self.internal.get(v, (v, 0))
+            if off == 0:
+                out[name] = x
+            elif is_static(x):
+                out[name] = int(x) + off
+            else:
+                out[name] = jnp.asarray(x, jnp.int32) + off
+        return out
+
+    def spec_var_expr(self, v: str):
+        """The (internal) dimension expression of spec dim var ``v``."""
+        name, off = self.internal.get(v, (v, 0))
+        (e,) = jax.export.symbolic_shape(name, scope=self.scope)
+        return e - off
+
+    def display(self, e) -> str:
+        """``e`` (or a text with internal names) in terms of the spec dim vars."""
+        return dimvars.display_text(str(e), self.internal)
 
 
 def _arg_paths(args) -> list[str]:
@@ -159,25 +197,41 @@ def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:
     return bounds, order
 
 
-def _dedupe(records):
-    seen, out = set(), []
-    for a, b, where in records:
-        key = (str(a), str(b), where)
-        if key not in seen:
-            seen.add(key)
-            out.append((a, b, where))
-    return out
+
+
+def split_of(e: BaseException):
+    """The ``SplitNeeded`` of ``e``: ``e`` itself, or one JAX was handling when it
+    raised ``e`` (its ``__cause__``/``__context__``), None when there is none.
+
+    JAX code that catches an inconclusive comparison and then raises (``jnp.pad``
+    with ``mode="symmetric"`` needs ``n > 1`` proven) fails only because the
+    comparison was undecided: each outcome, traced with it decided, is what
+    plain JAX does at those sizes. (Code that falls back without raising,
+    ``max``/``min``, never gets here.)
+    """
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, compat.SplitNeeded):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def trace(fun: Callable, args: Sequence[Any], in_specs=None,
-          constraints: Sequence[str] = ()) -> tuple[MaskedProgram, list]:
+          constraints: Sequence[str] = (), conditions: Sequence[str] = ()
+          ) -> tuple[MaskedProgram, list]:
     """Trace ``fun`` symbolically at the padded signature of ``args``.
 
-    Returns ``(program, leaves)`` where ``leaves`` are the flat input leaves.
+    ``conditions`` (over the internal dim vars) are added to the scope: the
+    case of a case split (``cases.py``). Returns ``(program, leaves)`` where
+    ``leaves`` are the flat input leaves.
 
     Raises:
+      compat.SplitNeeded: a size comparison JAX cannot decide (``cases.py``
+        traces each outcome).
       ShapeError: a bad spec or constraint, or a size question JAX cannot
-        decide while tracing (translated by ``diagnostics``).
+        answer while tracing (translated by ``diagnostics``).
       UnsupportedError: raised by a polymask op while tracing.
     """
     leaves, in_tree = flatten_args(args)
@@ -186,27 +240,37 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     def call(*flat):
         return fun(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
 
-    prog = trace_flat(call, leaves, spec_leaves, _arg_paths(args), constraints)
+    prog = trace_flat(call, leaves, spec_leaves, _arg_paths(args), constraints, conditions)
     return prog, leaves
 
 
 def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any],
-               paths: Sequence[str], constraints: Sequence[str] = ()) -> MaskedProgram:
+               paths: Sequence[str], constraints: Sequence[str] = (),
+               conditions: Sequence[str] = ()) -> MaskedProgram:
     """Trace ``call(*leaves)`` symbolically: one spec (or None) and one path per leaf.
 
     ``trace`` is this with the leaves of positional arguments; ``mask`` uses it
     directly for keyword arguments and pytree callees (modules), whose
-    non-array leaves it keeps out of ``leaves``.
+    non-array leaves it keeps out of ``leaves``. Raises as ``trace``.
     """
     leaves = list(leaves)
-    scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
-    axis_specs = _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name)
-    _check_constraint_vars(scope, axis_specs, spec_leaves)
-    var_bounds, var_order = _var_bounds(leaves, axis_specs)
-    for v, b in var_bounds.items():
-        compat.add_constraint(scope, f"{v} <= {b}")
+    user_scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
+    user_axes = _parse_axis_specs(leaves, spec_leaves, paths, user_scope, gen_name)
+    _check_constraint_vars(user_scope, user_axes, spec_leaves)
+    var_bounds, var_order = _var_bounds(leaves, user_axes)
+    internal = dimvars.internal_names(var_order, var_bounds, constraints)
+    scope, static = dimvars.internal_scope(constraints, conditions, internal, var_bounds)
+    var_expr = {}
+    for v, (name, off) in internal.items():
+        (e,) = jax.export.symbolic_shape(name, scope=scope)
+        var_expr[v] = e - off
+    axis_specs = [[a if a.var is None else
+                   dataclasses.replace(a, expr=a.coeff * var_expr[a.var] + a.offset)
+                   for a in axes] for axes in user_axes]
+    dim_bounds = {internal[v][0]: b + internal[v][1] for v, b in var_bounds.items()}
+    internal_off = {name: off for name, off in internal.values()}
 
-    env = DimEnv(scope, var_bounds, {})
+    env = DimEnv(scope, dim_bounds, {})
     leaf_bounds = [tuple(env.padded(a.expr) for a in axes) for axes in axis_specs]
     avals = [jax.ShapeDtypeStruct(tuple(a.expr for a in axes), dtype_of(_leaf_data(leaf)))
              for leaf, axes in zip(leaves, axis_specs)]
@@ -219,21 +283,32 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         out_trees.append(out_tree)
         return [_leaf_data(o) for o in out_flat]
 
-    hooks = compat.trace_hooks(lambda f: not is_library_frame(f))
+    hooks = compat.trace_hooks(lambda f: not is_library_frame(f),
+                               split_vars={v: (1 if internal_off.get(v) else 0, b)
+                                           for v, b in dim_bounds.items()},
+                               scope=scope)
     try:
-        with _scope_active(scope), hooks as unsound_equalities, trace_patches():
+        with _scope_active(scope), hooks, trace_patches():
             closed = jax.make_jaxpr(flat_fun)(*avals)
     except (ShapeError, UnsupportedError):
         raise
     except Exception as e:
+        split = split_of(e)
+        if split is not None:
+            raise split from None
         var_where = {}
         for axes in axis_specs:
             for a in axes:
                 if a.var:
                     var_where.setdefault(a.var, a.where)
-        translated = translate_trace_error(e, var_where)
+        # At pinned sizes the trace is plain JAX's: its error is the plain
+        # function's, not a symbolic-shape limitation to translate.
+        shown = dimvars.displayed_error(e, internal)  # messages name spec dim vars
+        translated = None if static else translate_trace_error(shown, var_where)
         if translated is not None:
-            raise translated from None
+            err = dimvars.displayed_error(translated, internal)
+            err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
+            raise err from None
         raise
     return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
-                         var_order, _dedupe(unsound_equalities))
+                         var_order, dim_bounds, internal, user_scope, tuple(conditions))

@@ -16,6 +16,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from .case_dispatch import run_cases
+from .cases import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .diagnostics import at_call_site, user_call_site
 from .errors import ShapeError
 from .interpreter import run_program
@@ -150,13 +152,15 @@ class _Meta:
     Compared by identity: the pytree aux data of a ``MaskedFunction``.
     """
 
-    def __init__(self, in_specs, constraints, checks, zero_padded=False, differentiable=True):
+    def __init__(self, in_specs, constraints, checks, zero_padded=False, differentiable=True,
+                 max_cases=DEFAULT_MAX_CASES):
         self.in_specs = in_specs
         self.constraints = tuple(constraints)
         self.checks = checks
         self.zero_padded = zero_padded
         self.differentiable = differentiable
-        self.cache: dict[Any, MaskedProgram] = {}
+        self.max_cases = max_cases
+        self.cache: dict[Any, CaseTree] = {}
         self.lock = threading.Lock()
         try:
             self.spec_key = _hashable(repr(in_specs))
@@ -175,9 +179,10 @@ class MaskedFunction:
 
     def __init__(self, fun: Callable, in_specs, constraints: Sequence[str], checks: bool,
                  zero_padded: bool = False, differentiable: bool = True,
-                 _meta: _Meta | None = None):
+                 max_cases: int = DEFAULT_MAX_CASES, _meta: _Meta | None = None):
         self.fun = fun
-        self._meta = _meta or _Meta(in_specs, constraints, checks, zero_padded, differentiable)
+        self._meta = _meta or _Meta(in_specs, constraints, checks, zero_padded, differentiable,
+                                    max_cases)
         self._pytree_callee = is_pytree_callee(fun)
         try:
             self.__name__ = getattr(fun, "__name__", type(fun).__name__)
@@ -201,65 +206,82 @@ class MaskedFunction:
             key = (key, type(self.fun))
         return _hashable(key)
 
-    def _program_for(self, call: _Call) -> MaskedProgram:
+    def _tree_for(self, call: _Call) -> CaseTree:
         m = self._meta
         key = self._key(call)
         if key is not None:
             with m.lock:
-                prog = m.cache.get(key)
-            if prog is None and self._pytree_callee:
+                tree = m.cache.get(key)
+            if tree is None and self._pytree_callee:
                 with _SHARED_LOCK:
-                    prog = _SHARED.get(key)
-                    if prog is not None:
+                    tree = _SHARED.get(key)
+                    if tree is not None:
                         _SHARED.move_to_end(key)
-            if prog is not None:
-                return prog
-        prog = trace_flat(call.rebuild, call.leaves, call.specs, call.paths, m.constraints)
+            if tree is not None:
+                return tree
+        tree = trace_cases(
+            lambda conditions: trace_flat(call.rebuild, call.leaves, call.specs, call.paths,
+                                          m.constraints, conditions),
+            m.max_cases)
         if key is not None:
             with m.lock:
-                m.cache.setdefault(key, prog)
+                m.cache.setdefault(key, tree)
             if self._pytree_callee:
                 with _SHARED_LOCK:
-                    _SHARED[key] = prog
+                    _SHARED[key] = tree
                     while len(_SHARED) > _SHARED_SIZE:
                         _SHARED.popitem(last=False)
-        return prog
+        return tree
+
+    def cases(self, *args, **kwargs) -> tuple[CaseTree, list]:
+        """The decision tree of masked programs for the padded signature of the call.
+
+        Traced once per signature (once per case). Returns ``(tree, leaves)``;
+        ``tree.cases`` lists the cases, ``tree.summary()`` describes them.
+        """
+        call = _bind(self.fun, self._pytree_callee, self.in_specs, args, kwargs)
+        return self._tree_for(call), call.leaves
 
     @property
     def programs(self) -> tuple[MaskedProgram, ...]:
-        """The masked programs traced so far (one per padded signature)."""
+        """The masked programs traced so far: one per padded signature (with case
+        splits, the signature's first live case; ``cases`` gives them all)."""
         with self._meta.lock:
-            return tuple(self._meta.cache.values())
+            return tuple(t.base for t in self._meta.cache.values())
 
     def program(self, *args, **kwargs) -> tuple[MaskedProgram, list]:
         """The masked program for the padded signature of the call (traced once per
         signature and static keyword/callee values).
 
         Returns ``(program, leaves)``; ``program.out_shapes`` are the symbolic
-        output shapes.
+        output shapes. With case splits (``cases``) this is the first case's.
         """
-        call = _bind(self.fun, self._pytree_callee, self.in_specs, args, kwargs)
-        return self._program_for(call), call.leaves
+        tree, leaves = self.cases(*args, **kwargs)
+        return tree.base, leaves
 
     def __call__(self, *args, **kwargs):
         call_site = user_call_site()
         try:
-            prog, leaves = self.program(*args, **kwargs)
-            values, checks = solve_dim_vars(prog, leaves, self.checks)
+            tree, leaves = self.cases(*args, **kwargs)
+            values, checks = solve_dim_vars(tree.base, leaves, self.checks)
         except ShapeError as e:
             raise at_call_site(e, call_site) from None
-        meta = self._meta
         if self.checks == "functional":
             with functional_checks() as bads:
-                run_checks(checks, call_site)
-                outs = run_program(prog, leaves, values, zero_padded=meta.zero_padded,
-                                   forward_only=not meta.differentiable)
+                outs = self._run(tree, leaves, values, checks, call_site)
             outs = poison_outputs(outs, bads)
         else:
-            run_checks(checks, call_site)
-            outs = run_program(prog, leaves, values, zero_padded=meta.zero_padded,
-                               forward_only=not meta.differentiable)
-        return jax.tree_util.tree_unflatten(prog.out_tree, outs)
+            outs = self._run(tree, leaves, values, checks, call_site)
+        return jax.tree_util.tree_unflatten(tree.base.out_tree, outs)
+
+    def _run(self, tree: CaseTree, leaves, values, checks, call_site):
+        meta = self._meta
+        run_checks(checks, call_site)
+        run = functools.partial(run_program, zero_padded=meta.zero_padded,
+                                forward_only=not meta.differentiable)
+        if tree.single:
+            return run(tree.base, leaves, values)
+        return run_cases(tree, leaves, values, call_site, run, checks_on=bool(self.checks))
 
     def __get__(self, obj, objtype=None):  # behave like a function as a class attribute
         return self if obj is None else functools.partial(self, obj)
@@ -289,7 +311,7 @@ jax.tree_util.register_pytree_node(MaskedFunction, _mf_flatten, _mf_unflatten)
 
 def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
          checks: bool = True, zero_padded: bool = False,
-         differentiable: bool = True) -> MaskedFunction:
+         differentiable: bool = True, max_cases: int = DEFAULT_MAX_CASES) -> MaskedFunction:
     """Transform ``fun`` (written for exact arrays) to run on padded arrays.
 
     Args:
@@ -346,4 +368,5 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
     Composes with ``jax.jit`` (one trace per padded signature: sizes are
     runtime data), ``jax.vmap`` (ragged batches) and ``jax.grad``.
     """
-    return MaskedFunction(fun, in_specs, constraints, checks, zero_padded, differentiable)
+    return MaskedFunction(fun, in_specs, constraints, checks, zero_padded, differentiable,
+                          max_cases)

@@ -8,8 +8,9 @@ package; ``tests/test_jax_compat.py`` covers each function. Import it as
 ``from polymask import _jax_compat as compat``: the names below are its API.
 
 - ``core``: symbolic shapes, jaxprs, source info, rule tables, primitive list
-- ``hooks``: the DimExpr hook installed only while a masked trace runs,
-  ``patched_attr``, ``quiet_callback_errors``
+- ``splits``: the hooks a masked trace installs in JAX's symbolic shapes while
+  it runs (undecidable size comparisons raise ``SplitNeeded``)
+- ``hooks``: ``patched_attr``, ``quiet_callback_errors``
 - ``runtime``: ``upload`` (host -> device without a program)
 """
 
@@ -19,3 +20,4 @@ from .core import (  # noqa: F401  (private names used by polymask modules)
 )
 from .hooks import *  # noqa: F401,F403
 from .runtime import *  # noqa: F401,F403
+from .splits import *  # noqa: F401,F403

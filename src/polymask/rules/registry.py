@@ -19,6 +19,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import jax.numpy as jnp
+
 from .. import _jax_compat as compat
 from ..errors import UnsupportedError
 from ..state import RunState
@@ -198,6 +200,8 @@ class RuleContext:
         line = self.source_line
         if values:
             line = line.replace("{", "{{").replace("}", "}}")
+        if self.state.guard is not None:  # one case of a case split: only where it runs
+            bad = jnp.logical_and(bad, self.state.guard)
         run_checks([Check(bad, f"{message}\n  at {line}", tuple(values))], self.source_line)
 
     def unsupported(self, reason: str) -> UnsupportedError:

@@ -1,0 +1,220 @@
+"""The hooks a masked trace installs in JAX's symbolic shapes (private JAX API).
+
+While a masked trace is in progress, a size comparison that JAX cannot decide
+(``_shape_poly._geq_decision`` inconclusive, or ``DimExpr.__eq__`` answering
+False without a proof) raises ``SplitNeeded`` so that ``cases.py`` can trace
+each outcome under a constraint. Part of ``_jax_compat``;
+``tests/test_jax_compat.py`` covers it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import linecache
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from jax._src import core as _core
+from jax._src.export import shape_poly as _shape_poly
+from jax._src.export import shape_poly_decision as _decision
+
+from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr
+
+__all__ = ["SplitNeeded", "trace_hooks", "hooks_installed"]
+
+# The hooks are installed while at least one masked trace runs (in any thread)
+# and removed when the last one ends; a hook only acts for the thread whose
+# trace is in progress (its frame on ``_HOOK_TLS.stack``).
+_HOOK_LOCK = threading.Lock()
+_HOOK_USERS = 0
+_HOOK_ORIG: tuple = ()
+_HOOK_TLS = threading.local()
+
+
+class SplitNeeded(InconclusiveDimensionOperation):
+    """A size comparison JAX cannot decide in the trace in progress.
+
+    ``cond`` is a dimension expression: the trace must be repeated once with
+    ``cond >= 0`` and once with ``cond <= -1`` added to the scope. It derives
+    from JAX's ``InconclusiveDimensionOperation`` so that JAX code that falls
+    back on an inconclusive comparison (``max``/``min``, ``divmod``) still does.
+    """
+
+    def __init__(self, message: str, cond):
+        super().__init__(message)
+        self.cond = cond
+
+
+@dataclasses.dataclass
+class _HookFrame:
+    split_vars: dict  # internal dim var -> (lowest, highest) value
+    scope: Any  # the trace's SymbolicScope (None: any)
+    is_user_frame: Any
+    busy: bool = False
+    everywhere: dict = dataclasses.field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def trace_hooks(is_user_frame, split_vars: dict | None = None,
+                scope=None) -> Iterator[None]:
+    """The JAX hooks a masked trace needs, installed for its duration only.
+
+    Size comparisons in ``split_vars`` (``{name: (lowest, highest)}``) that
+    JAX cannot decide raise ``SplitNeeded`` (instead of JAX's inconclusive
+    error, or, for ``==``, instead of JAX's unsound ``False``), so the tracer
+    can trace each outcome under a constraint (see ``_split_geq`` and
+    ``_split_eq``). ``is_user_frame(filename)`` tells a comparison made in
+    user code from one made inside JAX. Only sizes of ``scope`` (when given)
+    split: JAX compares sizes of earlier traces too (its caches' keys).
+
+    The hooks are removed when the last trace in progress (in any thread) ends.
+    """
+    global _HOOK_USERS, _HOOK_ORIG
+    with _HOOK_LOCK:
+        if _HOOK_USERS == 0:
+            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision)
+            eq = _split_eq(_HOOK_ORIG[0])
+            DimExpr.__eq__ = eq
+            DimExpr.__ne__ = lambda a, b: not eq(a, b)
+            _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
+        _HOOK_USERS += 1
+    stack = _HOOK_TLS.__dict__.setdefault("stack", [])
+    stack.append(_HookFrame(dict(split_vars or {}), scope, is_user_frame))
+    try:
+        yield None
+    finally:
+        stack.pop()
+        with _HOOK_LOCK:
+            _HOOK_USERS -= 1
+            if _HOOK_USERS == 0:
+                DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision = _HOOK_ORIG
+
+
+def hooks_installed() -> bool:
+    """True while a masked trace is in progress (tests check the hooks are removed)."""
+    return _HOOK_USERS > 0
+
+
+def _active_frame(expr) -> _HookFrame | None:
+    """The hook frame of this thread's trace when ``expr`` is a splittable size."""
+    stack = getattr(_HOOK_TLS, "stack", None)
+    if not stack or not is_dim_expr(expr):
+        return None
+    frame = stack[-1]
+    if frame.busy or not dim_vars(expr) <= set(frame.split_vars):
+        return None
+    if frame.scope is not None and expr.scope is not frame.scope:
+        return None  # a size of another trace (a JAX cache key compared on lookup)
+    return frame
+
+
+def _split_geq(orig_geq):
+    """``_geq_decision`` that raises ``SplitNeeded(e1 - e2)`` when inconclusive."""
+
+    def geq(e1, e2, cmp_str):
+        try:
+            return orig_geq(e1, e2, cmp_str)
+        except InconclusiveDimensionOperation as e:
+            diff = e1 - e2
+            if _active_frame(diff) is None:
+                raise
+            raise SplitNeeded(str(e).split("\n")[0], diff) from None
+
+    return geq
+
+
+_EVERYWHERE_LIMIT = 4096
+
+
+def _zero_everywhere(diff, frame: _HookFrame) -> bool:
+    """``diff`` is 0 for every value of its dim vars in their ranges (few values only)."""
+    hit = frame.everywhere.get(diff)
+    if hit is not None:
+        return hit
+    names = sorted(dim_vars(diff))
+    ranges = [range(frame.split_vars[v][0], frame.split_vars[v][1] + 1) for v in names]
+    total = 1
+    for r in ranges:
+        total *= len(r)
+    res = False
+    if total <= _EVERYWHERE_LIMIT:
+        try:
+            res = all(int(diff._evaluate(dict(zip(names, combo)))) == 0
+                      for combo in itertools.product(*ranges))
+        except Exception:
+            res = False
+    frame.everywhere[diff] = res
+    return res
+
+
+_EQ_TOKENS = ("==", "!=", " in ", ".index(", ".count(")
+
+
+def _is_shape_decision(caller) -> bool:
+    """A comparison written in JAX's Python code (``a.shape[-1] == 1``), as opposed
+    to a cache lookup: JAX's C++ caches compare keys (shapes among them) with
+    ``==`` when 7 bits of their hashes match, and objects' ``__eq__`` compare
+    avals; splitting there would make the cases depend on what the process
+    traced before (and on the hash seed)."""
+    if caller is None or caller.f_code.co_name in ("__eq__", "__ne__", "__hash__"):
+        return False
+    line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+    return any(t in line for t in _EQ_TOKENS)
+
+
+def _split_eq(orig_eq):
+    """``DimExpr.__eq__`` that decides with the scope's bounds, or splits.
+
+    JAX answers ``a == b`` structurally and says False when ``a - b`` is not a
+    constant, because ``__eq__`` cannot raise
+    (https://docs.jax.dev/en/latest/export/shape_poly.html#comparison-of-symbolic-dimensions-is-partially-supported),
+    so ``if x.shape[0] == 1:`` would silently trace the wrong branch at 1.
+    Here the bounds decide it when they can, and two sizes equal at every
+    value of the dim vars within their bounds are equal (``jnp.diff(x[1:])``'s
+    two shapes, structurally different ``min``s); otherwise the trace splits
+    on ``a - b`` when ``b`` is a constant or the comparison is in user code.
+    Else (two different sizes compared inside JAX) it stays False: JAX then
+    reports incompatible shapes, or takes its general path, as before.
+    """
+
+    def eq(a, b):
+        res = orig_eq(a, b)
+        if res is True or not isinstance(a, DimExpr):
+            return res
+        if isinstance(b, DimExpr):
+            if a.scope is not b.scope:
+                return res
+        elif not _core.is_constant_dim(b):
+            return res
+        try:
+            diff = a - b
+        except Exception:
+            return res
+        frame = _active_frame(diff)
+        if frame is None:
+            return res
+        frame.busy = True
+        try:
+            lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
+            if lo > 0 or hi < 0:
+                return False
+            if (lo == hi == 0) or _zero_everywhere(diff, frame):
+                return True
+            caller = sys._getframe(1)
+            while caller is not None and caller.f_code.co_filename == __file__:
+                caller = caller.f_back
+            user = caller is not None and frame.is_user_frame(caller.f_code.co_filename)
+            decision = user or _is_shape_decision(caller)
+        finally:
+            frame.busy = False
+        message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
+        if (not isinstance(b, DimExpr) and decision) or user:
+            # Split where it narrows: below/at-or-above 0, then at/above 0.
+            raise SplitNeeded(message, -diff if lo >= 0 else diff)
+        return res
+
+    return eq

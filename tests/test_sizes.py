@@ -1,0 +1,260 @@
+"""Every logical size from 0 to the bound in one compiled program (issue 11).
+
+Sizes are traced as >= 0 (exact shape arithmetic at 0) and a size comparison
+JAX cannot decide splits the trace into cases chosen at run time. Each
+function is compared with plain JAX on the exact arrays at every size,
+eagerly, under one ``jax.jit``, over a ragged ``vmap`` batch and for
+``jax.grad``; where plain JAX raises, polymask raises a ``ShapeError`` (also
+under ``jit`` and ``vmap``) and never returns a value.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import polymask as pm
+from polymask.testing import check_oracle, garbage_pad
+
+RNG = np.random.default_rng(0)
+
+
+def vec(n):
+    return RNG.normal(size=(n,)).astype(np.float32)
+
+
+def plain_ok(f, x) -> bool:
+    try:
+        jax.block_until_ready(f(jnp.asarray(x)))
+        return True
+    except Exception:
+        return False
+
+
+def check_all_sizes(f, bound, spec="n", modes=("eager", "jit", "vmap", "grad"),
+                    expect_errors=None):
+    """Oracle at every size where plain JAX runs; a ShapeError where it raises."""
+    xs = [vec(n) for n in range(bound + 1)]
+    ok = [x for x in xs if plain_ok(f, x)]
+    bad = [x for x in xs if not plain_ok(f, x)]
+    if expect_errors is not None:
+        assert [len(x) for x in bad] == list(expect_errors)
+    check_oracle(f, [(x,) for x in ok], [(bound,)], [spec], modes=modes)
+    if bad:
+        check_errors(f, bad, bound, spec)
+
+
+def masked(x, bound):
+    return pm.Masked(jnp.asarray(garbage_pad(x, (bound,))), (np.int32(len(x)),))
+
+
+def check_errors(f, bad, bound, spec="n"):
+    m = pm.mask(f, spec)
+    for x in bad:
+        with pytest.raises(pm.ShapeError, match="the function fails"):
+            m(masked(x, bound))
+        with pytest.raises(Exception, match="the function fails"):
+            jax.block_until_ready(jax.jit(m)(masked(x, bound)))
+    good = vec(bound)
+    batch = [good, bad[0]]
+    data = jnp.stack([jnp.asarray(garbage_pad(x, (bound,))) for x in batch])
+    sizes = jnp.array([len(x) for x in batch], jnp.int32)
+    with pytest.raises(Exception, match="the function fails"):
+        jax.block_until_ready(jax.jit(jax.vmap(m))(pm.Masked(data, (sizes,))))
+
+
+def n_cases(f, bound, spec="n", **kw):
+    tree, _ = pm.mask(f, spec, **kw).cases(masked(vec(1), bound))
+    return len(tree.cases)
+
+
+# -- size 0: JAX's own shape arithmetic is exact ------------------------------
+@pytest.mark.parametrize("f", [lambda x: x[:1], lambda x: x[-1:]], ids=["head", "tail"])
+def test_slices_of_one_at_size_zero(f):
+    check_all_sizes(f, 4)
+    assert n_cases(f, 4) == 1
+
+
+def conv_t(x):
+    return lax.conv_transpose(x, jnp.ones((1, 2, 4)), (2,), "SAME",
+                              dimension_numbers=("NCH", "OIH", "NCH"))
+
+
+def test_transposed_conv_at_every_size():
+    xs = [(RNG.normal(size=(1, 2, t)).astype(np.float32),) for t in range(7)]
+    check_oracle(conv_t, xs, [(1, 2, 8)], ["1, 2, t"])
+    (f,) = [pm.shape_formula(conv_t, ["1, 2, t"], (1, 2, 8))]
+    assert f.jax_str == "(1, 1, max(2*t - 1, 0) + 1)" and f.evaluate(t=0) == (1, 1, 1)
+
+
+def test_interior_pad_at_every_size():
+    check_all_sizes(lambda x: lax.pad(x, 0., [(0, 0, 1)]), 4)
+
+
+# -- case splits ----------------------------------------------------------------
+def py_if(x):
+    if x.shape[0] > 2:
+        return x * 2
+    return x * 3
+
+
+def with_cond(x):
+    return lax.cond(x.shape[0] > 2, lambda y: y * 2, lambda y: y * 3, x)
+
+
+def py_eq(x):
+    if x.shape[0] == 1:
+        return x * 5
+    return jnp.cumsum(x)
+
+
+@pytest.mark.parametrize("f", [py_if, with_cond, py_eq], ids=["if", "cond", "eq"])
+def test_branches_on_sizes(f):
+    check_all_sizes(f, 4)
+    assert n_cases(f, 4) in (2, 3)
+
+
+def test_jit_traces_once_per_case():
+    calls = []
+
+    def f(x):
+        calls.append(1)
+        return py_if(x)
+
+    m = pm.mask(f, "n")
+    jf = jax.jit(m)
+    for n in range(5):
+        x = vec(n)
+        np.testing.assert_allclose(jf(masked(x, 4)).unpad(), py_if(jnp.asarray(x)))
+        # on the first call only: the trace stopped at the comparison, then once per case
+        assert len(calls) == 3
+
+
+def det_expr(a):
+    return jnp.linalg.det(a @ a.T + 3 * jnp.eye(a.shape[0]))
+
+
+def test_det_gradient_at_one_and_two():
+    xs = [(RNG.normal(size=(n, n)).astype(np.float32),) for n in (1, 2, 3)]
+    check_oracle(det_expr, xs, [(4, 4)], ["n, n"], rtol=1e-4, atol=1e-4)
+
+
+def test_constraint_n_at_least_one_keeps_the_old_trace():
+    m = pm.mask(lambda x: x[:1], "n", constraints=["n >= 1"])
+    prog, _ = m.program(masked(vec(2), 4))
+    assert prog.internal["n"] == ("n", 0)
+    with pytest.raises(pm.ShapeError, match="n >= 1"):
+        m(masked(vec(0), 4))
+
+
+# -- the checks inside jnp / lax --------------------------------------------------
+def test_top_k():
+    check_all_sizes(lambda x: lax.top_k(x, 2)[0], 4, expect_errors=[0, 1])
+
+
+def test_dynamic_slice():
+    check_all_sizes(lambda x: lax.dynamic_slice(x, (1,), (2,)), 4, expect_errors=[0, 1])
+
+
+@pytest.mark.parametrize("i", [0, 1, 3, -1])
+def test_dynamic_slice_traced_start(i):
+    def f(x, start):
+        return lax.dynamic_slice(x, (start,), (2,))
+
+    start = jnp.int32(i)
+    check_oracle(f, [(vec(n), start) for n in range(2, 5)], [(4,), None], ["n", None],
+                 modes=("eager", "jit", "vmap"))
+    m = pm.mask(f, ["n", None])
+    for n in (0, 1):
+        with pytest.raises(pm.ShapeError, match="the function fails"):
+            m(masked(vec(n), 4), start)
+        with pytest.raises(Exception, match="the function fails"):
+            jax.block_until_ready(jax.jit(m)(masked(vec(n), 4), start))
+
+
+def test_dynamic_update_slice_static_window():
+    check_all_sizes(lambda x: lax.dynamic_update_slice(x, jnp.ones(2), (1,)), 4,
+                    expect_errors=[0, 1])
+
+
+def test_split():
+    check_all_sizes(lambda x: jnp.split(x, [2, 5])[1], 6, expect_errors=[0, 1, 2, 3, 4])
+
+
+def test_symmetric_pad():
+    check_all_sizes(lambda x: jnp.pad(x, 1, mode="symmetric"), 4, expect_errors=[0])
+
+
+def test_linspace():
+    check_all_sizes(lambda x: x + jnp.linspace(0, 1, x.shape[0]), 4)
+
+
+def test_diff_of_a_slice():
+    check_all_sizes(lambda x: jnp.diff(x[1:]), 4)
+
+
+@pytest.mark.parametrize("k", range(-3, 4))
+def test_roll(k):
+    check_all_sizes(lambda x: jnp.roll(x, k), 4)
+
+
+@pytest.mark.parametrize("k", [-2, 1, 2])
+def test_roll_with_the_bound_at_the_shift(k):
+    check_all_sizes(lambda x: jnp.roll(x, k), 2)  # static sizes up to the bound too
+
+
+def test_too_many_cases_lists_the_comparisons():
+    def f(x):
+        return x * sum(1 for k in range(8) if x.shape[0] > k)
+
+    with pytest.raises(pm.ShapeError, match="max_cases=3"):
+        pm.mask(f, "n", max_cases=3)(masked(vec(2), 8))
+
+
+def test_shape_formula_is_piecewise_and_explain_lists_the_cases():
+    f = pm.shape_formula(lambda x: lax.top_k(x, 2)[0] if x.shape[0] > 2 else x, ["n"], (4,))
+    assert len(f.cases) == 2 and "n" in f.cases[0][0]
+    text = str(pm.explain(lambda x: x * 2 if x.shape[0] > 2 else x * 3, ["n"], (4,),
+                          print_output=False))
+    assert "cases" in text and "__p1" not in text
+
+
+def test_cases_summary_names_spec_dim_vars():
+    tree, _ = pm.mask(lambda x: lax.top_k(x, 2)[0], "n").cases(masked(vec(3), 4))
+    text = tree.summary()
+    assert "__p1" not in text and "n in {2..4}" in text
+    assert "n in {0}" in text and "n in {1}" in text  # error cases traced per size
+
+
+def test_polymask_jit_cases_and_host_errors():
+    def f(x):
+        return lax.top_k(x, 2)[0] if x.shape[0] > 2 else x * 3
+
+    pj = pm.jit(f, "n")
+    for n in range(6):
+        x = jnp.asarray(vec(n))
+        np.testing.assert_allclose(pj(x), f(x))
+    pg = pm.jit(lambda x: lax.top_k(x, 2)[0], "n")
+    for n in (0, 3, 1):
+        x = jnp.asarray(vec(n))
+        if n < 2:
+            with pytest.raises(pm.ShapeError, match="the function fails"):
+                pg(x)
+        else:
+            np.testing.assert_allclose(pg(x), lax.top_k(x, 2)[0])
+    assert pg.stats()["compiles"] == 1
+
+
+def test_explain_shows_the_case_the_example_sizes_reach():
+    def f(x):
+        return x * 2 if x.shape[0] > 2 else x * 3
+
+    def shown(n):
+        text = str(pm.explain(f, ["n"], pm.Masked(jnp.zeros(4), (n,)), print_output=False))
+        return re.search(r"the trace below is case (\d+)", text).group(1)
+
+    assert shown(1) != shown(3)
+    assert shown(0) == shown(2) == shown(1)
