@@ -74,7 +74,7 @@ def measure(fun, bound, spec, rounds=5):
 
 def main():
     print(f"jax {jax.__version__}, polymask {pm.__version__}")
-    print(f"| function | bound | cases (errors) | trace all cases [ms] | per case [ms] |")
+    print("| function | bound | cases (errors) | trace all cases [ms] | per case [ms] |")
     print("|---|---|---|---|---|")
     for name, fun, bound in CASES:
         spec = "n"
