@@ -152,15 +152,26 @@ def _zero_everywhere(diff, frame: _HookFrame) -> bool:
 
 
 _EQ_TOKENS = ("==", "!=", " in ", ".index(", ".count(")
+# JAX's user-level libraries branch on sizes with plain ``==`` (``jnp.linalg``'s
+# det JVP: ``a.shape[-1] == 1``; ``jnp.linspace``: ``num == 1``).
+_SPLIT_IN_JAX = ("jax/_src/numpy/", "jax/_src/scipy/", "jax/_src/nn/", "jax/_src/image/")
 
 
 def _is_shape_decision(caller) -> bool:
     """A comparison written in JAX's Python code (``a.shape[-1] == 1``), as opposed
-    to a cache lookup: JAX's C++ caches compare keys (shapes among them) with
+    to ``core.definitely_equal`` or a cache lookup: JAX's C++ caches compare keys (shapes among them) with
     ``==`` when 7 bits of their hashes match, and objects' ``__eq__`` compare
     avals; splitting there would make the cases depend on what the process
     traced before (and on the hash seed)."""
     if caller is None or caller.f_code.co_name in ("__eq__", "__ne__", "__hash__"):
+        return False
+    if caller.f_code.co_name.startswith("definitely_"):
+        # core.definitely_equal: its callers are correct when it answers False
+        # for an unknown (its contract), e.g. broadcasting's "is this dim 1?"
+        return False
+    if not any(d in caller.f_code.co_filename.replace("\\", "/") for d in _SPLIT_IN_JAX):
+        # lax/core shape rules and fast paths (``aval.shape == shape``: skip an
+        # op) are correct with False; splitting there only multiplies programs
         return False
     line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
     return any(t in line for t in _EQ_TOKENS)
