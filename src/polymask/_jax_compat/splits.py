@@ -154,7 +154,10 @@ def _zero_everywhere(diff, frame: _HookFrame) -> bool:
 _EQ_TOKENS = ("==", "!=", " in ", ".index(", ".count(")
 # JAX's user-level libraries branch on sizes with plain ``==`` (``jnp.linalg``'s
 # det JVP: ``a.shape[-1] == 1``; ``jnp.linspace``: ``num == 1``).
-_SPLIT_IN_JAX = ("jax/_src/numpy/", "jax/_src/scipy/", "jax/_src/nn/", "jax/_src/image/")
+_SPLIT_IN_JAX = ("jax/_src/numpy/", "jax/_src/scipy/", "jax/_src/nn/", "jax/_src/image/",
+                 "jax/_src/export/")
+# core.divide_shape_sizes: is a size divisible (reshape with -1)
+_SPLIT_FUNCTIONS = ("divide_shape_sizes",)
 
 
 def _is_shape_decision(caller) -> bool:
@@ -169,6 +172,8 @@ def _is_shape_decision(caller) -> bool:
         # core.definitely_equal: its callers are correct when it answers False
         # for an unknown (its contract), e.g. broadcasting's "is this dim 1?"
         return False
+    if caller.f_code.co_name in _SPLIT_FUNCTIONS:
+        return True
     if not any(d in caller.f_code.co_filename.replace("\\", "/") for d in _SPLIT_IN_JAX):
         # lax/core shape rules and fast paths (``aval.shape == shape``: skip an
         # op) are correct with False; splitting there only multiplies programs
