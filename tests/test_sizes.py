@@ -258,3 +258,25 @@ def test_explain_shows_the_case_the_example_sizes_reach():
 
     assert shown(1) != shown(3)
     assert shown(0) == shown(2) == shown(1)
+
+
+def test_jit_and_vmap_of_grad_outside_the_mask_with_cases():
+    # JAX traces every case's derivative under jit(grad); the det JVP fails at
+    # size 0 (as in plain JAX), which must not break the other sizes.
+    def f(a):
+        return jnp.linalg.det(a @ a.T + 3 * jnp.eye(a.shape[0]))
+
+    md = pm.mask(f, "n, n")
+
+    def loss(d, n):
+        return md(pm.Masked(d, (n, n))).filled(0.0)
+
+    d = jnp.asarray(RNG.normal(size=(4, 4)).astype(np.float32))
+    g = jax.jit(jax.grad(loss))
+    for n in range(1, 5):
+        want = jax.grad(f)(d[:n, :n])
+        np.testing.assert_allclose(g(d, jnp.int32(n))[:n, :n], want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(Exception, match="the derivative"):
+        jax.block_until_ready(g(d, jnp.int32(0)))
+    got = jax.vmap(jax.grad(loss))(jnp.stack([d, d]), jnp.array([1, 3], jnp.int32))
+    np.testing.assert_allclose(got[1, :3, :3], jax.grad(f)(d[:3, :3]), rtol=1e-4, atol=1e-4)

@@ -38,8 +38,8 @@ def _error_message(tree: CaseTree, c: Case) -> str:
         return (f"for these sizes ({sizes_text(c.reached_by)}) the function fails at "
                 f"{c.where}, as it does on the exact arrays:\n  {c.error}")
     return (f"for these sizes ({tree.describe_conditions(c)}) the function cannot be traced "
-            f"with symbolic sizes at {c.where} (too many sizes to trace one by one; "
-            f"max_cases={len(tree.cases)} reached or several dim vars):\n  {c.error}")
+            f"with symbolic sizes at {c.where} (more sizes than mask(..., max_cases=) allows "
+            f"tracing one by one):\n  {c.error}")
 
 
 def _error_checks(tree: CaseTree, idx) -> list[Check]:

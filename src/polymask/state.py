@@ -9,7 +9,9 @@ from typing import Any
 
 from .shapes import DimEnv
 
-__all__ = ["RunState"]
+__all__ = ["RunState", "GUARD"]
+
+GUARD = "__polymask_guard__"  # RunState.guard passed as a size (with_sizes)
 
 
 @dataclasses.dataclass
@@ -79,9 +81,17 @@ class RunState:
         """A fresh state whose dim vars ``names`` take the values ``sizes``.
 
         Custom-derivative rules evaluate their jaxprs inside ``jax.custom_jvp``
-        / ``custom_vjp`` functions whose sizes are explicit arguments.
+        / ``custom_vjp`` functions whose sizes are explicit arguments; the
+        ``guard`` travels among them as the size named ``GUARD`` (a value of
+        the outer trace must not be closed over: JAX traces those functions
+        again for differentiation).
         """
         values = dict(self.dims.logical_values)
-        values.update(zip(names, sizes))
+        guard = None
+        for name, size in zip(names, sizes):
+            if name == GUARD:
+                guard = size != 0
+            else:
+                values[name] = size
         return RunState(DimEnv(self.dims.scope, self.dims.bounds, values), self.interpreter,
-                        forward_only=self.forward_only, guard=self.guard)
+                        forward_only=self.forward_only, guard=guard)

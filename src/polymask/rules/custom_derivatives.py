@@ -14,14 +14,22 @@ import jax
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
-from ..shapes import DimEnv, is_static
+from ..shapes import is_static
+from ..state import GUARD
 from .registry import register
 from .util import clean
 
 
-def _dynamic_sizes(dims: DimEnv):
+def _dynamic_sizes(state):
+    """The traced sizes (and the case guard, see ``RunState.with_sizes``) that the
+    custom-derivative functions take as explicit arguments."""
+    dims = state.dims
     names = [v for v, x in dims.logical_values.items() if not is_static(x)]
-    return names, [jnp.asarray(dims.logical_values[v], jnp.int32) for v in names]
+    sizes = [jnp.asarray(dims.logical_values[v], jnp.int32) for v in names]
+    if state.guard is not None:
+        names.append(GUARD)
+        sizes.append(jnp.asarray(state.guard, jnp.int32))
+    return names, sizes
 
 
 def _all_float(xs) -> bool:
@@ -30,13 +38,13 @@ def _all_float(xs) -> bool:
 
 @register("custom_jvp_call")
 def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_zeros):
-    interp, dims = ctx.interpreter, ctx.dims
+    interp = ctx.interpreter
     consts, xs = list(args[:num_consts]), list(args[num_consts:])
     if not _all_float(xs):
         # Integer primals have float0 tangents; JAX's own rule would not use
         # them either, so differentiate the masked primal directly.
         return ctx.eval_jaxpr(call_jaxpr, *args)
-    names, sizes = _dynamic_sizes(dims)
+    names, sizes = _dynamic_sizes(ctx.state)
 
     @jax.custom_jvp
     def masked_call(sizes, consts, xs):
@@ -46,8 +54,22 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
     def masked_call_jvp(primals, tangents):
         sizes, consts, xs = primals
         _, _, txs = tangents
-        jvp_jaxpr, jvp_consts, out_zeros = compat.call_wrapped(
-            jvp_jaxpr_fun, *([False] * len(xs)))
+        try:
+            jvp_jaxpr, jvp_consts, out_zeros = compat.call_wrapped(
+                jvp_jaxpr_fun, *([False] * len(xs)))
+        except Exception as e:  # noqa: BLE001 - JAX's own JVP rule fails at these shapes
+            # e.g. JAX's det JVP at size 0 (plain JAX fails too). In one case of a
+            # case split the error holds only where that case runs (ctx.require
+            # is guarded), so other sizes still differentiate.
+            from ..prologue import Check, run_checks
+
+            guard = ctx.state.with_sizes(names, sizes).guard
+            run_checks([Check(True if guard is None else guard,
+                              f"the derivative (JAX's custom JVP rule) fails at these sizes: "
+                              f"{type(e).__name__}: {str(e).splitlines()[0]}\n"
+                              f"  at {ctx.source_line}")], ctx.source_line)
+            primals_out = masked_call(sizes, consts, xs)
+            return primals_out, [jnp.zeros_like(p) for p in primals_out]
         env = ctx.state.with_sizes(names, sizes)
         outs = interp.eval_jaxpr(jvp_jaxpr, jvp_consts, [*xs, *txs], env)
         n_out = len(out_zeros)
@@ -62,11 +84,11 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
 @register("custom_vjp_call")
 def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, out_trees,
                     symbolic_zeros):
-    interp, dims = ctx.interpreter, ctx.dims
+    interp = ctx.interpreter
     consts, xs = list(args[:num_consts]), list(args[num_consts:])
     if not _all_float(xs):
         return ctx.eval_jaxpr(call_jaxpr, *args)
-    names, sizes = _dynamic_sizes(dims)
+    names, sizes = _dynamic_sizes(ctx.state)
     in_avals = call_jaxpr.in_avals[num_consts:]
     out_avals = call_jaxpr.out_avals
 
