@@ -124,7 +124,7 @@ def _conv_sweep_fn(stride):
     return jax.jit(f)  # jit: the unpadded references compile once per size
 
 
-@pytest.mark.parametrize("stride", [1, 3])
+@pytest.mark.parametrize("stride", [1, 2, 3])
 def test_conv1d_sweep(stride):
     f = _conv_sweep_fn(stride)
     exs = [(_vec(n),) for n in range(BOUND + 1)]
@@ -168,7 +168,7 @@ def _rw_sweep_fn(stride, base_dilation, for_grad=False):
     return jax.jit(f)
 
 
-@pytest.mark.parametrize("stride", [1, 3])
+@pytest.mark.parametrize("stride", [1, 2, 3])
 def test_reduce_window_sweep(stride):
     f = _rw_sweep_fn(stride, 1)
     exs = [(_vec(n),) for n in range(BOUND + 1)]
