@@ -212,7 +212,11 @@ def pretty_condition(text: str, internal) -> str:
     """``"n__p1 - 3 <= -1"`` -> ``"n <= 1"`` (other forms: the expression as is)."""
     expr, op, rhs = text.rpartition(" >= ")[0] or text.rpartition(" <= ")[0], \
         (">=" if " >= " in text else "<="), text.rsplit(" ", 1)[1]
-    shown = display_text(expr, internal)
+    try:  # a polynomial is rewritten symbolically (display_expr)
+        (e,) = jax.export.symbolic_shape(expr)
+        shown = display_expr(e, internal)
+    except Exception:
+        shown = display_text(expr, internal)
     m = re.fullmatch(r"(- )?(\w+)(?: ([+-]) (\d+))?", shown)
     if not m:
         return f"{shown} {op} {rhs}"
