@@ -22,6 +22,7 @@ from polymask.transform import MaskedFunction
 
 M = pm.Masked
 X5 = jnp.arange(5.0)
+X40 = jnp.arange(40.0)  # more sizes than max_cases: no trace per size
 X6 = jnp.arange(6.0)
 HERE = os.path.basename(__file__)
 
@@ -226,7 +227,7 @@ CASES = [
     Case("vmap: top_k needs n >= k", mk(f_topk, "n"), (M(jnp.ones((2, 5)), (d([4, 1]),)),),
          (M(jnp.ones((2, 5)), (d([4, 3]),)),), Exception, ("the function fails", "n in {1}"),
          where=line_of("MARK-TOPK"), jit=True, vmap=True),
-    Case("size as a Python int", mk(f_int, "n"), (M(X5, (3,)),), None, pm.ShapeError,
+    Case("size as a Python int", mk(f_int, "n"), (M(X40, (3,)),), None, pm.ShapeError,
          ("Python constant", "polymask.logical_shape"), where=line_of("MARK-INT")),
     Case("reshape(-1, 2) of n", mk(f_reshape, "n"), (M(X5, (3,)),), None, pm.ShapeError,
          ("evenly divide", "the function fails"), where=line_of("MARK-RESHAPE")),

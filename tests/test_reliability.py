@@ -202,6 +202,8 @@ def _line(marker: str) -> str:
 
 
 XP = pm.pad(np.array([0.5, 2.2, 1.0, 3.7, 0.1], np.float32), 8)
+# more sizes than max_cases: a trace that fails symbolically is not retried per size
+XP40 = pm.pad(np.array([0.5, 2.2, 1.0, 3.7, 0.1], np.float32), 40)
 
 
 def _raises(fun, spec, *args, constraints=(), exc=pm.ShapeError):
@@ -243,7 +245,8 @@ def test_float_arange_and_reduce_window_and_size_index_errors():
     def f(x):
         return jnp.arange(1., x.shape[0] + 1)  # LINE-arange
 
-    msg = _raises(f, "n", XP)
+    np.testing.assert_allclose(pm.mask(f, "n")(XP).unpad(), np.arange(1.0, 6.0))  # per size
+    msg = _raises(f, "n", XP40)
     assert "jnp.arange(n) + 1.0" in msg and _line("LINE-arange") in msg
     out = pm.mask(lambda x: jnp.arange(x.shape[0]) + 1.0, "n")(XP)
     np.testing.assert_allclose(out.unpad(), np.arange(1.0, 6.0))
@@ -263,7 +266,8 @@ def test_float_arange_and_reduce_window_and_size_index_errors():
     def h(x):
         return x[x.shape[0] // 2]  # LINE-idx
 
-    msg = _raises(h, "n", XP)
+    assert float(pm.mask(h, "n")(XP).data) == XP.unpad()[2]  # traced per size
+    msg = _raises(h, "n", XP40)
     assert "jnp.asarray(x.shape[0] // 2)" in msg and _line("LINE-idx") in msg
     out = pm.mask(lambda x: x[jnp.asarray(x.shape[0] // 2)], "n")(XP)
     assert float(out.data) == XP.unpad()[2]
@@ -301,7 +305,10 @@ def test_searchsorted_digitize_histogram():
     def f(b):
         return jnp.searchsorted(b, v)  # LINE-ss
 
-    msg = _raises(f, "n", b)
+    # few sizes (bound 8): traced once per size, plain JAX's value at each
+    np.testing.assert_array_equal(pm.mask(f, "n")(b).unpad(),
+                                  np.searchsorted(np.asarray(bins), v))
+    msg = _raises(f, "n", pm.pad(np.asarray(bins), 40))  # more sizes than max_cases
     assert "static size ('_'" in msg and "jnp.sum(a[:, None] < v" in msg
     assert _line("LINE-ss") in msg and "constraints=['n >= 3']" not in msg
     out = pm.mask(lambda b: jnp.sum(b[:, None] < v, axis=0), "n")(b)

@@ -184,6 +184,28 @@ def test_split():
     check_all_sizes(lambda x: jnp.split(x, [2, 5])[1], 6, expect_errors=[0, 1, 2, 3, 4])
 
 
+@pytest.mark.parametrize("f", [lambda x: x.at[1].set(5.0), lambda x: x.at[0].add(x[-1]),
+                               lambda x: x[1] * x],
+                         ids=["set", "add", "get"])
+def test_static_index_into_an_empty_axis_raises(f):
+    # plain JAX raises IndexError at size 0 only (out-of-range indices clamp or drop)
+    check_all_sizes(f, 4, expect_errors=[0])
+
+
+@pytest.mark.parametrize("piece", [0, 1, 2])
+def test_array_split_pieces_at_every_size(piece):
+    # sizes like (n + 2) // 3 split per size; a case pinned below the bound
+    check_all_sizes(lambda x: jnp.array_split(x, 3)[piece] * 2.0, 8)
+
+
+def test_wrap_pad_and_a_python_int_size_traced_once_per_size():
+    # both fail symbolically at every size; with few sizes each is traced pinned
+    check_all_sizes(lambda x: jnp.pad(x, 2, mode="wrap"), 4, expect_errors=[0])
+    check_all_sizes(lambda x: x.sum() * jnp.ones(int(x.shape[0])), 4)
+    with pytest.raises(pm.ShapeError, match="Python constant"):  # too many sizes
+        pm.mask(lambda x: jnp.ones(int(x.shape[0])), "n")(masked(vec(3), 40))
+
+
 def test_symmetric_pad():
     check_all_sizes(lambda x: jnp.pad(x, 1, mode="symmetric"), 4, expect_errors=[0])
 

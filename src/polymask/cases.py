@@ -205,12 +205,18 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
             prog = trace_one(conditions)
         except UnsupportedError:
             raise
-        except compat.SplitNeeded as s:
+        except (compat.SplitNeeded, compat.SplitBeforeRaise) as s:
             split = s  # traced below, outside this handler (no exception context)
         except Exception as e:
+            signature = getattr(e, "polymask_signature", None)
             if not conditions:
-                raise
-            case = _error_case(len(cases), conditions, e, first.get("internal"))
+                if signature is None:
+                    raise
+                first["root_error"] = e  # raised again unless a trace per size works
+            if signature is not None:
+                first.setdefault("signature", signature)
+            case = _error_case(len(cases), conditions, e,
+                               first.get("internal") or getattr(signature, "internal", None))
             cases.append(case)
             return case
         if split is not None:
@@ -235,8 +241,7 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
 
     root = explore(())
     if "prog" not in first:
-        err = next(c for c in cases if c.error is not None)
-        raise ShapeError(f"the function fails for every size:\n  {err.error}")
+        return _trace_per_size_or_raise(root, cases, first, trace_one, max_cases)
     base = first["prog"]
     tree = CaseTree(root, cases, base.internal, base)
     if not tree.single:
@@ -252,6 +257,27 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
         tree.base = live[0].program
         _common_outputs(tree, live)
     return tree
+
+
+def _trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
+                             max_cases: int) -> CaseTree:
+    """Every case failed: trace once per size (``_refine_errors``) when the
+    sizes are few, else raise the first error (``jnp.pad(mode="wrap")`` fails
+    symbolically at every size but works at each concrete one)."""
+    signature = first.get("signature")
+    if signature is not None:
+        tree = CaseTree(root, cases, signature.internal, signature)
+        _enumerate(tree)
+        if _refine_errors(tree, trace_one, max_cases):
+            live = [c for c in tree.cases if c.program is not None and c.reachable]
+            if live:
+                tree.base = live[0].program
+                _common_outputs(tree, live)
+                return tree
+    if "root_error" in first:
+        raise first["root_error"]
+    err = next(c for c in cases if c.error is not None)
+    raise ShapeError(f"the function fails for every size:\n  {err.error}")
 
 
 def _error_case(index: int, conditions, e: BaseException, internal) -> Case:

@@ -73,6 +73,36 @@ def _scope_active(scope) -> Iterator[None]:
         _TRACE_STATE.scopes.pop()
 
 
+def internal_values(internal: dict[str, tuple[str, int]],
+                    values: dict[str, Any]) -> dict[str, Any]:
+    """Internal dim var values (``n__p1 = n + 1``) from the spec dim vars' values."""
+    out = {}
+    for v, x in values.items():
+        name, off = internal.get(v, (v, 0))
+        if off == 0:
+            out[name] = x
+        elif is_static(x):
+            out[name] = int(x) + off
+        else:
+            out[name] = jnp.asarray(x, jnp.int32) + off
+    return out
+
+
+@dataclasses.dataclass
+class SizeSignature:
+    """The dim vars of a trace that failed (``exception.polymask_signature``):
+    enough for ``cases.py`` to trace it again once per size."""
+
+    var_order: list[str]
+    var_bounds: dict[str, int]
+    internal: dict[str, tuple[str, int]]
+    scope: Any
+    dim_bounds: dict[str, int]
+
+    def internal_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        return internal_values(self.internal, values)
+
+
 @dataclasses.dataclass
 class MaskedProgram:
     """One symbolic trace of a function at a padded signature (one case).
@@ -124,16 +154,7 @@ class MaskedProgram:
 
     def internal_values(self, values: dict[str, Any]) -> dict[str, Any]:
         """Internal dim var values from the spec dim vars' logical values."""
-        out = {}
-        for v, x in values.items():
-            name, off = self.internal.get(v, (v, 0))
-            if off == 0:
-                out[name] = x
-            elif is_static(x):
-                out[name] = int(x) + off
-            else:
-                out[name] = jnp.asarray(x, jnp.int32) + off
-        return out
+        return internal_values(self.internal, values)
 
     def spec_var_expr(self, v: str):
         """The (internal) dimension expression of spec dim var ``v``."""
@@ -211,7 +232,7 @@ def split_of(e: BaseException):
     """
     seen = set()
     while e is not None and id(e) not in seen:
-        if isinstance(e, compat.SplitNeeded):
+        if isinstance(e, (compat.SplitNeeded, compat.SplitBeforeRaise)):
             return e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
@@ -305,10 +326,16 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         # function's, not a symbolic-shape limitation to translate.
         shown = dimvars.displayed_error(e, internal)  # messages name spec dim vars
         translated = None if static else translate_trace_error(shown, var_where)
+        signature = SizeSignature(var_order, var_bounds, internal, scope, dim_bounds)
         if translated is not None:
             err = dimvars.displayed_error(translated, internal)
             err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
+            err.polymask_signature = signature
             raise err from None
+        try:
+            e.polymask_signature = signature
+        except AttributeError:  # an exception type without a __dict__
+            pass
         raise
     return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
                          var_order, dim_bounds, internal, user_scope, tuple(conditions))

@@ -24,7 +24,7 @@ from jax._src.export import shape_poly_decision as _decision
 
 from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr
 
-__all__ = ["SplitNeeded", "trace_hooks", "hooks_installed"]
+__all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed"]
 
 # The hooks are installed while at least one masked trace runs (in any thread)
 # and removed when the last one ends; a hook only acts for the thread whose
@@ -43,6 +43,15 @@ class SplitNeeded(InconclusiveDimensionOperation):
     from JAX's ``InconclusiveDimensionOperation`` so that JAX code that falls
     back on an inconclusive comparison (``max``/``min``, ``divmod``) still does.
     """
+
+    def __init__(self, message: str, cond):
+        super().__init__(message)
+        self.cond = cond
+
+
+class SplitBeforeRaise(Exception):
+    """A ``SplitNeeded`` that JAX's ``core.definitely_equal`` does not swallow:
+    raised where its ``False`` would skip a check that raises in plain JAX."""
 
     def __init__(self, message: str, cond):
         super().__init__(message)
@@ -170,8 +179,10 @@ def _is_shape_decision(caller) -> bool:
         return False
     if caller.f_code.co_name.startswith("definitely_"):
         # core.definitely_equal: its callers are correct when it answers False
-        # for an unknown (its contract), e.g. broadcasting's "is this dim 1?"
-        return False
+        # for an unknown (its contract), e.g. broadcasting's "is this dim 1?";
+        # except a check that raises, as plain JAX does on the exact arrays
+        # (``x.at[1].set(v)`` on an empty axis: IndexError)
+        return _guards_a_raise(caller.f_back)
     if caller.f_code.co_name in _SPLIT_FUNCTIONS:
         return True
     if not any(d in caller.f_code.co_filename.replace("\\", "/") for d in _SPLIT_IN_JAX):
@@ -180,6 +191,18 @@ def _is_shape_decision(caller) -> bool:
         return False
     line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
     return any(t in line for t in _EQ_TOKENS)
+
+
+def _guards_a_raise(caller) -> bool:
+    """``if core.definitely_equal(size, 0): raise IndexError(...)`` in jnp's code."""
+    if caller is None or not any(
+            d in caller.f_code.co_filename.replace("\\", "/") for d in _SPLIT_IN_JAX):
+        return False
+    for offset in (1, 2, 3):
+        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno + offset).strip()
+        if line and not line.startswith("#"):
+            return line.startswith("raise ")
+    return False
 
 
 def _split_eq(orig_eq):
@@ -230,7 +253,10 @@ def _split_eq(orig_eq):
         message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
         if (not isinstance(b, DimExpr) and decision) or user:
             # Split where it narrows: below/at-or-above 0, then at/above 0.
-            raise SplitNeeded(message, -diff if lo >= 0 else diff)
+            cond = -diff if lo >= 0 else diff
+            if caller is not None and caller.f_code.co_name.startswith("definitely_"):
+                raise SplitBeforeRaise(message, cond)
+            raise SplitNeeded(message, cond)
         return res
 
     return eq

@@ -147,6 +147,15 @@ def split_rule(ctx, x, *, sizes, axis):
     sizes_l = [ctx.logical(s) for s in sizes]
     sizes_b = [ctx.padded(s) for s in sizes]
     if not any(needs_mask(s, b) for s, b in zip(sizes_l[:-1], sizes_b[:-1])):
+        # pieces contiguous from 0: the padded axis may be longer (a case
+        # pinned at a size below the bound) or shorter than the pieces' bounds
+        total = sum(sizes_b)
+        if x.shape[axis] > total:
+            x = lax.slice_in_dim(x, 0, total, axis=axis)
+        elif x.shape[axis] < total:
+            cfg = [(0, 0, 0)] * x.ndim
+            cfg[axis] = (0, total - x.shape[axis], 0)
+            x = lax.pad(x, _zero(x.dtype), cfg)
         return ctx.bind(x)
     outs = []
     off, off_sym = 0, 0
