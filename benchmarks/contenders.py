@@ -65,6 +65,20 @@ def passes(call, xs, block):
     return cum
 
 
+def background_wait(f) -> dict:
+    """Wait for polymask's background (tiered-bucket) compiles after the first pass.
+
+    Steady state is the state after warm-up: passes timed while tight buckets
+    still compile on the 2 cores measure the compiles, not the calls. The wait
+    is reported (``background_wait_s``); the first pass never includes it.
+    """
+    if not hasattr(f, "wait"):
+        return {}
+    t0 = time.perf_counter()
+    f.wait()
+    return {"background_wait_s": time.perf_counter() - t0}
+
+
 def steady_summary(times: list[float]) -> dict:
     import statistics
 
@@ -158,7 +172,9 @@ def attention(name: str, quick: bool, steady_passes: int) -> dict:
         if name in ("polymask_jit", "polymask_jit_numpy"):
             import polymask as pm
 
-            f = pm.jit(make_attention(jnp, jax), (None, "n, 64"), buckets=pm.buckets.pow2(16),
+            # the largest bucket is the hand-written version's pad length
+            f = pm.jit(make_attention(jnp, jax), (None, "n, 64"),
+                       buckets=pm.buckets.pow2(16, maximum=common.ATT_PAD),
                        numpy_outputs=(name == "polymask_jit_numpy"))
             call = lambda x: f(p, x)
         elif name == "jax_jit":
@@ -178,6 +194,8 @@ def attention(name: str, quick: bool, steady_passes: int) -> dict:
         phases.mark("setup")
         cum = passes(call, xs, block)
         phases.mark("first")
+        res.update(background_wait(f))
+        phases.mark("background_wait")
         steady = []
         for i in range(steady_passes):
             steady.append(passes(call, xs, block)[-1])
@@ -288,6 +306,9 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> d
     first = time.perf_counter() - t0
     if phases:
         phases.mark("first")
+    if name == "polymask":
+        res.update(background_wait(enc.runner(None, 32)))
+        phases.mark("background_wait")
     steady = []
     for i in range(steady_passes):
         t0 = time.perf_counter()

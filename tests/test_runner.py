@@ -32,6 +32,18 @@ def test_bucket_policies():
     assert B.as_policy("exact")(5) == 5
     with pytest.raises(ValueError):
         B.as_policy("nope")
+    # a largest bucket: the last bucket is cut to it, larger sizes refused
+    pc = B.pow2(8, maximum=100)
+    assert [pc(n) for n in (0, 9, 64, 65, 100)] == [8, 16, 64, 100, 100]
+    assert pc.largest == 100 and B.pow2(8).largest is None and e.largest == 100
+    with pytest.raises(pm.ShapeError, match="largest bucket 100"):
+        pc(101)
+    mc = B.multiple(10, maximum=35)
+    assert [mc(n) for n in (1, 30, 31, 35)] == [10, 30, 35, 35] and mc.largest == 35
+    with pytest.raises(pm.ShapeError, match="largest bucket 35"):
+        mc(36)
+    with pytest.raises(ValueError, match="maximum"):
+        B.pow2(16, maximum=8)
 
 
 def test_stack_uses_bucket_policy():
@@ -272,6 +284,27 @@ def test_jit_tiered_buckets_serve_then_switch():
         np.testing.assert_allclose(pf(x), np.cumsum(x) + x.max())
     assert pf.stats()["tiered_calls"] == tiered  # tight buckets now
     assert pf.stats()["compiles"] == 5
+
+
+def test_jit_tiered_compiles_the_largest_bucket_first():
+    # with a largest bucket, a first pass over many sizes costs one foreground compile
+    pf = pm.jit(lambda x: jnp.cumsum(x) * 2.0, "n", buckets=B.pow2(4, maximum=64), tiered=True)
+    for n in (3, 40, 9, 0, 64, 17):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_allclose(pf(x), np.cumsum(x) * 2.0)
+    st = pf.stats()
+    assert st["compiles"] - st["background_compiles"] == 1  # bucket 64
+    assert st["calls"] - st["cache_hits"] == 1 and st["tiered_calls"] >= 1
+    pf.wait()
+    st = pf.stats()
+    assert st["compiles"] == 4 and st["background_compiles"] == 3  # 4, 16 and 32
+    tiered = st["tiered_calls"]
+    for n in (3, 9, 17):
+        x = np.arange(n, dtype=np.float32)
+        np.testing.assert_allclose(pf(x), np.cumsum(x) * 2.0)
+    assert pf.stats()["tiered_calls"] == tiered  # tight buckets now
+    with pytest.raises(pm.ShapeError, match="largest bucket 64"):
+        pf(np.ones(65, np.float32))
 
 
 def test_jit_tiered_off_compiles_in_foreground():

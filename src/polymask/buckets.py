@@ -4,8 +4,10 @@ A policy is a callable ``size -> bound`` with ``bound >= max(size, 1)``. Few
 distinct bounds mean few compiled programs (``polymask.jit`` compiles once per
 bucket signature); tighter bounds mean less padding.
 
-- ``pow2(minimum=8)``: the next power of two (at least ``minimum``).
-- ``multiple(k, minimum=None)``: the next multiple of ``k``.
+- ``pow2(minimum=8, maximum=None)``: the next power of two (at least ``minimum``).
+- ``multiple(k, minimum=None, maximum=None)``: the next multiple of ``k``.
+  With ``maximum``, sizes above it raise and tiered ``polymask.jit`` compiles
+  that largest bucket first (``Policy.largest``).
 - ``explicit([16, 32, 100])``: the smallest listed bound that fits.
 - ``fixed(maximum)``: always ``maximum`` (one program; sizes above it fail).
 - ``exact()``: no padding (one program per size, like ``jax.jit``).
@@ -39,9 +41,12 @@ def _int_arg(v, what: str, minimum: int) -> int:
 class Policy:
     """A named bucketing policy: ``policy(size) -> bound``."""
 
-    def __init__(self, fn: Callable[[int], int], name: str):
+    def __init__(self, fn: Callable[[int], int], name: str, largest: int | None = None):
         self._fn = fn
         self.name = name
+        # the bucket that holds every size (None: unbounded); tiered
+        # ``polymask.jit`` compiles it first, so one compile serves a first pass
+        self.largest = largest
 
     def __call__(self, size: int) -> int:
         if isinstance(size, (bool, np.bool_)) or not (
@@ -61,25 +66,52 @@ class Policy:
         return self.name
 
 
-def pow2(minimum: int = 8) -> Policy:
-    """Next power of two, at least ``minimum`` (``pow2(8)``: 0..8 -> 8, 9 -> 16)."""
+def _capped(fn, maximum: int | None, name: str):
+    """``fn`` with sizes above ``maximum`` refused (``ShapeError``) and the
+    last bucket cut to ``maximum``."""
+    if maximum is None:
+        return fn
+
+    def capped(n):
+        if n > maximum:
+            raise ShapeError(f"size {n} is larger than the largest bucket {maximum} "
+                             f"({name})")
+        return min(fn(n), maximum)
+
+    return capped
+
+
+def pow2(minimum: int = 8, maximum: int | None = None) -> Policy:
+    """Next power of two, at least ``minimum`` (``pow2(8)``: 0..8 -> 8, 9 -> 16).
+
+    ``maximum`` (optional) is the largest bucket: sizes up to it fit (the last
+    bucket may be smaller than a power of two), larger sizes raise
+    ``ShapeError``. It lets tiered ``polymask.jit`` compile that bucket first.
+    """
     minimum = _int_arg(minimum, "pow2: minimum", 1)
+    if maximum is not None:
+        maximum = _int_arg(maximum, "pow2: maximum", minimum)
+    name = f"pow2(minimum={minimum}" + ("" if maximum is None else f", maximum={maximum}") + ")"
 
     def fn(n):
         return max(int(minimum), 1 << max(n - 1, 0).bit_length())
 
-    return Policy(fn, f"pow2(minimum={minimum})")
+    return Policy(_capped(fn, maximum, name), name, maximum)
 
 
-def multiple(k: int, minimum: int | None = None) -> Policy:
-    """Next multiple of ``k`` (at least ``minimum``, default ``k``)."""
+def multiple(k: int, minimum: int | None = None, maximum: int | None = None) -> Policy:
+    """Next multiple of ``k`` (at least ``minimum``, default ``k``); sizes above
+    ``maximum`` (optional, the largest bucket) raise ``ShapeError``."""
     k = _int_arg(k, "multiple: k", 1)
     lo = k if minimum is None else _int_arg(minimum, "multiple: minimum", 1)
+    if maximum is not None:
+        maximum = _int_arg(maximum, "multiple: maximum", lo)
+    name = f"multiple({k}" + ("" if maximum is None else f", maximum={maximum}") + ")"
 
     def fn(n):
         return max(lo, -(-n // k) * k, 1)
 
-    return Policy(fn, f"multiple({k})")
+    return Policy(_capped(fn, maximum, name), name, maximum)
 
 
 def explicit(bounds: Sequence[int]) -> Policy:
@@ -95,7 +127,7 @@ def explicit(bounds: Sequence[int]) -> Policy:
                              f"(explicit buckets {bs})")
         return bs[i]
 
-    return Policy(fn, f"explicit({bs})")
+    return Policy(fn, f"explicit({bs})", bs[-1])
 
 
 def fixed(maximum: int) -> Policy:

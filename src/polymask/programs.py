@@ -213,7 +213,8 @@ class Runner:
                 return out
         return entry.fn(*flat_args)
 
-    def _precompile_entry(self, entry: Entry, make_fn, avals) -> bool:
+    def _precompile_entry(self, entry: Entry, make_fn, avals,
+                          kind: str | None = "precompiles") -> bool:
         """Lower and compile ``entry`` for abstract arguments (no run). True if compiled now."""
         with entry.lock:
             if entry.fn is not None:
@@ -222,7 +223,7 @@ class Runner:
             with compile_counter() as cc:
                 fn = jax.jit(make_fn(entry))
                 fn.lower(*avals).compile()  # jax.jit's cache keeps it for the calls
-            self._install(entry, fn, time.perf_counter() - t0, cc, "precompiles")
+            self._install(entry, fn, time.perf_counter() - t0, cc, kind)
             return True
 
     def _install(self, entry: Entry, fn, seconds: float, cc, kind: str | None) -> None:

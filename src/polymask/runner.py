@@ -296,6 +296,8 @@ class PolyJit(Runner):
         make = functools.partial(self._make, info.tree, plan)
         if self.tiered:
             cover = self._find_cover(info, cover_key)
+            if cover is None and self._compile_largest(info, leaves):
+                cover = self._find_cover(info, cover_key)
             if cover is not None:
                 self._submit_background(info, entry, make, leaves)
                 dyn = tuple((i, b2, np.shape(leaves[i]) == b2, od) for (i, _, _, od), b2 in zip(
@@ -311,6 +313,29 @@ class PolyJit(Runner):
         with self._lock:
             self._fg_compiles_in_calls += 1
         return entry, out
+
+    def _compile_largest(self, info: _CallInfo, leaves) -> bool:
+        """Compile the bucket of every dim var's largest bucket (``Policy.largest``)
+        now, so that this and later sizes run in it while their own buckets
+        compile in the background: a first pass costs one compile in the
+        foreground. False when a policy has no largest bucket or the call's
+        buckets are the largest already."""
+        plan = info.plan
+        largest = {v: getattr(self._policy_for(v), "largest", None) for v in plan.var_names}
+        if not largest or any(b is None for b in largest.values()):
+            return False
+        if all(plan.buckets[v] >= b for v, b in largest.items()):
+            return False
+        if any(self._policy_for(v)(b) != b for v, b in largest.items()):
+            return False  # a policy whose largest bucket is not a fixed point
+        args = list(leaves)
+        for i, p in enumerate(plan.leaves):
+            if not p.static:
+                args[i] = jax.ShapeDtypeStruct(padded_shape(p.axes, largest), p.dtype)
+        if self._compile_ahead(jax.tree_util.tree_unflatten(info.tree, args), None):
+            with self._lock:
+                self._fg_compiles_in_calls += 1
+        return True
 
     def _submit_background(self, info, entry, make, leaves) -> None:
         key = info.key
@@ -341,6 +366,11 @@ class PolyJit(Runner):
         Raises:
           ShapeError: the shapes do not fit the specs (as a call would).
         """
+        self._compile_ahead(args, "precompiles")
+        return self
+
+    def _compile_ahead(self, args, kind: str | None) -> bool:
+        """Compile the bucket of ``args`` (no run); True if compiled now."""
         plan, leaves, tree = self._plan(args)
         key = (tree, plan.signature)
         entry = self._entry(key, hit=False)
@@ -351,8 +381,8 @@ class PolyJit(Runner):
         avals = [x for x, p in zip(leaves, plan.leaves) if p.static]
         avals += [jax.ShapeDtypeStruct(p.padded, p.dtype) for p in plan.leaves if not p.static]
         avals.append(jax.ShapeDtypeStruct((len(plan.values),), np.int32))
-        self._precompile_entry(entry, functools.partial(self._make, tree, plan), avals)
-        return self
+        return self._precompile_entry(entry, functools.partial(self._make, tree, plan), avals,
+                                      kind)
 
 
 def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
@@ -380,7 +410,10 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
       tiered: serve a size whose bucket is not compiled yet from the smallest
         compiled bucket that holds it, while its own bucket compiles in a
         background thread (later calls switch to it; ``f.wait()`` waits for
-        those compiles). Default: on, unless the environment variable
+        those compiles). When every policy has a largest bucket
+        (``pow2(16, maximum=512)``, ``explicit``), the first call compiles
+        that bucket, so a first pass costs one foreground compile. Default:
+        on, unless the environment variable
         ``POLYMASK_TIERED=0`` (the test suite sets it, so compile counts are
         deterministic there).
 
