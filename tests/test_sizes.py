@@ -239,6 +239,9 @@ def test_too_many_cases_lists_the_comparisons():
 def test_shape_formula_is_piecewise_and_explain_lists_the_cases():
     f = pm.shape_formula(lambda x: lax.top_k(x, 2)[0] if x.shape[0] > 2 else x, ["n"], (4,))
     assert len(f.cases) == 2 and "n" in f.cases[0][0]
+    # each size gets its own case's shape, and the text shows every case
+    assert [f.evaluate(n=n) for n in range(5)] == [(0,), (1,), (2,), (2,), (2,)]
+    assert str(f) == "(n,) if n <= 2; (2,) if n >= 3", str(f)
     text = str(pm.explain(lambda x: x * 2 if x.shape[0] > 2 else x * 3, ["n"], (4,),
                           print_output=False))
     assert "cases" in text and "__p1" not in text

@@ -134,7 +134,8 @@ class ShapeFormula:
     dtype: Any
     scope: Any = dataclasses.field(repr=False, default=None)
     internal: dict = dataclasses.field(repr=False, default_factory=dict)
-    cases: tuple = dataclasses.field(repr=False, default=())  # ((conditions, formula), ...)
+    # piecewise: ((conditions in words, formula, conditions over internal dim vars), ...)
+    cases: tuple = dataclasses.field(repr=False, default=())
 
     def _str(self, d) -> str:
         return display_expr(d, self.internal)
@@ -160,6 +161,17 @@ class ShapeFormula:
 
     def evaluate(self, **sizes) -> tuple[int, ...]:
         """The logical shape at the given dim var values (``f.evaluate(n=7)``)."""
+        if self.cases:  # piecewise: the case whose conditions hold at these sizes
+            vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
+                    for k, x in sizes.items()}
+            for _, formula, conditions in self.cases:
+                if all(_holds(c, vals) for c in conditions):
+                    return formula.evaluate(**sizes)
+            raise ShapeError(f"ShapeFormula.evaluate: no case of {self} holds at {sizes}")
+        return self.base_evaluate(**sizes)
+
+    def base_evaluate(self, **sizes) -> tuple[int, ...]:
+        """``evaluate`` of this formula's own expressions (not its cases)."""
         out = []
         back = {n: v for v, (n, _) in self.internal.items()}
         vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
@@ -229,10 +241,40 @@ class ShapeFormula:
         return iter(self.exprs)
 
     def __str__(self) -> str:
+        if self.cases:
+            return "; ".join(f"{f} if {text}" for text, f, _ in self.cases)
         return _tuple_str(self.strs)
 
     def __repr__(self) -> str:
         return f"ShapeFormula({self}, bound={self.bound}, dtype={np.dtype(self.dtype).name})"
+
+
+def _differs(i: int, per_case, live) -> bool:
+    """Output ``i``'s formula differs between cases: as text, and (where the
+    sizes reaching each case are known) in value: ``(n + 1) // 2`` for n >= 1
+    and ``0`` for n = 0 are one formula."""
+    if len({fs[i].strs for _, fs, _ in per_case}) == 1:
+        return False
+    first = per_case[0][1][i]
+    for (_, fs, _), case in zip(per_case, live):
+        if case.reached_by is None:
+            return True
+        for sizes in case.reached_by:
+            try:
+                if first.base_evaluate(**sizes) != fs[i].evaluate(**sizes):
+                    return True
+            except Exception:
+                return True
+    return False
+
+
+def _holds(condition: str, values: dict[str, int]) -> bool:
+    """A case condition over internal dim vars (``"n__p1 - 3 >= 0"``) at their values."""
+    head, _, rhs = condition.rpartition(" ")
+    expr, _, op = head.rpartition(" ")
+    (e,) = jax.export.symbolic_shape(expr)
+    v = int(compat.evaluate_dim(e, {k: values[k] for k in compat.dim_vars(e)}))
+    return v >= int(rhs) if op == ">=" else v <= int(rhs)
 
 
 def _tuple_str(parts) -> str:
@@ -276,9 +318,11 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
     out = formulas(tree.base, None if tree.single else tree.out_bounds)
     live = [c for c in tree.cases if c.program is not None and c.reachable]
     if len(live) > 1:  # piecewise: each case's formula, with its conditions
-        per_case = [(tree.describe_conditions(c), formulas(c.program)) for c in live]
-        out = [dataclasses.replace(f, cases=tuple((cond, fs[i]) for cond, fs in per_case))
-               if len({fs[i].strs for _, fs in per_case}) > 1 else f
+        per_case = [(tree.describe_conditions(c), formulas(c.program), c.conditions)
+                    for c in live]
+        out = [dataclasses.replace(f, cases=tuple((text, fs[i], conds)
+                                                  for text, fs, conds in per_case))
+               if _differs(i, per_case, live) else f
                for i, f in enumerate(out)]
     return jax.tree_util.tree_unflatten(tree.base.out_tree, out)
 
