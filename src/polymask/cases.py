@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -98,7 +99,13 @@ class CaseTree:
     def describe_conditions(self, case: Case) -> str:
         if not case.conditions:
             return "all sizes"
-        return " and ".join(pretty_condition(c, self.internal) for c in case.conditions)
+        parts = [pretty_condition(c, self.internal) for c in case.conditions]
+        for p in list(parts):  # "n >= 2 and n <= 2" -> "n == 2" (a case pinned to one size)
+            m = re.fullmatch(r"(\w+) >= (-?\d+)", p)
+            if m and f"{m[1]} <= {m[2]}" in parts:
+                parts[parts.index(p)] = f"{m[1]} == {m[2]}"
+                parts.remove(f"{m[1]} <= {m[2]}")
+        return " and ".join(parts)
 
     def explain_header(self, shown_program: MaskedProgram | None = None) -> str:
         """``polymask.explain``'s lines about the cases (empty for one case); the
