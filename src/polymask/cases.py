@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ import numpy as np
 
 from . import _jax_compat as compat
 from .diagnostics import user_frame_of_exception
-from .dimvars import display_text, pretty_condition, sizes_text
+from .dimvars import describe_conditions, display_text, pretty_condition, sizes_text
 from .errors import ShapeError, UnsupportedError
 from .shapes import SHIFT_SUFFIX, DimEnv, is_static
 from .trace import MaskedProgram, flatten_args, trace
@@ -99,13 +98,7 @@ class CaseTree:
     def describe_conditions(self, case: Case) -> str:
         if not case.conditions:
             return "all sizes"
-        parts = [pretty_condition(c, self.internal) for c in case.conditions]
-        for p in list(parts):  # "n >= 2 and n <= 2" -> "n == 2" (a case pinned to one size)
-            m = re.fullmatch(r"(\w+) >= (-?\d+)", p)
-            if m and f"{m[1]} <= {m[2]}" in parts:
-                parts[parts.index(p)] = f"{m[1]} == {m[2]}"
-                parts.remove(f"{m[1]} <= {m[2]}")
-        return " and ".join(parts)
+        return describe_conditions(case.conditions, self.internal)
 
     def explain_header(self, shown_program: MaskedProgram | None = None) -> str:
         """``polymask.explain``'s lines about the cases (empty for one case); the

@@ -157,9 +157,14 @@ def _inconclusive_error(msg: str, where: str) -> ShapeError:
     msg = re.split(r"\n(?:Using symbolic scope|This error arises)", msg)[0].strip()
     extra = ""
     if "requires a constant" in msg:
-        extra = ("\n  A size was needed as a Python constant (int(x.shape[0]), range(n), "
-                 "np.zeros(n), ...): keep it symbolic (jnp/lax ops accept symbolic sizes) "
-                 "or use polymask.logical_shape(x) for its value.")
+        # not a comparison: a size turned into a Python int (no constraint helps)
+        return ShapeError(
+            f"a size was needed as a Python constant while tracing at {where} "
+            f"(int(x.shape[0]), range(n), np.zeros(n), ...):\n  {msg}\n  "
+            "Keep it symbolic: jnp/lax ops accept symbolic sizes (jnp.ones(x.shape[0]), "
+            "jnp.arange(x.shape[0])); for the size as a traced value in arithmetic, "
+            "use polymask.logical_shape(x). With few sizes (at most mask(..., "
+            "max_cases=16)) polymask traces such a function once per size instead.")
     if "divide evenly" in msg:
         extra = ("\n  Write the axis in the spec as a multiple (e.g. '2*k') so that the "
                  "division is exact for every logical size.")

@@ -23,7 +23,7 @@ from . import _jax_compat as compat
 from .errors import ShapeError
 from .shapes import SHIFT_SUFFIX
 
-__all__ = ["display_text", "display_expr", "pretty_condition", "sizes_text", "to_internal", "displayed_error", "translate_constraint", "internal_names",
+__all__ = ["describe_conditions", "display_text", "display_expr", "pretty_condition", "sizes_text", "to_internal", "displayed_error", "translate_constraint", "internal_names",
            "internal_scope"]
 
 
@@ -247,3 +247,15 @@ def _ranges(vals: list[int]) -> str:
             parts.append(str(start) if start == v else f"{start}..{v}")
             start = None
     return "{" + ", ".join(parts) + "}"
+
+
+def describe_conditions(conditions, internal) -> str:
+    """A case's conditions in the user's words: ``"n >= 3 and n <= 5"``;
+    a case pinned to one size reads ``"n == 2"``."""
+    parts = [pretty_condition(c, internal) for c in conditions]
+    for p in list(parts):
+        m = re.fullmatch(r"(\w+) >= (-?\d+)", p)
+        if m and f"{m[1]} <= {m[2]}" in parts:
+            parts[parts.index(p)] = f"{m[1]} == {m[2]}"
+            parts.remove(f"{m[1]} <= {m[2]}")
+    return " and ".join(parts)

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _jax_compat as compat
 from .cases import trace_function_cases
-from .dimvars import display_text
+from .dimvars import describe_conditions, display_text
 from .formula import (
     _PLACEHOLDER_BOUND,
     _abstractify,
@@ -339,10 +339,12 @@ def _header(fun, prog, concrete, masked_jaxpr) -> str:
         dv.append(f"{v} in [0, {prog.var_bounds[v]}] from {src}{val}")
     if dv:
         lines.append("dim vars: " + "; ".join(dv))
-    cons = [t for _, _, _, t in compat.explicit_constraints(prog.scope)
-            if not re.fullmatch(r"\s*\w+\s*<=\s*\d+\s*", t)]
-    if cons:
+    cons = [t for _, _, _, t in compat.explicit_constraints(prog.user_scope)
+            if not re.fullmatch(r"\s*\w+\s*<=\s*\d+\s*", t)] if prog.user_scope else []
+    if cons:  # the user's own, as written (a case's conditions are in the case tree)
         lines.append("constraints: " + ", ".join(cons))
+    if prog.conditions:
+        lines.append("this case: " + describe_conditions(prog.conditions, prog.internal))
     outs = ", ".join(_aval_str(v.aval) for v in prog.closed_jaxpr.jaxpr.outvars)
     lines.append(f"outputs: {outs}")
     n_eqns = sum(1 for _ in _walk_eqns(masked_jaxpr.jaxpr))
