@@ -291,8 +291,12 @@ def test_conv_dynamic_kernel_size():
 def test_jnp_convolve_needs_concrete_shapes():
     """jnp.convolve/correlate call len(x) (a dim expression is not an int): a
     ShapeError at the user's line that points to the lax form."""
+    f = pm.mask(lambda x: jnp.convolve(x, jnp.ones(3)), "n")
     with pytest.raises(pm.ShapeError, match=r"(?s)cannot be interpreted as an integer.*lax"):
-        pm.mask(lambda x: jnp.convolve(x, jnp.ones(3)), "n")(pm.Masked(jnp.ones(6), (5,)))
+        f(pm.Masked(jnp.ones(40), (5,)))  # more sizes than max_cases
+    # few sizes: traced once per size (plain JAX's trace at each)
+    np.testing.assert_allclose(f(pm.Masked(jnp.ones(6), (5,))).unpad(),
+                               np.convolve(np.ones(5), np.ones(3)))
 
 
 @pytest.mark.parametrize("op", ["convolve", "correlate"])

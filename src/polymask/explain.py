@@ -339,10 +339,9 @@ def _header(fun, prog, concrete, masked_jaxpr) -> str:
         dv.append(f"{v} in [0, {prog.var_bounds[v]}] from {src}{val}")
     if dv:
         lines.append("dim vars: " + "; ".join(dv))
-    cons = [t for _, _, _, t in compat.explicit_constraints(prog.user_scope)
+    cons = [t for _, _, _, t in compat.explicit_constraints(prog.user_scope)  # as written
             if not re.fullmatch(r"\s*\w+\s*<=\s*\d+\s*", t)] if prog.user_scope else []
-    if cons:  # the user's own, as written (a case's conditions are in the case tree)
-        lines.append("constraints: " + ", ".join(cons))
+    lines += ["constraints: " + ", ".join(cons)] if cons else []
     if prog.conditions:
         lines.append("this case: " + describe_conditions(prog.conditions, prog.internal))
     outs = ", ".join(_aval_str(v.aval) for v in prog.closed_jaxpr.jaxpr.outvars)

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .compiling import COMPILE_TICK, background_executor, compile_counter
+from .compiling import COMPILE_TICK, compile_counter
 from .errors import ShapeError
 from .hostio import (
     FAST_TYPES,
@@ -46,6 +46,7 @@ from .plan import (
     padded_shape,
 )
 from .programs import Entry, Runner, build_inner, count_value, raise_case_error
+from .tiering import TieredBuckets
 
 __all__ = ["jit", "PolyJit", "compile_counter"]
 
@@ -89,7 +90,7 @@ class _CallInfo:
 _LEAF_TREE = jax.tree_util.tree_structure(0)
 
 
-class PolyJit(Runner):
+class PolyJit(TieredBuckets, Runner):
     """The callable returned by ``polymask.jit`` (see there)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
@@ -263,25 +264,6 @@ class PolyJit(Runner):
     def _make(self, tree, plan, entry):
         return build_inner(self.fun, entry, tree, plan, self.in_specs, self.constraints)
 
-    def _cover_key(self, info: _CallInfo):
-        """What a covering bucket must share: tree, static leaves, dtypes, dim vars."""
-        plan = info.plan
-        return (info.tree, tuple(p.padded if p.static else None for p in plan.leaves),
-                tuple(p.dtype for p in plan.leaves), tuple(plan.var_names))
-
-    def _find_cover(self, info: _CallInfo, cover_key):
-        """The smallest live entry whose buckets hold every size of ``info`` (or None)."""
-        values = dict(zip(info.plan.var_names, info.plan.values))
-        best = None
-        with self._lock:
-            for e in self._cache.values():
-                if not e.live or e.cover_key != cover_key or e is info.entry:
-                    continue
-                if all(e.buckets[v] >= n for v, n in values.items()):
-                    if best is None or e.padded < best.padded:
-                        best = e
-        return best
-
     def _slow_call(self, info: _CallInfo, leaves):
         """First call of a signature, an evicted program, or a tiered bucket still compiling."""
         entry = self._entry(info.key, hit=False)
@@ -313,45 +295,6 @@ class PolyJit(Runner):
         with self._lock:
             self._fg_compiles_in_calls += 1
         return entry, out
-
-    def _compile_largest(self, info: _CallInfo, leaves) -> bool:
-        """Compile the bucket of every dim var's largest bucket (``Policy.largest``)
-        now, so that this and later sizes run in it while their own buckets
-        compile in the background: a first pass costs one compile in the
-        foreground. False when a policy has no largest bucket or the call's
-        buckets are the largest already."""
-        plan = info.plan
-        largest = {v: getattr(self._policy_for(v), "largest", None) for v in plan.var_names}
-        if not largest or any(b is None for b in largest.values()):
-            return False
-        if all(plan.buckets[v] >= b for v, b in largest.items()):
-            return False
-        if any(self._policy_for(v)(b) != b for v, b in largest.items()):
-            return False  # a policy whose largest bucket is not a fixed point
-        args = list(leaves)
-        for i, p in enumerate(plan.leaves):
-            if not p.static:
-                args[i] = jax.ShapeDtypeStruct(padded_shape(p.axes, largest), p.dtype)
-        if self._compile_ahead(jax.tree_util.tree_unflatten(info.tree, args), None):
-            with self._lock:
-                self._fg_compiles_in_calls += 1
-        return True
-
-    def _submit_background(self, info, entry, make, leaves) -> None:
-        key = info.key
-        with self._lock:
-            if key in self._pending:
-                return
-            flat = self._flat(info, leaves)  # padded copies for the background run
-
-            def work():
-                try:
-                    self._compile_run(entry, make, flat, background=True)
-                finally:
-                    with self._lock:
-                        self._pending.pop(key, None)
-
-            self._pending[key] = background_executor().submit(work)
 
     # -- ahead of time -------------------------------------------------------------
     def precompile(self, *args) -> PolyJit:
