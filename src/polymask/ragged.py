@@ -27,6 +27,7 @@ import numpy as np
 
 from . import _jax_compat as compat
 from .buckets import as_policy
+from .compiling import background_executor
 from .errors import ShapeError
 from .hostio import slice_to
 from .plan import batch_bucket, dtype_key
@@ -40,8 +41,9 @@ class RaggedMap(Runner):
 
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
-                 sort=True, batch_tokens=None):
+                 sort=True, batch_tokens=None, compile_ahead=True):
         super().__init__(fun, in_specs, buckets, constraints, cache_size)
+        self.compile_ahead = bool(compile_ahead)
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.batch_size = int(batch_size)
@@ -115,14 +117,19 @@ class RaggedMap(Runner):
                 bar = tqdm(total=len(examples), desc="polymask", unit="ex")
             except ImportError:  # pragma: no cover - tqdm is optional
                 bar = None
+        batches = []
+        for (tree, sig), idxs in order:
+            rows = self._group_rows(infos[idxs[0]][0], len(idxs))
+            full = self._rows(infos[idxs[0]][0])
+            if rows < full:  # a compiled (e.g. precompiled) full batch is used as is
+                e = self._cache.get((tree, sig, full, bcast_key, spec_key))
+                if e is not None and e.live:
+                    rows = full
+            batches.append((tree, sig, idxs, rows))
+        self._compile_ahead(batches[1:], infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
+                            in_specs, spec_key)
         try:
-            for (tree, sig), idxs in order:
-                rows = self._group_rows(infos[idxs[0]][0], len(idxs))
-                full = self._rows(infos[idxs[0]][0])
-                if rows < full:  # a compiled (e.g. precompiled) full batch is used as is
-                    e = self._cache.get((tree, sig, full, bcast_key, spec_key))
-                    if e is not None and e.live:
-                        rows = full
+            for tree, sig, idxs, rows in batches:
                 for start in range(0, len(idxs), rows):
                     chunk = idxs[start:start + rows]
                     self._run_batch(tree, sig, chunk, infos, results, broadcast,
@@ -159,17 +166,49 @@ class RaggedMap(Runner):
         static_leaves = [x for x, p in zip(leaves, plan.leaves) if p.static]
         dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves
                if not p.static]
-        nb, ns, nd = len(bcast_leaves), len(static_leaves), len(dyn)
-
-        def make(entry):
-            inner = build_inner(self.fun, entry, tree, plan, in_specs, self.constraints,
-                                 len(broadcast), bcast_tree, nb)
-            return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
-
+        make = self._batch_program(tree, plan, in_specs, len(broadcast), bcast_tree,
+                                   len(bcast_leaves), len(static_leaves), len(dyn))
         avals = [*bcast_leaves, *static_leaves, *dyn,
                  jax.ShapeDtypeStruct((B, len(plan.values)), np.int32)]
         self._precompile_entry(entry, make, avals)
         return self
+
+    def _compile_ahead(self, batches, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
+                       in_specs, spec_key) -> None:
+        """Queue the programs of later bucket groups on the background compiler
+        while this thread compiles and runs the first: two compiles at a time
+        (XLA compiles one program on one core). A program this thread reaches
+        first is compiled here (the entry's lock), and the queued job then skips it."""
+        if not self.compile_ahead:
+            return
+        for tree, sig, idxs, rows in batches:
+            B = rows if self._batch_policy is None else batch_bucket(
+                self._batch_policy, min(rows, len(idxs)), rows)
+            key = (tree, sig, B, bcast_key, spec_key)
+            e = self._cache.get(key)
+            if e is not None and e.fn is not None:
+                continue
+            plan = infos[idxs[0]][0]
+            static_leaves = [x for x, p in zip(infos[idxs[0]][1], plan.leaves) if p.static]
+            dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves
+                   if not p.static]
+            avals = [*bcast_leaves, *static_leaves, *dyn,
+                     jax.ShapeDtypeStruct((B, len(plan.values)), np.int32)]
+            make = self._batch_program(tree, plan, in_specs, len(broadcast), bcast_tree,
+                                       len(bcast_leaves), len(static_leaves), len(dyn))
+            entry = self._entry(key, hit=False)
+            background_executor().submit(functools.partial(
+                self._precompile_entry, entry, make, avals, "background_compiles"))
+
+    def _batch_program(self, tree, plan, in_specs, n_broadcast, bcast_tree, nb, ns, nd):
+        """``make(entry)``: the batch program ``vmap(mask(fun))`` of one bucket signature."""
+
+        def make(entry):
+            inner = build_inner(self.fun, entry, tree, plan, in_specs, self.constraints,
+                                 n_broadcast, bcast_tree, nb)
+            return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
+
+        return make
 
     def _rows(self, plan) -> int:
         """Rows of a full batch of this bucket: ``batch_size``, or from ``batch_tokens``."""
@@ -210,13 +249,8 @@ class RaggedMap(Runner):
         entry = self._entry((tree, sig, B, bcast_key, spec_key))
         self._count(sum(infos[ex][0].logical for ex in chunk),
                     sum(infos[ex][0].padded for ex in chunk))
-        nb, ns, nd = len(bcast_leaves), len(static_leaves), len(dyn)
-
-        def make(entry):
-            inner = build_inner(self.fun, entry, tree, plan0, in_specs, self.constraints,
-                                 len(broadcast), bcast_tree, nb)
-            return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
-
+        make = self._batch_program(tree, plan0, in_specs, len(broadcast), bcast_tree,
+                                   len(bcast_leaves), len(static_leaves), len(dyn))
         out = self._call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
         for ex in chunk:
             raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values)
@@ -242,7 +276,7 @@ class RaggedMap(Runner):
 def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 32,
                batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
                progress: bool = False, numpy_outputs: bool = False, sort: bool = True,
-               batch_tokens: int | None = None) -> RaggedMap:
+               batch_tokens: int | None = None, compile_ahead: bool = True) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -268,6 +302,10 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         ``max(1, batch_tokens // P)`` rows (more rows for short buckets).
       progress: show a tqdm progress bar.
       numpy_outputs: return NumPy arrays instead of ``jax.Array``.
+      compile_ahead: compile the programs of later bucket groups on a
+        background thread while the first group compiles and runs (two
+        compiles at a time: a cold first pass over many buckets takes about
+        half the compile time on two or more cores).
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
@@ -275,4 +313,4 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
     return RaggedMap(fun, in_specs, buckets=buckets, batch_size=batch_size,
                      batch_buckets=batch_buckets, constraints=constraints,
                      cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs,
-                     sort=sort, batch_tokens=batch_tokens)
+                     sort=sort, batch_tokens=batch_tokens, compile_ahead=compile_ahead)
