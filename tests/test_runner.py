@@ -192,6 +192,28 @@ def test_ragged_map_matches_per_example():
         np.testing.assert_array_equal(a[1], b[1])
 
 
+@pytest.mark.parametrize("ahead", [True, False])
+def test_ragged_map_compile_ahead_compiles_each_program_once(ahead):
+    rng = np.random.default_rng(2)
+
+    def f(x):
+        return jnp.cumsum(x, axis=0)[-1] * 2.0 if x.shape[0] else jnp.zeros(3)
+
+    rm = pm.ragged_map(f, ("n, 3",), buckets=B.pow2(2), batch_size=4, compile_ahead=ahead)
+    sizes = [1, 2, 3, 5, 7, 9, 16, 30, 2, 6, 12]
+    exs = [rng.normal(size=(n, 3)).astype(np.float32) for n in sizes]
+    outs = rm(exs)
+    for e, o in zip(exs, outs):
+        np.testing.assert_allclose(o, e.sum(0) * 2.0, rtol=1e-5, atol=1e-5)
+    rm.wait()
+    st = rm.stats()
+    groups = len({B.pow2(2)(n) for n in sizes})  # one program per bucket group
+    assert st["compiles"] == groups, st
+    assert (st["background_compiles"] > 0) == ahead
+    rm(exs)
+    assert rm.stats()["compiles"] == groups
+
+
 def test_ragged_map_auto_specs_and_ragged_outputs():
     rm = pm.ragged_map(lambda x: jnp.cumsum(x, axis=0) * 2, batch_size=3)
     exs = [np.arange(n * 2, dtype=np.float32).reshape(n, 2) for n in (1, 4, 2, 6, 3)]
