@@ -219,6 +219,9 @@ def pretty_condition(text: str, internal) -> str:
         shown = display_text(expr, internal)
     m = re.fullmatch(r"(- )?(\w+)(?: ([+-]) (\d+))?", shown)
     if not m:
+        if shown.startswith("- ") and not re.search(r" [+-] ", shown[2:]):
+            # "- mod(2, n) >= 0" -> "mod(2, n) <= 0": no leading minus
+            return f"{shown[2:]} {'<=' if op == '>=' else '>='} {-int(rhs)}"
         return f"{shown} {op} {rhs}"
     neg, var = bool(m.group(1)), m.group(2)
     c = int(m.group(4) or 0) * (-1 if m.group(3) == "-" else 1)
