@@ -448,3 +448,25 @@ def test_check_grad_skips_examples_without_float_outputs():
     # float input, int output: nothing to differentiate, not a crash
     check_oracle(lambda x: jnp.sum(x > 0), [(np.array([1.0, -1.0], np.float32),)], [(4,)], "n",
                  modes=("grad",))
+
+
+@pytest.mark.xfail(strict=True, reason="fuzz seed 13 #929: jit(grad) with static sizes "
+                   "closed over gives a wrong gradient for this chain (eager and traced "
+                   "sizes are right); not found yet")
+def test_grad_under_jit_with_static_sizes_square_center_outer_max():
+    def f(x):
+        y = x * x - jnp.mean(x * x)
+        return jnp.max(jnp.outer(y, y), axis=1)
+
+    x = np.array([-0.364, -1.474, -1.309, 0.488, 0.054], np.float32)
+    xp = np.zeros(8, np.float32)
+    xp[:5] = x
+    m = pm.mask(f, "n")
+    ref = jax.grad(lambda v: jnp.sum(f(v)))(jnp.asarray(x))
+
+    def loss(d):
+        return jnp.sum(jnp.where(jnp.arange(8) < 5, m(pm.Masked(d, (5,))).data, 0.0))
+
+    np.testing.assert_allclose(jax.grad(loss)(jnp.asarray(xp))[:5], ref, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss))(jnp.asarray(xp))[:5], ref,
+                               rtol=1e-4, atol=1e-5)
