@@ -450,23 +450,25 @@ def test_check_grad_skips_examples_without_float_outputs():
                  modes=("grad",))
 
 
-@pytest.mark.xfail(strict=True, reason="fuzz seed 13 #929: jit(grad) with static sizes "
-                   "closed over gives a wrong gradient for this chain (eager and traced "
-                   "sizes are right); not found yet")
-def test_grad_under_jit_with_static_sizes_square_center_outer_max():
+def test_max_gradient_differs_under_jit_in_plain_jax_too():
+    """Fuzz seed 13 #929: jit(grad) of this chain differs from grad, in plain JAX
+    on the exact array as well (max's JVP compares ``operand == max`` and XLA
+    computes the operand differently in two fusions): not a polymask error.
+    The fuzzer drops the grad mode where plain JAX itself disagrees."""
     def f(x):
         y = x * x - jnp.mean(x * x)
         return jnp.max(jnp.outer(y, y), axis=1)
 
     x = np.array([-0.364, -1.474, -1.309, 0.488, 0.054], np.float32)
+    loss = lambda v: jnp.sum(f(v))  # noqa: E731
+    ref = jax.grad(loss)(jnp.asarray(x))
+    assert not np.allclose(jax.jit(jax.grad(loss))(jnp.asarray(x)), ref, atol=1e-3)
     xp = np.zeros(8, np.float32)
     xp[:5] = x
     m = pm.mask(f, "n")
-    ref = jax.grad(lambda v: jnp.sum(f(v)))(jnp.asarray(x))
 
-    def loss(d):
+    def mloss(d):
         return jnp.sum(jnp.where(jnp.arange(8) < 5, m(pm.Masked(d, (5,))).data, 0.0))
 
-    np.testing.assert_allclose(jax.grad(loss)(jnp.asarray(xp))[:5], ref, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(jax.jit(jax.grad(loss))(jnp.asarray(xp))[:5], ref,
-                               rtol=1e-4, atol=1e-5)
+    # eagerly, polymask gives plain JAX's eager gradient
+    np.testing.assert_allclose(jax.grad(mloss)(jnp.asarray(xp))[:5], ref, rtol=1e-4, atol=1e-5)

@@ -193,6 +193,30 @@ def _dt(prog):
     return np.float32 if prog.dtype == "f" else np.int32
 
 
+def _plain_grad_is_stable(f, examples) -> bool:
+    """Plain JAX's own gradient is the same eagerly and under ``jax.jit``.
+
+    Not always: the JVP of ``max`` finds the maximum with ``operand == max``,
+    and XLA may compute the operand differently in two fusions, so
+    ``jax.jit(jax.grad(f))`` of ``y = x*x - mean(x*x); max(outer(y, y), 1)``
+    differs from ``jax.grad(f)`` on the exact array (fuzz seed 13, #929).
+    Then the oracle (eager plain JAX) is not the answer: skip the grad mode.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    loss = lambda x: jnp.sum(f(x))  # noqa: E731
+    for (x,) in examples:
+        try:
+            a = np.asarray(jax.grad(loss)(jnp.asarray(x)))
+            b = np.asarray(jax.jit(jax.grad(loss))(jnp.asarray(x)))
+        except Exception:
+            return True  # the oracle reports it
+        if not np.allclose(a, b, rtol=2e-3, atol=2e-4, equal_nan=True):
+            return False
+    return True
+
+
 def run_one(prog: Program, rng, modes=("eager", "jit", "vmap", "grad")):
     """Returns ("ok" | "fail" | "skip", message)."""
     import jax.numpy as jnp
@@ -211,7 +235,7 @@ def run_one(prog: Program, rng, modes=("eager", "jit", "vmap", "grad")):
         examples.append(ex)
     if not examples:
         return "skip", "no size the plain function accepts"
-    if prog.dtype == "i":
+    if prog.dtype == "i" or not _plain_grad_is_stable(f, examples):
         modes = tuple(m for m in modes if m != "grad")
     fill = _fill_value(prog.fill, _dt(prog))
     orig = T.garbage_value
