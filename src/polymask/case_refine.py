@@ -43,8 +43,6 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
     raise ShapeError(f"the function fails for every size:\n  {err.error}")
 
 
-
-
 def refine_errors(tree: CaseTree, trace_one, max_cases: int) -> bool:
     """Trace an error case reached by several size combinations once per combination.
 

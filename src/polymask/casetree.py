@@ -61,7 +61,9 @@ class CaseTree:
     root: Any
     cases: list[Case]
     internal: dict[str, tuple[str, int]]
-    base: MaskedProgram  # a traced program: specs, bounds and prologue checks
+    # a traced program (specs, bounds, prologue checks); while every case is an
+    # error, a trace.SizeSignature (its dim vars) until a trace per size works
+    base: MaskedProgram
     out_tree: Any = None
     out_bounds: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
 

@@ -163,8 +163,7 @@ def _inconclusive_error(msg: str, where: str) -> ShapeError:
             f"(int(x.shape[0]), range(n), np.zeros(n), ...):\n  {msg}\n  "
             "Keep it symbolic: jnp/lax ops accept symbolic sizes (jnp.ones(x.shape[0]), "
             "jnp.arange(x.shape[0])); for the size as a traced value in arithmetic, "
-            "use polymask.logical_shape(x). With few sizes (at most mask(..., "
-            "max_cases=16)) polymask traces such a function once per size instead.")
+            "use polymask.logical_shape(x).")
     if "divide evenly" in msg:
         extra = ("\n  Write the axis in the spec as a multiple (e.g. '2*k') so that the "
                  "division is exact for every logical size.")
