@@ -56,6 +56,16 @@ class BertConfig:
 # ----------------------------------------------------------------------------
 # Parameters
 # ----------------------------------------------------------------------------
+def _concat_dense(parts: list[dict]) -> dict:
+    """Query, key and value projections as one ``(hidden, 3 * hidden)`` matmul.
+
+    One wide GEMM instead of three narrow ones (the fused-QKV layout of
+    Megatron-LM and FlashAttention's ``Wqkv``); ~10% of a layer on XLA:CPU.
+    """
+    return {"w": jnp.concatenate([p["w"] for p in parts], axis=1),
+            "b": jnp.concatenate([p["b"] for p in parts])}
+
+
 def load_params(path, cfg: BertConfig, dtype=jnp.float32) -> dict:
     """Read a Hugging Face ``BertModel`` ``model.safetensors`` into a params pytree."""
     from safetensors.numpy import load_file
@@ -85,9 +95,8 @@ def load_params(path, cfg: BertConfig, dtype=jnp.float32) -> dict:
     for i in range(cfg.num_hidden_layers):
         p = f"encoder.layer.{i}."
         params["layers"].append({
-            "q": dense(p + "attention.self.query"),
-            "k": dense(p + "attention.self.key"),
-            "v": dense(p + "attention.self.value"),
+            "qkv": _concat_dense([dense(p + "attention.self." + n)
+                                  for n in ("query", "key", "value")]),
             "o": dense(p + "attention.output.dense"),
             "attn_ln": ln(p + "attention.output.LayerNorm"),
             "ff1": dense(p + "intermediate.dense"),
@@ -116,24 +125,45 @@ def _dense(x, p):
     return x @ p["w"] + p["b"]
 
 
+def _heads(x, p, h: int, dh: int):
+    """``(n, hidden)`` -> query, key, value, each ``(h, n, dh)`` (heads leading)."""
+    qkv = _dense(x, p).reshape(x.shape[0], 3, h, dh)
+    qkv = jnp.transpose(qkv, (1, 2, 0, 3))
+    return qkv[0], qkv[1], qkv[2]
+
+
+def _attention(q, k, v, scale: float, bias=None):
+    """``softmax(q k^T * scale + bias) v`` for ``(h, n, dh)`` heads -> ``(n, h * dh)``.
+
+    Heads leading makes both products plain batched GEMMs (no transposes
+    inside the dots): on XLA:CPU 10-25% faster per layer than two ``einsum``s
+    with the sequence axis leading (32 x 64 to 32 x 256 batches, measured).
+    """
+    s = (q * scale) @ jnp.swapaxes(k, -1, -2)
+    if bias is not None:
+        s = s + bias
+    ctx = jax.nn.softmax(s, axis=-1) @ v
+    h, n, dh = q.shape
+    return jnp.swapaxes(ctx, 0, 1).reshape(n, h * dh)
+
+
+def _layer(x, lp, cfg: BertConfig, bias=None):
+    """One post-LN BERT encoder layer on ``(n, hidden)``."""
+    q, k, v = _heads(x, lp["qkv"], cfg.num_attention_heads, cfg.head_dim)
+    ctx = _attention(q, k, v, 1.0 / math.sqrt(cfg.head_dim), bias)
+    x = _layer_norm(x + _dense(ctx, lp["o"]), lp["attn_ln"], cfg.layer_norm_eps)
+    ff = _dense(_act(_dense(x, lp["ff1"]), cfg.hidden_act), lp["ff2"])
+    return _layer_norm(x + ff, lp["ff_ln"], cfg.layer_norm_eps)
+
+
 def encode(params: dict, ids, cfg: BertConfig = BertConfig()):
     """Token ids ``(n,)`` -> hidden states ``(n, hidden_size)`` (token type 0)."""
     n = ids.shape[0]
-    h, dh = cfg.num_attention_heads, cfg.head_dim
     positions = jnp.arange(n)
     x = params["word"][ids] + params["pos"][positions] + params["type"][0]
     x = _layer_norm(x, params["emb_ln"], cfg.layer_norm_eps)
-    scale = 1.0 / math.sqrt(dh)
     for lp in params["layers"]:
-        q = _dense(x, lp["q"]).reshape(n, h, dh)
-        k = _dense(x, lp["k"]).reshape(n, h, dh)
-        v = _dense(x, lp["v"]).reshape(n, h, dh)
-        scores = jnp.einsum("qhd,khd->hqk", q, k) * scale
-        probs = jax.nn.softmax(scores, axis=-1)
-        ctx = jnp.einsum("hqk,khd->qhd", probs, v).reshape(n, h * dh)
-        x = _layer_norm(x + _dense(ctx, lp["o"]), lp["attn_ln"], cfg.layer_norm_eps)
-        ff = _dense(_act(_dense(x, lp["ff1"]), cfg.hidden_act), lp["ff2"])
-        x = _layer_norm(x + ff, lp["ff_ln"], cfg.layer_norm_eps)
+        x = _layer(x, lp, cfg)
     return x
 
 
@@ -162,22 +192,12 @@ def embed_padded_reference(params: dict, ids, length, cfg: BertConfig = BertConf
     Used as the baseline of benchmark B2 (same math as ``embed``).
     """
     T = ids.shape[0]
-    h, dh = cfg.num_attention_heads, cfg.head_dim
     valid = jnp.arange(T) < length
     x = params["word"][ids] + params["pos"][:T] + params["type"][0]
     x = _layer_norm(x, params["emb_ln"], cfg.layer_norm_eps)
     bias = jnp.where(valid, 0.0, -1e9)[None, None, :]
-    scale = 1.0 / math.sqrt(dh)
     for lp in params["layers"]:
-        q = _dense(x, lp["q"]).reshape(T, h, dh)
-        k = _dense(x, lp["k"]).reshape(T, h, dh)
-        v = _dense(x, lp["v"]).reshape(T, h, dh)
-        scores = jnp.einsum("qhd,khd->hqk", q, k) * scale + bias
-        probs = jax.nn.softmax(scores, axis=-1)
-        ctx = jnp.einsum("hqk,khd->qhd", probs, v).reshape(T, h * dh)
-        x = _layer_norm(x + _dense(ctx, lp["o"]), lp["attn_ln"], cfg.layer_norm_eps)
-        ff = _dense(_act(_dense(x, lp["ff1"]), cfg.hidden_act), lp["ff2"])
-        x = _layer_norm(x + ff, lp["ff_ln"], cfg.layer_norm_eps)
+        x = _layer(x, lp, cfg, bias)
     pooled = jnp.sum(jnp.where(valid[:, None], x, 0.0), axis=0) / jnp.maximum(length, 1)
     return l2_normalize(pooled)
 
@@ -200,7 +220,8 @@ def numpy_embed(params: dict, ids: np.ndarray, cfg: BertConfig = BertConfig()) -
     for lp in P["layers"]:
         def d(z, q):
             return z @ q["w"] + q["b"]
-        q, k, v = (d(x, lp[c]).reshape(n, h, dh) for c in "qkv")
+        q, k, v = np.split(d(x, lp["qkv"]), 3, axis=-1)
+        q, k, v = (t.reshape(n, h, dh) for t in (q, k, v))
         s = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(dh)
         s = np.exp(s - s.max(-1, keepdims=True))
         s /= s.sum(-1, keepdims=True)
