@@ -4,7 +4,8 @@ A policy is a callable ``size -> bound`` with ``bound >= max(size, 1)``. Few
 distinct bounds mean few compiled programs (``polymask.jit`` compiles once per
 bucket signature); tighter bounds mean less padding.
 
-- ``pow2(minimum=8, maximum=None)``: the next power of two (at least ``minimum``).
+- ``pow2(minimum=8, maximum=None, steps=1)``: the next power of two (at least
+  ``minimum``); ``steps=2`` adds 1.5 x 2^j between powers (tighter fit).
 - ``multiple(k, minimum=None, maximum=None)``: the next multiple of ``k``.
   With ``maximum``, sizes above it raise and tiered ``polymask.jit`` compiles
   that largest bucket first (``Policy.largest``).
@@ -81,8 +82,16 @@ def _capped(fn, maximum: int | None, name: str):
     return capped
 
 
-def pow2(minimum: int = 8, maximum: int | None = None) -> Policy:
+def pow2(minimum: int = 8, maximum: int | None = None, steps: int = 1) -> Policy:
     """Next power of two, at least ``minimum`` (``pow2(8)``: 0..8 -> 8, 9 -> 16).
+
+    ``steps`` (default 1) splits each octave ``(2^j, 2^(j+1)]`` into that many
+    equal buckets: ``pow2(16, steps=2)`` gives 16, 24, 32, 48, 64, 96, 128,
+    192, 256, ... At most about ``1/(steps+1)`` of a bound is padding (50% for
+    ``steps=1``, 33% for 2, 20% for 4) while the number of programs still
+    grows with ``log2`` of the largest size. The geometric buckets of
+    ``tf.data.bucket_by_sequence_length`` users and of vLLM's captured batch
+    sizes follow the same idea.
 
     ``maximum`` (optional) is the largest bucket: sizes up to it fit (the last
     bucket may be smaller than a power of two), larger sizes raise
@@ -91,10 +100,17 @@ def pow2(minimum: int = 8, maximum: int | None = None) -> Policy:
     minimum = _int_arg(minimum, "pow2: minimum", 1)
     if maximum is not None:
         maximum = _int_arg(maximum, "pow2: maximum", minimum)
-    name = f"pow2(minimum={minimum}" + ("" if maximum is None else f", maximum={maximum}") + ")"
+    steps = _int_arg(steps, "pow2: steps", 1)
+    name = (f"pow2(minimum={minimum}" + ("" if maximum is None else f", maximum={maximum}")
+            + ("" if steps == 1 else f", steps={steps}") + ")")
 
     def fn(n):
-        return max(int(minimum), 1 << max(n - 1, 0).bit_length())
+        p = 1 << max(n - 1, 0).bit_length()  # next power of two >= n
+        lower = p // 2
+        if steps > 1 and lower >= 1:
+            i = -(-(n - lower) * steps // lower)  # which step of (lower, p] holds n
+            p = lower + -(-i * lower // steps)
+        return max(int(minimum), p)
 
     return Policy(_capped(fn, maximum, name), name, maximum)
 

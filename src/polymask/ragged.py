@@ -1,18 +1,19 @@
 """``polymask.ragged_map``: map a function over examples of different sizes.
 
 Examples are planned one by one on the host (``plan.plan_call``), grouped by
-bucket signature, sorted by size (largest first, like sentence-transformers;
-results come back in input order), stacked into padded batches with NumPy and
-run as ``jax.jit(jax.vmap(mask(fun)))``: one compiled program per signature.
-Within one call every batch of a bucket runs in one program: the full batch
-(a partial final batch fills its spare rows with zeros), or, for a bucket
-group smaller than a batch, the power of two of rows that holds it, so a small
-group does not pay for a full batch of padding rows; a full-batch program
-already compiled (e.g. precompiled) is reused instead. Calls with different
-small group sizes can therefore compile one program per power of two.
-``batch_tokens`` sizes batches by a budget of padded elements per batch
-instead (more rows for short buckets). ``programs.Runner`` keeps the cache and
-the stats.
+kind (dim vars, dtypes, static leaves), sorted by size (largest first, like
+sentence-transformers; results come back in input order) and cut into
+batches of consecutive examples; a batch pads every example to the largest
+bucket in it (``plan.rebucket``), so the only padding is the bucket's
+rounding of the batch's longest example and no batch is partial but the
+last. Batches are stacked with NumPy and run as
+``jax.jit(jax.vmap(mask(fun)))``: one compiled program per bucket signature
+and row count. A final batch smaller than a full one runs in the power of two
+of rows that holds it (a full-batch program already compiled, e.g.
+precompiled, is reused instead), so calls with different final sizes can
+compile one program per power of two. ``batch_tokens`` sizes batches by a
+budget of padded elements per batch instead (more rows for short buckets).
+``programs.Runner`` keeps the cache and the stats.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .buckets import as_policy
 from .compiling import background_executor
 from .errors import ShapeError
 from .hostio import slice_to
-from .plan import batch_bucket, dtype_key
+from .plan import batch_bucket, dtype_key, kind_key, rebucket
 from .programs import Runner, build_inner, raise_case_error
 
 __all__ = ["ragged_map", "RaggedMap"]
@@ -97,17 +98,20 @@ class RaggedMap(Runner):
         spec_key = repr(in_specs)
         bcast_leaves, bcast_tree = jax.tree_util.tree_flatten(tuple(broadcast))
         bcast_key = (bcast_tree, tuple((np.shape(x), dtype_key(x)) for x in bcast_leaves))
-        groups: dict = collections.defaultdict(list)
+        kinds: dict = collections.defaultdict(list)
         infos = []
         for i, args in enumerate(arg_lists):
             plan, leaves, tree = self._plan(args, in_specs, spec_key)
-            groups[(tree, plan.signature)].append(i)
+            kinds[(tree, kind_key(plan))].append(i)
             infos.append((plan, leaves))
-        order = list(groups.items())
-        if self.sort:  # largest examples first; results still in input order
-            for _, idxs in order:
-                idxs.sort(key=lambda i: -infos[i][0].logical)
-            order.sort(key=lambda kv: -infos[kv[1][0]][0].padded)
+        batches = []
+        for (tree, _), idxs in kinds.items():
+            if self.sort:  # largest first (sentence-transformers); results in input order
+                idxs.sort(key=lambda i: (-infos[i][0].padded, -infos[i][0].logical))
+            batches += self._cut_batches(tree, idxs, infos)
+        batches = self._rows_of_partial_batches(batches, bcast_key, spec_key)
+        if self.sort:
+            batches.sort(key=lambda b: -b[1].padded)
         results: list[Any] = [None] * len(examples)
         show = self.progress if progress is None else progress
         bar = None
@@ -117,30 +121,45 @@ class RaggedMap(Runner):
                 bar = tqdm(total=len(examples), desc="polymask", unit="ex")
             except ImportError:  # pragma: no cover - tqdm is optional
                 bar = None
-        batches = []
-        for (tree, sig), idxs in order:
-            rows = self._group_rows(infos[idxs[0]][0], len(idxs))
-            full = self._rows(infos[idxs[0]][0])
-            if rows < full:  # a compiled (e.g. precompiled) full batch is used as is
-                e = self._cache.get((tree, sig, full, bcast_key, spec_key))
-                if e is not None and e.live:
-                    rows = full
-            batches.append((tree, sig, idxs, rows))
-        self._compile_ahead(batches[1:], infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
+        self._compile_ahead(batches, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
                             in_specs, spec_key)
         try:
-            for tree, sig, idxs, rows in batches:
-                for start in range(0, len(idxs), rows):
-                    chunk = idxs[start:start + rows]
-                    self._run_batch(tree, sig, chunk, infos, results, broadcast,
-                                    bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key,
-                                    rows)
-                    if bar is not None:
-                        bar.update(len(chunk))
+            for tree, plan, chunk, rows in batches:
+                self._run_batch(tree, plan, chunk, infos, results, broadcast,
+                                bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key, rows)
+                if bar is not None:
+                    bar.update(len(chunk))
         finally:
             if bar is not None:
                 bar.close()
         return results
+
+    def _cut_batches(self, tree, idxs, infos) -> list[tuple]:
+        """Consecutive examples of one kind as batches ``(tree, plan, chunk, rows)``
+        (``rows`` is None for a partial batch: see ``_rows_of_partial_batches``).
+
+        A batch takes examples until the next one would exceed its rows
+        (``batch_size``, or ``batch_tokens`` over the batch's padded size); its
+        plan pads every example to the largest bucket in it. On examples sorted
+        largest first this is sentence-transformers' batching (sort, cut, pad
+        to the longest) with the longest rounded up to its bucket: no partial
+        batch but the last, and only the bucket's rounding as padding.
+        """
+        out, start = [], 0
+        while start < len(idxs):
+            plan = infos[idxs[start]][0]
+            end = start + 1
+            while end < len(idxs):
+                merged = rebucket(plan, {v: max(b, infos[idxs[end]][0].buckets[v])
+                                         for v, b in plan.buckets.items()})
+                if end - start + 1 > self._rows(merged):
+                    break
+                plan, end = merged, end + 1
+            chunk = idxs[start:end]
+            full = self._rows(plan)
+            out.append((tree, plan, chunk, full if len(chunk) >= full else None))
+            start = end
+        return out
 
     def precompile(self, example, *broadcast) -> RaggedMap:
         """Compile the full-batch program of ``example``'s bucket now (no run).
@@ -163,6 +182,37 @@ class RaggedMap(Runner):
         plan, leaves, tree = self._plan(args, in_specs, spec_key)
         B = self._rows(plan)
         entry = self._entry((tree, plan.signature, B, bcast_key, spec_key), hit=False)
+        make, avals = self._program_and_avals(tree, plan, leaves, B, in_specs, broadcast,
+                                              bcast_leaves, bcast_tree)
+        self._precompile_entry(entry, make, avals)
+        return self
+
+    def _compile_ahead(self, batches, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
+                       in_specs, spec_key) -> None:
+        """Queue the programs of the batches after the first on the background
+        compiler while this thread compiles and runs the first: two compiles at
+        a time (XLA compiles one program on one core). A program this thread
+        reaches first is compiled here (the entry's lock), and the queued job
+        then skips it."""
+        if not self.compile_ahead or not batches:
+            return
+        tree, plan, _, B = batches[0]
+        queued = {(tree, plan.signature, B, bcast_key, spec_key)}
+        for tree, plan, chunk, B in batches[1:]:
+            key = (tree, plan.signature, B, bcast_key, spec_key)
+            e = self._cache.get(key)
+            if key in queued or (e is not None and e.fn is not None):
+                continue
+            queued.add(key)
+            make, avals = self._program_and_avals(tree, plan, infos[chunk[0]][1], B, in_specs,
+                                                  broadcast, bcast_leaves, bcast_tree)
+            entry = self._entry(key, hit=False)
+            background_executor().submit(functools.partial(
+                self._precompile_entry, entry, make, avals, "background_compiles"))
+
+    def _program_and_avals(self, tree, plan, leaves, B, in_specs, broadcast, bcast_leaves,
+                           bcast_tree):
+        """``make`` and the abstract arguments of the ``B``-row program of ``plan``."""
         static_leaves = [x for x, p in zip(leaves, plan.leaves) if p.static]
         dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves
                if not p.static]
@@ -170,35 +220,7 @@ class RaggedMap(Runner):
                                    len(bcast_leaves), len(static_leaves), len(dyn))
         avals = [*bcast_leaves, *static_leaves, *dyn,
                  jax.ShapeDtypeStruct((B, len(plan.values)), np.int32)]
-        self._precompile_entry(entry, make, avals)
-        return self
-
-    def _compile_ahead(self, batches, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
-                       in_specs, spec_key) -> None:
-        """Queue the programs of later bucket groups on the background compiler
-        while this thread compiles and runs the first: two compiles at a time
-        (XLA compiles one program on one core). A program this thread reaches
-        first is compiled here (the entry's lock), and the queued job then skips it."""
-        if not self.compile_ahead:
-            return
-        for tree, sig, idxs, rows in batches:
-            B = rows if self._batch_policy is None else batch_bucket(
-                self._batch_policy, min(rows, len(idxs)), rows)
-            key = (tree, sig, B, bcast_key, spec_key)
-            e = self._cache.get(key)
-            if e is not None and e.fn is not None:
-                continue
-            plan = infos[idxs[0]][0]
-            static_leaves = [x for x, p in zip(infos[idxs[0]][1], plan.leaves) if p.static]
-            dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves
-                   if not p.static]
-            avals = [*bcast_leaves, *static_leaves, *dyn,
-                     jax.ShapeDtypeStruct((B, len(plan.values)), np.int32)]
-            make = self._batch_program(tree, plan, in_specs, len(broadcast), bcast_tree,
-                                       len(bcast_leaves), len(static_leaves), len(dyn))
-            entry = self._entry(key, hit=False)
-            background_executor().submit(functools.partial(
-                self._precompile_entry, entry, make, avals, "background_compiles"))
+        return make, avals
 
     def _batch_program(self, tree, plan, in_specs, n_broadcast, bcast_tree, nb, ns, nd):
         """``make(entry)``: the batch program ``vmap(mask(fun))`` of one bucket signature."""
@@ -216,25 +238,32 @@ class RaggedMap(Runner):
             return self.batch_size
         return max(1, self.batch_tokens // max(1, plan.padded))
 
-    def _group_rows(self, plan, n: int) -> int:
-        """Rows of every batch of a bucket group of ``n`` examples: the full batch,
-        or the power of two that holds a smaller group (one program per bucket
-        either way; a small group does not pay for a full batch of padding rows)."""
-        full = self._rows(plan)
-        if self._batch_policy is not None or n >= full:
-            return full
-        return min(full, 1 << max(0, n - 1).bit_length())
+    def _rows_of_partial_batches(self, batches, bcast_key, spec_key) -> list[tuple]:
+        """Rows of the program each partial batch runs in: the ``batch_buckets``
+        bound when given; else the full-batch program when this call or an
+        earlier one (e.g. ``precompile``) uses it, no new compile; else the
+        power of two that holds the batch (a few examples do not pay for a full
+        batch of padding rows)."""
+        used = {(tree, plan.signature, rows) for tree, plan, _, rows in batches if rows}
+        out = []
+        for tree, plan, chunk, rows in batches:
+            if rows is None:
+                full, n = self._rows(plan), len(chunk)
+                e = self._cache.get((tree, plan.signature, full, bcast_key, spec_key))
+                if self._batch_policy is not None:
+                    rows = batch_bucket(self._batch_policy, n, full)
+                elif (tree, plan.signature, full) in used or (e is not None and e.live):
+                    rows = full
+                else:
+                    rows = min(full, 1 << max(0, n - 1).bit_length())
+            out.append((tree, plan, chunk, rows))
+        return out
 
-    def _run_batch(self, tree, sig, chunk, infos, results, broadcast, bcast_leaves, bcast_tree,
-                   bcast_key, in_specs, spec_key, full=None):
-        full = full or self._rows(infos[chunk[0]][0])
-        if self._batch_policy is None:
-            B = full  # a partial batch runs in the full-batch program: no extra compile
-        else:
-            B = batch_bucket(self._batch_policy, len(chunk), full)
+    def _run_batch(self, tree, plan0, chunk, infos, results, broadcast, bcast_leaves, bcast_tree,
+                   bcast_key, in_specs, spec_key, B):
         # Spare rows: zeros with the first example's sizes (valid, and discarded).
         rows = chunk + [chunk[0]] * (B - len(chunk))
-        plan0, leaves0 = infos[chunk[0]]
+        leaves0 = infos[chunk[0]][1]
         static_leaves = [x for x, p in zip(leaves0, plan0.leaves) if p.static]
         dyn = []
         for li, p in enumerate(plan0.leaves):
@@ -246,9 +275,8 @@ class RaggedMap(Runner):
                 buf[(r,) + tuple(slice(0, n) for n in x.shape)] = x
             dyn.append(buf)
         sizes = np.asarray([infos[ex][0].values for ex in rows], np.int32).reshape(B, -1)
-        entry = self._entry((tree, sig, B, bcast_key, spec_key))
-        self._count(sum(infos[ex][0].logical for ex in chunk),
-                    sum(infos[ex][0].padded for ex in chunk))
+        entry = self._entry((tree, plan0.signature, B, bcast_key, spec_key))
+        self._count(sum(infos[ex][0].logical for ex in chunk), len(chunk) * plan0.padded)
         make = self._batch_program(tree, plan0, in_specs, len(broadcast), bcast_tree,
                                    len(bcast_leaves), len(static_leaves), len(dyn))
         out = self._call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
