@@ -129,7 +129,8 @@ def _heads(x, p, h: int, dh: int):
     """``(n, hidden)`` -> query, key, value, each ``(h, n, dh)`` (heads leading)."""
     qkv = _dense(x, p).reshape(x.shape[0], 3, h, dh)
     qkv = jnp.transpose(qkv, (1, 2, 0, 3))
-    return qkv[0], qkv[1], qkv[2]
+    # static slices (``qkv[i]`` is a gather when the shape has a dim var)
+    return tuple(jax.lax.index_in_dim(qkv, i, keepdims=False) for i in range(3))
 
 
 def _attention(q, k, v, scale: float, bias=None):
