@@ -4,7 +4,7 @@ Examples are planned one by one on the host (``plan.plan_call``), grouped by
 kind (dim vars, dtypes, static leaves), sorted by size (largest first, like
 sentence-transformers; results come back in input order) and cut into
 batches of consecutive examples; a batch pads every example to the largest
-bucket in it (``plan.rebucket``), so the only padding is the bucket's
+bucket in it (``batching.rebucket``), so the only padding is the bucket's
 rounding of the batch's longest example and no batch is partial but the
 last. Batches are stacked with NumPy and run as
 ``jax.jit(jax.vmap(mask(fun)))``: one compiled program per bucket signature
@@ -27,11 +27,12 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
+from .batching import kind_key, rebucket
 from .buckets import as_policy
 from .compiling import background_executor
 from .errors import ShapeError
 from .hostio import slice_to
-from .plan import batch_bucket, dtype_key, kind_key, rebucket
+from .plan import batch_bucket, dtype_key
 from .programs import Runner, build_inner, raise_case_error
 
 __all__ = ["ragged_map", "RaggedMap"]
