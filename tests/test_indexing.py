@@ -283,3 +283,61 @@ def test_take_property(n, idx, mode):
             jax.block_until_ready(_take_jit(mode)(*args).data)
         return
     np.testing.assert_array_equal(_take_jit(mode)(*args).unpad(), want)
+
+
+# ----------------------------------------------------------------------------
+# Static indexing of static axes: lax.slice, not a gather (_jax_compat/indexing.py)
+# ----------------------------------------------------------------------------
+STATIC_AXIS_INDEXING = {
+    "x[:, 1]": lambda x: x[:, 1],
+    "x[..., -1]": lambda x: x[..., -1],
+    "x[:, :2]": lambda x: x[:, :2],
+    "x[:, ::-1]": lambda x: x[:, ::-1],
+    "x[:, 1:4:2]": lambda x: x[:, 1:4:2],
+    "x[None, :, -2]": lambda x: x[None, :, -2],
+    "x[:, 1:-1].sum(1)": lambda x: x[:, 1:-1].sum(1),
+}
+
+
+def _primitives(jaxpr) -> set:
+    """Primitive names of ``jaxpr`` and of the jaxprs in its equations' params."""
+    out = set()
+    for e in jaxpr.eqns:
+        out.add(e.primitive.name)
+        for v in e.params.values():
+            for sub in v if isinstance(v, (tuple, list)) else (v,):
+                sub = getattr(sub, "jaxpr", sub)
+                if hasattr(sub, "eqns"):
+                    out |= _primitives(sub)
+    return out
+
+
+@pytest.mark.parametrize("name", list(STATIC_AXIS_INDEXING))
+def test_static_index_of_static_axes_is_a_slice_and_exact(name):
+    fun = STATIC_AXIS_INDEXING[name]
+    rng = np.random.default_rng(0)
+    exs = [(rng.normal(size=(n, 5)).astype(np.float32),) for n in (0, 1, 3, 6)]
+    oracle(fun, exs, [(6, 5)], ("n, 5",))
+    prog, _ = pm.mask(fun, "n, 5").program(pm.Masked(jnp.zeros((6, 5)), (3, 5)))
+    prims = _primitives(prog.closed_jaxpr.jaxpr)
+    assert "gather" not in prims and prims & {"slice", "rev"}, prims
+
+
+def test_index_of_a_symbolic_axis_keeps_jax_semantics():
+    # x[0] / x[-1] / x[1:] index the dim var's axis: JAX's own path (at n = 0 plain
+    # JAX raises IndexError, polymask a ShapeError saying so)
+    rng = np.random.default_rng(1)
+    exs = [(rng.normal(size=(n, 3)).astype(np.float32),) for n in (1, 2, 5)]
+    for fun in (lambda x: x[0] * 2, lambda x: x[-1], lambda x: x[1:].sum(0),
+                lambda x: x[::2, 1]):
+        oracle(fun, exs, [(5, 3)], ("n, 3",), modes=("eager", "jit", "vmap"))
+    with pytest.raises(pm.ShapeError, match="IndexError"):
+        pm.mask(lambda x: x[0], "n, 3")(pm.Masked(jnp.zeros((5, 3)), (0, 3)))
+
+
+def test_static_slice_hook_is_off_outside_masked_traces():
+    from jax import export
+
+    n, = export.symbolic_shape("n")
+    jaxpr = jax.make_jaxpr(lambda x: x[:, 1])(jax.ShapeDtypeStruct((n, 4), jnp.float32))
+    assert "gather" in _primitives(jaxpr.jaxpr)  # plain JAX: unchanged

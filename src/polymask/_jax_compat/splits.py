@@ -23,6 +23,7 @@ from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
 
 from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr
+from .indexing import NDINDEXER, static_slice_of_static_axes
 
 __all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed"]
 
@@ -85,11 +86,14 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
     global _HOOK_USERS, _HOOK_ORIG
     with _HOOK_LOCK:
         if _HOOK_USERS == 0:
-            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision)
+            _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
+                          NDINDEXER.to_static_slice)
             eq = _split_eq(_HOOK_ORIG[0])
             DimExpr.__eq__ = eq
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
             _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
+            NDINDEXER.to_static_slice = _in_masked_trace(
+                static_slice_of_static_axes(_HOOK_ORIG[3]), _HOOK_ORIG[3])
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
     stack.append(_HookFrame(dict(split_vars or {}), scope, is_user_frame))
@@ -100,7 +104,20 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
         with _HOOK_LOCK:
             _HOOK_USERS -= 1
             if _HOOK_USERS == 0:
-                DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision = _HOOK_ORIG
+                (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
+                 NDINDEXER.to_static_slice) = _HOOK_ORIG
+
+
+def _in_masked_trace(patched, orig):
+    """``patched`` while this thread runs a masked trace, else ``orig`` (the
+    class attribute is shared by every thread)."""
+
+    def method(self, **kwargs):
+        if getattr(_HOOK_TLS, "stack", None):
+            return patched(self, **kwargs)
+        return orig(self, **kwargs)
+
+    return method
 
 
 def hooks_installed() -> bool:

@@ -1,0 +1,61 @@
+"""Static ``jnp`` indexing on arrays with symbolic sizes, as ``lax.slice``.
+
+``jnp``'s ``x[:, 1]``, ``x[..., :2]`` or ``qkv[0]`` on an array whose shape
+has a dim var is lowered as a ``gather`` (``NDIndexer.to_static_slice``
+refuses any symbolic shape), where concrete shapes give a ``slice``. While a
+masked trace runs, an index that touches only static axes, every symbolic
+axis taken whole (``:`` or ``...``), is built as the static slice it is for
+concrete shapes: the same values, a smaller program without gathers (jax
+``_src/numpy/indexing.py``, ``rewriting_take``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax._src import core
+from jax._src.numpy import indexing as _indexing
+
+__all__ = ["static_slice_of_static_axes"]
+
+# a stand-in for each symbolic size: larger than any static index or slice
+# bound the index can hold, so JAX's own computation gives (0, SENTINEL, 1)
+# for a whole axis, recognisably
+_SENTINEL = 2**62 + 7
+
+
+def _symbolic_axes_taken_whole(indexer) -> bool:
+    sym = {i for i, s in enumerate(indexer.shape) if core.is_symbolic_dim(s)}
+    for p in indexer.indices:
+        if not sym.intersection(p.consumed_axes):
+            continue
+        if p.typ == _indexing.IndexType.ELLIPSIS:
+            continue
+        if p.typ == _indexing.IndexType.SLICE and p.index == slice(None):
+            continue
+        return False
+    return True
+
+
+def static_slice_of_static_axes(orig):
+    """``NDIndexer.to_static_slice`` that also accepts symbolic shapes when
+    only static axes are indexed (``active()`` says whether a masked trace of
+    this thread is running; outside one the original runs)."""
+
+    def to_static_slice(self, **kwargs):
+        sym = [i for i, s in enumerate(self.shape) if core.is_symbolic_dim(s)]
+        if not sym or not _symbolic_axes_taken_whole(self):
+            return orig(self, **kwargs)
+        fake = tuple(_SENTINEL if i in sym else s for i, s in enumerate(self.shape))
+        res = orig(dataclasses.replace(self, shape=fake), **kwargs)
+        starts, limits = list(res.start_indices), list(res.limit_indices)
+        for i in sym:  # each symbolic axis: the whole axis, (0, size) with stride 1
+            if (starts[i], limits[i]) != (0, _SENTINEL) or (res.strides and res.strides[i] != 1):
+                raise ValueError("polymask: unexpected static slice of a symbolic axis")
+            limits[i] = self.shape[i]
+        return res._replace(limit_indices=limits)
+
+    return to_static_slice
+
+
+NDINDEXER = _indexing.NDIndexer
