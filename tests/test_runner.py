@@ -423,3 +423,24 @@ def test_ragged_map_precompile():
     assert cc.compiles == 0 and rm.stats()["compiles"] == 1
     for e, o in zip(exs, outs):
         np.testing.assert_allclose(o, np.tanh(e @ w).sum(0), rtol=1e-5)
+
+
+def test_jit_under_grad_jit_and_vmap_is_plain_jax():
+    fun = lambda x, w: jnp.sum(jnp.sin(x * w) ** 2) / x.shape[0]
+    f = pm.jit(fun, ("n", None), buckets=B.pow2(8, maximum=16))
+    x = np.linspace(-1, 1, 5, dtype=np.float32)
+    w = np.float32(1.5)
+    np.testing.assert_allclose(jax.grad(f)(x, w), jax.grad(fun)(x, w), rtol=1e-6)
+    np.testing.assert_allclose(jax.grad(f, argnums=1)(x, w), jax.grad(fun, argnums=1)(x, w),
+                               rtol=1e-6)
+    np.testing.assert_allclose(jax.jit(f)(x, w), fun(x, w), rtol=1e-6)
+    xs = np.stack([x, -x, 2 * x])
+    np.testing.assert_allclose(jax.vmap(f, in_axes=(0, None))(xs, w),
+                               jax.vmap(fun, in_axes=(0, None))(xs, w), rtol=1e-6)
+    assert f.stats()["compiles"] == 0  # the caller's transformation compiles
+    # sizes are still checked: above the largest bucket is a ShapeError, as eagerly
+    big = np.ones(17, np.float32)
+    with pytest.raises(pm.ShapeError, match="largest bucket 16"):
+        jax.grad(f)(big, w)
+    with pytest.raises(pm.ShapeError, match="largest bucket 16"):
+        f(big, w)

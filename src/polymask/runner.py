@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import _jax_compat as compat
 from .compiling import COMPILE_TICK, compile_counter
 from .errors import ShapeError
 from .hostio import (
@@ -216,6 +217,8 @@ class PolyJit(TieredBuckets, Runner):
                 info = self._info(args, jax.tree_util.tree_structure(args), key, True)
         else:
             leaves, tree = jax.tree_util.tree_flatten(args)
+            if any(map(compat.is_tracer, leaves)):
+                return self._traced_call(args)
             key = (tree, tuple(map(_leaf_key, leaves)))
             info = self._infos.get(key)
             if info is None:
@@ -238,6 +241,16 @@ class PolyJit(TieredBuckets, Runner):
                 info.error = str(e)
                 raise
         return self._outputs(info, entry, out)
+
+    def _traced_call(self, args):
+        """Under ``jax.grad``/``jit``/``vmap`` (tracer inputs, exact shapes known
+        at trace time): the sizes are checked as for any call (``ShapeError``
+        for a spec, constraint or bucket they break), then ``fun`` itself is
+        traced into the caller's program. The outer transformation already
+        specialises on the exact shapes, so padding could not save a compile,
+        and the result is plain JAX's, derivatives included."""
+        self._plan(args)
+        return self.fun(*args)  # numpy_outputs: a tracer cannot become a NumPy array
 
     def _outputs(self, info: _CallInfo, entry: Entry, out):
         outputs = entry.outputs
@@ -370,6 +383,11 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     is passed through), logical sizes are runtime arguments (a new size in a
     known bucket never recompiles), and outputs are sliced to their logical
     shapes. Raises ``ShapeError`` for inconsistent sizes (before running).
+
+    Under ``jax.grad``, ``jax.jit`` or ``jax.vmap`` (traced inputs) the sizes
+    are checked the same way and ``fun`` is traced into the caller's program
+    (the outer transformation specialises on exact shapes anyway): values and
+    derivatives are plain JAX's.
     """
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
                    cache_size=cache_size, numpy_outputs=numpy_outputs, slice_after=slice_after,
