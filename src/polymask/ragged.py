@@ -321,11 +321,13 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
       batch_size: most examples per batch.
       batch_buckets: policy for the rows of a partial batch (then one more
         program per partial-batch size). Default None: a partial final batch
-        runs in the full-batch program (spare rows are zeros); a bucket group
-        smaller than a batch runs in the power of two of rows that holds it
-        (see the module doc).
-      sort: batch each bucket's examples largest first (results are always
-        returned in input order).
+        runs in the full-batch program of its bucket when the call (or an
+        earlier one) uses it, else in the power of two of rows that holds it
+        (spare rows are zeros; see the module doc).
+      sort: sort the examples largest first before cutting batches, as
+        sentence-transformers does (results are always returned in input
+        order). ``False``: batches of consecutive examples in input order,
+        each padded to its largest example's buckets.
       batch_tokens: size batches by padded elements instead of ``batch_size``:
         a bucket whose examples pad to ``P`` elements gets
         ``max(1, batch_tokens // P)`` rows (more rows for short buckets).
