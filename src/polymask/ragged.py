@@ -333,8 +333,8 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         ``max(1, batch_tokens // P)`` rows (more rows for short buckets).
       progress: show a tqdm progress bar.
       numpy_outputs: return NumPy arrays instead of ``jax.Array``.
-      compile_ahead: compile the programs of later bucket groups on a
-        background thread while the first group compiles and runs (two
+      compile_ahead: compile the programs of the later batches on a
+        background thread while the first batch compiles and runs (two
         compiles at a time: a cold first pass over many buckets takes about
         half the compile time on two or more cores).
 
