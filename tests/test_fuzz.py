@@ -15,7 +15,7 @@ from polymask.rules import registry  # noqa: E402
 
 
 def test_fuzz_fixed_seed_short_run():
-    res = fuzz.run(seed=0, programs=None, seconds=float(os.environ.get("PM_FUZZ_SECONDS", 30)),
+    res = fuzz.run(seed=0, programs=None, seconds=float(os.environ.get("PM_FUZZ_SECONDS", 20)),
                    verbose=True)
     assert res["programs"] >= 1
     msgs = "\n\n".join(m for _, m in res["failures"])
