@@ -109,3 +109,13 @@ def test_warmup_command_fills_the_cache_then_embed_compiles_nothing(tmp_path, ca
     with pm.runner.compile_counter() as cc:
         enc.embed(["a short text", "the cat sat on the mat"], buckets=policy, batch_size=4)
     assert cc.compiles == 0
+
+
+@pytest.mark.parametrize("flag", ["--bucket-steps", "--min-bucket", "--batch-size"])
+def test_cli_rejects_non_positive_sizes_with_a_usage_error(flag, tmp_path, capsys):
+    f = tmp_path / "t.txt"
+    f.write_text("a text\n")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["embed", str(f), flag, "0"])
+    assert e.value.code == 2
+    assert f"argument {flag}: must be >= 1, got 0" in capsys.readouterr().err

@@ -444,3 +444,10 @@ def test_jit_under_grad_jit_and_vmap_is_plain_jax():
         jax.grad(f)(big, w)
     with pytest.raises(pm.ShapeError, match="largest bucket 16"):
         f(big, w)
+
+
+def test_size_above_the_largest_bucket_names_the_dim_var_and_input():
+    f = pm.jit(lambda x, y: x.sum() + y.sum(), ("n", "m"), buckets=B.pow2(8, maximum=16))
+    with pytest.raises(pm.ShapeError, match=r"dim var 'm' = 17 \(from args\[1\]\.shape\[0\]\): "
+                                            r"size 17 is larger than the largest bucket 16"):
+        f(np.ones(3, np.float32), np.ones(17, np.float32))

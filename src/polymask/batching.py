@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .plan import CallPlan, padded_shape
 
-__all__ = ["kind_key", "rebucket"]
+__all__ = ["kind_key", "rebucket", "batch_bucket"]
 
 
 def kind_key(plan: CallPlan) -> tuple:
@@ -33,3 +33,9 @@ def rebucket(plan: CallPlan, buckets: Mapping[str, int]) -> CallPlan:
         padded += 0 if p.static else math.prod(bound)
     return dataclasses.replace(plan, leaves=leaves, buckets=dict(buckets),
                                signature=tuple(signature), padded=padded)
+
+
+def batch_bucket(policy: Callable[[int], int], n: int, most: int) -> int:
+    """Rows of a batch of ``n`` examples: the policy's bound for ``n``, at least ``n``,
+    at most ``most`` (``ragged_map``'s partial batches)."""
+    return min(most, max(n, int(policy(n))))

@@ -1,4 +1,4 @@
-"""The ``polymask`` command line: ``polymask demo`` and ``polymask embed``.
+"""The ``polymask`` command line: ``polymask demo``, ``embed`` and ``warmup``.
 
 ``polymask demo`` embeds a corpus of real text that ships with every Python
 install (the docstrings of the standard library, read with ``ast``, nothing is
@@ -108,6 +108,17 @@ def _load_encoder(model_dir):
         raise SystemExit(2) from None
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (a clear usage error instead of a traceback later)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
 def _policy(args):
     """The length bucket policy of ``--min-bucket`` and ``--bucket-steps``."""
     from .models.loader import length_buckets
@@ -154,8 +165,9 @@ def cmd_demo(args) -> int:
         ("texts", f"{len(texts)}"),
         ("tokens (exact)", f"{sum(lengths)}"),
         ("distinct token lengths", f"{len(set(lengths))}"),
-        ("length buckets", f"{n_buckets}  ({_policy(args)!r})"),
-        ("compiles (polymask)", f"{st['compiles']}  ({st['compile_time_s']:.1f} s incl. first runs)"),
+        ("length buckets of single texts", f"{n_buckets}  ({_policy(args)!r})"),
+        ("compiles (polymask)", f"{st['compiles']}  (one per batch bucket; "
+                                f"{st['compile_time_s']:.1f} s of compiling over two threads)"),
         ("padding fraction", f"{st['padding_fraction']:.1%}"),
         ("wall time (incl. compiles)", f"{wall:.1f} s"),
         ("throughput", f"{len(texts) / wall:.1f} texts/s"),
@@ -238,7 +250,7 @@ def cmd_embed(args) -> int:
         enc = _load_encoder(args.model)
         emb = _embed_with_progress(enc, texts, args)
         st = enc.runner(_policy(args), args.batch_size, args.normalize).stats()
-        how = f"{st['compiles']} compiles"
+        how = f"{st['compiles']} compile" + ("" if st["compiles"] == 1 else "s")
     wall = time.perf_counter() - t0
     _write_embeddings(out, emb, texts, line_numbers)
     print(f"{len(texts)} texts -> {out} {emb.shape} float32 in {wall:.1f} s "
@@ -268,7 +280,8 @@ def _enable_cache(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="polymask", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="polymask",
+                                description=__doc__.split("\n\n")[0].replace("``", ""))
     p.add_argument("--no-cache", action="store_true",
                    help="do not use the persistent compilation cache")
     p.add_argument("--cache-dir", default=None,
@@ -277,12 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="embed stdlib docstrings with all-MiniLM-L6-v2 and report")
-    d.add_argument("--texts", type=int, default=384, help="corpus size (default 384)")
-    d.add_argument("--sample", type=int, default=12,
+    d.add_argument("--texts", type=_positive_int, default=384, help="corpus size (default 384)")
+    d.add_argument("--sample", type=_positive_int, default=12,
                    help="texts re-run exactly with plain jax.jit (default 12)")
-    d.add_argument("--batch-size", type=int, default=32)
-    d.add_argument("--min-bucket", type=int, default=16, help="smallest length bucket")
-    d.add_argument("--bucket-steps", type=int, default=2,
+    d.add_argument("--batch-size", type=_positive_int, default=32,
+                   help="texts per batch (default 32)")
+    d.add_argument("--min-bucket", type=_positive_int, default=16, help="smallest length bucket (default 16)")
+    d.add_argument("--bucket-steps", type=_positive_int, default=2,
                    help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     d.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
     d.add_argument("--seed", type=int, default=0)
@@ -299,17 +313,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", default=None, metavar="DIR",
                    help="a BERT-style model directory (config.json, model.safetensors, "
                         "tokenizer.json; default: installed all-MiniLM-L6-v2)")
-    e.add_argument("--batch-size", type=int, default=32)
+    e.add_argument("--batch-size", type=_positive_int, default=32,
+                   help="texts per batch (default 32)")
     e.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
                    help="L2-normalise the embeddings (default: yes)")
-    e.add_argument("--min-bucket", type=int, default=16, help="smallest length bucket")
-    e.add_argument("--bucket-steps", type=int, default=2,
+    e.add_argument("--min-bucket", type=_positive_int, default=16, help="smallest length bucket (default 16)")
+    e.add_argument("--bucket-steps", type=_positive_int, default=2,
                    help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     e.add_argument("--progress", action="store_true", help="progress bar (texts/s) on stderr")
     e.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="embed on a Ray Data actor pool (ray extra); ADDRESS of a cluster, "
                         "none: a local instance")
-    e.add_argument("--actors", type=int, default=2, help="Ray actors (with --ray)")
+    e.add_argument("--actors", type=_positive_int, default=2, help="Ray actors (with --ray)")
     e.set_defaults(func=cmd_embed)
 
     w = sub.add_parser(
@@ -319,10 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "--no-cache before the subcommand turns it off), so later "
                     "`polymask embed` runs compile nothing.")
     w.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
-    w.add_argument("--batch-size", type=int, default=32, help="texts per batch (as for embed)")
-    w.add_argument("--min-bucket", type=int, default=16,
+    w.add_argument("--batch-size", type=_positive_int, default=32,
+                   help="texts per batch (as for embed; default 32)")
+    w.add_argument("--min-bucket", type=_positive_int, default=16,
                    help="smallest token-length bucket (as for embed)")
-    w.add_argument("--bucket-steps", type=int, default=2,
+    w.add_argument("--bucket-steps", type=_positive_int, default=2,
                    help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     w.set_defaults(func=cmd_warmup)
     return p

@@ -7,9 +7,8 @@ under ``jax.jit``/``jax.vmap``) alike, and reports what disagrees instead of
 raising, so each caller decides how to fail (the prologue stages run-time
 checks; the host raises at once).
 
-``bucket_values`` / ``padded_shape`` apply a bucket policy: every padded
-shape that ``polymask.jit``, ``ragged_map``, ``stack`` and the CLI build is
-computed here.
+``bucket_values`` / ``padded_shape`` apply a bucket policy: every padded shape
+of ``polymask.jit``, ``ragged_map``, ``stack`` and the CLI is computed here.
 
 ``plan_call`` is the host side of one ``polymask.jit`` call (or one
 ``ragged_map`` example): specs parsed, sizes solved and checked, buckets and
@@ -36,7 +35,7 @@ from .shapes import is_static
 from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
 
 __all__ = ["Solution", "solve_sizes", "solve_axis", "not_affine", "policy_getter",
-           "bucket_values", "padded_shape", "bucket_bound", "bucket_shape", "batch_bucket",
+           "bucket_values", "padded_shape", "bucket_bound", "bucket_shape",
            "LeafPlan", "CallPlan", "plan_call", "StaticSize", "HostSize", "DeviceSize",
            "OutputLayout", "OutputPlan", "output_plan"]
 
@@ -144,9 +143,18 @@ def bucket_bound(policy: Callable[[int], int], size: int) -> int:
 
 
 def bucket_values(policy_for: Callable[[str], Callable[[int], int]],
-                  values: Mapping[str, int]) -> dict[str, int]:
-    """Each dim var's bucket: its policy applied to its logical value."""
-    return {v: bucket_bound(policy_for(v), n) for v, n in values.items()}
+                  values: Mapping[str, int], where: Mapping[str, str] | None = None
+                  ) -> dict[str, int]:
+    """Each dim var's bucket: its policy applied to its logical value (a
+    ``ShapeError`` for a refused size names the dim var and ``where[var]``)."""
+    out = {}
+    for v, n in values.items():
+        try:
+            out[v] = bucket_bound(policy_for(v), n)
+        except ShapeError as e:
+            at = f" (from {where[v]})" if where and v in where else ""
+            raise ShapeError(f"dim var '{v}' = {n}{at}: {e}") from None
+    return out
 
 
 def padded_shape(axes: Sequence[AxisSpec], buckets: Mapping[str, int]) -> tuple[int, ...]:
@@ -159,12 +167,6 @@ def bucket_shape(buckets, shape: Sequence[int]) -> tuple[int, ...]:
     """Every size of ``shape`` rounded up by one policy spec (``stack``'s default bound)."""
     policy = as_policy(buckets)
     return tuple(bucket_bound(policy, s) for s in shape)
-
-
-def batch_bucket(policy: Callable[[int], int], n: int, most: int) -> int:
-    """Rows of a batch of ``n`` examples: the policy's bound for ``n``, at least ``n``,
-    at most ``most`` (``ragged_map``'s partial batches)."""
-    return min(most, max(n, int(policy(n))))
 
 
 # ----------------------------------------------------------------------------
@@ -279,7 +281,9 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
                       [shape for _, shape, _, _ in parsed])
     _raise_violations(sol)
     _check_constraints(scope, sol.values)
-    buckets = bucket_values(policy_for, sol.values)
+    where = {a.var: a.where for *_, axes in reversed(parsed)  # first axis naming a var
+             for a in reversed(axes or ()) if a.var is not None}
+    buckets = bucket_values(policy_for, sol.values, where)
     leaves, signature, logical, padded = [], [], 0, 0
     for path, shape, dtype, axes in parsed:
         bound = shape if axes is None else padded_shape(axes, buckets)

@@ -27,12 +27,12 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
-from .batching import kind_key, rebucket
+from .batching import batch_bucket, kind_key, rebucket
 from .buckets import as_policy
 from .compiling import background_executor
 from .errors import ShapeError
 from .hostio import slice_to
-from .plan import batch_bucket, dtype_key
+from .plan import dtype_key
 from .programs import Runner, build_inner, raise_case_error
 
 __all__ = ["ragged_map", "RaggedMap"]
