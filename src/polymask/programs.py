@@ -257,10 +257,27 @@ class Runner:
     def stats(self) -> dict:
         """Calls, compiles, cache hits, evictions, compile time and padding fraction.
 
-        ``compiles``: bucket programs compiled (foreground, background and
-        precompiled); ``xla_compiles``: every XLA compile those caused
-        (``jax.monitoring``), ``persistent_cache_hits``: programs loaded from
-        the persistent compilation cache instead.
+        - ``calls``: calls (``ragged_map``: batches run).
+        - ``compiles``: bucket programs compiled (foreground, background and
+          precompiled); ``background_compiles``, ``precompiles``: of those.
+        - ``cache_hits``: calls that found their program compiled. A call that
+          waited for its program's background compile is neither a hit nor a
+          compile of its own, so with background compiles ``compiles +
+          cache_hits`` can exceed ``calls``.
+        - ``compile_time_s``: seconds spent compiling, summed over threads
+          (it can exceed the wall time of a call that compiled on two).
+        - ``xla_compiles``: every XLA compile the programs caused
+          (``jax.monitoring``); ``persistent_cache_hits``: programs loaded
+          from the persistent compilation cache instead.
+        - ``evictions``, ``cache_size``: programs dropped (least recently
+          used) and kept.
+        - ``tiered_calls``: ``polymask.jit`` calls served by a larger bucket
+          while their own compiled in the background.
+        - ``pad_compiles``: device-side input pads compiled (accelerators,
+          ``jax.Array`` inputs; one per input shape); ``slice_compiles``:
+          always 0 (outputs are unpadded on the host).
+        - ``padding_fraction``: share of the padded input elements that are
+          padding.
         """
         with self._lock:
             s = dict(self._stats)
