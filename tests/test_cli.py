@@ -119,3 +119,16 @@ def test_cli_rejects_non_positive_sizes_with_a_usage_error(flag, tmp_path, capsy
         cli.main(["embed", str(f), flag, "0"])
     assert e.value.code == 2
     assert f"argument {flag}: must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, no_cache, cache_dir", [
+    (["embed", "f"], False, None),
+    (["--no-cache", "embed", "f"], True, None),
+    (["embed", "f", "--no-cache"], True, None),
+    (["--cache-dir", "X", "warmup"], False, "X"),
+    (["warmup", "--cache-dir", "Y"], False, "Y"),
+    (["--cache-dir", "X", "demo", "--no-cache"], True, "X"),
+])
+def test_cache_options_before_or_after_the_subcommand(argv, no_cache, cache_dir):
+    args = cli.build_parser().parse_args(argv)
+    assert (args.no_cache, args.cache_dir) == (no_cache, cache_dir)

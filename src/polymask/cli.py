@@ -282,20 +282,27 @@ def _enable_cache(args) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="polymask",
                                 description=__doc__.split("\n\n")[0].replace("``", ""))
-    p.add_argument("--no-cache", action="store_true",
-                   help="do not use the persistent compilation cache")
-    p.add_argument("--cache-dir", default=None,
-                   help="compilation cache directory (default $POLYMASK_CACHE_DIR or "
-                        "~/.cache/polymask/xla)")
+    # the cache options work before or after the subcommand; SUPPRESS keeps a
+    # subcommand that does not repeat them from resetting the top-level value
+    cache = argparse.ArgumentParser(add_help=False)
+    for parser, default in ((p, None), (cache, argparse.SUPPRESS)):
+        parser.add_argument("--no-cache", action="store_true",
+                            default=False if default is None else default,
+                            help="do not use the persistent compilation cache")
+        parser.add_argument("--cache-dir", default=default,
+                            help="compilation cache directory (default $POLYMASK_CACHE_DIR "
+                                 "or ~/.cache/polymask/xla)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", help="embed stdlib docstrings with all-MiniLM-L6-v2 and report")
+    d = sub.add_parser("demo", parents=[cache],
+                       help="embed stdlib docstrings with all-MiniLM-L6-v2 and report")
     d.add_argument("--texts", type=_positive_int, default=384, help="corpus size (default 384)")
     d.add_argument("--sample", type=_positive_int, default=12,
                    help="texts re-run exactly with plain jax.jit (default 12)")
     d.add_argument("--batch-size", type=_positive_int, default=32,
                    help="texts per batch (default 32)")
-    d.add_argument("--min-bucket", type=_positive_int, default=16, help="smallest length bucket (default 16)")
+    d.add_argument("--min-bucket", type=_positive_int, default=16,
+                   help="smallest length bucket (default 16)")
     d.add_argument("--bucket-steps", type=_positive_int, default=2,
                    help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     d.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
@@ -304,8 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_demo)
 
-    e = sub.add_parser("embed", help="embed a text file, one text per line (blank lines "
-                                      "skipped and reported)")
+    e = sub.add_parser("embed", parents=[cache],
+                       help="embed a text file, one text per line (blank lines "
+                            "skipped and reported)")
     e.add_argument("file")
     e.add_argument("--out", default=None,
                    help="output .npy, or .jsonl (one {line, text, embedding} per text); "
@@ -328,10 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_embed)
 
     w = sub.add_parser(
-        "warmup", help="compile every length bucket ahead of time (cached)",
+        "warmup", parents=[cache], help="compile every length bucket ahead of time (cached)",
         description="Compile the embedding program of every token-length bucket into the "
                     "persistent compilation cache (~/.cache/polymask/xla, $POLYMASK_CACHE_DIR; "
-                    "--no-cache before the subcommand turns it off), so later "
+                    "--no-cache turns it off), so later "
                     "`polymask embed` runs compile nothing.")
     w.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
     w.add_argument("--batch-size", type=_positive_int, default=32,
