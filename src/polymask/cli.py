@@ -292,26 +292,28 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("--cache-dir", default=default,
                             help="compilation cache directory (default $POLYMASK_CACHE_DIR "
                                  "or ~/.cache/polymask/xla)")
+    # batches and length buckets: the same options (and programs) for every command
+    batching = argparse.ArgumentParser(add_help=False)
+    batching.add_argument("--batch-size", type=_positive_int, default=32,
+                          help="texts per batch (default 32)")
+    batching.add_argument("--min-bucket", type=_positive_int, default=16,
+                          help="smallest token-length bucket (default 16)")
+    batching.add_argument("--bucket-steps", type=_positive_int, default=2,
+                          help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    d = sub.add_parser("demo", parents=[cache],
+    d = sub.add_parser("demo", parents=[cache, batching],
                        help="embed stdlib docstrings with all-MiniLM-L6-v2 and report")
     d.add_argument("--texts", type=_positive_int, default=384, help="corpus size (default 384)")
     d.add_argument("--sample", type=_positive_int, default=12,
                    help="texts re-run exactly with plain jax.jit (default 12)")
-    d.add_argument("--batch-size", type=_positive_int, default=32,
-                   help="texts per batch (default 32)")
-    d.add_argument("--min-bucket", type=_positive_int, default=16,
-                   help="smallest length bucket (default 16)")
-    d.add_argument("--bucket-steps", type=_positive_int, default=2,
-                   help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     d.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--out", default=None, help="also save the embeddings (.npy)")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_demo)
 
-    e = sub.add_parser("embed", parents=[cache],
+    e = sub.add_parser("embed", parents=[cache, batching],
                        help="embed a text file, one text per line (blank lines "
                             "skipped and reported)")
     e.add_argument("file")
@@ -321,13 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", default=None, metavar="DIR",
                    help="a BERT-style model directory (config.json, model.safetensors, "
                         "tokenizer.json; default: installed all-MiniLM-L6-v2)")
-    e.add_argument("--batch-size", type=_positive_int, default=32,
-                   help="texts per batch (default 32)")
     e.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=True,
                    help="L2-normalise the embeddings (default: yes)")
-    e.add_argument("--min-bucket", type=_positive_int, default=16, help="smallest length bucket (default 16)")
-    e.add_argument("--bucket-steps", type=_positive_int, default=2,
-                   help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     e.add_argument("--progress", action="store_true", help="progress bar (texts/s) on stderr")
     e.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="embed on a Ray Data actor pool (ray extra); ADDRESS of a cluster, "
@@ -336,18 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_embed)
 
     w = sub.add_parser(
-        "warmup", parents=[cache], help="compile every length bucket ahead of time (cached)",
+        "warmup", parents=[cache, batching], help="compile every length bucket ahead of time (cached)",
         description="Compile the embedding program of every token-length bucket into the "
                     "persistent compilation cache (~/.cache/polymask/xla, $POLYMASK_CACHE_DIR; "
                     "--no-cache turns it off), so later "
                     "`polymask embed` runs compile nothing.")
     w.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
-    w.add_argument("--batch-size", type=_positive_int, default=32,
-                   help="texts per batch (as for embed; default 32)")
-    w.add_argument("--min-bucket", type=_positive_int, default=16,
-                   help="smallest token-length bucket (as for embed)")
-    w.add_argument("--bucket-steps", type=_positive_int, default=2,
-                   help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
     w.set_defaults(func=cmd_warmup)
     return p
 
