@@ -56,7 +56,8 @@ def test_pow2_steps_split_each_doubling():
         p, prev = B.pow2(1, steps=steps), 0
         for n in range(1, 3000):
             b = p(n)
-            assert n <= b and prev <= b and (b - n) / b <= 1 / (steps + 1) + 1e-9 or n < 64
+            assert n <= b and prev <= b
+            assert n < 64 or (b - n) / b <= 1 / (steps + 1) + 1e-9
             prev = b
     assert repr(B.pow2(16, steps=2)) == "pow2(minimum=16, steps=2)"
     assert B.pow2(16, maximum=200, steps=2)(193) == 200

@@ -250,7 +250,8 @@ class PolyJit(TieredBuckets, Runner):
         specialises on the exact shapes, so padding could not save a compile,
         and the result is plain JAX's, derivatives included."""
         self._plan(args)
-        return self.fun(*args)  # numpy_outputs: a tracer cannot become a NumPy array
+        # (numpy_outputs does not apply: a traced output cannot be a NumPy array)
+        return self.fun(*args)
 
     def _outputs(self, info: _CallInfo, entry: Entry, out):
         outputs = entry.outputs

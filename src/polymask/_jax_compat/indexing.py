@@ -38,9 +38,11 @@ def _symbolic_axes_taken_whole(indexer) -> bool:
 
 
 def static_slice_of_static_axes(orig):
-    """``NDIndexer.to_static_slice`` that also accepts symbolic shapes when
-    only static axes are indexed (``active()`` says whether a masked trace of
-    this thread is running; outside one the original runs)."""
+    """``NDIndexer.to_static_slice`` (``orig``) that also accepts symbolic
+    shapes when only static axes are indexed; any other index goes to
+    ``orig``. ``splits.trace_hooks`` installs it for a masked trace only. An
+    unexpected result raises ``ValueError``, which ``rewriting_take`` takes as
+    "no static slice" and falls back to its gather."""
 
     def to_static_slice(self, **kwargs):
         sym = [i for i, s in enumerate(self.shape) if core.is_symbolic_dim(s)]

@@ -34,8 +34,7 @@ def length_buckets(min_bucket: int = 16, steps: int = 2):
     With batches cut like sentence-transformers' (sorted, padded to the
     longest), two steps per octave cut the padded tokens of the 384 demo texts
     from 29,696 (powers of two) to 25,344 (sentence-transformers pads to
-    22,304) for 7 programs instead of 5; steady state 56-62 -> 68-70 texts/s
-    on 2 CPU cores.
+    22,304) for 7 programs instead of 5.
     """
     from ..buckets import pow2
 
