@@ -96,6 +96,11 @@ def pow2(minimum: int = 8, maximum: int | None = None, steps: int = 1) -> Policy
     ``maximum`` (optional) is the largest bucket: sizes up to it fit (the last
     bucket may be smaller than a power of two), larger sizes raise
     ``ShapeError``. It lets tiered ``polymask.jit`` compile that bucket first.
+
+    Raises:
+      TypeError: ``minimum``, ``maximum`` or ``steps`` is not an int.
+      ValueError: ``minimum`` or ``steps`` below 1, ``maximum`` below ``minimum``.
+      ShapeError (when applied): a size above ``maximum``.
     """
     minimum = _int_arg(minimum, "pow2: minimum", 1)
     if maximum is not None:
