@@ -249,6 +249,10 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> d
         run = lambda: model.encode(texts, batch_size=32, convert_to_numpy=True)
         res.update(torch_threads=torch.get_num_threads(), torch=torch.__version__)
     else:
+        if name == "polymask":  # as the CLI does on start (polymask.hostmem)
+            from polymask import reuse_host_memory
+
+            res["reuse_host_memory"] = reuse_host_memory()
         jax, counter = start_jax()
         import jax.numpy as jnp
 
@@ -257,7 +261,7 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> d
         phases = Phases(counter)
         enc = load()
         texts = common_texts(quick)
-        if name == "polymask":
+        if name in ("polymask", "polymask_no_reuse"):
             run = lambda: enc.embed(texts)
         elif name == "jax_jit_sorted":
             f = batched_bert(jnp, jax, enc.config)
@@ -285,7 +289,7 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> d
     first = time.perf_counter() - t0
     if phases:
         phases.mark("first")
-    if name == "polymask":
+    if name in ("polymask", "polymask_no_reuse"):
         res.update(background_wait(enc.runner(None, 32)))
         phases.mark("background_wait")
     steady = []
@@ -302,7 +306,7 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> d
                steady_texts_per_s=n / float(np.median(steady)),
                steady_texts_per_s_min=n / max(steady), steady_texts_per_s_max=n / min(steady),
                **steady_summary(steady))
-    if name == "polymask":
+    if name in ("polymask", "polymask_no_reuse"):
         res["polymask_stats"] = enc.runner(None, 32).stats()
     if phases:
         res.update(phases.result())
@@ -368,7 +372,7 @@ def percall(name: str, quick: bool) -> dict:
 # ----------------------------------------------------------------------------
 CONTENDERS = {
     "attention": ["polymask_jit", "polymask_jit_numpy", "jax_jit", "handwritten", "torch_eager"],
-    "minilm": ["polymask", "jax_jit_sorted", "sentence_transformers"],
+    "minilm": ["polymask", "polymask_no_reuse", "jax_jit_sorted", "sentence_transformers"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
 }
 OPTIONAL = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers"}

@@ -132,3 +132,24 @@ def test_cli_rejects_non_positive_sizes_with_a_usage_error(flag, tmp_path, capsy
 def test_cache_options_before_or_after_the_subcommand(argv, no_cache, cache_dir):
     args = cli.build_parser().parse_args(argv)
     assert (args.no_cache, args.cache_dir) == (no_cache, cache_dir)
+
+
+@pytest.mark.parametrize("argv, off", [
+    (["embed", "f"], False),
+    (["--no-reuse-host-memory", "embed", "f"], True),
+    (["warmup", "--no-reuse-host-memory"], True),
+])
+def test_reuse_host_memory_option_before_or_after_the_subcommand(argv, off):
+    assert cli.build_parser().parse_args(argv).no_reuse_host_memory is off
+
+
+def test_cli_reuses_host_memory_unless_told_not_to(monkeypatch):
+    from polymask import hostmem
+
+    calls = []
+    monkeypatch.setattr(hostmem, "reuse_host_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(cli, "cmd_warmup", lambda args: 0)  # read by build_parser
+    assert cli.main(["warmup", "--no-cache", "--no-reuse-host-memory"]) == 0
+    assert calls == []
+    assert cli.main(["warmup", "--no-cache"]) == 0
+    assert calls == [1]

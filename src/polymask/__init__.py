@@ -13,6 +13,7 @@ from .cache import default_cache_dir, disable_compilation_cache, enable_compilat
 from .errors import ShapeError, UnsupportedError
 from .explain import explain
 from .formula import shape_formula
+from .hostmem import reuse_host_memory
 from .masked import Masked, logical_shape, pad, stack
 from .ops import (
     arange,
@@ -36,6 +37,6 @@ __all__ = [
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
     "buckets", "value_and_grad", "enable_compilation_cache", "disable_compilation_cache",
-    "default_cache_dir", "runner",
+    "default_cache_dir", "runner", "reuse_host_memory",
 ]
 __version__ = "0.1.0"

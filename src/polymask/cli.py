@@ -13,7 +13,9 @@ plain ``jax.jit`` (one compile per token length).
 Compiled programs are kept in JAX's persistent compilation cache, by default
 in ``~/.cache/polymask/xla`` (``$POLYMASK_CACHE_DIR`` to move it,
 ``POLYMASK_CACHE_DIR=off`` or ``--no-cache`` to turn it off), so a second
-run compiles nothing.
+run compiles nothing. The command also makes glibc's malloc keep freed memory
+for reuse (``polymask.reuse_host_memory``; ``--no-reuse-host-memory`` turns it
+off): XLA:CPU's large per-call buffers then cost no page faults.
 """
 
 from __future__ import annotations
@@ -292,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("--cache-dir", default=default,
                             help="compilation cache directory (default $POLYMASK_CACHE_DIR "
                                  "or ~/.cache/polymask/xla)")
+        parser.add_argument("--no-reuse-host-memory", action="store_true",
+                            default=False if default is None else default,
+                            help="leave glibc malloc's settings alone (default: keep freed "
+                                 "memory for reuse, see polymask.reuse_host_memory)")
     # batches and length buckets: the same options (and programs) for every command
     batching = argparse.ArgumentParser(add_help=False)
     batching.add_argument("--batch-size", type=_positive_int, default=32,
@@ -346,6 +352,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
+    if not args.no_reuse_host_memory:  # before JAX allocates: see polymask.hostmem
+        from .hostmem import reuse_host_memory
+
+        reuse_host_memory()
     _enable_cache(args)
     return int(args.func(args) or 0)
 
