@@ -29,3 +29,12 @@ def test_interpreter_names_no_primitive():
     text = (SRC / "interpreter.py").read_text()
     named = [p for p in compat.all_primitives() if f'"{p}"' in text or f"'{p}'" in text]
     assert not named, named
+
+
+def test_private_jax_api_only_in_the_compat_package():
+    import re
+
+    offenders = [str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                 if "_jax_compat" not in p.parts
+                 and re.search(r"^\s*(from|import)\s+jax\._src", p.read_text(), re.M)]
+    assert offenders == []

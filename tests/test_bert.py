@@ -84,6 +84,12 @@ def test_tiny_bert_loader_and_masked_embeddings(tmp_path):
         hand = bert.embed_padded_reference(enc.params, jnp.asarray(padded), len(x), enc.config)
         np.testing.assert_allclose(np.asarray(hand), ref, atol=2e-5)
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+    # one str is one text (sentence-transformers' encode), not its characters
+    [one] = enc.tokenize(TEXTS[0])
+    np.testing.assert_array_equal(one, ids[0])
+    single = enc.embed(TEXTS[0], batch_size=4)
+    assert single.shape == (16,)
+    np.testing.assert_allclose(single, emb[0], atol=1e-6)
 
 
 def test_tiny_bert_polymask_jit_one_compile(tmp_path):

@@ -151,5 +151,9 @@ def test_cli_reuses_host_memory_unless_told_not_to(monkeypatch):
     monkeypatch.setattr(cli, "cmd_warmup", lambda args: 0)  # read by build_parser
     assert cli.main(["warmup", "--no-cache", "--no-reuse-host-memory"]) == 0
     assert calls == []
+    monkeypatch.setenv("POLYMASK_REUSE_HOST_MEMORY", "off")
+    assert cli.main(["warmup", "--no-cache"]) == 0
+    assert calls == []
+    monkeypatch.delenv("POLYMASK_REUSE_HOST_MEMORY")
     assert cli.main(["warmup", "--no-cache"]) == 0
     assert calls == [1]

@@ -55,3 +55,15 @@ def test_reuse_host_memory_is_exported_and_idempotent_in_a_subprocess():
     expected = "True" if hostmem._glibc() is not None else "False"
     assert out == [expected, expected]
     assert polymask.reuse_host_memory is hostmem.reuse_host_memory
+
+
+@pytest.mark.parametrize("value, wanted", [
+    (None, True), ("1", True), ("on", True), ("off", False), ("0", False), ("False", False),
+    ("no", False), ("", False),
+])
+def test_reuse_host_memory_wanted_reads_the_environment(monkeypatch, value, wanted):
+    if value is None:
+        monkeypatch.delenv("POLYMASK_REUSE_HOST_MEMORY", raising=False)
+    else:
+        monkeypatch.setenv("POLYMASK_REUSE_HOST_MEMORY", value)
+    assert hostmem.reuse_host_memory_wanted() is wanted

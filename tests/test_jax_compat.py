@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from polymask import _jax_compat as compat
 from polymask import _jax_compat as jax_hooks
@@ -132,3 +133,34 @@ def test_rule_tables_of_polymask_primitives():
     assert float(jax.grad(lambda x: half_p.bind(x))(1.0)) == 0.5
     assert compat.is_symbolic_zero(compat.symbolic_zero_like(jnp.ones(2)))
     assert not compat.is_symbolic_zero(jnp.ones(2))
+
+
+def test_current_trace_identifies_the_trace_being_built():
+    seen = []
+
+    def f(x):
+        seen.append(compat.current_trace())
+        return x + 1
+
+    jax.make_jaxpr(f)(1.0)
+    jax.make_jaxpr(lambda x: f(x) * 2)(1.0)
+    assert seen[0] is not None and seen[0] is not seen[1]
+    assert compat.current_trace() is not seen[0]  # outside: the eval trace
+
+
+def test_reset_compilation_cache_rereads_the_directory(tmp_path):
+    import polymask as pm
+
+    x = np.arange(7.0, dtype=np.float32)
+    prev = pm.enable_compilation_cache(tmp_path / "c")
+    try:
+        with pm.runner.compile_counter() as cc:
+            jax.jit(lambda x: x * 3.5 + 1)(x).block_until_ready()
+        assert cc.compiles == 1
+        assert any((tmp_path / "c").iterdir())  # written where the setting points
+        jax.clear_caches()
+        with pm.runner.compile_counter() as cc:
+            jax.jit(lambda x: x * 3.5 + 1)(x).block_until_ready()
+        assert (cc.compiles, cc.cache_hits) == (0, 1)  # read back from it
+    finally:
+        pm.disable_compilation_cache(prev)

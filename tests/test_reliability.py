@@ -9,7 +9,7 @@ import pytest
 
 import polymask as pm
 from polymask import buckets as B
-from polymask.testing import check_oracle, garbage_pad
+from polymask.testing import check_oracle, garbage_pad, garbage_value
 
 X5 = np.arange(5.0, dtype=np.float32)
 
@@ -136,7 +136,9 @@ def test_garbage_pad_low_precision_floats_get_nan(dtype):
 
 def test_garbage_pad_other_dtypes():
     out = garbage_pad(np.ones((1, 2), jnp.float4_e2m1fn), (2, 2))  # no NaN: largest finite
-    np.testing.assert_array_equal(out.astype(np.float32), [[1, 1], [6, 6]])
+    np.testing.assert_array_equal(
+        out.astype(np.float32), [[1, 1], [6, 6]],
+        err_msg=f"fill {garbage_value(jnp.float4_e2m1fn)!r}, bits {out.view(np.uint8).tolist()}")
     np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.int4), (2,)).astype(np.int32),
                                   [1, 7])
     np.testing.assert_array_equal(garbage_pad(np.ones(1, np.int32), (2,)), [1, 2**30 + 6])

@@ -228,8 +228,19 @@ def _sorted_batch_programs(sizes, policy, rows):
 
 
 @pytest.mark.parametrize("ahead", [True, False])
-def test_ragged_map_compile_ahead_compiles_each_program_once(ahead):
+def test_ragged_map_compile_ahead_compiles_each_program_once(ahead, monkeypatch):
+    from polymask import ragged
+
     rng = np.random.default_rng(2)
+    queued = []  # programs handed to the background compiler (which thread wins is timing)
+    real = ragged.background_executor
+
+    class Counting:
+        def submit(self, fn, *a):
+            queued.append(fn)
+            return real().submit(fn, *a)
+
+    monkeypatch.setattr(ragged, "background_executor", Counting)
 
     def f(x):
         return jnp.cumsum(x, axis=0)[-1] * 2.0 if x.shape[0] else jnp.zeros(3)
@@ -245,9 +256,22 @@ def test_ragged_map_compile_ahead_compiles_each_program_once(ahead):
     groups = len(_sorted_batch_programs(sizes, B.pow2(2), 4))
     assert groups == 3
     assert st["compiles"] == groups, st
-    assert (st["background_compiles"] > 0) == ahead
+    # every program but the first batch's is queued ahead; the main thread
+    # compiles a queued one itself when it gets there first (the entry lock)
+    assert len(queued) == (groups - 1 if ahead else 0)
+    assert st["background_compiles"] <= len(queued)
+    assert st["cache_size"] == groups
     rm(exs)
     assert rm.stats()["compiles"] == groups
+
+
+def test_stats_cache_size_counts_compiled_programs_only():
+    rm = pm.ragged_map(lambda x: x * 2, ("n",), buckets=B.pow2(4), batch_size=2)
+    rm._entry(("a queued program",), hit=False)  # created, not compiled yet
+    assert rm.stats()["cache_size"] == 0
+    outs = rm([np.ones(3, np.float32)])
+    np.testing.assert_allclose(outs[0], 2 * np.ones(3))
+    assert rm.stats()["cache_size"] == 1
 
 
 def test_ragged_map_auto_specs_and_ragged_outputs():

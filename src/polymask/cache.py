@@ -15,6 +15,8 @@ import pathlib
 
 import jax
 
+from . import _jax_compat as compat
+
 __all__ = ["default_cache_dir", "enable_compilation_cache", "disable_compilation_cache"]
 
 _OFF = ("", "0", "off", "none", "false", "no")
@@ -27,15 +29,6 @@ def default_cache_dir() -> pathlib.Path | None:
         return None if env.strip().lower() in _OFF else pathlib.Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
     return pathlib.Path(base) / "polymask" / "xla"
-
-
-def _reset() -> None:
-    try:  # the cache object is created once per process: make it re-read the directory
-        from jax._src import compilation_cache as cc
-
-        cc.reset_cache()
-    except Exception:  # pragma: no cover - private API moved
-        pass
 
 
 def enable_compilation_cache(path=None):
@@ -64,11 +57,11 @@ def enable_compilation_cache(path=None):
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    _reset()
+    compat.reset_compilation_cache()
     return prev
 
 
 def disable_compilation_cache(previous=None) -> None:
     """Turn the persistent cache off (or back to ``previous``, from ``enable_...``)."""
     jax.config.update("jax_compilation_cache_dir", previous)
-    _reset()
+    compat.reset_compilation_cache()

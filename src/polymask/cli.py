@@ -14,8 +14,9 @@ Compiled programs are kept in JAX's persistent compilation cache, by default
 in ``~/.cache/polymask/xla`` (``$POLYMASK_CACHE_DIR`` to move it,
 ``POLYMASK_CACHE_DIR=off`` or ``--no-cache`` to turn it off), so a second
 run compiles nothing. The command also makes glibc's malloc keep freed memory
-for reuse (``polymask.reuse_host_memory``; ``--no-reuse-host-memory`` turns it
-off): XLA:CPU's large per-call buffers then cost no page faults.
+for reuse (``polymask.reuse_host_memory``; ``--no-reuse-host-memory`` or
+``POLYMASK_REUSE_HOST_MEMORY=off`` turn it off): XLA:CPU's large per-call
+buffers then cost no page faults.
 """
 
 from __future__ import annotations
@@ -246,7 +247,8 @@ def cmd_embed(args) -> int:
 
         emb = embed_with_ray(texts, args.model, address=args.ray or None, actors=args.actors,
                              batch_size=args.batch_size, min_bucket=args.min_bucket, bucket_steps=args.bucket_steps,
-                             normalize=args.normalize)
+                             normalize=args.normalize,
+                             reuse_memory=not args.no_reuse_host_memory)
         how = f"ray, {args.actors} actors"
     else:
         enc = _load_encoder(args.model)
@@ -297,7 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_argument("--no-reuse-host-memory", action="store_true",
                             default=False if default is None else default,
                             help="leave glibc malloc's settings alone (default: keep freed "
-                                 "memory for reuse, see polymask.reuse_host_memory)")
+                                 "memory for reuse, see polymask.reuse_host_memory; Linux "
+                                 "with glibc only; POLYMASK_REUSE_HOST_MEMORY=off also "
+                                 "turns it off)")
     # batches and length buckets: the same options (and programs) for every command
     batching = argparse.ArgumentParser(add_help=False)
     batching.add_argument("--batch-size", type=_positive_int, default=32,
@@ -352,9 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = build_parser().parse_args(argv)
-    if not args.no_reuse_host_memory:  # before JAX allocates: see polymask.hostmem
-        from .hostmem import reuse_host_memory
+    from .hostmem import reuse_host_memory, reuse_host_memory_wanted
 
+    if args.no_reuse_host_memory or not reuse_host_memory_wanted():
+        args.no_reuse_host_memory = True
+    else:  # before JAX allocates: see polymask.hostmem
         reuse_host_memory()
     _enable_cache(args)
     return int(args.func(args) or 0)

@@ -10,17 +10,19 @@ freed memory in the process instead, as PyTorch's and TensorFlow's
 recommended tcmalloc/jemalloc setups do: the same batch then takes no page
 fault.
 
-The CLI calls it on start (``--no-reuse-host-memory`` turns it off); the
-library never changes the process's allocator by itself.
+The CLI calls it on start, and so do its Ray actors (``--no-reuse-host-memory``
+or ``POLYMASK_REUSE_HOST_MEMORY=off`` turn it off); the library never changes
+the process's allocator by itself.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 
-__all__ = ["reuse_host_memory"]
+__all__ = ["reuse_host_memory", "reuse_host_memory_wanted"]
 
 # mallopt parameters (glibc malloc.h)
 _M_TRIM_THRESHOLD = -1
@@ -53,8 +55,16 @@ def reuse_host_memory() -> bool:
     after each call; XLA:CPU programs with large temporaries skip the page
     faults of fresh pages on every call (measured in the module docstring).
 
-    Call it early, before the first JAX computation: threads that already
-    allocated keep their own arenas. Idempotent.
+    Trade-offs: memory freed after a peak (a long batch) is never given back
+    to the kernel, so a long-running server keeps its largest call's
+    footprint while idle; and one arena serialises ``malloc`` across threads
+    (host code that allocates heavily from many threads can slow down). There
+    is no undo within the process.
+
+    Call it early, before the first JAX computation: a thread that already
+    allocated keeps its own arena, whose large blocks are then still returned
+    to the kernel (the call still returns True; the effect is partial).
+    Idempotent.
 
     Returns:
       True when the settings are applied (Linux with glibc), False elsewhere
@@ -70,3 +80,10 @@ def reuse_host_memory() -> bool:
                                             (_M_TRIM_THRESHOLD, 2**31 - 1)))
     _applied = ok
     return ok
+
+
+def reuse_host_memory_wanted() -> bool:
+    """False when ``$POLYMASK_REUSE_HOST_MEMORY`` says off (``0``, ``off``,
+    ``false``, ``no``): the CLI then leaves the allocator alone."""
+    v = os.environ.get("POLYMASK_REUSE_HOST_MEMORY")
+    return v is None or v.strip().lower() not in ("0", "off", "false", "no", "none", "")

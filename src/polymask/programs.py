@@ -270,7 +270,8 @@ class Runner:
           (``jax.monitoring``); ``persistent_cache_hits``: programs loaded
           from the persistent compilation cache instead.
         - ``evictions``, ``cache_size``: programs dropped (least recently
-          used) and kept.
+          used) and compiled programs kept (a program still queued for a
+          background compile is not counted).
         - ``tiered_calls``: ``polymask.jit`` calls served by a larger bucket
           while their own compiled in the background.
         - ``pad_compiles``: device-side input pads compiled (accelerators,
@@ -281,7 +282,7 @@ class Runner:
         """
         with self._lock:
             s = dict(self._stats)
-            s["cache_size"] = len(self._cache)
+            s["cache_size"] = sum(1 for e in self._cache.values() if e.live)
         self._extra_stats(s)
         padded = s.pop("padded_elements")
         logical = s.pop("logical_elements")

@@ -16,7 +16,12 @@ __all__ = ["embed_with_ray"]
 class _Embedder:
     """A Ray Data callable class: one ``SentenceEncoder`` per actor."""
 
-    def __init__(self, model_dir, min_bucket, batch_size, normalize=True, bucket_steps=2):
+    def __init__(self, model_dir, min_bucket, batch_size, normalize=True, bucket_steps=2,
+                 reuse_memory=True):
+        if reuse_memory:  # as the CLI's own process (polymask.hostmem), before JAX runs
+            from .hostmem import reuse_host_memory
+
+            reuse_host_memory()
         from .models.loader import SentenceEncoder, length_buckets
 
         self.enc = SentenceEncoder(model_dir)
@@ -33,12 +38,14 @@ class _Embedder:
 
 def embed_with_ray(texts: list[str], model_dir=None, *, address: str | None = None,
                    actors: int = 2, batch_size: int = 32, min_bucket: int = 16,
-                   bucket_steps: int = 2, block_size: int | None = None, normalize: bool = True) -> np.ndarray:
+                   bucket_steps: int = 2, block_size: int | None = None, normalize: bool = True,
+                   reuse_memory: bool = True) -> np.ndarray:
     """Embeddings ``(len(texts), dim)`` in input order, computed by ``actors`` Ray actors.
 
     ``address``: a Ray cluster (``"auto"``, ``"ray://host:10001"``); None starts
     or reuses a local instance. ``block_size``: texts per Ray Data batch
-    (default ``4 * batch_size``).
+    (default ``4 * batch_size``). ``reuse_memory``: each actor calls
+    ``polymask.reuse_host_memory()`` first, as the CLI does.
     """
     try:
         import ray
@@ -51,7 +58,7 @@ def embed_with_ray(texts: list[str], model_dir=None, *, address: str | None = No
         model_dir = str(pathlib.Path(model_dir).resolve())
     ds = ray.data.from_items([{"index": i, "text": t} for i, t in enumerate(texts)])
     out = ds.map_batches(_Embedder, fn_constructor_args=(model_dir, min_bucket, batch_size,
-                                                         normalize, bucket_steps),
+                                                         normalize, bucket_steps, reuse_memory),
                          batch_size=block_size or 4 * batch_size, batch_format="numpy",
                          concurrency=actors)
     rows = out.take_all()

@@ -147,6 +147,15 @@ def is_tracer(x) -> bool:
     return isinstance(x, _core.Tracer)
 
 
+def current_trace():
+    """The trace JAX binds primitives to now (an object identifying the trace
+    being built), or None where the private API moved."""
+    try:
+        return _core.trace_ctx.trace
+    except AttributeError:  # pragma: no cover - private API moved
+        return None
+
+
 def instantiate_zero(x, aval=None):
     """Turn JAX's symbolic ``Zero`` cotangent into an array (else return ``x``)."""
     import jax.numpy as _jnp

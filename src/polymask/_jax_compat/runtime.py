@@ -1,4 +1,5 @@
-"""Host -> device upload of the runners' unpadded outputs."""
+"""Host -> device upload of the runners' unpadded outputs; the persistent
+compilation cache's reset."""
 
 from __future__ import annotations
 
@@ -54,3 +55,15 @@ def _make_upload():
         return up
     except Exception:  # pragma: no cover - private API moved
         return jax.device_put
+
+
+def reset_compilation_cache() -> None:
+    """Make JAX's persistent compilation cache re-read its directory setting
+    (the cache object is created once per process); a no-op where the private
+    API moved."""
+    try:
+        from jax._src import compilation_cache as cc
+
+        cc.reset_cache()
+    except (ImportError, AttributeError):  # pragma: no cover - private API moved
+        pass

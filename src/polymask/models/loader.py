@@ -97,7 +97,13 @@ class SentenceEncoder:
 
     # -- tokens ------------------------------------------------------------------
     def tokenize(self, texts) -> list[np.ndarray]:
-        """Token ids (int32, exact length, ``[CLS] ... [SEP]``) per text."""
+        """Token ids (int32, exact length, ``[CLS] ... [SEP]``) per text.
+
+        ``texts``: a sequence of strings; one ``str`` is one text (a list of
+        one array), never a sequence of characters.
+        """
+        if isinstance(texts, str):
+            texts = [texts]
         encs = self.tokenizer.encode_batch(list(texts))
         return [np.asarray(e.ids, np.int32) for e in encs]
 
@@ -162,9 +168,14 @@ class SentenceEncoder:
     def embed(self, texts, *, buckets=None, batch_size=32, progress=False,
               normalize: bool = True) -> np.ndarray:
         """Embeddings ``(N, hidden_size)`` of ``texts`` (float32; L2-normalised
-        unless ``normalize=False``, as sentence-transformers' ``encode``)."""
-        return self.embed_ids(self.tokenize(texts), buckets=buckets, batch_size=batch_size,
-                              progress=progress, normalize=normalize)
+        unless ``normalize=False``, as sentence-transformers' ``encode``).
+
+        One ``str`` is one text and gives one embedding ``(hidden_size,)``, as
+        sentence-transformers' ``encode`` does.
+        """
+        out = self.embed_ids(self.tokenize(texts), buckets=buckets, batch_size=batch_size,
+                             progress=progress, normalize=normalize)
+        return out[0] if isinstance(texts, str) else out
 
 
 def load(model_dir=None, dtype=jnp.float32) -> SentenceEncoder:

@@ -43,12 +43,7 @@ def shared_masks() -> Iterator[None]:
 
 
 def _current_trace():
-    try:
-        from jax._src import core
-
-        return core.trace_ctx.trace
-    except Exception:  # pragma: no cover - private API moved: no sharing
-        return None
+    return compat.current_trace()  # None: no sharing
 
 
 def valid_mask(logical: Sequence, padded: Sequence[int], axes=None):
