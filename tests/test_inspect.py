@@ -234,3 +234,16 @@ def test_shape_formula_from_specs_alone():
 def test_explain_from_specs_alone():
     e = pm.explain(lambda x: jnp.sum(x[::2]), "n", print_output=False)
     assert "placeholder bound" in e and "floordiv(n + 1, 2)" in e
+
+
+def test_shape_formula_evaluate_raises_where_the_function_raises():
+    # top_k with k = 3 fails for n < 3 in plain JAX: the formula must not answer (3,) there
+    f = pm.shape_formula(lambda x: lax.top_k(x, 3)[0], "n", (8,))
+    assert f.evaluate(n=3) == (3,) and f.evaluate(n=8) == (3,)
+    for n in (0, 2):
+        with pytest.raises(pm.ShapeError, match=rf"at {{'n': {n}}} .*raises"):
+            f.evaluate(n=n)
+        with pytest.raises(ValueError):
+            lax.top_k(jnp.ones(n), 3)  # plain JAX agrees
+    assert f.errors and "n" in f.errors[0][0]
+    assert pm.shape_formula(lambda x: x * 2, "n", (8,)).errors == ()

@@ -476,3 +476,45 @@ def test_size_above_the_largest_bucket_names_the_dim_var_and_input():
     with pytest.raises(pm.ShapeError, match=r"dim var 'm' = 17 \(from args\[1\]\.shape\[0\]\): "
                                             r"size 17 is larger than the largest bucket 16"):
         f(np.ones(3, np.float32), np.ones(17, np.float32))
+
+
+def test_jit_keyword_arguments_take_their_parameters_position():
+    def f(x, w, scale=2.0, offset=0.0):
+        return jnp.cumsum(x * w) * scale + offset
+
+    g = pm.jit(f, ("n", "n", None, None), buckets=B.pow2(4))
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 3, 8):
+        x, w = (rng.normal(size=n).astype(np.float32) for _ in range(2))
+        want = np.cumsum(x * w) * 2.0
+        for got in (g(x, w), g(x, w=w), g(x=x, w=w), g(w=w, x=x)):
+            assert got.shape == (n,)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        # a skipped parameter takes its default
+        np.testing.assert_allclose(g(x, w, offset=1.5), want + 1.5, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(g(x, w=w, scale=3.0), np.cumsum(x * w) * 3.0,
+                                   rtol=1e-5, atol=1e-6)
+    assert g.stats()["compiles"] == 2  # buckets 4 and 8: keywords add no program
+
+
+def test_jit_keyword_arguments_that_cannot_be_positional_raise():
+    def f(x, w, scale=2.0):
+        return x * w * scale
+
+    x = np.ones(3, np.float32)
+    with pytest.raises(TypeError, match=r"'scale' \(passed by keyword\) is argument 2, and "
+                                        r"in_specs has 2 entries.*functools.partial"):
+        pm.jit(f, ("n", "n"))(x, x, scale=3.0)
+
+    def kw_only(x, *, k):
+        return x * k
+
+    with pytest.raises(TypeError, match=r"'k' \(passed by keyword\) is keyword-only"):
+        pm.jit(kw_only, ("n",))(x, k=2.0)
+    with pytest.raises(TypeError, match=r"f\(\): missing a required argument: 'w'"):
+        pm.jit(f, ("n", "n"))(x, scale=1.0)
+    with pytest.raises(TypeError, match="multiple values"):
+        pm.jit(f, ("n", "n"))(x, x, w=x)
+    import functools
+
+    np.testing.assert_allclose(pm.jit(functools.partial(kw_only, k=2.0), ("n",))(x), 2 * x)

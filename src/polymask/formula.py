@@ -136,6 +136,8 @@ class ShapeFormula:
     internal: dict = dataclasses.field(repr=False, default_factory=dict)
     # piecewise: ((conditions in words, formula, conditions over internal dim vars), ...)
     cases: tuple = dataclasses.field(repr=False, default=())
+    # sizes where the plain function raises: ((conditions in words, conditions, error), ...)
+    errors: tuple = dataclasses.field(repr=False, default=())
 
     def _str(self, d) -> str:
         return display_expr(d, self.internal)
@@ -160,10 +162,19 @@ class ShapeFormula:
         return len(self.exprs)
 
     def evaluate(self, **sizes) -> tuple[int, ...]:
-        """The logical shape at the given dim var values (``f.evaluate(n=7)``)."""
+        """The logical shape at the given dim var values (``f.evaluate(n=7)``).
+
+        Raises:
+          ShapeError: the plain function raises at these sizes (``top_k`` with
+            ``k > n``: the message is its error), or a dim var has no value.
+        """
+        vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
+                for k, x in sizes.items()}
+        for text, conditions, error in self.errors:
+            if all(_holds(c, vals) for c in conditions):
+                raise ShapeError(f"ShapeFormula.evaluate: at {sizes} ({text}) the function "
+                                 f"raises: {error}")
         if self.cases:  # piecewise: the case whose conditions hold at these sizes
-            vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
-                    for k, x in sizes.items()}
             for _, formula, conditions in self.cases:
                 if all(_holds(c, vals) for c in conditions):
                     return formula.evaluate(**sizes)
@@ -324,6 +335,10 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
                                                   for text, fs, conds in per_case))
                if _differs(i, per_case, live) else f
                for i, f in enumerate(out)]
+    errors = tuple((tree.describe_conditions(c), c.conditions, c.error.splitlines()[0])
+                   for c in tree.cases if c.error is not None and c.reachable)
+    if errors:
+        out = [dataclasses.replace(f, errors=errors) for f in out]
     return jax.tree_util.tree_unflatten(tree.base.out_tree, out)
 
 

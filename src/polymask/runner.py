@@ -47,6 +47,7 @@ from .plan import (
     padded_shape,
 )
 from .programs import Entry, Runner, build_inner, count_value, raise_case_error
+from .specs import keywords_as_positional
 from .tiering import TieredBuckets
 
 __all__ = ["jit", "PolyJit", "compile_counter"]
@@ -57,8 +58,6 @@ def _leaf_key(x):
         return (type(x), x.shape, x.dtype)
     except AttributeError:
         return (type(x), np.shape(x), dtype_key(x))
-
-
 
 
 @dataclasses.dataclass(eq=False)
@@ -105,6 +104,7 @@ class PolyJit(TieredBuckets, Runner):
         self.tiered = bool(tiered)
         self._infos: dict = {}
         self._fast: dict = {}
+        self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
         self._retired = [0, 0, 0]  # calls, logical, padded of dropped infos
         self._fg_compiles_in_calls = 0
         functools.update_wrapper(self, fun)
@@ -203,7 +203,9 @@ class PolyJit(TieredBuckets, Runner):
         return out
 
     # -- calls ---------------------------------------------------------------------
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
+        if kwargs or len(args) < self._n_specs:  # by fun's signature, defaults filled in
+            args = keywords_as_positional(self.fun, self.in_specs, args, kwargs)
         fast = True
         for a in args:
             if type(a) not in FAST_TYPES:
@@ -361,9 +363,7 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
       constraints: ``jax.export`` constraints (``"n >= 3"``), checked on the host.
       cache_size: most compiled programs kept (least recently used dropped).
       numpy_outputs: return NumPy arrays instead of ``jax.Array``.
-      slice_after: ignored (kept for compatibility): padded outputs are always
-        sliced on the host with NumPy and uploaded with ``jax.device_put``, so
-        nothing is compiled per output shape (``stats()["slice_compiles"]`` is 0).
+      slice_after: ignored (compatibility): outputs are sliced on the host.
       tiered: serve a size whose bucket is not compiled yet from the smallest
         compiled bucket that holds it, while its own bucket compiles in a
         background thread (later calls switch to it; ``f.wait()`` waits for
@@ -384,6 +384,11 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     is passed through), logical sizes are runtime arguments (a new size in a
     known bucket never recompiles), and outputs are sliced to their logical
     shapes. Raises ``ShapeError`` for inconsistent sizes (before running).
+
+    Keyword arguments take their parameter's position in ``fun``'s signature
+    (``f(x, mask=m)`` is ``f(x, m)``; ``in_specs`` applies by position), and
+    parameters with an in_specs entry left out take their defaults.
+    Keyword-only parameters raise ``TypeError`` (``functools.partial``).
 
     Under ``jax.grad``, ``jax.jit`` or ``jax.vmap`` (traced inputs) the sizes
     are checked the same way and ``fun`` is traced into the caller's program

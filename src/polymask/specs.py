@@ -271,3 +271,49 @@ def split_specs(fun, in_specs, n_args: int, kwargs: dict):
                 f"in_specs names argument '{key}', which {getattr(fun, '__name__', 'fun')} "
                 f"does not take (parameters: {sorted(names)})")
     return tuple(pos), kw
+
+
+def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
+    """The positional arguments of a call ``fun(*args, **kwargs)`` (``polymask.jit``).
+
+    A keyword argument of a positional-or-keyword parameter takes that
+    parameter's place (parameters skipped before it take their defaults), so
+    ``f(x, mask=m)`` is planned as ``f(x, m)`` and ``in_specs`` applies by
+    position; parameters up to the last one ``in_specs`` covers that the call
+    leaves out take their defaults too. A keyword argument with no place there (keyword-only or
+    ``**kwargs`` parameters, or a position ``in_specs`` gives no entry) has no
+    spec to pad it by and raises.
+
+    Raises:
+      TypeError: the call does not match ``fun``'s signature (as ``fun``
+        itself would), ``fun`` has no inspectable signature, or a keyword
+        argument cannot be made positional (the message says what to do).
+    """
+    name = getattr(fun, "__name__", "fun")
+    try:
+        sig = inspect.signature(fun)
+    except (TypeError, ValueError):
+        raise TypeError(f"polymask.jit: {name} has no inspectable signature: pass "
+                        f"{sorted(kwargs)} positionally") from None
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"{name}(): {e}") from None
+    params = list(sig.parameters.values())
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    names = [p.name for p in positional]
+    n_specs = None if in_specs is None else len(in_specs)
+    for k in kwargs:
+        i = names.index(k) if k in names else None
+        if i is None or (n_specs is not None and i >= n_specs):
+            where = ("is keyword-only" if i is None else
+                     f"is argument {i}, and in_specs has {n_specs} entries")
+            raise TypeError(
+                f"polymask.jit: {name}'s argument '{k}' (passed by keyword) {where}: give it "
+                "an in_specs entry (None for a static argument) and pass it by position or "
+                "name, or bind it first with functools.partial")
+    last = max([names.index(k) for k in kwargs] + [(n_specs or 0) - 1])
+    out = list(args)
+    for p in positional[len(args):last + 1]:
+        out.append(kwargs[p.name] if p.name in kwargs else p.default)
+    return tuple(out)
