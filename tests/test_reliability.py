@@ -139,6 +139,7 @@ def test_garbage_pad_other_dtypes():
     np.testing.assert_array_equal(
         out.astype(np.float32), [[1, 1], [6, 6]],
         err_msg=f"fill {garbage_value(jnp.float4_e2m1fn)!r}, bits {out.view(np.uint8).tolist()}")
+    assert out.view(np.uint8).tolist() == [[2, 2], [7, 7]]  # 1.0 and 6.0, bit for bit
     np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.int4), (2,)).astype(np.int32),
                                   [1, 7])
     np.testing.assert_array_equal(garbage_pad(np.ones(1, np.int32), (2,)), [1, 2**30 + 6])

@@ -502,14 +502,21 @@ def test_jit_keyword_arguments_that_cannot_be_positional_raise():
         return x * w * scale
 
     x = np.ones(3, np.float32)
-    with pytest.raises(TypeError, match=r"'scale' \(passed by keyword\) is argument 2, and "
-                                        r"in_specs has 2 entries.*functools.partial"):
+    with pytest.raises(pm.ShapeError, match=r"'scale' \(passed by keyword\) is argument 2, "
+                                           r"and in_specs has 2 entries.*functools.partial"):
         pm.jit(f, ("n", "n"))(x, x, scale=3.0)
+    with pytest.raises(pm.ShapeError, match="in_specs has 2 entries but the function was "
+                                            "called with 3 positional arguments"):
+        pm.jit(f, ("n", "n"))(x, x, 3.0)  # the same mistake by position: the same error type
+    with pytest.raises(pm.ShapeError, match=r"in_specs has 4 entries but f takes 3 positional "
+                                            r"parameters \(x, w, scale\)"):
+        pm.jit(f, ("n", "n", None, "m"))(x, x)
 
     def kw_only(x, *, k):
         return x * k
 
-    with pytest.raises(TypeError, match=r"'k' \(passed by keyword\) is keyword-only"):
+    with pytest.raises(pm.ShapeError, match=r"'k' is keyword-only .*functools.partial\(kw_only, "
+                                            r"k=\.\.\.\)"):
         pm.jit(kw_only, ("n",))(x, k=2.0)
     with pytest.raises(TypeError, match=r"f\(\): missing a required argument: 'w'"):
         pm.jit(f, ("n", "n"))(x, scale=1.0)

@@ -137,7 +137,7 @@ class ShapeFormula:
     # piecewise: ((conditions in words, formula, conditions over internal dim vars), ...)
     cases: tuple = dataclasses.field(repr=False, default=())
     # sizes where the plain function raises: ((conditions in words, conditions, error), ...)
-    errors: tuple = dataclasses.field(repr=False, default=())
+    error_cases: tuple = dataclasses.field(repr=False, default=())
 
     def _str(self, d) -> str:
         return display_expr(d, self.internal)
@@ -170,7 +170,7 @@ class ShapeFormula:
         """
         vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
                 for k, x in sizes.items()}
-        for text, conditions, error in self.errors:
+        for text, conditions, error in self.error_cases:
             if all(_holds(c, vals) for c in conditions):
                 raise ShapeError(f"ShapeFormula.evaluate: at {sizes} ({text}) the function "
                                  f"raises: {error}")
@@ -256,8 +256,17 @@ class ShapeFormula:
             return "; ".join(f"{f} if {text}" for text, f, _ in self.cases)
         return _tuple_str(self.strs)
 
+    @property
+    def errors(self) -> tuple[tuple[str, str], ...]:
+        """Where the plain function raises: ``(sizes in words, its error)`` per case
+        (``top_k(x, 3)``: ``n == 0``, ``n == 1``, ``n == 2``); ``evaluate`` raises there."""
+        return tuple((text, error) for text, _, error in self.error_cases)
+
     def __repr__(self) -> str:
-        return f"ShapeFormula({self}, bound={self.bound}, dtype={np.dtype(self.dtype).name})"
+        raises = ("" if not self.error_cases else
+                  ", raises when " + " or ".join(t for t, _, _ in self.error_cases))
+        return (f"ShapeFormula({self}, bound={self.bound}, dtype={np.dtype(self.dtype).name}"
+                f"{raises})")
 
 
 def _differs(i: int, per_case, live) -> bool:
@@ -338,7 +347,7 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
     errors = tuple((tree.describe_conditions(c), c.conditions, c.error.splitlines()[0])
                    for c in tree.cases if c.error is not None and c.reachable)
     if errors:
-        out = [dataclasses.replace(f, errors=errors) for f in out]
+        out = [dataclasses.replace(f, error_cases=errors) for f in out]
     return jax.tree_util.tree_unflatten(tree.base.out_tree, out)
 
 

@@ -61,6 +61,10 @@ def reuse_host_memory() -> bool:
     (host code that allocates heavily from many threads can slow down). There
     is no undo within the process.
 
+    ``$POLYMASK_REUSE_HOST_MEMORY`` is read by the CLI only
+    (``reuse_host_memory_wanted``): this function always applies the
+    settings.
+
     Call it early, before the first JAX computation: a thread that already
     allocated keeps its own arena, whose large blocks are then still returned
     to the kernel (the call still returns True; the effect is partial).
@@ -84,6 +88,7 @@ def reuse_host_memory() -> bool:
 
 def reuse_host_memory_wanted() -> bool:
     """False when ``$POLYMASK_REUSE_HOST_MEMORY`` says off (``0``, ``off``,
-    ``false``, ``no``): the CLI then leaves the allocator alone."""
+    ``false``, ``no``, ``none`` or empty, as ``POLYMASK_CACHE_DIR``): the CLI
+    then leaves the allocator alone. Unset or any other value: on."""
     v = os.environ.get("POLYMASK_REUSE_HOST_MEMORY")
     return v is None or v.strip().lower() not in ("0", "off", "false", "no", "none", "")

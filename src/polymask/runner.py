@@ -388,7 +388,7 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     Keyword arguments take their parameter's position in ``fun``'s signature
     (``f(x, mask=m)`` is ``f(x, m)``; ``in_specs`` applies by position), and
     parameters with an in_specs entry left out take their defaults.
-    Keyword-only parameters raise ``TypeError`` (``functools.partial``).
+    Keyword-only parameters raise ``ShapeError`` (``functools.partial``).
 
     Under ``jax.grad``, ``jax.jit`` or ``jax.vmap`` (traced inputs) the sizes
     are checked the same way and ``fun`` is traced into the caller's program

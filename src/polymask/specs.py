@@ -286,8 +286,10 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
 
     Raises:
       TypeError: the call does not match ``fun``'s signature (as ``fun``
-        itself would), ``fun`` has no inspectable signature, or a keyword
-        argument cannot be made positional (the message says what to do).
+        itself would), or ``fun`` has no inspectable signature.
+      ShapeError: ``in_specs`` has more entries than ``fun`` has positional
+        parameters, or gives no entry for a keyword argument's position or
+        cannot (keyword-only parameters); the message says what to do.
     """
     name = getattr(fun, "__name__", "fun")
     try:
@@ -303,15 +305,22 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     names = [p.name for p in positional]
     n_specs = None if in_specs is None else len(in_specs)
+    if n_specs is not None and n_specs > len(names) and not any(
+            p.kind is p.VAR_POSITIONAL for p in params):
+        raise ShapeError(f"in_specs has {n_specs} entries but {name} takes "
+                         f"{len(names)} positional parameters ({', '.join(names)})")
     for k in kwargs:
         i = names.index(k) if k in names else None
-        if i is None or (n_specs is not None and i >= n_specs):
-            where = ("is keyword-only" if i is None else
-                     f"is argument {i}, and in_specs has {n_specs} entries")
-            raise TypeError(
-                f"polymask.jit: {name}'s argument '{k}' (passed by keyword) {where}: give it "
-                "an in_specs entry (None for a static argument) and pass it by position or "
-                "name, or bind it first with functools.partial")
+        if i is None:
+            raise ShapeError(
+                f"polymask.jit: {name}'s argument '{k}' is keyword-only (or taken by "
+                "**kwargs), and polymask.jit plans positional arguments: bind it first, "
+                f"polymask.jit(functools.partial({name}, {k}=...), ...)")
+        if n_specs is not None and i >= n_specs:
+            raise ShapeError(
+                f"polymask.jit: {name}'s argument '{k}' (passed by keyword) is argument {i}, "
+                f"and in_specs has {n_specs} entries: give it an entry (None for a static "
+                "argument), or bind it first with functools.partial")
     last = max([names.index(k) for k in kwargs] + [(n_specs or 0) - 1])
     out = list(args)
     for p in positional[len(args):last + 1]:
