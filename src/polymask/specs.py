@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import itertools
 import re
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -273,6 +274,23 @@ def split_specs(fun, in_specs, n_args: int, kwargs: dict):
     return tuple(pos), kw
 
 
+_SIGNATURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _signature(fun) -> inspect.Signature:
+    """``inspect.signature(fun)``, kept per function (it costs ~10 us a call)."""
+    try:
+        return _SIGNATURES[fun]
+    except (KeyError, TypeError):  # TypeError: not weak-referenceable or unhashable
+        pass
+    sig = inspect.signature(fun)
+    try:
+        _SIGNATURES[fun] = sig
+    except TypeError:
+        pass
+    return sig
+
+
 def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     """The positional arguments of a call ``fun(*args, **kwargs)`` (``polymask.jit``).
 
@@ -293,7 +311,7 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     """
     name = getattr(fun, "__name__", "fun")
     try:
-        sig = inspect.signature(fun)
+        sig = _signature(fun)
     except (TypeError, ValueError):
         raise TypeError(f"polymask.jit: {name} has no inspectable signature: pass "
                         f"{sorted(kwargs)} positionally") from None
