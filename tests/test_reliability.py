@@ -140,6 +140,9 @@ def test_garbage_pad_other_dtypes():
         out.astype(np.float32), [[1, 1], [6, 6]],
         err_msg=f"fill {garbage_value(jnp.float4_e2m1fn)!r}, bits {out.view(np.uint8).tolist()}")
     assert out.view(np.uint8).tolist() == [[2, 2], [7, 7]]  # 1.0 and 6.0, bit for bit
+    for dtype, largest in ((jnp.float6_e2m3fn, 7.5), (jnp.float6_e3m2fn, 28.0)):
+        out = garbage_pad(np.ones(1, dtype), (3,))
+        np.testing.assert_array_equal(out.astype(np.float32), [1.0, largest, largest])
     np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.int4), (2,)).astype(np.int32),
                                   [1, 7])
     np.testing.assert_array_equal(garbage_pad(np.ones(1, np.int32), (2,)), [1, 2**30 + 6])

@@ -52,8 +52,14 @@ def garbage_value(dtype):
 def garbage_pad(x, bound: Sequence[int], fill=None) -> np.ndarray:
     """``x`` embedded in a ``bound``-shaped buffer whose padding is garbage."""
     x = np.asarray(x)
-    fill = garbage_value(x.dtype) if fill is None else fill
-    buf = np.full(tuple(bound), fill, dtype=x.dtype)
+    if fill is None and x.dtype.name in _NO_NAN_FLOATS:
+        # the largest finite value from its bits (sign 0, every other bit 1):
+        # no cast at all (see garbage_value)
+        largest = (1 << (jnp.finfo(x.dtype).bits - 1)) - 1
+        buf = np.full(tuple(bound), largest, dtype=np.uint8).view(x.dtype)
+    else:
+        fill = garbage_value(x.dtype) if fill is None else fill
+        buf = np.full(tuple(bound), fill, dtype=x.dtype)
     buf[tuple(slice(0, s) for s in x.shape)] = x
     return buf
 
