@@ -145,6 +145,8 @@ def test_garbage_pad_other_dtypes():
         np.testing.assert_array_equal(out.astype(np.float32), [1.0, largest, largest])
     np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.int4), (2,)).astype(np.int32),
                                   [1, 7])
+    np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.uint4), (2,)).astype(np.int32),
+                                  [1, 14])
     np.testing.assert_array_equal(garbage_pad(np.ones(1, np.int32), (2,)), [1, 2**30 + 6])
     np.testing.assert_array_equal(garbage_pad(np.zeros(1, bool), (2,)), [False, True])
 

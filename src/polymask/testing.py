@@ -26,6 +26,9 @@ __all__ = ["garbage_pad", "check_oracle"]
 # ml_dtypes floats with no NaN encoding (nor inf): a NaN cast to them is -0.0
 _NO_NAN_FLOATS = frozenset(n for n in ("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
                            if hasattr(jnp, n))
+# ml_dtypes types of fewer than 8 bits, one byte per element
+_SUB_BYTE = _NO_NAN_FLOATS | frozenset(n for n in ("int4", "uint4", "int2", "uint2")
+                                       if hasattr(jnp, n))
 
 
 def garbage_value(dtype):
@@ -52,11 +55,14 @@ def garbage_value(dtype):
 def garbage_pad(x, bound: Sequence[int], fill=None) -> np.ndarray:
     """``x`` embedded in a ``bound``-shaped buffer whose padding is garbage."""
     x = np.asarray(x)
-    if fill is None and x.dtype.name in _NO_NAN_FLOATS:
-        # the largest finite value from its bits (sign 0, every other bit 1):
-        # no cast at all (see garbage_value)
-        largest = (1 << (jnp.finfo(x.dtype).bits - 1)) - 1
-        buf = np.full(tuple(bound), largest, dtype=np.uint8).view(x.dtype)
+    if fill is None and x.dtype.name in _SUB_BYTE:
+        # the fill from its bit pattern, no cast (see garbage_value): full
+        # suite runs stored 6.0 as float4 -0.0 and 7 as int4 0 in one worker
+        if x.dtype.name in _NO_NAN_FLOATS:  # largest finite: sign 0, every other bit 1
+            bits = (1 << (jnp.finfo(x.dtype).bits - 1)) - 1
+        else:  # a positive int: its own bits (one byte per element)
+            bits = int(garbage_value(x.dtype))
+        buf = np.full(tuple(bound), bits, dtype=np.uint8).view(x.dtype)
     else:
         fill = garbage_value(x.dtype) if fill is None else fill
         buf = np.full(tuple(bound), fill, dtype=x.dtype)
