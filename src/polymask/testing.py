@@ -26,9 +26,21 @@ __all__ = ["garbage_pad", "check_oracle"]
 # ml_dtypes floats with no NaN encoding (nor inf): a NaN cast to them is -0.0
 _NO_NAN_FLOATS = frozenset(n for n in ("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
                            if hasattr(jnp, n))
+_ML_DTYPES_INTS = frozenset(n for n in ("int4", "uint4", "int2", "uint2") if hasattr(jnp, n))
 # ml_dtypes types of fewer than 8 bits, one byte per element
-_SUB_BYTE = _NO_NAN_FLOATS | frozenset(n for n in ("int4", "uint4", "int2", "uint2")
-                                       if hasattr(jnp, n))
+_SUB_BYTE = _NO_NAN_FLOATS | _ML_DTYPES_INTS
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    """Floating or complex, ml_dtypes' floats included, decided from the dtype's
+    kind and name. Not ``jnp.issubdtype``: every one-byte ml_dtypes dtype has
+    the same hash, and in some full test runs one xdist worker's
+    ``jnp.issubdtype`` (an ``lru_cache``) answered int4 as inexact (padding
+    int4 with NaN -> 0 and float4 with -0.0); a fresh process never did."""
+    if dtype.kind in "fc":
+        return True
+    return dtype.kind == "V" and dtype.name not in _ML_DTYPES_INTS and (
+        dtype.name.startswith(("float", "bfloat")))
 
 
 def garbage_value(dtype):
@@ -36,17 +48,11 @@ def garbage_value(dtype):
     included; the largest finite value for float types without NaN), True for
     bools, a large value for ints."""
     dtype = np.dtype(dtype)
-    # jnp.issubdtype knows the ml_dtypes floats (bfloat16, float8_*), which
-    # np.issubdtype does not count as np.inexact.
-    if jnp.issubdtype(dtype, jnp.inexact):
-        # NaN support from the dtype's name, and the largest finite value as
-        # a scalar of the dtype itself (no float -> float4 cast): in some full
-        # suite runs ml_dtypes cast 6.0 to float4_e2m1fn as -0.0 (bits 0x8),
-        # never in a fresh process; the state behind it was not found
+    if _is_float(dtype):
         if dtype.name in _NO_NAN_FLOATS:
             return jnp.finfo(dtype).max  # float4_e2m1fn: 6.0
         return np.nan
-    if dtype == np.bool_:
+    if dtype.kind == "b":
         return True
     info = jnp.iinfo(dtype)
     return min(int(info.max), int(info.max) // 2 + 7)  # int4: max // 2 + 7 overflows
@@ -56,8 +62,7 @@ def garbage_pad(x, bound: Sequence[int], fill=None) -> np.ndarray:
     """``x`` embedded in a ``bound``-shaped buffer whose padding is garbage."""
     x = np.asarray(x)
     if fill is None and x.dtype.name in _SUB_BYTE:
-        # the fill from its bit pattern, no cast (see garbage_value): full
-        # suite runs stored 6.0 as float4 -0.0 and 7 as int4 0 in one worker
+        # the fill from its bit pattern: no cast to a sub-byte type
         if x.dtype.name in _NO_NAN_FLOATS:  # largest finite: sign 0, every other bit 1
             bits = (1 << (jnp.finfo(x.dtype).bits - 1)) - 1
         else:  # a positive int: its own bits (one byte per element)
