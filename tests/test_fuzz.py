@@ -38,9 +38,15 @@ def test_fuzz_catches_a_wrong_rule_and_prints_a_program():
     assert status == "fail"
     assert "--- runnable program ---" in msg and "x = jnp.cumsum(x)  # cumsum" in msg
     assert "T.check_oracle(f, [" in msg
-    # the printed program runs (and passes now that the rule is right again)
+    # the printed program runs (and passes now that the rule is right again),
+    # and leaves polymask.testing as it was (later tests in this worker use it)
+    from polymask import testing
+
+    before = testing.garbage_value
     program = msg.split("--- runnable program ---\n", 1)[1]
     exec(compile(program, "<fuzz repro>", "exec"), {})
+    assert testing.garbage_value is before
+    assert testing.garbage_value(np.int32) == 2**30 + 6
 
 
 def test_grad_mode_dropped_where_plain_jax_jit_and_eager_gradients_differ():

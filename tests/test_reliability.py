@@ -134,34 +134,19 @@ def test_garbage_pad_low_precision_floats_get_nan(dtype):
     assert np.isnan(out[3:].astype(np.float32)).all()
 
 
-_SUB_BYTE_PROBE = """
-import numpy as np, jax.numpy as jnp
-from polymask.testing import garbage_pad
-out = garbage_pad(np.ones((1, 2), jnp.float4_e2m1fn), (2, 2))  # no NaN: largest finite
-assert out.view(np.uint8).tolist() == [[2, 2], [7, 7]], out.view(np.uint8)  # 1.0, 6.0 bitwise
-np.testing.assert_array_equal(out.astype(np.float32), [[1, 1], [6, 6]])
-for dtype, largest in ((jnp.float6_e2m3fn, 7.5), (jnp.float6_e3m2fn, 28.0)):
-    out = garbage_pad(np.ones(1, dtype), (3,))
-    np.testing.assert_array_equal(out.astype(np.float32), [1.0, largest, largest])
-np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.int4), (2,)).astype(np.int32), [1, 7])
-np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.uint4), (2,)).astype(np.int32), [1, 14])
-print("ok")
-"""
-
-
-def test_garbage_pad_sub_byte_dtypes():
-    # In a fresh interpreter: in one xdist worker of some full runs (never in a
-    # fresh process) NumPy/JAX answered np.ones(1, jnp.int4) with a non-int4
-    # array and stored 6.0 as float4 -0.0, state left by an earlier test that
-    # was not found (ml_dtypes' one-byte dtypes all share one hash).
-    import subprocess
-    import sys
-
-    r = subprocess.run([sys.executable, "-c", _SUB_BYTE_PROBE], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
-
-
 def test_garbage_pad_other_dtypes():
+    # (a fuzz repro exec'd by test_fuzz once replaced garbage_value for the rest
+    # of its pytest worker: this test then saw NaN fills, int32 -> INT_MIN)
+    out = garbage_pad(np.ones((1, 2), jnp.float4_e2m1fn), (2, 2))  # no NaN: largest finite
+    assert out.view(np.uint8).tolist() == [[2, 2], [7, 7]]  # 1.0 and 6.0, bit for bit
+    np.testing.assert_array_equal(out.astype(np.float32), [[1, 1], [6, 6]])
+    for dtype, largest in ((jnp.float6_e2m3fn, 7.5), (jnp.float6_e3m2fn, 28.0)):
+        out = garbage_pad(np.ones(1, dtype), (3,))
+        np.testing.assert_array_equal(out.astype(np.float32), [1.0, largest, largest])
+    np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.int4), (2,)).astype(np.int32),
+                                  [1, 7])
+    np.testing.assert_array_equal(garbage_pad(np.ones(1, jnp.uint4), (2,)).astype(np.int32),
+                                  [1, 14])
     np.testing.assert_array_equal(garbage_pad(np.ones(1, np.int32), (2,)), [1, 2**30 + 6])
     np.testing.assert_array_equal(garbage_pad(np.zeros(1, bool), (2,)), [False, True])
     assert np.isnan(garbage_value(np.float16)) and np.isnan(garbage_value(jnp.bfloat16))

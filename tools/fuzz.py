@@ -182,10 +182,14 @@ def _holds(constraint: str, n: int) -> bool:
 
 def repro(prog: Program, examples, modes, constraints=()) -> str:
     ex = ", ".join(f"(np.array({a.tolist()!r}, np.{a.dtype}),)" for (a,) in examples)
-    return (_PRELUDE + "import polymask.testing as T\n\n" + prog.source() + "\n\n"
-            f"T.garbage_value = lambda dtype: np.{np.dtype(_dt(prog)).name}("
-            f"float({str(_fill_value(prog.fill, _dt(prog)))!r}))\n"
-            f"T.check_oracle(f, [{ex}], [({prog.bound},)], 'n', modes={tuple(modes)!r}, "
+    # the fill is patched in for the check only (mock.patch restores it): a
+    # test exec()s this program in its pytest worker, where a lasting
+    # T.garbage_value = ... padded every later test's ints with NaN casts
+    return (_PRELUDE + "from unittest import mock\n\nimport polymask.testing as T\n\n"
+            + prog.source() + "\n\n"
+            f"with mock.patch.object(T, 'garbage_value', lambda dtype: "
+            f"np.{np.dtype(_dt(prog)).name}(float({str(_fill_value(prog.fill, _dt(prog)))!r}))):\n"
+            f"    T.check_oracle(f, [{ex}], [({prog.bound},)], 'n', modes={tuple(modes)!r}, "
             f"constraints={list(constraints)!r})\n")
 
 

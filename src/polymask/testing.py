@@ -26,21 +26,6 @@ __all__ = ["garbage_pad", "check_oracle"]
 # ml_dtypes floats with no NaN encoding (nor inf): a NaN cast to them is -0.0
 _NO_NAN_FLOATS = frozenset(n for n in ("float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn")
                            if hasattr(jnp, n))
-_ML_DTYPES_INTS = frozenset(n for n in ("int4", "uint4", "int2", "uint2") if hasattr(jnp, n))
-# ml_dtypes types of fewer than 8 bits, one byte per element
-_SUB_BYTE = _NO_NAN_FLOATS | _ML_DTYPES_INTS
-
-
-def _is_float(dtype: np.dtype) -> bool:
-    """Floating or complex, ml_dtypes' floats included, decided from the dtype's
-    kind and name. Not ``jnp.issubdtype``: every one-byte ml_dtypes dtype has
-    the same hash, and in some full test runs one xdist worker's
-    ``jnp.issubdtype`` (an ``lru_cache``) answered int4 as inexact (padding
-    int4 with NaN -> 0 and float4 with -0.0); a fresh process never did."""
-    if dtype.kind in "fc":
-        return True
-    return dtype.kind == "V" and dtype.name not in _ML_DTYPES_INTS and (
-        dtype.name.startswith(("float", "bfloat")))
 
 
 def garbage_value(dtype):
@@ -48,11 +33,13 @@ def garbage_value(dtype):
     included; the largest finite value for float types without NaN), True for
     bools, a large value for ints."""
     dtype = np.dtype(dtype)
-    if _is_float(dtype):
+    # jnp.issubdtype knows the ml_dtypes floats (bfloat16, float8_*), which
+    # np.issubdtype does not count as np.inexact.
+    if jnp.issubdtype(dtype, jnp.inexact):
         if dtype.name in _NO_NAN_FLOATS:
             return jnp.finfo(dtype).max  # float4_e2m1fn: 6.0
         return np.nan
-    if dtype.kind == "b":
+    if dtype == np.bool_:
         return True
     info = jnp.iinfo(dtype)
     return min(int(info.max), int(info.max) // 2 + 7)  # int4: max // 2 + 7 overflows
@@ -61,16 +48,8 @@ def garbage_value(dtype):
 def garbage_pad(x, bound: Sequence[int], fill=None) -> np.ndarray:
     """``x`` embedded in a ``bound``-shaped buffer whose padding is garbage."""
     x = np.asarray(x)
-    if fill is None and x.dtype.name in _SUB_BYTE:
-        # the fill from its bit pattern: no cast to a sub-byte type
-        if x.dtype.name in _NO_NAN_FLOATS:  # largest finite: sign 0, every other bit 1
-            bits = (1 << (jnp.finfo(x.dtype).bits - 1)) - 1
-        else:  # a positive int: its own bits (one byte per element)
-            bits = int(garbage_value(x.dtype))
-        buf = np.full(tuple(bound), bits, dtype=np.uint8).view(x.dtype)
-    else:
-        fill = garbage_value(x.dtype) if fill is None else fill
-        buf = np.full(tuple(bound), fill, dtype=x.dtype)
+    fill = garbage_value(x.dtype) if fill is None else fill
+    buf = np.full(tuple(bound), fill, dtype=x.dtype)
     buf[tuple(slice(0, s) for s in x.shape)] = x
     return buf
 
