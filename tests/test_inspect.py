@@ -249,3 +249,8 @@ def test_shape_formula_evaluate_raises_where_the_function_raises():
     assert all("top_k" in e for _, e in f.errors)
     assert "raises when n == " in repr(f) and repr(f).count(" or n == ") == 2
     assert pm.shape_formula(lambda x: x * 2, "n", (8,)).errors == ()
+    # a size the error cases need but the call does not give: a ShapeError, not a KeyError
+    g, _ = pm.shape_formula(lambda x, y: (lax.top_k(x, 3)[0], y * 2), ("n", "m"), (8,), (4,))
+    with pytest.raises(pm.ShapeError, match=r"no value for dim vars \['n'\]"):
+        g.evaluate(m=2)
+    assert g.evaluate(n=4, m=2) == (3,)

@@ -168,9 +168,12 @@ class ShapeFormula:
           ShapeError: the plain function raises at these sizes (``top_k`` with
             ``k > n``: the message is its error), or a dim var has no value.
         """
-        vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
-                for k, x in sizes.items()}
+        vals = self._values(sizes)
         for text, conditions, error in self.error_cases:
+            missing = self._missing([_parse_condition(c)[0] for c in conditions], sizes)
+            if missing:
+                raise ShapeError(f"ShapeFormula.evaluate: no value for dim vars {missing} "
+                                 f"(the function raises when {text})")
             if all(_holds(c, vals) for c in conditions):
                 raise ShapeError(f"ShapeFormula.evaluate: at {sizes} ({text}) the function "
                                  f"raises: {error}")
@@ -181,17 +184,25 @@ class ShapeFormula:
             raise ShapeError(f"ShapeFormula.evaluate: no case of {self} holds at {sizes}")
         return self.base_evaluate(**sizes)
 
+    def _values(self, sizes: dict) -> dict:
+        """Dim var values (spec names) -> values of the internal names."""
+        return {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
+                for k, x in sizes.items()}
+
+    def _missing(self, exprs, sizes: dict) -> list[str]:
+        """The spec names of dim vars in ``exprs`` that ``sizes`` gives no value."""
+        back = {n: v for v, (n, _) in self.internal.items()}
+        return sorted({back.get(n, n) for e in exprs for n in compat.dim_vars(e)} - set(sizes))
+
     def base_evaluate(self, **sizes) -> tuple[int, ...]:
         """``evaluate`` of this formula's own expressions (not its cases)."""
         out = []
-        back = {n: v for v, (n, _) in self.internal.items()}
-        vals = {self.internal.get(k, (k, 0))[0]: int(x) + self.internal.get(k, (k, 0))[1]
-                for k, x in sizes.items()}
+        vals = self._values(sizes)
         for d in self.exprs:
-            missing = {back.get(n, n) for n in compat.dim_vars(d)} - set(sizes)
+            missing = self._missing([d], sizes)
             if missing:
                 raise ShapeError(f"ShapeFormula.evaluate: no value for dim vars "
-                                 f"{sorted(missing)} (formula {self})")
+                                 f"{missing} (formula {self})")
             out.append(max(int(compat.evaluate_dim(d, {k: vals[k] for k in
                                                        compat.dim_vars(d)})), 0))
         return tuple(out)
@@ -258,15 +269,13 @@ class ShapeFormula:
 
     @property
     def errors(self) -> tuple[tuple[str, str], ...]:
-        """Where the plain function raises: ``(sizes in words, its error)`` per case
-        (``top_k(x, 3)``: ``n == 0``, ``n == 1``, ``n == 2``); ``evaluate`` raises there."""
+        """Where the plain function (and ``evaluate``) raises: ``(sizes in words, error)``."""
         return tuple((text, error) for text, _, error in self.error_cases)
 
     def __repr__(self) -> str:
-        raises = ("" if not self.error_cases else
-                  ", raises when " + " or ".join(t for t, _, _ in self.error_cases))
-        return (f"ShapeFormula({self}, bound={self.bound}, dtype={np.dtype(self.dtype).name}"
-                f"{raises})")
+        raises = " or ".join(t for t, _, _ in self.error_cases)
+        raises = f", raises when {raises}" if raises else ""
+        return f"ShapeFormula({self}, bound={self.bound}, dtype={np.dtype(self.dtype).name}{raises})"
 
 
 def _differs(i: int, per_case, live) -> bool:
@@ -288,13 +297,19 @@ def _differs(i: int, per_case, live) -> bool:
     return False
 
 
-def _holds(condition: str, values: dict[str, int]) -> bool:
-    """A case condition over internal dim vars (``"n__p1 - 3 >= 0"``) at their values."""
+def _parse_condition(condition: str):
+    """``"n__p1 - 3 >= 0"`` -> (dimension expression, ``">="`` or ``"<="``, 0)."""
     head, _, rhs = condition.rpartition(" ")
     expr, _, op = head.rpartition(" ")
     (e,) = jax.export.symbolic_shape(expr)
+    return e, op, int(rhs)
+
+
+def _holds(condition: str, values: dict[str, int]) -> bool:
+    """A case condition over internal dim vars (``"n__p1 - 3 >= 0"``) at their values."""
+    e, op, rhs = _parse_condition(condition)
     v = int(compat.evaluate_dim(e, {k: values[k] for k in compat.dim_vars(e)}))
-    return v >= int(rhs) if op == ">=" else v <= int(rhs)
+    return v >= rhs if op == ">=" else v <= rhs
 
 
 def _tuple_str(parts) -> str:
@@ -346,8 +361,7 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
                for i, f in enumerate(out)]
     errors = tuple((tree.describe_conditions(c), c.conditions, c.error.splitlines()[0])
                    for c in tree.cases if c.error is not None and c.reachable)
-    if errors:
-        out = [dataclasses.replace(f, error_cases=errors) for f in out]
+    out = [dataclasses.replace(f, error_cases=errors) for f in out]
     return jax.tree_util.tree_unflatten(tree.base.out_tree, out)
 
 

@@ -5,7 +5,7 @@ attention-score buffer per layer) with ``malloc``. glibc serves requests above
 its mmap threshold (at most 32 MB) with a fresh ``mmap`` and returns them to
 the kernel on ``free``, so every call touches new pages: about 300,000 page
 faults and 0.55-0.65 s of system time per MiniLM batch of 32x256 on the 2-core
-box (``resource.getrusage``), 20% of the batch. ``reuse_host_memory()`` keeps
+box (``resource.getrusage``, a one-process profile), 20% of the batch. ``reuse_host_memory()`` keeps
 freed memory in the process instead, as PyTorch's and TensorFlow's
 recommended tcmalloc/jemalloc setups do: the same batch then takes no page
 fault.
@@ -38,10 +38,9 @@ def _glibc():
         return None
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        gnu_get_libc_version = libc.gnu_get_libc_version  # glibc only
+        libc.gnu_get_libc_version  # noqa: B018  (glibc only: AttributeError elsewhere)
     except (OSError, AttributeError):
         return None
-    gnu_get_libc_version.restype = ctypes.c_char_p
     return libc.mallopt
 
 

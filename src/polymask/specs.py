@@ -298,9 +298,9 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     parameter's place (parameters skipped before it take their defaults), so
     ``f(x, mask=m)`` is planned as ``f(x, m)`` and ``in_specs`` applies by
     position; parameters up to the last one ``in_specs`` covers that the call
-    leaves out take their defaults too. A keyword argument with no place there (keyword-only or
-    ``**kwargs`` parameters, or a position ``in_specs`` gives no entry) has no
-    spec to pad it by and raises.
+    leaves out take their defaults too. A keyword argument with no place there
+    (keyword-only or ``**kwargs`` parameters, or a position ``in_specs`` gives
+    no entry) has no spec to pad it by and raises.
 
     Raises:
       TypeError: the call does not match ``fun``'s signature (as ``fun``
@@ -313,6 +313,8 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     try:
         sig = _signature(fun)
     except (TypeError, ValueError):
+        if not kwargs:  # no defaults to fill in: the in_specs check reports the count
+            return args
         raise TypeError(f"polymask.jit: {name} has no inspectable signature: pass "
                         f"{sorted(kwargs)} positionally") from None
     try:
