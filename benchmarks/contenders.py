@@ -234,6 +234,9 @@ def batched_bert(jnp, jax, cfg):
     return jax.jit(f)
 
 
+POLYMASK_MINILM = ("polymask", "polymask_no_reuse", "polymask_coarse")
+
+
 def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> dict:
     import numpy as np
 
@@ -249,7 +252,7 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> d
         run = lambda: model.encode(texts, batch_size=32, convert_to_numpy=True)
         res.update(torch_threads=torch.get_num_threads(), torch=torch.__version__)
     else:
-        if name == "polymask":  # as the CLI does on start (polymask.hostmem)
+        if name in ("polymask", "polymask_coarse"):  # as the CLI does (polymask.hostmem)
             from polymask import reuse_host_memory
 
             res["reuse_host_memory"] = reuse_host_memory()
@@ -261,8 +264,8 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> d
         phases = Phases(counter)
         enc = load()
         texts = common_texts(quick)
-        if name in ("polymask", "polymask_no_reuse"):
-            run = lambda: enc.embed(texts)
+        if name in POLYMASK_MINILM:  # polymask_coarse: no refined buckets (refining.py)
+            run = lambda: enc.embed(texts, refine=name != "polymask_coarse")
         elif name == "jax_jit_sorted":
             f = batched_bert(jnp, jax, enc.config)
 
@@ -289,8 +292,8 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> d
     first = time.perf_counter() - t0
     if phases:
         phases.mark("first")
-    if name in ("polymask", "polymask_no_reuse"):
-        res.update(background_wait(enc.runner(None, 32)))
+    if name in POLYMASK_MINILM:
+        res.update(background_wait(enc.runner(None, 32, refine=name != "polymask_coarse")))
         phases.mark("background_wait")
     steady = []
     for i in range(steady_passes):
@@ -306,8 +309,8 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None) -> d
                steady_texts_per_s=n / float(np.median(steady)),
                steady_texts_per_s_min=n / max(steady), steady_texts_per_s_max=n / min(steady),
                **steady_summary(steady))
-    if name in ("polymask", "polymask_no_reuse"):
-        res["polymask_stats"] = enc.runner(None, 32).stats()
+    if name in POLYMASK_MINILM:
+        res["polymask_stats"] = enc.runner(None, 32, refine=name != "polymask_coarse").stats()
     if phases:
         res.update(phases.result())
     return res
@@ -372,7 +375,8 @@ def percall(name: str, quick: bool) -> dict:
 # ----------------------------------------------------------------------------
 CONTENDERS = {
     "attention": ["polymask_jit", "polymask_jit_numpy", "jax_jit", "handwritten", "torch_eager"],
-    "minilm": ["polymask", "polymask_no_reuse", "jax_jit_sorted", "sentence_transformers"],
+    "minilm": ["polymask", "polymask_no_reuse", "polymask_coarse", "jax_jit_sorted",
+               "sentence_transformers"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
 }
 OPTIONAL = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers"}

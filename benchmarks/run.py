@@ -39,7 +39,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 WORKLOADS = ("attention", "minilm", "percall", "process")
 CONTENDERS = {
     "attention": ["polymask_jit", "polymask_jit_numpy", "jax_jit", "handwritten", "torch_eager"],
-    "minilm": ["polymask", "polymask_no_reuse", "jax_jit_sorted", "sentence_transformers"],
+    "minilm": ["polymask", "polymask_no_reuse", "polymask_coarse", "jax_jit_sorted",
+               "sentence_transformers"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
 }
 NEEDS = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers",

