@@ -101,7 +101,7 @@ def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraint
     def logical(axes, sizes):
         return tuple(size(a, sizes) for a in axes)
 
-    def inner(*flat_in):
+    def rebuild(flat_in):
         bcast_leaves = flat_in[:n_bcast_leaves]
         static_it = iter(flat_in[n_bcast_leaves:n_bcast_leaves + n_static])
         dyn_it = iter(flat_in[n_bcast_leaves + n_static:-1])
@@ -111,9 +111,20 @@ def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraint
         args = jax.tree_util.tree_unflatten(in_tree, flat)
         if n_bcast:
             args = tuple(jax.tree_util.tree_unflatten(bcast_tree, list(bcast_leaves))) + args
+        return args
+
+    def note_cases(args):
+        """Trace the cases (once per signature: ``mask`` caches them) and put the
+        output plan and the decision tree on the entry."""
         tree, _ = masked.cases(*args)  # the tracer's symbolic output shapes
-        outputs = entry.outputs = output_plan(tree.base, tree.single)
+        entry.outputs = output_plan(tree.base, tree.single)
         entry.tree = tree
+        return tree
+
+    def inner(*flat_in):
+        args = rebuild(flat_in)
+        note_cases(args)
+        outputs = entry.outputs
         out_leaves = jax.tree_util.tree_leaves(masked(*args),
                                                is_leaf=lambda x: isinstance(x, Masked))
         datas = [o.data if isinstance(o, Masked) else jnp.asarray(o) for o in out_leaves]
@@ -122,6 +133,7 @@ def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraint
         return datas, jnp.stack([jnp.asarray(out_leaves[li].shape[k], jnp.int32).reshape(())
                                  for li, k in outputs.device_axes])
 
+    inner.case_tree = lambda *flat_in: note_cases(rebuild(flat_in))  # program_store keys
     return inner
 
 
@@ -198,7 +210,7 @@ class Runner:
                 return None
             t0 = time.perf_counter()
             with compile_counter() as cc:
-                fn = jax.jit(make_fn(entry))
+                fn = self._program(entry, make_fn, flat_args)
                 out = fn(*flat_args)
                 jax.block_until_ready(out)
             self._install(entry, fn, time.perf_counter() - t0, cc,
@@ -221,10 +233,18 @@ class Runner:
                 return False
             t0 = time.perf_counter()
             with compile_counter() as cc:
-                fn = jax.jit(make_fn(entry))
-                fn.lower(*avals).compile()  # jax.jit's cache keeps it for the calls
+                fn = self._program(entry, make_fn, avals, compile_now=True)
             self._install(entry, fn, time.perf_counter() - t0, cc, kind)
             return True
+
+    def _program(self, entry: Entry, make_fn, args, compile_now: bool = False):
+        """The entry's callable program: ``jax.jit`` of ``make_fn(entry)``, compiled
+        on its first call, or now for ``args`` (values or abstract) with
+        ``compile_now`` (``jax.jit``'s cache keeps it for the calls)."""
+        fn = jax.jit(make_fn(entry))
+        if compile_now:
+            fn.lower(*args).compile()
+        return fn
 
     def _install(self, entry: Entry, fn, seconds: float, cc, kind: str | None) -> None:
         """Make ``fn`` the entry's compiled program and count the compile (``kind``:

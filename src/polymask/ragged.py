@@ -35,6 +35,7 @@ from .compiling import background_executor
 from .errors import ShapeError
 from .hostio import slice_to
 from .plan import dtype_key
+from .program_store import active_store, stored_program
 from .programs import Runner, build_inner, raise_case_error
 from .refining import RefinedBuckets
 
@@ -49,7 +50,7 @@ class RaggedMap(RefinedBuckets, Runner):
                  sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None):
         super().__init__(fun, in_specs, buckets, constraints, cache_size)
         self._init_refine(refine_buckets)
-        self._stats["refined_compiles"] = 0
+        self._stats["refined_compiles"] = self._stats["stored_loads"] = 0
         self.compile_ahead = bool(compile_ahead)
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -234,12 +235,38 @@ class RaggedMap(RefinedBuckets, Runner):
     def _batch_program(self, tree, plan, in_specs, n_broadcast, bcast_tree, nb, ns, nd):
         """``make(entry)``: the batch program ``vmap(mask(fun))`` of one bucket signature."""
 
+        axes = (None,) * (nb + ns) + (0,) * (nd + 1)
+
         def make(entry):
             inner = build_inner(self.fun, entry, tree, plan, in_specs, self.constraints,
                                  n_broadcast, bcast_tree, nb)
-            return jax.vmap(inner, in_axes=(None,) * (nb + ns) + (0,) * (nd + 1))
+            prog = jax.vmap(inner, in_axes=axes)
+
+            def case_tree(avals):  # one example's view of the batch, for program_store
+                ex = [a if ax is None else jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+                      for a, ax in zip(avals, axes)]
+                jax.eval_shape(lambda *a: inner.case_tree(*a) and 0, *ex)
+                return entry.tree
+
+            prog.case_tree = case_tree
+            prog.store_parts = (str(tree), str(bcast_tree), repr(in_specs),
+                                repr(self.constraints), repr(plan.var_names))
+            return prog
 
         return make
+
+    def _program(self, entry, make_fn, args, compile_now=False):
+        """From the program store when the persistent cache is on (see
+        ``program_store``): a warm process skips masking and lowering."""
+        store = active_store()
+        if store is None:
+            return super()._program(entry, make_fn, args, compile_now)
+        prog = make_fn(entry)
+        fn, loaded = stored_program(store, prog, args, prog.store_parts)
+        if loaded:
+            with self._lock:
+                self._stats["stored_loads"] += 1
+        return fn
 
     def _rows(self, plan) -> int:
         """Rows of a full batch of this bucket: ``batch_size``, or from ``batch_tokens``."""

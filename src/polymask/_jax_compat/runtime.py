@@ -67,3 +67,27 @@ def reset_compilation_cache() -> None:
         cc.reset_cache()
     except (ImportError, AttributeError):  # pragma: no cover - private API moved
         pass
+
+
+# ----------------------------------------------------------------------------
+# Compiled executables as bytes (polymask.program_store)
+# ----------------------------------------------------------------------------
+def serialize_executable(compiled) -> bytes:
+    """A ``jax.stages.Compiled`` as bytes (``jax.experimental.serialize_executable``:
+    the XLA executable with its argument and result pytrees)."""
+    import pickle
+
+    from jax.experimental import serialize_executable as se
+
+    return pickle.dumps(se.serialize(compiled), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load_executable(blob: bytes):
+    """The ``jax.stages.Compiled`` of ``serialize_executable``'s bytes, loaded on
+    the default backend's devices (raises whatever XLA or pickle raise)."""
+    import pickle
+
+    from jax.experimental import serialize_executable as se
+
+    payload, in_tree, out_tree = pickle.loads(blob)
+    return se.deserialize_and_load(payload, in_tree, out_tree)
