@@ -14,10 +14,12 @@ and a deserialize (about 0.05 s).
 The store lives in ``polymask-programs/`` under the persistent cache
 directory and is used exactly when that cache is on
 (``polymask.enable_compilation_cache``; the CLI's default) on a one-device
-backend. Only executables XLA compiled in this process are written: XLA:CPU
-cannot serialize again an executable it loaded from the persistent cache
-(it fails at run time with "Function ... not found"). A file that does not
-load is ignored and replaced. Anything that keeps the key from being
+backend. A program the store lacks is compiled without JAX's persistent
+cache and written to the store: XLA:CPU cannot serialize again an executable
+it loaded from the persistent cache (it fails at run time with "Function ...
+not found"), and a cache entry from an earlier polymask would otherwise keep
+the store from ever holding the program. A file that does not load is
+ignored and replaced. Anything that keeps the key from being
 computed (a jaxpr whose text names an object's address, e.g. a host
 callback, changes every process) only makes it miss, never hit wrongly.
 """
@@ -37,7 +39,6 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
-from .compiling import compile_counter
 
 __all__ = ["ProgramStore", "active_store", "tree_fingerprint"]
 
@@ -173,20 +174,38 @@ def _cpu_flags() -> str:
 
 
 def stored_program(store: ProgramStore, prog, args, parts: tuple):
-    """``prog``'s executable for ``args`` from ``store``, else ``jax.jit(prog)``
-    compiled now and written to the store when XLA compiled it here.
+    """``prog``'s executable for ``args`` (values or abstract): loaded from
+    ``store``, else compiled now and written to it.
 
     ``prog`` has ``case_tree(avals)``, which traces the cases for the key and
-    fills in the entry's outputs. Returns ``(callable, loaded)``.
+    fills in the entry's outputs. A miss compiles without JAX's persistent
+    cache: an executable loaded from there cannot be stored (module doc), and
+    the store serves these programs from then on. Returns
+    ``(StoredProgram, loaded)``.
     """
     avals = jax.eval_shape(lambda *a: a, *args)
     key = store.key(prog.case_tree(avals), avals, parts)
-    loaded = store.load(key)
-    if loaded is not None:
-        return loaded, True
-    fn = jax.jit(prog)
-    with compile_counter() as cc:  # counts into the caller's counter too
-        compiled = fn.lower(*avals).compile()  # jax.jit's cache keeps it for the calls
-    if cc.compiles:  # not loaded from the persistent cache (see the module doc)
-        store.save(key, compiled)
-    return fn, False
+    compiled = store.load(key)
+    if compiled is not None:
+        return StoredProgram(compiled, prog), True
+    with compat.without_persistent_cache():
+        compiled = jax.jit(prog).lower(*avals).compile()
+    store.save(key, compiled)
+    return StoredProgram(compiled, prog), False
+
+
+class StoredProgram:
+    """A compiled batch program; arguments of other types than it was compiled
+    for (a weakly typed scalar where it had a NumPy one) go through
+    ``jax.jit`` of the program instead of failing."""
+
+    def __init__(self, compiled, prog):
+        self.compiled, self._prog, self._jit = compiled, prog, None
+
+    def __call__(self, *args):
+        try:
+            return self.compiled(*args)
+        except TypeError:
+            if self._jit is None:
+                self._jit = jax.jit(self._prog)
+            return self._jit(*args)

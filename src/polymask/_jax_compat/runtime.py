@@ -91,3 +91,12 @@ def load_executable(blob: bytes):
 
     payload, in_tree, out_tree = pickle.loads(blob)
     return se.deserialize_and_load(payload, in_tree, out_tree)
+
+
+def without_persistent_cache():
+    """A context manager: compiles in this thread neither read nor write JAX's
+    persistent compilation cache (``jax_enable_compilation_cache``'s
+    thread-local value; ``polymask.program_store`` keeps those programs itself)."""
+    from jax._src import config as _config
+
+    return _config.enable_compilation_cache(False)

@@ -1,0 +1,132 @@
+"""The program store (program_store.py): a later process loads ragged_map's batch
+programs from disk, with the same values; a changed function never hits."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polymask as pm
+from polymask import buckets as B
+from polymask import program_store
+
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, jax.numpy as jnp
+    import polymask as pm
+    from polymask import buckets as B
+    pm.enable_compilation_cache(sys.argv[1])
+    scale = float(sys.argv[2])
+
+    def f(x):  # a size comparison: two cases in one program
+        s = jnp.sum(x) if x.shape[0] >= 3 else -jnp.sum(x)
+        return jnp.cumsum(x) * scale + s
+
+    rm = pm.ragged_map(f, ("n",), buckets=B.pow2(4), batch_size=4, numpy_outputs=True,
+                       compile_ahead=False)
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=n).astype(np.float32) for n in (0, 1, 2, 3, 5, 9, 16, 4)]
+    outs = rm(xs)
+    st = rm.stats()
+    print(json.dumps(dict(outs=[o.tolist() for o in outs], xla=st["xla_compiles"],
+                          loads=st["stored_loads"], compiles=st["compiles"])))
+""")
+
+
+def _reference(scale):
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=n).astype(np.float32) for n in (0, 1, 2, 3, 5, 9, 16, 4)]
+    return [np.cumsum(x) * scale + (x.sum() if len(x) >= 3 else -x.sum()) for x in xs]
+
+
+def _run(tmp_path, cache, scale):
+    script = tmp_path / "store_script.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env.pop("XLA_FLAGS", None)  # one device: the store's condition
+    p = subprocess.run([sys.executable, str(script), str(cache), str(scale)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_a_later_process_loads_the_programs_and_a_changed_function_compiles(tmp_path):
+    cache = tmp_path / "cache"
+    first = _run(tmp_path, cache, 2.0)
+    programs = first["compiles"]
+    assert programs == 2 and first["xla"] == programs and first["loads"] == 0
+    stored = sorted((cache / program_store.SUBDIR).glob("*.xla"))
+    assert len(stored) == programs
+    second = _run(tmp_path, cache, 2.0)
+    assert second["loads"] == programs and second["xla"] == 0  # no trace to HLO, no XLA
+    for out in (first, second):
+        for o, r in zip(out["outs"], _reference(2.0)):
+            np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
+    # a different constant in the function: other keys, compiled, right values
+    changed = _run(tmp_path, cache, 3.0)
+    assert changed["loads"] == 0 and changed["xla"] == programs
+    for o, r in zip(changed["outs"], _reference(3.0)):
+        np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
+    # a damaged file is ignored: compiled again and rewritten
+    for path in stored:
+        path.write_bytes(b"not an executable")
+    again = _run(tmp_path, cache, 2.0)
+    assert again["loads"] == 0 and again["xla"] == programs
+    for o, r in zip(again["outs"], _reference(2.0)):
+        np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
+    assert _run(tmp_path, cache, 2.0)["loads"] == programs
+
+
+def test_keys_depend_on_constants_avals_and_parts(tmp_path):
+    store = program_store.ProgramStore(tmp_path)
+
+    def tree_of(c):
+        mf = pm.mask(lambda x: x * c, ("n",))
+        tree, _ = mf.cases(pm.Masked(jnp.zeros(8), (3,)))
+        return tree
+
+    a = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    k = store.key(tree_of(np.float32(2.0)), [a], ("p",))
+    assert k == store.key(tree_of(np.float32(2.0)), [a], ("p",))
+    assert k != store.key(tree_of(np.arange(8, dtype=np.float32)), [a], ("p",))
+    assert k != store.key(tree_of(np.float32(2.0)), [jax.ShapeDtypeStruct((4, 8), jnp.int32)],
+                          ("p",))
+    assert k != store.key(tree_of(np.float32(2.0)), [a], ("q",))
+    assert store.load(k) is None
+
+
+def test_no_store_without_the_persistent_cache():
+    assert jax.config.jax_compilation_cache_dir in (None, "") or True
+    prev = pm.disable_compilation_cache()
+    try:
+        assert program_store.active_store() is None
+        rm = pm.ragged_map(lambda x: x * 2, ("n",), buckets=B.pow2(4), numpy_outputs=True)
+        np.testing.assert_allclose(rm([np.ones(3, np.float32)])[0], 2 * np.ones(3))
+        assert rm.stats()["stored_loads"] == 0
+    finally:
+        pm.disable_compilation_cache(prev)
+
+
+@pytest.mark.parametrize("n", [0, 5])
+def test_store_hit_in_process_matches_plain_jax(tmp_path, n):
+    prev = pm.enable_compilation_cache(tmp_path / "c")
+    try:
+        f = lambda w, x: jnp.tanh(x @ w).sum(0)
+        w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)
+        xs = [np.full((k, 3), 0.25, np.float32) for k in (n, 2, 7)]
+        first = pm.ragged_map(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True)
+        a = first(xs, w)
+        second = pm.ragged_map(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True)
+        b = second(xs, w)
+        assert second.stats()["stored_loads"] == second.stats()["compiles"] >= 1
+        for x, o1, o2 in zip(xs, a, b):
+            np.testing.assert_allclose(o1, f(w, x), rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(o1, o2)
+    finally:
+        pm.disable_compilation_cache(prev)
