@@ -7,9 +7,13 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
+import jax
+import numpy as np
+
+from .errors import ShapeError
 from .plan import CallPlan, padded_shape
 
-__all__ = ["kind_key", "rebucket", "batch_bucket"]
+__all__ = ["kind_key", "rebucket", "batch_bucket", "auto_specs"]
 
 
 def kind_key(plan: CallPlan) -> tuple:
@@ -39,3 +43,37 @@ def batch_bucket(policy: Callable[[int], int], n: int, most: int) -> int:
     """Rows of a batch of ``n`` examples: the policy's bound for ``n``, at least ``n``,
     at most ``most`` (``ragged_map``'s partial batches)."""
     return min(most, max(n, int(policy(n))))
+
+
+def auto_specs(arg_lists) -> tuple:
+    """``ragged_map``'s specs when ``in_specs=None``: the axes whose sizes differ
+    across the examples (tuples of arguments) are dynamic.
+
+    Raises:
+      ShapeError: examples of different pytree structures or leaf ranks.
+    """
+    trees = {jax.tree_util.tree_structure(a) for a in arg_lists}
+    if len(trees) != 1:
+        raise ShapeError("ragged_map: examples have different pytree structures "
+                         f"({len(trees)} kinds)")
+    per_ex = [jax.tree_util.tree_leaves(a) for a in arg_lists]
+    n_leaves = len(per_ex[0])
+    leaf_specs = []
+    for li in range(n_leaves):
+        shapes = [np.shape(ex[li]) for ex in per_ex]
+        if len({len(sh) for sh in shapes}) != 1:
+            raise ShapeError(f"ragged_map: leaf {li} of the examples has different ranks")
+        first = shapes[0]
+        varying = [any(sh[k] != first[k] for sh in shapes) for k in range(len(first))]
+        if not any(varying):
+            leaf_specs.append(None)
+            continue
+        leaf_specs.append(", ".join(f"l{li}_{k}" if v else str(first[k])
+                                    for k, v in enumerate(varying)))
+    specs, it = [], iter(leaf_specs)
+    for a in arg_lists[0]:
+        sub = jax.tree_util.tree_structure(a)
+        vals = [next(it) for _ in range(sub.num_leaves)]
+        specs.append(vals[0] if sub.num_leaves == 1 and sub == jax.tree_util.tree_structure(
+            0) else jax.tree_util.tree_unflatten(sub, vals))
+    return tuple(specs)

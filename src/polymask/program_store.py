@@ -11,6 +11,11 @@ the JAX/XLA version, backend, device and CPU flags. A warm load is then the
 symbolic trace (which the runner needs anyway: it gives the output shapes)
 and a deserialize (about 0.05 s).
 
+A ``ragged_map(..., program_id=NAME)`` whose caller vouches that the name
+changes whenever the function does (the MiniLM encoder: a hash of its
+configuration; polymask's own source is in every key) stores the program's
+output plan too and skips even that trace: a load is a deserialize.
+
 The store lives in ``polymask-programs/`` under the persistent cache
 directory and is used exactly when that cache is on
 (``polymask.enable_compilation_cache``; the CLI's default) on a one-device
@@ -26,38 +31,45 @@ callback, changes every process) only makes it miss, never hit wrongly.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
 import pathlib
+import pickle
 import platform
 import sys
 import tempfile
-import threading
 
 import jax
 import numpy as np
 
 from . import _jax_compat as compat
 
-__all__ = ["ProgramStore", "active_store", "tree_fingerprint"]
+__all__ = ["ProgramStore", "StoredProgram", "active_store", "program_key", "stored_program",
+           "tree_fingerprint"]
 
 SUBDIR = "polymask-programs"
 
 
 class ProgramStore:
-    """Serialized executables under ``root``, one file per key (sha256 hex)."""
+    """Serialized executables under ``root``, one file per key (sha256 hex).
+
+    A file holds the executable and, for programs stored by name
+    (``ragged_map(program_id=...)``), the output plan the trace would give.
+    Files are pickles: the directory must be as trusted as the code (so is
+    JAX's persistent cache, whose entries are machine code).
+    """
 
     def __init__(self, root: pathlib.Path):
         self.root = pathlib.Path(root)
-        self._lock = threading.Lock()
 
-    def key(self, tree, avals, parts: tuple) -> str:
-        """The key of a batch program: ``tree`` is its ``CaseTree``, ``avals`` the
-        abstract arguments (``jax.ShapeDtypeStruct``), ``parts`` strings naming
-        everything else it depends on (specs, constraints, pytree structures)."""
+    def key(self, parts, avals) -> str:
+        """The key of a program from ``parts`` (strings naming what it computes)
+        and its abstract arguments (shapes, dtypes, weak types), in this
+        ``environment()``."""
         h = hashlib.sha256()
-        for part in (environment(), *tree_fingerprint(tree), *map(str, parts),
+        for part in (environment(), *map(str, parts),
                      *(f"{a.shape}{a.dtype}{getattr(a, 'weak_type', False)}" for a in avals)):
             h.update(part.encode())
             h.update(b"\0")
@@ -66,29 +78,31 @@ class ProgramStore:
     def _path(self, key: str) -> pathlib.Path:
         return self.root / f"{key}.xla"
 
+    def has(self, key: str) -> bool:
+        return self._path(key).exists()
+
     def load(self, key: str):
-        """The stored ``jax.stages.Compiled`` of ``key``, or None (absent, unreadable)."""
-        path = self._path(key)
+        """``(jax.stages.Compiled, meta)`` stored under ``key``, or None (absent,
+        unreadable, written by another version)."""
         try:
-            blob = path.read_bytes()
-        except OSError:
-            return None
-        try:
-            return compat.load_executable(blob)
-        except Exception:  # written by another version, truncated: compile again
+            blob, meta = pickle.loads(self._path(key).read_bytes())
+            return compat.load_executable(blob), meta
+        except Exception:  # absent, truncated, another version: compile again
             return None
 
-    def save(self, key: str, compiled) -> bool:
-        """Write ``compiled`` under ``key`` (atomically). False when it cannot be."""
+    def save(self, key: str, compiled, meta=None) -> bool:
+        """Write ``compiled`` (and ``meta``) under ``key``, atomically. False when
+        it cannot be (a read-only directory, an executable XLA cannot serialize)."""
         try:
-            blob = compat.serialize_executable(compiled)
+            blob = pickle.dumps((compat.serialize_executable(compiled), meta),
+                                protocol=pickle.HIGHEST_PROTOCOL)
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
                 f.write(blob)
             os.replace(tmp, self._path(key))
             return True
-        except Exception:  # a read-only cache, an executable XLA cannot serialize
+        except Exception:
             return False
 
 
@@ -173,25 +187,62 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def stored_program(store: ProgramStore, prog, args, parts: tuple):
-    """``prog``'s executable for ``args`` (values or abstract): loaded from
-    ``store``, else compiled now and written to it.
+def program_key(store: ProgramStore, prog, args, program_id: str | None = None) -> tuple:
+    """``(key, avals)`` of ``prog`` (with ``store_parts``, the strings naming
+    its specs and pytrees) for ``args`` (values or abstract).
 
-    ``prog`` has ``case_tree(avals)``, which traces the cases for the key and
-    fills in the entry's outputs. A miss compiles without JAX's persistent
-    cache: an executable loaded from there cannot be stored (module doc), and
-    the store serves these programs from then on. Returns
-    ``(StoredProgram, loaded)``.
+    Without ``program_id`` the key holds the case tree's fingerprint:
+    ``prog.case_tree(avals)`` traces the cases (once: ``mask`` caches them)
+    and fills in the entry's outputs. With it, nothing is traced: the caller
+    vouches that the name determines the function.
     """
     avals = jax.eval_shape(lambda *a: a, *args)
-    key = store.key(prog.case_tree(avals), avals, parts)
-    compiled = store.load(key)
-    if compiled is not None:
-        return StoredProgram(compiled, prog), True
+    if program_id is not None:
+        return store.key(("program_id", program_id, *prog.store_parts), avals), avals
+    fingerprint = tree_fingerprint(prog.case_tree(avals))
+    return store.key((*fingerprint, *prog.store_parts), avals), avals
+
+
+def stored_program(store: ProgramStore, prog, key: str, avals, entry,
+                   program_id: str | None = None):
+    """``prog``'s executable: loaded from ``store``, else compiled now and
+    written to it. Returns ``(StoredProgram, loaded)``.
+
+    ``key`` is ``program_key``'s. A program stored by name carries the
+    entry's output plan, so loading it needs no trace. Programs whose plan
+    cannot be carried (output sizes that follow the input sizes are symbolic
+    expressions; sizes where the plain function raises are checked from the
+    trace) are stored under their traced key only, which a name lookup tries
+    next. A miss compiles without JAX's persistent cache: an executable
+    loaded from there cannot be stored (module doc), and the store serves
+    these programs from then on.
+    """
+    hit = store.load(key)
+    if hit is not None and program_id is not None and hit[1] is not None:
+        entry.outputs, entry.tree = hit[1], None
+        return StoredProgram(hit[0], prog), True
+    if program_id is not None:  # not stored by name: try the traced key
+        key, _ = program_key(store, prog, avals)
+        hit = store.load(key)
+    if hit is not None:
+        return StoredProgram(hit[0], prog), True
     with compat.without_persistent_cache():
         compiled = jax.jit(prog).lower(*avals).compile()
     store.save(key, compiled)
+    portable = _portable_outputs(entry)
+    if program_id is not None and portable is not None:
+        store.save(program_key(store, prog, avals, program_id)[0], compiled, portable)
     return StoredProgram(compiled, prog), False
+
+
+def _portable_outputs(entry):
+    """The entry's output plan without symbolic expressions (which do not
+    survive a pickle), or None when it needs them or the tree has error cases."""
+    out = entry.outputs
+    if out is None or out.has_host or (entry.tree is not None
+                                       and any(c.error for c in entry.tree.cases)):
+        return None
+    return dataclasses.replace(out, in_axis_specs=[], internal={})
 
 
 class StoredProgram:

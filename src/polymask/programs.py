@@ -59,6 +59,7 @@ class Entry:
     buckets: dict | None = None
     padded: int = 0
     tree: Any = None  # the CaseTree (cases.py), known once traced
+    prepared: Any = None  # (program, avals, key) once program_store keyed it
 
 
 def raise_case_error(entry: Entry, var_names, values) -> None:

@@ -29,13 +29,12 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
-from .batching import batch_bucket, kind_key, rebucket
+from .batching import auto_specs, batch_bucket, kind_key, rebucket
 from .buckets import as_policy
 from .compiling import background_executor
-from .errors import ShapeError
 from .hostio import slice_to
 from .plan import dtype_key
-from .program_store import active_store, stored_program
+from .program_store import active_store, program_key, stored_program
 from .programs import Runner, build_inner, raise_case_error
 from .refining import RefinedBuckets
 
@@ -47,8 +46,10 @@ class RaggedMap(RefinedBuckets, Runner):
 
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
-                 sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None):
+                 sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
+                 program_id=None):
         super().__init__(fun, in_specs, buckets, constraints, cache_size)
+        self.program_id = None if program_id is None else str(program_id)
         self._init_refine(refine_buckets)
         self._stats["refined_compiles"] = self._stats["stored_loads"] = 0
         self.compile_ahead = bool(compile_ahead)
@@ -64,34 +65,6 @@ class RaggedMap(RefinedBuckets, Runner):
         self.numpy_outputs = numpy_outputs
         functools.update_wrapper(self, fun)
 
-    def _auto_specs(self, arg_lists):
-        """in_specs=None: the axes whose sizes differ across examples are dynamic."""
-        trees = {jax.tree_util.tree_structure(a) for a in arg_lists}
-        if len(trees) != 1:
-            raise ShapeError("ragged_map: examples have different pytree structures "
-                             f"({len(trees)} kinds)")
-        per_ex = [jax.tree_util.tree_leaves(a) for a in arg_lists]
-        n_leaves = len(per_ex[0])
-        leaf_specs = []
-        for li in range(n_leaves):
-            shapes = [np.shape(ex[li]) for ex in per_ex]
-            if len({len(sh) for sh in shapes}) != 1:
-                raise ShapeError(f"ragged_map: leaf {li} of the examples has different ranks")
-            first = shapes[0]
-            varying = [any(sh[k] != first[k] for sh in shapes) for k in range(len(first))]
-            if not any(varying):
-                leaf_specs.append(None)
-                continue
-            leaf_specs.append(", ".join(f"l{li}_{k}" if v else str(first[k])
-                                        for k, v in enumerate(varying)))
-        specs, it = [], iter(leaf_specs)
-        for a in arg_lists[0]:
-            sub = jax.tree_util.tree_structure(a)
-            vals = [next(it) for _ in range(sub.num_leaves)]
-            specs.append(vals[0] if sub.num_leaves == 1 and sub == jax.tree_util.tree_structure(
-                0) else jax.tree_util.tree_unflatten(sub, vals))
-        return tuple(specs)
-
     def __call__(self, examples: Sequence[Any], *broadcast, progress=None):
         """Map over ``examples``; ``broadcast`` arguments are passed unbatched first."""
         examples = list(examples)
@@ -99,7 +72,7 @@ class RaggedMap(RefinedBuckets, Runner):
             return []
         arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
         if self.in_specs is None:
-            in_specs = self._auto_specs(arg_lists)
+            in_specs = auto_specs(arg_lists)
         else:
             in_specs = self.in_specs
         spec_key = repr(in_specs)
@@ -117,7 +90,8 @@ class RaggedMap(RefinedBuckets, Runner):
                 idxs.sort(key=lambda i: (-infos[i][0].padded, -infos[i][0].logical))
             batches += self._cut_batches(tree, idxs, infos)
         batches = self._rows_of_partial_batches(batches, bcast_key, spec_key)
-        batches, wanted = self._refine_batches(batches, infos, bcast_key, spec_key)
+        call = (broadcast, bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key)
+        batches, wanted = self._refine_batches(batches, infos, call)
         if self.sort:
             batches.sort(key=lambda b: -b[1].padded)
         results: list[Any] = [None] * len(examples)
@@ -140,8 +114,7 @@ class RaggedMap(RefinedBuckets, Runner):
         finally:
             if bar is not None:
                 bar.close()
-        self._queue_refined(wanted, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
-                            in_specs, spec_key)
+        self._queue_refined(wanted, infos, *call)
         return results
 
     def _cut_batches(self, tree, idxs, infos) -> list[tuple]:
@@ -261,12 +234,19 @@ class RaggedMap(RefinedBuckets, Runner):
         store = active_store()
         if store is None:
             return super()._program(entry, make_fn, args, compile_now)
-        prog = make_fn(entry)
-        fn, loaded = stored_program(store, prog, args, prog.store_parts)
+        prog, avals, key = entry.prepared or self._prepare(entry, make_fn, args, store)
+        entry.prepared = None
+        fn, loaded = stored_program(store, prog, key, avals, entry, self.program_id)
         if loaded:
             with self._lock:
                 self._stats["stored_loads"] += 1
         return fn
+
+    def _prepare(self, entry, make_fn, args, store) -> tuple:
+        """``(program, avals, store key)`` of an entry (traces its cases)."""
+        prog = make_fn(entry)
+        key, avals = program_key(store, prog, args, self.program_id)
+        return prog, avals, key
 
     def _rows(self, plan) -> int:
         """Rows of a full batch of this bucket: ``batch_size``, or from ``batch_tokens``."""
@@ -341,7 +321,7 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
                progress: bool = False, numpy_outputs: bool = False, sort: bool = True,
                batch_tokens: int | None = None, compile_ahead: bool = True,
-               refine_buckets=None) -> RaggedMap:
+               refine_buckets=None, program_id: str | None = None) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -379,6 +359,13 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         the tighter program compiles in the background after the call, and
         later calls that cut the same batch run in it (``refining.py``).
         Default None: off. ``wait()`` waits for these compiles.
+      program_id: with the persistent compilation cache on, batch programs
+        are stored on disk (``program_store.py``) and a later process loads
+        them after one symbolic trace of ``fun`` per bucket (its key). A name
+        that changes whenever ``fun`` does (include a version or a hash of
+        the code and configuration) keys them by name instead: no trace at
+        all. A stale name loads a stale program, so leave it None unless you
+        control the name.
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
@@ -387,4 +374,4 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                      batch_buckets=batch_buckets, constraints=constraints,
                      cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs,
                      sort=sort, batch_tokens=batch_tokens, compile_ahead=compile_ahead,
-                     refine_buckets=refine_buckets)
+                     refine_buckets=refine_buckets, program_id=program_id)

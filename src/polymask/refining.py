@@ -25,14 +25,15 @@ import functools
 from .batching import rebucket
 from .compiling import background_executor
 from .plan import bucket_bound, policy_getter
+from .program_store import active_store
 
 __all__ = ["RefinedBuckets"]
 
 
 class RefinedBuckets:
     """Refined batch programs (a mixin of ``RaggedMap``: uses its ``_cache``,
-    ``_lock``, ``_pending``, ``_stats``, ``_entry``, ``_program_and_avals`` and
-    ``_precompile_entry``)."""
+    ``_lock``, ``_pending``, ``_stats``, ``_entry``, ``_program_and_avals``,
+    ``_prepare`` and ``_precompile_entry``)."""
 
     def _init_refine(self, refine_buckets) -> None:
         self._refine_for = None if refine_buckets is None else policy_getter(refine_buckets)
@@ -48,22 +49,49 @@ class RefinedBuckets:
             buckets[v] = min(coarse, bucket_bound(self._refine_for(v), longest))
         return None if buckets == plan.buckets else rebucket(plan, buckets)
 
-    def _refine_batches(self, batches, infos, bcast_key, spec_key):
+    def _refine_batches(self, batches, infos, call):
         """``(batches, wanted)``: each batch in its refined program when that is
-        compiled (else as it was), and the refined batches still to compile."""
+        compiled or in the program store (else as it was), and the refined
+        batches still to compile. ``call``: ``(broadcast, bcast_leaves,
+        bcast_tree, bcast_key, in_specs, spec_key)``."""
         if self._refine_for is None:
             return batches, []
         out, wanted = [], []
         for tree, plan, chunk, rows in batches:
             fine = self._refined_plan(plan, chunk, infos)
             if fine is not None:
-                e = self._cache.get((tree, fine.signature, rows, bcast_key, spec_key))
-                if e is not None and e.live:
+                if self._refined_ready(tree, fine, chunk, rows, infos, call):
                     plan = fine
                 else:
                     wanted.append((tree, fine, chunk, rows))
             out.append((tree, plan, chunk, rows))
         return out, wanted
+
+    def _refined_ready(self, tree, fine, chunk, rows, infos, call) -> bool:
+        """The refined program is compiled, or stored on disk (a warm process then
+        runs refined batches from its first call: a load costs about a trace)."""
+        broadcast, bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key = call
+        key = (tree, fine.signature, rows, bcast_key, spec_key)
+        e = self._cache.get(key)
+        if e is not None and e.live:
+            return True
+        store = active_store()
+        if store is None:
+            return False
+        entry = self._entry(key, hit=False)
+        if not entry.lock.acquire(blocking=False):
+            return False  # compiling in the background now
+        try:
+            if entry.fn is not None:
+                return True
+            if entry.prepared is None:
+                make, avals = self._program_and_avals(tree, fine, infos[chunk[0]][1], rows,
+                                                      in_specs, broadcast, bcast_leaves,
+                                                      bcast_tree)
+                entry.prepared = self._prepare(entry, make, avals, store)
+            return store.has(entry.prepared[2])
+        finally:
+            entry.lock.release()
 
     def _queue_refined(self, wanted, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
                        in_specs, spec_key) -> None:

@@ -11,6 +11,7 @@ in torch, several GB, and polymask does not need it to read the files)::
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import pathlib
@@ -144,9 +145,18 @@ class SentenceEncoder:
             if r is None:
                 r = ragged_map(self.embed_fn(normalize), ("n",), buckets=buckets,
                                batch_size=batch_size, numpy_outputs=True,
-                               refine_buckets=refine_buckets() if refine else None)
+                               refine_buckets=refine_buckets() if refine else None,
+                               program_id=self._program_id(normalize))
                 self._runners[key] = r
         return r
+
+    def _program_id(self, normalize: bool) -> str:
+        """What ``embed_fn`` computes, as a name for the program store: the
+        model code is polymask's (its source is in every store key), so the
+        configuration and ``normalize`` determine the function; the weights
+        are arguments."""
+        cfg = json.dumps(dataclasses.asdict(self.config), sort_keys=True)
+        return f"polymask.models.bert.embed {cfg} normalize={bool(normalize)}"
 
     def warmup(self, buckets=None, batch_size=32, max_length=None) -> list[int]:
         """Compile the batch program of every length bucket up to ``max_length``.
