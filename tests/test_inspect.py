@@ -254,3 +254,18 @@ def test_shape_formula_evaluate_raises_where_the_function_raises():
     with pytest.raises(pm.ShapeError, match=r"no value for dim vars \['n'\]"):
         g.evaluate(m=2)
     assert g.evaluate(n=4, m=2) == (3,)
+
+
+def test_shape_formula_evaluate_refuses_sizes_outside_the_traced_range():
+    # the comparison `n > 10` is decided (false) for every size up to the bound 8,
+    # so the formula (n,) says nothing about n = 20, where the function gives (3,)
+    def f(x):
+        return x[:3] if x.shape[0] > 10 else x
+
+    formula = pm.shape_formula(f, "n", (8,))
+    assert formula.evaluate(n=0) == (0,) and formula.evaluate(n=8) == (8,)
+    for n in (-1, 9, 20):
+        with pytest.raises(pm.ShapeError, match=f"n={n} is outside 0..8"):
+            formula.evaluate(n=n)
+    wide = pm.shape_formula(f, "n", (32,))
+    assert wide.evaluate(n=20) == f(np.zeros(20)).shape == (3,)

@@ -24,9 +24,7 @@ from . import _jax_compat as compat
 from .cases import trace_function_cases
 from .dimvars import describe_conditions, display_text
 from .formula import (
-    _PLACEHOLDER_BOUND,
     _abstractify,
-    _args_from_specs,
     _dim_str,
     _is_masked,
     _is_shape_tuple,
@@ -37,6 +35,7 @@ from .prologue import solve_dim_vars
 from .rules import get_rule
 from .shapes import DimEnv
 from .sizetable import _concrete_sizes, _has_inner, _short_path, _size_table, _walk_eqns
+from .specs import PLACEHOLDER_BOUND, args_from_specs
 
 __all__ = ["explain", "Explanation", "Row"]
 
@@ -276,7 +275,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     """
     placeholder = not args
     if placeholder:
-        args = _args_from_specs(in_specs, dtype)
+        args = args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
     tree, absleaves = trace_function_cases(fun, absargs, in_specs, constraints)
     prog = tree.base
@@ -313,7 +312,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     header = _header(fun, prog, concrete, masked_jaxpr) + tree.explain_header(prog)
     if placeholder:
         header += (f"\n(no example arguments: every dim var has the placeholder bound "
-                   f"{_PLACEHOLDER_BOUND})")
+                   f"{PLACEHOLDER_BOUND})")
     text = display_text(_render_text(header, size_table, recorder.rows), prog.internal)
     result = Explanation(text, recorder.rows, size_table, masked_jaxpr, header)
     if print_output:

@@ -3,7 +3,7 @@
 ``shape_formula`` traces ``fun`` symbolically (as ``mask`` does) and returns
 the output shapes as ``jax.export`` dimension expressions: the shape rule of
 the whole program, in terms of the dim vars of the input specs. The argument
-helpers here (``_abstractify``, ``_args_from_specs``) are shared with
+helpers here (``_abstractify``; ``specs.args_from_specs``) are shared with
 ``polymask.explain``. With case splits (``cases.py``) a formula that differs
 between cases is piecewise (``ShapeFormula.cases``).
 """
@@ -24,6 +24,7 @@ from .dimvars import display_expr, to_internal
 from .errors import ShapeError
 from .masked import Masked
 from .shapes import DimEnv
+from .specs import args_from_specs
 
 __all__ = ["shape_formula", "ShapeFormula"]
 
@@ -138,6 +139,8 @@ class ShapeFormula:
     cases: tuple = dataclasses.field(repr=False, default=())
     # sizes where the plain function raises: ((conditions in words, conditions, error), ...)
     error_cases: tuple = dataclasses.field(repr=False, default=())
+    # spec dim var -> the largest size the trace assumed (the example's bucket)
+    size_bounds: dict = dataclasses.field(repr=False, default_factory=dict)
 
     def _str(self, d) -> str:
         return display_expr(d, self.internal)
@@ -166,8 +169,15 @@ class ShapeFormula:
 
         Raises:
           ShapeError: the plain function raises at these sizes (``top_k`` with
-            ``k > n``: the message is its error), or a dim var has no value.
+            ``k > n``: the message is its error), a dim var has no value, or a
+            size is negative or above the bound the formula was traced with
+            (its size comparisons were decided for sizes up to that bound).
         """
+        for k, x in sizes.items():
+            if int(x) < 0 or int(x) > self.size_bounds.get(k, int(x)):
+                raise ShapeError(f"ShapeFormula.evaluate: {k}={x} is outside 0.."
+                                 f"{self.size_bounds.get(k)}, the sizes the formula was traced "
+                                 "for; trace it with larger example arguments")
         vals = self._values(sizes)
         for text, conditions, error in self.error_cases:
             missing = self._missing([_parse_condition(c)[0] for c in conditions], sizes)
@@ -336,7 +346,7 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
     """
     no_args = not args
     if no_args:
-        args = _args_from_specs(in_specs, dtype)
+        args = args_from_specs(in_specs, dtype)
     absargs = _abstractify(args, in_specs, dtype)
     tree, _ = trace_function_cases(fun, absargs, in_specs, constraints)
 
@@ -361,40 +371,6 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
                for i, f in enumerate(out)]
     errors = tuple((tree.describe_conditions(c), c.conditions, c.error.splitlines()[0])
                    for c in tree.cases if c.error is not None and c.reachable)
-    out = [dataclasses.replace(f, error_cases=errors) for f in out]
+    bounds = dict(getattr(tree.base, "var_bounds", {}))
+    out = [dataclasses.replace(f, error_cases=errors, size_bounds=bounds) for f in out]
     return jax.tree_util.tree_unflatten(tree.base.out_tree, out)
-
-
-_PLACEHOLDER_BOUND = 1024
-
-
-def _args_from_specs(in_specs, dtype):
-    """Abstract arguments from spec strings alone (``shape_formula(fun, specs)``).
-
-    Each dim var gets a placeholder bound; the formulas do not depend on it
-    (``ShapeFormula.bound`` is None then).
-    """
-    if in_specs is None:
-        raise ShapeError("shape_formula(fun, in_specs) without example arguments needs "
-                         "in_specs with a spec string for every argument")
-    specs = (in_specs,) if isinstance(in_specs, str) else tuple(in_specs)
-
-    def one(spec, where):
-        if not isinstance(spec, str):
-            raise ShapeError(f"{where}: without example arguments every spec must be a "
-                             f"string (got {spec!r}); pass example arguments or shapes")
-        try:
-            exprs = jax.export.symbolic_shape(spec)
-        except Exception as e:
-            raise ShapeError(f"{where}: cannot parse shape spec '{spec}': {e}") from None
-        shape = []
-        for e in exprs:
-            names = compat.dim_vars(e)
-            shape.append(int(compat.evaluate_dim(e, {v: _PLACEHOLDER_BOUND for v in names})))
-        return jax.ShapeDtypeStruct(tuple(shape), dtype)
-
-    out = []
-    for i, spec in enumerate(specs):
-        out.append(jax.tree_util.tree_map(lambda s, i=i: one(s, f"in_specs[{i}]"), spec,
-                                          is_leaf=lambda s: s is None or isinstance(s, str)))
-    return tuple(out)

@@ -346,3 +346,38 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     for p in positional[len(args):last + 1]:
         out.append(kwargs[p.name] if p.name in kwargs else p.default)
     return tuple(out)
+
+
+PLACEHOLDER_BOUND = 1024
+
+
+def args_from_specs(in_specs, dtype):
+    """Abstract arguments from spec strings alone (``shape_formula(fun, specs)``).
+
+    Each dim var gets a placeholder bound; the formulas do not depend on it
+    (``ShapeFormula.bound`` is None then).
+    """
+    if in_specs is None:
+        raise ShapeError("shape_formula(fun, in_specs) without example arguments needs "
+                         "in_specs with a spec string for every argument")
+    specs = (in_specs,) if isinstance(in_specs, str) else tuple(in_specs)
+
+    def one(spec, where):
+        if not isinstance(spec, str):
+            raise ShapeError(f"{where}: without example arguments every spec must be a "
+                             f"string (got {spec!r}); pass example arguments or shapes")
+        try:
+            exprs = jax.export.symbolic_shape(spec)
+        except Exception as e:
+            raise ShapeError(f"{where}: cannot parse shape spec '{spec}': {e}") from None
+        shape = []
+        for e in exprs:
+            names = compat.dim_vars(e)
+            shape.append(int(compat.evaluate_dim(e, {v: PLACEHOLDER_BOUND for v in names})))
+        return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+    out = []
+    for i, spec in enumerate(specs):
+        out.append(jax.tree_util.tree_map(lambda s, i=i: one(s, f"in_specs[{i}]"), spec,
+                                          is_leaf=lambda s: s is None or isinstance(s, str)))
+    return tuple(out)
