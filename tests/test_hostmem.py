@@ -67,3 +67,21 @@ def test_reuse_host_memory_wanted_reads_the_environment(monkeypatch, value, want
     else:
         monkeypatch.setenv("POLYMASK_REUSE_HOST_MEMORY", value)
     assert hostmem.reuse_host_memory_wanted() is wanted
+
+
+@pytest.mark.parametrize("value,on", [(None, True), ("1", True), ("yes", True),
+                                      ("/some/dir", True), ("0", False), (" OFF ", False),
+                                      ("false", False), ("No", False), ("none", False),
+                                      ("", False)])
+def test_every_polymask_switch_reads_off_values_alike(monkeypatch, value, on):
+    from polymask import cache, envvars, hostmem
+
+    for name in ("POLYMASK_TIERED", "POLYMASK_REUSE_HOST_MEMORY", "POLYMASK_CACHE_DIR"):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert envvars.env_switch("POLYMASK_TIERED") is on
+    assert hostmem.reuse_host_memory_wanted() is on
+    assert polymask.jit(lambda x: x, "n").tiered is on
+    assert (cache.default_cache_dir() is not None) is on

@@ -463,6 +463,7 @@ def test_jit_under_grad_jit_and_vmap_is_plain_jax():
     np.testing.assert_allclose(jax.vmap(f, in_axes=(0, None))(xs, w),
                                jax.vmap(fun, in_axes=(0, None))(xs, w), rtol=1e-6)
     assert f.stats()["compiles"] == 0  # the caller's transformation compiles
+    assert f.stats()["traced_calls"] >= 4 and f.stats()["calls"] == 0
     # sizes are still checked: above the largest bucket is a ShapeError, as eagerly
     big = np.ones(17, np.float32)
     with pytest.raises(pm.ShapeError, match="largest bucket 16"):

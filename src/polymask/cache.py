@@ -16,17 +16,15 @@ import pathlib
 import jax
 
 from . import _jax_compat as compat
+from .envvars import is_off
 
 __all__ = ["default_cache_dir", "enable_compilation_cache", "disable_compilation_cache"]
-
-_OFF = ("", "0", "off", "none", "false", "no")
-
 
 def default_cache_dir() -> pathlib.Path | None:
     """``$POLYMASK_CACHE_DIR`` (None when it says off), else ``~/.cache/polymask/xla``."""
     env = os.environ.get("POLYMASK_CACHE_DIR")
     if env is not None:
-        return None if env.strip().lower() in _OFF else pathlib.Path(env).expanduser()
+        return None if is_off(env) else pathlib.Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache"
     return pathlib.Path(base) / "polymask" / "xla"
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
 import sys
+
+from .envvars import env_switch
 
 __all__ = ["reuse_host_memory", "reuse_host_memory_wanted"]
 
@@ -89,5 +90,4 @@ def reuse_host_memory_wanted() -> bool:
     """False when ``$POLYMASK_REUSE_HOST_MEMORY`` says off (``0``, ``off``,
     ``false``, ``no``, ``none`` or empty, as ``POLYMASK_CACHE_DIR``): the CLI
     then leaves the allocator alone. Unset or any other value: on."""
-    v = os.environ.get("POLYMASK_REUSE_HOST_MEMORY")
-    return v is None or v.strip().lower() not in ("0", "off", "false", "no", "none", "")
+    return env_switch("POLYMASK_REUSE_HOST_MEMORY")

@@ -300,6 +300,12 @@ class Runner:
           always 0 (outputs are unpadded on the host).
         - ``padding_fraction``: share of the padded input elements that are
           padding.
+        - ``ragged_map`` only: ``refined_compiles`` (tighter programs compiled
+          after a call, ``refine_buckets``) and ``stored_loads`` (programs
+          loaded from the program store instead of compiled).
+        - ``polymask.jit`` only: ``traced_calls``, calls under ``jax.grad``,
+          ``jax.jit`` or ``jax.vmap`` (sizes checked, ``fun`` traced into the
+          caller's program; not in ``calls``).
         """
         with self._lock:
             s = dict(self._stats)

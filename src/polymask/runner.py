@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +32,7 @@ import numpy as np
 
 from . import _jax_compat as compat
 from .compiling import COMPILE_TICK, compile_counter
+from .envvars import env_switch
 from .errors import ShapeError
 from .hostio import (
     FAST_TYPES,
@@ -98,15 +98,13 @@ class PolyJit(TieredBuckets, Runner):
         super().__init__(fun, in_specs, buckets, constraints, cache_size)
         self.numpy_outputs = numpy_outputs
         self.slice_after = slice_after  # accepted for compatibility: nothing is compiled per shape
-        if tiered is None:
-            tiered = os.environ.get("POLYMASK_TIERED", "1").strip().lower() not in (
-                "0", "false", "no", "off", "")
-        self.tiered = bool(tiered)
+        self.tiered = env_switch("POLYMASK_TIERED") if tiered is None else bool(tiered)
         self._infos: dict = {}
         self._fast: dict = {}
         self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
         self._retired = [0, 0, 0]  # calls, logical, padded of dropped infos
         self._fg_compiles_in_calls = 0
+        self._stats["traced_calls"] = 0  # calls under jax.grad/jit/vmap (plain JAX's trace)
         functools.update_wrapper(self, fun)
 
     # -- call infos ----------------------------------------------------------------
@@ -252,6 +250,8 @@ class PolyJit(TieredBuckets, Runner):
         specialises on the exact shapes, so padding could not save a compile,
         and the result is plain JAX's, derivatives included."""
         self._plan(args)
+        with self._lock:
+            self._stats["traced_calls"] += 1
         # (numpy_outputs does not apply: a traced output cannot be a NumPy array)
         return self.fun(*args)
 
