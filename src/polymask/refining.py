@@ -15,12 +15,11 @@ This is the tiered-bucket idea of ``polymask.jit`` (``tiering.py``) applied
 across calls: the first pass pays for the coarse programs only, repeated
 passes run in tight buckets. It pays when the same corpus shape comes back
 (serving, several epochs); a one-shot pass gains nothing and the CLI turns
-it off.
+it off. With the program store (``program_store.py``), a refined program an
+earlier process stored runs from the first call.
 """
 
 from __future__ import annotations
-
-import functools
 
 from .batching import rebucket
 from .compiling import background_executor
@@ -102,11 +101,11 @@ class RefinedBuckets:
             with self._lock:
                 if key in self._pending:
                     continue
-            make, avals = self._program_and_avals(tree, plan, infos[chunk[0]][1], rows,
-                                                  in_specs, broadcast, bcast_leaves, bcast_tree)
             entry = self._entry(key, hit=False)
             if entry.live:
                 continue
+            make, avals = self._program_and_avals(tree, plan, infos[chunk[0]][1], rows,
+                                                  in_specs, broadcast, bcast_leaves, bcast_tree)
 
             def work(entry=entry, make=make, avals=avals, key=key):
                 try:
@@ -116,4 +115,4 @@ class RefinedBuckets:
                         self._pending.pop(key, None)
 
             with self._lock:
-                self._pending[key] = background_executor().submit(functools.partial(work))
+                self._pending[key] = background_executor().submit(work)
