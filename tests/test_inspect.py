@@ -264,8 +264,25 @@ def test_shape_formula_evaluate_refuses_sizes_outside_the_traced_range():
 
     formula = pm.shape_formula(f, "n", (8,))
     assert formula.evaluate(n=0) == (0,) and formula.evaluate(n=8) == (8,)
-    for n in (-1, 9, 20):
-        with pytest.raises(pm.ShapeError, match=f"n={n} is outside 0..8"):
+    for n in (9, 20):
+        with pytest.raises(pm.ShapeError, match=f"n={n} is above 8, the largest size"):
             formula.evaluate(n=n)
+    with pytest.raises(pm.ShapeError, match="n=-1: sizes are >= 0"):
+        formula.evaluate(n=-1)
     wide = pm.shape_formula(f, "n", (32,))
     assert wide.evaluate(n=20) == f(np.zeros(20)).shape == (3,)
+
+
+def test_shape_formula_evaluate_checks_types_names_and_constraints():
+    f = lambda x: jnp.concatenate([x[::2], x[:3]])
+    formula = pm.shape_formula(f, "n", (8,), constraints=["n >= 3"])
+    for n in (3, 8, np.int64(5)):
+        assert formula.evaluate(n=n) == f(np.zeros(int(n))).shape
+    for n in (0, 2):  # plain JAX gives other shapes there: the constraint excludes them
+        with pytest.raises(pm.ShapeError, match="constraint 'n >= 3' does not hold for n="):
+            formula.evaluate(n=n)
+    for bad in (2.5, True, "3"):
+        with pytest.raises(TypeError, match="is not an int"):
+            formula.evaluate(n=bad)
+    with pytest.raises(pm.ShapeError, match="unknown dim var 'm'"):
+        formula.evaluate(n=3, m=1)

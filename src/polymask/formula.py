@@ -23,6 +23,7 @@ from .cases import trace_function_cases
 from .dimvars import display_expr, to_internal
 from .errors import ShapeError
 from .masked import Masked
+from .plan import check_constraints
 from .shapes import DimEnv
 from .specs import args_from_specs
 
@@ -141,6 +142,7 @@ class ShapeFormula:
     error_cases: tuple = dataclasses.field(repr=False, default=())
     # spec dim var -> the largest size the trace assumed (the example's bucket)
     size_bounds: dict = dataclasses.field(repr=False, default_factory=dict)
+    user_scope: Any = dataclasses.field(repr=False, default=None)  # the user's constraints
 
     def _str(self, d) -> str:
         return display_expr(d, self.internal)
@@ -168,16 +170,14 @@ class ShapeFormula:
         """The logical shape at the given dim var values (``f.evaluate(n=7)``).
 
         Raises:
+          TypeError: a size is not an int (``bool``, ``float``, ``str``).
           ShapeError: the plain function raises at these sizes (``top_k`` with
-            ``k > n``: the message is its error), a dim var has no value, or a
-            size is negative or above the bound the formula was traced with
-            (its size comparisons were decided for sizes up to that bound).
+            ``k > n``: the message is its error), a dim var is unknown or has
+            no value, a constraint does not hold, or a size is negative or
+            above the bound the formula was traced with (its size comparisons
+            were decided for sizes up to that bound).
         """
-        for k, x in sizes.items():
-            if int(x) < 0 or int(x) > self.size_bounds.get(k, int(x)):
-                raise ShapeError(f"ShapeFormula.evaluate: {k}={x} is outside 0.."
-                                 f"{self.size_bounds.get(k)}, the sizes the formula was traced "
-                                 "for; trace it with larger example arguments")
+        self._check_sizes(sizes)
         vals = self._values(sizes)
         for text, conditions, error in self.error_cases:
             missing = self._missing([_parse_condition(c)[0] for c in conditions], sizes)
@@ -193,6 +193,23 @@ class ShapeFormula:
                     return formula.evaluate(**sizes)
             raise ShapeError(f"ShapeFormula.evaluate: no case of {self} holds at {sizes}")
         return self.base_evaluate(**sizes)
+
+    def _check_sizes(self, sizes: dict) -> None:
+        known = set(self.size_bounds)  # the function's dim vars (a case's formula: unset)
+        for k, x in sizes.items():
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+                raise TypeError(f"ShapeFormula.evaluate: {k}={x!r} is not an int")
+            if known and k not in known:
+                raise ShapeError(f"ShapeFormula.evaluate: unknown dim var {k!r} (the formula's "
+                                 f"dim vars are {sorted(known)})")
+            if x < 0:
+                raise ShapeError(f"ShapeFormula.evaluate: {k}={x}: sizes are >= 0")
+            if x > self.size_bounds.get(k, x):
+                raise ShapeError(f"ShapeFormula.evaluate: {k}={x} is above {self.size_bounds[k]}, "
+                                 "the largest size the formula was traced for; trace it with "
+                                 "larger example arguments")
+        if self.user_scope is not None and set(sizes) >= set(self.size_bounds):
+            check_constraints(self.user_scope, {k: int(x) for k, x in sizes.items()})
 
     def _values(self, sizes: dict) -> dict:
         """Dim var values (spec names) -> values of the internal names."""
@@ -372,5 +389,6 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
     errors = tuple((tree.describe_conditions(c), c.conditions, c.error.splitlines()[0])
                    for c in tree.cases if c.error is not None and c.reachable)
     bounds = dict(getattr(tree.base, "var_bounds", {}))
-    out = [dataclasses.replace(f, error_cases=errors, size_bounds=bounds) for f in out]
+    out = [dataclasses.replace(f, error_cases=errors, size_bounds=bounds,
+                               user_scope=getattr(tree.base, "user_scope", None)) for f in out]
     return jax.tree_util.tree_unflatten(tree.base.out_tree, out)

@@ -238,7 +238,8 @@ def _raise_violations(sol: Solution) -> None:
                          f"{value} at {where}")
 
 
-def _check_constraints(scope, env: Mapping[str, int]) -> None:
+def check_constraints(scope, env: Mapping[str, int]) -> None:
+    """``ShapeError`` when a user constraint of ``scope`` fails at the sizes ``env``."""
     for kind, e1, e2, text in compat.explicit_constraints(scope):
         names = compat.dim_vars(e1) | compat.dim_vars(e2)
         missing = names - set(env)
@@ -280,7 +281,7 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     sol = solve_sizes([axes or () for _, _, _, axes in parsed],
                       [shape for _, shape, _, _ in parsed])
     _raise_violations(sol)
-    _check_constraints(scope, sol.values)
+    check_constraints(scope, sol.values)
     where = {a.var: a.where for *_, axes in reversed(parsed)  # first axis naming a var
              for a in reversed(axes or ()) if a.var is not None}
     buckets = bucket_values(policy_for, sol.values, where)
