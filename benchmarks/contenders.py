@@ -299,7 +299,7 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
     if phases:
         phases.mark("first")
     if name in POLYMASK_MINILM:
-        res.update(background_wait(enc.runner(None, 32, refine=name != "polymask_coarse")))
+        res.update(background_wait(enc.runner(None, 32)))
         phases.mark("background_wait")
     steady = []
     for i in range(steady_passes):
@@ -316,7 +316,7 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
                steady_texts_per_s_min=n / max(steady), steady_texts_per_s_max=n / min(steady),
                **steady_summary(steady))
     if name in POLYMASK_MINILM:
-        res["polymask_stats"] = enc.runner(None, 32, refine=name != "polymask_coarse").stats()
+        res["polymask_stats"] = enc.runner(None, 32).stats()
     if phases:
         res.update(phases.result())
     return res

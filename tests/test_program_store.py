@@ -129,3 +129,34 @@ def test_store_hit_in_process_matches_plain_jax(tmp_path, n):
             np.testing.assert_array_equal(o1, o2)
     finally:
         pm.disable_compilation_cache(prev)
+
+
+def test_named_programs_load_without_a_trace(tmp_path, monkeypatch):
+    from polymask.ragged import RaggedMap
+
+    prev = pm.enable_compilation_cache(tmp_path / "c")
+    try:
+        f = lambda w, x: jnp.tanh(x @ w).sum(0)  # a fixed output shape: storable by name
+        w = np.linspace(-1, 1, 6, dtype=np.float32).reshape(3, 2)
+        xs = [np.full((k, 3), 0.25, np.float32) for k in (0, 2, 7)]
+        ref = [np.asarray(f(w, x)) for x in xs]
+        traced = RaggedMap(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True)
+        traced(xs, w)  # stored under the traced key only
+        by_trace = RaggedMap(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True,
+                             program_id="tanh-sum-v1")
+        for o, r in zip(by_trace(xs, w), ref):  # found by trace, copied under the name
+            np.testing.assert_allclose(o, r, rtol=1e-6, atol=1e-6)
+        assert by_trace.stats()["stored_loads"] == by_trace.stats()["compiles"] >= 1
+
+        def no_trace(tree):
+            raise AssertionError("a named load traced the function")
+
+        monkeypatch.setattr(program_store, "tree_fingerprint", no_trace)
+        by_name = RaggedMap(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True,
+                            program_id="tanh-sum-v1")
+        for o, r in zip(by_name(xs, w), ref):
+            np.testing.assert_allclose(o, r, rtol=1e-6, atol=1e-6)
+        assert by_name.stats()["stored_loads"] == by_name.stats()["compiles"] >= 1
+        assert by_name.stats()["xla_compiles"] == 0
+    finally:
+        pm.disable_compilation_cache(prev)

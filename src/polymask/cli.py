@@ -147,10 +147,10 @@ def cmd_demo(args) -> int:
           f"{sys.version.split()[0]} standard library; {sum(lengths)} tokens, "
           f"lengths {min(lengths)}..{max(lengths)} (max_seq_length {enc.max_seq_length})",
           flush=True)
-    runner = enc.runner(_policy(args), args.batch_size, refine=False)  # one pass
+    runner = enc.runner(_policy(args), args.batch_size)
     t0 = time.perf_counter()
     emb = enc.embed_ids(ids, buckets=_policy(args), batch_size=args.batch_size,
-                        progress=not args.no_progress, refine=False)
+                        progress=not args.no_progress, refine=False)  # one pass
     wall = time.perf_counter() - t0
     st = runner.stats()
 
@@ -257,7 +257,7 @@ def cmd_embed(args) -> int:
     else:
         enc = _load_encoder(args.model)
         emb = _embed_with_progress(enc, texts, args)
-        st = enc.runner(_policy(args), args.batch_size, args.normalize, refine=False).stats()
+        st = enc.runner(_policy(args), args.batch_size, args.normalize).stats()
         how = _programs_in_words(st) + (", host memory reuse "
                                         + ("off" if args.no_reuse_host_memory else "on"))
     wall = time.perf_counter() - t0

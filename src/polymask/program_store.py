@@ -11,10 +11,12 @@ the JAX/XLA version, backend, device and CPU flags. A warm load is then the
 symbolic trace (which the runner needs anyway: it gives the output shapes)
 and a deserialize (about 0.05 s).
 
-A ``ragged_map(..., program_id=NAME)`` whose caller vouches that the name
-changes whenever the function does (the MiniLM encoder: a hash of its
-configuration; polymask's own source is in every key) stores the program's
-output plan too and skips even that trace: a load is a deserialize.
+A ``RaggedMap(..., program_id=NAME)`` whose name determines the function
+stores the program's output plan too and skips even that trace: a load is a
+deserialize. Only polymask's own models use it (the MiniLM encoder: its
+configuration names the function, whose code is polymask's source, in every
+key): a user's name could outlive an edit of the function and load a stale
+program, so ``ragged_map`` does not offer it.
 
 The store lives in ``polymask-programs/`` under the persistent cache
 directory and is used exactly when that cache is on
@@ -94,8 +96,22 @@ class ProgramStore:
         """Write ``compiled`` (and ``meta``) under ``key``, atomically. False when
         it cannot be (a read-only directory, an executable XLA cannot serialize)."""
         try:
-            blob = pickle.dumps((compat.serialize_executable(compiled), meta),
-                                protocol=pickle.HIGHEST_PROTOCOL)
+            return self._write(key, compat.serialize_executable(compiled), meta)
+        except Exception:
+            return False
+
+    def copy(self, key: str, new_key: str, meta=None) -> bool:
+        """Store the executable of ``key`` under ``new_key`` too (with ``meta``):
+        the bytes as written, since XLA:CPU cannot serialize a loaded one again."""
+        try:
+            blob, _ = pickle.loads(self._path(key).read_bytes())
+            return self._write(new_key, blob, meta)
+        except Exception:
+            return False
+
+    def _write(self, key: str, blob: bytes, meta) -> bool:
+        try:
+            blob = pickle.dumps((blob, meta), protocol=pickle.HIGHEST_PROTOCOL)
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
@@ -221,17 +237,21 @@ def stored_program(store: ProgramStore, prog, key: str, avals, entry,
     if hit is not None and program_id is not None and hit[1] is not None:
         entry.outputs, entry.tree = hit[1], None
         return StoredProgram(hit[0], prog), True
+    named_key = key
     if program_id is not None:  # not stored by name: try the traced key
         key, _ = program_key(store, prog, avals)
         hit = store.load(key)
     if hit is not None:
+        portable = _portable_outputs(entry)
+        if program_id is not None and portable is not None:  # next time, by name
+            store.copy(key, named_key, portable)
         return StoredProgram(hit[0], prog), True
     with compat.without_persistent_cache():
         compiled = jax.jit(prog).lower(*avals).compile()
     store.save(key, compiled)
     portable = _portable_outputs(entry)
     if program_id is not None and portable is not None:
-        store.save(program_key(store, prog, avals, program_id)[0], compiled, portable)
+        store.save(named_key, compiled, portable)
     return StoredProgram(compiled, prog), False
 
 

@@ -279,14 +279,18 @@ class Runner:
         """Calls, compiles, cache hits, evictions, compile time and padding fraction.
 
         - ``calls``: calls (``ragged_map``: batches run).
-        - ``compiles``: bucket programs compiled (foreground, background and
-          precompiled); ``background_compiles``, ``precompiles``: of those.
+        - ``compiles``: bucket programs made ready, compiled or loaded from a
+          cache (foreground, background and precompiled);
+          ``background_compiles``, ``precompiles``, ``refined_compiles``,
+          ``stored_loads``: of those. ``xla_compiles`` says how many XLA
+          actually compiled.
         - ``cache_hits``: calls that found their program compiled. A call that
           waited for its program's background compile is neither a hit nor a
           compile of its own, so with background compiles ``compiles +
           cache_hits`` can exceed ``calls``.
-        - ``compile_time_s``: seconds spent compiling, summed over threads
-          (it can exceed the wall time of a call that compiled on two).
+        - ``compile_time_s``: seconds spent making programs ready (tracing,
+          compiling or loading; a program compiled by a call includes that
+          call's first run), summed over threads.
         - ``xla_compiles``: every XLA compile the programs caused
           (``jax.monitoring``); ``persistent_cache_hits``: programs loaded
           from the persistent compilation cache instead.
@@ -299,10 +303,11 @@ class Runner:
           ``jax.Array`` inputs; one per input shape); ``slice_compiles``:
           always 0 (outputs are unpadded on the host).
         - ``padding_fraction``: share of the padded input elements that are
-          padding.
-        - ``ragged_map`` only: ``refined_compiles`` (tighter programs compiled
-          after a call, ``refine_buckets``) and ``stored_loads`` (programs
-          loaded from the program store instead of compiled).
+          padding, over all calls so far.
+        - ``ragged_map`` only: ``refined_compiles`` (tighter programs made
+          ready in the background after a call, ``refine_buckets``; not in
+          ``background_compiles``) and ``stored_loads`` (programs loaded from
+          the program store).
         - ``polymask.jit`` only: ``traced_calls``, calls under ``jax.grad``,
           ``jax.jit`` or ``jax.vmap`` (sizes checked, ``fun`` traced into the
           caller's program; not in ``calls``).

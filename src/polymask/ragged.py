@@ -42,7 +42,11 @@ __all__ = ["ragged_map", "RaggedMap"]
 
 
 class RaggedMap(RefinedBuckets, Runner):
-    """The callable returned by ``polymask.ragged_map`` (see there)."""
+    """The callable returned by ``polymask.ragged_map`` (see there).
+
+    ``program_id`` (polymask's own models only): a name that determines
+    ``fun``, so the program store loads its programs by name without a trace
+    (``program_store.py``)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
@@ -65,8 +69,10 @@ class RaggedMap(RefinedBuckets, Runner):
         self.numpy_outputs = numpy_outputs
         functools.update_wrapper(self, fun)
 
-    def __call__(self, examples: Sequence[Any], *broadcast, progress=None):
-        """Map over ``examples``; ``broadcast`` arguments are passed unbatched first."""
+    def __call__(self, examples: Sequence[Any], *broadcast, progress=None, refine: bool = True):
+        """Map over ``examples``; ``broadcast`` arguments are passed unbatched first.
+        ``refine=False``: this call neither runs in nor queues refined programs
+        (``refine_buckets``; a one-shot pass)."""
         examples = list(examples)
         if not examples:
             return []
@@ -91,7 +97,7 @@ class RaggedMap(RefinedBuckets, Runner):
             batches += self._cut_batches(tree, idxs, infos)
         batches = self._rows_of_partial_batches(batches, bcast_key, spec_key)
         call = (broadcast, bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key)
-        batches, wanted = self._refine_batches(batches, infos, call)
+        batches, wanted = self._refine_batches(batches, infos, call) if refine else (batches, [])
         if self.sort:
             batches.sort(key=lambda b: -b[1].padded)
         results: list[Any] = [None] * len(examples)
@@ -321,13 +327,17 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
                progress: bool = False, numpy_outputs: bool = False, sort: bool = True,
                batch_tokens: int | None = None, compile_ahead: bool = True,
-               refine_buckets=None, program_id: str | None = None) -> RaggedMap:
+               refine_buckets=None) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
     ``[fun(*broadcast, *ex) for ex in examples]`` (an example that is not a tuple
     is one argument), computed as ``jit(vmap(mask(fun)))`` over batches of
-    examples that share a bucket signature.
+    examples that share a bucket signature. With the persistent compilation
+    cache on (``polymask.enable_compilation_cache``; the CLI's default) the
+    batch programs are kept in a program store beside it, and a later process
+    loads each after one symbolic trace of ``fun`` (``program_store.py``;
+    ``stats()["stored_loads"]``).
 
     Args:
       fun: a function written for exact arrays.
@@ -359,13 +369,6 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         the tighter program compiles in the background after the call, and
         later calls that cut the same batch run in it (``refining.py``).
         Default None: off. ``wait()`` waits for these compiles.
-      program_id: with the persistent compilation cache on, batch programs
-        are stored on disk (``program_store.py``) and a later process loads
-        them after one symbolic trace of ``fun`` per bucket (its key). A name
-        that changes whenever ``fun`` does (include a version or a hash of
-        the code and configuration) keys them by name instead: no trace at
-        all. A stale name loads a stale program, so leave it None unless you
-        control the name.
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
@@ -374,4 +377,4 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                      batch_buckets=batch_buckets, constraints=constraints,
                      cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs,
                      sort=sort, batch_tokens=batch_tokens, compile_ahead=compile_ahead,
-                     refine_buckets=refine_buckets, program_id=program_id)
+                     refine_buckets=refine_buckets)

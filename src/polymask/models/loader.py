@@ -132,20 +132,20 @@ class SentenceEncoder:
             return lambda params, ids: embed(params, ids, cfg)
         return lambda params, ids: mean_pool(encode(params, ids, cfg))
 
-    def runner(self, buckets=None, batch_size=32, normalize: bool = True, refine: bool = True):
+    def runner(self, buckets=None, batch_size=32, normalize: bool = True):
         """The cached ``polymask.ragged_map`` used by ``embed`` (``buckets=None``:
-        ``length_buckets()``; ``refine``: ``refine_buckets()`` for repeated calls,
+        ``length_buckets()``; refined to ``refine_buckets()`` in repeated calls,
         see ``polymask.ragged_map``)."""
-        from ..ragged import ragged_map
+        from ..ragged import RaggedMap
 
         buckets = length_buckets() if buckets is None else buckets
-        key = (repr(buckets), batch_size, normalize, refine)
+        key = (repr(buckets), batch_size, normalize)
         with self._lock:
             r = self._runners.get(key)
             if r is None:
-                r = ragged_map(self.embed_fn(normalize), ("n",), buckets=buckets,
+                r = RaggedMap(self.embed_fn(normalize), ("n",), buckets=buckets,
                                batch_size=batch_size, numpy_outputs=True,
-                               refine_buckets=refine_buckets() if refine else None,
+                               refine_buckets=refine_buckets(),
                                program_id=self._program_id(normalize))
                 self._runners[key] = r
         return r
@@ -186,11 +186,11 @@ class SentenceEncoder:
     def embed_ids(self, ids_list, *, buckets=None, batch_size=32, progress=False,
                   normalize: bool = True, refine: bool = True) -> np.ndarray:
         """Embeddings ``(N, hidden_size)`` of token-id sequences (ragged batches;
-        ``refine``: see ``runner``)."""
+        ``refine``: see ``embed``)."""
         if len(ids_list) == 0:
             return np.zeros((0, self.config.hidden_size), np.float32)
-        out = self.runner(buckets, batch_size, normalize, refine)(ids_list, self.params,
-                                                                  progress=progress)
+        out = self.runner(buckets, batch_size, normalize)(ids_list, self.params,
+                                                          progress=progress, refine=refine)
         return np.stack(out).astype(np.float32)
 
     def embed(self, texts, *, buckets=None, batch_size=32, progress=False,
