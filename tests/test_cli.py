@@ -98,7 +98,8 @@ def test_warmup_command_fills_the_cache_then_embed_compiles_nothing(tmp_path, ca
         assert cli.main(["--cache-dir", str(cache), "warmup", "--model", str(model),
                          "--batch-size", "4", "--min-bucket", "16"]) == 0
         err = capsys.readouterr().err
-        assert "compiled length buckets" in err
+        assert "length buckets [16] ready" in err
+        assert "1 program: 1 compiled, 0 loaded from the cache, host memory reuse" in err
         assert any(p.is_file() for p in cache.rglob("*"))
     finally:
         pm.disable_compilation_cache()
@@ -157,3 +158,10 @@ def test_cli_reuses_host_memory_unless_told_not_to(monkeypatch):
     monkeypatch.delenv("POLYMASK_REUSE_HOST_MEMORY")
     assert cli.main(["warmup", "--no-cache"]) == 0
     assert calls == [1]
+
+
+def test_no_cache_with_a_cache_dir_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--no-cache", "--cache-dir", "/tmp/x", "warmup"])
+    assert e.value.code == 2
+    assert "--no-cache and --cache-dir contradict" in capsys.readouterr().err

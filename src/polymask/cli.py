@@ -258,8 +258,7 @@ def cmd_embed(args) -> int:
         enc = _load_encoder(args.model)
         emb = _embed_with_progress(enc, texts, args)
         st = enc.runner(_policy(args), args.batch_size, args.normalize).stats()
-        how = _programs_in_words(st) + (", host memory reuse "
-                                        + ("off" if args.no_reuse_host_memory else "on"))
+        how = _programs_in_words(st, args)
     wall = time.perf_counter() - t0
     _write_embeddings(out, emb, texts, line_numbers)
     print(f"{len(texts)} texts -> {out} {emb.shape} float32 in {wall:.1f} s "
@@ -267,11 +266,17 @@ def cmd_embed(args) -> int:
     return 0
 
 
-def _programs_in_words(st: dict) -> str:
-    """``"6 programs: 0 compiled, 6 loaded from the cache"`` from a runner's stats."""
-    loaded = st["persistent_cache_hits"] + st.get("stored_loads", 0)
-    return (f"{st['compiles']} program{'s' * (st['compiles'] != 1)}: {st['xla_compiles']} "
-            f"compiled, {loaded} loaded from the cache")
+def _programs_in_words(st: dict, args) -> str:
+    """``"6 programs: 0 compiled, 6 loaded from the cache, host memory reuse on"``
+    from a runner's stats and the options."""
+    import jax
+
+    n = f"{st['compiles']} program{'s' * (st['compiles'] != 1)}: {st['xla_compiles']} compiled"
+    if jax.config.jax_compilation_cache_dir:
+        n += f", {st['persistent_cache_hits'] + st.get('stored_loads', 0)} loaded from the cache"
+    else:
+        n += " (cache off)"
+    return n + ", host memory reuse " + ("off" if args.no_reuse_host_memory else "on")
 
 
 def cmd_warmup(args) -> int:
@@ -279,8 +284,8 @@ def cmd_warmup(args) -> int:
     t0 = time.perf_counter()
     lengths = enc.warmup(_policy(args), args.batch_size)
     st = enc.runner(_policy(args), args.batch_size).stats()
-    print(f"compiled length buckets {lengths} (batch size {args.batch_size}) in "
-          f"{time.perf_counter() - t0:.1f} s: {_programs_in_words(st)}", file=sys.stderr)
+    print(f"length buckets {lengths} ready (batch size {args.batch_size}) in "
+          f"{time.perf_counter() - t0:.1f} s: {_programs_in_words(st, args)}", file=sys.stderr)
     return 0
 
 
@@ -348,8 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="L2-normalise the embeddings (default: yes)")
     e.add_argument("--progress", action="store_true", help="progress bar (texts/s) on stderr")
     e.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="embed on a Ray Data actor pool (ray extra); ADDRESS of a cluster, "
-                        "none: a local instance")
+                   help="embed on a Ray Data actor pool (ray extra): on the cluster at "
+                        "ADDRESS, or on a local Ray instance when ADDRESS is left out")
     e.add_argument("--actors", type=_positive_int, default=2, help="Ray actors (with --ray)")
     e.set_defaults(func=cmd_embed)
 
@@ -366,7 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.no_cache and args.cache_dir:
+        parser.error("--no-cache and --cache-dir contradict each other: give one")
     from .hostmem import reuse_host_memory, reuse_host_memory_wanted
 
     if args.no_reuse_host_memory or not reuse_host_memory_wanted():
