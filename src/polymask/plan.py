@@ -242,8 +242,7 @@ def check_constraints(scope, env: Mapping[str, int]) -> None:
     """``ShapeError`` when a user constraint of ``scope`` fails at the sizes ``env``."""
     for kind, e1, e2, text in compat.explicit_constraints(scope):
         names = compat.dim_vars(e1) | compat.dim_vars(e2)
-        missing = names - set(env)
-        if missing:
+        if missing := names - set(env):
             raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(missing)}")
         v1, v2 = int(compat.evaluate_dim(e1, env)), int(compat.evaluate_dim(e2, env))
         if (kind == "==" and v1 != v2) or (kind == ">=" and v1 < v2):
