@@ -164,3 +164,24 @@ def test_reset_compilation_cache_rereads_the_directory(tmp_path):
         assert (cc.compiles, cc.cache_hits) == (0, 1)  # read back from it
     finally:
         pm.disable_compilation_cache(prev)
+
+
+def test_fresh_compile_options_compile_past_the_persistent_cache_and_serialize(tmp_path):
+    import polymask as pm
+
+    f = lambda x: jnp.cos(x) * 1.5 - x
+    x = np.linspace(-1, 1, 9, dtype=np.float32)
+    prev = pm.enable_compilation_cache(tmp_path / "c")
+    try:
+        jax.jit(f).lower(x).compile()  # written to the persistent cache
+        jax.clear_caches()
+        with pm.runner.compile_counter() as cc:
+            jax.jit(f).lower(x).compile()
+        assert (cc.compiles, cc.cache_hits) == (0, 1)  # a plain compile loads it
+        with pm.runner.compile_counter() as cc:
+            fresh = jax.jit(f).lower(x).compile(compiler_options=compat.fresh_compile_options())
+        assert (cc.compiles, cc.cache_hits) == (1, 0)  # XLA compiled it: serializable
+        loaded = compat.load_executable(compat.serialize_executable(fresh))
+        np.testing.assert_allclose(np.asarray(loaded(x)), np.cos(x) * 1.5 - x, rtol=1e-6)
+    finally:
+        pm.disable_compilation_cache(prev)

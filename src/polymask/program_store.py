@@ -21,12 +21,13 @@ program, so ``ragged_map`` does not offer it.
 The store lives in ``polymask-programs/`` under the persistent cache
 directory and is used exactly when that cache is on
 (``polymask.enable_compilation_cache``; the CLI's default) on a one-device
-backend. A program the store lacks is compiled without JAX's persistent
-cache and written to the store: XLA:CPU cannot serialize again an executable
-it loaded from the persistent cache (it fails at run time with "Function ...
-not found"), and a cache entry from an earlier polymask would otherwise keep
-the store from ever holding the program. A file that does not load is
-ignored and replaced. Anything that keeps the key from being
+backend. A program the store lacks is compiled fresh and written to it:
+XLA:CPU cannot serialize again an executable it loaded from the persistent
+cache (the copy fails at run time with "Function ... not found"), so the
+compile gets a key no persistent-cache entry has
+(``compat.fresh_compile_options``; JAX offers no per-compile bypass), and
+only an executable XLA compiled in this process is written. A file that does
+not load is ignored and replaced. Anything that keeps the key from being
 computed (a jaxpr whose text names an object's address, e.g. a host
 callback, changes every process) only makes it miss, never hit wrongly.
 """
@@ -47,6 +48,7 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
+from .compiling import compile_counter
 
 __all__ = ["ProgramStore", "StoredProgram", "active_store", "program_key", "stored_program",
            "tree_fingerprint"]
@@ -229,9 +231,9 @@ def stored_program(store: ProgramStore, prog, key: str, avals, entry,
     cannot be carried (output sizes that follow the input sizes are symbolic
     expressions; sizes where the plain function raises are checked from the
     trace) are stored under their traced key only, which a name lookup tries
-    next. A miss compiles without JAX's persistent cache: an executable
-    loaded from there cannot be stored (module doc), and the store serves
-    these programs from then on.
+    next. A miss compiles fresh (never from JAX's persistent cache, whose
+    executables cannot be stored: module doc) and the store serves the
+    program from then on.
     """
     hit = store.load(key)
     if hit is not None and program_id is not None and hit[1] is not None:
@@ -246,12 +248,14 @@ def stored_program(store: ProgramStore, prog, key: str, avals, entry,
         if program_id is not None and portable is not None:  # next time, by name
             store.copy(key, named_key, portable)
         return StoredProgram(hit[0], prog), True
-    with compat.without_persistent_cache():
-        compiled = jax.jit(prog).lower(*avals).compile()
-    store.save(key, compiled)
-    portable = _portable_outputs(entry)
-    if program_id is not None and portable is not None:
-        store.save(named_key, compiled, portable)
+    with compile_counter() as cc:  # counts into the caller's counter too
+        compiled = jax.jit(prog).lower(*avals).compile(
+            compiler_options=compat.fresh_compile_options())
+    if cc.compiles:  # XLA compiled it here (not loaded: see the module doc)
+        store.save(key, compiled)
+        portable = _portable_outputs(entry)
+        if program_id is not None and portable is not None:
+            store.save(named_key, compiled, portable)
     return StoredProgram(compiled, prog), False
 
 

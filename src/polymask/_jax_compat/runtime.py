@@ -93,10 +93,16 @@ def load_executable(blob: bytes):
     return se.deserialize_and_load(payload, in_tree, out_tree)
 
 
-def without_persistent_cache():
-    """A context manager: compiles in this thread neither read nor write JAX's
-    persistent compilation cache (``jax_enable_compilation_cache``'s
-    thread-local value; ``polymask.program_store`` keeps those programs itself)."""
-    from jax._src import config as _config
+def fresh_compile_options() -> dict:
+    """XLA compile options that make ``Lowered.compile`` a fresh XLA compile.
 
-    return _config.enable_compilation_cache(False)
+    JAX's persistent cache cannot be bypassed for one compile
+    (``compilation_cache.is_cache_used`` caches its answer per process), and
+    an executable it loaded cannot be serialized again on XLA:CPU. A random
+    value of a debug-only option (how many buffers an out-of-memory message
+    lists) gives the compile a cache key no earlier compile had; the code is
+    the same.
+    """
+    import random
+
+    return {"xla_debug_buffer_assignment_show_max": random.randrange(1 << 20, 1 << 30)}
