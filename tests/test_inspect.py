@@ -286,3 +286,10 @@ def test_shape_formula_evaluate_checks_types_names_and_constraints():
             formula.evaluate(n=bad)
     with pytest.raises(pm.ShapeError, match="unknown dim var 'm'"):
         formula.evaluate(n=3, m=1)
+
+
+def test_shape_formula_evaluate_with_an_equality_constraint():
+    formula = pm.shape_formula(lambda x: x.reshape(2, -1), "m", (8,), constraints=["m == 2*k"])
+    assert formula.evaluate(k=2) == (2, 2) == np.zeros(4).reshape(2, -1).shape
+    with pytest.raises(pm.ShapeError, match="unknown dim var 'm'"):
+        formula.evaluate(m=4)

@@ -160,3 +160,33 @@ def test_named_programs_load_without_a_trace(tmp_path, monkeypatch):
         assert by_name.stats()["xla_compiles"] == 0
     finally:
         pm.disable_compilation_cache(prev)
+
+
+@pytest.mark.parametrize("where", ["jit", "cond", "scan"])
+def test_keys_see_constants_of_nested_jaxprs(tmp_path, where):
+    store = program_store.ProgramStore(tmp_path)
+
+    def key(v):
+        c = np.array([v, 2 * v], np.float32)  # a constant inside a nested jaxpr only
+        if where == "jit":
+            inner = jax.jit(lambda y: y * c)
+        elif where == "cond":
+            inner = lambda y: jax.lax.cond(y[0, 0] > 0, lambda z: z * c, lambda z: z - c, y)
+        else:
+            inner = lambda y: jax.lax.scan(lambda s, r: (s + r * c, s), jnp.zeros(2), y)[1]
+        mf = pm.mask(lambda x: inner(x).sum(1), ("n, 2",))
+        tree, _ = mf.cases(pm.Masked(jnp.zeros((8, 2)), (3, 2)))
+        return store.key(program_store.tree_fingerprint(tree), [])
+
+    assert key(1.0) == key(1.0)
+    assert key(1.0) != key(4.0)
+
+
+def test_a_file_under_another_key_is_not_loaded(tmp_path):
+    store = program_store.ProgramStore(tmp_path)
+    x = np.ones(4, np.float32)
+    store.save("a" * 64, jax.jit(lambda x: x + 1).lower(x).compile(
+        compiler_options=pm._jax_compat.fresh_compile_options()))
+    assert store.load("a" * 64) is not None
+    (tmp_path / ("b" * 64 + ".xla")).write_bytes((tmp_path / ("a" * 64 + ".xla")).read_bytes())
+    assert store.has("b" * 64) and store.load("b" * 64) is None

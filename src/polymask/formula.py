@@ -208,8 +208,8 @@ class ShapeFormula:
                 raise ShapeError(f"ShapeFormula.evaluate: {k}={x} is above {self.size_bounds[k]}, "
                                  "the largest size the formula was traced for; trace it with "
                                  "larger example arguments")
-        if self.user_scope is not None and set(sizes) >= set(self.size_bounds):
-            check_constraints(self.user_scope, {k: int(x) for k, x in sizes.items()})
+        if self.user_scope is not None:  # (m == 2*k leaves k only: skip what names m)
+            check_constraints(self.user_scope, {k: int(x) for k, x in sizes.items()}, True)
 
     def _values(self, sizes: dict) -> dict:
         """Dim var values (spec names) -> values of the internal names."""

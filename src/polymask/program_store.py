@@ -59,7 +59,7 @@ SUBDIR = "polymask-programs"
 class ProgramStore:
     """Serialized executables under ``root``, one file per key (sha256 hex).
 
-    A file holds the executable and, for programs stored by name
+    A file holds its key, the executable and, for programs stored by name
     (``ragged_map(program_id=...)``), the output plan the trace would give.
     Files are pickles: the directory must be as trusted as the code (so is
     JAX's persistent cache, whose entries are machine code).
@@ -87,9 +87,11 @@ class ProgramStore:
 
     def load(self, key: str):
         """``(jax.stages.Compiled, meta)`` stored under ``key``, or None (absent,
-        unreadable, written by another version)."""
+        unreadable, written by another version, or another key's file)."""
         try:
-            blob, meta = pickle.loads(self._path(key).read_bytes())
+            stored_key, blob, meta = pickle.loads(self._path(key).read_bytes())
+            if stored_key != key:
+                return None
             return compat.load_executable(blob), meta
         except Exception:  # absent, truncated, another version: compile again
             return None
@@ -106,14 +108,14 @@ class ProgramStore:
         """Store the executable of ``key`` under ``new_key`` too (with ``meta``):
         the bytes as written, since XLA:CPU cannot serialize a loaded one again."""
         try:
-            blob, _ = pickle.loads(self._path(key).read_bytes())
-            return self._write(new_key, blob, meta)
+            stored_key, blob, _ = pickle.loads(self._path(key).read_bytes())
+            return stored_key == key and self._write(new_key, blob, meta)
         except Exception:
             return False
 
     def _write(self, key: str, blob: bytes, meta) -> bool:
         try:
-            blob = pickle.dumps((blob, meta), protocol=pickle.HIGHEST_PROTOCOL)
+            blob = pickle.dumps((key, blob, meta), protocol=pickle.HIGHEST_PROTOCOL)
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.root, suffix=".tmp")
             with os.fdopen(fd, "wb") as f:
@@ -165,13 +167,36 @@ def _program_text(prog) -> list[str]:
     if closed is None:
         return [repr(prog)]
     consts = hashlib.sha256()
-    for c in closed.consts:
-        a = np.asarray(c)
-        consts.update(f"{a.shape}{a.dtype}".encode())
-        consts.update(a.tobytes())
+    _hash_consts(closed, consts)
     return [str(closed.jaxpr), consts.hexdigest(), repr(prog.axis_specs),
             str(sorted(prog.var_bounds.items())), str(prog.leaf_bounds), str(prog.out_tree),
             str(prog.var_order), str(sorted(prog.dim_bounds.items())), str(prog.conditions)]
+
+
+def _hash_consts(closed, h) -> None:
+    """Hash the constants of a closed jaxpr and of every closed jaxpr inside it
+    (a nested ``jax.jit``, ``cond`` branches, ``scan`` bodies, custom
+    derivatives' primal functions): the jaxpr text shows none of them."""
+    for c in closed.consts:
+        a = np.asarray(c)
+        h.update(f"{a.shape}{a.dtype}".encode())
+        h.update(a.tobytes())
+    for eqn in closed.jaxpr.eqns:
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if hasattr(sub, "consts") and hasattr(sub, "jaxpr"):
+                    _hash_consts(sub, h)
+                elif hasattr(sub, "eqns"):  # an open jaxpr: its own nested ones
+                    _hash_consts(_Closed(sub), h)
+
+
+class _Closed:
+    """An open jaxpr seen as a closed one without constants."""
+
+    consts = ()
+
+    def __init__(self, jaxpr):
+        self.jaxpr = jaxpr
 
 
 @functools.lru_cache(maxsize=1)

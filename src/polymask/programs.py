@@ -17,14 +17,8 @@ from .case_dispatch import host_error
 from .compiling import COMPILE_TICK, compile_counter, install_listeners
 from .errors import ShapeError
 from .masked import Masked
-from .plan import (
-    CallPlan,
-    OutputPlan,
-    dtype_key,
-    output_plan,
-    plan_call,
-    policy_getter,
-)
+from .outputs import OutputPlan, output_plan
+from .plan import CallPlan, dtype_key, plan_call, policy_getter
 from .transform import mask
 
 # ----------------------------------------------------------------------------
