@@ -190,3 +190,19 @@ def test_a_file_under_another_key_is_not_loaded(tmp_path):
     assert store.load("a" * 64) is not None
     (tmp_path / ("b" * 64 + ".xla")).write_bytes((tmp_path / ("a" * 64 + ".xla")).read_bytes())
     assert store.has("b" * 64) and store.load("b" * 64) is None
+
+
+def test_a_partial_batch_runs_in_a_stored_full_batch_program(tmp_path):
+    prev = pm.enable_compilation_cache(tmp_path / "c")
+    try:
+        f = lambda x: jnp.cumsum(x) * 2.0
+        warm = pm.ragged_map(f, ("n",), buckets=B.pow2(8), batch_size=4, numpy_outputs=True)
+        warm.precompile(jax.ShapeDtypeStruct((8,), jnp.float32))  # what `polymask warmup` does
+        later = pm.ragged_map(f, ("n",), buckets=B.pow2(8), batch_size=4, numpy_outputs=True)
+        xs = [np.arange(n, dtype=np.float32) for n in (3, 0)]  # 2 of 4 rows: a partial batch
+        for x, o in zip(xs, later(xs)):
+            np.testing.assert_allclose(o, np.cumsum(x) * 2.0)
+        st = later.stats()
+        assert st["stored_loads"] == st["compiles"] == 1 and st["xla_compiles"] == 0
+    finally:
+        pm.disable_compilation_cache(prev)

@@ -169,8 +169,8 @@ def cmd_demo(args) -> int:
         ("tokens (exact)", f"{sum(lengths)}"),
         ("distinct token lengths", f"{len(set(lengths))}"),
         ("length buckets of single texts", f"{n_buckets}  ({_policy(args)!r})"),
-        ("compiles (polymask)", f"{st['compiles']}  (one per batch bucket; "
-                                f"{st['compile_time_s']:.1f} s of compiling over two threads)"),
+        ("programs (polymask)", f"{_programs_in_words(st, args)}  (one per batch bucket; "
+                                f"{st['compile_time_s']:.1f} s of compiling or loading)"),
         ("padding fraction", f"{st['padding_fraction']:.1%}"),
         ("wall time (incl. compiles)", f"{wall:.1f} s"),
         ("throughput", f"{len(texts) / wall:.1f} texts/s"),
@@ -232,6 +232,10 @@ def cmd_embed(args) -> int:
     if not path.exists():
         print(f"polymask: {path}: no such file", file=sys.stderr)
         return 2
+    out = args.out or str(path.with_suffix(".npy"))
+    if not out.endswith((".npy", ".jsonl")):
+        print(f"polymask: --out {out}: use a .npy or .jsonl file name", file=sys.stderr)
+        return 2
     lines = path.read_text(encoding="utf-8").splitlines()
     line_numbers = [i + 1 for i, t in enumerate(lines) if t.strip()]
     texts = [lines[i - 1] for i in line_numbers]
@@ -241,10 +245,6 @@ def cmd_embed(args) -> int:
         print(f"polymask: skipped {blank} blank line{'s' * (blank != 1)} "
               f"(line {', '.join(map(str, shown))}{', ...' if blank > 10 else ''})",
               file=sys.stderr)
-    out = args.out or str(path.with_suffix(".npy"))
-    if not out.endswith((".npy", ".jsonl")):
-        print(f"polymask: --out {out}: use a .npy or .jsonl file name", file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
     if args.ray is not None:  # a Ray Data actor pool, each actor holding the encoder
         from .ray_embed import embed_with_ray
@@ -275,7 +275,7 @@ def _programs_in_words(st: dict, args) -> str:
     if jax.config.jax_compilation_cache_dir:
         n += f", {st['persistent_cache_hits'] + st.get('stored_loads', 0)} loaded from the cache"
     else:
-        n += " (cache off)"
+        n += " (cache off: later runs compile again)"
     return n + ", host memory reuse " + ("off" if args.no_reuse_host_memory else "on")
 
 

@@ -192,7 +192,7 @@ class ShapeFormula:
                 if all(_holds(c, vals) for c in conditions):
                     return formula.evaluate(**sizes)
             raise ShapeError(f"ShapeFormula.evaluate: no case of {self} holds at {sizes}")
-        return self.base_evaluate(**sizes)
+        return self._base_evaluate(**sizes)
 
     def _check_sizes(self, sizes: dict) -> None:
         known = set(self.size_bounds)  # the function's dim vars (a case's formula: unset)
@@ -221,7 +221,7 @@ class ShapeFormula:
         back = {n: v for v, (n, _) in self.internal.items()}
         return sorted({back.get(n, n) for e in exprs for n in compat.dim_vars(e)} - set(sizes))
 
-    def base_evaluate(self, **sizes) -> tuple[int, ...]:
+    def _base_evaluate(self, **sizes) -> tuple[int, ...]:
         """``evaluate`` of this formula's own expressions (not its cases)."""
         out = []
         vals = self._values(sizes)
@@ -317,7 +317,7 @@ def _differs(i: int, per_case, live) -> bool:
             return True
         for sizes in case.reached_by:
             try:
-                if first.base_evaluate(**sizes) != fs[i].evaluate(**sizes):
+                if first._base_evaluate(**sizes) != fs[i].evaluate(**sizes):
                     return True
             except Exception:
                 return True

@@ -95,8 +95,8 @@ class RaggedMap(RefinedBuckets, Runner):
             if self.sort:  # largest first (sentence-transformers); results in input order
                 idxs.sort(key=lambda i: (-infos[i][0].padded, -infos[i][0].logical))
             batches += self._cut_batches(tree, idxs, infos)
-        batches = self._rows_of_partial_batches(batches, bcast_key, spec_key)
         call = (broadcast, bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key)
+        batches = self._rows_of_partial_batches(batches, infos, call)
         batches, wanted = self._refine_batches(batches, infos, call) if refine else (batches, [])
         if self.sort:
             batches.sort(key=lambda b: -b[1].padded)
@@ -260,21 +260,21 @@ class RaggedMap(RefinedBuckets, Runner):
             return self.batch_size
         return max(1, self.batch_tokens // max(1, plan.padded))
 
-    def _rows_of_partial_batches(self, batches, bcast_key, spec_key) -> list[tuple]:
+    def _rows_of_partial_batches(self, batches, infos, call) -> list[tuple]:
         """Rows of the program each partial batch runs in: the ``batch_buckets``
-        bound when given; else the full-batch program when this call or an
-        earlier one (e.g. ``precompile``) uses it, no new compile; else the
-        power of two that holds the batch (a few examples do not pay for a full
-        batch of padding rows)."""
+        bound when given; else the full-batch program when this call uses it
+        or it is compiled or stored (e.g. ``precompile``, ``polymask warmup``),
+        no new compile; else the power of two that holds the batch (a few
+        examples do not pay for a full batch of padding rows)."""
         used = {(tree, plan.signature, rows) for tree, plan, _, rows in batches if rows}
         out = []
         for tree, plan, chunk, rows in batches:
             if rows is None:
                 full, n = self._rows(plan), len(chunk)
-                e = self._cache.get((tree, plan.signature, full, bcast_key, spec_key))
                 if self._batch_policy is not None:
                     rows = batch_bucket(self._batch_policy, n, full)
-                elif (tree, plan.signature, full) in used or (e is not None and e.live):
+                elif ((tree, plan.signature, full) in used
+                      or self._program_ready(tree, plan, chunk, full, infos, call)):
                     rows = full
                 else:
                     rows = min(full, 1 << max(0, n - 1).bit_length())

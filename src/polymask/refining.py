@@ -59,16 +59,18 @@ class RefinedBuckets:
         for tree, plan, chunk, rows in batches:
             fine = self._refined_plan(plan, chunk, infos)
             if fine is not None:
-                if self._refined_ready(tree, fine, chunk, rows, infos, call):
+                if self._program_ready(tree, fine, chunk, rows, infos, call):
                     plan = fine
                 else:
                     wanted.append((tree, fine, chunk, rows))
             out.append((tree, plan, chunk, rows))
         return out, wanted
 
-    def _refined_ready(self, tree, fine, chunk, rows, infos, call) -> bool:
-        """The refined program is compiled, or stored on disk (a warm process then
-        runs refined batches from its first call: a load costs about a trace)."""
+    def _program_ready(self, tree, fine, chunk, rows, infos, call) -> bool:
+        """The program of ``fine`` (a batch's plan) at ``rows`` is compiled, or
+        stored on disk: a warm process then runs refined batches, and partial
+        batches in full-batch programs, from its first call (a load costs
+        about a trace)."""
         broadcast, bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key = call
         key = (tree, fine.signature, rows, bcast_key, spec_key)
         e = self._cache.get(key)
