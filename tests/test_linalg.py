@@ -319,3 +319,15 @@ def test_property_lu(n, seed):
 
 
 _MASKED_LU = jax.jit(pm.mask(lambda a: lax.linalg.lu(a), "n, n"))
+
+
+def test_rfft_of_an_empty_dynamic_axis_raises_like_plain_jax():
+    with pytest.raises(ValueError, match="Cannot lower"):  # plain JAX fails to lower it
+        jnp.fft.rfft(jnp.zeros(0))
+    m = pm.mask(jnp.fft.rfft, "n")
+    with pytest.raises(pm.ShapeError, match="rfft of an axis of length 0"):
+        m(pm.pad(np.zeros(0, np.float32), (8,)))
+    x = np.arange(1.0, 4.0, dtype=np.float32)
+    out = m(pm.pad(x, (8,)))
+    assert tuple(out.shape) == (2,)
+    np.testing.assert_allclose(np.asarray(out.data)[:2], np.fft.rfft(x), rtol=1e-5, atol=1e-5)

@@ -455,6 +455,8 @@ def fft_rule(ctx, x, *, fft_type, fft_lengths):
     if kind == lax.FftType.RFFT:
         cdtype = jnp.result_type(x.dtype, jnp.complex64)
         if last in dyn:
+            ctx.require(lin[last] == 0, "rfft of an axis of length 0 (plain JAX cannot "
+                                        "compile it on the exact arrays either)")
             full = _complex_axis(x.astype(cdtype), last, lin[last], True, False)
             y = lax.slice_in_dim(full, 0, bout[last], axis=last)
         elif bin_[last] == 0:  # plain JAX fails to lower an rfft of length 0
