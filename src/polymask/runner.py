@@ -204,14 +204,14 @@ class PolyJit(TieredBuckets, Runner):
     def __call__(self, *args, **kwargs):
         if kwargs or len(args) < self._n_specs:  # by fun's signature, defaults filled in
             args = keywords_as_positional(self.fun, self.in_specs, args, kwargs)
-        fast = True
-        for a in args:
-            if type(a) not in FAST_TYPES:
-                fast = False
-                break
-        if fast:  # every argument is one array: no pytree flattening
-            leaves = args
+        if len(args) == 1 and type(args[0]) in FAST_TYPES:  # the common case: one array
+            key = (type(args[0]), args[0].shape, args[0].dtype)
+        elif all(type(a) in FAST_TYPES for a in args):
             key = tuple([(type(a), a.shape, a.dtype) for a in args])
+        else:
+            key = None
+        if key is not None:  # every argument is one array: no pytree flattening
+            leaves = args
             info = self._fast.get(key)
             if info is None:
                 info = self._info(args, jax.tree_util.tree_structure(args), key, True)
