@@ -2,14 +2,14 @@
 
 JAX's persistent compilation cache (``cache.py``) keys a program by its
 StableHLO, so a warm process still traces, masks and lowers every bucket to
-find it: about 0.2 s of a MiniLM bucket's 0.25 s load, and up to 0.45 s with
-the other core busy computing. This store keys the XLA executable by the
+find it (in a one-process profile, about 0.2 s of a MiniLM bucket's 0.25 s
+load). This store keys the XLA executable by the
 *user function's* symbolic trace instead (every case's jaxpr text and
 constant bytes, the decision tree's comparisons), the batch's abstract
 arguments (shapes, dtypes, weak types), the specs, polymask's own source, and
 the JAX/XLA version, backend, device and CPU flags. A warm load is then the
 symbolic trace (which the runner needs anyway: it gives the output shapes)
-and a deserialize (about 0.05 s).
+and a deserialize.
 
 A ``RaggedMap(..., program_id=NAME)`` whose name determines the function
 stores the program's output plan too and skips even that trace: a load is a
@@ -43,6 +43,7 @@ import pickle
 import platform
 import sys
 import tempfile
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -50,8 +51,8 @@ import numpy as np
 from . import _jax_compat as compat
 from .compiling import compile_counter
 
-__all__ = ["ProgramStore", "StoredProgram", "active_store", "program_key", "stored_program",
-           "tree_fingerprint"]
+__all__ = ["ProgramStore", "StorableProgram", "StoredProgram", "active_store", "program_key",
+           "stored_program", "tree_fingerprint"]
 
 SUBDIR = "polymask-programs"
 
@@ -60,7 +61,7 @@ class ProgramStore:
     """Serialized executables under ``root``, one file per key (sha256 hex).
 
     A file holds its key, the executable and, for programs stored by name
-    (``ragged_map(program_id=...)``), the output plan the trace would give.
+    (``RaggedMap(program_id=...)``), the output plan the trace would give.
     Files are pickles: the directory must be as trusted as the code (so is
     JAX's persistent cache, whose entries are machine code).
     """
@@ -83,6 +84,7 @@ class ProgramStore:
         return self.root / f"{key}.xla"
 
     def has(self, key: str) -> bool:
+        """A file for ``key`` exists (``load`` may still refuse it)."""
         return self._path(key).exists()
 
     def load(self, key: str):
@@ -167,36 +169,27 @@ def _program_text(prog) -> list[str]:
     if closed is None:
         return [repr(prog)]
     consts = hashlib.sha256()
-    _hash_consts(closed, consts)
+    _hash_consts(closed.jaxpr, closed.consts, consts)
     return [str(closed.jaxpr), consts.hexdigest(), repr(prog.axis_specs),
             str(sorted(prog.var_bounds.items())), str(prog.leaf_bounds), str(prog.out_tree),
             str(prog.var_order), str(sorted(prog.dim_bounds.items())), str(prog.conditions)]
 
 
-def _hash_consts(closed, h) -> None:
-    """Hash the constants of a closed jaxpr and of every closed jaxpr inside it
+def _hash_consts(jaxpr, consts, h) -> None:
+    """Hash ``consts`` and the constants of every closed jaxpr inside ``jaxpr``
     (a nested ``jax.jit``, ``cond`` branches, ``scan`` bodies, custom
     derivatives' primal functions): the jaxpr text shows none of them."""
-    for c in closed.consts:
+    for c in consts:
         a = np.asarray(c)
         h.update(f"{a.shape}{a.dtype}".encode())
         h.update(a.tobytes())
-    for eqn in closed.jaxpr.eqns:
+    for eqn in jaxpr.eqns:
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if hasattr(sub, "consts") and hasattr(sub, "jaxpr"):
-                    _hash_consts(sub, h)
-                elif hasattr(sub, "eqns"):  # an open jaxpr: its own nested ones
-                    _hash_consts(_Closed(sub), h)
-
-
-class _Closed:
-    """An open jaxpr seen as a closed one without constants."""
-
-    consts = ()
-
-    def __init__(self, jaxpr):
-        self.jaxpr = jaxpr
+                if hasattr(sub, "consts") and hasattr(sub, "jaxpr"):  # a closed jaxpr
+                    _hash_consts(sub.jaxpr, sub.consts, h)
+                elif hasattr(sub, "eqns"):  # an open one: only its nested jaxprs
+                    _hash_consts(sub, (), h)
 
 
 @functools.lru_cache(maxsize=1)
@@ -230,9 +223,21 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def program_key(store: ProgramStore, prog, args, program_id: str | None = None) -> tuple:
-    """``(key, avals)`` of ``prog`` (with ``store_parts``, the strings naming
-    its specs and pytrees) for ``args`` (values or abstract).
+@dataclasses.dataclass(frozen=True)
+class StorableProgram:
+    """What the store needs of a batch program: ``fn`` (the function to jit),
+    ``case_tree(avals)`` (traces its cases, fills in the entry's outputs and
+    returns the ``CaseTree``) and ``parts`` (strings naming its specs and
+    pytrees)."""
+
+    fn: Callable
+    case_tree: Callable
+    parts: tuple
+
+
+def program_key(store: ProgramStore, prog: StorableProgram, args,
+                program_id: str | None = None) -> tuple:
+    """``(key, avals)`` of ``prog`` for ``args`` (values or abstract).
 
     Without ``program_id`` the key holds the case tree's fingerprint:
     ``prog.case_tree(avals)`` traces the cases (once: ``mask`` caches them)
@@ -241,12 +246,12 @@ def program_key(store: ProgramStore, prog, args, program_id: str | None = None) 
     """
     avals = jax.eval_shape(lambda *a: a, *args)
     if program_id is not None:
-        return store.key(("program_id", program_id, *prog.store_parts), avals), avals
+        return store.key(("program_id", program_id, *prog.parts), avals), avals
     fingerprint = tree_fingerprint(prog.case_tree(avals))
-    return store.key((*fingerprint, *prog.store_parts), avals), avals
+    return store.key((*fingerprint, *prog.parts), avals), avals
 
 
-def stored_program(store: ProgramStore, prog, key: str, avals, entry,
+def stored_program(store: ProgramStore, prog: StorableProgram, key: str, avals, entry,
                    program_id: str | None = None):
     """``prog``'s executable: loaded from ``store``, else compiled now and
     written to it. Returns ``(StoredProgram, loaded)``.
@@ -263,7 +268,7 @@ def stored_program(store: ProgramStore, prog, key: str, avals, entry,
     hit = store.load(key)
     if hit is not None and program_id is not None and hit[1] is not None:
         entry.outputs, entry.tree = hit[1], None
-        return StoredProgram(hit[0], prog), True
+        return StoredProgram(hit[0], prog.fn), True
     named_key = key
     if program_id is not None:  # not stored by name: try the traced key
         key, _ = program_key(store, prog, avals)
@@ -272,16 +277,16 @@ def stored_program(store: ProgramStore, prog, key: str, avals, entry,
         portable = _portable_outputs(entry)
         if program_id is not None and portable is not None:  # next time, by name
             store.copy(key, named_key, portable)
-        return StoredProgram(hit[0], prog), True
+        return StoredProgram(hit[0], prog.fn), True
     with compile_counter() as cc:  # counts into the caller's counter too
-        compiled = jax.jit(prog).lower(*avals).compile(
+        compiled = jax.jit(prog.fn).lower(*avals).compile(
             compiler_options=compat.fresh_compile_options())
     if cc.compiles:  # XLA compiled it here (not loaded: see the module doc)
         store.save(key, compiled)
         portable = _portable_outputs(entry)
         if program_id is not None and portable is not None:
             store.save(named_key, compiled, portable)
-    return StoredProgram(compiled, prog), False
+    return StoredProgram(compiled, prog.fn), False
 
 
 def _portable_outputs(entry):
@@ -299,13 +304,13 @@ class StoredProgram:
     for (a weakly typed scalar where it had a NumPy one) go through
     ``jax.jit`` of the program instead of failing."""
 
-    def __init__(self, compiled, prog):
-        self.compiled, self._prog, self._jit = compiled, prog, None
+    def __init__(self, compiled, fn):
+        self.compiled, self._fn, self._jit = compiled, fn, None
 
     def __call__(self, *args):
         try:
             return self.compiled(*args)
         except TypeError:
             if self._jit is None:
-                self._jit = jax.jit(self._prog)
+                self._jit = jax.jit(self._fn)
             return self._jit(*args)

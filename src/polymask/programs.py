@@ -70,7 +70,14 @@ def raise_case_error(entry: Entry, var_names, values) -> None:
 
 
 def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
-                 n_bcast=0, bcast_tree=None, n_bcast_leaves=0):
+                n_bcast=0, bcast_tree=None, n_bcast_leaves=0):
+    """The traced function of ``entry`` (see ``build_inner_and_cases``)."""
+    return build_inner_and_cases(fun, entry, in_tree, plan, in_specs, constraints, n_bcast,
+                                 bcast_tree, n_bcast_leaves)[0]
+
+
+def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
+                          n_bcast=0, bcast_tree=None, n_bcast_leaves=0):
     """The traced function: rebuild ``Masked`` inputs from a size vector, run ``mask(fun)``.
 
     Its arguments are the broadcast leaves, the static leaves, the padded
@@ -79,6 +86,10 @@ def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraint
     one int32 vector when there are any (``entry.outputs.device_axes``).
     Dynamic inputs are padded with zeros by the runner, so the masked program
     skips its entry select (``zero_padded=True``).
+
+    Returns ``(inner, case_tree)``: ``case_tree(*flat_in)`` traces only the
+    cases (the same ``mask``, so ``inner``'s trace reuses them), fills in the
+    entry's output plan and returns the ``CaseTree`` (``program_store`` keys).
     """
     mask_specs = None if in_specs is None else (None,) * n_bcast + tuple(in_specs)
     masked = mask(fun, mask_specs, constraints=constraints, checks=False, zero_padded=True,
@@ -128,8 +139,7 @@ def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraint
         return datas, jnp.stack([jnp.asarray(out_leaves[li].shape[k], jnp.int32).reshape(())
                                  for li, k in outputs.device_axes])
 
-    inner.case_tree = lambda *flat_in: note_cases(rebuild(flat_in))  # program_store keys
-    return inner
+    return inner, lambda *flat_in: note_cases(rebuild(flat_in))
 
 
 class Runner:

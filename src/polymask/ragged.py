@@ -34,8 +34,8 @@ from .buckets import as_policy
 from .compiling import background_executor
 from .hostio import slice_to
 from .plan import dtype_key
-from .program_store import active_store, program_key, stored_program
-from .programs import Runner, build_inner, raise_case_error
+from .program_store import StorableProgram, active_store, program_key, stored_program
+from .programs import Runner, build_inner_and_cases, raise_case_error
 from .refining import RefinedBuckets
 
 __all__ = ["ragged_map", "RaggedMap"]
@@ -212,25 +212,24 @@ class RaggedMap(RefinedBuckets, Runner):
         return make, avals
 
     def _batch_program(self, tree, plan, in_specs, n_broadcast, bcast_tree, nb, ns, nd):
-        """``make(entry)``: the batch program ``vmap(mask(fun))`` of one bucket signature."""
+        """``make(entry)``: the batch program ``vmap(mask(fun))`` of one bucket
+        signature, with what ``program_store`` needs to key it."""
 
         axes = (None,) * (nb + ns) + (0,) * (nd + 1)
 
-        def make(entry):
-            inner = build_inner(self.fun, entry, tree, plan, in_specs, self.constraints,
-                                 n_broadcast, bcast_tree, nb)
-            prog = jax.vmap(inner, in_axes=axes)
+        def make(entry) -> StorableProgram:
+            inner, cases = build_inner_and_cases(self.fun, entry, tree, plan, in_specs,
+                                                 self.constraints, n_broadcast, bcast_tree, nb)
 
-            def case_tree(avals):  # one example's view of the batch, for program_store
+            def case_tree(avals):  # one example's view of the batch
                 ex = [a if ax is None else jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
                       for a, ax in zip(avals, axes)]
-                jax.eval_shape(lambda *a: inner.case_tree(*a) and 0, *ex)
+                jax.eval_shape(lambda *a: cases(*a) and 0, *ex)
                 return entry.tree
 
-            prog.case_tree = case_tree
-            prog.store_parts = (str(tree), str(bcast_tree), repr(in_specs),
-                                repr(self.constraints), repr(plan.var_names))
-            return prog
+            return StorableProgram(jax.vmap(inner, in_axes=axes), case_tree, (
+                str(tree), str(bcast_tree), repr(in_specs), repr(self.constraints),
+                repr(plan.var_names)))
 
         return make
 
@@ -239,7 +238,7 @@ class RaggedMap(RefinedBuckets, Runner):
         ``program_store``): a warm process skips masking and lowering."""
         store = active_store()
         if store is None:
-            return super()._program(entry, make_fn, args, compile_now)
+            return super()._program(entry, lambda e: make_fn(e).fn, args, compile_now)
         prog, avals, key = entry.prepared or self._prepare(entry, make_fn, args, store)
         entry.prepared = None
         fn, loaded = stored_program(store, prog, key, avals, entry, self.program_id)

@@ -352,10 +352,16 @@ PLACEHOLDER_BOUND = 1024
 
 
 def args_from_specs(in_specs, dtype):
-    """Abstract arguments from spec strings alone (``shape_formula(fun, specs)``).
+    """Abstract arguments (``jax.ShapeDtypeStruct`` of ``dtype``) from spec
+    strings alone (``shape_formula(fun, specs)``, ``explain``).
 
-    Each dim var gets a placeholder bound; the formulas do not depend on it
-    (``ShapeFormula.bound`` is None then).
+    Each dim var gets the placeholder bound ``PLACEHOLDER_BOUND`` (1024): the
+    formulas hold for sizes up to it (``ShapeFormula.evaluate`` refuses larger
+    ones) and ``ShapeFormula.bound`` is None.
+
+    Raises:
+      ShapeError: ``in_specs`` is None, an entry is not a string, or a spec
+        does not parse.
     """
     if in_specs is None:
         raise ShapeError("shape_formula(fun, in_specs) without example arguments needs "
