@@ -331,3 +331,21 @@ def test_rfft_of_an_empty_dynamic_axis_raises_like_plain_jax():
     out = m(pm.pad(x, (8,)))
     assert tuple(out.shape) == (2,)
     np.testing.assert_allclose(np.asarray(out.data)[:2], np.fft.rfft(x), rtol=1e-5, atol=1e-5)
+
+
+def test_rfft_length_zero_is_an_error_case_for_formulas_and_the_runner():
+    def f(x):
+        return jnp.fft.rfft(x * 2)
+
+    sf = pm.shape_formula(f, "n", (8,))
+    with pytest.raises(pm.ShapeError, match="rfft of an axis of length 0"):
+        sf.evaluate(n=0)  # plain JAX raises there; the formula gave (1,) before
+    assert sf.evaluate(n=1) == (1,) and sf.evaluate(n=5) == (3,)
+    g = pm.jit(f, "n")
+    with pytest.raises(pm.ShapeError, match="rfft of an axis of length 0") as e:
+        g(np.zeros(0, np.float32))  # on the host, before running (not a runtime error)
+    assert "test_linalg.py" in str(e.value)  # the user's line
+    x = np.arange(1.0, 6.0, dtype=np.float32)
+    np.testing.assert_allclose(np.asarray(g(x)), np.fft.rfft(2 * x), rtol=1e-5, atol=1e-5)
+    fixed = pm.shape_formula(lambda x: jnp.fft.rfft(x, n=4), "n", (8,))  # a static length
+    assert fixed.evaluate(n=0) == (3,)

@@ -205,3 +205,21 @@ def test_a_partial_batch_runs_in_a_stored_full_batch_program(tmp_path):
         assert st["stored_loads"] == st["compiles"] == 1 and st["xla_compiles"] == 0
     finally:
         pm.disable_compilation_cache(prev)
+
+
+def test_compiler_options_are_part_of_the_key(tmp_path):
+    prev = pm.enable_compilation_cache(tmp_path / "c")
+    try:
+        f = lambda x: jnp.cumsum(x) * 2
+        xs = [np.arange(n, dtype=np.float32) for n in (0, 3, 7)]
+        runs = []
+        for opts in (None, {"xla_cpu_experimental_ynn_fusion_type": ""}, None):
+            rm = pm.ragged_map(f, ("n",), buckets=B.pow2(8), numpy_outputs=True,
+                               compiler_options=opts)
+            outs = rm(xs)
+            for o, x in zip(outs, xs):
+                np.testing.assert_array_equal(o, np.cumsum(x) * 2)
+            runs.append(rm.stats()["stored_loads"])
+        assert runs == [0, 0, 1]  # other options: compiled and stored under their own key
+    finally:
+        pm.disable_compilation_cache(prev)

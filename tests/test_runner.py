@@ -591,3 +591,41 @@ def test_ragged_map_refined_buckets_per_dim_var_and_off_by_default():
     plain(exs)
     plain.wait()
     assert plain.stats()["refined_compiles"] == 0
+
+
+def test_compiler_options_reach_xla_and_keep_values():
+    opts = {"xla_cpu_experimental_ynn_fusion_type": ""}  # YNNPACK fusions off (XLA:CPU)
+    f = lambda x: jnp.tanh(x @ x.T).sum(0)
+    g = pm.jit(f, "n, 3", compiler_options=opts)
+    for n in (0, 1, 5):
+        x = np.linspace(-1, 1, 3 * n, dtype=np.float32).reshape(n, 3)
+        np.testing.assert_allclose(np.asarray(g(x)), f(x), rtol=1e-5, atol=1e-6)
+    bad = pm.jit(f, "n, 3", compiler_options={"xla_no_such_option": 1})
+    with pytest.raises(Exception, match="xla_no_such_option"):  # XLA names it
+        bad(np.ones((2, 3), np.float32))
+    with pytest.raises(TypeError, match="compiler_options"):
+        pm.jit(f, "n, 3", compiler_options=["xla_cpu_experimental_ynn_fusion_type"])
+    with pytest.raises(TypeError, match="compiler_options"):
+        pm.ragged_map(f, ("n, 3",), compiler_options={"xla_dump_to": None})
+
+
+def test_refined_compiler_options_give_every_batch_a_refined_program():
+    opts = {"xla_cpu_experimental_ynn_fusion_type": ""}
+    sizes = [0, 1, 3, 4, 7, 8, 9, 16]
+    exs = [np.arange(n, dtype=np.float32) for n in sizes]
+    f = lambda x: jnp.cumsum(x) / (1 + jnp.sum(x))
+    rm = pm.ragged_map(f, ("n",), buckets=B.pow2(4), refine_buckets=B.pow2(4),
+                       refined_compiler_options=opts, batch_size=4, numpy_outputs=True)
+    for p in range(2):
+        with pm.runner.compile_counter() as cc:
+            outs = rm(exs)
+        for o, x in zip(outs, exs):
+            np.testing.assert_allclose(o, np.cumsum(x) / (1 + x.sum()), rtol=1e-6)
+        if p:
+            assert cc.compiles == 0  # refined programs compiled after the first call
+        rm.wait()
+    # the same buckets, but other options: each batch's program is refined once
+    st = rm.stats()
+    assert st["refined_compiles"] == 2 and st["compiles"] == 4
+    refined = [e for e in rm._cache.values() if e.compiler_options]
+    assert len(refined) == 2 and all(e.compiler_options == opts for e in refined)

@@ -21,7 +21,7 @@ __all__ = ["is_library_frame", "user_call_site", "user_frame_of_exception", "at_
            "relocate", "translate_trace_error", "UNKNOWN_LOCATION", "SIZE_BRANCH_REMEDIES"]
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
-UNKNOWN_LOCATION = "<unknown location>"
+UNKNOWN_LOCATION = compat.UNKNOWN_LOCATION
 
 SIZE_BRANCH_REMEDIES = (
     "Remedies: state what you know as a constraint (mask(..., constraints=['n >= 3'])), "
@@ -59,7 +59,11 @@ def user_call_site() -> str:
 
 
 def user_frame_of_exception(e: BaseException) -> str:
-    """The innermost user frame of ``e``'s traceback."""
+    """The innermost user frame of ``e``'s traceback (or the line polymask
+    attached to ``e`` as ``polymask_where``)."""
+    where = getattr(e, "polymask_where", None)
+    if where:
+        return where
     for fr in reversed(traceback.extract_tb(e.__traceback__)):
         if not is_library_frame(fr.filename):
             return _fmt_frame(fr.filename, fr.lineno, fr.name)

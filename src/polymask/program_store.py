@@ -268,7 +268,7 @@ def stored_program(store: ProgramStore, prog: StorableProgram, key: str, avals, 
     hit = store.load(key)
     if hit is not None and program_id is not None and hit[1] is not None:
         entry.outputs, entry.tree = hit[1], None
-        return StoredProgram(hit[0], prog.fn), True
+        return StoredProgram(hit[0], prog.fn, entry.compiler_options), True
     named_key = key
     if program_id is not None:  # not stored by name: try the traced key
         key, _ = program_key(store, prog, avals)
@@ -277,16 +277,16 @@ def stored_program(store: ProgramStore, prog: StorableProgram, key: str, avals, 
         portable = _portable_outputs(entry)
         if program_id is not None and portable is not None:  # next time, by name
             store.copy(key, named_key, portable)
-        return StoredProgram(hit[0], prog.fn), True
+        return StoredProgram(hit[0], prog.fn, entry.compiler_options), True
     with compile_counter() as cc:  # counts into the caller's counter too
         compiled = jax.jit(prog.fn).lower(*avals).compile(
-            compiler_options=compat.fresh_compile_options())
+            compiler_options={**entry.compiler_options, **compat.fresh_compile_options()})
     if cc.compiles:  # XLA compiled it here (not loaded: see the module doc)
         store.save(key, compiled)
         portable = _portable_outputs(entry)
         if program_id is not None and portable is not None:
             store.save(named_key, compiled, portable)
-    return StoredProgram(compiled, prog.fn), False
+    return StoredProgram(compiled, prog.fn, entry.compiler_options), False
 
 
 def _portable_outputs(entry):
@@ -304,13 +304,14 @@ class StoredProgram:
     for (a weakly typed scalar where it had a NumPy one) go through
     ``jax.jit`` of the program instead of failing."""
 
-    def __init__(self, compiled, fn):
+    def __init__(self, compiled, fn, compiler_options=None):
         self.compiled, self._fn, self._jit = compiled, fn, None
+        self._options = compiler_options or None
 
     def __call__(self, *args):
         try:
             return self.compiled(*args)
         except TypeError:
             if self._jit is None:
-                self._jit = jax.jit(self._fn)
+                self._jit = jax.jit(self._fn, compiler_options=self._options)
             return self._jit(*args)

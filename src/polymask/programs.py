@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -25,6 +25,26 @@ from .transform import mask
 # One compiled program per bucket signature
 # ----------------------------------------------------------------------------
 
+
+
+def checked_compiler_options(options) -> dict:
+    """``options`` (None or a mapping of XLA option names to values, as for
+    ``jax.jit(compiler_options=...)``) as a dict.
+
+    Raises:
+      TypeError: not a mapping, or a name that is not a string, or a value
+        that is not a string, number or bool.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(f"compiler_options must be a dict of XLA option names to values, "
+                        f"got {type(options).__name__}")
+    for k, v in options.items():
+        if not isinstance(k, str) or not isinstance(v, (str, int, float, bool)):
+            raise TypeError(f"compiler_options: {k!r}: {v!r} is not an XLA option name "
+                            "(str) with a str, int, float or bool value")
+    return dict(options)
 
 
 def count_value(c) -> int:
@@ -54,6 +74,7 @@ class Entry:
     padded: int = 0
     tree: Any = None  # the CaseTree (cases.py), known once traced
     prepared: Any = None  # (program, avals, key) once program_store keyed it
+    compiler_options: dict = dataclasses.field(default_factory=dict)  # XLA's, per program
 
 
 def raise_case_error(entry: Entry, var_names, values) -> None:
@@ -145,10 +166,11 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
 class Runner:
     """Shared machinery of ``PolyJit`` and ``RaggedMap``: plans, cache, stats."""
 
-    def __init__(self, fun, in_specs, buckets, constraints, cache_size):
+    def __init__(self, fun, in_specs, buckets, constraints, cache_size, compiler_options=None):
         if isinstance(in_specs, str):
             in_specs = (in_specs,)
         self.fun = fun
+        self.compiler_options = checked_compiler_options(compiler_options)
         self.in_specs = None if in_specs is None else tuple(in_specs)
         self.constraints = tuple(constraints)
         self._policy_for = policy_getter(buckets)
@@ -196,7 +218,7 @@ class Runner:
                     self._stats["cache_hits"] += 1
                 e.tick = next(COMPILE_TICK)
                 return e
-            e = Entry(tick=next(COMPILE_TICK))
+            e = Entry(tick=next(COMPILE_TICK), compiler_options=self._compiler_options_for(key))
             self._cache[key] = e
             while len(self._cache) > self.cache_size:
                 old_key = min(self._cache, key=lambda k: self._cache[k].tick)
@@ -204,6 +226,11 @@ class Runner:
                 old.live = False
                 self._stats["evictions"] += 1
             return e
+
+    def _compiler_options_for(self, key) -> dict:
+        """XLA compile options of the program of ``key`` (``RaggedMap``: refined
+        programs may have their own)."""
+        return self.compiler_options
 
     def _compile_run(self, entry: Entry, make_fn, flat_args, *, background=False):
         """Trace, compile and run ``entry`` on ``flat_args`` once (under its lock).
@@ -246,7 +273,7 @@ class Runner:
         """The entry's callable program: ``jax.jit`` of ``make_fn(entry)``, compiled
         on its first call, or now for ``args`` (values or abstract) with
         ``compile_now`` (``jax.jit``'s cache keeps it for the calls)."""
-        fn = jax.jit(make_fn(entry))
+        fn = jax.jit(make_fn(entry), compiler_options=entry.compiler_options or None)
         if compile_now:
             fn.lower(*args).compile()
         return fn

@@ -51,10 +51,10 @@ class RaggedMap(RefinedBuckets, Runner):
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
                  sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
-                 program_id=None):
-        super().__init__(fun, in_specs, buckets, constraints, cache_size)
+                 compiler_options=None, refined_compiler_options=None, program_id=None):
+        super().__init__(fun, in_specs, buckets, constraints, cache_size, compiler_options)
         self.program_id = None if program_id is None else str(program_id)
-        self._init_refine(refine_buckets)
+        self._init_refine(refine_buckets, refined_compiler_options)
         self._stats["refined_compiles"] = self._stats["stored_loads"] = 0
         self.compile_ahead = bool(compile_ahead)
         if batch_size < 1:
@@ -229,7 +229,7 @@ class RaggedMap(RefinedBuckets, Runner):
 
             return StorableProgram(jax.vmap(inner, in_axes=axes), case_tree, (
                 str(tree), str(bcast_tree), repr(in_specs), repr(self.constraints),
-                repr(plan.var_names)))
+                repr(plan.var_names), repr(sorted(entry.compiler_options.items()))))
 
         return make
 
@@ -326,7 +326,8 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
                progress: bool = False, numpy_outputs: bool = False, sort: bool = True,
                batch_tokens: int | None = None, compile_ahead: bool = True,
-               refine_buckets=None) -> RaggedMap:
+               refine_buckets=None, compiler_options: dict | None = None,
+               refined_compiler_options: dict | None = None) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -368,6 +369,12 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         the tighter program compiles in the background after the call, and
         later calls that cut the same batch run in it (``refining.py``).
         Default None: off. ``wait()`` waits for these compiles.
+      compiler_options: XLA options for the batch programs, as for
+        ``jax.jit(compiler_options=...)``; part of the program store's key.
+      refined_compiler_options: XLA options for the refined programs (default:
+        ``compiler_options``). When they differ, every batch of a repeated
+        call gets a refined program, also where its buckets are already tight:
+        e.g. options that compile slower and run faster (``refining.py``).
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
@@ -376,4 +383,5 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                      batch_buckets=batch_buckets, constraints=constraints,
                      cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs,
                      sort=sort, batch_tokens=batch_tokens, compile_ahead=compile_ahead,
-                     refine_buckets=refine_buckets)
+                     refine_buckets=refine_buckets, compiler_options=compiler_options,
+                     refined_compiler_options=refined_compiler_options)

@@ -21,10 +21,15 @@ earlier process stored runs from the first call.
 
 from __future__ import annotations
 
+import dataclasses
+
 from .batching import rebucket
 from .compiling import background_executor
 from .plan import bucket_bound, policy_getter
 from .program_store import active_store
+from .programs import checked_compiler_options
+
+REFINED_OPTIONS = "refined_compiler_options"
 
 __all__ = ["RefinedBuckets"]
 
@@ -34,18 +39,34 @@ class RefinedBuckets:
     ``_lock``, ``_pending``, ``_stats``, ``_entry``, ``_program_and_avals``,
     ``_prepare`` and ``_precompile_entry``)."""
 
-    def _init_refine(self, refine_buckets) -> None:
+    def _init_refine(self, refine_buckets, refined_compiler_options) -> None:
         self._refine_for = None if refine_buckets is None else policy_getter(refine_buckets)
+        self._refined_options = (self.compiler_options if refined_compiler_options is None
+                                 else checked_compiler_options(refined_compiler_options))
+        # Refined programs with options of their own are programs of their own,
+        # also at a batch's coarse buckets: the tag in their signature keys them.
+        self._refined_tag = (None if self._refined_options == self.compiler_options else
+                             (REFINED_OPTIONS, tuple(sorted(self._refined_options.items()))))
+
+    def _compiler_options_for(self, key) -> dict:
+        signature = key[1] if isinstance(key, tuple) and len(key) > 1 else ()
+        if self._refined_tag is not None and signature and signature[-1] == self._refined_tag:
+            return self._refined_options
+        return self.compiler_options
 
     def _refined_plan(self, plan, chunk, infos):
         """The plan of a batch padded to its longest sizes' refined buckets (each
-        at most its coarse bucket), or None when no bucket gets tighter."""
+        at most its coarse bucket), or None when no bucket gets tighter (and
+        refined programs have the same compiler options)."""
         names = plan.var_names
         buckets = {}
         for v, coarse in plan.buckets.items():
             k = names.index(v)
             longest = max(infos[i][0].values[k] for i in chunk)
             buckets[v] = min(coarse, bucket_bound(self._refine_for(v), longest))
+        if self._refined_tag is not None:
+            fine = rebucket(plan, buckets)
+            return dataclasses.replace(fine, signature=fine.signature + (self._refined_tag,))
         return None if buckets == plan.buckets else rebucket(plan, buckets)
 
     def _refine_batches(self, batches, infos, call):

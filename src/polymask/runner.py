@@ -10,13 +10,11 @@ Outputs are sliced to their exact shapes on the host (NumPy) and uploaded with
 ``jax.device_put``: nothing is compiled per output shape.
 
 Compiles are counted with ``jax.monitoring`` listeners around every path that
-can compile (a bucket's first call, ``precompile``, background compiles of
-tiered buckets, device-side padding): ``stats()["xla_compiles"]`` is every XLA
-compile those paths caused. The steady-state call path compiles nothing.
+can compile (first calls, ``precompile``, tiered background compiles, device
+padding): ``stats()["xla_compiles"]``. The steady-state call path compiles nothing.
 
-This module keeps the caches and makes the calls; what a call means (specs,
-sizes, buckets, output layouts) is decided in ``plan.py``. ``Runner`` is
-shared with ``ragged_map`` (``ragged.py``).
+This module makes the calls; ``plan.py`` decides what a call means (specs,
+sizes, buckets, output layouts); ``programs.Runner`` keeps the caches.
 """
 
 from __future__ import annotations
@@ -94,8 +92,8 @@ class PolyJit(TieredBuckets, Runner):
     """The callable returned by ``polymask.jit`` (see there)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
-                 numpy_outputs=False, slice_after=None, tiered=None):
-        super().__init__(fun, in_specs, buckets, constraints, cache_size)
+                 numpy_outputs=False, slice_after=None, tiered=None, compiler_options=None):
+        super().__init__(fun, in_specs, buckets, constraints, cache_size, compiler_options)
         self.numpy_outputs = numpy_outputs
         self.slice_after = slice_after  # accepted for compatibility: nothing is compiled per shape
         self.tiered = env_switch("POLYMASK_TIERED") if tiered is None else bool(tiered)
@@ -345,8 +343,8 @@ class PolyJit(TieredBuckets, Runner):
 
 
 def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
-        cache_size: int = 64, numpy_outputs: bool = False,
-        slice_after: int | None = None, tiered: bool | None = None) -> PolyJit:
+        cache_size: int = 64, numpy_outputs: bool = False, slice_after: int | None = None,
+        tiered: bool | None = None, compiler_options: dict | None = None) -> PolyJit:
     """Compile ``fun`` once per bucket: exact (unpadded) arrays in, exact arrays out.
 
     Args:
@@ -373,6 +371,8 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
         on, unless the environment variable
         ``POLYMASK_TIERED=0`` (the test suite sets it, so compile counts are
         deterministic there).
+      compiler_options: XLA options for every bucket program, as for
+        ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names).
 
     Returns:
       A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,
@@ -397,4 +397,4 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     """
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
                    cache_size=cache_size, numpy_outputs=numpy_outputs, slice_after=slice_after,
-                   tiered=tiered)
+                   tiered=tiered, compiler_options=compiler_options)

@@ -28,7 +28,7 @@ from . import dimvars
 from .diagnostics import is_library_frame, translate_trace_error, user_frame_of_exception
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
-from .rules.registry import trace_patches
+from .rules.registry import check_preconditions, trace_patches
 from .shapes import DimEnv, is_static
 from .specs import (
     AxisSpec,
@@ -311,6 +311,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
     try:
         with _scope_active(scope), hooks, trace_patches():
             closed = jax.make_jaxpr(flat_fun)(*avals)
+            check_preconditions(closed.jaxpr)  # sizes where lowering fails: error cases
     except (ShapeError, UnsupportedError):
         raise
     except Exception as e:

@@ -94,6 +94,9 @@ def fresh_dim(name: str, scope: SymbolicScope):
 _POLYMASK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+UNKNOWN_LOCATION = "<unknown location>"
+
+
 def source_line(source_info) -> str:
     """``file:line (function)`` of the user frame of an equation's source info.
 
@@ -108,7 +111,7 @@ def source_line(source_info) -> str:
     except Exception:  # pragma: no cover - defensive
         frame = None
     if frame is None:
-        return "<unknown location>"
+        return UNKNOWN_LOCATION
     return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
 
 

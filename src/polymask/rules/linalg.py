@@ -56,7 +56,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from .registry import register
+from ..errors import ShapeError
+from .registry import register, register_precondition
 from .util import clean, clean_float, masked_axes, valid_mask
 
 
@@ -427,6 +428,17 @@ def _complex_axis(x, axis, n, dynamic: bool, inverse: bool):
         return _along(lambda v: _dft_last(v, n, inverse), x, axis)
     kind = lax.FftType.IFFT if inverse else lax.FftType.FFT
     return _along(lambda v: lax.fft(v, kind, (v.shape[-1],)), x, axis)
+
+
+@register_precondition("fft")
+def fft_precondition(eqn) -> None:
+    """An rfft of length 0 fails to lower in plain JAX: ``n >= 1`` splits the
+    trace, and its ``n == 0`` case is an error case."""
+    kind = eqn.params["fft_type"]
+    n = eqn.invars[0].aval.shape[-1]
+    if (kind == lax.FftType.RFFT or str(kind).endswith("RFFT")) and not n >= 1:
+        raise ShapeError("rfft of an axis of length 0: plain JAX cannot compile it on "
+                         "the exact arrays either")
 
 
 @register("fft")

@@ -22,7 +22,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
-from ..errors import UnsupportedError
+from ..errors import ShapeError, UnsupportedError
 from ..state import RunState
 
 _RULES: dict[str, Callable] = {}
@@ -81,6 +81,45 @@ def trace_patches():
         for module, name, replacement in _TRACE_PATCHES:
             stack.enter_context(compat.patched_attr(module, name, replacement))
         yield
+
+
+_PRECONDITIONS: dict[str, Callable] = {}
+
+
+def register_precondition(*names: str):
+    """Decorator: ``fn(eqn)`` checks each equation of these primitives right
+    after the symbolic trace (``trace.py``), while a size comparison the bounds
+    cannot decide still splits the trace into cases. It raises ``ShapeError``
+    at sizes where plain JAX fails only later (lowering, compiling), so they
+    become error cases that ``shape_formula``, ``explain`` and the host checks
+    of ``polymask.jit`` report like plain JAX's trace-time errors."""
+
+    def deco(fn):
+        for n in names:
+            _PRECONDITIONS[n] = fn
+        return fn
+
+    return deco
+
+
+def check_preconditions(jaxpr, outer_line: str = compat.UNKNOWN_LOCATION) -> None:
+    """Run the registered preconditions on ``jaxpr`` and its inner jaxprs
+    (whose equations may have no user frame: then the enclosing call's line)."""
+    for eqn in jaxpr.eqns:
+        line = compat.source_line(eqn.source_info)
+        if line == compat.UNKNOWN_LOCATION:
+            line = outer_line
+        fn = _PRECONDITIONS.get(eqn.primitive.name)
+        if fn is not None:
+            try:
+                fn(eqn)
+            except (compat.SplitNeeded, compat.SplitBeforeRaise, ShapeError) as e:
+                e.polymask_where = line  # the user's line, for the case tree
+                raise
+        for v in eqn.params.values():
+            for x in (v if isinstance(v, (tuple, list)) else (v,)):
+                if isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr)):
+                    check_preconditions(getattr(x, "jaxpr", x), line)
 
 
 def get_rule(name: str) -> Callable | None:
