@@ -293,3 +293,17 @@ def test_shape_formula_evaluate_with_an_equality_constraint():
     assert formula.evaluate(k=2) == (2, 2) == np.zeros(4).reshape(2, -1).shape
     with pytest.raises(pm.ShapeError, match="unknown dim var 'm'"):
         formula.evaluate(m=4)
+
+
+def test_explain_of_sizes_where_the_function_fails_raises_like_mask():
+    def f(x):
+        return lax.top_k(x * 2, 3)[0]
+
+    for n in (0, 2):
+        m = pm.Masked(jnp.zeros(8), (n,))
+        with pytest.raises(pm.ShapeError, match=rf"n in \{{{n}\}}.*fails at .*test_inspect"):
+            pm.explain(f, "n", m, print_output=False)
+        with pytest.raises(pm.ShapeError, match=rf"n in \{{{n}\}}"):
+            pm.mask(f, "n")(m)  # the same message
+    text = str(pm.explain(f, "n", pm.Masked(jnp.zeros(8), (5,)), print_output=False))
+    assert "this case" in text and "top_k" in text

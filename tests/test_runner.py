@@ -629,3 +629,30 @@ def test_refined_compiler_options_give_every_batch_a_refined_program():
     assert st["refined_compiles"] == 2 and st["compiles"] == 4
     refined = [e for e in rm._cache.values() if e.compiler_options]
     assert len(refined) == 2 and all(e.compiler_options == opts for e in refined)
+
+
+def test_compiler_options_checks_and_stats_of_a_failed_compile():
+    f = lambda x: jnp.sum(x * x)
+    g = pm.jit(f, "n", compiler_options={"xla_cpu_experimental_ynn_fusion_type": "",
+                                         "xla_debug_buffer_assignment_show_max": np.int64(5)})
+    np.testing.assert_allclose(np.asarray(g(np.arange(4.0, dtype=np.float32))), 14.0)
+    with pytest.raises(TypeError, match="refined_compiler_options: the value of 'a'"):
+        pm.ragged_map(f, ("n",), refine_buckets=B.multiple(4),
+                      refined_compiler_options={"a": None})
+    with pytest.raises(ValueError, match="pass refine_buckets too"):
+        pm.ragged_map(f, ("n",), refined_compiler_options={})
+    bad = pm.jit(f, "n", compiler_options={"xla_no_such_option": True})
+    for _ in range(2):
+        with pytest.raises(Exception, match="xla_no_such_option"):
+            bad(np.ones(5, np.float32))
+    st = bad.stats()
+    assert st["calls"] == 2 and st["cache_hits"] == 0 and st["compiles"] == 0
+
+
+def test_ragged_map_errors_name_the_example():
+    rm = pm.ragged_map(lambda x: jnp.abs(jnp.fft.rfft(x)).sum(), "n")
+    with pytest.raises(pm.ShapeError, match=r"(?s)examples\[1\]: .*rfft of an axis of length 0"):
+        rm([np.ones(3, np.float32), np.ones(0, np.float32), np.ones(5, np.float32)])
+    rm2 = pm.ragged_map(lambda x, y: x + y, ("n", "n"))
+    with pytest.raises(pm.ShapeError, match=r"examples\[2\]: "):
+        rm2([(np.ones(2), np.ones(2)), (np.ones(1), np.ones(1)), (np.ones(3), np.ones(4))])

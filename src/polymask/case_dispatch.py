@@ -20,10 +20,11 @@ from jax import lax
 from . import _jax_compat as compat
 from .cases import Case, CaseTree
 from .dimvars import sizes_text
+from .errors import ShapeError
 from .masked import Masked
 from .prologue import Check, concrete_value, run_checks
 
-__all__ = ["run_cases", "host_error"]
+__all__ = ["run_cases", "host_error", "case_program"]
 
 
 def _pad_to(data, shape):
@@ -53,6 +54,19 @@ def host_error(tree: CaseTree, values: dict[str, int]) -> str | None:
         return None
     case = tree.cases[int(tree.select(tree.base.internal_values(values)))]
     return None if case.error is None else _error_message(tree, case)
+
+
+def case_program(tree: CaseTree, internal_values: dict):
+    """The program of the case these (internal, concrete) sizes choose.
+
+    Raises:
+      ShapeError: they choose an error case (``mask``'s message: the function
+        fails there, as on the exact arrays).
+    """
+    case = tree.cases[int(tree.select(internal_values))]
+    if case.error is not None:
+        raise ShapeError(_error_message(tree, case))
+    return case.program
 
 
 def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
+from .case_dispatch import case_program
 from .cases import trace_function_cases
 from .dimvars import describe_conditions, display_text
 from .formula import (
@@ -270,7 +271,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
 
     Raises:
       ShapeError: as ``mask`` does for bad specs, constraints or arguments
-        (and for example ``Masked`` sizes of the wrong rank or type).
+        (example ``Masked`` sizes of the wrong rank or type, or where it fails).
       UnsupportedError: ``fun`` uses a primitive without a masking rule.
     """
     placeholder = not args
@@ -285,7 +286,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
                  for a, b in zip(leaves_in, absleaves)]
     concrete = _concrete_sizes(prog, ex_leaves) if any(map(_is_masked, leaves_in)) else None
     if concrete is not None and not tree.single:  # show the case the example sizes reach
-        prog = tree.cases[int(tree.select(concrete))].program or prog
+        prog = case_program(tree, concrete) or prog  # ShapeError where it fails
 
     # Every dynamic axis gets a traced int32 size so the masks become visible.
     n_sizes = sum(a.var is not None for axes in prog.axis_specs for a in axes)

@@ -27,24 +27,29 @@ from .transform import mask
 
 
 
-def checked_compiler_options(options) -> dict:
+def checked_compiler_options(options, name: str = "compiler_options") -> dict:
     """``options`` (None or a mapping of XLA option names to values, as for
-    ``jax.jit(compiler_options=...)``) as a dict.
+    ``jax.jit(compiler_options=...)``) as a dict (NumPy scalars as Python ones).
 
     Raises:
-      TypeError: not a mapping, or a name that is not a string, or a value
-        that is not a string, number or bool.
+      TypeError: not a mapping, a name that is not a string, or a value that
+        is not a string, number or bool (``name``: the parameter, for messages).
     """
     if options is None:
         return {}
     if not isinstance(options, Mapping):
-        raise TypeError(f"compiler_options must be a dict of XLA option names to values, "
+        raise TypeError(f"{name} must be a dict of XLA option names to values, "
                         f"got {type(options).__name__}")
+    out = {}
     for k, v in options.items():
-        if not isinstance(k, str) or not isinstance(v, (str, int, float, bool)):
-            raise TypeError(f"compiler_options: {k!r}: {v!r} is not an XLA option name "
-                            "(str) with a str, int, float or bool value")
-    return dict(options)
+        v = v.item() if isinstance(v, np.generic) else v
+        if not isinstance(k, str):
+            raise TypeError(f"{name}: option names are strings, got {k!r}")
+        if not isinstance(v, (str, int, float, bool)):
+            raise TypeError(f"{name}: the value of {k!r} must be a str, int, float or "
+                            f"bool, got {type(v).__name__}")
+        out[k] = v
+    return out
 
 
 def count_value(c) -> int:
@@ -77,7 +82,7 @@ class Entry:
     compiler_options: dict = dataclasses.field(default_factory=dict)  # XLA's, per program
 
 
-def raise_case_error(entry: Entry, var_names, values) -> None:
+def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:
     """Raise ``ShapeError`` when these logical sizes reach an error case of the
     entry's decision tree (the plain function fails at them: top_k with k > n).
 
@@ -87,7 +92,7 @@ def raise_case_error(entry: Entry, var_names, values) -> None:
         return
     msg = host_error(entry.tree, dict(zip(var_names, (int(v) for v in values))))
     if msg is not None:
-        raise ShapeError(msg)
+        raise ShapeError(prefix + msg)
 
 
 def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,

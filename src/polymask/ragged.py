@@ -32,6 +32,7 @@ from . import _jax_compat as compat
 from .batching import auto_specs, batch_bucket, kind_key, rebucket
 from .buckets import as_policy
 from .compiling import background_executor
+from .errors import ShapeError
 from .hostio import slice_to
 from .plan import dtype_key
 from .program_store import StorableProgram, active_store, program_key, stored_program
@@ -87,7 +88,10 @@ class RaggedMap(RefinedBuckets, Runner):
         kinds: dict = collections.defaultdict(list)
         infos = []
         for i, args in enumerate(arg_lists):
-            plan, leaves, tree = self._plan(args, in_specs, spec_key)
+            try:
+                plan, leaves, tree = self._plan(args, in_specs, spec_key)
+            except ShapeError as e:  # say which example
+                raise ShapeError(f"examples[{i}]: {e}") from None
             kinds[(tree, kind_key(plan))].append(i)
             infos.append((plan, leaves))
         batches = []
@@ -302,7 +306,8 @@ class RaggedMap(RefinedBuckets, Runner):
                                    len(bcast_leaves), len(static_leaves), len(dyn))
         out = self._call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
         for ex in chunk:
-            raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values)
+            raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values,
+                             f"examples[{ex}]: ")
         outputs = entry.outputs
         if outputs.device_axes:
             datas, out_sizes = out
@@ -370,11 +375,14 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         later calls that cut the same batch run in it (``refining.py``).
         Default None: off. ``wait()`` waits for these compiles.
       compiler_options: XLA options for the batch programs, as for
-        ``jax.jit(compiler_options=...)``; part of the program store's key.
-      refined_compiler_options: XLA options for the refined programs (default:
-        ``compiler_options``). When they differ, every batch of a repeated
-        call gets a refined program, also where its buckets are already tight:
-        e.g. options that compile slower and run faster (``refining.py``).
+        ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names; a
+        name XLA does not know raises when a program compiles); part of the
+        program store's key.
+      refined_compiler_options: XLA options for the refined programs (needs
+        ``refine_buckets``; default: ``compiler_options``). When they differ,
+        every batch of a repeated call gets a refined program, also where its
+        buckets are already tight: e.g. options that compile slower and run
+        faster. A refined program that fails to compile raises at ``wait()``.
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).

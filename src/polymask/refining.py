@@ -41,8 +41,12 @@ class RefinedBuckets:
 
     def _init_refine(self, refine_buckets, refined_compiler_options) -> None:
         self._refine_for = None if refine_buckets is None else policy_getter(refine_buckets)
-        self._refined_options = (self.compiler_options if refined_compiler_options is None
-                                 else checked_compiler_options(refined_compiler_options))
+        if refined_compiler_options is not None and refine_buckets is None:
+            raise ValueError("refined_compiler_options applies to refined programs: "
+                             "pass refine_buckets too (e.g. buckets.multiple(8))")
+        self._refined_options = (
+            self.compiler_options if refined_compiler_options is None
+            else checked_compiler_options(refined_compiler_options, "refined_compiler_options"))
         # Refined programs with options of their own are programs of their own,
         # also at a batch's coarse buckets: the tag in their signature keys them.
         self._refined_tag = (None if self._refined_options == self.compiler_options else

@@ -60,13 +60,9 @@ def _leaf_key(x):
 
 @dataclasses.dataclass(eq=False)
 class _CallInfo:
-    """Everything a ``PolyJit`` call needs for one (tree, exact shapes): the fast path.
-
-    ``entry`` is the compiled program of the call's bucket signature (one
-    attribute read from the signature to the program). ``calls`` is a
-    lock-free counter. ``out_shapes``/``out_slices`` cache the exact output
-    shapes of ``out_entry`` when none comes from the device.
-    """
+    """Everything a ``PolyJit`` call needs for one (tree, exact shapes): the fast
+    path. ``entry``: the bucket's program; ``calls``: a lock-free counter;
+    ``out_shapes``: exact output shapes of ``out_entry`` (when none come from the device)."""
 
     plan: CallPlan
     tree: Any
@@ -303,12 +299,14 @@ class PolyJit(TieredBuckets, Runner):
                     self._stats["tiered_calls"] += 1
                 cover.tick = next(COMPILE_TICK)
                 return cover, cover.fn(*self._flat(info, leaves, dyn))
-        out = self._compile_run(entry, make, self._flat(info, leaves))
-        if out is None:
-            return entry, entry.fn(*self._flat(info, leaves))
-        with self._lock:
-            self._fg_compiles_in_calls += 1
-        return entry, out
+        out = None
+        try:
+            out = self._compile_run(entry, make, self._flat(info, leaves))
+        finally:  # a call that compiled its program, or failed to, is no cache hit
+            if out is not None or entry.fn is None:
+                with self._lock:
+                    self._fg_compiles_in_calls += 1
+        return (entry, out) if out is not None else (entry, entry.fn(*self._flat(info, leaves)))
 
     # -- ahead of time -------------------------------------------------------------
     def precompile(self, *args) -> PolyJit:
@@ -372,7 +370,8 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
         ``POLYMASK_TIERED=0`` (the test suite sets it, so compile counts are
         deterministic there).
       compiler_options: XLA options for every bucket program, as for
-        ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names).
+        ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names). Traced
+        calls (under ``jax.jit``/``grad``) compile in the caller's program.
 
     Returns:
       A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,

@@ -136,10 +136,10 @@ class SentenceEncoder:
     def runner(self, buckets=None, batch_size=32, normalize: bool = True):
         """The cached ``polymask.ragged_map`` used by ``embed`` (``buckets=None``:
         ``length_buckets()``). Repeated calls run in refined programs
-        (``refine_buckets()``) compiled in the background for run speed
-        (``compat.xla_cpu_run_speed_options``: a warm-cache first pass 84 ->
-        97-100 texts/s, steady 103-106 -> 108-111 on the 2-core box); see
-        ``polymask.ragged_map``."""
+        (``refine_buckets()``) compiled in the background; on CPU these are
+        compiled for run speed (XLA:CPU's YNNPACK fusions off: slower to
+        compile, no first-run setup), so a later process that loads them from
+        the program store runs its first pass at full speed."""
         from ..ragged import RaggedMap
 
         buckets = length_buckets() if buckets is None else buckets
