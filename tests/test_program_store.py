@@ -223,3 +223,17 @@ def test_compiler_options_are_part_of_the_key(tmp_path):
         assert runs == [0, 0, 1]  # other options: compiled and stored under their own key
     finally:
         pm.disable_compilation_cache(prev)
+
+
+def test_a_stored_program_called_with_other_argument_types_counts_its_compile():
+    fn = lambda s, x: jnp.cumsum(x) * s
+    compiled = jax.jit(fn).lower(np.float32(2.0), np.ones(4, np.float32)).compile()
+    prog = program_store.StoredProgram(compiled, fn)
+    heard = []
+    prog.on_compile = heard.append
+    x = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(prog(np.float32(2.0), x), np.cumsum(x) * 2)
+    assert heard == []
+    for _ in range(2):  # an int scalar: not the compiled signature (TypeError)
+        np.testing.assert_array_equal(prog(np.int32(2), x), np.cumsum(x) * 2)
+    assert len(heard) == 1 and heard[0].compiles == 1  # the fallback compile, once

@@ -76,6 +76,11 @@ class compile_counter:
     def cache_hits(self) -> int:
         return self._c[1]
 
+    @property
+    def nested(self) -> bool:
+        """Inside another counter (which also sees these compiles)."""
+        return self._prev is not None
+
 
 COMPILE_TICK = itertools.count()
 

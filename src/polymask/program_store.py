@@ -302,11 +302,13 @@ def _portable_outputs(entry):
 class StoredProgram:
     """A compiled batch program; arguments of other types than it was compiled
     for (a weakly typed scalar where it had a NumPy one) go through
-    ``jax.jit`` of the program instead of failing."""
+    ``jax.jit`` of the program instead of failing. ``on_compile(cc)`` hears of
+    the compiles that causes (the runner's stats count them)."""
 
     def __init__(self, compiled, fn, compiler_options=None):
         self.compiled, self._fn, self._jit = compiled, fn, None
         self._options = compiler_options or None
+        self.on_compile = None
 
     def __call__(self, *args):
         try:
@@ -314,4 +316,8 @@ class StoredProgram:
         except TypeError:
             if self._jit is None:
                 self._jit = jax.jit(self._fn, compiler_options=self._options)
-            return self._jit(*args)
+            with compile_counter() as cc:
+                out = self._jit(*args)
+            if cc.compiles and self.on_compile is not None and not cc.nested:
+                self.on_compile(cc)  # (a caller's counter would count it already)
+            return out

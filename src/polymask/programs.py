@@ -298,6 +298,12 @@ class Runner:
             if kind is not None:
                 st[kind] += 1
 
+    def _count_compiles(self, cc) -> None:
+        """Count XLA compiles made outside ``_install`` (a stored program's fallback)."""
+        with self._lock:
+            self._stats["xla_compiles"] += cc.compiles
+            self._stats["persistent_cache_hits"] += cc.cache_hits
+
     def wait(self) -> None:
         """Wait for the background compiles started so far (tiered buckets)."""
         while True:
