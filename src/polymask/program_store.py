@@ -301,8 +301,8 @@ def _portable_outputs(entry):
 
 class StoredProgram:
     """A compiled batch program; arguments of other types than it was compiled
-    for (a weakly typed scalar where it had a NumPy one) go through
-    ``jax.jit`` of the program instead of failing. ``on_compile(cc)`` hears of
+    for (an int scalar where it had a float one) go through ``jax.jit`` of the
+    program instead of failing. ``on_compile(cc)`` hears of
     the compiles that causes (the runner's stats count them)."""
 
     def __init__(self, compiled, fn, compiler_options=None):
