@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import polymask as pm
 from polymask import buckets as B
@@ -656,3 +657,23 @@ def test_ragged_map_errors_name_the_example():
     rm2 = pm.ragged_map(lambda x, y: x + y, ("n", "n"))
     with pytest.raises(pm.ShapeError, match=r"examples\[2\]: "):
         rm2([(np.ones(2), np.ones(2)), (np.ones(1), np.ones(1)), (np.ones(3), np.ones(4))])
+
+
+def test_refine_buckets_with_a_largest_bucket_keep_longer_batches_coarse():
+    exs = [np.arange(n, dtype=np.float32) for n in (0, 1, 5, 30)]
+    for fine in (B.pow2(4, maximum=16), B.explicit([8, 16])):
+        rm = pm.ragged_map(lambda x: jnp.sum(x), ("n",), buckets=B.pow2(16), batch_size=1,
+                           refine_buckets=fine, numpy_outputs=True)
+        for _ in range(2):  # the example of 30 has no refined bucket: its coarse one
+            np.testing.assert_allclose(rm(exs), [x.sum() for x in exs])
+            rm.wait()
+        assert rm.stats()["refined_compiles"] >= 1
+
+
+def test_a_bound_below_what_the_function_needs_fails_like_plain_jax():
+    top3 = lambda x: lax.top_k(x, 3)[0]
+    g = pm.jit(top3, "n", buckets=B.exact())
+    with pytest.raises(pm.ShapeError, match=r"(?s)every logical size within the bounds "
+                       r"\(n in \{0\.\.2\}\).*test_runner.py.*got k=3 with shape=\[2\]"):
+        g(np.ones(2, np.float32))
+    np.testing.assert_allclose(np.asarray(g(np.arange(4.0, dtype=np.float32))), [3, 2, 1])

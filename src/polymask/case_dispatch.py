@@ -39,8 +39,9 @@ def _error_message(tree: CaseTree, c: Case) -> str:
         return (f"for these sizes ({sizes_text(c.reached_by)}) the function fails at "
                 f"{c.where}, as it does on the exact arrays:\n  {c.error}")
     return (f"for these sizes ({tree.describe_conditions(c)}) the function cannot be traced "
-            f"with symbolic sizes at {c.where} (more sizes than mask(..., max_cases=) allows "
-            f"tracing one by one):\n  {c.error}")
+            f"with symbolic sizes at {c.where}:\n  {c.error}\n  (plain JAX may fail at these "
+            "sizes too; polymask traces sizes one by one, as plain JAX does, only while "
+            "mask(..., max_cases=) allows, and here there are more)")
 
 
 def _error_checks(tree: CaseTree, idx) -> list[Check]:

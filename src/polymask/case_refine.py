@@ -12,6 +12,7 @@ from __future__ import annotations
 import jax
 
 from .casetree import Case, CaseTree, Split, common_outputs, enumerate_sizes, error_case
+from .dimvars import sizes_text
 from .errors import ShapeError, UnsupportedError
 
 __all__ = ["refine_errors", "trace_per_size_or_raise"]
@@ -32,6 +33,15 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
                 tree.base = live[0].program
                 common_outputs(tree, live)
                 return tree
+            failed = [c for c in tree.cases if c.error is not None and c.reachable]
+            # each size traced on its own fails; a plain JAX error (not one of
+            # polymask's own, e.g. two data-dependent sizes) is plain JAX's failure
+            if failed and not isinstance(first.get("root_error"), ShapeError):
+                sizes = [v for c in failed for v in (c.reached_by or [])]
+                raise ShapeError(
+                    f"the function fails for every logical size within the bounds"
+                    f"{f' ({sizes_text(sizes)})' if sizes else ''}, as it does on the "
+                    f"exact arrays, at {failed[0].where}:\n  {failed[0].error}")
     if "root_error" in first:
         e = first["root_error"]
         if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):

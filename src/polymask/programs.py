@@ -326,7 +326,9 @@ class Runner:
           ``background_compiles``, ``precompiles``, ``refined_compiles``,
           ``stored_loads``: of those. ``xla_compiles`` says how many XLA
           actually compiled.
-        - ``cache_hits``: calls that found their program compiled. A call that
+        - ``cache_hits``: calls that found a compiled program to run in (their
+          own, or a covering one: ``tiered_calls``). A call whose compile
+          fails is no hit. A call that
           waited for its program's background compile is neither a hit nor a
           compile of its own, so with background compiles ``compiles +
           cache_hits`` can exceed ``calls``.

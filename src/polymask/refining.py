@@ -25,6 +25,7 @@ import dataclasses
 
 from .batching import rebucket
 from .compiling import background_executor
+from .errors import ShapeError
 from .plan import bucket_bound, policy_getter
 from .program_store import active_store
 from .programs import checked_compiler_options
@@ -67,7 +68,10 @@ class RefinedBuckets:
         for v, coarse in plan.buckets.items():
             k = names.index(v)
             longest = max(infos[i][0].values[k] for i in chunk)
-            buckets[v] = min(coarse, bucket_bound(self._refine_for(v), longest))
+            try:
+                buckets[v] = min(coarse, bucket_bound(self._refine_for(v), longest))
+            except ShapeError:  # past the refined policy's largest bucket: stay coarse
+                buckets[v] = coarse
         if self._refined_tag is not None:
             fine = rebucket(plan, buckets)
             return dataclasses.replace(fine, signature=fine.signature + (self._refined_tag,))

@@ -370,8 +370,9 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
         ``POLYMASK_TIERED=0`` (the test suite sets it, so compile counts are
         deterministic there).
       compiler_options: XLA options for every bucket program, as for
-        ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names). Traced
-        calls (under ``jax.jit``/``grad``) compile in the caller's program.
+        ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names; an
+        unknown name raises at the first compile). Traced calls (under
+        ``jax.jit``/``grad``) compile in the caller's program.
 
     Returns:
       A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,
