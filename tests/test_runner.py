@@ -1,6 +1,7 @@
 """polymask.jit, ragged_map and bucketing policies (values only, never timings)."""
 
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -677,3 +678,19 @@ def test_a_bound_below_what_the_function_needs_fails_like_plain_jax():
                        r"\(n in \{0\.\.2\}\).*test_runner.py.*got k=3 with shape=\[2\]"):
         g(np.ones(2, np.float32))
     np.testing.assert_allclose(np.asarray(g(np.arange(4.0, dtype=np.float32))), [3, 2, 1])
+
+
+def test_a_refined_program_that_fails_to_compile_warns_once_and_keeps_the_coarse_one():
+    exs = [np.arange(n, dtype=np.float32) for n in (0, 1, 5, 30)]
+    rm = pm.ragged_map(lambda x: jnp.sum(x), "n", refine_buckets=B.multiple(4),
+                       refined_compiler_options={"xla_no_such_option": True})
+    with pytest.warns(RuntimeWarning, match="refined program could not be compiled"):
+        np.testing.assert_allclose([float(o) for o in rm(exs)], [x.sum() for x in exs])
+        rm.wait()  # (the warning comes from the background compiler's thread)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):  # not retried: no warning, the same values
+            np.testing.assert_allclose([float(o) for o in rm(exs)], [x.sum() for x in exs])
+            rm.wait()
+    assert not [w for w in seen if "refined program" in str(w.message)]
+    assert rm.stats()["refined_compiles"] == 0

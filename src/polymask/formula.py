@@ -183,7 +183,8 @@ class ShapeFormula:
             missing = self._missing([_parse_condition(c)[0] for c in conditions], sizes)
             if missing:
                 raise ShapeError(f"ShapeFormula.evaluate: no value for dim vars {missing} "
-                                 f"(the function raises when {text})")
+                                 f"(needed to tell whether the sizes reach a case where "
+                                 f"the function raises: {text})")
             if all(_holds(c, vals) for c in conditions):
                 raise ShapeError(f"ShapeFormula.evaluate: at {sizes} ({text}) the function "
                                  f"raises: {error}")

@@ -383,7 +383,8 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         ``refine_buckets``; default: ``compiler_options``). When they differ,
         every batch of a repeated call gets a refined program, also where its
         buckets are already tight: e.g. options that compile slower and run
-        faster. A refined program that fails to compile raises at ``wait()``.
+        faster. A refined program that fails to compile (an unknown option)
+        gives one ``RuntimeWarning``; its batches keep the coarse program.
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).

@@ -22,6 +22,7 @@ earlier process stored runs from the first call.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 from .batching import rebucket
 from .compiling import background_executor
@@ -42,6 +43,7 @@ class RefinedBuckets:
 
     def _init_refine(self, refine_buckets, refined_compiler_options) -> None:
         self._refine_for = None if refine_buckets is None else policy_getter(refine_buckets)
+        self._refine_failed: set = set()  # keys whose refined compile failed: not retried
         if refined_compiler_options is not None and refine_buckets is None:
             raise ValueError("refined_compiler_options applies to refined programs: "
                              "pass refine_buckets too (e.g. buckets.multiple(8))")
@@ -130,7 +132,7 @@ class RefinedBuckets:
         for tree, plan, chunk, rows in wanted:
             key = (tree, plan.signature, rows, bcast_key, spec_key)
             with self._lock:
-                if key in self._pending:
+                if key in self._pending or key in self._refine_failed:
                     continue
             entry = self._entry(key, hit=False)
             if entry.live:
@@ -141,6 +143,15 @@ class RefinedBuckets:
             def work(entry=entry, make=make, avals=avals, key=key):
                 try:
                     return self._precompile_entry(entry, make, avals, "refined_compiles")
+                except Exception as e:  # the coarse program keeps serving these batches
+                    self._refine_failed.add(key)
+                    warnings.warn(
+                        "polymask.ragged_map: a refined program could not be compiled "
+                        f"(refined_compiler_options={self._refined_options}); calls keep "
+                        f"running its batches in the coarse program:\n  {type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}", RuntimeWarning,
+                        stacklevel=2)
+                    return False
                 finally:
                     with self._lock:
                         self._pending.pop(key, None)
