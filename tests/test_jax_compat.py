@@ -185,3 +185,11 @@ def test_fresh_compile_options_compile_past_the_persistent_cache_and_serialize(t
         np.testing.assert_allclose(np.asarray(loaded(x)), np.cos(x) * 1.5 - x, rtol=1e-6)
     finally:
         pm.disable_compilation_cache(prev)
+
+
+def test_threefry2x32_is_what_random_bits_draws():
+    key = jax.random.key(5)
+    k = jax.random.key_data(key)
+    lo = jnp.arange(6, dtype=jnp.uint32).reshape(2, 3)
+    b1, b2 = compat.threefry2x32(k[0], k[1], jnp.zeros_like(lo), lo)
+    np.testing.assert_array_equal(b1 ^ b2, jax.random.bits(key, (2, 3)))  # partitionable

@@ -68,9 +68,11 @@ GROUP_REASONS: dict[str, str] = {
     "pvary": "SPMD varying-axes annotation; no rule yet",
     "vary_": "SPMD varying-axes annotation; no rule yet",
     "reduced_vary": "SPMD varying-axes annotation; no rule yet",
-    "random_": "typed PRNG keys: no rule yet (a draw over a padded shape differs from the "
-               "unpadded draw, so only key plumbing could be masked)",
-    "threefry": "raw PRNG bits over the padded shape differ from the unpadded draw",
+    "random_": "no rule yet (random_bits and key plumbing have rules; a sampler primitive "
+               "like random_gamma draws over the padded shape, which differs from the "
+               "unpadded draw)",
+    "threefry": "raw PRNG bits over the padded shape differ from the unpadded draw "
+                "(jax.random's random_bits is covered)",
     "philox": "raw PRNG bits over the padded shape differ from the unpadded draw",
     "get": "mutable refs (jax._src.state) are not supported inside mask",
     "swap": "mutable refs (jax._src.state) are not supported inside mask",

@@ -256,3 +256,13 @@ def all_primitives() -> dict[str, str]:
             if isinstance(value, _core.Primitive):
                 found.setdefault(value.name, mod.__name__)
     return dict(sorted(found.items()))
+
+
+def threefry2x32(k1, k2, counts_hi, counts_lo):
+    """JAX's ``threefry2x32`` primitive: two uint32 bit arrays from a key's two
+    words and a 64-bit counter split in two uint32 arrays (``jax/_src/random/
+    threefry2x32.py``; how ``random_bits`` makes bits under the partitionable
+    scheme)."""
+    from jax._src.random import threefry2x32 as _threefry
+
+    return _threefry.threefry2x32_p.bind(k1, k2, counts_hi, counts_lo)
