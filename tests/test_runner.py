@@ -694,3 +694,28 @@ def test_a_refined_program_that_fails_to_compile_warns_once_and_keeps_the_coarse
             rm.wait()
     assert not [w for w in seen if "refined program" in str(w.message)]
     assert rm.stats()["refined_compiles"] == 0
+
+
+def test_ragged_map_examples_with_different_static_arguments_never_share_them():
+    # a batch passes one example's static leaves to every row: examples whose
+    # static values differ go to different batches (they all ran with one before)
+    exs = [(np.float32(s), np.ones(n, np.float32)) for s, n in [(10, 1), (20, 3), (30, 7), (40, 5)]]
+    for spec, sort in ((None, True), ("", True), (None, False)):
+        rm = pm.ragged_map(lambda s, x: x * s, (spec, "n"), batch_size=4, numpy_outputs=True)
+        rm.sort = sort
+        for (s, x), o in zip(exs, rm(exs)):
+            np.testing.assert_array_equal(o, x * s)
+    vecs = [(np.full(3, s, np.float32), np.ones(n, np.float32)) for s, n in [(1, 2), (2, 4)]]
+    rm = pm.ragged_map(lambda v, x: x * v.sum(), ("_", "n"), numpy_outputs=True)
+    for (v, x), o in zip(vecs, rm(vecs)):
+        np.testing.assert_array_equal(o, x * v.sum())
+    keys = jax.random.split(jax.random.key(0), 3)  # per-example PRNG keys
+    drop = lambda k, x: jnp.where(jax.random.bernoulli(k, 0.5, x.shape), x, 0.0)
+    xs = [np.arange(1.0, n + 1, dtype=np.float32) for n in (2, 6, 4)]
+    rm = pm.ragged_map(drop, (None, "n"), numpy_outputs=True)
+    for k, x, o in zip(keys, xs, rm(list(zip(keys, xs)))):
+        np.testing.assert_array_equal(o, drop(k, jnp.asarray(x)))
+    # equal static values still share one batch
+    same = pm.ragged_map(lambda s, x: x * s, (None, "n"), batch_size=4)
+    same([(np.float32(2), np.ones(n, np.float32)) for n in (1, 3, 5, 7)])
+    assert same.stats()["calls"] == 1

@@ -4,6 +4,7 @@ plan of a batch padded to its largest example's buckets."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Callable, Mapping
 
@@ -13,7 +14,7 @@ import numpy as np
 from .errors import ShapeError
 from .plan import CallPlan, padded_shape
 
-__all__ = ["kind_key", "rebucket", "batch_bucket", "auto_specs"]
+__all__ = ["kind_key", "static_values_key", "rebucket", "batch_bucket", "auto_specs"]
 
 
 def kind_key(plan: CallPlan) -> tuple:
@@ -22,6 +23,23 @@ def kind_key(plan: CallPlan) -> tuple:
     return (tuple(plan.var_names),
             tuple((p.static, p.shape if p.static else len(p.shape), p.dtype)
                   for p in plan.leaves))
+
+
+def static_values_key(plan: CallPlan, leaves) -> tuple:
+    """The values of an example's static leaves (no dim var), hashable. A batch
+    passes one example's static leaves to all its rows, so examples whose
+    values differ there (a per-example scale, a per-example PRNG key) must not
+    share a batch: ``ragged_map`` adds this to the kind of an example."""
+    return tuple(_value_key(x) for x, p in zip(leaves, plan.leaves) if p.static)
+
+
+def _value_key(x):
+    if isinstance(x, (bool, int, float, complex)):
+        return (type(x), x)
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+        x = jax.random.key_data(x)  # typed keys: their words
+    a = np.asarray(x)
+    return (a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=16).digest())
 
 
 def rebucket(plan: CallPlan, buckets: Mapping[str, int]) -> CallPlan:

@@ -1,7 +1,8 @@
 """``polymask.ragged_map``: map a function over examples of different sizes.
 
 Examples are planned one by one on the host (``plan.plan_call``), grouped by
-kind (dim vars, dtypes, static leaves), sorted by size (largest first, like
+kind (dim vars, dtypes, static leaves and their values: a batch passes one
+example's static leaves to all rows), sorted by size (largest first, like
 sentence-transformers; results come back in input order) and cut into
 batches of consecutive examples; a batch pads every example to the largest
 bucket in it (``batching.rebucket``), so the only padding is the bucket's
@@ -29,7 +30,7 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
-from .batching import auto_specs, batch_bucket, kind_key, rebucket
+from .batching import auto_specs, batch_bucket, kind_key, rebucket, static_values_key
 from .buckets import as_policy
 from .compiling import background_executor
 from .errors import ShapeError
@@ -92,10 +93,10 @@ class RaggedMap(RefinedBuckets, Runner):
                 plan, leaves, tree = self._plan(args, in_specs, spec_key)
             except ShapeError as e:  # say which example
                 raise ShapeError(f"examples[{i}]: {e}") from None
-            kinds[(tree, kind_key(plan))].append(i)
+            kinds[(tree, kind_key(plan), static_values_key(plan, leaves))].append(i)
             infos.append((plan, leaves))
         batches = []
-        for (tree, _), idxs in kinds.items():
+        for (tree, *_), idxs in kinds.items():
             if self.sort:  # largest first (sentence-transformers); results in input order
                 idxs.sort(key=lambda i: (-infos[i][0].padded, -infos[i][0].logical))
             batches += self._cut_batches(tree, idxs, infos)
