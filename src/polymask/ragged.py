@@ -350,6 +350,8 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
       fun: a function written for exact arrays.
       in_specs: specs of the example arguments (as for ``polymask.jit``);
         broadcast arguments are always static (e.g. model parameters).
+        Examples whose static arguments (no dim var) differ in value run in
+        different batches (a per-example key: batches of one).
       buckets: bucketing policy for the dim vars (default ``pow2()``).
       batch_size: most examples per batch.
       batch_buckets: policy for the rows of a partial batch (then one more
