@@ -228,9 +228,8 @@ def test_compiler_options_are_part_of_the_key(tmp_path):
 def test_a_stored_program_called_with_other_argument_types_counts_its_compile():
     fn = lambda s, x: jnp.cumsum(x) * s
     compiled = jax.jit(fn).lower(np.float32(2.0), np.ones(4, np.float32)).compile()
-    prog = program_store.StoredProgram(compiled, fn)
     heard = []
-    prog.on_compile = heard.append
+    prog = program_store.StoredProgram(compiled, fn, on_compile=heard.append)
     x = np.arange(4, dtype=np.float32)
     np.testing.assert_array_equal(prog(np.float32(2.0), x), np.cumsum(x) * 2)
     assert heard == []

@@ -184,12 +184,8 @@ def _hash_consts(jaxpr, consts, h) -> None:
         h.update(f"{a.shape}{a.dtype}".encode())
         h.update(a.tobytes())
     for eqn in jaxpr.eqns:
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if hasattr(sub, "consts") and hasattr(sub, "jaxpr"):  # a closed jaxpr
-                    _hash_consts(sub.jaxpr, sub.consts, h)
-                elif hasattr(sub, "eqns"):  # an open one: only its nested jaxprs
-                    _hash_consts(sub, (), h)
+        for inner, inner_consts in compat.inner_jaxprs(eqn.params):
+            _hash_consts(inner, inner_consts, h)
 
 
 @functools.lru_cache(maxsize=1)
@@ -252,9 +248,10 @@ def program_key(store: ProgramStore, prog: StorableProgram, args,
 
 
 def stored_program(store: ProgramStore, prog: StorableProgram, key: str, avals, entry,
-                   program_id: str | None = None):
+                   program_id: str | None = None, on_compile: Callable | None = None):
     """``prog``'s executable: loaded from ``store``, else compiled now and
-    written to it. Returns ``(StoredProgram, loaded)``.
+    written to it. Returns ``(StoredProgram, loaded)``; ``on_compile`` is the
+    ``StoredProgram``'s (see there).
 
     ``key`` is ``program_key``'s. A program stored by name carries the
     entry's output plan, so loading it needs no trace. Programs whose plan
@@ -268,7 +265,7 @@ def stored_program(store: ProgramStore, prog: StorableProgram, key: str, avals, 
     hit = store.load(key)
     if hit is not None and program_id is not None and hit[1] is not None:
         entry.outputs, entry.tree = hit[1], None
-        return StoredProgram(hit[0], prog.fn, entry.compiler_options), True
+        return StoredProgram(hit[0], prog.fn, entry.compiler_options, on_compile), True
     named_key = key
     if program_id is not None:  # not stored by name: try the traced key
         key, _ = program_key(store, prog, avals)
@@ -277,7 +274,7 @@ def stored_program(store: ProgramStore, prog: StorableProgram, key: str, avals, 
         portable = _portable_outputs(entry)
         if program_id is not None and portable is not None:  # next time, by name
             store.copy(key, named_key, portable)
-        return StoredProgram(hit[0], prog.fn, entry.compiler_options), True
+        return StoredProgram(hit[0], prog.fn, entry.compiler_options, on_compile), True
     with compile_counter() as cc:  # counts into the caller's counter too
         compiled = jax.jit(prog.fn).lower(*avals).compile(
             compiler_options={**entry.compiler_options, **compat.fresh_compile_options()})
@@ -286,7 +283,7 @@ def stored_program(store: ProgramStore, prog: StorableProgram, key: str, avals, 
         portable = _portable_outputs(entry)
         if program_id is not None and portable is not None:
             store.save(named_key, compiled, portable)
-    return StoredProgram(compiled, prog.fn, entry.compiler_options), False
+    return StoredProgram(compiled, prog.fn, entry.compiler_options, on_compile), False
 
 
 def _portable_outputs(entry):
@@ -305,10 +302,10 @@ class StoredProgram:
     program instead of failing. ``on_compile(cc)`` hears of
     the compiles that causes (the runner's stats count them)."""
 
-    def __init__(self, compiled, fn, compiler_options=None):
+    def __init__(self, compiled, fn, compiler_options=None, on_compile=None):
         self.compiled, self._fn, self._jit = compiled, fn, None
         self._options = compiler_options or None
-        self.on_compile = None
+        self.on_compile = on_compile
 
     def __call__(self, *args):
         try:

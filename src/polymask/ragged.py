@@ -246,8 +246,8 @@ class RaggedMap(RefinedBuckets, Runner):
             return super()._program(entry, lambda e: make_fn(e).fn, args, compile_now)
         prog, avals, key = entry.prepared or self._prepare(entry, make_fn, args, store)
         entry.prepared = None
-        fn, loaded = stored_program(store, prog, key, avals, entry, self.program_id)
-        fn.on_compile = self._count_compiles
+        fn, loaded = stored_program(store, prog, key, avals, entry, self.program_id,
+                                    self._count_compiles)
         if loaded:
             with self._lock:
                 self._stats["stored_loads"] += 1

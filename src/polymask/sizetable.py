@@ -77,12 +77,8 @@ def _size_table(prog, concrete) -> dict[str, dict]:
 def _walk_eqns(jaxpr):
     for eqn in jaxpr.eqns:
         yield eqn
-        for p in eqn.params.values():
-            for x in (p if isinstance(p, (tuple, list)) else (p,)):
-                if isinstance(x, compat.ClosedJaxpr):
-                    yield from _walk_eqns(x.jaxpr)
-                elif isinstance(x, compat.Jaxpr):
-                    yield from _walk_eqns(x)
+        for inner, _ in compat.inner_jaxprs(eqn.params):
+            yield from _walk_eqns(inner)
 
 
 def _has_inner(eqn) -> bool:

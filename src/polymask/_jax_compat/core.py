@@ -97,6 +97,17 @@ _POLYMASK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNKNOWN_LOCATION = "<unknown location>"
 
 
+def inner_jaxprs(params):
+    """``(jaxpr, consts)`` of every jaxpr in an equation's params (a nested
+    ``jit``, ``cond`` branches, a ``scan`` body; an open jaxpr has no consts)."""
+    for v in params.values():
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(x, ClosedJaxpr):
+                yield x.jaxpr, x.consts
+            elif isinstance(x, Jaxpr):
+                yield x, ()
+
+
 def source_line(source_info) -> str:
     """``file:line (function)`` of the user frame of an equation's source info.
 

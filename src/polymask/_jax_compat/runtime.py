@@ -114,13 +114,13 @@ def xla_cpu_run_speed_options() -> dict:
 
     They turn off XLA:CPU's YNNPACK library fusions (``DebugOptions.
     xla_cpu_experimental_ynn_fusion_type``, empty list; the option exists in
-    jaxlib 0.10.x). Measured on the MiniLM encoder's batch programs
-    (2-core box, 6 buckets of 32 x 16..128 tokens): compiles take about 25%
-    longer (3.3 s against 2.7 s), and the first run of each program no longer
-    costs about 30% more than later runs (YNNPACK sets itself up on an
-    executable's first run: 1.74 s against 2.25 s for the six first runs, later
-    runs equal). So they suit programs compiled in the background for repeated
-    use, not a first pass that waits for its compiles.
+    jaxlib 0.10.x). An informal measurement, not a benchmark-suite figure
+    (hand-written MiniLM batch programs, 6 buckets of 32 x 16..128 tokens, two
+    fresh processes each on the 2-core box, load not recorded): compiles took
+    3.15-3.53 s against 2.54-2.81 s, and the six first runs 1.69-1.76 s
+    against 2.15-2.30 s (YNNPACK sets itself up on an executable's first run;
+    later runs were equal). So they suit programs compiled in the background
+    for repeated use, not a first pass that waits for its compiles.
     """
     if jax.default_backend() != "cpu":
         return {}

@@ -2,8 +2,9 @@
 
 Keys have static shapes in practice (one key, or a static number of split
 keys): ``random_seed``, ``random_wrap``, ``random_unwrap``, ``random_split``,
-``random_fold_in`` and ``random_clone`` are bound unchanged when every shape
-they touch is static, and refused otherwise.
+``random_fold_in`` and ``random_clone`` on static shapes take the
+interpreter's static fast path (bound unchanged); their rules only see keys
+of a dynamic shape, and refuse them with the remedy.
 
 ``random_bits`` with a dynamic shape follows JAX's partitionable threefry
 scheme (``jax_threefry_partitionable``, the default since JAX 0.5): element
@@ -26,31 +27,22 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..shapes import is_static
 from .registry import register
+from .util import masked_axes
 
 _KEY_PRIMITIVES = ("random_seed", "random_wrap", "random_unwrap", "random_split",
                    "random_fold_in", "random_clone")
 
 
-def _all_static(ctx) -> bool:
-    shapes = [*ctx.in_logical, *ctx.out_logical]
-    bounds = [*ctx.in_bounds, *ctx.out_bounds]
-    return all(is_static(d) and int(d) == b for s, bs in zip(shapes, bounds)
-               for d, b in zip(s, bs))
-
-
 @register(*_KEY_PRIMITIVES)
 def key_rule(ctx, *args, **params):
-    if not _all_static(ctx):
-        raise ctx.unsupported("PRNG keys with a dynamic shape (split or fold keys with "
-                              "static counts; draw numbers with dynamic shapes instead)")
-    return ctx.bind(*args)
+    raise ctx.unsupported("PRNG keys with a dynamic shape (split or fold keys with "
+                          "static counts; draw numbers with dynamic shapes instead)")
 
 
 @register("random_bits")
 def random_bits_rule(ctx, keys, *, bit_width, shape):
-    if _all_static(ctx):
+    if not masked_axes(ctx.out_logical[0], ctx.out_bounds[0]):  # sizes pinned at the bound
         return ctx.bind(keys)
     if keys.shape != ():
         raise ctx.unsupported("random bits with a dynamic shape from an array of keys "

@@ -116,10 +116,8 @@ def check_preconditions(jaxpr, outer_line: str = compat.UNKNOWN_LOCATION) -> Non
             except (compat.SplitNeeded, compat.SplitBeforeRaise, ShapeError) as e:
                 e.polymask_where = line  # the user's line, for the case tree
                 raise
-        for v in eqn.params.values():
-            for x in (v if isinstance(v, (tuple, list)) else (v,)):
-                if isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr)):
-                    check_preconditions(getattr(x, "jaxpr", x), line)
+        for inner, _ in compat.inner_jaxprs(eqn.params):
+            check_preconditions(inner, line)
 
 
 def get_rule(name: str) -> Callable | None:
@@ -132,9 +130,7 @@ def registered_primitives() -> list[str]:
 
 def has_inner_jaxpr(params) -> bool:
     """True when an equation's params hold an inner jaxpr (calls, loops, branches)."""
-    return any(isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr))
-               for v in params.values()
-               for x in (v if isinstance(v, (tuple, list)) else (v,)))
+    return any(True for _ in compat.inner_jaxprs(params))
 
 
 def substitute_dims(obj, fn):
