@@ -53,3 +53,21 @@ def test_plain_array_argument_is_unpadded():
     out = f(pm.Masked(jnp.ones((5, 3)), (jnp.int32(2), 3)), jnp.ones((3, 4)))
     assert out.bound == (5, 4)
     np.testing.assert_array_equal(out.unpad(), np.full((2, 4), 3.0))
+
+
+def test_python_scalar_arguments_stay_weakly_typed():
+    # plain JAX: a Python scalar yields to the array's dtype (bf16 * 2.0 is bf16,
+    # int8 + 1 is int8); mask traced it as a strong float32/int32 before
+    cases = [(lambda s, x: x * s, 2.5, np.array([1, 2, 3], jnp.bfloat16)),
+             (lambda s, x: x + s, 1, np.array([1, 2, 3], np.int8))]
+    for g, s, x in cases:
+        want = jax.jit(g)(s, jnp.asarray(x))
+        padded = pm.Masked(jnp.asarray(np.concatenate([x, x[:2]])), (3,))
+        m = pm.mask(g, (None, "n"))
+        for out in (m(s, padded).data, jax.jit(m)(s, padded).data,
+                    jax.vmap(m, in_axes=(None, 0))(
+                        s, pm.Masked(padded.data[None], (jnp.array([3]),))).data[0],
+                    pm.jit(g, (None, "n"))(s, x), pm.jit(g, (None, "n"))(jnp.asarray(s), x)):
+            assert out.dtype == want.dtype
+            np.testing.assert_array_equal(np.asarray(out[:3], np.float32),
+                                          np.asarray(want, np.float32))

@@ -293,7 +293,9 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
 
     env = DimEnv(scope, dim_bounds, {})
     leaf_bounds = [tuple(env.padded(a.expr) for a in axes) for axes in axis_specs]
-    avals = [jax.ShapeDtypeStruct(tuple(a.expr for a in axes), dtype_of(_leaf_data(leaf)))
+    # weak types kept: a Python scalar argument promotes as in plain JAX
+    avals = [jax.ShapeDtypeStruct(tuple(a.expr for a in axes), dtype_of(_leaf_data(leaf)),
+                                  weak_type=compat.is_weakly_typed(_leaf_data(leaf)))
              for leaf, axes in zip(leaves, axis_specs)]
 
     out_trees = []

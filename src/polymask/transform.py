@@ -16,6 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from . import _jax_compat as compat
 from .case_dispatch import run_cases
 from .cases import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .diagnostics import at_call_site, user_call_site
@@ -45,9 +46,10 @@ def is_pytree_callee(fun) -> bool:
 
 def _leaf_sig(leaf):
     if is_masked(leaf):
-        return ("M", tuple(np.shape(leaf.data)), str(dtype_of(leaf.data)))
+        return ("M", tuple(np.shape(leaf.data)), str(dtype_of(leaf.data)),
+                compat.is_weakly_typed(leaf.data))
     return ("A", tuple(np.shape(leaf)), str(dtype_of(leaf)),
-            isinstance(leaf, (int, float, bool, complex)))
+            isinstance(leaf, (int, float, bool, complex)), compat.is_weakly_typed(leaf))
 
 
 def _hashable(key):

@@ -9,6 +9,7 @@ import jax
 from jax._src import ad_util as _ad_util
 from jax._src import array as _array
 from jax._src import core as _core
+from jax._src import dtypes as _dtypes
 from jax._src import source_info_util as _source_info_util
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
@@ -159,6 +160,12 @@ def jaxpr_as_fun(jaxpr, consts=()):
 
 def is_tracer(x) -> bool:
     return isinstance(x, _core.Tracer)
+
+
+def is_weakly_typed(x) -> bool:
+    """Whether ``x`` is weakly typed (a Python scalar, or an array or tracer made
+    from one): its dtype yields to the other operand's in type promotion."""
+    return bool(_dtypes.is_weakly_typed(x))
 
 
 def current_trace():
