@@ -719,3 +719,38 @@ def test_ragged_map_examples_with_different_static_arguments_never_share_them():
     same = pm.ragged_map(lambda s, x: x * s, (None, "n"), batch_size=4)
     same([(np.float32(2), np.ones(n, np.float32)) for n in (1, 3, 5, 7)])
     assert same.stats()["calls"] == 1
+
+
+def test_ragged_map_stacks_static_arrays_that_differ_per_example():
+    # arrays and PRNG keys that differ per example are stacked as a batched
+    # input (one batch, each row its own value); Python scalars and weakly
+    # typed arrays, whose stacking would change type promotion, still split
+    keys = jax.random.split(jax.random.key(1), 4)
+    drop = lambda k, x: jnp.where(jax.random.bernoulli(k, 0.5, x.shape), x, jnp.nan)
+    xs = [np.arange(1.0, n + 1, dtype=np.float32) for n in (3, 7, 1, 5)]
+    rm = pm.ragged_map(drop, (None, "n"), batch_size=4, numpy_outputs=True)
+    for k, x, o in zip(keys, xs, rm(list(zip(keys, xs)))):
+        np.testing.assert_array_equal(o, drop(k, jnp.asarray(x)))
+    assert rm.stats()["calls"] == 1
+    scale = lambda s, w, x: (x * s) @ w
+    exs = [(np.float32(s), np.full((n, 2), s, np.float32), np.ones(n, np.float32))
+           for s, n in [(1, 2), (2, 6), (3, 4)]]
+    rm = pm.ragged_map(scale, (None, "n, 2", "n"), batch_size=4, numpy_outputs=True)
+    for (s, w, x), o in zip(exs, rm(exs)):
+        np.testing.assert_array_equal(o, scale(s, w, x))
+    assert rm.stats()["calls"] == 1
+    mat = lambda w, x: x @ w  # a per-example static matrix, stacked
+    exs = [(np.full((2, 3), s, np.float32), np.ones((n, 2), np.float32)) for s, n in [(1, 2), (2, 5)]]
+    rm = pm.ragged_map(mat, (None, "n, 2"), batch_size=4, numpy_outputs=True)
+    for (w, x), o in zip(exs, rm(exs)):
+        np.testing.assert_array_equal(o, x @ w)
+    assert rm.stats()["calls"] == 1
+    # weak types: a Python float keeps bfloat16 outputs bfloat16 (not stacked)
+    bf = [(s, np.ones(n, jnp.bfloat16)) for s, n in [(2.0, 3), (3.0, 5)]]
+    for scalar in (lambda s: s, lambda s: jnp.asarray(s)):  # Python float, weak jax scalar
+        rm = pm.ragged_map(lambda s, x: x * s, (None, "n"), batch_size=4)
+        outs = rm([(scalar(s), x) for s, x in bf])
+        for (s, x), o in zip(bf, outs):
+            assert o.dtype == jnp.bfloat16
+            np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(x, np.float32) * s)
+        assert rm.stats()["calls"] == 2

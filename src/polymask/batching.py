@@ -14,7 +14,8 @@ import numpy as np
 from .errors import ShapeError
 from .plan import CallPlan, padded_shape
 
-__all__ = ["kind_key", "static_values_key", "rebucket", "batch_bucket", "auto_specs"]
+__all__ = ["kind_key", "static_values_key", "stack_varying_statics", "static_batch_leaves",
+           "static_batch_avals", "batch_in_axes", "rebucket", "batch_bucket", "auto_specs"]
 
 
 def kind_key(plan: CallPlan) -> tuple:
@@ -26,11 +27,26 @@ def kind_key(plan: CallPlan) -> tuple:
 
 
 def static_values_key(plan: CallPlan, leaves) -> tuple:
-    """The values of an example's static leaves (no dim var), hashable. A batch
-    passes one example's static leaves to all its rows, so examples whose
-    values differ there (a per-example scale, a per-example PRNG key) must not
-    share a batch: ``ragged_map`` adds this to the kind of an example."""
-    return tuple(_value_key(x) for x, p in zip(leaves, plan.leaves) if p.static)
+    """The values of an example's static leaves (no dim var) that a batch cannot
+    stack, hashable. A batch passes one value of such a leaf to all its rows,
+    so examples whose values differ there (a per-example Python scale) must
+    not share a batch: ``ragged_map`` adds this to the kind of an example.
+    Stackable leaves (arrays, typed PRNG keys) are left out: a batch whose
+    examples differ there stacks them (``stack_varying_statics``)."""
+    return tuple(_value_key(x) for x, p in zip(leaves, plan.leaves)
+                 if p.static and not _stackable(x))
+
+
+def _stackable(x) -> bool:
+    """Whether rows' values of a static leaf can be stacked as a batched input
+    without changing what ``fun`` sees: NumPy arrays and scalars, and JAX
+    arrays that are not weakly typed (stacking a Python scalar or a weak-typed
+    array would make it a strong-typed array and change type promotion)."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.dtype.kind in "biufc"
+    if isinstance(x, jax.Array):
+        return not getattr(x, "weak_type", False)
+    return False
 
 
 def _value_key(x):
@@ -40,6 +56,70 @@ def _value_key(x):
         x = jax.random.key_data(x)  # typed keys: their words
     a = np.asarray(x)
     return (a.shape, a.dtype.str, hashlib.blake2b(a.tobytes(), digest_size=16).digest())
+
+
+def stack_varying_statics(infos: list, idxs: list[int]) -> None:
+    """Mark the static leaves whose values differ across the examples ``idxs``
+    (one kind) as stacked: their ``(plan, leaves)`` entries of ``infos`` get,
+    in place, a plan whose ``stacked`` flags (and so signature) say so. Their
+    batches pass each row its own value (a per-example PRNG key, a
+    per-example weight array) instead of running in batches of one."""
+    plans_and_leaves = [infos[i] for i in idxs]
+    plan0, leaves0 = plans_and_leaves[0]
+    statics = [i for i, p in enumerate(plan0.leaves) if p.static]
+    first = {i: _value_key(leaves0[i]) for i in statics if _stackable(leaves0[i])}
+    varying = set()
+    for _, leaves in plans_and_leaves[1:]:
+        varying |= {i for i, key in first.items()
+                    if i not in varying and _value_key(leaves[i]) != key}
+    if not varying:
+        return
+    flags = tuple(i in varying for i in statics)
+    for k, (plan, leaves) in zip(idxs, plans_and_leaves):
+        infos[k] = (_with_stacked(plan, flags), leaves)
+
+
+def _with_stacked(plan: CallPlan, flags: tuple) -> CallPlan:
+    return dataclasses.replace(plan, stacked=flags,
+                               signature=plan.signature + (("stacked", flags),))
+
+
+def static_batch_leaves(plan: CallPlan, rows_leaves: list) -> list:
+    """The static inputs of a batch program: the first row's value, or for a
+    stacked leaf every row's value stacked on a new axis 0 (NumPy; typed
+    keys stacked as key data and wrapped again)."""
+    out, flags = [], iter(plan.stacked or ())
+    for i, p in enumerate(plan.leaves):
+        if not p.static:
+            continue
+        if not next(flags, False):
+            out.append(rows_leaves[0][i])
+            continue
+        vals = [leaves[i] for leaves in rows_leaves]
+        if jax.dtypes.issubdtype(vals[0].dtype, jax.dtypes.prng_key):
+            data = np.stack([np.asarray(jax.random.key_data(v)) for v in vals])
+            out.append(jax.random.wrap_key_data(data, impl=jax.random.key_impl(vals[0])))
+        else:
+            out.append(np.stack([np.asarray(v) for v in vals]))
+    return out
+
+
+def static_batch_avals(plan: CallPlan, leaves, rows: int) -> list:
+    """Abstract static inputs of a ``rows``-row batch program (``precompile``)."""
+    out, flags = [], iter(plan.stacked or ())
+    for x, p in zip(leaves, plan.leaves):
+        if p.static:
+            stacked = next(flags, False)
+            out.append(jax.ShapeDtypeStruct((rows,) + tuple(x.shape), x.dtype) if stacked else x)
+    return out
+
+
+def batch_in_axes(plan: CallPlan, n_broadcast: int, n_static: int, n_dynamic: int) -> tuple:
+    """``vmap`` in_axes of a batch program: broadcast leaves unbatched, static
+    leaves batched where stacked, padded leaves and the size vector batched."""
+    stacked = plan.stacked or (False,) * n_static
+    return ((None,) * n_broadcast + tuple(0 if f else None for f in stacked)
+            + (0,) * (n_dynamic + 1))
 
 
 def rebucket(plan: CallPlan, buckets: Mapping[str, int]) -> CallPlan:
@@ -53,6 +133,8 @@ def rebucket(plan: CallPlan, buckets: Mapping[str, int]) -> CallPlan:
         leaves.append(dataclasses.replace(p, padded=bound))
         signature.append((p.static, bound, p.dtype))
         padded += 0 if p.static else math.prod(bound)
+    if plan.stacked:  # the signature says which static leaves are stacked
+        signature.append(("stacked", plan.stacked))
     return dataclasses.replace(plan, leaves=leaves, buckets=dict(buckets),
                                signature=tuple(signature), padded=padded)
 

@@ -215,6 +215,10 @@ class CallPlan:
       signature: the hashable bucket signature, per leaf ``(static, padded
         shape, dtype)``: calls with equal signatures share a compiled program.
       logical, padded: element counts of the dynamic leaves, exact and padded.
+      stacked: ``ragged_map`` only: per static leaf, whether a batch stacks the
+        rows' values (arrays that differ across the batch's examples) instead
+        of passing one value to every row; ``()`` when none is stacked (then
+        not part of ``signature``).
     """
 
     leaves: list[LeafPlan]
@@ -224,6 +228,7 @@ class CallPlan:
     signature: tuple
     logical: int
     padded: int
+    stacked: tuple[bool, ...] = ()
 
 
 def _raise_violations(sol: Solution) -> None:

@@ -1,8 +1,9 @@
 """``polymask.ragged_map``: map a function over examples of different sizes.
 
 Examples are planned one by one on the host (``plan.plan_call``), grouped by
-kind (dim vars, dtypes, static leaves and their values: a batch passes one
-example's static leaves to all rows), sorted by size (largest first, like
+kind (dim vars, dtypes, static leaves, and the values of static leaves a
+batch cannot stack: Python scalars; arrays that differ are stacked per row,
+``batching.stack_varying_statics``), sorted by size (largest first, like
 sentence-transformers; results come back in input order) and cut into
 batches of consecutive examples; a batch pads every example to the largest
 bucket in it (``batching.rebucket``), so the only padding is the bucket's
@@ -30,7 +31,9 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
-from .batching import auto_specs, batch_bucket, kind_key, rebucket, static_values_key
+from .batching import (auto_specs, batch_bucket, batch_in_axes, kind_key, rebucket,
+                       stack_varying_statics, static_batch_avals, static_batch_leaves,
+                       static_values_key)
 from .buckets import as_policy
 from .compiling import background_executor
 from .errors import ShapeError
@@ -97,6 +100,7 @@ class RaggedMap(RefinedBuckets, Runner):
             infos.append((plan, leaves))
         batches = []
         for (tree, *_), idxs in kinds.items():
+            stack_varying_statics(infos, idxs)
             if self.sort:  # largest first (sentence-transformers); results in input order
                 idxs.sort(key=lambda i: (-infos[i][0].padded, -infos[i][0].logical))
             batches += self._cut_batches(tree, idxs, infos)
@@ -207,7 +211,7 @@ class RaggedMap(RefinedBuckets, Runner):
     def _program_and_avals(self, tree, plan, leaves, B, in_specs, broadcast, bcast_leaves,
                            bcast_tree):
         """``make`` and the abstract arguments of the ``B``-row program of ``plan``."""
-        static_leaves = [x for x, p in zip(leaves, plan.leaves) if p.static]
+        static_leaves = static_batch_avals(plan, leaves, B)
         dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves
                if not p.static]
         make = self._batch_program(tree, plan, in_specs, len(broadcast), bcast_tree,
@@ -220,7 +224,7 @@ class RaggedMap(RefinedBuckets, Runner):
         """``make(entry)``: the batch program ``vmap(mask(fun))`` of one bucket
         signature, with what ``program_store`` needs to key it."""
 
-        axes = (None,) * (nb + ns) + (0,) * (nd + 1)
+        axes = batch_in_axes(plan, nb, ns, nd)
 
         def make(entry) -> StorableProgram:
             inner, cases = build_inner_and_cases(self.fun, entry, tree, plan, in_specs,
@@ -290,8 +294,7 @@ class RaggedMap(RefinedBuckets, Runner):
                    bcast_key, in_specs, spec_key, B):
         # Spare rows: zeros with the first example's sizes (valid, and discarded).
         rows = chunk + [chunk[0]] * (B - len(chunk))
-        leaves0 = infos[chunk[0]][1]
-        static_leaves = [x for x, p in zip(leaves0, plan0.leaves) if p.static]
+        static_leaves = static_batch_leaves(plan0, [infos[ex][1] for ex in rows])
         dyn = []
         for li, p in enumerate(plan0.leaves):
             if p.static:
@@ -350,8 +353,9 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
       fun: a function written for exact arrays.
       in_specs: specs of the example arguments (as for ``polymask.jit``);
         broadcast arguments are always static (e.g. model parameters).
-        Examples whose static arguments (no dim var) differ in value run in
-        different batches (a per-example key: batches of one).
+        A static argument (no dim var) that differs across examples is
+        stacked per row when it is an array or a PRNG key; Python scalars
+        (weakly typed) that differ run in different batches.
       buckets: bucketing policy for the dim vars (default ``pow2()``).
       batch_size: most examples per batch.
       batch_buckets: policy for the rows of a partial batch (then one more
