@@ -31,9 +31,17 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
-from .batching import (auto_specs, batch_bucket, batch_in_axes, kind_key, rebucket,
-                       stack_varying_statics, static_batch_avals, static_batch_leaves,
-                       static_values_key)
+from .batching import (
+    auto_specs,
+    batch_bucket,
+    batch_in_axes,
+    kind_key,
+    rebucket,
+    stack_varying_statics,
+    static_batch_avals,
+    static_batch_leaves,
+    static_values_key,
+)
 from .buckets import as_policy
 from .compiling import background_executor
 from .errors import ShapeError
