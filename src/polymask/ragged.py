@@ -8,13 +8,10 @@ sentence-transformers; results come back in input order) and cut into
 batches of consecutive examples; a batch pads every example to the largest
 bucket in it (``batching.rebucket``), so the only padding is the bucket's
 rounding of the batch's longest example and no batch is partial but the
-last. Batches are stacked with NumPy and run as
-``jax.jit(jax.vmap(mask(fun)))``: one compiled program per bucket signature
-and row count. A final batch smaller than a full one runs in the power of two
-of rows that holds it (a full-batch program already compiled, e.g.
-precompiled, is reused instead), so calls with different final sizes can
-compile one program per power of two. ``batch_tokens`` sizes batches by a
-budget of padded elements per batch instead (more rows for short buckets).
+last. Batches are stacked with NumPy and run as ``jax.jit(jax.vmap(mask(fun)))``:
+one program per bucket signature and row count. A final partial batch runs in
+the power of two of rows that holds it (or a full-batch program already
+compiled). ``batch_tokens`` sizes batches by a budget of padded elements.
 ``refine_buckets`` lets repeated calls run batches in tighter programs
 compiled after a call (``refining.py``). ``programs.Runner`` keeps the cache
 and the stats.
@@ -31,17 +28,7 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
-from .batching import (
-    auto_specs,
-    batch_bucket,
-    batch_in_axes,
-    kind_key,
-    rebucket,
-    stack_varying_statics,
-    static_batch_avals,
-    static_batch_leaves,
-    static_values_key,
-)
+from . import batching
 from .buckets import as_policy
 from .compiling import background_executor
 from .errors import ShapeError
@@ -91,7 +78,7 @@ class RaggedMap(RefinedBuckets, Runner):
             return []
         arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
         if self.in_specs is None:
-            in_specs = auto_specs(arg_lists)
+            in_specs = batching.auto_specs(arg_lists)
         else:
             in_specs = self.in_specs
         spec_key = repr(in_specs)
@@ -104,11 +91,11 @@ class RaggedMap(RefinedBuckets, Runner):
                 plan, leaves, tree = self._plan(args, in_specs, spec_key)
             except ShapeError as e:  # say which example
                 raise ShapeError(f"examples[{i}]: {e}") from None
-            kinds[(tree, kind_key(plan), static_values_key(plan, leaves))].append(i)
+            kinds[(tree, batching.kind_key(plan), batching.static_values_key(plan, leaves))].append(i)
             infos.append((plan, leaves))
         batches = []
         for (tree, *_), idxs in kinds.items():
-            stack_varying_statics(infos, idxs)
+            batching.stack_varying_statics(infos, idxs)
             if self.sort:  # largest first (sentence-transformers); results in input order
                 idxs.sort(key=lambda i: (-infos[i][0].padded, -infos[i][0].logical))
             batches += self._cut_batches(tree, idxs, infos)
@@ -156,7 +143,7 @@ class RaggedMap(RefinedBuckets, Runner):
             plan = infos[idxs[start]][0]
             end = start + 1
             while end < len(idxs):
-                merged = rebucket(plan, {v: max(b, infos[idxs[end]][0].buckets[v])
+                merged = batching.rebucket(plan, {v: max(b, infos[idxs[end]][0].buckets[v])
                                          for v, b in plan.buckets.items()})
                 if end - start + 1 > self._rows(merged):
                     break
@@ -219,7 +206,7 @@ class RaggedMap(RefinedBuckets, Runner):
     def _program_and_avals(self, tree, plan, leaves, B, in_specs, broadcast, bcast_leaves,
                            bcast_tree):
         """``make`` and the abstract arguments of the ``B``-row program of ``plan``."""
-        static_leaves = static_batch_avals(plan, leaves, B)
+        static_leaves = batching.static_batch_avals(plan, leaves, B)
         dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves
                if not p.static]
         make = self._batch_program(tree, plan, in_specs, len(broadcast), bcast_tree,
@@ -232,7 +219,7 @@ class RaggedMap(RefinedBuckets, Runner):
         """``make(entry)``: the batch program ``vmap(mask(fun))`` of one bucket
         signature, with what ``program_store`` needs to key it."""
 
-        axes = batch_in_axes(plan, nb, ns, nd)
+        axes = batching.batch_in_axes(plan, nb, ns, nd)
 
         def make(entry) -> StorableProgram:
             inner, cases = build_inner_and_cases(self.fun, entry, tree, plan, in_specs,
@@ -289,7 +276,7 @@ class RaggedMap(RefinedBuckets, Runner):
             if rows is None:
                 full, n = self._rows(plan), len(chunk)
                 if self._batch_policy is not None:
-                    rows = batch_bucket(self._batch_policy, n, full)
+                    rows = batching.batch_bucket(self._batch_policy, n, full)
                 elif ((tree, plan.signature, full) in used
                       or self._program_ready(tree, plan, chunk, full, infos, call)):
                     rows = full
@@ -302,7 +289,7 @@ class RaggedMap(RefinedBuckets, Runner):
                    bcast_key, in_specs, spec_key, B):
         # Spare rows: zeros with the first example's sizes (valid, and discarded).
         rows = chunk + [chunk[0]] * (B - len(chunk))
-        static_leaves = static_batch_leaves(plan0, [infos[ex][1] for ex in rows])
+        static_leaves = batching.static_batch_leaves(plan0, [infos[ex][1] for ex in rows])
         dyn = []
         for li, p in enumerate(plan0.leaves):
             if p.static:
