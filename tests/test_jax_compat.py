@@ -135,6 +135,27 @@ def test_rule_tables_of_polymask_primitives():
     assert not compat.is_symbolic_zero(jnp.ones(2))
 
 
+def test_lowering_as_a_jax_function_and_undefined_primals():
+    """def_lowering_as: jit lowers a fresh primitive as a JAX function;
+    is_undefined_primal tells a transpose rule which operand it transposes."""
+    scale_p = compat.Primitive("polymask_test_scale")
+    scale_p.def_impl(lambda x, y: x * y)
+    scale_p.def_abstract_eval(lambda x, y: x)
+    compat.def_lowering_as(scale_p, lambda x, y: x * y)
+    seen = []
+
+    def transpose(ct, x, y):
+        seen.append((compat.is_undefined_primal(x), compat.is_undefined_primal(y)))
+        return [scale_p.bind(ct, y), None]
+
+    compat.def_transpose(scale_p, transpose)
+    compat.def_jvp(scale_p, lambda primals, tangents: (
+        scale_p.bind(*primals), scale_p.bind(tangents[0], primals[1])))
+    assert float(jax.jit(scale_p.bind)(2.0, 3.0)) == 6.0
+    assert float(jax.grad(lambda x: scale_p.bind(x, 3.0))(2.0)) == 3.0
+    assert seen == [(True, False)]
+
+
 def test_current_trace_identifies_the_trace_being_built():
     seen = []
 

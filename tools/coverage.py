@@ -45,7 +45,6 @@ REASONS: dict[str, str] = {
     "unreachable": "internal to custom_derivatives symbolic zeros",
     "eval_jaxpr": "internal to loop lowering",
     "composite": "no rule yet (would recurse into the decomposition)",
-    "ragged_dot_general": "JAX's own ragged contraction: group sizes are data; no rule yet",
     "approx_top_k": "TPU approximate top-k; no rule yet",
 }
 
@@ -98,6 +97,9 @@ NOTES: dict[str, str] = {
     "eigh": "sorted, full spectrum on dynamic axes",
     "qr": "no column pivoting on dynamic axes",
     "fft": "dynamic transformed axes via Bluestein (bound <= 23170)",
+    "ragged_dot_general": "modes 1-3, any dynamic axis JAX allows (group count static in modes "
+                          "1, 2); binds polymask_ragged_dot (vmaps with shared weights); "
+                          "group_offset refused",
 }
 
 

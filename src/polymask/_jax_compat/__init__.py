@@ -12,6 +12,7 @@ package; ``tests/test_jax_compat.py`` covers each function. Import it as
   it runs (undecidable size comparisons raise ``SplitNeeded``)
 - ``hooks``: ``patched_attr``, ``quiet_callback_errors``
 - ``runtime``: ``upload`` (host -> device without a program)
+- ``lowering``: lowering / transposition helpers of polymask's own primitives
 """
 
 from .core import *  # noqa: F401,F403
@@ -19,5 +20,6 @@ from .core import (  # noqa: F401  (private names used by polymask modules)
     _POLYMASK_DIR,
 )
 from .hooks import *  # noqa: F401,F403
+from .lowering import *  # noqa: F401,F403
 from .runtime import *  # noqa: F401,F403
 from .splits import *  # noqa: F401,F403

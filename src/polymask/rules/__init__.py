@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     indexing,
     layout,
     linalg,
+    ragged_dot,
     random,
     reductions,
     reshaping,
