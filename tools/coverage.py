@@ -35,10 +35,6 @@ REASONS: dict[str, str] = {
     "rng_bit_generator": "fills the whole padded buffer with bits; the logical prefix would "
                          "differ from the unpadded draw (no rule yet)",
     "device_put": "no rule yet (placement only; would be elementwise)",
-    "debug_callback": "host callbacks would see padded buffers; no rule yet",
-    "debug_print": "host callbacks would see padded buffers; no rule yet",
-    "pure_callback": "host callbacks see padded buffers and cannot know the logical shape",
-    "io_callback": "host callbacks see padded buffers and cannot know the logical shape",
     "inspect_sharding": "sharding introspection; no rule yet",
     "custom_partitioning": "opaque user SPMD partitioning rule over the padded shape",
     "shard_map": "manual SPMD over a mesh: per-shard logical sizes not modelled",
@@ -97,6 +93,14 @@ NOTES: dict[str, str] = {
     "eigh": "sorted, full spectrum on dynamic axes",
     "qr": "no column pivoting on dynamic axes",
     "fft": "dynamic transformed axes via Bluestein (bound <= 23170)",
+    "debug_callback": "the callback sees the logical arrays (sliced on the host); "
+                      "partitioned=True on dynamic operands refused",
+    "debug_print": "prints the logical arrays (sliced on the host); partitioned=True on "
+                   "dynamic operands refused",
+    "pure_callback": "operands sliced, dim-var results padded on the host; ragged vmap: one "
+                     "call per row (legacy_vectorized runs as sequential)",
+    "io_callback": "operands sliced, dim-var results padded on the host; refused in loops "
+                   "over a dynamic length (padding steps would run the side effect)",
     "ragged_dot_general": "modes 1-3, any dynamic axis JAX allows (group count static in modes "
                           "1, 2); binds polymask_ragged_dot (vmaps with shared weights); "
                           "group_offset refused",

@@ -99,9 +99,12 @@ class Interpreter:
 
     def _apply_rule(self, eqn, invals, state: RunState):
         prim = eqn.primitive
-        if all_sizes_at_bound(eqn, state.dims):
-            return prim.bind(*invals, **eqn.params)
         rule = get_rule(prim.name)
+        # Under a case guard (vmap runs every case) an effect (a host callback)
+        # goes through its rule even at the bound: the rule skips other cases' rows.
+        guarded_effect = state.guard is not None and bool(eqn.effects) and rule is not None
+        if all_sizes_at_bound(eqn, state.dims) and not guarded_effect:
+            return prim.bind(*invals, **eqn.params)
         if rule is None:
             raise UnsupportedError(
                 f"polymask has no masking rule for primitive '{prim.name}' "

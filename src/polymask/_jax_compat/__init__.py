@@ -12,9 +12,11 @@ package; ``tests/test_jax_compat.py`` covers each function. Import it as
   it runs (undecidable size comparisons raise ``SplitNeeded``)
 - ``hooks``: ``patched_attr``, ``quiet_callback_errors``
 - ``runtime``: ``upload`` (host -> device without a program)
+- ``callbacks``: ``jax.debug.print``'s host formatting, the debug effects
 - ``lowering``: lowering / transposition helpers of polymask's own primitives
 """
 
+from .callbacks import *  # noqa: F401,F403
 from .core import *  # noqa: F401,F403
 from .core import (  # noqa: F401  (private names used by polymask modules)
     _POLYMASK_DIR,

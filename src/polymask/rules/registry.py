@@ -145,6 +145,8 @@ def substitute_dims(obj, fn):
         return {k: substitute_dims(v, fn) for k, v in obj.items()}
     if hasattr(obj, "_fields") and isinstance(obj, tuple):  # NamedTuple params
         return type(obj)(*(substitute_dims(o, fn) for o in obj))
+    if isinstance(obj, compat.ShapedArray) and compat.is_symbolic_shape(obj.shape):
+        return obj.update(shape=substitute_dims(tuple(obj.shape), fn))  # callbacks' result_avals
     return obj
 
 

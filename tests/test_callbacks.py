@@ -1,0 +1,346 @@
+"""Host callbacks inside mask see the logical arrays (never the padding).
+
+``jax.debug.callback`` / ``jax.debug.print`` receive the exact arrays; a
+``pure_callback`` / ``io_callback`` runs on the exact arrays and its results
+with dim vars in their shapes are padded back to their bound. Eagerly, under
+``jax.jit`` (one trace for every size), under ``jax.vmap`` (each ragged row by
+its own sizes) and under ``jax.grad``.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import io_callback
+
+import polymask as pm
+from polymask.testing import garbage_pad
+from tests.helpers import oracle
+
+BOUND = 4
+SIZES = (0, 1, BOUND)
+X = np.arange(1.0, 13.0, dtype=np.float32).reshape(BOUND, 3)
+
+
+def _recorder():
+    seen = []
+    return seen, lambda *a: seen.append(tuple(np.asarray(v) for v in a))
+
+
+def _nan_padded(n):
+    return jnp.asarray(garbage_pad(X[:n], (BOUND, 3)))
+
+
+def _assert_seen(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        np.testing.assert_array_equal(g, w)
+
+
+def _masked_with_callback(cb):
+    def f(x):
+        jax.debug.callback(cb, x, jnp.sum(x, axis=0))
+        return x * 2.0
+
+    return pm.mask(f, "n, 3")
+
+
+# ----------------------------------------------------------------------------
+# jax.debug.callback / jax.debug.print
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_debug_callback_sees_exact_arrays_eager(dynamic):
+    seen, cb = _recorder()
+    m = _masked_with_callback(cb)
+    for n in SIZES:
+        size = jnp.int32(n) if dynamic else n
+        out = m(pm.Masked(_nan_padded(n), (size, 3)))
+        np.testing.assert_array_equal(out.unpad(), X[:n] * 2.0)
+        _assert_seen(seen[-1], (X[:n], X[:n].sum(0)))
+    assert len(seen) == len(SIZES)
+
+
+def test_debug_callback_sees_exact_arrays_under_jit_one_trace():
+    seen, cb = _recorder()
+    m = _masked_with_callback(cb)
+    traces = []
+    jm = jax.jit(lambda x: (traces.append(1), m(x))[1])
+    for n in SIZES:
+        jax.block_until_ready(jm(pm.Masked(_nan_padded(n), (jnp.int32(n), 3))))
+        jax.effects_barrier()
+        _assert_seen(seen[-1], (X[:n], X[:n].sum(0)))
+    assert len(traces) == 1 and len(seen) == len(SIZES)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_debug_callback_under_vmap_sees_each_row_by_its_sizes(jit):
+    seen, cb = _recorder()
+    m = _masked_with_callback(cb)
+    batch = pm.Masked(jnp.stack([_nan_padded(n) for n in SIZES]),
+                      (jnp.array(SIZES, jnp.int32), 3))
+    vm = jax.vmap(m)
+    out = (jax.jit(vm) if jit else vm)(batch)
+    jax.effects_barrier()
+    for i, n in enumerate(SIZES):
+        np.testing.assert_array_equal(np.asarray(out.data[i])[:n], X[:n] * 2.0)
+    got = sorted(seen, key=lambda s: s[0].shape[0])
+    for g, n in zip(got, SIZES):
+        _assert_seen(g, (X[:n], X[:n].sum(0)))
+    assert len(seen) == len(SIZES)
+
+
+def test_debug_callback_two_dynamic_axes():
+    seen, cb = _recorder()
+    m = pm.mask(lambda x: (jax.debug.callback(cb, x), x)[1], "n, m")
+    full = np.arange(20.0, dtype=np.float32).reshape(4, 5)
+    for n, k in [(0, 3), (2, 0), (3, 5), (4, 1)]:
+        data = jnp.asarray(garbage_pad(full[:n, :k], (4, 5)))
+        jax.jit(m)(pm.Masked(data, (jnp.int32(n), jnp.int32(k))))
+        jax.effects_barrier()
+        _assert_seen(seen[-1], (full[:n, :k],))
+
+
+def test_debug_callback_under_grad():
+    seen, cb = _recorder()
+
+    def f(x):
+        jax.debug.callback(cb, x)
+        return jnp.sum(x ** 2)
+
+    m = pm.mask(f, "n, 3")
+    for n in SIZES:
+        g = jax.jit(jax.grad(lambda d, s: m(pm.Masked(d, (s, 3))).data))(
+            _nan_padded(n), jnp.int32(n))
+        jax.effects_barrier()
+        _assert_seen(seen[-1], (X[:n],))
+        np.testing.assert_array_equal(np.asarray(g)[:n], 2.0 * X[:n])
+        assert not np.asarray(g)[n:].any()
+
+
+def test_debug_print_shows_exact_arrays(capsys):
+    def f(x):
+        jax.debug.print("x={x} total={t}", x=x, t=jnp.sum(x))
+        return x
+
+    m = pm.mask(f, "n")
+    data = jnp.asarray(garbage_pad(np.array([1.0, 2.0], np.float32), (4,)))
+    m(pm.Masked(data, (jnp.int32(2),)))
+    jax.jit(m)(pm.Masked(data, (jnp.int32(1),)))
+    jax.effects_barrier()
+    assert capsys.readouterr().out.splitlines() == ["x=[1. 2.] total=3.0", "x=[1.] total=1.0"]
+    batch = pm.Masked(jnp.stack([data, data]), (jnp.array([0, 2], jnp.int32),))
+    jax.jit(jax.vmap(m))(batch)
+    jax.effects_barrier()
+    assert sorted(capsys.readouterr().out.splitlines()) == ["x=[1. 2.] total=3.0",
+                                                           "x=[] total=0.0"]
+
+
+def test_debug_print_positional_static_and_ordered(capsys):
+    def f(x):
+        jax.debug.print("{} {} {}", "tag", x, 7)
+        jax.debug.print("a {}", x[0], ordered=True)
+        jax.debug.print("b {}", x, ordered=True)
+        return x
+
+    m = pm.mask(f, "n")
+    m(pm.Masked(jnp.array([5, 6, 99], jnp.int32), (jnp.int32(2),)))
+    jax.jit(m)(pm.Masked(jnp.array([5, 6, 99], jnp.int32), (jnp.int32(1),)))
+    jax.effects_barrier()
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(lines) == sorted(["tag [5 6] 7", "a 5", "b [5 6]", "tag [5] 7", "a 5", "b [5]"])
+    assert [s for s in lines if s[0] in "ab"] == ["a 5", "b [5 6]", "a 5", "b [5]"]  # ordered
+
+
+def _if_size_is_one(cb, x):
+    if x.shape[0] == 1:  # a case split: under vmap every case runs for every row
+        jax.debug.callback(cb, "one", x)
+        return x * 100.0
+    jax.debug.callback(cb, "other", x)
+    return x + 1.0
+
+
+def test_debug_callback_in_a_case_split_runs_only_in_the_rows_case():
+    seen = []
+    cb = lambda tag, x: seen.append((tag, np.asarray(x).tolist()))  # noqa: E731
+    m = pm.mask(functools.partial(_if_size_is_one, cb), "n")
+    batch = pm.Masked(jnp.array([[1.0, np.nan, np.nan], [1.0, 2.0, 3.0]], jnp.float32),
+                      (jnp.array([1, 3], jnp.int32),))
+    out = jax.jit(jax.vmap(m))(batch)
+    jax.effects_barrier()
+    assert sorted(seen) == [("one", [1.0]), ("other", [1.0, 2.0, 3.0])]
+    np.testing.assert_array_equal(np.asarray(out.data)[0, :1], [100.0])
+
+
+def test_partitioned_debug_callback_on_a_dynamic_operand_is_refused():
+    m = pm.mask(lambda x: (jax.debug.callback(print, x, partitioned=True), x)[1], "n")
+    with pytest.raises(pm.UnsupportedError, match="partitioned=True"):
+        m(pm.Masked(jnp.ones(4), (jnp.int32(2),)))
+
+
+def test_static_sizes_at_bound_bind_unchanged():
+    seen, cb = _recorder()
+    m = _masked_with_callback(cb)
+    m(jnp.asarray(X))  # unpadded: the static fast path
+    _assert_seen(seen[-1], (X, X.sum(0)))
+
+
+# ----------------------------------------------------------------------------
+# pure_callback
+# ----------------------------------------------------------------------------
+VMAP_METHODS = ("sequential", "expand_dims", "broadcast_all", "legacy_vectorized")
+
+
+def _vec(n, seed=0):
+    return (np.random.default_rng(seed + n).normal(size=(n,)).astype(np.float32),)
+
+
+def _pure(fn, shape_dtype, *args, vmap_method):
+    return jax.pure_callback(fn, shape_dtype, *args, vmap_method=vmap_method)
+
+
+@pytest.mark.parametrize("vmap_method", VMAP_METHODS)
+def test_pure_callback_dim_var_results(vmap_method):
+    def f(x):
+        like = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        s = _pure(lambda a: np.sort(a, axis=-1), like, x, vmap_method=vmap_method)
+        c = _pure(lambda a: np.cumsum(a, axis=-1, dtype=a.dtype), like, x,
+                  vmap_method=vmap_method)
+        return s, c
+
+    oracle(f, [_vec(n) for n in (0, 1, 3, 5)], [(5,)], "n", modes=("eager", "jit", "vmap"))
+
+
+@pytest.mark.parametrize("vmap_method", ("sequential", "expand_dims"))
+def test_pure_callback_result_shorter_than_operand(vmap_method):
+    def f(x):
+        out = jax.ShapeDtypeStruct((x.shape[0] - 1,), x.dtype)
+        return _pure(lambda a: np.diff(a, axis=-1), out, x, vmap_method=vmap_method) * 2.0
+
+    oracle(f, [_vec(n) for n in (1, 2, 5)], [(5,)], "n", constraints=["n >= 1"],
+           modes=("eager", "jit", "vmap"))
+
+
+@pytest.mark.parametrize("vmap_method", ("sequential", "broadcast_all"))
+def test_pure_callback_static_and_several_results(vmap_method):
+    def host(a):
+        return (np.sum(a, axis=-1).astype(a.dtype), np.argsort(a, axis=-1).astype(np.int32),
+                np.asarray(a.shape[-1], np.int32) + np.zeros(a.shape[:-1], np.int32))
+
+    def f(x):
+        shapes = (jax.ShapeDtypeStruct((), x.dtype), jax.ShapeDtypeStruct(x.shape, jnp.int32),
+                  jax.ShapeDtypeStruct((), jnp.int32))
+        total, order, n = _pure(host, shapes, x, vmap_method=vmap_method)
+        return total, order, n
+
+    oracle(f, [_vec(n) for n in (0, 1, 4)], [(4,)], "n", modes=("eager", "jit", "vmap"))
+
+
+def test_pure_callback_scipy_filter_sees_the_logical_end():
+    ndimage = pytest.importorskip("scipy.ndimage")
+
+    def f(x):  # reflect mode reads past the logical end: padding must not be there
+        return jax.pure_callback(lambda a: ndimage.uniform_filter1d(a, 3, axis=-1),
+                                 jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                                 vmap_method="sequential")
+
+    oracle(f, [_vec(n) for n in (1, 2, 6)], [(6,)], "n", modes=("eager", "jit", "vmap"))
+
+
+def test_pure_callback_2d_with_an_unpadded_operand():
+    def f(x, w):
+        return jax.pure_callback(lambda a, b: np.sort(a @ b, axis=-2),
+                                 jax.ShapeDtypeStruct((x.shape[0], 2), x.dtype), x, w,
+                                 vmap_method="expand_dims")
+
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(3, 2)).astype(np.float32)
+    exs = [(rng.normal(size=(n, 3)).astype(np.float32), w) for n in (0, 2, 4)]
+    oracle(f, exs, [(4, 3), None], ("n, 3", None), modes=("eager", "jit", "vmap"))
+
+
+@pytest.mark.parametrize("vmap_method", ("expand_dims", "broadcast_all"))
+def test_pure_callback_batched_methods_call_once_for_equal_sizes(vmap_method):
+    calls = []
+
+    def host(a):
+        calls.append(a.shape)
+        return np.sort(a, axis=-1)
+
+    m = pm.mask(lambda x: jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                                            vmap_method=vmap_method), "n")
+    data = jnp.asarray([[3.0, 1.0, 2.0, np.nan], [9.0, 8.0, 7.0, np.nan]], jnp.float32)
+    out = jax.vmap(m)(pm.Masked(data, (jnp.array([3, 3], jnp.int32),)))
+    assert calls == [(2, 3)]
+    np.testing.assert_array_equal(np.asarray(out.data)[:, :3], [[1, 2, 3], [7, 8, 9]])
+    calls.clear()  # ragged: one call per row, each a batch of one
+    out = jax.vmap(m)(pm.Masked(data, (jnp.array([1, 3], jnp.int32),)))
+    assert calls == [(1, 1), (1, 3)]
+    np.testing.assert_array_equal(np.asarray(out.data)[1, :3], [7, 8, 9])
+    calls.clear()  # only the sizes are batched (the data broadcast)
+    out = jax.vmap(lambda s: m(pm.Masked(data[1], (s,))).data)(jnp.array([2, 3], jnp.int32))
+    np.testing.assert_array_equal(np.asarray(out)[0, :2], [8, 9])
+    np.testing.assert_array_equal(np.asarray(out)[1, :3], [7, 8, 9])
+
+
+def test_pure_callback_wrong_result_shape_is_an_error_not_a_wrong_result():
+    m = pm.mask(lambda x: jax.pure_callback(lambda a: a[:1], jax.ShapeDtypeStruct(
+        x.shape, x.dtype), x, vmap_method="sequential"), "n")
+    with pytest.raises(Exception, match="result_shape_dtypes give"):
+        jax.block_until_ready(jax.jit(m)(pm.Masked(jnp.ones(4), (jnp.int32(3),))))
+
+
+def test_pure_callback_unpadded_input_static_fast_path():
+    m = pm.mask(lambda x: jax.pure_callback(np.sort, jax.ShapeDtypeStruct(x.shape, x.dtype), x),
+                "n")
+    np.testing.assert_array_equal(m(jnp.array([3.0, 1.0, 2.0])).unpad(), [1.0, 2.0, 3.0])
+
+
+# ----------------------------------------------------------------------------
+# io_callback
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize("ordered", [False, True])
+def test_io_callback_sees_exact_arrays(ordered):
+    seen = []
+
+    def host(a):
+        seen.append(np.asarray(a))
+        return np.cumsum(a, dtype=a.dtype)
+
+    m = pm.mask(lambda x: io_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                                      ordered=ordered), "n")
+    for n in SIZES:
+        data = jnp.asarray(garbage_pad(X[:n, 0], (BOUND,)))
+        for g in (m, jax.jit(m)):
+            out = g(pm.Masked(data, (jnp.int32(n),)))
+            np.testing.assert_array_equal(out.unpad(), np.cumsum(X[:n, 0]))
+            np.testing.assert_array_equal(seen[-1], X[:n, 0])
+    if not ordered:  # JAX cannot vmap an ordered io_callback (plain JAX neither)
+        seen.clear()
+        batch = pm.Masked(jnp.stack([jnp.asarray(garbage_pad(X[:n, 0], (BOUND,)))
+                                     for n in SIZES]), (jnp.array(SIZES, jnp.int32),))
+        out = jax.jit(jax.vmap(m))(batch)
+        for i, n in enumerate(SIZES):
+            np.testing.assert_array_equal(np.asarray(out.data)[i, :n], np.cumsum(X[:n, 0]))
+        assert sorted(len(s) for s in seen) == list(SIZES)
+
+
+def test_io_callback_in_a_loop_over_a_dynamic_length_is_refused():
+    def host(a):
+        return np.float32(a.sum())
+
+    def scan_fn(x):
+        def step(c, row):
+            return c + io_callback(host, jax.ShapeDtypeStruct((), jnp.float32), x), None
+        return lax.scan(step, jnp.float32(0), x)[0]
+
+    def fori_fn(x):
+        return lax.fori_loop(0, x.shape[0], lambda i, c: c + io_callback(
+            host, jax.ShapeDtypeStruct((), jnp.float32), x), jnp.float32(0))
+
+    for fn in (scan_fn, fori_fn):
+        with pytest.raises(pm.UnsupportedError, match="padding steps"):
+            pm.mask(fn, "n")(pm.Masked(jnp.ones(4), (jnp.int32(2),)))
