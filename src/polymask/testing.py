@@ -69,6 +69,7 @@ def _leaves(tree):
 def _assert_close(got, want, rtol, atol, what):
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, f"{what}: logical shape {got.shape} != {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
     if jnp.issubdtype(want.dtype, jnp.inexact):
         if not np.issubdtype(want.dtype, np.inexact):  # bfloat16, float8: compare as float32
             got, want = got.astype(np.float32), want.astype(np.float32)
