@@ -328,19 +328,180 @@ def test_io_callback_sees_exact_arrays(ordered):
         assert sorted(len(s) for s in seen) == list(SIZES)
 
 
-def test_io_callback_in_a_loop_over_a_dynamic_length_is_refused():
-    def host(a):
-        return np.float32(a.sum())
+# ----------------------------------------------------------------------------
+# Callbacks in loops over a dynamic length: the masked loop runs to the bound,
+# the callbacks only on the logical steps (as many calls, same values, as on
+# exact arrays)
+# ----------------------------------------------------------------------------
+def _call_debug(rec, *vals):
+    jax.debug.callback(rec, *vals)
+    return jnp.float32(1.0)
 
-    def scan_fn(x):
+
+def _call_pure(rec, *vals):  # the result is used: JAX drops an unused pure_callback
+    return jax.pure_callback(lambda *a: (rec(*a), np.float32(1.0))[1],
+                             jax.ShapeDtypeStruct((), jnp.float32), *vals,
+                             vmap_method="sequential")
+
+
+def _call_io(rec, *vals):
+    return io_callback(lambda *a: (rec(*a), np.float32(1.0))[1],
+                       jax.ShapeDtypeStruct((), jnp.float32), *vals)
+
+
+CALLS = {"debug": _call_debug, "pure": _call_pure, "io": _call_io}
+
+
+def _row(x, i):
+    """``x[i]``, also traceable at 0 rows (where plain JAX refuses ``x[i]``)."""
+    return jnp.sum(jnp.where((jnp.arange(x.shape[0]) == i)[:, None], x, 0.0), axis=0)
+
+
+def _scan_loop(call, reverse=False):
+    def f(x):
         def step(c, row):
-            return c + io_callback(host, jax.ShapeDtypeStruct((), jnp.float32), x), None
-        return lax.scan(step, jnp.float32(0), x)[0]
+            one = call(c, row)
+            return c + row * one, c * row
+        return lax.scan(step, jnp.zeros(3, x.dtype), x, reverse=reverse)
+    return f
 
-    def fori_fn(x):
-        return lax.fori_loop(0, x.shape[0], lambda i, c: c + io_callback(
-            host, jax.ShapeDtypeStruct((), jnp.float32), x), jnp.float32(0))
 
-    for fn in (scan_fn, fori_fn):
-        with pytest.raises(pm.UnsupportedError, match="padding steps"):
-            pm.mask(fn, "n")(pm.Masked(jnp.ones(4), (jnp.int32(2),)))
+def _fori_loop(call):
+    def f(x):
+        def body(i, c):
+            row = _row(x, i)
+            return c + row * call(i, c, row)
+        return lax.fori_loop(0, x.shape[0], body, jnp.zeros(3, x.dtype))
+    return f
+
+
+def _while_loop(call):
+    def f(x):
+        def body(s):
+            i, c = s
+            row = _row(x, i)
+            return i + 1, c + row * call(i, c, row)
+        return lax.while_loop(lambda s: s[0] < x.shape[0], body, (jnp.int32(0), jnp.zeros(3)))
+    return f
+
+
+LOOPS = {"scan": _scan_loop, "scan_reverse": functools.partial(_scan_loop, reverse=True),
+         "fori": _fori_loop, "while": _while_loop}
+
+
+def _loop_recorder():
+    calls = []
+    return calls, lambda *a: calls.append(tuple(np.asarray(v).tolist() for v in a))
+
+
+def _plain_calls(loop, kind, n):
+    calls, rec = _loop_recorder()
+    out = LOOPS[loop](functools.partial(CALLS[kind], rec))(jnp.asarray(X[:n]))
+    jax.effects_barrier()
+    return calls, out
+
+
+def _is_masked(o):
+    return isinstance(o, pm.Masked)
+
+
+def _assert_out(got, want):
+    got = jax.tree_util.tree_leaves(got, is_leaf=_is_masked)
+    want = jax.tree_util.tree_leaves(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.unpad(), np.asarray(w))
+
+
+@pytest.mark.parametrize("kind", sorted(CALLS))
+@pytest.mark.parametrize("loop", sorted(LOOPS))
+def test_callbacks_in_loops_run_only_on_logical_steps(loop, kind):
+    calls, rec = _loop_recorder()
+    m = pm.mask(LOOPS[loop](functools.partial(CALLS[kind], rec)), "n, 3")
+    traces = []
+    jm = jax.jit(lambda x: (traces.append(1), m(x))[1])
+    for n in SIZES:
+        want, want_out = _plain_calls(loop, kind, n)
+        assert len(want) == n
+        for g in (m, jm):
+            calls.clear()
+            out = g(pm.Masked(_nan_padded(n), (jnp.int32(n), 3)))
+            jax.effects_barrier()
+            assert calls == want, (g, n)
+            _assert_out(out, want_out)
+    assert len(traces) == 1
+    # A ragged batch: per row the calls of that row (rows interleave).
+    batch = pm.Masked(jnp.stack([_nan_padded(n) for n in SIZES]),
+                      (jnp.array(SIZES, jnp.int32), 3))
+    want = [c for n in SIZES for c in _plain_calls(loop, kind, n)[0]]
+    if (loop, kind) == ("while", "io"):  # as in plain JAX (a batched predicate)
+        with pytest.raises(Exception, match="IO effects not supported in while_loop"):
+            jax.vmap(m)(batch)
+        return
+    for vm in (jax.vmap(m), jax.jit(jax.vmap(m))):
+        calls.clear()
+        out = vm(batch)
+        jax.effects_barrier()
+        assert sorted(calls, key=repr) == sorted(want, key=repr)
+        for i, n in enumerate(SIZES):
+            row = jax.tree_util.tree_map(lambda o, i=i: pm.Masked(o.data[i], tuple(
+                s if isinstance(s, int) else s[i] for s in o.shape)), out,
+                is_leaf=_is_masked)
+            _assert_out(row, _plain_calls(loop, kind, n)[1])
+
+
+def test_debug_print_in_loops_prints_only_logical_steps(capsys):
+    def fn(x):
+        def step(c, row):
+            jax.debug.print("scan c={c} row={r}", c=c, r=row)
+            return c + row, None
+
+        def body(i, c):
+            jax.debug.print("fori {i} {r}", i=i, r=_row(x, i))
+            return c + 1.0
+
+        c = lax.scan(step, jnp.zeros(3), x)[0]
+        return lax.fori_loop(0, x.shape[0], body, c)
+
+    def plain(n):
+        fn(jnp.asarray(X[:n]))
+        jax.effects_barrier()
+        return capsys.readouterr().out.splitlines()
+
+    m = pm.mask(fn, "n, 3")
+    for n in SIZES:
+        want = plain(n)
+        assert len(want) == 2 * n
+        for g in (m, jax.jit(m)):
+            g(pm.Masked(_nan_padded(n), (jnp.int32(n), 3)))
+            jax.effects_barrier()
+            assert capsys.readouterr().out.splitlines() == want
+    want = sorted(line for n in SIZES for line in plain(n))
+    batch = pm.Masked(jnp.stack([_nan_padded(n) for n in SIZES]),
+                      (jnp.array(SIZES, jnp.int32), 3))
+    jax.jit(jax.vmap(m))(batch)
+    jax.effects_barrier()
+    assert sorted(capsys.readouterr().out.splitlines()) == want
+
+
+def test_ordered_io_callback_in_a_scan_over_a_dynamic_length():
+    seen = []
+
+    def host(i):
+        seen.append(int(i))
+        return np.float32(i)
+
+    def f(x):
+        def step(c, i):
+            return c + io_callback(host, jax.ShapeDtypeStruct((), jnp.float32), i,
+                                   ordered=True), None
+        return lax.scan(step, jnp.float32(0), jnp.arange(x.shape[0]))[0]
+
+    m = pm.mask(f, "n")
+    for n in SIZES:
+        for g in (m, jax.jit(m)):
+            seen.clear()
+            out = g(pm.Masked(jnp.full((BOUND,), np.nan, jnp.float32), (jnp.int32(n),)))
+            jax.effects_barrier()
+            assert seen == list(range(n))
+            assert float(out.unpad()) == sum(range(n))

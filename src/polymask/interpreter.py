@@ -21,7 +21,13 @@ from .diagnostics import relocate
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
 from .rules import get_rule
-from .rules.registry import COVERAGE_DOC, RuleContext, has_inner_jaxpr, substitute_dims
+from .rules.registry import (
+    COVERAGE_DOC,
+    RuleContext,
+    has_inner_jaxpr,
+    sees_guard,
+    substitute_dims,
+)
 from .rules.util import valid_mask
 from .shapes import DimEnv, is_static, needs_mask
 from .state import RunState
@@ -100,9 +106,11 @@ class Interpreter:
     def _apply_rule(self, eqn, invals, state: RunState):
         prim = eqn.primitive
         rule = get_rule(prim.name)
-        # Under a case guard (vmap runs every case) an effect (a host callback)
-        # goes through its rule even at the bound: the rule skips other cases' rows.
-        guarded_effect = state.guard is not None and bool(eqn.effects) and rule is not None
+        # Under a guard (vmap runs every case; loops run to the bound) an effect or
+        # a host callback goes through its rule even at the bound: the rule skips
+        # the guarded-off calls.
+        guarded_effect = (state.guard is not None and rule is not None
+                          and (bool(eqn.effects) or sees_guard(prim.name)))
         if all_sizes_at_bound(eqn, state.dims) and not guarded_effect:
             return prim.bind(*invals, **eqn.params)
         if rule is None:

@@ -20,8 +20,13 @@ unbatched operands without a batch axis, so rows cannot be told apart on the
 host: it is bound as ``"sequential"`` (exact, as a vectorized callback must
 agree with its per-row calls).
 
-A case split's ``guard`` (under ``vmap`` every case runs for every row) travels
-with the sizes: the host skips the user's function in rows of other cases.
+``state.guard`` travels with the sizes: the host skips the user's function
+where it is false, i.e. in rows of other cases of a case split (under ``vmap``
+every case runs for every row) and on the padding steps of a loop run to the
+bound (``scan`` / ``fori_loop`` over a dynamic length; under ``vmap`` the rows
+of a ``while_loop`` already done), so the user's function is called exactly
+as on exact shapes. The rules are registered ``sees_guard=True``: under a
+guard they run even when every size is at its bound.
 
 A nested ``polymask.mask`` stages its size checks as a debug callback under a
 ``lax.cond`` whose predicate is a masked reduction; its operands (per-row
@@ -214,7 +219,7 @@ def _debug_host_function(fn, plan: _HostPlan):
     return debug_host
 
 
-@register("debug_callback")
+@register("debug_callback", sees_guard=True)
 def debug_callback_rule(ctx, *args, callback, effect, partitioned):
     plan, extra = _plan(ctx, with_results=False)
     if plan is None:
@@ -225,7 +230,7 @@ def debug_callback_rule(ctx, *args, callback, effect, partitioned):
         partitioned=partitioned)
 
 
-@register("debug_print")
+@register("debug_print", sees_guard=True)
 def debug_print_rule(ctx, *args, ordered, partitioned, **params):
     # Rebound as a debug_callback whose host function formats like jax.debug.print.
     plan, extra = _plan(ctx, with_results=False)
@@ -238,7 +243,7 @@ def debug_print_rule(ctx, *args, ordered, partitioned, **params):
         effect=compat.debug_effect(ordered), partitioned=partitioned)
 
 
-@register("pure_callback")
+@register("pure_callback", sees_guard=True)
 def pure_callback_rule(ctx, *args, callback, vmap_method, **_):
     plan, extra = _plan(ctx, with_results=True)
     if plan is None:
@@ -249,28 +254,9 @@ def pure_callback_rule(ctx, *args, callback, vmap_method, **_):
                     vmap_method=vmap_method)
 
 
-@register("io_callback")
+@register("io_callback", sees_guard=True)
 def io_callback_rule(ctx, *args, callback, **_):
     plan, extra = _plan(ctx, with_results=True)
     if plan is None:
         return ctx.bind(*args)
-    if _in_loop_with_padding_steps(ctx):
-        raise ctx.unsupported(
-            "io_callback inside a loop over a dynamic length: the masked loop runs "
-            "to the bound, so the callback's side effect would also happen on the "
-            "padding steps")
     return ctx.bind(*args, *extra, callback=_host_function(callback, plan))
-
-
-def _in_loop_with_padding_steps(ctx) -> bool:
-    """The equation is in the body of a ``scan`` over a dynamic length or of a
-    ``while`` loop (a ``fori_loop`` over sizes runs to the bound)."""
-    stack = ctx.state.jaxpr_stack
-    for outer, inner in zip(stack, stack[1:]):
-        for eqn in outer.eqns:
-            if not any(j is inner for j, _ in compat.inner_jaxprs(eqn.params)):
-                continue
-            name = eqn.primitive.name
-            if name == "while" or (name == "scan" and compat.is_dim_expr(eqn.params["length"])):
-                return True
-    return False

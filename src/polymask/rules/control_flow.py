@@ -52,7 +52,11 @@ def remat_rule(ctx, *args, jaxpr, prevent_cse, differentiated, policy):
 # logical row. Its derivatives there are as finite as in a valid step, and
 # ``0 * finite = 0`` keeps the constants' gradients exact. (An empty scan
 # feeds zeros.) Multiplying by a 0/1 mask instead would give ``0 * nan``.
+# The body runs under ``state.guard`` narrowed to the step's validity, so host
+# callbacks (``jax.debug.print``, ``pure_callback``, ``io_callback``) and run-time
+# checks only act on logical steps, as on exact shapes.
 
+import contextlib  # noqa: E402
 import functools  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
@@ -69,6 +73,18 @@ def _pick(valid, new, old):
         return new
     old = jnp.broadcast_to(jnp.asarray(old, new.dtype), new.shape)
     return lax.select(jnp.broadcast_to(valid, new.shape), new, old)
+
+
+@contextlib.contextmanager
+def _guarded(state, valid):
+    """Narrow ``state.guard`` to ``valid`` (a traced bool) while a loop body is traced."""
+    old = state.guard
+    if valid is not None:
+        state.guard = valid if old is None else jnp.logical_and(old, valid)
+    try:
+        yield
+    finally:
+        state.guard = old
 
 
 def _as_dtype(vals, avals):
@@ -103,7 +119,7 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll=
             row = [r if s is None else _pick(valid, r, s) for r, s in zip(row, safe_rows)]
         else:
             valid, row = None, inp
-        with ctx.state.scoped():
+        with ctx.state.scoped(), _guarded(ctx.state, valid):
             outs = ctx.eval_jaxpr(jaxpr, *consts, *carry, *row)
         new = _as_dtype(outs[:num_carry], carry_avals)
         new = [_pick(valid, a, b) for a, b in zip(new, carry)]
@@ -249,7 +265,7 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
                 valid = k < trip
                 # Invalid steps see the last valid index, not one past the end.
                 fed = [jnp.minimum(carry[0], last).astype(carry[0].dtype), *carry[1:]]
-                with ctx.state.scoped():
+                with ctx.state.scoped(), _guarded(ctx.state, valid):
                     outs = ctx.eval_jaxpr(body_jaxpr, *bconsts, *fed)
                 outs = _as_dtype(outs, carry_avals)
                 return [_pick(valid, a, b) for a, b in zip(outs, carry)], None
@@ -262,7 +278,11 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
             return ctx.eval_jaxpr(cond_jaxpr, *cconsts, *carry)[0]
 
     def body_fun(carry):
-        with ctx.state.scoped():
+        # Under vmap a batched predicate runs the body for every row until the
+        # last one is done: rows already done are guarded off (without vmap the
+        # predicate holds; XLA drops it where nothing uses the guard).
+        active = None if cond_jaxpr.effects else cond_fun(carry)
+        with ctx.state.scoped(), _guarded(ctx.state, active):
             return _as_dtype(ctx.eval_jaxpr(body_jaxpr, *bconsts, *carry), carry_avals)
 
     return list(lax.while_loop(cond_fun, body_fun, list(init)))

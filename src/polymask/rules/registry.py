@@ -26,21 +26,28 @@ from ..errors import ShapeError, UnsupportedError
 from ..state import RunState
 
 _RULES: dict[str, Callable] = {}
+_SEES_GUARD: set[str] = set()  # rules the interpreter calls under a guard even at the bound
 
 COVERAGE_DOC = "docs/coverage.md"
 
 
-def register(*names: str, override: bool = False):
+def register(*names: str, override: bool = False, sees_guard: bool = False):
     """Decorator: register a masking rule for the primitives named.
 
     Like JAX's own rule tables, a second rule for the same primitive is an
     error (``ValueError``) unless ``override=True``: two modules silently
     fighting over a primitive would make the winner depend on import order.
+    ``sees_guard=True``: while ``RunState.guard`` is set (a case of a case
+    split, a step of a loop run to the bound) the rule is called even when
+    every size is at its bound (host callbacks skip the guarded-off calls);
+    equations with effects always are.
     """
 
     def deco(fn):
         for n in names:
             register_rule(n, fn, override=override)
+            if sees_guard:
+                _SEES_GUARD.add(n)
         return fn
 
     return deco
@@ -122,6 +129,11 @@ def check_preconditions(jaxpr, outer_line: str = compat.UNKNOWN_LOCATION) -> Non
 
 def get_rule(name: str) -> Callable | None:
     return _RULES.get(name)
+
+
+def sees_guard(name: str) -> bool:
+    """The rule of ``name`` was registered with ``sees_guard=True``."""
+    return name in _SEES_GUARD
 
 
 def registered_primitives() -> list[str]:
