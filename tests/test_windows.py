@@ -663,3 +663,18 @@ def test_conv2d_property(h, w, stride, rd, pad, kshape):
 
     check_oracle(f, [(_rand(1, 2, h, w),)], [(1, 2, 5, 5)], ("1, 2, h, w",), modes=("eager",),
                  static_sizes=False)
+
+
+def test_vmap_of_conv_with_a_kernel_per_example():
+    # jax.vmap of a convolution whose kernel is batched too: JAX's batching rule
+    # makes the batch the group count (feature_group_count = b, a dim var), and
+    # reshapes with `dimensions` (a transpose first); its gradient uses
+    # batch_group_count = b. Both were refused before.
+    conv = lambda l, r: lax.conv_general_dilated(l, r, (1, 2), "SAME")
+    f = lambda lhs, rhs: jax.vmap(conv)(lhs, rhs)
+    rng = np.random.default_rng(5)
+    lhs = rng.normal(size=(4, 2, 3, 7, 8)).astype(np.float32)
+    rhs = rng.normal(size=(4, 5, 3, 3, 2)).astype(np.float32)
+    exs = [(lhs[:b], rhs[:b]) for b in (0, 1, 3, 4)]
+    bounds = [(4, 2, 3, 7, 8), (4, 5, 3, 3, 2)]
+    check_oracle(f, exs, bounds, ("b, 2, 3, 7, 8", "b, 5, 3, 3, 2"))

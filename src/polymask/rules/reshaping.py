@@ -20,6 +20,8 @@ axis, like ``slice``, and never changes the row-major layout;
 
 from __future__ import annotations
 
+import copy
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -186,6 +188,16 @@ def is_prefix_reshape(ctx) -> bool:
     return True
 
 
+def _with_transposed_operand(ctx, perm):
+    """A view of ``ctx`` whose operand is ``transpose(operand, perm)``."""
+    view = copy.copy(ctx)
+    aval = ctx.in_avals[0]
+    view.in_avals = [aval.update(shape=tuple(aval.shape[p] for p in perm)), *ctx.in_avals[1:]]
+    view.in_bounds = [tuple(ctx.in_bounds[0][p] for p in perm), *ctx.in_bounds[1:]]
+    view.in_logical = [tuple(ctx.in_logical[0][p] for p in perm), *ctx.in_logical[1:]]
+    return view
+
+
 @register("reshape")
 def reshape_rule(ctx, x, *dyn, new_sizes, dimensions, sharding):
     """Prefix-preserving reshapes are free; fragmenting ones re-lay out the data.
@@ -194,8 +206,13 @@ def reshape_rule(ctx, x, *dyn, new_sizes, dimensions, sharding):
     some axis group, e.g. ``(a, b) -> (a*b,)`` with ``b`` padded) is one gather
     (``reshape_relayout``).
     """
-    if dyn or dimensions is not None:
-        raise ctx.unsupported("reshape with dynamic operands or `dimensions`")
+    if dyn:
+        raise ctx.unsupported("reshape with dynamic shape operands")
+    if dimensions is not None:  # a transpose first (vmap of conv, order="F")
+        zero = ctx.has_zero_padding(x)
+        x, ctx = lax.transpose(x, dimensions), _with_transposed_operand(ctx, dimensions)
+        if zero:
+            ctx.mark_zero_padding(x)
     if is_prefix_reshape(ctx):
         out = lax.reshape(x, tuple(ctx.out_bounds[0]))
         return ctx.mark_zero_padding(out) if ctx.has_zero_padding(x) else out

@@ -191,11 +191,15 @@ def conv_rule(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     ll, rl = ctx.in_logical[0], ctx.in_logical[1]
     if 0 in ob:
         return _zeros_out(ctx)
-    groups = max(feature_group_count, batch_group_count)
+    if compat.is_dim_expr(feature_group_count) or compat.is_dim_expr(batch_group_count):
+        groups = 1  # a dim var's count of static-size groups: see _check_dynamic_groups
+        _check_dynamic_groups(ctx, feature_group_count, batch_group_count)
+    else:
+        groups = max(feature_group_count, batch_group_count)
     # Grouped dynamic axes: the logical groups are contiguous blocks of the
     # logical size; lay them out one block per padded group (and back for the
     # output features) so the physical op sees each group at its own offset.
-    grouped_lhs_axis = lspec[1] if feature_group_count > 1 else lspec[0]
+    grouped_lhs_axis = lspec[1] if groups > 1 and feature_group_count > 1 else lspec[0]
     if groups > 1 and needs_mask(ll[grouped_lhs_axis], lb[grouped_lhs_axis]):
         lhs = _spread_groups(clean(lhs, ll), grouped_lhs_axis, groups, ll[grouped_lhs_axis])
         ll = tuple(lb[a] if a == grouped_lhs_axis else ll[a] for a in range(lhs.ndim))
@@ -219,6 +223,25 @@ def conv_rule(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     if compact_out:
         out = _gather_groups(out, ospec[1], groups, ctx.out_logical[0][ospec[1]])
     return clean_float(out, ctx.out_logical[0])
+
+
+def _check_dynamic_groups(ctx, feature_group_count, batch_group_count) -> None:
+    """A group count given by a dim var (``vmap`` of a convolution with a kernel
+    per example) where every group has a static size: group ``g`` is the block
+    ``[g * size, (g + 1) * size)`` of the grouped axes, so the logical groups
+    are a prefix and the padded count (the bound) adds whole padding groups,
+    whose outputs are padding. Else refused."""
+    dn = ctx.eqn.params["dimension_numbers"]
+    lhs_shape, rhs_shape = ctx.in_avals[0].shape, ctx.in_avals[1].shape
+    axes = [(lhs_shape, dn.lhs_spec[1], feature_group_count),
+            (lhs_shape, dn.lhs_spec[0], batch_group_count),
+            (rhs_shape, dn.rhs_spec[0], feature_group_count * batch_group_count)]
+    for shape, axis, count in axes:
+        if not compat.is_dim_expr(count):
+            continue
+        per = shape[axis] // count
+        if compat.is_dim_expr(per) or per * count != shape[axis]:
+            raise ctx.unsupported(f"a convolution with {count} groups of a dynamic size")
 
 
 def _spread_groups(x, axis, groups, size):
