@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import polymask as pm
+import polymask.testing
 from polymask.testing import check_oracle
 
 
@@ -51,13 +52,163 @@ def test_refused_key_schemes_name_the_remedy():
     rbg = lambda x: jax.random.normal(jax.random.key(0, impl="unsafe_rbg"), x.shape)
     with pytest.raises(pm.UnsupportedError, match="partitionable threefry"):
         pm.mask(rbg, "n")(x)
-    many = lambda x: jax.random.split(jax.random.key(0), x.shape[0])
-    with pytest.raises(pm.UnsupportedError, match="PRNG keys with a dynamic shape"):
+    many = lambda x: jax.random.split(jax.random.key(0, impl="unsafe_rbg"), x.shape[0])
+    with pytest.raises(pm.UnsupportedError, match="random_split.*partitionable threefry"):
         pm.mask(many, "n")(x)
     prev = jax.config.jax_threefry_partitionable
     jax.config.update("jax_threefry_partitionable", False)
     try:
         with pytest.raises(pm.UnsupportedError, match="jax_threefry_partitionable=True"):
             pm.mask(lambda x: jax.random.normal(jax.random.key(1), x.shape), "n")(x)
+        with pytest.raises(pm.UnsupportedError, match="random_split.*jax_threefry_partitionable"):
+            pm.mask(lambda x: jax.random.split(jax.random.key(1), x.shape[0]), "n")(x)
+        x2 = pm.pad(_x(2, 3), (4, 8))
+        with pytest.raises(pm.UnsupportedError, match="random_gamma.*jax_threefry_partitionable"):
+            pm.mask(lambda x: jax.random.gamma(jax.random.key(1), x), "b, n")(x2)
     finally:
         jax.config.update("jax_threefry_partitionable", prev)
+
+
+# --- keys with dynamic shapes, samplers built on split keys -------------------------------------
+
+KEY = jax.random.key(11)
+SIZES = (0, 1, 5, 40)  # bound 40: more sizes than max_cases, so one symbolic trace
+
+
+def _sizes(*ns, seed=0):
+    return [(_x(n, seed=seed + n),) for n in ns]
+
+
+def _ex2(pairs=((0, 0), (1, 1), (2, 0), (3, 5), (4, 8))):
+    return [(_x(b, n, seed=b * 10 + n),) for b, n in pairs]
+
+
+def _key_bits(keys):
+    return jax.random.key_data(keys).astype(jnp.float32)
+
+
+@pytest.mark.parametrize("fun", [
+    lambda x: _key_bits(jax.random.split(KEY, x.shape[0])) * x[:, None],
+    lambda x: _key_bits(jax.random.split(jax.random.PRNGKey(3), x.shape[0])) * x[:, None],
+    lambda x: jax.vmap(lambda k, v: jax.random.uniform(k, (3,)) * v)(
+        jax.random.split(KEY, x.shape[0]), x),
+    lambda x: jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 7)))(
+        jax.random.split(KEY, x.shape[0])) + x,
+    lambda x: _key_bits(jax.random.clone(jax.random.wrap_key_data(
+        jax.random.key_data(jax.random.split(KEY, x.shape[0]))))) * x[:, None],
+], ids=["split", "split_raw_key", "vmap_uniform", "vmap_fold_in_normal", "wrap_unwrap_clone"])
+def test_split_with_a_dynamic_count_matches_plain_jax(fun):
+    # the keys are bit-exact; samplers' floats may differ by an ulp between programs
+    check_oracle(fun, _sizes(*SIZES), [(40,)], "n", atol=1e-7, rtol=1e-6)
+
+
+def test_split_and_bits_over_two_dynamic_axes_use_the_logical_strides():
+    split2 = lambda x: _key_bits(jax.random.split(KEY, x.shape)) * x[..., None]
+    check_oracle(split2, _ex2(), [(4, 8)], "b, n", atol=0, rtol=0)
+    # random bits of dynamic shape from an array of keys of dynamic shape
+    per_row = lambda x: jax.vmap(lambda k, r: jax.random.normal(k, r.shape) * r)(
+        jax.random.split(KEY, x.shape[0]), x)
+    check_oracle(per_row, _ex2(), [(4, 8)], "b, n", atol=1e-7, rtol=1e-6)
+    bits = lambda x: jax.vmap(lambda k: jax.random.bits(k, (x.shape[1],), jnp.uint8))(
+        jax.random.split(KEY, x.shape[0]))
+    check_oracle(bits, _ex2(), [(4, 8)], "b, n", modes=("eager", "jit", "vmap"))
+
+
+ALL = ("eager", "jit", "vmap", "grad")
+
+
+@pytest.mark.parametrize("fun, modes", [
+    (lambda a: jax.random.gamma(KEY, a), ALL),
+    (lambda a: jax.random.loggamma(KEY, a), ("jit", "grad")),
+    (lambda a: jax.random.gamma(KEY, a[None, :], (3, a.shape[0])), ("jit", "vmap")),
+    (lambda a: jax.random.beta(KEY, a, a[::-1] + 0.5), ("jit", "vmap", "grad")),
+    (lambda a: jax.random.dirichlet(KEY, a), ALL),
+    (lambda a: jax.vmap(jax.random.gamma)(jax.random.split(KEY, a.shape[0]), a),
+     ("jit", "vmap", "grad")),
+], ids=["gamma", "loggamma", "gamma_2d", "beta", "dirichlet", "gamma_split_keys"])
+def test_gamma_family_matches_plain_jax(fun, modes):
+    # gamma's custom derivative (w.r.t. alpha) included; padding alpha is NaN
+    check_oracle(fun, _sizes(0, 1, 40), [(40,)], "n", modes=modes, rtol=1e-6, atol=1e-6,
+                 grad_rtol=1e-4)
+
+
+def test_gamma_family_over_two_dynamic_axes():
+    # split keys laid out with the logical strides of both axes
+    ex = _ex2(((0, 0), (1, 1), (2, 0), (4, 8)))
+    check_oracle(lambda a: jax.random.gamma(KEY, a), ex, [(4, 8)], "b, n",
+                 rtol=1e-6, atol=1e-6, grad_rtol=1e-4)
+    check_oracle(lambda a: jax.random.dirichlet(KEY, a), _ex2(((1, 1), (3, 5))), [(4, 8)],
+                 "b, n", modes=("jit", "vmap"), rtol=1e-6, atol=1e-6)
+
+
+def test_gamma_padding_alpha_stays_finite():
+    a = pm.Masked(jnp.full((16,), jnp.nan).at[:3].set(jnp.array([0.1, 1.0, 5.0])),
+                  (jnp.int32(3),))
+    out = jax.jit(pm.mask(lambda a: jax.random.gamma(KEY, a), "n"))(a)
+    assert np.all(np.isfinite(np.asarray(out.data)))
+    np.testing.assert_array_equal(out.unpad(), jax.random.gamma(KEY, a.unpad()))
+
+
+@pytest.mark.parametrize("fun", [
+    lambda x: jax.random.permutation(KEY, x),
+    lambda x: jax.random.permutation(KEY, jnp.arange(x.shape[0])),
+    lambda x: jax.random.permutation(KEY, jnp.outer(x, x), axis=1),
+    lambda x: jax.random.permutation(KEY, jnp.outer(x, x), axis=0, independent=True),
+], ids=["permutation", "arange", "axis1", "independent"])
+def test_permutation_at_large_bounds(fun):
+    check_oracle(fun, _sizes(*SIZES), [(40,)], "n", atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("fun, fails", [
+    (lambda x: jax.random.choice(KEY, x, (3, 2)), (0,)),
+    (lambda x: jax.random.choice(KEY, x, (3,), replace=False), (0, 2)),
+    (lambda x: jax.random.choice(KEY, x, (3,), p=x / x.sum()), (0,)),
+    (lambda x: jax.random.choice(KEY, x, (3,), p=x / x.sum(), replace=False), (0, 2)),
+], ids=["replace", "no_replace", "p", "p_no_replace"])
+def test_choice_at_large_bounds_raises_where_plain_jax_does(fun, fails):
+    check_oracle(fun, _sizes(1, 3, 17, 40)[1 if 2 in fails else 0:], [(40,)], "n",
+                 atol=0, rtol=0)
+    for n in fails:  # plain JAX raises: no inputs, or fewer inputs than draws
+        with pytest.raises(ValueError):
+            fun(jnp.asarray(_x(n)))
+        with pytest.raises(pm.ShapeError):
+            pm.mask(fun, "n")(pm.Masked(jnp.asarray(_x(40)), (jnp.int32(n),)))
+
+
+def test_choice_with_p_follows_jax_binary_search_on_unsorted_weights():
+    # weights with zeros and a NaN: JAX's binary search (not a count) decides the index
+    w = np.array([0.5, 0.0, 0.0, 2.0, np.nan, 1.0, 0.0, 3.0], np.float32)
+    fun = lambda p: jax.random.choice(KEY, jnp.arange(p.shape[0]), (6,), p=p)
+    ex = [(w[:n],) for n in (1, 3, 5, 6, 8)]
+    check_oracle(fun, ex, [(40,)], "n", modes=("eager", "jit", "vmap"))
+
+
+def test_permutation_over_the_one_sort_round_threshold():
+    # JAX sorts once up to 1625 elements, twice above: a case split on the size
+    f = lambda x: jax.random.permutation(KEY, x)
+    mf = jax.jit(pm.mask(f, "n"))
+    for n in (1625, 1626, 2000):
+        x = np.arange(n, dtype=np.float32)
+        out = mf(pm.Masked(jnp.asarray(pm.testing.garbage_pad(x, (2000,))), (jnp.int32(n),)))
+        np.testing.assert_array_equal(out.unpad(), f(jnp.asarray(x)))
+
+
+def test_permutation_of_a_symbolic_int_names_the_remedy():
+    f = lambda x: jax.random.permutation(KEY, x.shape[0])
+    with pytest.raises(pm.ShapeError, match="jnp.arange"):
+        pm.mask(f, "n")(pm.pad(_x(3), (40,)))
+
+
+def test_jax_compat_random_helpers():
+    from polymask._jax_compat import random as compat_random
+
+    module, name = compat_random.shuffle_home()
+    assert callable(getattr(module, name))
+    module, name = compat_random.searchsorted_home()
+    assert callable(getattr(module, name))
+    assert [compat_random.shuffle_max_size(r) for r in range(3)] == [1, 1625, 2642245]
+    assert compat_random.shuffle_rounds(1625) == 1 and compat_random.shuffle_rounds(1626) == 2
+    le = compat_random.sort_comparator("left")
+    assert bool(le(jnp.float32(1), jnp.float32(np.nan)))  # NaN sorts last
+    a, b = compat_random.promote_dtypes(jnp.int32(1), 2.0)
+    assert a.dtype == b.dtype == jnp.float32

@@ -63,9 +63,8 @@ GROUP_REASONS: dict[str, str] = {
     "pvary": "SPMD varying-axes annotation; no rule yet",
     "vary_": "SPMD varying-axes annotation; no rule yet",
     "reduced_vary": "SPMD varying-axes annotation; no rule yet",
-    "random_": "no rule yet (random_bits and key plumbing have rules; a sampler primitive "
-               "like random_gamma draws over the padded shape, which differs from the "
-               "unpadded draw)",
+    "random_": "no rule yet (a sampler primitive drawing over the padded shape would differ "
+               "from the unpadded draw)",
     "threefry": "raw PRNG bits over the padded shape differ from the unpadded draw "
                 "(jax.random's random_bits is covered)",
     "philox": "raw PRNG bits over the padded shape differ from the unpadded draw",

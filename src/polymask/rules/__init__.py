@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     linalg,
     ragged_dot,
     random,
+    random_samplers,
     reductions,
     reshaping,
     scans,

@@ -1,21 +1,26 @@
 """``jax.random`` with dynamic shapes: key primitives and ``random_bits``.
 
-Keys have static shapes in practice (one key, or a static number of split
-keys): ``random_seed``, ``random_wrap``, ``random_unwrap``, ``random_split``,
-``random_fold_in`` and ``random_clone`` on static shapes take the
-interpreter's static fast path (bound unchanged); their rules only see keys
-of a dynamic shape, and refuse them with the remedy.
+Under JAX's partitionable threefry scheme (``jax_threefry_partitionable``, the
+default since JAX 0.5) a split key or a word of random bits depends only on
+its own position: split key ``i`` of ``key`` and bits element ``i`` are both
+``threefry2x32(key, linear index of i)`` (``jax/_src/random/threefry2x32.py``
+``_threefry_split_foldlike``, ``_threefry_random_bits_partitionable``,
+``prng.iota_2x32_shape``). Over the axes that ``random_split`` /
+``random_bits`` add (``shape``), the rules take that linear index with the
+*logical* strides, so the logical region holds exactly the keys / bits plain
+JAX makes for the exact shape, and everything built on them (``uniform``,
+``normal``, dropout, ``gamma``'s per-element keys, ``vmap`` over split keys)
+follows. The original threefry scheme and the ``rbg`` keys split and draw
+bits that depend on the total size: refused, naming the flag to set.
 
-``random_bits`` with a dynamic shape follows JAX's partitionable threefry
-scheme (``jax_threefry_partitionable``, the default since JAX 0.5): element
-``i`` of the bits is ``threefry2x32(key, linear index of i)``
-(``jax/_src/random/threefry2x32.py`` ``_threefry_random_bits_partitionable``,
-``prng.iota_2x32_shape``). The rule takes the linear index with the
-*logical* strides, so the logical region holds exactly the bits plain JAX
-draws for the exact shape, and samplers built on the bits (``uniform``,
-``normal``, ``bernoulli``, dropout) follow. The original threefry scheme and
-the ``rbg`` keys draw bits that depend on the total size: refused, naming the
-flag to set.
+Over the axes of an *array of keys*, every key primitive is elementwise
+(``prng.py`` applies the key implementation per key with
+``iterated_vmap_unary`` / ``iterated_vmap_binary_bcast``): ``random_seed``,
+``random_wrap``, ``random_unwrap``, ``random_fold_in``, ``random_clone``, and
+``random_split`` / ``random_bits`` whose added axes are static, are bound on
+the padded arrays, for any key implementation. Keys in padding are then
+garbage keys (any bits are a key); rules that move positions never bring
+padding into the logical region, so no logical output depends on them.
 """
 
 from __future__ import annotations
@@ -30,37 +35,32 @@ from .. import _jax_compat as compat
 from .registry import register
 from .util import masked_axes
 
-_KEY_PRIMITIVES = ("random_seed", "random_wrap", "random_unwrap", "random_split",
-                   "random_fold_in", "random_clone")
+
+@register("random_seed", "random_wrap", "random_unwrap", "random_fold_in", "random_clone")
+def elementwise_key_rule(ctx, *args, **params):
+    # Elementwise over the key axes (and fold_in's broadcast messages); the
+    # trailing key-data axes of wrap/unwrap are static (the impl's key shape).
+    return ctx.bind(*args)
 
 
-@register(*_KEY_PRIMITIVES)
-def key_rule(ctx, *args, **params):
-    raise ctx.unsupported("PRNG keys with a dynamic shape (split or fold keys with "
-                          "static counts; draw numbers with dynamic shapes instead)")
+@register("random_split")
+def random_split_rule(ctx, keys, *, shape):
+    nk = len(ctx.in_bounds[0])
+    if not masked_axes(ctx.out_logical[0], ctx.out_bounds[0], range(nk, nk + len(shape))):
+        return ctx.bind(keys)  # new axes at their bound: elementwise over the keys
+    check_partitionable(ctx, keys, "split keys")
+    bits1, bits2 = threefry_counts(ctx, keys)
+    data = lax.concatenate([bits1[..., None], bits2[..., None]], bits1.ndim)
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(keys))
 
 
 @register("random_bits")
 def random_bits_rule(ctx, keys, *, bit_width, shape):
-    if not masked_axes(ctx.out_logical[0], ctx.out_bounds[0]):  # sizes pinned at the bound
-        return ctx.bind(keys)
-    if keys.shape != ():
-        raise ctx.unsupported("random bits with a dynamic shape from an array of keys "
-                              "(draw from one key, or vmap over the keys)")
-    if str(jax.random.key_impl(keys)) != "threefry2x32" or not jax.config.jax_threefry_partitionable:
-        raise ctx.unsupported("random bits with a dynamic shape need the partitionable "
-                              "threefry keys, whose bits do not depend on the total size "
-                              "(jax.random.key, with jax_threefry_partitionable=True)")
-    bounds, logical = ctx.out_bounds[0], ctx.out_logical[0]
-    if math.prod(bounds) >= 2 ** 32:
-        raise ctx.unsupported("random bits with a dynamic shape of 2**32 or more elements")
-    lo = _linear_index(bounds, logical)
-    k = jax.random.key_data(keys)
-    # Every operand derives from lo: under vmap (lo batched by the sizes) JAX's
-    # threefry2x32 batching gives an unbatched operand a batch of 1, which its
-    # CPU lowering (a rolled loop) rejects.
-    zero = lo ^ lo
-    bits1, bits2 = compat.threefry2x32(zero + k[0], zero + k[1], zero, lo)
+    nk = len(ctx.in_bounds[0])
+    if not masked_axes(ctx.out_logical[0], ctx.out_bounds[0], range(nk, nk + len(shape))):
+        return ctx.bind(keys)  # sizes pinned at the bound, or dynamic key axes only
+    check_partitionable(ctx, keys, "random bits")
+    bits1, bits2 = threefry_counts(ctx, keys)
     dtype = np.dtype(f"uint{bit_width}")
     if bit_width == 64:
         hi = lax.convert_element_type(bits1, dtype)
@@ -68,12 +68,43 @@ def random_bits_rule(ctx, keys, *, bit_width, shape):
     return lax.convert_element_type(bits1 ^ bits2, dtype)
 
 
-def _linear_index(bounds, logical):
-    """uint32 row-major index of every position, with the logical strides (the
-    position's index in the exact array; padding gets some index, unused)."""
-    lin = lax.full(bounds, 0, np.uint32)
-    stride = np.uint32(1)
+def check_partitionable(ctx, keys, what: str) -> None:
+    """Refuse (naming the remedy) unless ``keys`` are partitionable threefry keys."""
+    if (str(jax.random.key_impl(keys)) != "threefry2x32"
+            or not jax.config.jax_threefry_partitionable):
+        raise ctx.unsupported(
+            f"{what} with a dynamic shape need the partitionable threefry keys, whose "
+            "values do not depend on the total size (jax.random.key, with "
+            "jax_threefry_partitionable=True)")
+
+
+def threefry_counts(ctx, keys):
+    """``threefry2x32`` of every key (axes ``K``) at the linear index of every
+    position of the added axes ``S`` (output ``K + S``), with the logical
+    strides of ``S``: JAX's partitionable split / bits for the exact shape."""
+    bounds, logical = ctx.out_bounds[0], ctx.out_logical[0]
+    nk = keys.ndim
+    if math.prod(bounds[nk:]) >= 2 ** 32:
+        raise ctx.unsupported("split keys or random bits with a dynamic shape of 2**32 or "
+                              "more elements per key")
+    lo = linear_index(bounds[nk:], logical[nk:], np.uint32)
+    lo = lax.broadcast_in_dim(lo, bounds, tuple(range(nk, len(bounds))))
+    k = jax.random.key_data(keys)
+    k1, k2 = (lax.broadcast_in_dim(k[..., w], bounds, tuple(range(nk))) for w in (0, 1))
+    # Every operand derives from both lo and the keys: under vmap (lo batched
+    # by the sizes, or the keys batched) JAX's threefry2x32 batching gives an
+    # unbatched operand a batch of 1, which its CPU lowering rejects.
+    zero = (lo ^ lo) ^ (k1 ^ k1)
+    return compat.threefry2x32(zero + k1, zero + k2, zero, zero + lo)
+
+
+def linear_index(bounds, logical, dtype=np.uint32):
+    """Row-major index of every position, with the logical strides (the
+    position's index in the exact array; padding gets some index below
+    ``prod(bounds)``, unused)."""
+    lin = lax.full(bounds, 0, dtype)
+    stride = np.array(1, dtype)
     for d in reversed(range(len(bounds))):
-        lin = lin + lax.broadcasted_iota(np.uint32, bounds, d) * stride
-        stride = stride * lax.convert_element_type(logical[d], np.uint32)
+        lin = lin + lax.broadcasted_iota(dtype, bounds, d) * stride
+        stride = stride * lax.convert_element_type(logical[d], dtype)
     return lin

@@ -1,0 +1,131 @@
+"""``jax.random`` samplers with dynamic shapes: ``random_gamma`` (``gamma``,
+``beta``, ``dirichlet``, ``loggamma``) and the sort-based shuffle
+(``permutation``, ``shuffle``, ``choice(replace=False)``).
+
+``random_gamma(key, a)``: the keys' shape ``K`` is a prefix of ``a``'s shape
+``K + S``; each key is split into ``prod(S)`` keys and element ``i`` of ``S``
+samples with split key ``i`` (``jax/_src/random/core.py`` ``_gamma_impl``),
+elementwise over keys and alpha otherwise. Padding alpha is replaced by 1 so
+the rejection loop terminates and stays finite there (the custom derivative,
+``_gamma_grad``, is then finite too, and ``select`` keeps padding cotangents
+out of the logical gradient). Over ``K`` only, or when only the first axis of
+``S`` is dynamic (partitionable threefry: split key ``i`` depends on ``i``
+alone), the padded bind is exact. Otherwise ``S`` is laid out flat with the
+logical strides, sampled, and gathered back.
+
+JAX's internal ``jnp.searchsorted`` (``choice(p=...)``) runs its binary
+search with the logical length (``searchsorted_symbolic``).
+
+``_shuffle`` (JAX sorts by fresh random bits ``ceil(3 log(size) /
+log(2**32 - 1))`` times) refuses a symbolic size in Python; while a masked
+function is traced it is routed to ``shuffle_symbolic``, which compares the
+size with the thresholds of that round count (a size comparison: the trace
+splits into cases, e.g. ``n <= 1``, no sort, and ``n >= 2``, one sort) and
+then sorts as JAX does: ``random_bits`` and ``sort`` have exact rules.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as compat
+from .._jax_compat import random as compat_random
+from .random import check_partitionable, linear_index
+from .registry import register, register_trace_patch
+from .util import fill_padding, masked_axes
+
+__all__ = ["random_gamma_rule", "shuffle_symbolic"]
+
+
+@register("random_gamma")
+def random_gamma_rule(ctx, key, a, *, log_space):
+    bounds, logical = ctx.in_bounds[1], ctx.in_logical[1]
+    nk = key.ndim
+    a = fill_padding(a, logical, 1)  # alpha 1 in padding: finite samples and gradients
+    dyn = masked_axes(logical, bounds, range(nk, len(bounds)))
+    if not dyn:
+        return ctx.bind(key, a)  # elementwise over the keys: any key implementation
+    check_partitionable(ctx, key, "gamma samples")
+    if dyn == [nk]:  # the padded linear index of S is the logical one
+        return ctx.bind(key, a)
+    size = math.prod(bounds[nk:])
+    if size >= 2 ** 31:
+        raise ctx.unsupported("gamma samples with a dynamic shape of 2**31 or more "
+                              "elements per key")
+    lead = (slice(None),) * nk
+    # Flat position j holds the element whose logical linear index is j.
+    j = lax.iota(np.int32, size)
+    total = np.int32(1)
+    coords = []
+    for d in reversed(range(nk, len(bounds))):
+        n = jnp.maximum(jnp.asarray(logical[d], np.int32), 1)
+        coords.append((j // total) % n)
+        total = total * jnp.asarray(logical[d], np.int32)
+    flat = a[lead + tuple(reversed(coords))]
+    flat = jnp.where(j < total, flat, jnp.ones((), flat.dtype))
+    samples = ctx.bind(key, flat)
+    out = samples[lead + (linear_index(bounds[nk:], logical[nk:], np.int32),)]
+    return fill_padding(out, logical, 1)  # padding read logical samples: cut its cotangents
+
+
+_SHUFFLE_MODULE, _SHUFFLE_NAME = compat_random.shuffle_home()
+_ORIGINAL_SHUFFLE = getattr(_SHUFFLE_MODULE, _SHUFFLE_NAME)
+
+
+def shuffle_symbolic(key, x, axis):
+    """JAX's ``_shuffle(key, x, axis)`` for a symbolic size inside a masked trace."""
+    from ..trace import current_scope
+
+    size = math.prod(x.shape)
+    if not compat.is_dim_expr(size) or current_scope() is None:
+        return _ORIGINAL_SHUFFLE(key, x, axis)
+    rounds = 0
+    while not size <= compat_random.shuffle_max_size(rounds):  # may split the trace
+        rounds += 1
+    for _ in range(rounds):
+        key, subkey = jax.random.split(key)
+        sort_keys = jax.random.bits(subkey, x.shape, np.uint32)
+        _, x = lax.sort_key_val(sort_keys, x, axis)
+    return x
+
+
+register_trace_patch(_SHUFFLE_MODULE, _SHUFFLE_NAME, shuffle_symbolic)
+
+
+_SEARCH_MODULE, _SEARCH_NAME = compat_random.searchsorted_home()
+_ORIGINAL_SEARCH = getattr(_SEARCH_MODULE, _SEARCH_NAME)
+
+
+def searchsorted_symbolic(a, v, side="left", sorter=None, *, method="scan"):
+    """JAX-internal ``jnp.searchsorted`` (``choice(p=...)``) over a symbolic
+    length inside a masked trace: JAX's binary search (``method="scan"``) with
+    the logical length, ``ceil(log2(n + 1))`` levels, run to the bound's level
+    count and frozen after the logical one. Indices read are below ``n``."""
+    from ..trace import current_scope
+
+    n = jnp.shape(a)[0] if jnp.ndim(a) == 1 else None
+    if (not compat.is_dim_expr(n) or current_scope() is None or sorter is not None
+            or method not in ("scan", "scan_unrolled") or side not in ("left", "right")
+            or not compat.upper_bound(n) < 2 ** 31):
+        return _ORIGINAL_SEARCH(a, v, side=side, sorter=sorter, method=method)
+    a, v = compat_random.promote_dtypes(jnp.asarray(a), jnp.asarray(v))
+    op = compat_random.sort_comparator(side)
+    size = jnp.asarray(n, np.uint32)  # the logical length (dim_as_value)
+    levels = np.uint32(32) - lax.clz(size)  # bit length of n = ceil(log2(n + 1))
+    low = jnp.zeros(v.shape, np.uint32)
+    high = jnp.broadcast_to(size, v.shape)
+    for i in range(int(compat.upper_bound(n)).bit_length()):
+        mid = low + (high - low) // 2
+        go_left = op(v, a[mid])
+        live = np.uint32(i) < levels
+        low, high = (jnp.where(live & ~go_left, mid, low),
+                     jnp.where(live & go_left, mid, high))
+    return high.astype(np.int32)
+
+
+register_trace_patch(_SEARCH_MODULE, _SEARCH_NAME, searchsorted_symbolic)
