@@ -67,6 +67,8 @@ def _leaves(tree):
 
 
 def _assert_close(got, want, rtol, atol, what):
+    if isinstance(want, (bool, int, float, complex)):  # a Python scalar: as JAX returns it
+        want = jnp.asarray(want)
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, f"{what}: logical shape {got.shape} != {want.shape}"
     assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
