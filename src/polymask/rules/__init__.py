@@ -14,6 +14,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     indexing,
     layout,
     linalg,
+    linalg_lstsq,
     ragged_dot,
     random,
     random_samplers,
