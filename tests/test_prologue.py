@@ -131,8 +131,8 @@ def test_symbolic_equality_in_user_code_is_a_case_split():
 
 
 def test_jax_function_needing_a_python_int_size_is_a_shape_error_at_user_line():
-    f = pm.mask(lambda x: jnp.convolve(x, jnp.array([1.0, -1.0, 2.0])), "n")
+    f = pm.mask(lambda x: jnp.polyder(x), "n")
     with pytest.raises(pm.ShapeError, match=r"(?s)symbolic size at .*test_prologue.py.*lax form"):
         f(pm.pad(np.arange(5.0), 40))  # more sizes than max_cases
     out = f(pm.pad(np.arange(5.0), 12))  # few sizes: traced once per size
-    np.testing.assert_allclose(out.unpad(), np.convolve(np.arange(5.0), [1.0, -1.0, 2.0]))
+    np.testing.assert_allclose(out.unpad(), np.polyder(np.arange(5.0)))

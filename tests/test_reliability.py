@@ -312,12 +312,17 @@ def test_searchsorted_digitize_histogram():
     v = jnp.array([1.5, 2.5, 9.], jnp.float32)
 
     def f(b):
-        return jnp.searchsorted(b, v)  # LINE-ss
+        return jnp.searchsorted(b, v)
 
-    # few sizes (bound 8): traced once per size, plain JAX's value at each
-    np.testing.assert_array_equal(pm.mask(f, "n")(b).unpad(),
-                                  np.searchsorted(np.asarray(bins), v))
-    msg = _raises(f, "n", pm.pad(np.asarray(bins), 40))  # more sizes than max_cases
+    # dynamic bins: a binary search with the logical length (rules/numeric.py)
+    for bound in (8, 40):
+        np.testing.assert_array_equal(pm.mask(f, "n")(pm.pad(np.asarray(bins), bound)).unpad(),
+                                      np.searchsorted(np.asarray(bins), v))
+
+    def h(b):
+        return jnp.histogram(v, b)[0]  # LINE-ss
+
+    msg = _raises(h, "n", pm.pad(np.asarray(bins), 40))  # more sizes than max_cases
     assert "static size ('_'" in msg and "jnp.sum(a[:, None] < v" in msg
     assert _line("LINE-ss") in msg and "constraints=['n >= 3']" not in msg
     out = pm.mask(lambda b: jnp.sum(b[:, None] < v, axis=0), "n")(b)

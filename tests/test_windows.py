@@ -288,15 +288,17 @@ def test_conv_dynamic_kernel_size():
 # ----------------------------------------------------------------------------
 # jnp.convolve / jnp.correlate: their lowering, on lax forms
 # ----------------------------------------------------------------------------
-def test_jnp_convolve_needs_concrete_shapes():
-    """jnp.convolve/correlate call len(x) (a dim expression is not an int): a
-    ShapeError at the user's line that points to the lax form."""
+def test_jnp_convolve_at_any_bound():
+    """jnp.convolve/correlate call len(x): a trace patch (rules/numeric.py) reads
+    it as a size, so any bound works; a JAX function that still needs a Python
+    int (jnp.polyder) is a ShapeError that points to the lax form."""
     f = pm.mask(lambda x: jnp.convolve(x, jnp.ones(3)), "n")
+    for bound in (6, 40):
+        np.testing.assert_allclose(f(pm.Masked(jnp.ones(bound), (5,))).unpad(),
+                                   np.convolve(np.ones(5), np.ones(3)))
+    g = pm.mask(jnp.polyder, "n")
     with pytest.raises(pm.ShapeError, match=r"(?s)cannot be interpreted as an integer.*lax"):
-        f(pm.Masked(jnp.ones(40), (5,)))  # more sizes than max_cases
-    # few sizes: traced once per size (plain JAX's trace at each)
-    np.testing.assert_allclose(f(pm.Masked(jnp.ones(6), (5,))).unpad(),
-                               np.convolve(np.ones(5), np.ones(3)))
+        g(pm.Masked(jnp.ones(40), (5,)))  # more sizes than max_cases
 
 
 @pytest.mark.parametrize("op", ["convolve", "correlate"])

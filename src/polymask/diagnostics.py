@@ -360,8 +360,8 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
         return ShapeError(
             f"JAX cannot trace this with a symbolic size at {where}:\n  {msg}\n  The JAX "
             "function needs a size as a Python int (len(x), int(x.shape[0]), a Python "
-            "branch on it) or does not support symbolic shapes (e.g. jnp.convolve, "
-            "jnp.array_split, jnp.cov): use the lax form (lax.conv_general_dilated, "
+            "branch on it) or does not support symbolic shapes (e.g. jnp.polyder, "
+            "jnp.array_split): use the lax form (lax.conv_general_dilated, "
             "lax.slice, ...) or make that axis static with '_' in the spec. "
             "See docs/coverage.md.")
     return None

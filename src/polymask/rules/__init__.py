@@ -15,6 +15,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     layout,
     linalg,
     linalg_lstsq,
+    numeric,
     ragged_dot,
     random,
     random_samplers,

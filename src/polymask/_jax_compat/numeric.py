@@ -1,0 +1,48 @@
+"""``jax.numpy`` numeric internals (part of ``_jax_compat``; import it as
+``from polymask._jax_compat import numeric as compat_numeric``).
+
+``jnp.searchsorted``, ``jnp.digitize``, ``jnp.interp``, ``jnp.convolve`` and
+``jnp.correlate`` need a concrete length in Python (``len(x)``, the index
+dtype); ``rules/numeric.py`` routes them through trace patches that need their
+home module and ``jnp``'s argument checks and type promotion.
+"""
+
+from __future__ import annotations
+
+__all__ = ["lax_numpy_module", "ensure_arraylike", "promote_dtypes",
+           "promote_dtypes_inexact", "searchsorted_methods"]
+
+
+def lax_numpy_module():
+    """The module defining ``jnp.searchsorted`` / ``digitize`` / ``interp`` /
+    ``convolve``; its module globals ``searchsorted``, ``_interp`` and
+    ``_conv`` are what ``digitize``, ``interp``, ``convolve`` and
+    ``correlate`` call."""
+    from jax._src.numpy import lax_numpy
+
+    return lax_numpy
+
+
+def ensure_arraylike(fun_name: str, *args):
+    from jax._src.numpy import util as _util
+
+    return _util.ensure_arraylike(fun_name, *args)
+
+
+def promote_dtypes(*args):
+    from jax._src.numpy import util as _util
+
+    return _util.promote_dtypes(*args)
+
+
+def promote_dtypes_inexact(*args):
+    from jax._src.numpy import util as _util
+
+    return _util.promote_dtypes_inexact(*args)
+
+
+def searchsorted_methods() -> tuple[str, ...]:
+    """The ``method=`` values ``jnp.searchsorted`` accepts."""
+    from jax._src.numpy import hijax as _hijax
+
+    return tuple(_hijax.SearchSorted.valid_methods)

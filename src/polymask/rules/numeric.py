@@ -1,0 +1,171 @@
+"""``jnp.searchsorted``, ``digitize``, ``interp``, ``convolve`` and
+``correlate`` over dynamic lengths.
+
+None of them is a primitive, and JAX's implementations need the length of the
+sorted array / the signals as a Python int (``searchsorted`` picks its index
+dtype from it, ``interp`` and ``_conv`` call ``len(x)``). While a masked
+function is traced (``registry.register_trace_patch``) they are routed to
+replacements that compute the same values with symbolic sizes; outside a
+masked trace, or when no length involved is symbolic, they call JAX's own:
+
+- ``searchsorted``: JAX's binary search with the logical length
+  (``random_samplers.searchsorted_symbolic``) for every ``method`` (they all
+  give the same indices), ``sorter`` applied first as JAX does (a gather).
+  ``digitize`` calls it through ``lax_numpy``'s module global (at size 0
+  both of its branches give zeros, as JAX's early return does).
+- ``interp``: JAX's ``_interp`` with ``len(xp)`` read as ``xp.shape[0]``.
+- ``convolve`` / ``correlate``: JAX's ``_conv`` with ``len`` read as
+  ``shape[0]``: ``len(x) < len(y)`` (which operand slides) and
+  ``len(x) < 1`` (JAX raises) are size comparisons that split the trace into
+  cases; the rest is ``rev`` and ``conv_general_dilated`` with padding that is
+  a dimension expression, both masked.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .. import _jax_compat as compat
+from .._jax_compat import numeric as compat_numeric
+from .random_samplers import searchsorted_symbolic
+from .registry import register_trace_patch
+
+__all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic"]
+
+_LAX_NUMPY = compat_numeric.lax_numpy_module()
+_ORIGINAL_SEARCHSORTED = _LAX_NUMPY.searchsorted
+_ORIGINAL_INTERP = _LAX_NUMPY._interp
+_ORIGINAL_CONV = _LAX_NUMPY._conv
+
+
+def _in_masked_trace() -> bool:
+    from ..trace import current_scope
+
+    return current_scope() is not None
+
+
+def _symbolic(*arrays) -> bool:
+    return any(compat.is_dim_expr(d) for a in arrays for d in np.shape(a))
+
+
+def searchsorted_dynamic(a, v, side="left", sorter=None, *, method="scan"):
+    """``jnp.searchsorted`` whose sorted array ``a`` may have a symbolic length."""
+    if not _in_masked_trace() or not _symbolic(a) or np.ndim(a) != 1:
+        return _ORIGINAL_SEARCHSORTED(a, v, side=side, sorter=sorter, method=method)
+    n = np.shape(a)[0]
+    if (side not in ("left", "right") or method not in compat_numeric.searchsorted_methods()
+            or not compat.upper_bound(n) < 2 ** 31):
+        return _ORIGINAL_SEARCHSORTED(a, v, side=side, sorter=sorter, method=method)
+    if sorter is None:
+        a, v = compat_numeric.ensure_arraylike("searchsorted", a, v)
+    else:
+        a, v, sorter = compat_numeric.ensure_arraylike("searchsorted", a, v, sorter)
+    a, v = compat_numeric.promote_dtypes(a, v)
+    if sorter is not None:
+        a = a[sorter]
+    return searchsorted_symbolic(a, v, side=side, method="scan")
+
+
+def _interp_dynamic(x, xp, fp, left=None, right=None, period=None):
+    """JAX's ``_interp`` (jax 0.10) with ``len(xp)`` read as ``xp.shape[0]``."""
+    lnp = _LAX_NUMPY
+    x, xp, fp = compat_numeric.ensure_arraylike("interp", x, xp, fp)
+    if np.shape(xp) != np.shape(fp) or np.ndim(xp) != 1:
+        raise ValueError("xp and fp must be one-dimensional arrays of equal size")
+    x_arr, xp_arr = compat_numeric.promote_dtypes_inexact(x, xp)
+    fp_arr, = compat_numeric.promote_dtypes_inexact(fp)
+    del x, xp, fp
+    extrapolate = []
+    for name, side in (("left", left), ("right", right)):
+        if isinstance(side, str) and side != "extrapolate":
+            raise ValueError(f"the only valid string value of `{name}` is "
+                             f"'extrapolate', but got: {side!r}")
+        extrapolate.append(isinstance(side, str))
+    if jnp.issubdtype(x_arr.dtype, np.complexfloating):
+        raise ValueError("jnp.interp: complex x values not supported.")
+    if period is not None:
+        if np.ndim(period) != 0:
+            raise ValueError(f"period must be a scalar; got {period}")
+        period = jnp.abs(period)
+        x_arr = x_arr % period
+        xp_arr = xp_arr % period
+        xp_arr, fp_arr = lax.sort_key_val(xp_arr, fp_arr)
+        xp_arr = jnp.concatenate([xp_arr[-1:] - period, xp_arr, xp_arr[:1] + period])
+        fp_arr = jnp.concatenate([fp_arr[-1:], fp_arr, fp_arr[:1]])
+
+    i = jnp.clip(lnp.searchsorted(xp_arr, x_arr, side="right"), 1, xp_arr.shape[0] - 1)
+    df = fp_arr[i] - fp_arr[i - 1]
+    dx = xp_arr[i] - xp_arr[i - 1]
+    delta = x_arr - xp_arr[i - 1]
+    epsilon = np.spacing(np.finfo(xp_arr.dtype).eps)
+    dx0 = lax.abs(dx) <= epsilon  # Prevent NaN gradients when `dx` is small.
+    f = jnp.where(dx0, fp_arr[i - 1], fp_arr[i - 1] + (delta / jnp.where(dx0, 1, dx)) * df)
+    if not extrapolate[0]:
+        left_arr = fp_arr[0] if left is None else left
+        if period is None:
+            f = jnp.where(x_arr < xp_arr[0], left_arr, f)
+    if not extrapolate[1]:
+        right_arr = fp_arr[-1] if right is None else right
+        if period is None:
+            f = jnp.where(x_arr > xp_arr[-1], right_arr, f)
+    return f
+
+
+def interp_dynamic(x, xp, fp, left=None, right=None, period=None):
+    """``jnp.interp``'s ``_interp`` whose ``xp``/``fp`` may have a symbolic length."""
+    if not _in_masked_trace() or not _symbolic(xp, fp):
+        return _ORIGINAL_INTERP(x, xp, fp, left, right, period)
+    return _interp_dynamic(x, xp, fp, left, right, period)
+
+
+def conv_dynamic(x, y, mode, op, precision, preferred_element_type=None):
+    """JAX's ``_conv`` (``convolve`` / ``correlate``, jax 0.10) with ``len``
+    read as ``shape[0]``: comparisons of symbolic lengths split the trace."""
+    if not _in_masked_trace() or not _symbolic(x, y):
+        return _ORIGINAL_CONV(x, y, mode, op, precision, preferred_element_type)
+    if np.ndim(x) != 1 or np.ndim(y) != 1:
+        raise ValueError(f"{op}() only support 1-dimensional inputs.")
+    if preferred_element_type is None:
+        x, y = compat_numeric.promote_dtypes_inexact(x, y)
+    else:
+        x, y = compat_numeric.promote_dtypes(x, y)
+    # ``<`` (not ``==``, which is False when undecided) splits the trace at size 0
+    if x.shape[0] < 1 or y.shape[0] < 1:
+        raise ValueError(f"{op}: inputs cannot be empty, got shapes {x.shape} and {y.shape}.")
+    reverse = False
+    if op == "correlate":
+        y = jnp.conj(y)
+        if x.shape[0] < y.shape[0]:
+            x, y = y, x
+            reverse = True
+    elif op == "convolve":
+        if x.shape[0] < y.shape[0]:
+            x, y = y, x
+        y = jnp.flip(y)
+    # Explicit conv padding must be Python ints; string padding and lax.pad
+    # take dimension expressions. "SAME_LOWER" at stride 1 pads
+    # (k // 2, k - 1 - k // 2), JAX's "same"; "full" pads x by k - 1 first.
+    k = y.shape[0]
+    if mode == "valid":
+        padding = "VALID"
+    elif mode == "same":
+        padding = "SAME_LOWER"
+    elif mode == "full":
+        x = lax.pad(x, jnp.zeros((), x.dtype), [(k - 1, k - 1, 0)])
+        padding = "VALID"
+    else:
+        raise ValueError("mode must be one of ['full', 'same', 'valid']")
+    result = lax.conv_general_dilated(x[None, None, :], y[None, None, :], (1,), padding,
+                                      precision=precision,
+                                      preferred_element_type=preferred_element_type)
+    result = result[0, 0]
+    return lax.rev(result, (0,)) if reverse else result
+
+
+register_trace_patch(jax.numpy, "searchsorted", searchsorted_dynamic)
+register_trace_patch(_LAX_NUMPY, "searchsorted", searchsorted_dynamic)
+register_trace_patch(_LAX_NUMPY, "_interp", interp_dynamic)
+register_trace_patch(_LAX_NUMPY, "_conv", conv_dynamic)
