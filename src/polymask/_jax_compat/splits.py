@@ -145,12 +145,33 @@ def _split_geq(orig_geq):
         try:
             return orig_geq(e1, e2, cmp_str)
         except InconclusiveDimensionOperation as e:
-            diff = e1 - e2
+            message = str(e).split("\n")[0]
+            # A size may be 0 under mask (jax.export assumes >= 1): the bounds of
+            # `a // n` are unknown until the trace splits on n >= 1.
+            divisor = _possible_zero_divisor(message)
+            diff = e1 - e2 if divisor is None else divisor - 1
             if _active_frame(diff) is None:
                 raise
-            raise SplitNeeded(str(e).split("\n")[0], diff) from None
+            raise SplitNeeded(message, diff) from None
 
     return geq
+
+
+_ZERO_DIVISOR = "Possible division by 0 in division by "
+
+
+def _possible_zero_divisor(message: str):
+    """The divisor named by JAX's "possible division by 0" (a DimExpr of this
+    thread's trace), or None."""
+    stack = getattr(_HOOK_TLS, "stack", None)
+    if not message.startswith(_ZERO_DIVISOR) or not stack:
+        return None
+    try:
+        (d,) = _shape_poly.symbolic_shape(message[len(_ZERO_DIVISOR):],
+                                          scope=stack[-1].scope)
+    except Exception:  # a form the parser does not read back: no split
+        return None
+    return d if is_dim_expr(d) else None
 
 
 _EVERYWHERE_LIMIT = 4096
