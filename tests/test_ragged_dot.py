@@ -248,3 +248,28 @@ def test_grad_of_mode_2_is_not_implemented_as_in_jax():
         jax.grad(lambda x: mf(pm.Masked(x, (np.int32(2), np.int32(3))),
                               pm.Masked(jnp.ones((4, 2)), (np.int32(3), 2))).data)(
             jnp.ones((4, 4)))
+
+
+def test_sort_by_expert_moe_layer_under_vmap():
+    # the usual MoE layer: tokens sorted by expert, then ragged_dot with shared
+    # weights. Its cases (n == 0 and n >= 1) run in a lax.switch under vmap,
+    # and JAX's own ragged_dot batching fails where the switch batches the lhs
+    # on another axis: the rule binds its twin at the bound too (new-user pass)
+    n_exp, d, h = 4, 8, 6
+    w = jnp.asarray(vec(n_exp, d, h))
+
+    def layer(x, e, w):
+        order = jnp.argsort(e)
+        counts = jnp.bincount(e, length=n_exp).astype(jnp.int32)
+        return lax.ragged_dot(jnp.log(x[order]), w, counts)
+
+    ns = [0, 3, 16]
+    xs = np.stack([vec(16, d) for _ in ns])
+    es = RNG.integers(0, n_exp, (len(ns), 16)).astype(np.int32)
+    masked = pm.mask(layer, ("n, 8", "n", None))
+    out = jax.vmap(masked, in_axes=(0, 0, None))(
+        pm.Masked(jnp.asarray(xs), (jnp.array(ns), jnp.full(len(ns), d))),
+        pm.Masked(jnp.asarray(es), (jnp.array(ns),)), w)
+    for i, n in enumerate(ns):
+        np.testing.assert_allclose(np.asarray(out.data[i, :n]),
+                                   layer(xs[i, :n], es[i, :n], w), **TOL)

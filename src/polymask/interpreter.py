@@ -25,6 +25,7 @@ from .rules.registry import (
     COVERAGE_DOC,
     RuleContext,
     has_inner_jaxpr,
+    runs_at_bound,
     sees_guard,
     substitute_dims,
 )
@@ -111,7 +112,8 @@ class Interpreter:
         # the guarded-off calls.
         guarded_effect = (state.guard is not None and rule is not None
                           and (bool(eqn.effects) or sees_guard(prim.name)))
-        if all_sizes_at_bound(eqn, state.dims) and not guarded_effect:
+        if (all_sizes_at_bound(eqn, state.dims) and not guarded_effect
+                and not runs_at_bound(prim.name)):
             return prim.bind(*invals, **eqn.params)
         if rule is None:
             raise UnsupportedError(

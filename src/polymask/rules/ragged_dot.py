@@ -206,7 +206,7 @@ compat.def_batching(ragged_dot_p, _batch)
 # ----------------------------------------------------------------------------
 # The masking rule
 # ----------------------------------------------------------------------------
-@register("ragged_dot_general")
+@register("ragged_dot_general", at_bound=True)  # the twin batches where JAX's cannot
 def ragged_dot_general_rule(ctx, lhs, rhs, group_sizes, *, ragged_dot_dimension_numbers,
                             group_offset, **params):
     if group_offset is not None:

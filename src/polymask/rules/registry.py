@@ -27,11 +27,13 @@ from ..state import RunState
 
 _RULES: dict[str, Callable] = {}
 _SEES_GUARD: set[str] = set()  # rules the interpreter calls under a guard even at the bound
+_AT_BOUND: set[str] = set()  # rules the interpreter calls even when every size is at its bound
 
 COVERAGE_DOC = "docs/coverage.md"
 
 
-def register(*names: str, override: bool = False, sees_guard: bool = False):
+def register(*names: str, override: bool = False, sees_guard: bool = False,
+             at_bound: bool = False):
     """Decorator: register a masking rule for the primitives named.
 
     Like JAX's own rule tables, a second rule for the same primitive is an
@@ -40,7 +42,10 @@ def register(*names: str, override: bool = False, sees_guard: bool = False):
     ``sees_guard=True``: while ``RunState.guard`` is set (a case of a case
     split, a step of a loop run to the bound) the rule is called even when
     every size is at its bound (host callbacks skip the guarded-off calls);
-    equations with effects always are.
+    equations with effects always are. ``at_bound=True``: the rule is called
+    even when every size is at its bound (a rule that binds a twin primitive,
+    e.g. with a batching rule JAX's lacks, so that every case of a case split
+    batches alike under ``vmap``).
     """
 
     def deco(fn):
@@ -48,6 +53,8 @@ def register(*names: str, override: bool = False, sees_guard: bool = False):
             register_rule(n, fn, override=override)
             if sees_guard:
                 _SEES_GUARD.add(n)
+            if at_bound:
+                _AT_BOUND.add(n)
         return fn
 
     return deco
@@ -134,6 +141,11 @@ def get_rule(name: str) -> Callable | None:
 def sees_guard(name: str) -> bool:
     """The rule of ``name`` was registered with ``sees_guard=True``."""
     return name in _SEES_GUARD
+
+
+def runs_at_bound(name: str) -> bool:
+    """The rule of ``name`` was registered with ``at_bound=True``."""
+    return name in _AT_BOUND
 
 
 def registered_primitives() -> list[str]:
