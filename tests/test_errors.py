@@ -346,3 +346,19 @@ def test_shape_error_types():
     assert issubclass(pm.UnsupportedError, NotImplementedError)
 
 
+
+
+def test_polymask_jit_and_ragged_map_errors_name_the_call_site():
+    # mask's errors said "in the masked call at <file:line>"; polymask.jit's
+    # and ragged_map's host errors did not (new-user pass)
+    f = pm.jit(lambda x, y: x + y, ("n", "n"), buckets=pm.buckets.pow2(8, maximum=16))
+    for args in [(np.ones(20), np.ones(20)), (np.ones(3), np.ones(4))]:
+        with pytest.raises(pm.ShapeError, match=r"in the masked call at .*test_errors\.py"):
+            f(*args)
+    g = pm.jit(lambda x: jax.lax.top_k(x, 3)[0], "n")
+    for _ in range(2):  # the second call raises the cached case error
+        with pytest.raises(pm.ShapeError, match=r"(?s)top_k.*in the masked call at .*test_errors"):
+            g(np.ones(2, np.float32))
+    rm = pm.ragged_map(lambda w, x: x * w, (None, "n"))
+    with pytest.raises(pm.ShapeError, match=r"(?s)examples\[0\].*test_errors.*broadcast"):
+        rm([np.ones(3), np.ones(5)], 2.0)

@@ -15,7 +15,7 @@ from .errors import ShapeError
 from .plan import CallPlan, padded_shape
 
 __all__ = ["kind_key", "static_values_key", "stack_varying_statics", "static_batch_leaves",
-           "static_batch_avals", "batch_in_axes", "rebucket", "batch_bucket", "auto_specs"]
+           "static_batch_avals", "batch_in_axes", "specs_hint", "rebucket", "batch_bucket", "auto_specs"]
 
 
 def kind_key(plan: CallPlan) -> tuple:
@@ -120,6 +120,16 @@ def batch_in_axes(plan: CallPlan, n_broadcast: int, n_static: int, n_dynamic: in
     stacked = plan.stacked or (False,) * n_static
     return ((None,) * n_broadcast + tuple(0 if f else None for f in stacked)
             + (0,) * (n_dynamic + 1))
+
+
+def specs_hint(e: Exception) -> str:
+    """A hint for an ``in_specs`` count error of ``ragged_map`` (whose specs
+    describe the example arguments only)."""
+    if "in_specs has" not in str(e):
+        return ""
+    return ("\n  (ragged_map's in_specs describe the arguments of one example; the "
+            "broadcast arguments of a call, ragged_map(...)(examples, *broadcast), take "
+            "no spec)")
 
 
 def rebucket(plan: CallPlan, buckets: Mapping[str, int]) -> CallPlan:

@@ -15,6 +15,7 @@ import numpy as np
 
 from .case_dispatch import host_error
 from .compiling import COMPILE_TICK, compile_counter, install_listeners
+from .diagnostics import at_call_site, user_call_site
 from .errors import ShapeError
 from .masked import Masked
 from .outputs import OutputPlan, output_plan
@@ -80,6 +81,11 @@ class Entry:
     tree: Any = None  # the CaseTree (cases.py), known once traced
     prepared: Any = None  # (program, avals, key) once program_store keyed it
     compiler_options: dict = dataclasses.field(default_factory=dict)  # XLA's, per program
+
+
+def at_call_site_error(e: ShapeError | str) -> ShapeError:
+    """``e`` (or a ``ShapeError`` of this message) naming the user's call site."""
+    return at_call_site(ShapeError(e) if isinstance(e, str) else e, user_call_site())
 
 
 def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:
@@ -199,7 +205,10 @@ class Runner:
         key = (tree, tuple((np.shape(x), dtype_key(x)) for x in leaves), spec_key)
         plan = self._plans.get(key)
         if plan is None:
-            plan = plan_call(args, in_specs, self.constraints, self._policy_for)
+            try:
+                plan = plan_call(args, in_specs, self.constraints, self._policy_for)
+            except ShapeError as e:
+                raise at_call_site_error(e) from None
             with self._lock:
                 if len(self._plans) > 4096:
                     self._plans.clear()

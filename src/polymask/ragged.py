@@ -90,7 +90,7 @@ class RaggedMap(RefinedBuckets, Runner):
             try:
                 plan, leaves, tree = self._plan(args, in_specs, spec_key)
             except ShapeError as e:  # say which example
-                raise ShapeError(f"examples[{i}]: {e}") from None
+                raise ShapeError(f"examples[{i}]: {e}{batching.specs_hint(e)}") from None
             kinds[(tree, batching.kind_key(plan), batching.static_values_key(plan, leaves))].append(i)
             infos.append((plan, leaves))
         batches = []

@@ -44,7 +44,7 @@ from .plan import (
     dtype_key,
     padded_shape,
 )
-from .programs import Entry, Runner, build_inner, count_value, raise_case_error
+from .programs import Entry, Runner, at_call_site_error, build_inner, count_value, raise_case_error
 from .specs import keywords_as_positional
 from .tiering import TieredBuckets
 
@@ -219,7 +219,7 @@ class PolyJit(TieredBuckets, Runner):
                 info = self._info(args, tree, key, False)
         next(info.calls)
         if info.error is not None:
-            raise ShapeError(info.error)
+            raise at_call_site_error(info.error)
         entry = info.entry
         if entry is not None and entry.live:
             entry.tick = next(COMPILE_TICK)
@@ -233,7 +233,7 @@ class PolyJit(TieredBuckets, Runner):
                 raise_case_error(entry, info.plan.var_names, info.plan.values)
             except ShapeError as e:
                 info.error = str(e)
-                raise
+                raise at_call_site_error(e) from None
         return self._outputs(info, entry, out)
 
     def _traced_call(self, args):
