@@ -84,6 +84,7 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
                          "(as in jax.export.symbolic_shape)")
     n_axes = len(parts)
     if n_axes != rank and not (ellipsis and n_axes <= rank):
+        _raise_unparsable_axis(path, spec, parts, scope)  # 'n k' is a typo, not a rank
         raise ShapeError(
             f"{path}: spec '{spec}' has {n_axes} axes but the array has rank {rank} "
             f"(shape {tuple(padded_shape)})"
@@ -122,6 +123,18 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
         v, a, b = _linear_in_one_var(e, where)
         axes.append(AxisSpec(path, i, e, v, a, b))
     return axes
+
+
+def _raise_unparsable_axis(path: str, spec: str, parts: list[str], scope) -> None:
+    """``ShapeError`` naming the first axis of ``spec`` that does not parse."""
+    for i, part in enumerate(parts):
+        if part == "_" or part.isdigit():
+            continue
+        try:
+            jax.export.symbolic_shape(f"({part},)", scope=scope)
+        except Exception as e:
+            raise ShapeError(f"{path}: cannot parse shape spec '{spec}' (axis {i}, "
+                             f"'{part}'): {e}") from None
 
 
 def _split_top_level(s: str) -> list[str]:
