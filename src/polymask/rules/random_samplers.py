@@ -1,6 +1,7 @@
 """``jax.random`` samplers with dynamic shapes: ``random_gamma`` (``gamma``,
 ``beta``, ``dirichlet``, ``loggamma``) and the sort-based shuffle
-(``permutation``, ``shuffle``, ``choice(replace=False)``).
+(``permutation``, ``shuffle``, ``choice(replace=False)``), and
+``permutation(key, n)`` of a symbolic ``n`` (``permutation_symbolic``).
 
 ``random_gamma(key, a)``: the keys' shape ``K`` is a prefix of ``a``'s shape
 ``K + S``; each key is split into ``prod(S)`` keys and element ``i`` of ``S``
@@ -39,7 +40,7 @@ from .random import check_partitionable, linear_index
 from .registry import register, register_trace_patch
 from .util import fill_padding, masked_axes
 
-__all__ = ["random_gamma_rule", "shuffle_symbolic"]
+__all__ = ["random_gamma_rule", "shuffle_symbolic", "permutation_symbolic"]
 
 
 @register("random_gamma")
@@ -129,3 +130,20 @@ def searchsorted_symbolic(a, v, side="left", sorter=None, *, method="scan"):
 
 
 register_trace_patch(_SEARCH_MODULE, _SEARCH_NAME, searchsorted_symbolic)
+
+
+_ORIGINAL_PERMUTATION = jax.random.permutation
+
+
+def permutation_symbolic(key, x, *args, **kwargs):
+    """``jax.random.permutation(key, n)`` with a symbolic ``n`` inside a masked
+    trace: JAX needs ``n`` as a Python int; ``permutation(key, jnp.arange(n))``
+    is the same draw (plain JAX shuffles ``jnp.arange(n)`` either way)."""
+    from ..trace import current_scope
+
+    if compat.is_dim_expr(x) and current_scope() is not None:
+        x = jnp.arange(x)
+    return _ORIGINAL_PERMUTATION(key, x, *args, **kwargs)
+
+
+register_trace_patch(jax.random, "permutation", permutation_symbolic)
