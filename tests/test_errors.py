@@ -366,7 +366,7 @@ def test_polymask_jit_and_ragged_map_errors_name_the_call_site():
 
 def test_a_spec_that_does_not_parse_is_reported_as_such_not_as_a_rank():
     f = pm.jit(lambda x: x.sum(), "n k")  # a missing comma
-    with pytest.raises(pm.ShapeError, match=r"cannot parse shape spec 'n k' \(axis 0, 'n k'\)"):
+    with pytest.raises(pm.ShapeError, match=r"cannot parse shape spec 'n k' \(axis 'n k'\)"):
         f(np.ones((2, 3, 4)))
     with pytest.raises(pm.ShapeError, match=r"has 2 axes but the array has rank 3"):
         pm.jit(lambda x: x.sum(), "n, k")(np.ones((2, 3, 4)))

@@ -127,14 +127,12 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
 
 def _raise_unparsable_axis(path: str, spec: str, parts: list[str], scope) -> None:
     """``ShapeError`` naming the first axis of ``spec`` that does not parse."""
-    for i, part in enumerate(parts):
-        if part == "_" or part.isdigit():
-            continue
+    for part in (p for p in parts if p != "_" and not p.isdigit()):
         try:
             jax.export.symbolic_shape(f"({part},)", scope=scope)
         except Exception as e:
-            raise ShapeError(f"{path}: cannot parse shape spec '{spec}' (axis {i}, "
-                             f"'{part}'): {e}") from None
+            raise ShapeError(f"{path}: cannot parse shape spec '{spec}' (axis '{part}'): "
+                             f"{e}") from None
 
 
 def _split_top_level(s: str) -> list[str]:
