@@ -353,3 +353,16 @@ def test_rfft_length_zero_is_an_error_case_for_formulas_and_the_runner():
     np.testing.assert_allclose(np.asarray(g(x)), np.fft.rfft(2 * x), rtol=1e-5, atol=1e-5)
     fixed = pm.shape_formula(lambda x: jnp.fft.rfft(x, n=4), "n", (8,))  # a static length
     assert fixed.evaluate(n=0) == (3,)
+
+
+def test_qr_gradient_with_a_dynamic_column_count():
+    # a tall logical matrix with padded columns: the padding columns [n, m) are
+    # zero in the embedding, r[k, k] = 0 there and JAX's QR JVP gave NaN
+    # gradients; tall, wide and square logical shapes, batched too
+    rng = np.random.default_rng(11)
+    a = rng.normal(size=(7, 5)).astype(np.float32)
+    both = lambda x: jnp.linalg.qr(x)[0].sum() * jnp.linalg.qr(x)[1]
+    check_oracle(both, [(a[:, :4],), (a[:5, :2],), (a[:2, :4],), (a[:1, :1],)], [(9, 4)],
+                 ("m, n",))
+    check_oracle(both, [(np.stack([a[:5, :2]] * 2),), (np.stack([a[:2, :4]] * 2),)],
+                 [(3, 6, 6)], ("b, m, n",))

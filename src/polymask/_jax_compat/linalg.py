@@ -10,7 +10,7 @@ routed too.
 
 from __future__ import annotations
 
-__all__ = ["pinv_home", "lstsq_home"]
+__all__ = ["pinv_home", "lstsq_home", "thin_qr_jvp"]
 
 
 def _module():
@@ -28,3 +28,11 @@ def pinv_home():
 def lstsq_home():
     """``(module, name)`` of ``_jit_lstsq(a, b, rcond)`` (``numpy_resid=False``)."""
     return _module(), "_jit_lstsq"
+
+
+def thin_qr_jvp(q, r, dx):
+    """JAX's tangents ``(dq, dr)`` of a thin QR ``x = q r`` (``m >= n``, ``r``
+    invertible): ``jax._src.lax.linalg._thin_qr_jvp``."""
+    from jax._src.lax import linalg as _lax_linalg
+
+    return _lax_linalg._thin_qr_jvp(q, r, dx)

@@ -53,10 +53,13 @@ spectrum of length ``n``). Static transformed axes bind ``fft`` unchanged.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .._jax_compat import linalg as compat_linalg
 from ..errors import ShapeError
+from ..shapes import needs_mask
 from .registry import register, register_precondition
 from .util import clean, clean_float, masked_axes, valid_mask
 
@@ -264,7 +267,11 @@ def qr_rule(ctx, x, *, pivoting, full_matrices, **params):
         raise ctx.unsupported(
             "qr with column pivoting on a dynamic matrix axis: padding columns would "
             "compete with logical columns as pivots")
-    outs = ctx.bind(_embed(x, lg))
+    e = _embed(x, lg)
+    if not pivoting and not full_matrices and bd[-2] >= bd[-1] and needs_mask(lg[-1], bd[-1]):
+        outs = _qr_with_finite_jvp(ctx, e, lg[-2], lg[-1])
+    else:
+        outs = ctx.bind(e)
     q, r = outs[0], outs[1]
     q = _embed(q, ctx.out_logical[0])
     r = clean(r, ctx.out_logical[1])
@@ -272,6 +279,39 @@ def qr_rule(ctx, x, *, pivoting, full_matrices, **params):
     if pivoting:
         res.append(_fill_index(outs[2], ctx.out_logical[2]))
     return res
+
+
+def _qr_with_finite_jvp(ctx, e, m, n):
+    """The thin QR of the embedded ``e`` (padded ``M >= N``; logical ``m x n``)
+    with JAX's JVP taken at a nearby full-rank point.
+
+    Padding columns ``k`` in ``[n, m)`` of a tall logical matrix are zero in
+    the embedding (no padding row there to hold a 1), so column ``k`` of ``r``
+    is zero, ``r[k, k] = 0``, and JAX's JVP (``triangular_solve(r, dx)``) gave
+    NaN gradients. The JVP reads ``r`` with 1 at those ``(k, k)``: ``(q, r')``
+    is then the QR of ``e`` with those columns replaced by ``q[:, k]``. The
+    logical ``q``, ``r`` and their tangents depend only on the logical columns
+    (QR works left to right; the padding columns' tangents are 0), which are
+    unchanged, so the tangents are exact on the logical block, and finite.
+    """
+    shape = e.shape[:-2] + (e.shape[-1], e.shape[-1])
+    rows = lax.broadcasted_iota(jnp.int32, shape, len(shape) - 2)
+    cols = lax.broadcasted_iota(jnp.int32, shape, len(shape) - 1)
+    zero_column = (rows == cols) & (cols >= n) & (rows < m)
+
+    @jax.custom_jvp
+    def qr(e):
+        return tuple(ctx.bind(e))
+
+    @qr.defjvp
+    def qr_jvp(primals, tangents):
+        (e,), (de,) = primals, tangents
+        q, r = qr(e)
+        r_full_rank = lax.select(zero_column, jnp.ones_like(r), r)
+        dq, dr = compat_linalg.thin_qr_jvp(q, r_full_rank, de)
+        return (q, r), (dq, dr)
+
+    return qr(e)
 
 
 @register("svd")
