@@ -154,3 +154,20 @@ def test_chunks_by_size():
         return a * b
 
     check_oracle(f, [(_arr(s),) for s in (2, 6, 0)], [(8,)], "2*k")
+
+
+def test_reshape_with_minus_one_and_a_zero_size_other_axis_raises_as_jax_does():
+    # plain JAX computes size % prod(other sizes): ZeroDivisionError when they
+    # multiply to 0; the symbolic quotient a*b // b cancelled to a and polymask
+    # returned a value there
+    h = lambda x: x.reshape(-1, x.shape[1]) * 2
+    f = pm.jit(h, "a, b")
+    np.testing.assert_array_equal(f(np.ones((3, 2), np.float32)), h(jnp.ones((3, 2))))
+    np.testing.assert_array_equal(f(np.ones((0, 2), np.float32)), h(jnp.ones((0, 2))))
+    for size in [(3, 0), (0, 0)]:
+        with pytest.raises(ZeroDivisionError):
+            h(jnp.ones(size))
+        with pytest.raises(pm.ShapeError, match="ZeroDivisionError"):
+            f(np.ones(size, np.float32))
+    check_oracle(lambda x: x.reshape(-1), [(np.ones((3, 2), np.float32),),
+                                           (np.ones((3, 0), np.float32),)], [(4, 4)], ("a, b",))

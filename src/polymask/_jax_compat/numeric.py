@@ -9,7 +9,7 @@ home module and ``jnp``'s argument checks and type promotion.
 
 from __future__ import annotations
 
-__all__ = ["lax_numpy_module", "ensure_arraylike", "promote_dtypes",
+__all__ = ["lax_numpy_module", "array_methods_module", "ensure_arraylike", "promote_dtypes",
            "promote_dtypes_inexact", "searchsorted_methods"]
 
 
@@ -21,6 +21,13 @@ def lax_numpy_module():
     from jax._src.numpy import lax_numpy
 
     return lax_numpy
+
+
+def array_methods_module():
+    """``jax._src.numpy.array_methods`` (``_compute_newshape``: ``x.reshape(-1, ...)``)."""
+    from jax._src.numpy import array_methods
+
+    return array_methods
 
 
 def ensure_arraylike(fun_name: str, *args):

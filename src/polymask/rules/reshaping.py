@@ -21,15 +21,17 @@ axis, like ``slice``, and never changes the row-major layout;
 from __future__ import annotations
 
 import copy
+import math
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
+from .._jax_compat import numeric as compat_numeric
 from ..shapes import is_static
 from .families import defrelayout
-from .registry import register
+from .registry import register, register_trace_patch
 from .util import clean_float, masked_axes
 
 
@@ -217,3 +219,32 @@ def reshape_rule(ctx, x, *dyn, new_sizes, dimensions, sharding):
         out = lax.reshape(x, tuple(ctx.out_bounds[0]))
         return ctx.mark_zero_padding(out) if ctx.has_zero_padding(x) else out
     return reshape_relayout(ctx, x)
+
+
+_ARRAY_METHODS = compat_numeric.array_methods_module()
+_ORIGINAL_NEWSHAPE = _ARRAY_METHODS._compute_newshape
+
+
+def compute_newshape_symbolic(arr, newshape):
+    """JAX's ``-1`` inference of ``x.reshape(..., -1, ...)``, where a product of
+    the other sizes that may be 0 splits the trace: plain JAX raises
+    ``ZeroDivisionError`` there (``size % 0``), while the symbolic quotient
+    cancels to a size (``a*b // b = a``) and would give a value."""
+    from ..trace import current_scope
+
+    shape = tuple(newshape) if isinstance(newshape, (tuple, list)) else (newshape,)
+    if current_scope() is not None and any(type(d) is int and d == -1 for d in shape):
+        others = math.prod(d for d in shape if not (type(d) is int and d == -1))
+        try:
+            empty = compat.is_dim_expr(others) and not others >= 1  # may split the trace
+        except compat.SplitNeeded:
+            raise
+        except compat.InconclusiveDimensionOperation:  # not a splittable size
+            empty = False
+        if empty:
+            raise ZeroDivisionError(f"integer modulo by zero: reshape of {arr.shape} into "
+                                    f"{shape}, whose other sizes multiply to 0")
+    return _ORIGINAL_NEWSHAPE(arr, newshape)
+
+
+register_trace_patch(_ARRAY_METHODS, "_compute_newshape", compute_newshape_symbolic)
