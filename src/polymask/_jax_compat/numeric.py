@@ -9,7 +9,8 @@ home module and ``jnp``'s argument checks and type promotion.
 
 from __future__ import annotations
 
-__all__ = ["lax_numpy_module", "array_methods_module", "ensure_arraylike", "promote_dtypes",
+__all__ = ["lax_numpy_module", "array_methods_module", "interp_home", "conv_home",
+           "newshape_home", "ensure_arraylike", "promote_dtypes",
            "promote_dtypes_inexact", "searchsorted_methods"]
 
 
@@ -28,6 +29,21 @@ def array_methods_module():
     from jax._src.numpy import array_methods
 
     return array_methods
+
+
+def interp_home():
+    """``(module, name)`` of ``jnp.interp``'s core ``_interp`` (reads ``len(xp)``)."""
+    return lax_numpy_module(), "_interp"
+
+
+def conv_home():
+    """``(module, name)`` of ``jnp.convolve``/``correlate``'s core ``_conv``."""
+    return lax_numpy_module(), "_conv"
+
+
+def newshape_home():
+    """``(module, name)`` of the ``-1`` inference of ``x.reshape``."""
+    return array_methods_module(), "_compute_newshape"
 
 
 def ensure_arraylike(fun_name: str, *args):

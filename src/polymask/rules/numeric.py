@@ -37,8 +37,8 @@ __all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic"]
 
 _LAX_NUMPY = compat_numeric.lax_numpy_module()
 _ORIGINAL_SEARCHSORTED = _LAX_NUMPY.searchsorted
-_ORIGINAL_INTERP = _LAX_NUMPY._interp
-_ORIGINAL_CONV = _LAX_NUMPY._conv
+_ORIGINAL_INTERP = getattr(*compat_numeric.interp_home())
+_ORIGINAL_CONV = getattr(*compat_numeric.conv_home())
 
 
 def _in_masked_trace() -> bool:
@@ -167,5 +167,5 @@ def conv_dynamic(x, y, mode, op, precision, preferred_element_type=None):
 
 register_trace_patch(jax.numpy, "searchsorted", searchsorted_dynamic)
 register_trace_patch(_LAX_NUMPY, "searchsorted", searchsorted_dynamic)
-register_trace_patch(_LAX_NUMPY, "_interp", interp_dynamic)
-register_trace_patch(_LAX_NUMPY, "_conv", conv_dynamic)
+register_trace_patch(*compat_numeric.interp_home(), interp_dynamic)
+register_trace_patch(*compat_numeric.conv_home(), conv_dynamic)

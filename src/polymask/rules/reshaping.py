@@ -221,8 +221,7 @@ def reshape_rule(ctx, x, *dyn, new_sizes, dimensions, sharding):
     return reshape_relayout(ctx, x)
 
 
-_ARRAY_METHODS = compat_numeric.array_methods_module()
-_ORIGINAL_NEWSHAPE = _ARRAY_METHODS._compute_newshape
+_ORIGINAL_NEWSHAPE = getattr(*compat_numeric.newshape_home())
 
 
 def compute_newshape_symbolic(arr, newshape):
@@ -247,4 +246,4 @@ def compute_newshape_symbolic(arr, newshape):
     return _ORIGINAL_NEWSHAPE(arr, newshape)
 
 
-register_trace_patch(_ARRAY_METHODS, "_compute_newshape", compute_newshape_symbolic)
+register_trace_patch(*compat_numeric.newshape_home(), compute_newshape_symbolic)
