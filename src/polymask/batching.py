@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 import jax
 import numpy as np
 
+from . import _jax_compat as compat
 from .errors import ShapeError
 from .plan import CallPlan, padded_shape
 
@@ -45,7 +46,7 @@ def _stackable(x) -> bool:
     if isinstance(x, (np.ndarray, np.generic)):
         return x.dtype.kind in "biufc"
     if isinstance(x, jax.Array):
-        return not getattr(x, "weak_type", False)
+        return not compat.is_weakly_typed(x)
     return False
 
 
