@@ -505,3 +505,40 @@ def test_ordered_io_callback_in_a_scan_over_a_dynamic_length():
             jax.effects_barrier()
             assert seen == list(range(n))
             assert float(out.unpad()) == sum(range(n))
+
+
+# ----------------------------------------------------------------------------
+# What the host function is handed: jax.Array, as from plain JAX
+# ----------------------------------------------------------------------------
+def _callback_types(f, x, seen):
+    seen.clear()
+    jax.block_until_ready(f(x))
+    jax.effects_barrier()
+    return sorted((name, type(a).__name__, a.shape) for name, a in seen)
+
+
+@pytest.mark.parametrize("n", [0, 2])
+def test_host_functions_get_the_same_array_types_as_plain_jax(n):
+    seen = []
+
+    def rec(name):
+        def host(a):
+            seen.append((name, a))
+            return np.asarray(a) * 2 if name != "debug" else None
+        return host
+
+    def f(x):
+        jax.debug.callback(rec("debug"), x)
+        y = jax.pure_callback(rec("pure"), jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+        z = io_callback(rec("io"), jax.ShapeDtypeStruct(x.shape, x.dtype), y)
+        return z + 1.0
+
+    exact = X[:n, 0]
+    want = _callback_types(f, jnp.asarray(exact), seen)
+    # (plain JAX skips a pure_callback whose results are empty: two calls at 0)
+    assert len(want) == (3 if n else 2) and {t for _, t, _ in want} == {"ArrayImpl"}
+    m = pm.mask(f, "n")
+    padded = pm.Masked(jnp.asarray(garbage_pad(exact, (BOUND,))), (jnp.int32(n),))
+    for g in (m, jax.jit(m)):
+        assert _callback_types(g, padded, seen) == want
+        np.testing.assert_array_equal(g(padded).unpad(), exact * 4 + 1.0)

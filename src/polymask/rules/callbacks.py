@@ -4,7 +4,9 @@
 The user's host function is wrapped. The traced logical sizes travel to the
 host as one extra int32 operand; there the wrapper slices every operand with a
 dynamic shape to its logical corner with NumPy, so padding (garbage, NaN) never
-reaches the user's function and one compiled program serves every size.
+reaches the user's function and one compiled program serves every size. The
+user's function gets ``jax.Array`` operands on the CPU device, as from JAX's
+own callbacks.
 Results whose shapes hold dim vars are checked against their logical shape and
 padded back to their bound with zeros on the host (the interpreter gives them
 their logical shape from the symbolic result shape); static results pass
@@ -39,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -94,9 +97,10 @@ class _HostPlan:
     out_dtypes: tuple
     guard: int | None  # entry of the sizes operand: 0 where another case runs
     has_sizes: bool
+    pure: bool = False  # a pure_callback: XLA drops it when its results are empty
 
 
-def _plan(ctx, with_results: bool):
+def _plan(ctx, with_results: bool, pure: bool = False):
     """The host plan and the extra operands; None when nothing needs cutting."""
     sizes = _SizesOperand()
     in_axes = tuple(sizes.axes(s, b) for s, b in zip(ctx.in_logical, ctx.in_bounds))
@@ -108,7 +112,7 @@ def _plan(ctx, with_results: bool):
     guard = None if ctx.state.guard is None else sizes.add(ctx.state.guard)
     if guard is None and all(a is None for ax in (*in_axes, *out_axes) for a in ax):
         return None, []
-    plan = _HostPlan(in_axes, out_axes, out_bounds, out_dtypes, guard, bool(sizes.values))
+    plan = _HostPlan(in_axes, out_axes, out_bounds, out_dtypes, guard, bool(sizes.values), pure)
     return plan, sizes.operands()
 
 
@@ -153,11 +157,26 @@ def _result(r, j: int, logical: tuple, bound: tuple, call_lead: tuple, lead: tup
     return out
 
 
+def _as_jax_arrays(cuts: list) -> list:
+    """The cut NumPy arrays as ``jax.Array`` on the host's CPU device: what JAX's
+    own callback implementations hand the user's function (``pure_callback_impl``
+    and ``debug_callback_impl`` ``device_put`` their operands there)."""
+    return jax.device_put(cuts, jax.local_devices(backend="cpu")[0])
+
+
+def _dropped_by_xla(plan: _HostPlan, row) -> bool:
+    """Whether plain JAX would not call this pure callback: XLA replaces an
+    instruction without side effects whose results all have zero elements by
+    constants, so on exact shapes the host function is never called."""
+    return plan.pure and bool(plan.out_axes) and all(
+        0 in _sizes_at(ax, row) or 0 in bound for ax, bound in zip(plan.out_axes, plan.out_bounds))
+
+
 def _call(fn, plan: _HostPlan, args, row, lead: tuple) -> list:
     """One call of the user's function on the logical corners of ``args``."""
-    if plan.guard is not None and not row[plan.guard]:  # a row of another case
+    if (plan.guard is not None and not row[plan.guard]) or _dropped_by_xla(plan, row):
         return [np.zeros(lead + b, d) for b, d in zip(plan.out_bounds, plan.out_dtypes)]
-    res = fn(*(_cut(a, _sizes_at(ax, row)) for a, ax in zip(args, plan.in_axes)))
+    res = fn(*_as_jax_arrays([_cut(a, _sizes_at(ax, row)) for a, ax in zip(args, plan.in_axes)]))
     if not plan.out_bounds:
         return []
     call_lead = np.broadcast_shapes(*(_lead(a, len(ax)) for a, ax in zip(args, plan.in_axes)))
@@ -245,7 +264,7 @@ def debug_print_rule(ctx, *args, ordered, partitioned, **params):
 
 @register("pure_callback", sees_guard=True)
 def pure_callback_rule(ctx, *args, callback, vmap_method, **_):
-    plan, extra = _plan(ctx, with_results=True)
+    plan, extra = _plan(ctx, with_results=True, pure=True)
     if plan is None:
         return ctx.bind(*args)
     if vmap_method == "legacy_vectorized":  # see the module doc
