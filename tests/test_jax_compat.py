@@ -214,3 +214,12 @@ def test_threefry2x32_is_what_random_bits_draws():
     lo = jnp.arange(6, dtype=jnp.uint32).reshape(2, 3)
     b1, b2 = compat.threefry2x32(k[0], k[1], jnp.zeros_like(lo), lo)
     np.testing.assert_array_equal(b1 ^ b2, jax.random.bits(key, (2, 3)))  # partitionable
+
+
+def test_weak_types_queried_and_restored():
+    assert compat.is_weakly_typed(2.0) and not compat.is_weakly_typed(np.float32(2))
+    strong = np.array([2.0, 3.0], np.float32)
+    out = jax.jit(lambda s, x: x * compat.as_weakly_typed(s))(strong, jnp.ones(2, jnp.bfloat16))
+    assert out.dtype == jnp.bfloat16  # the weak factor yields to bfloat16
+    np.testing.assert_array_equal(np.asarray(out, np.float32), [2.0, 3.0])
+    assert compat.is_weakly_typed(jax.jit(compat.as_weakly_typed)(strong))

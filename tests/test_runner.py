@@ -723,8 +723,7 @@ def test_ragged_map_examples_with_different_static_arguments_never_share_them():
 
 def test_ragged_map_stacks_static_arrays_that_differ_per_example():
     # arrays and PRNG keys that differ per example are stacked as a batched
-    # input (one batch, each row its own value); Python scalars and weakly
-    # typed arrays, whose stacking would change type promotion, still split
+    # input (one batch, each row its own value)
     keys = jax.random.split(jax.random.key(1), 4)
     drop = lambda k, x: jnp.where(jax.random.bernoulli(k, 0.5, x.shape), x, jnp.nan)
     xs = [np.arange(1.0, n + 1, dtype=np.float32) for n in (3, 7, 1, 5)]
@@ -745,12 +744,41 @@ def test_ragged_map_stacks_static_arrays_that_differ_per_example():
     for (w, x), o in zip(exs, rm(exs)):
         np.testing.assert_array_equal(o, x @ w)
     assert rm.stats()["calls"] == 1
-    # weak types: a Python float keeps bfloat16 outputs bfloat16 (not stacked)
-    bf = [(s, np.ones(n, jnp.bfloat16)) for s, n in [(2.0, 3), (3.0, 5)]]
+    # weak types: a Python float (or a weak jax scalar) that differs per
+    # example is stacked too, and keeps bfloat16 outputs bfloat16
+    bf = [(s, np.ones(n, jnp.bfloat16)) for s, n in [(2.0, 3), (3.0, 5), (0.5, 1)]]
     for scalar in (lambda s: s, lambda s: jnp.asarray(s)):  # Python float, weak jax scalar
         rm = pm.ragged_map(lambda s, x: x * s, (None, "n"), batch_size=4)
         outs = rm([(scalar(s), x) for s, x in bf])
         for (s, x), o in zip(bf, outs):
             assert o.dtype == jnp.bfloat16
             np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(x, np.float32) * s)
-        assert rm.stats()["calls"] == 2
+        assert rm.stats()["calls"] == 1
+
+
+@pytest.mark.parametrize("kind", ["int", "float", "complex", "bool"])
+def test_ragged_map_stacks_python_numbers_keeping_their_weak_types(kind):
+    # each row sees its own Python number, promoted as the number would be:
+    # int8 * int stays int8, bfloat16 * float stays bfloat16, float32 *
+    # complex is complex64, a bool stays a bool; one batch, one program
+    dtype, vals = {"int": (np.int8, [3, -2, 5, 0]), "float": (jnp.bfloat16, [2.0, 0.5, -1.5, 3.0]),
+                   "complex": (np.float32, [1j, 2.0 + 1j, -1j, 0j]),
+                   "bool": (np.float32, [True, False, True, False])}[kind]
+    f = lambda s, x: (jnp.where(s, x, -x) if isinstance(s, bool) or getattr(s, "dtype", None) == bool
+                      else x * s)
+    exs = [(v, (np.arange(1, n + 1) % 7).astype(dtype)) for v, n in zip(vals, (3, 0, 8, 1))]
+    rm = pm.ragged_map(f, (None, "n"), batch_size=4, numpy_outputs=True)
+    for (v, x), o in zip(exs, rm(exs)):
+        want = f(v, jnp.asarray(x))
+        assert o.dtype == want.dtype and o.shape == want.shape
+        np.testing.assert_array_equal(o, np.asarray(want))
+    assert rm.stats()["calls"] == 1 and rm.stats()["compiles"] == 1
+
+
+def test_ragged_map_python_int_out_of_range_raises_as_plain_jax():
+    f = lambda k, x: x * k
+    with pytest.raises(OverflowError):
+        f(2 ** 40, jnp.ones(3))
+    rm = pm.ragged_map(f, (None, "n"))
+    with pytest.raises(OverflowError):
+        rm([(2 ** 40, np.ones(3, np.float32)), (3, np.ones(2, np.float32))])

@@ -4,11 +4,13 @@ plan of a batch padded to its largest example's buckets."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
@@ -16,6 +18,7 @@ from .errors import ShapeError
 from .plan import CallPlan, padded_shape
 
 __all__ = ["kind_key", "static_values_key", "stack_varying_statics", "static_batch_leaves",
+           "stacked_weak_inputs", "example_avals",
            "static_batch_avals", "batch_in_axes", "specs_hint", "rebucket", "batch_bucket", "auto_specs"]
 
 
@@ -28,26 +31,40 @@ def kind_key(plan: CallPlan) -> tuple:
 
 
 def static_values_key(plan: CallPlan, leaves) -> tuple:
-    """The values of an example's static leaves (no dim var) that a batch cannot
-    stack, hashable. A batch passes one value of such a leaf to all its rows,
-    so examples whose values differ there (a per-example Python scale) must
-    not share a batch: ``ragged_map`` adds this to the kind of an example.
-    Stackable leaves (arrays, typed PRNG keys) are left out: a batch whose
-    examples differ there stacks them (``stack_varying_statics``)."""
-    return tuple(_value_key(x) for x, p in zip(leaves, plan.leaves)
-                 if p.static and not _stackable(x))
+    """What of an example's static leaves (no dim var) decides which examples
+    may share a batch, hashable: the values of leaves a batch cannot stack
+    (one value passes to all its rows, so examples whose values differ must
+    not share a batch), and whether each stackable leaf is weakly typed (rows
+    of a stacked leaf share its weak type). ``ragged_map`` adds this to the
+    kind of an example. Stackable leaves (numbers, arrays, typed PRNG keys)
+    whose values differ are stacked per row (``stack_varying_statics``)."""
+    return tuple(("weak", compat.is_weakly_typed(x)) if _stackable(x) else _value_key(x)
+                 for x, p in zip(leaves, plan.leaves) if p.static)
 
 
 def _stackable(x) -> bool:
     """Whether rows' values of a static leaf can be stacked as a batched input
-    without changing what ``fun`` sees: NumPy arrays and scalars, and JAX
-    arrays that are not weakly typed (stacking a Python scalar or a weak-typed
-    array would make it a strong-typed array and change type promotion)."""
+    without changing what ``fun`` sees: Python numbers (in the range of JAX's
+    dtype for them; they reach each row weakly typed again,
+    ``stacked_weak_inputs``), NumPy numeric arrays and scalars, JAX arrays
+    and typed PRNG keys."""
+    if isinstance(x, (bool, int, float, complex)):
+        return not isinstance(x, int) or _fits(x)
     if isinstance(x, (np.ndarray, np.generic)):
         return x.dtype.kind in "biufc"
-    if isinstance(x, jax.Array):
-        return not compat.is_weakly_typed(x)
-    return False
+    return isinstance(x, jax.Array)
+
+
+def _fits(i: int) -> bool:
+    """A Python int JAX converts without ``OverflowError`` (int32, or int64 with x64)."""
+    info = np.iinfo(jnp.result_type(int))
+    return info.min <= i <= info.max
+
+
+def _stack_flag(x):
+    """``plan.stacked`` entry of a stacked leaf: ``"weak"`` for a weakly typed
+    one (a Python number, a weak JAX array), else True."""
+    return "weak" if compat.is_weakly_typed(x) else True
 
 
 def _value_key(x):
@@ -63,8 +80,8 @@ def stack_varying_statics(infos: list, idxs: list[int]) -> None:
     """Mark the static leaves whose values differ across the examples ``idxs``
     (one kind) as stacked: their ``(plan, leaves)`` entries of ``infos`` get,
     in place, a plan whose ``stacked`` flags (and so signature) say so. Their
-    batches pass each row its own value (a per-example PRNG key, a
-    per-example weight array) instead of running in batches of one."""
+    batches pass each row its own value (a per-example scale, PRNG key or
+    weight array) instead of running in batches of one."""
     plans_and_leaves = [infos[i] for i in idxs]
     plan0, leaves0 = plans_and_leaves[0]
     statics = [i for i, p in enumerate(plan0.leaves) if p.static]
@@ -75,7 +92,7 @@ def stack_varying_statics(infos: list, idxs: list[int]) -> None:
                     if i not in varying and _value_key(leaves[i]) != key}
     if not varying:
         return
-    flags = tuple(i in varying for i in statics)
+    flags = tuple(_stack_flag(leaves0[i]) if i in varying else False for i in statics)
     for k, (plan, leaves) in zip(idxs, plans_and_leaves):
         infos[k] = (_with_stacked(plan, flags), leaves)
 
@@ -97,12 +114,49 @@ def static_batch_leaves(plan: CallPlan, rows_leaves: list) -> list:
             out.append(rows_leaves[0][i])
             continue
         vals = [leaves[i] for leaves in rows_leaves]
-        if jax.dtypes.issubdtype(vals[0].dtype, jax.dtypes.prng_key):
+        if jax.dtypes.issubdtype(_stack_dtype(vals[0]), jax.dtypes.prng_key):
             data = np.stack([np.asarray(jax.random.key_data(v)) for v in vals])
             out.append(jax.random.wrap_key_data(data, impl=jax.random.key_impl(vals[0])))
         else:
-            out.append(np.stack([np.asarray(v) for v in vals]))
+            out.append(np.stack([np.asarray(v, _stack_dtype(v)) for v in vals]))
     return out
+
+
+def _stack_dtype(x):
+    """The dtype a stacked leaf has: JAX's for a Python number, else its own."""
+    return jnp.result_type(x) if isinstance(x, (bool, int, float, complex)) else x.dtype
+
+
+def _weak_positions(plan: CallPlan, n_broadcast: int) -> list[int]:
+    """Positions of a batch program's stacked weakly typed static inputs."""
+    return [n_broadcast + j for j, f in enumerate(plan.stacked or ()) if f == "weak"]
+
+
+def example_avals(avals, axes, plan: CallPlan, n_broadcast: int) -> list:
+    """One example's view of a batch program's abstract arguments: batched
+    ones without their row axis, stacked weak ones weakly typed again."""
+    weak = _weak_positions(plan, n_broadcast)
+    return [a if ax is None else jax.ShapeDtypeStruct(a.shape[1:], a.dtype, weak_type=i in weak)
+            for i, (a, ax) in enumerate(zip(avals, axes))]
+
+
+def stacked_weak_inputs(fn: Callable, plan: CallPlan, n_broadcast: int) -> Callable:
+    """``fn`` (a batch program over broadcast, static, ... arguments) with its
+    stacked weakly typed static inputs made weakly typed again inside the
+    program: NumPy stacks Python numbers as strong arrays, and each row must
+    promote as the scalar did (``x * 2.0`` keeps a bfloat16 ``x`` bfloat16)."""
+    weak = _weak_positions(plan, n_broadcast)
+    if not weak:
+        return fn
+
+    @functools.wraps(fn)
+    def with_weak(*args):
+        args = list(args)
+        for i in weak:
+            args[i] = compat.as_weakly_typed(args[i])
+        return fn(*args)
+
+    return with_weak
 
 
 def static_batch_avals(plan: CallPlan, leaves, rows: int) -> list:
@@ -111,7 +165,8 @@ def static_batch_avals(plan: CallPlan, leaves, rows: int) -> list:
     for x, p in zip(leaves, plan.leaves):
         if p.static:
             stacked = next(flags, False)
-            out.append(jax.ShapeDtypeStruct((rows,) + tuple(x.shape), x.dtype) if stacked else x)
+            out.append(jax.ShapeDtypeStruct((rows,) + np.shape(x), _stack_dtype(x))
+                       if stacked else x)
     return out
 
 

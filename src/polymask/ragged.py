@@ -2,8 +2,8 @@
 
 Examples are planned one by one on the host (``plan.plan_call``), grouped by
 kind (dim vars, dtypes, static leaves, and the values of static leaves a
-batch cannot stack: Python scalars; arrays that differ are stacked per row,
-``batching.stack_varying_statics``), sorted by size (largest first, like
+batch cannot stack; numbers, arrays and keys that differ are stacked per
+row, ``batching.stack_varying_statics``), sorted by size (largest first, like
 sentence-transformers; results come back in input order) and cut into
 batches of consecutive examples; a batch pads every example to the largest
 bucket in it (``batching.rebucket``), so the only padding is the bucket's
@@ -218,22 +218,22 @@ class RaggedMap(RefinedBuckets, Runner):
     def _batch_program(self, tree, plan, in_specs, n_broadcast, bcast_tree, nb, ns, nd):
         """``make(entry)``: the batch program ``vmap(mask(fun))`` of one bucket
         signature, with what ``program_store`` needs to key it."""
-
         axes = batching.batch_in_axes(plan, nb, ns, nd)
 
         def make(entry) -> StorableProgram:
             inner, cases = build_inner_and_cases(self.fun, entry, tree, plan, in_specs,
                                                  self.constraints, n_broadcast, bcast_tree, nb)
 
-            def case_tree(avals):  # one example's view of the batch
-                ex = [a if ax is None else jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
-                      for a, ax in zip(avals, axes)]
+            def case_tree(avals):
+                ex = batching.example_avals(avals, axes, plan, nb)
                 jax.eval_shape(lambda *a: cases(*a) and 0, *ex)
                 return entry.tree
 
-            return StorableProgram(jax.vmap(inner, in_axes=axes), case_tree, (
+            batched = batching.stacked_weak_inputs(jax.vmap(inner, in_axes=axes), plan, nb)
+            return StorableProgram(batched, case_tree, (
                 str(tree), str(bcast_tree), repr(in_specs), repr(self.constraints),
-                repr(plan.var_names), repr(sorted(entry.compiler_options.items()))))
+                repr(plan.var_names), repr(plan.stacked),
+                repr(sorted(entry.compiler_options.items()))))
 
         return make
 
@@ -348,9 +348,10 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
       fun: a function written for exact arrays.
       in_specs: specs of the example arguments (as for ``polymask.jit``);
         broadcast arguments are always static (e.g. model parameters).
-        A static argument (no dim var) that differs across examples is
-        stacked per row when it is an array or a PRNG key; Python scalars
-        (weakly typed) that differ run in different batches.
+        A static argument (no dim var) that differs across examples (a
+        Python number, an array, a PRNG key) is stacked per row, and each
+        row sees its own value as on exact arrays (a Python number weakly
+        typed, so it promotes as the scalar does).
       buckets: bucketing policy for the dim vars (default ``pow2()``).
       batch_size: most examples per batch.
       batch_buckets: policy for the rows of a partial batch (then one more

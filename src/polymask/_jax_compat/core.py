@@ -168,6 +168,14 @@ def is_weakly_typed(x) -> bool:
     return bool(_dtypes.is_weakly_typed(x))
 
 
+def as_weakly_typed(x):
+    """``x`` (an array or tracer) as a weakly typed value of the same dtype:
+    how a stacked batch of Python scalars reaches each row as the scalar did."""
+    from jax._src.lax import lax as _lax
+
+    return _lax._convert_element_type(x, x.dtype, weak_type=True)
+
+
 def current_trace():
     """The trace JAX binds primitives to now (an object identifying the trace
     being built), or None where the private API moved."""
