@@ -255,6 +255,16 @@ def test_roll_tile_repeat():
     oracle(jnp.diff, SEQ[:3], [(12,)])
 
 
+def test_tile_with_a_symbolic_repeat_count():
+    # jnp.resize tiles ceil(k / n) times (a repeat count that is a size
+    # expression); jnp.tile by a size tiles a static axis n times
+    oracle(lambda x: jnp.resize(x, 6), SEQ + [(X7[:5],)], [(9,)], n_grad=3)
+    oracle(lambda x: jnp.resize(x, (2, 3)), SEQ[:3], [(9,)], n_grad=1)
+    w = np.arange(1.0, 4.0, dtype=np.float32)
+    oracle(lambda x, w: jnp.tile(w, x.shape[0]) * jnp.repeat(x, 3),
+           [(X7[:4], w), (X7[:1], w), (X7[:0], w)], [(6,), None], ("n", None), n_grad=1)
+
+
 def test_split():
     oracle(lambda x: jnp.split(x, [2], axis=0), SEQ[:2] + [(X7[:2],)], [(12,)], "n",
                  constraints=("n >= 2",))

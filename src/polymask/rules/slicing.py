@@ -182,24 +182,25 @@ def stack_rule(ctx, *xs, **params):
 
 @register("tile")
 def tile_rule(ctx, x, *, reps):
-    """``out[j] = x[j mod n]`` per tiled axis with a padded size (one gather per axis)."""
+    """``out[j] = x[j mod n]`` per axis with a padded size or a symbolic repeat
+    count (``jnp.resize`` tiles ``ceil(k / n)`` times): one gather per axis.
+    Static repeats of static axes concatenate, as ``tile`` lowers."""
     lg, b = ctx.in_logical[0], ctx.in_bounds[0]
     out_b = ctx.out_bounds[0]
-    axes = [d for d in masked_axes(lg, b) if int(reps[d]) != 1]
-    if not axes:
+    masked = set(masked_axes(lg, b))
+    gathered = [d for d in range(x.ndim)
+                if compat.is_dim_expr(reps[d]) or (d in masked and int(reps[d]) != 1)]
+    if not gathered:
         return ctx.bind(x)
     y = x
     for d in range(x.ndim):
-        r = int(reps[d])
-        if r == 1:
-            continue
-        if d in axes:
+        if d in gathered:
             n = jnp.maximum(jnp.asarray(lg[d], jnp.int32), 1)
             idx = lax.iota(jnp.int32, out_b[d]) % n
             y = jnp.take(y, idx, axis=d, mode="clip")
-        else:
-            y = lax.concatenate([y] * r, d)
-    return clean_float(y, ctx.out_logical[0], axes)
+        elif int(reps[d]) != 1:
+            y = lax.concatenate([y] * int(reps[d]), d)
+    return clean_float(y, ctx.out_logical[0], gathered)
 
 
 # ----------------------------------------------------------------------------
