@@ -444,3 +444,24 @@ def test_grad_through_unique_values_gets_a_symbolic_zero_tangent():
 
     g = pm.mask(jax.grad(f), "n")(pm.Masked(jnp.array([1.0, 2.0, 2.0, 0.0]), (3,)))
     np.testing.assert_array_equal(np.asarray(g.data)[:3], [1.0, 1.0, 1.0])
+
+
+# ----------------------------------------------------------------------------
+# jnp.trim_zeros (JAX's needs concrete values; inside mask: a data-dependent size)
+# ----------------------------------------------------------------------------
+@pytest.mark.parametrize("trim", ["fb", "f", "b"])
+def test_jnp_trim_zeros_on_a_dynamic_length(trim):
+    base = np.array([0.0, 0, 3, 0, 4, 0, 0, 0], np.float32)
+    exs = [(base,), (base[:5],), (base[:3],), (base[:2],), (base[:1],), (base[:0],),
+           (np.array([2.0, 0, 1], np.float32),)]
+    f = lambda x: jnp.trim_zeros(x, trim) * 2.0
+    oracle(f, exs, [(8,)], in_specs=["n"], eager=True, n_grad=3)
+
+
+def test_jnp_trim_zeros_2d_per_axis_and_all_axes():
+    m = np.zeros((5, 4), np.float32)
+    m[1, 2], m[3, 1] = 1.0, 2.0
+    exs = [(m,), (m[:2],), (m[:1],), (m[:0],), (m[:4, :2],)]
+    for axis in (None, 0, 1):
+        f = lambda x, axis=axis: jnp.trim_zeros(x, axis=axis) + 1.0
+        oracle(f, exs, [(6, 4)], in_specs=["n, m"], n_grad=2)

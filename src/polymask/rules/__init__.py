@@ -24,6 +24,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     scans,
     slicing,
     sorting,
+    trimming,
     windows,
 )
 from .registry import RuleContext, get_rule, register, registered_primitives
