@@ -764,8 +764,7 @@ def test_ragged_map_stacks_python_numbers_keeping_their_weak_types(kind):
     dtype, vals = {"int": (np.int8, [3, -2, 5, 0]), "float": (jnp.bfloat16, [2.0, 0.5, -1.5, 3.0]),
                    "complex": (np.float32, [1j, 2.0 + 1j, -1j, 0j]),
                    "bool": (np.float32, [True, False, True, False])}[kind]
-    f = lambda s, x: (jnp.where(s, x, -x) if isinstance(s, bool) or getattr(s, "dtype", None) == bool
-                      else x * s)
+    f = (lambda s, x: jnp.where(s, x, -x)) if kind == "bool" else (lambda s, x: x * s)
     exs = [(v, (np.arange(1, n + 1) % 7).astype(dtype)) for v, n in zip(vals, (3, 0, 8, 1))]
     rm = pm.ragged_map(f, (None, "n"), batch_size=4, numpy_outputs=True)
     for (v, x), o in zip(exs, rm(exs)):
