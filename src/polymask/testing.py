@@ -219,9 +219,12 @@ def _check_grad(fun, mfun, examples, bounds, rtol, atol):
         grads = jax.jit(jax.grad(masked_loss, argnums=tuple(range(len(float_args)))))(*datas)
         for j, g, rg in zip(float_args, grads, ref_grads):
             g = np.asarray(g)
-            assert np.all(np.isfinite(g)), f"grad, example {i}, arg {j}: non-finite gradient"
             logical = np.asarray(ex[j]).shape
             region = tuple(slice(0, s) for s in logical)
+            # finite wherever plain JAX's gradient is (std of one element is NaN there too)
+            finite = np.isfinite(g)
+            finite[region] |= ~np.isfinite(np.asarray(rg))
+            assert np.all(finite), f"grad, example {i}, arg {j}: non-finite gradient"
             _assert_close(g[region], rg, rtol, atol, f"grad, example {i}, arg {j}")
             pad_part = g.copy()
             pad_part[region] = 0
