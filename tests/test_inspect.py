@@ -307,3 +307,15 @@ def test_explain_of_sizes_where_the_function_fails_raises_like_mask():
             pm.mask(f, "n")(m)  # the same message
     text = str(pm.explain(f, "n", pm.Masked(jnp.zeros(8), (5,)), print_output=False))
     assert "this case" in text and "top_k" in text
+
+
+def test_explain_names_the_rule_of_a_guarded_callback_in_a_loop():
+    # a callback on static operands inside a loop over a dynamic length runs
+    # through its rule (it skips the padding steps), so it is not "static"
+    def f(x):
+        body = lambda i, c: (jax.debug.callback(lambda v: None, c), c + 1.0)[1]
+        return jax.lax.fori_loop(0, x.shape[0], body, 0.0)
+
+    e = pm.explain(f, "n", (8,), print_output=False)
+    (row,) = [r for r in e.rows if r.primitive == "debug_callback"]
+    assert row.rule == "debug_callback_rule" and row.depth == 1

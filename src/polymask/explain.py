@@ -30,7 +30,7 @@ from .formula import (
     _is_masked,
     _is_shape_tuple,
 )
-from .interpreter import Interpreter, all_sizes_at_bound, run_program
+from .interpreter import Interpreter, run_program, runs_rule
 from .masked import Masked
 from .prologue import solve_dim_vars
 from .rules import get_rule
@@ -153,7 +153,7 @@ class _Recorder:
         if nested and isinstance(eqn.params.get("name"), str):
             name = f"{name}({eqn.params['name']})"
         rule = get_rule(eqn.primitive.name)
-        static = rule is None or all_sizes_at_bound(eqn, dims)
+        static = rule is None or not runs_rule(eqn, state)
         size_query = (self.show(_dim_str(eqn.params["dim"])) if eqn.primitive is compat.dim_as_value_p
                       else None)
         row = Row(index=len(self.rows) + 1, depth=len(self.open), primitive=name,

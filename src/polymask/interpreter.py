@@ -34,7 +34,7 @@ from .shapes import DimEnv, is_static, needs_mask
 from .state import RunState
 from .trace import MaskedProgram, is_masked
 
-__all__ = ["Interpreter", "run_program", "all_sizes_at_bound"]
+__all__ = ["Interpreter", "run_program", "all_sizes_at_bound", "runs_rule"]
 
 # ``observe(eqn, state)`` returns a context manager entered around the
 # evaluation of each equation (``polymask.explain`` uses it).
@@ -45,6 +45,18 @@ def _params_have_dims(params) -> bool:
     found = []
     substitute_dims(dict(params), lambda d: found.append(d) or d)
     return bool(found)
+
+
+def runs_rule(eqn, state: RunState) -> bool:
+    """Whether ``eqn`` goes through its masking rule; else it is bound unchanged
+    at the bound (every size at its bound, no guard to honour). Under a guard
+    (vmap runs every case; loops run to the bound) an effect or a host
+    callback goes through its rule even at the bound: the rule skips the
+    guarded-off calls."""
+    name = eqn.primitive.name
+    guarded_effect = (state.guard is not None and get_rule(name) is not None
+                      and (bool(eqn.effects) or sees_guard(name)))
+    return not all_sizes_at_bound(eqn, state.dims) or guarded_effect or runs_at_bound(name)
 
 
 def all_sizes_at_bound(eqn, dims: DimEnv) -> bool:
@@ -107,13 +119,7 @@ class Interpreter:
     def _apply_rule(self, eqn, invals, state: RunState):
         prim = eqn.primitive
         rule = get_rule(prim.name)
-        # Under a guard (vmap runs every case; loops run to the bound) an effect or
-        # a host callback goes through its rule even at the bound: the rule skips
-        # the guarded-off calls.
-        guarded_effect = (state.guard is not None and rule is not None
-                          and (bool(eqn.effects) or sees_guard(prim.name)))
-        if (all_sizes_at_bound(eqn, state.dims) and not guarded_effect
-                and not runs_at_bound(prim.name)):
+        if not runs_rule(eqn, state):
             return prim.bind(*invals, **eqn.params)
         if rule is None:
             raise UnsupportedError(
