@@ -45,3 +45,31 @@ def test_duplicate_registration_raises_and_names_both_rules():
 def test_existing_rule_cannot_be_replaced_silently():
     with pytest.raises(ValueError, match="'add'"):
         families.defelementwise("add")
+
+
+def test_a_rule_that_needs_a_size_as_a_constant_raises_unsupported_naming_it():
+    # a rule meeting a case it cannot handle (JAX's InconclusiveDimensionOperation
+    # for int(size), NotImplementedError) surfaces as UnsupportedError naming the
+    # primitive and the user's line, the JAX error chained
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import polymask as pm
+    from polymask.rules import registry
+
+    def needs_constant(ctx, x, **params):
+        raise compat.InconclusiveDimensionOperation("Symbolic dimension 'n' used in a "
+                                                    "context that requires a constant")
+
+    old = registry.get_rule("cumlogsumexp")
+    register("cumlogsumexp", override=True)(needs_constant)
+    try:
+        f = pm.mask(lambda x: jax.lax.cumlogsumexp(x), "n")  # the line named below
+        with pytest.raises(pm.UnsupportedError, match=r"'cumlogsumexp'.*test_registry\.py.*"
+                           r"InconclusiveDimensionOperation: Symbolic dimension 'n'"):
+            f(pm.Masked(jnp.ones(4), (jnp.int32(2),)))
+    finally:
+        register("cumlogsumexp", override=True)(old)
+    np.testing.assert_allclose(f(pm.Masked(jnp.ones(4), (2,))).unpad(), [1.0, 1.0 + np.log(2.0)],
+                               rtol=1e-6)

@@ -132,6 +132,16 @@ class Interpreter:
             # Equations of inner jaxprs (jnp functions are jitted) have no
             # user frame: name the enclosing equation's user line instead.
             raise relocate(e, compat.source_line(eqn.source_info)) from None
+        except compat.SplitNeeded:
+            raise  # a size comparison to split the trace on (cases.py)
+        except (compat.InconclusiveDimensionOperation, NotImplementedError) as e:
+            # A rule that met a case it cannot handle (a size it needs as a
+            # constant, a JAX transformation without an implementation): name
+            # the primitive and the user's line, not JAX's internals.
+            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UnsupportedError(
+                f"polymask cannot mask primitive '{prim.name}' here (used at "
+                f"{compat.source_line(eqn.source_info)}): {type(e).__name__}: {said}") from e
 
 
 def _check_out_shapes(eqn, outs, dims: DimEnv) -> None:
