@@ -222,7 +222,7 @@ def _check_grad(fun, mfun, examples, bounds, rtol, atol):
             logical = np.asarray(ex[j]).shape
             region = tuple(slice(0, s) for s in logical)
             # finite wherever plain JAX's gradient is (std of one element is NaN there too)
-            finite = np.isfinite(g)
+            finite = np.array(np.isfinite(g), ndmin=0)  # an array even for a 0-d gradient
             finite[region] |= ~np.isfinite(np.asarray(rg))
             assert np.all(finite), f"grad, example {i}, arg {j}: non-finite gradient"
             _assert_close(g[region], rg, rtol, atol, f"grad, example {i}, arg {j}")
