@@ -542,3 +542,41 @@ def test_host_functions_get_the_same_array_types_as_plain_jax(n):
     for g in (m, jax.jit(m)):
         assert _callback_types(g, padded, seen) == want
         np.testing.assert_array_equal(g(padded).unpad(), exact * 4 + 1.0)
+
+
+@pytest.mark.parametrize("batch_size", [2, 4])
+def test_ragged_map_spare_rows_of_a_partial_batch_call_no_host_function(batch_size):
+    # a partial batch runs in a bigger program whose spare rows are zeros:
+    # plain JAX never sees them, so neither does the user's callback
+    seen = []
+
+    def f(x):
+        io_callback(lambda a: seen.append(np.asarray(a).tolist()), None, x)
+        step = lambda i, c: (jax.debug.callback(lambda v: seen.append(float(v)), x[i]), c + x[i])[1]
+        return lax.fori_loop(0, x.shape[0], step, 0.0)
+
+    xs = [np.arange(1.0, n + 1, dtype=np.float32) for n in (2, 3, 1)]
+    # (n >= 1: x[i] would split the trace at n = 0, and JAX cannot vmap an
+    # io_callback inside the resulting switch)
+    out = pm.ragged_map(f, ("n",), batch_size=batch_size, constraints=("n >= 1",))(xs)
+    jax.effects_barrier()
+    np.testing.assert_array_equal(out, [3.0, 6.0, 1.0])
+    for x in xs:
+        f(jnp.asarray(x))
+    jax.effects_barrier()
+    want, seen[:] = list(seen[len(seen) // 2:]), seen[:len(seen) // 2]
+    key = lambda v: (isinstance(v, list), v)
+    assert sorted(seen, key=key) == sorted(want, key=key)
+
+
+def test_io_callback_with_a_case_split_under_vmap_is_a_clear_refusal():
+    # JAX cannot vmap an IO effect inside a switch ("vmap-of-cond"): the
+    # message names the split and the constraint that removes it
+    def f(x):
+        io_callback(lambda a: None, None, x)
+        return x[0]  # x[0] raises at n = 0: a case split
+
+    xs = [np.ones(2, np.float32), np.ones(3, np.float32)]
+    with pytest.raises(pm.UnsupportedError, match=r"2 cases.*constraints=\['n >= 1'\]"):
+        pm.ragged_map(f, ("n",))(xs)
+    np.testing.assert_array_equal(pm.ragged_map(f, ("n",), constraints=("n >= 1",))(xs), [1, 1])

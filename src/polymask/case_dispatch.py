@@ -20,7 +20,7 @@ from jax import lax
 from . import _jax_compat as compat
 from .cases import Case, CaseTree
 from .dimvars import sizes_text
-from .errors import ShapeError
+from .errors import ShapeError, UnsupportedError
 from .masked import Masked
 from .prologue import Check, concrete_value, run_checks
 
@@ -71,12 +71,14 @@ def case_program(tree: CaseTree, internal_values: dict):
 
 
 def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
-              run_program: Callable, checks_on: bool = True) -> list[Masked]:
+              run_program: Callable, checks_on: bool = True,
+              outer_guard=None) -> list[Masked]:
     """Run the case the logical sizes select (see the module doc).
 
     ``checks_on=False`` (``mask(..., checks=False)``; ``polymask.jit`` checks
     on the host instead, ``programs.raise_case_error``): sizes of an error case
-    are not checked in the program.
+    are not checked in the program. ``outer_guard``: whether the call is real
+    at all (``MaskedFunction.call_guarded``), and-ed into each case's guard.
     """
     idx = tree.select(values)
     if checks_on or concrete_value(idx) is not None:
@@ -92,13 +94,25 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
                 datas = [jnp.zeros(b, v.aval.dtype) for b, v in
                          zip(tree.out_bounds, tree.base.closed_jaxpr.jaxpr.outvars)]
                 return datas, [[jnp.int32(0)] * len(b) for b in tree.out_bounds]
-            outs = run_program(case.program, leaves, values, guard=idx == case.index)
+            guard = idx == case.index
+            if outer_guard is not None:
+                guard = jnp.logical_and(guard, outer_guard)
+            outs = run_program(case.program, leaves, values, guard=guard)
             return ([_pad_to(o.data, b) for o, b in zip(outs, tree.out_bounds)],
                     [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
         return run
 
-    datas, sizes = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
-                              [branch(c) for c in tree.cases])
+    try:
+        datas, sizes = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
+                                  [branch(c) for c in tree.cases])
+    except NotImplementedError as e:  # JAX: "IO effect not supported in vmap-of-cond"
+        raise UnsupportedError(
+            f"the masked function has {len(tree.cases)} cases (a size comparison splits it) "
+            f"and {str(e).rstrip('.')}: under vmap (ragged_map, jax.vmap) JAX cannot run an ordered or IO "
+            "effect (io_callback, ordered debug callbacks) inside the switch between them. "
+            "A constraint that decides the comparison (constraints=['n >= 1']) removes the "
+            f"split; jax.debug.callback is not an IO effect.\n  in the masked call at {call_site}"
+        ) from None
     static = _static_out_sizes(tree)
     return [Masked(d, tuple(st if st is not None else s for s, st in zip(ss, sts)))
             for d, ss, sts in zip(datas, sizes, static)]

@@ -109,7 +109,7 @@ def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraint
 
 
 def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
-                          n_bcast=0, bcast_tree=None, n_bcast_leaves=0):
+                          n_bcast=0, bcast_tree=None, n_bcast_leaves=0, row_guard=False):
     """The traced function: rebuild ``Masked`` inputs from a size vector, run ``mask(fun)``.
 
     Its arguments are the broadcast leaves, the static leaves, the padded
@@ -117,7 +117,9 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
     returns the output data leaves, plus the data-dependent output sizes as
     one int32 vector when there are any (``entry.outputs.device_axes``).
     Dynamic inputs are padded with zeros by the runner, so the masked program
-    skips its entry select (``zero_padded=True``).
+    skips its entry select (``zero_padded=True``). ``row_guard``: the size
+    vector ends with one more entry, 0 for a spare row of a batch (no host
+    callback or run-time check acts there, ``MaskedFunction.call_guarded``).
 
     Returns ``(inner, case_tree)``: ``case_tree(*flat_in)`` traces only the
     cases (the same ``mask``, so ``inner``'s trace reuses them), fills in the
@@ -163,7 +165,8 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
         args = rebuild(flat_in)
         note_cases(args)
         outputs = entry.outputs
-        out_leaves = jax.tree_util.tree_leaves(masked(*args),
+        guard = flat_in[-1][-1] != 0 if row_guard else None
+        out_leaves = jax.tree_util.tree_leaves(masked.call_guarded(guard, *args),
                                                is_leaf=lambda x: isinstance(x, Masked))
         datas = [o.data if isinstance(o, Masked) else jnp.asarray(o) for o in out_leaves]
         if not outputs.device_axes:

@@ -207,26 +207,24 @@ class RaggedMap(RefinedBuckets, Runner):
                            bcast_tree):
         """``make`` and the abstract arguments of the ``B``-row program of ``plan``."""
         static_leaves = batching.static_batch_avals(plan, leaves, B)
-        dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves
-               if not p.static]
+        dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves if not p.static]
         make = self._batch_program(tree, plan, in_specs, len(broadcast), bcast_tree,
                                    len(bcast_leaves), len(static_leaves), len(dyn))
         avals = [*bcast_leaves, *static_leaves, *dyn,
-                 jax.ShapeDtypeStruct((B, len(plan.values)), np.int32)]
+                 jax.ShapeDtypeStruct((B, len(plan.values) + 1), np.int32)]  # + row guard
         return make, avals
 
     def _batch_program(self, tree, plan, in_specs, n_broadcast, bcast_tree, nb, ns, nd):
-        """``make(entry)``: the batch program ``vmap(mask(fun))`` of one bucket
-        signature, with what ``program_store`` needs to key it."""
+        """``make(entry)``: one bucket signature's ``vmap(mask(fun))``, keyed for the store."""
         axes = batching.batch_in_axes(plan, nb, ns, nd)
 
         def make(entry) -> StorableProgram:
             inner, cases = build_inner_and_cases(self.fun, entry, tree, plan, in_specs,
-                                                 self.constraints, n_broadcast, bcast_tree, nb)
+                                                 self.constraints, n_broadcast, bcast_tree, nb,
+                                                 row_guard=True)
 
             def case_tree(avals):
-                ex = batching.example_avals(avals, axes, plan, nb)
-                jax.eval_shape(lambda *a: cases(*a) and 0, *ex)
+                jax.eval_shape(lambda *a: cases(*a) and 0, *batching.example_avals(avals, axes, plan, nb))
                 return entry.tree
 
             batched = batching.stacked_weak_inputs(jax.vmap(inner, in_axes=axes), plan, nb)
@@ -287,7 +285,8 @@ class RaggedMap(RefinedBuckets, Runner):
 
     def _run_batch(self, tree, plan0, chunk, infos, results, broadcast, bcast_leaves, bcast_tree,
                    bcast_key, in_specs, spec_key, B):
-        # Spare rows: zeros with the first example's sizes (valid, and discarded).
+        # Spare rows: zeros with the first example's sizes (valid, and discarded;
+        # their row guard is 0, so host callbacks and checks skip them).
         rows = chunk + [chunk[0]] * (B - len(chunk))
         static_leaves = batching.static_batch_leaves(plan0, [infos[ex][1] for ex in rows])
         dyn = []
@@ -299,7 +298,8 @@ class RaggedMap(RefinedBuckets, Runner):
                 x = np.asarray(infos[ex][1][li])
                 buf[(r,) + tuple(slice(0, n) for n in x.shape)] = x
             dyn.append(buf)
-        sizes = np.asarray([infos[ex][0].values for ex in rows], np.int32).reshape(B, -1)
+        sizes = np.asarray([(*infos[ex][0].values, r < len(chunk)) for r, ex in enumerate(rows)],
+                           np.int32)
         entry = self._entry((tree, plan0.signature, B, bcast_key, spec_key))
         self._count(sum(infos[ex][0].logical for ex in chunk), len(chunk) * plan0.padded)
         make = self._batch_program(tree, plan0, in_specs, len(broadcast), bcast_tree,

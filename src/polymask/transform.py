@@ -262,6 +262,13 @@ class MaskedFunction:
         return tree.base, leaves
 
     def __call__(self, *args, **kwargs):
+        return self.call_guarded(None, *args, **kwargs)
+
+    def call_guarded(self, guard, *args, **kwargs):
+        """``self(*args, **kwargs)`` where ``guard`` (a traced bool, or None) says
+        whether this call is real: where it is false, host callbacks and
+        run-time checks do nothing (``ragged_map``'s spare rows of a partial
+        batch, which plain JAX never sees)."""
         call_site = user_call_site()
         try:
             tree, leaves = self.cases(*args, **kwargs)
@@ -270,20 +277,21 @@ class MaskedFunction:
             raise at_call_site(e, call_site) from None
         if self.checks == "functional":
             with functional_checks() as bads:
-                outs = self._run(tree, leaves, values, checks, call_site)
+                outs = self._run(tree, leaves, values, checks, call_site, guard)
             outs = poison_outputs(outs, bads)
         else:
-            outs = self._run(tree, leaves, values, checks, call_site)
+            outs = self._run(tree, leaves, values, checks, call_site, guard)
         return jax.tree_util.tree_unflatten(tree.base.out_tree, outs)
 
-    def _run(self, tree: CaseTree, leaves, values, checks, call_site):
+    def _run(self, tree: CaseTree, leaves, values, checks, call_site, guard=None):
         meta = self._meta
         run_checks(checks, call_site)
         run = functools.partial(run_program, zero_padded=meta.zero_padded,
-                                forward_only=not meta.differentiable)
+                                forward_only=not meta.differentiable, guard=guard)
         if tree.single:
             return run(tree.base, leaves, values)
-        return run_cases(tree, leaves, values, call_site, run, checks_on=bool(self.checks))
+        return run_cases(tree, leaves, values, call_site, run, checks_on=bool(self.checks),
+                         outer_guard=guard)
 
     def __get__(self, obj, objtype=None):  # behave like a function as a class attribute
         return self if obj is None else functools.partial(self, obj)
