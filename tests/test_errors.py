@@ -370,3 +370,28 @@ def test_a_spec_that_does_not_parse_is_reported_as_such_not_as_a_rank():
         f(np.ones((2, 3, 4)))
     with pytest.raises(pm.ShapeError, match=r"has 2 axes but the array has rank 3"):
         pm.jit(lambda x: x.sum(), "n, k")(np.ones((2, 3, 4)))
+
+
+@pytest.mark.parametrize("fun", [
+    lambda x, y: jax.lax.scan(lambda c, a: (c + a[0] * a[1], None), 0.0, (x, y))[0],
+    lambda x, y: jnp.where(x > 0, x, y),
+    lambda x, y: jnp.einsum("i,i->", x, y),
+    lambda x, y: jnp.concatenate([x[:, None], jnp.stack([y, y], 1)], 1),
+    lambda x, y: x + y,
+], ids=["scan", "where", "einsum", "concatenate", "add"])
+def test_operands_of_different_dim_vars_name_them_and_the_remedy(fun):
+    x, y = pm.Masked(jnp.ones(8), (3,)), pm.Masked(jnp.ones(8), (4,))
+    with pytest.raises(pm.ShapeError, match=r"(?s)test_errors\.py.*different dim vars.*"
+                       r"same name in in_specs") as e:
+        pm.mask(fun, ("n", "m"))(x, y)
+    text = str(e.value)
+    assert "n = args[0].shape[0]" in text and "m = args[1].shape[0]" in text
+    assert "__p1" not in text
+
+
+def test_a_plain_jax_error_names_the_spec_dim_vars():
+    # a rank mismatch is the user's (plain JAX raises it too): its text shows n, m
+    f = lambda x, y: jnp.concatenate([x[:, None], y[:, None, None]])
+    with pytest.raises(TypeError, match=r"got \(n, 1\), \(m, 1, 1\)") as e:
+        pm.mask(f, ("n", "m"))(pm.Masked(jnp.ones(8), (3,)), pm.Masked(jnp.ones(8), (4,)))
+    assert "__p1" not in str(e.value)

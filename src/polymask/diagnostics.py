@@ -188,8 +188,10 @@ _NOT_VARS = {"min", "max", "mod", "floordiv", "non_negative", "shape", "shapes",
 
 
 def _dim_vars_in(text: str) -> list[str]:
-    """Dim var names in the shape tuples of a JAX message (``(n, _u1 + 2)``)."""
+    """Dim var names in the shape tuples of a JAX message (``(n, _u1 + 2)``), or
+    in its list of sizes (scan: ``different leading axis sizes: n, m.``)."""
     tuples = re.findall(r"\(([^()]*(?:\([^()]*\)[^()]*)*)\)", text)
+    tuples += re.findall(r"axis sizes: ([^.]*)", text)
     names: list[str] = []
     for t in tuples:
         for n in re.findall(r"(?<![\w.])([A-Za-z_][A-Za-z_0-9]*)(?![\w(])", t):
@@ -334,6 +336,13 @@ def _api_for_remedy(e: BaseException) -> str | None:
     return api
 
 
+# JAX's messages for operands whose sizes differ, beyond binary ops' "incompatible
+# shapes": scan's xs, jnp.where / broadcasting, einsum's contraction, concatenate.
+_SHAPE_MISMATCH = re.compile(
+    r"different leading axis sizes|Incompatible shapes for broadcasting|"
+    r"Incompatible reduction dimensions|Cannot concatenate arrays with shapes that differ")
+
+
 def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = None
                           ) -> ShapeError | None:
     """The polymask error for a JAX error raised while tracing the user's function.
@@ -352,8 +361,9 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
         return api_err
     if isinstance(e, compat.InconclusiveDimensionOperation):
         return _inconclusive_error(msg, where)
-    if isinstance(e, TypeError) and re.search(
-            r"incompatible shapes|must have (the )?same shape|same shape|shapes must", msg):
+    if (isinstance(e, TypeError) and re.search(
+            r"incompatible shapes|must have (the )?same shape|same shape|shapes must", msg)) or (
+            isinstance(e, (TypeError, ValueError, AssertionError)) and _SHAPE_MISMATCH.search(msg)):
         return _incompatible_shapes_error(msg, where, var_where)
     if (isinstance(e, TypeError) and "_DimExpr" in msg) or (
             isinstance(e, ValueError) and "shape polymorphism" in msg.lower()):

@@ -335,10 +335,15 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
             err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
             err.polymask_signature = signature
             raise err from None
+        # A built-in error (JAX's own take arguments to build their text) is
+        # shown with the spec's dim var names, not the internal ``n__p1 - 1``.
+        raised = shown if type(e).__module__ == "builtins" else e
         try:
-            e.polymask_signature = signature
+            raised.polymask_signature = signature
         except AttributeError:  # an exception type without a __dict__
             pass
-        raise
+        if raised is e:
+            raise
+        raise raised from None
     return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
                          var_order, dim_bounds, internal, user_scope, tuple(conditions))
