@@ -465,3 +465,19 @@ def test_jnp_trim_zeros_2d_per_axis_and_all_axes():
     for axis in (None, 0, 1):
         f = lambda x, axis=axis: jnp.trim_zeros(x, axis=axis) + 1.0
         oracle(f, exs, [(6, 4)], in_specs=["n, m"], n_grad=2)
+
+
+def test_jnp_trim_zeros_passed_itself_or_imported():
+    import functools
+
+    from jax.numpy import trim_zeros  # bound before any trace: JAX's own function
+
+    x = np.array([0, 0, 1, 2, 0, 3, 0], np.float32)
+    np.testing.assert_array_equal(pm.jit(jnp.trim_zeros, "n")(x), [1, 2, 0, 3])
+    f = pm.mask(functools.partial(jnp.trim_zeros, trim="f"), "n")
+    np.testing.assert_array_equal(f(dyn(x, 5, 8)).unpad(), [1, 2, 0])
+    outs = pm.ragged_map(jnp.trim_zeros, ("n",))([x, x[:3], x[:2]])
+    for got, want in zip(outs, ([1, 2, 0, 3], [1], [])):
+        np.testing.assert_array_equal(got, np.asarray(want, np.float32))
+    with pytest.raises(pm.ShapeError, match="looked up on jax.numpy when called"):
+        pm.jit(lambda x: trim_zeros(x), "n")(x)

@@ -19,6 +19,7 @@ from jax import lax
 
 from . import _jax_compat as compat
 from .cases import Case, CaseTree
+from .casetree import plain_failure
 from .dimvars import sizes_text
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
@@ -36,8 +37,9 @@ def _pad_to(data, shape):
 
 def _error_message(tree: CaseTree, c: Case) -> str:
     if c.one_size:
+        as_plain, remedy = plain_failure(c.error)
         return (f"for these sizes ({sizes_text(c.reached_by)}) the function fails at "
-                f"{c.where}, as it does on the exact arrays:\n  {c.error}")
+                f"{c.where}, {as_plain}:\n  {c.error}{remedy}")
     return (f"for these sizes ({tree.describe_conditions(c)}) the function cannot be traced "
             f"with symbolic sizes at {c.where}:\n  {c.error}\n  (plain JAX may fail at these "
             "sizes too; polymask traces sizes one by one, as plain JAX does, only while "

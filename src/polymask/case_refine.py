@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import jax
 
-from .casetree import Case, CaseTree, Split, common_outputs, enumerate_sizes, error_case
+from .casetree import (
+    Case,
+    CaseTree,
+    Split,
+    common_outputs,
+    enumerate_sizes,
+    error_case,
+    plain_failure,
+)
 from .dimvars import sizes_text
 from .errors import ShapeError, UnsupportedError
 
@@ -38,10 +46,11 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
             # polymask's own, e.g. two data-dependent sizes) is plain JAX's failure
             if failed and not isinstance(first.get("root_error"), ShapeError):
                 sizes = [v for c in failed for v in (c.reached_by or [])]
+                as_plain, remedy = plain_failure(failed[0].error)
                 raise ShapeError(
                     f"the function fails for every logical size within the bounds"
-                    f"{f' ({sizes_text(sizes)})' if sizes else ''}, as it does on the "
-                    f"exact arrays, at {failed[0].where}:\n  {failed[0].error}")
+                    f"{f' ({sizes_text(sizes)})' if sizes else ''}, {as_plain}, at "
+                    f"{failed[0].where}:\n  {failed[0].error}{remedy}")
     if "root_error" in first:
         e = first["root_error"]
         if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):

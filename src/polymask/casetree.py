@@ -17,7 +17,8 @@ from .errors import ShapeError
 from .shapes import DimEnv, is_static
 from .trace import MaskedProgram
 
-__all__ = ["Case", "Split", "CaseTree", "enumerate_sizes", "common_outputs", "error_case"]
+__all__ = ["Case", "Split", "CaseTree", "enumerate_sizes", "common_outputs", "error_case",
+           "plain_failure"]
 
 _ENUMERATE_LIMIT = 4096  # largest number of size combinations enumerated per tree
 
@@ -142,10 +143,32 @@ class CaseTree:
         return out if is_static(out) else jnp.asarray(out, jnp.int32)
 
 
+_TRACED_VALUE_ERRORS = ("ConcretizationTypeError", "TracerBoolConversionError",
+                        "TracerArrayConversionError", "TracerIntegerConversionError")
+
+
+def plain_failure(error: str) -> tuple[str, str]:
+    """How plain JAX fails like this, and a remedy: ``(phrase, remedy)``.
+
+    A traced value used as a Python value fails under ``jax.jit`` on the exact
+    arrays but not eagerly; polymask traces like ``jax.jit``, so the remedy
+    is to keep the value traced (or to make a Python constant static)."""
+    if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error):
+        return "as it does on the exact arrays", ""
+    return ("as it does under jax.jit on the exact arrays",
+            "\n  polymask traces the function as jax.jit does: a value computed from the "
+            "arguments cannot be used as a Python value (if, int(), np.asarray(), a shape); "
+            "use jnp.where / lax.cond / jnp ops on it, or pass a Python constant with "
+            "functools.partial.")
+
+
 def _error_text(e: BaseException, internal) -> str:
     text = str(e).strip() or type(e).__name__
     if not isinstance(e, ShapeError):
         text = f"{type(e).__name__}: {text.split(chr(10) + chr(10))[0]}"
+        # JAX names polymask's internal function and argument ("flat_fun", "flat[0]")
+        text = "\n".join(ln for ln in text.splitlines()
+                         if "while tracing the function flat_fun" not in ln)
     return display_text(text, internal or {})
 
 

@@ -122,6 +122,10 @@ _DATA_DEPENDENT_REPLACEMENTS = {
     "compress": "polymask.compress(condition, x)",
     "extract": "polymask.extract(condition, x)",
     "arange": "polymask.arange(n, max_size=...)",
+    # polymask routes jnp.trim_zeros looked up while tracing (rules/trimming.py);
+    # a name imported before the trace is JAX's own function
+    "trim_zeros": "jnp.trim_zeros(x) (looked up on jax.numpy when called, not "
+                  "'from jax.numpy import trim_zeros')",
 }
 
 

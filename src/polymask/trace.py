@@ -28,7 +28,7 @@ from . import dimvars
 from .diagnostics import is_library_frame, translate_trace_error, user_frame_of_exception
 from .errors import ShapeError, UnsupportedError
 from .masked import Masked
-from .rules.registry import check_preconditions, trace_patches
+from .rules.registry import check_preconditions, patched_function, trace_patches
 from .shapes import DimEnv, is_static
 from .specs import (
     AxisSpec,
@@ -258,8 +258,10 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     leaves, in_tree = flatten_args(args)
     spec_leaves = broadcast_specs(in_specs, list(args), is_masked)
 
+    traced = patched_function(fun)
+
     def call(*flat):
-        return fun(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
+        return traced(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
 
     prog = trace_flat(call, leaves, spec_leaves, _arg_paths(args), constraints, conditions)
     return prog, leaves

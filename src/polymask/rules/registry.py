@@ -16,6 +16,7 @@ primitive-specific code: everything lives in one module per rule family.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -76,6 +77,7 @@ def _describe(fn: Callable) -> str:
 
 
 _TRACE_PATCHES: list[tuple[Any, str, Callable]] = []
+_REPLACEMENT_OF: dict[Callable, Callable] = {}  # the patched JAX function -> replacement
 
 
 def register_trace_patch(module, name: str, replacement: Callable) -> None:
@@ -86,6 +88,23 @@ def register_trace_patch(module, name: str, replacement: Callable) -> None:
     outside a masked trace, since other threads see it too.
     """
     _TRACE_PATCHES.append((module, name, replacement))
+    _REPLACEMENT_OF[getattr(module, name)] = replacement
+
+
+def patched_function(fun: Callable) -> Callable:
+    """``fun``'s trace-patch replacement when ``fun`` is (a ``functools.partial``
+    of) a patched JAX function itself: a reference taken before the trace
+    (``polymask.jit(jnp.trim_zeros, ...)``) is not looked up on the module."""
+    inner = fun.func if isinstance(fun, functools.partial) else fun
+    try:
+        replacement = _REPLACEMENT_OF.get(inner)
+    except TypeError:  # an unhashable callable
+        return fun
+    if replacement is None:
+        return fun
+    if isinstance(fun, functools.partial):
+        return functools.partial(replacement, *fun.args, **fun.keywords)
+    return replacement
 
 
 @contextlib.contextmanager
