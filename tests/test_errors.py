@@ -17,6 +17,7 @@ from jax import lax
 
 import polymask as pm
 from polymask.rules.registry import register_rule
+from polymask.testing import garbage_pad
 from polymask.trace import current_scope
 from polymask.transform import MaskedFunction
 
@@ -395,3 +396,22 @@ def test_a_plain_jax_error_names_the_spec_dim_vars():
     with pytest.raises(TypeError, match=r"got \(n, 1\), \(m, 1, 1\)") as e:
         pm.mask(f, ("n", "m"))(pm.Masked(jnp.ones(8), (3,)), pm.Masked(jnp.ones(8), (4,)))
     assert "__p1" not in str(e.value)
+
+
+def test_a_str_argument_is_static_in_mask_and_a_clear_error_in_compiled_runners():
+    f = lambda x, mode: x.sum() if mode == "sum" else x.max()
+    x = np.arange(3.0, dtype=np.float32)
+    m = pm.mask(f, ("n", None))  # mask traces f with the str as a Python value
+    for mode in ("sum", "max"):
+        got = m(pm.Masked(jnp.asarray(garbage_pad(x[:2], (4,))), (2,)), mode)
+        assert float(got.data) == float(f(jnp.asarray(x[:2]), mode))
+    with pytest.raises(pm.ShapeError, match=r"spec 'm' to a non-array value 'max' at args\[1\]"):
+        pm.mask(f, ("n", "m"))(pm.Masked(jnp.asarray(x), (3,)), "max")
+    # compiled runners take every argument as a program input: say so, and how
+    partial_hint = r"is a str \('max'\).*functools\.partial.*test_errors\.py"
+    with pytest.raises(pm.ShapeError, match=r"(?s)args\[1\] " + partial_hint):
+        pm.jit(f, ("n", None))(x, "max")
+    with pytest.raises(pm.ShapeError, match=r"(?s)examples\[0\]: args\[1\] " + partial_hint):
+        pm.ragged_map(f, ("n", None))([(x, "max")])
+    with pytest.raises(pm.ShapeError, match=r"(?s)broadcast\[0\] " + partial_hint):
+        pm.ragged_map(f, ("n",))([x], "max")

@@ -14,12 +14,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _jax_compat as compat
+from .diagnostics import at_call_site, user_call_site
 from .errors import ShapeError
-from .plan import CallPlan, padded_shape
+from .plan import CallPlan, check_program_input, dtype_key, padded_shape
 
-__all__ = ["kind_key", "static_values_key", "stack_varying_statics", "static_batch_leaves",
+__all__ = ["broadcast_inputs", "kind_key", "static_values_key", "stack_varying_statics", "static_batch_leaves",
            "stacked_weak_inputs", "example_avals",
            "static_batch_avals", "batch_in_axes", "specs_hint", "rebucket", "batch_bucket", "auto_specs"]
+
+
+def broadcast_inputs(broadcast: tuple) -> tuple:
+    """``(leaves, treedef, cache key)`` of ``ragged_map``'s broadcast arguments.
+
+    Raises:
+      ShapeError: a leaf a compiled program cannot take (a ``str``).
+    """
+    flat = jax.tree_util.tree_flatten_with_path(tuple(broadcast))[0]
+    for path, x in flat:
+        try:
+            check_program_input(x, "broadcast" + jax.tree_util.keystr(path))
+        except ShapeError as e:
+            raise at_call_site(e, user_call_site()) from None
+    leaves, tree = jax.tree_util.tree_flatten(tuple(broadcast))
+    return leaves, tree, (tree, tuple((np.shape(x), dtype_key(x)) for x in leaves))
 
 
 def kind_key(plan: CallPlan) -> tuple:

@@ -256,6 +256,22 @@ def check_constraints(scope, env: Mapping[str, int], partial: bool = False) -> N
                              + ", ".join(f"{k}={env[k]}" for k in sorted(names)))
 
 
+def check_program_input(leaf, path: str) -> None:
+    """``ShapeError`` for a leaf a compiled program cannot take (a ``str`` mode)."""
+    dt = getattr(leaf, "dtype", None)
+    if dt is None:
+        try:
+            dt = np.asarray(leaf).dtype
+        except Exception:  # noqa: BLE001 - any object NumPy cannot hold
+            dt = np.dtype(object)
+    if isinstance(dt, np.dtype) and dt.kind not in "biufcV":  # V: bfloat16 and kin
+        raise ShapeError(
+            f"{path} is a {type(leaf).__name__} ({leaf!r}), which a compiled program cannot "
+            "take as an input: every argument of polymask.jit / ragged_map is one, as with "
+            "jax.jit. Bind it with functools.partial: polymask.jit(functools.partial(f, "
+            "mode=...), in_specs for the other arguments).")
+
+
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
               policy_for: Callable[[str], Callable[[int], int]]) -> CallPlan:
     """Plan one call on exact arrays ``args`` (host side; see ``CallPlan``).
@@ -276,6 +292,8 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         path = "args" + jax.tree_util.keystr(key_path)
         shape = tuple(int(d) for d in np.shape(leaf))
         is_scalar_py = isinstance(leaf, (bool, int, float, complex))
+        if not is_scalar_py:
+            check_program_input(leaf, path)
         axes = None
         if not is_scalar_py and (spec is not None or (in_specs is None and shape)):
             axes = parse_leaf_spec(spec, path, shape, scope, default_dynamic=True,

@@ -33,7 +33,6 @@ from .buckets import as_policy
 from .compiling import background_executor
 from .errors import ShapeError
 from .hostio import slice_to
-from .plan import dtype_key
 from .program_store import StorableProgram, active_store, program_key, stored_program
 from .programs import Runner, build_inner_and_cases, raise_case_error
 from .refining import RefinedBuckets
@@ -82,8 +81,7 @@ class RaggedMap(RefinedBuckets, Runner):
         else:
             in_specs = self.in_specs
         spec_key = repr(in_specs)
-        bcast_leaves, bcast_tree = jax.tree_util.tree_flatten(tuple(broadcast))
-        bcast_key = (bcast_tree, tuple((np.shape(x), dtype_key(x)) for x in bcast_leaves))
+        bcast_leaves, bcast_tree, bcast_key = batching.broadcast_inputs(broadcast)
         kinds: dict = collections.defaultdict(list)
         infos = []
         for i, args in enumerate(arg_lists):
@@ -170,8 +168,7 @@ class RaggedMap(RefinedBuckets, Runner):
             raise ValueError("ragged_map.precompile needs in_specs")
         args = example if isinstance(example, tuple) else (example,)
         in_specs, spec_key = self.in_specs, repr(self.in_specs)
-        bcast_leaves, bcast_tree = jax.tree_util.tree_flatten(tuple(broadcast))
-        bcast_key = (bcast_tree, tuple((np.shape(x), dtype_key(x)) for x in bcast_leaves))
+        bcast_leaves, bcast_tree, bcast_key = batching.broadcast_inputs(broadcast)
         plan, leaves, tree = self._plan(args, in_specs, spec_key)
         B = self._rows(plan)
         entry = self._entry((tree, plan.signature, B, bcast_key, spec_key), hit=False)

@@ -31,6 +31,9 @@ from .trace import MaskedProgram, _arg_paths, dtype_of, flatten_args, is_masked,
 __all__ = ["mask", "MaskedFunction", "is_array_leaf", "is_pytree_callee"]
 
 
+_NUMBERS = (bool, int, float, complex)
+
+
 def is_array_leaf(x) -> bool:
     """An input of the masked program: a ``Masked``, a JAX or NumPy array (or tracer)."""
     return isinstance(x, (Masked, jax.Array, np.ndarray, np.generic))
@@ -89,12 +92,20 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
         static.append(("callee", c_tree, tuple(c_dyn), c_static))
     n_callee = len(leaves)
 
-    # positional arguments: every leaf is an input (as before)
+    # positional arguments: array and number leaves are inputs (a number is
+    # traced weakly typed, as by jax.jit); the rest (a str mode) is static
     p_leaves, p_tree = flatten_args(args)
-    leaves += p_leaves
-    specs += broadcast_specs(pos_specs, list(args), is_masked)
-    paths += _arg_paths(args)
-    static.append(("args", p_tree))
+    p_specs = broadcast_specs(pos_specs, list(args), is_masked)
+    p_dyn = [is_array_leaf(x) or isinstance(x, _NUMBERS) for x in p_leaves]
+    for x, sp, path, d in zip(p_leaves, p_specs, _arg_paths(args), p_dyn):
+        if d:
+            leaves.append(x)
+            specs.append(sp)
+            paths.append(path)
+        elif sp is not None:
+            raise ShapeError(f"in_specs gives spec '{sp}' to a non-array value {x!r} at {path}")
+    p_static = tuple(x for x, d in zip(p_leaves, p_dyn) if not d)
+    static.append(("args", p_tree, tuple(p_dyn), p_static))
 
     # keyword arguments: array leaves are inputs; the rest is static
     kw_names = sorted(kwargs)
@@ -117,7 +128,7 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
         kw_static = tuple(x for (_, x), d in zip(flat, dyn) if not d)
         kw_parts.append((name, tree, tuple(dyn), kw_static))
         static.append((name, tree, tuple(dyn), kw_static))
-    n_pos = len(p_leaves)
+    n_pos = sum(p_dyn)
 
     def rebuild(*flat):
         flat = list(flat)
@@ -128,7 +139,9 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
                 c_tree_, [next(it_d) if d else next(it_s) for d in c_dyn_])
         else:
             callee = fun
-        pos = jax.tree_util.tree_unflatten(p_tree, flat[n_callee:n_callee + n_pos])
+        it_p, it_s = iter(flat[n_callee:n_callee + n_pos]), iter(p_static)
+        pos = jax.tree_util.tree_unflatten(p_tree, [next(it_p) if d else next(it_s)
+                                                    for d in p_dyn])
         rest = iter(flat[n_callee + n_pos:])
         kw = {}
         for name, tree, dyn, st in kw_parts:
