@@ -580,3 +580,19 @@ def test_io_callback_with_a_case_split_under_vmap_is_a_clear_refusal():
     with pytest.raises(pm.UnsupportedError, match=r"2 cases.*constraints=\['n >= 1'\]"):
         pm.ragged_map(f, ("n",))(xs)
     np.testing.assert_array_equal(pm.ragged_map(f, ("n",), constraints=("n >= 1",))(xs), [1, 1])
+
+
+def test_ragged_map_calls_a_pure_callback_without_vmap_method_per_example():
+    # ragged_map stands for a loop over examples: JAX's refusal to vmap a
+    # pure_callback without vmap_method does not apply (a user's own
+    # jax.vmap still refuses it, as plain JAX does)
+    f = lambda x: jax.pure_callback(lambda a: np.cumsum(a), jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                    x).sum()
+    g = lambda x: lax.scan(lambda c, a: (c + jax.pure_callback(
+        lambda v: v * 2, jax.ShapeDtypeStruct((), x.dtype), a), None), 0.0, x)[0]
+    xs = [np.arange(1.0, n + 1, dtype=np.float32) for n in (3, 1, 5, 0)]
+    for fun in (f, g):
+        np.testing.assert_array_equal(pm.ragged_map(fun, ("n",), batch_size=2)(xs),
+                                      [fun(jnp.asarray(x)) for x in xs])
+    with pytest.raises(NotImplementedError, match="vmap_method"):
+        jax.vmap(pm.mask(f, "n"))(pm.Masked(jnp.ones((2, 4)), (jnp.array([1, 2]),)))

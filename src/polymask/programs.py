@@ -20,6 +20,7 @@ from .errors import ShapeError
 from .masked import Masked
 from .outputs import OutputPlan, output_plan
 from .plan import CallPlan, dtype_key, plan_call, policy_getter
+from .rules.callbacks import mapped_per_example
 from .transform import mask
 
 # ----------------------------------------------------------------------------
@@ -117,9 +118,11 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
     returns the output data leaves, plus the data-dependent output sizes as
     one int32 vector when there are any (``entry.outputs.device_axes``).
     Dynamic inputs are padded with zeros by the runner, so the masked program
-    skips its entry select (``zero_padded=True``). ``row_guard``: the size
-    vector ends with one more entry, 0 for a spare row of a batch (no host
-    callback or run-time check acts there, ``MaskedFunction.call_guarded``).
+    skips its entry select (``zero_padded=True``). ``row_guard``
+    (``ragged_map``): the size vector ends with one more entry, 0 for a spare
+    row of a batch (no host callback or run-time check acts there,
+    ``MaskedFunction.call_guarded``), and a ``pure_callback`` without a
+    ``vmap_method`` is called per example (``rules.callbacks``).
 
     Returns ``(inner, case_tree)``: ``case_tree(*flat_in)`` traces only the
     cases (the same ``mask``, so ``inner``'s trace reuses them), fills in the
@@ -165,9 +168,12 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
         args = rebuild(flat_in)
         note_cases(args)
         outputs = entry.outputs
-        guard = flat_in[-1][-1] != 0 if row_guard else None
-        out_leaves = jax.tree_util.tree_leaves(masked.call_guarded(guard, *args),
-                                               is_leaf=lambda x: isinstance(x, Masked))
+        if row_guard:  # ragged_map: a batch of examples
+            with mapped_per_example():
+                out = masked.call_guarded(flat_in[-1][-1] != 0, *args)
+        else:
+            out = masked(*args)
+        out_leaves = jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, Masked))
         datas = [o.data if isinstance(o, Masked) else jnp.asarray(o) for o in out_leaves]
         if not outputs.device_axes:
             return datas

@@ -38,6 +38,8 @@ the logical rows.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import NamedTuple
 
@@ -262,11 +264,28 @@ def debug_print_rule(ctx, *args, ordered, partitioned, **params):
         effect=compat.debug_effect(ordered), partitioned=partitioned)
 
 
+_PER_EXAMPLE = contextvars.ContextVar("polymask_per_example", default=False)
+
+
+@contextlib.contextmanager
+def mapped_per_example():
+    """While ``ragged_map`` masks its function: the ``vmap`` is polymask's own,
+    standing for a loop over examples, so a ``pure_callback`` without a
+    ``vmap_method`` (which JAX refuses to batch) is called per example."""
+    token = _PER_EXAMPLE.set(True)
+    try:
+        yield
+    finally:
+        _PER_EXAMPLE.reset(token)
+
+
 @register("pure_callback", sees_guard=True)
 def pure_callback_rule(ctx, *args, callback, vmap_method, **_):
+    if vmap_method is None and _PER_EXAMPLE.get():
+        vmap_method = "sequential"
     plan, extra = _plan(ctx, with_results=True, pure=True)
     if plan is None:
-        return ctx.bind(*args)
+        return ctx.bind(*args, vmap_method=vmap_method)
     if vmap_method == "legacy_vectorized":  # see the module doc
         vmap_method = "sequential"
     return ctx.bind(*args, *extra, callback=_host_function(callback, plan),
