@@ -278,7 +278,7 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
 
     ``in_specs=None`` makes every axis of every non-scalar array leaf dynamic;
     otherwise a leaf whose spec is None, or whose axes are all static, is
-    static. Python scalars are always static.
+    static (no dim var). Python scalars are always static.
 
     Raises:
       ShapeError: a bad spec, a size not of its affine form, different sizes

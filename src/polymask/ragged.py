@@ -344,11 +344,14 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
     Args:
       fun: a function written for exact arrays.
       in_specs: specs of the example arguments (as for ``polymask.jit``);
-        broadcast arguments are always static (e.g. model parameters).
-        A static argument (no dim var) that differs across examples (a
-        Python number, an array, a PRNG key) is stacked per row, and each
-        row sees its own value as on exact arrays (a Python number weakly
-        typed, so it promotes as the scalar does).
+        broadcast arguments take no spec and are passed unpadded (e.g. model
+        parameters). Every argument is a traced program input, as under
+        ``jax.jit``: a number cannot be used as a shape or in a Python
+        ``if`` (bind such constants with ``functools.partial``). An argument
+        without a dim var that differs across examples (a Python number, an
+        array, a PRNG key) is stacked per row, and each row sees its own
+        value (a Python number weakly typed: it promotes as the scalar does;
+        numbers of different types, int and float, go to separate batches).
       buckets: bucketing policy for the dim vars (default ``pow2()``).
       batch_size: most examples per batch.
       batch_buckets: policy for the rows of a partial batch (then one more
