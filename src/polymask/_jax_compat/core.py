@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 from jax._src import ad_util as _ad_util
 from jax._src import array as _array
 from jax._src import core as _core
@@ -49,7 +50,10 @@ def evaluate_dim(e, env: dict[str, Any]):
     """Evaluate a dimension expression; ``env`` values are ints or traced ints."""
     if not is_dim_expr(e):
         return e
-    return e._evaluate(env)
+    # NumPy values: an expression of a case that these sizes do not reach may
+    # divide by a size of 0 (jnp.resize's ceil(k / n) at n = 0); its value is unused
+    with np.errstate(divide="ignore"):
+        return e._evaluate(env)
 
 
 def add_constraint(scope: SymbolicScope, constraint: str) -> None:
