@@ -26,7 +26,8 @@ from jax._src.export import shape_poly_decision as _decision
 from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr
 from .indexing import NDINDEXER, static_slice_of_static_axes
 
-__all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed"]
+__all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed",
+           "sizes_compared_as_user"]
 
 # The hooks are installed while at least one masked trace runs (in any thread)
 # and removed when the last one ends; a hook only acts for the thread whose
@@ -124,6 +125,22 @@ def _in_masked_trace(patched, orig):
 def hooks_installed() -> bool:
     """True while a masked trace is in progress (tests check the hooks are removed)."""
     return _HOOK_USERS > 0
+
+
+@contextlib.contextmanager
+def sizes_compared_as_user() -> Iterator[None]:
+    """Size comparisons inside split the masked trace as the user's own do.
+
+    For JAX functions that turn a shape comparison into a *value*
+    (``jnp.array_equal``: ``if a1.shape != a2.shape: return False``), where
+    JAX's structural False for two different dim vars would be a wrong
+    result whenever the sizes are equal at run time."""
+    old = getattr(_HOOK_TLS, "as_user", False)
+    _HOOK_TLS.as_user = True
+    try:
+        yield
+    finally:
+        _HOOK_TLS.as_user = old
 
 
 def _active_frame(expr) -> _HookFrame | None:
@@ -286,7 +303,8 @@ def _split_eq(orig_eq):
             caller = sys._getframe(1)
             while caller is not None and caller.f_code.co_filename == __file__:
                 caller = caller.f_back
-            user = caller is not None and frame.is_user_frame(caller.f_code.co_filename)
+            user = getattr(_HOOK_TLS, "as_user", False) or (
+                caller is not None and frame.is_user_frame(caller.f_code.co_filename))
             decision = user or _is_shape_decision(caller)
         finally:
             frame.busy = False

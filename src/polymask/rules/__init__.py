@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401  (imported for their registrations)
     approx_topk,
+    array_equality,
     callbacks,
     comparisons,
     contractions,
