@@ -415,3 +415,30 @@ def test_a_str_argument_is_static_in_mask_and_a_clear_error_in_compiled_runners(
         pm.ragged_map(f, ("n", None))([(x, "max")])
     with pytest.raises(pm.ShapeError, match=r"(?s)broadcast\[0\] " + partial_hint):
         pm.ragged_map(f, ("n",))([x], "max")
+
+
+def _where_of_two_dim_vars(x, y):
+    return jnp.where(x > 0, x, y)
+
+
+def _int_of_a_value(x):
+    return x * int(x[0])
+
+
+def test_trace_errors_of_compiled_runners_name_the_call_site():
+    x = np.arange(3.0, dtype=np.float32)
+    with pytest.raises(pm.ShapeError, match=r"(?s)same name.*in the masked call at .*"
+                       r"test_errors\.py:\d+ \(test_trace_errors"):
+        pm.jit(_where_of_two_dim_vars, ("n", "m"))(x, x[:2])
+    with pytest.raises(pm.ShapeError, match=r"(?s)same name.*in the masked call at .*"
+                       r"test_errors\.py:\d+ \(test_trace_errors"):
+        pm.ragged_map(_where_of_two_dim_vars, ("n", "m"))([(x, x[:2])])
+
+
+def test_a_traced_value_used_as_an_int_gets_the_jit_remedy_before_other_sizes_errors():
+    # int(x[0]): a tracing limit at every size (plain jax.jit fails too), and at
+    # n = 0 also an IndexError: the tracing limit and its remedy come first
+    with pytest.raises(pm.ShapeError, match=r"(?s)under jax\.jit.*ConcretizationTypeError.*"
+                       r"functools\.partial.*n in \{0\}: IndexError") as e:
+        pm.jit(_int_of_a_value, "n")(np.arange(3.0, dtype=np.float32))
+    assert "flat_fun" not in str(e.value)

@@ -45,12 +45,7 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
             # each size traced on its own fails; a plain JAX error (not one of
             # polymask's own, e.g. two data-dependent sizes) is plain JAX's failure
             if failed and not isinstance(first.get("root_error"), ShapeError):
-                sizes = [v for c in failed for v in (c.reached_by or [])]
-                as_plain, remedy = plain_failure(failed[0].error)
-                raise ShapeError(
-                    f"the function fails for every logical size within the bounds"
-                    f"{f' ({sizes_text(sizes)})' if sizes else ''}, {as_plain}, at "
-                    f"{failed[0].where}:\n  {failed[0].error}{remedy}")
+                raise _every_size_fails(failed)
     if "root_error" in first:
         e = first["root_error"]
         if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):
@@ -60,6 +55,22 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
         raise e
     err = next(c for c in cases if c.error is not None)
     raise ShapeError(f"the function fails for every size:\n  {err.error}")
+
+
+def _every_size_fails(failed: list[Case]) -> ShapeError:
+    """The error when each size traced on its own fails: a tracing limit of
+    ``jax.jit`` first (its remedy applies to every size), then the others."""
+    failed = sorted(failed, key=lambda c: not plain_failure(c.error)[1])
+    main = failed[0]
+    sizes = [v for c in failed for v in (c.reached_by or [])]
+    as_plain, remedy = plain_failure(main.error)
+    others = [c for c in failed[1:] if c.error.splitlines()[0] != main.error.splitlines()[0]]
+    also = "".join(f"\n  ({sizes_text(c.reached_by)}: {c.error.splitlines()[0]})"
+                   for c in others[:2] if c.reached_by)
+    return ShapeError(
+        f"the function fails for every logical size within the bounds"
+        f"{f' ({sizes_text(sizes)})' if sizes else ''}, {as_plain}, at "
+        f"{main.where}:\n  {main.error}{remedy}{also}")
 
 
 def refine_errors(tree: CaseTree, trace_one, max_cases: int) -> bool:

@@ -265,8 +265,13 @@ class Runner:
                 return None
             t0 = time.perf_counter()
             with compile_counter() as cc:
-                fn = self._program(entry, make_fn, flat_args)
-                out = fn(*flat_args)
+                try:
+                    fn = self._program(entry, make_fn, flat_args)
+                    out = fn(*flat_args)
+                except ShapeError as e:  # from the trace: name the user's call
+                    if background:
+                        raise
+                    raise at_call_site_error(e) from None
                 jax.block_until_ready(out)
             self._install(entry, fn, time.perf_counter() - t0, cc,
                           "background_compiles" if background else None)
