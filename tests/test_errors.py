@@ -379,7 +379,12 @@ def test_a_spec_that_does_not_parse_is_reported_as_such_not_as_a_rank():
     lambda x, y: jnp.einsum("i,i->", x, y),
     lambda x, y: jnp.concatenate([x[:, None], jnp.stack([y, y], 1)], 1),
     lambda x, y: x + y,
-], ids=["scan", "where", "einsum", "concatenate", "add"])
+    lambda x, y: jnp.stack([x, y]),
+    lambda x, y: jnp.broadcast_to(x, y.shape),
+    lambda x, y: x.at[:].set(y),
+    lambda x, y: jax.vmap(lambda a, b: a * b)(x, y),
+], ids=["scan", "where", "einsum", "concatenate", "add", "stack", "broadcast_to", "at_set",
+        "vmap"])
 def test_operands_of_different_dim_vars_name_them_and_the_remedy(fun):
     x, y = pm.Masked(jnp.ones(8), (3,)), pm.Masked(jnp.ones(8), (4,))
     with pytest.raises(pm.ShapeError, match=r"(?s)test_errors\.py.*different dim vars.*"
@@ -442,3 +447,19 @@ def test_a_traced_value_used_as_an_int_gets_the_jit_remedy_before_other_sizes_er
                        r"functools\.partial.*n in \{0\}: IndexError") as e:
         pm.jit(_int_of_a_value, "n")(np.arange(3.0, dtype=np.float32))
     assert "flat_fun" not in str(e.value)
+
+
+def test_a_rule_check_message_shows_spec_dim_var_names():
+    x, y = pm.Masked(jnp.ones(5), (3,)), pm.Masked(jnp.ones(5), (2,))
+    with pytest.raises(pm.ShapeError, match=r"reshape \(n,\) -> \(m,\) changes") as e:
+        pm.mask(lambda x, y: x.reshape(y.shape), ("n", "m"))(x, y)
+    assert "__p1" not in str(e.value)
+
+
+def test_pm_pad_on_the_same_line_is_not_taken_for_jnp_pad():
+    # the remedy finder reads the user's line when JAX hid its frames: pm.pad(
+    # there is polymask's, not jnp.pad
+    x = np.arange(3.0, dtype=np.float32)
+    with pytest.raises(pm.ShapeError) as e:
+        pm.mask(lambda x, y: jnp.stack([x, y]), ("n", "m"))(pm.pad(x, (5,)), pm.pad(x[:2], (5,)))
+    assert "jnp.pad" not in str(e.value) and "same name" in str(e.value)

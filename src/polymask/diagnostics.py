@@ -196,6 +196,8 @@ def _dim_vars_in(text: str) -> list[str]:
     in its list of sizes (scan: ``different leading axis sizes: n, m.``)."""
     tuples = re.findall(r"\(([^()]*(?:\([^()]*\)[^()]*)*)\)", text)
     tuples += re.findall(r"axis sizes: ([^.]*)", text)
+    tuples += re.findall(r"\w\[([^\[\]]*)\]", text)  # float32[n, 3]
+    tuples += re.findall(r"had size ([^:]*):", text)  # vmap's sizes
     names: list[str] = []
     for t in tuples:
         for n in re.findall(r"(?<![\w.])([A-Za-z_][A-Za-z_0-9]*)(?![\w(])", t):
@@ -334,17 +336,21 @@ def _api_for_remedy(e: BaseException) -> str | None:
     user = [fr for fr in traceback.extract_tb(e.__traceback__)
             if not is_library_frame(fr.filename)]
     line = (user[-1].line or "") if user else ""
-    for name in _REMEDY_APIS:
-        if re.search(rf"\b{name}\s*\(", line):
+    for name in _REMEDY_APIS:  # bare or JAX's/NumPy's (not ``pm.pad(`` on the same line)
+        if re.search(rf"(?:(?<![\w.])|\b(?:jnp|np|numpy|lax|jax\.numpy|jax\.lax|nn|linen)\.)"
+                     rf"{name}\s*\(", line):
             return name
     return api
 
 
 # JAX's messages for operands whose sizes differ, beyond binary ops' "incompatible
-# shapes": scan's xs, jnp.where / broadcasting, einsum's contraction, concatenate.
+# shapes": scan's xs, jnp.where / broadcasting, einsum's contraction, concatenate,
+# stack, broadcast_to / .at[].set, vmap's mapped axes.
 _SHAPE_MISMATCH = re.compile(
     r"different leading axis sizes|Incompatible shapes for broadcasting|"
-    r"Incompatible reduction dimensions|Cannot concatenate arrays with shapes that differ")
+    r"Incompatible reduction dimensions|Cannot concatenate arrays with shapes that differ|"
+    r"must have the same shape|Incompatible types for broadcasting|"
+    r"inconsistent sizes for array axes to be mapped")
 
 
 def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = None

@@ -23,8 +23,15 @@ from . import _jax_compat as compat
 from .errors import ShapeError
 from .shapes import SHIFT_SUFFIX
 
-__all__ = ["describe_conditions", "display_text", "display_expr", "pretty_condition", "sizes_text", "to_internal", "displayed_error", "translate_constraint", "internal_names",
+__all__ = ["describe_conditions", "display_text", "display_internal_names", "display_expr", "pretty_condition", "sizes_text", "to_internal", "displayed_error", "translate_constraint", "internal_names",
            "internal_scope"]
+
+
+def display_internal_names(text: str) -> str:
+    """``display_text`` for any internal dim var in ``text`` (``n__p1 - 1`` -> ``n``),
+    where the trace's map is not at hand (a masking rule's message)."""
+    names = set(re.findall(r"\b(\w+)" + re.escape(SHIFT_SUFFIX) + r"\b", text))
+    return display_text(text, {v: (v + SHIFT_SUFFIX, 1) for v in names}) if names else text
 
 
 def display_text(text: str, internal: dict[str, tuple[str, int]]) -> str:

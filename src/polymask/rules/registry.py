@@ -23,6 +23,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
+from ..dimvars import display_internal_names
 from ..errors import ShapeError, UnsupportedError
 from ..state import RunState
 
@@ -282,9 +283,11 @@ class RuleContext:
             line = line.replace("{", "{{").replace("}", "}}")
         if self.state.guard is not None:  # one case of a case split: only where it runs
             bad = jnp.logical_and(bad, self.state.guard)
+        message = display_internal_names(message)
         run_checks([Check(bad, f"{message}\n  at {line}", tuple(values))], self.source_line)
 
     def unsupported(self, reason: str) -> UnsupportedError:
+        reason = display_internal_names(reason)
         return UnsupportedError(
             f"polymask cannot mask primitive '{self.primitive.name}' here: {reason}\n"
             f"  at {self.source_line}\n  (coverage table: {COVERAGE_DOC})")
