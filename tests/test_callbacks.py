@@ -594,5 +594,19 @@ def test_ragged_map_calls_a_pure_callback_without_vmap_method_per_example():
     for fun in (f, g):
         np.testing.assert_array_equal(pm.ragged_map(fun, ("n",), batch_size=2)(xs),
                                       [fun(jnp.asarray(x)) for x in xs])
+    # any vmap_method: the host function sees one example's arrays, as fun(x) gives it
+    for method in ("sequential", "expand_dims", "broadcast_all", "legacy_vectorized"):
+        seen = []
+
+        def h(x, method=method):
+            def host(a):
+                seen.append(np.shape(a))
+                return np.cumsum(a)
+            return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                                     vmap_method=method).sum()
+
+        np.testing.assert_array_equal(pm.ragged_map(h, ("n",), batch_size=2)(xs),
+                                      [f(jnp.asarray(x)) for x in xs])
+        assert sorted(seen) == sorted(np.shape(x) for x in xs if len(x))
     with pytest.raises(NotImplementedError, match="vmap_method"):
         jax.vmap(pm.mask(f, "n"))(pm.Masked(jnp.ones((2, 4)), (jnp.array([1, 2]),)))

@@ -268,8 +268,8 @@ def check_program_input(leaf, path: str) -> None:
         raise ShapeError(
             f"{path} is a {type(leaf).__name__} ({leaf!r}), which a compiled program cannot "
             "take as an input: every argument of polymask.jit / ragged_map is one, as with "
-            "jax.jit. Bind it with functools.partial: polymask.jit(functools.partial(f, "
-            "mode=...), in_specs for the other arguments).")
+            "jax.jit. Bind it with functools.partial(f, <its parameter>=...) and give "
+            "in_specs for the other arguments.")
 
 
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],

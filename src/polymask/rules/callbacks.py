@@ -270,8 +270,9 @@ _PER_EXAMPLE = contextvars.ContextVar("polymask_per_example", default=False)
 @contextlib.contextmanager
 def mapped_per_example():
     """While ``ragged_map`` masks its function: the ``vmap`` is polymask's own,
-    standing for a loop over examples, so a ``pure_callback`` without a
-    ``vmap_method`` (which JAX refuses to batch) is called per example."""
+    standing for a loop over examples, so a ``pure_callback`` is called per
+    example with that example's arrays, as ``fun(example)`` calls it (any
+    ``vmap_method``; without one JAX would refuse to batch it)."""
     token = _PER_EXAMPLE.set(True)
     try:
         yield
@@ -281,7 +282,7 @@ def mapped_per_example():
 
 @register("pure_callback", sees_guard=True)
 def pure_callback_rule(ctx, *args, callback, vmap_method, **_):
-    if vmap_method is None and _PER_EXAMPLE.get():
+    if _PER_EXAMPLE.get():
         vmap_method = "sequential"
     plan, extra = _plan(ctx, with_results=True, pure=True)
     if plan is None:
