@@ -50,7 +50,7 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
         e = first["root_error"]
         if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):
             raise ShapeError(f"{e}\n  (polymask traces such a function once per size when "
-                             f"the bounds allow at most mask(..., max_cases={max_cases}) sizes)"
+                             f"the bounds allow at most {max_cases} sizes, mask(..., max_cases=))"
                              ) from None
         raise e
     err = next(c for c in cases if c.error is not None)
