@@ -71,3 +71,21 @@ def test_python_scalar_arguments_stay_weakly_typed():
             assert out.dtype == want.dtype
             np.testing.assert_array_equal(np.asarray(out[:3], np.float32),
                                           np.asarray(want, np.float32))
+
+
+def test_mask_sequence_specs_reach_keyword_and_defaulted_parameters():
+    # like polymask.jit: a spec entry past the positional arguments belongs to
+    # the parameter at that position, passed by keyword or left to its default
+    def f(x, how="sum", w=None):
+        y = x.sum(0) if how == "sum" else x.max(0)
+        return y if w is None else y * w.sum()
+
+    m = pm.Masked(jnp.asarray(np.arange(10.0, dtype=np.float32).reshape(5, 2)), (3, 2))
+    exact = np.arange(6.0, dtype=np.float32).reshape(3, 2)
+    specs = ("n, 2", None, "k")
+    np.testing.assert_array_equal(pm.mask(f, specs)(m, how="max").unpad(), exact.max(0))
+    np.testing.assert_array_equal(pm.mask(f, specs)(m).unpad(), exact.sum(0))
+    w = pm.Masked(jnp.array([2.0, 3.0, 99.0]), (2,))
+    np.testing.assert_array_equal(pm.mask(f, specs)(m, w=w).unpad(), exact.sum(0) * 5.0)
+    with pytest.raises(pm.ShapeError, match=r"called with 1 positional argument\b(?!s)"):
+        pm.mask(lambda x, y: x, ("n", "k"))(m)

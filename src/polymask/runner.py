@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
+from .binding import keywords_as_positional
 from .compiling import COMPILE_TICK, compile_counter
 from .envvars import env_switch
 from .errors import ShapeError
@@ -45,7 +46,6 @@ from .plan import (
     padded_shape,
 )
 from .programs import Entry, Runner, at_call_site_error, build_inner, count_value, raise_case_error
-from .specs import keywords_as_positional
 from .tiering import TieredBuckets
 
 __all__ = ["jit", "PolyJit", "compile_counter"]

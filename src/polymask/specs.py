@@ -10,10 +10,8 @@ The same name on two inputs means the logical sizes must be equal.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import re
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -172,7 +170,7 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list
     if len(in_specs) != len(args):
         raise ShapeError(
             f"in_specs has {len(in_specs)} entries but the function was called with "
-            f"{len(args)} positional arguments")
+            f"{len(args)} positional argument{'' if len(args) == 1 else 's'}")
     out = []
     for (spec, arg, leaves, (sname, aname)) in zip(in_specs, args, leaves_per_arg, labels):
         if spec is None or isinstance(spec, str):
@@ -228,135 +226,6 @@ def scope_and_name_generator(spec_leaves, constraints):
                 return name
 
     return scope, gen_name
-
-
-def _parameters(fun):
-    """(parameter name -> positional index, all parameter names or None if unknown)."""
-    try:
-        params = list(inspect.signature(fun).parameters.values())
-    except (TypeError, ValueError):
-        return {}, None
-    index = {}
-    for i, p in enumerate(params):
-        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            break
-        index[p.name] = i
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return index, None  # **kwargs: any name may be passed
-    return index, {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
-
-
-def split_specs(fun, in_specs, n_args: int, kwargs: dict):
-    """``in_specs`` -> (positional specs or None, {kwarg name: spec}).
-
-    A dict ``in_specs`` is keyed by parameter name (or positional index); a name
-    resolves to the keyword argument of that name when passed by keyword, else
-    to its position in ``fun``'s signature. Arguments without an entry get no
-    spec (plain arrays are unpadded). A name the call does not pass (its
-    default is used) is ignored; a name ``fun`` does not take is an error.
-    """
-    if in_specs is None:
-        return None, {}
-    if not isinstance(in_specs, dict):
-        return in_specs, {}
-    pos: list = [None] * n_args
-    kw: dict = {}
-    params = None
-    for key, spec in in_specs.items():
-        if isinstance(key, int):
-            if not 0 <= key < n_args:
-                raise ShapeError(f"in_specs[{key}]: the function was called with {n_args} "
-                                 "positional arguments")
-            pos[key] = spec
-            continue
-        if key in kwargs:
-            kw[key] = spec
-            continue
-        if params is None:
-            params = _parameters(fun)
-        index, names = params
-        if key in index:
-            if index[key] < n_args:
-                pos[index[key]] = spec
-        elif names is not None and key not in names:
-            raise ShapeError(
-                f"in_specs names argument '{key}', which {getattr(fun, '__name__', 'fun')} "
-                f"does not take (parameters: {sorted(names)})")
-    return tuple(pos), kw
-
-
-_SIGNATURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _signature(fun) -> inspect.Signature:
-    """``inspect.signature(fun)``, kept per function (it costs ~10 us a call)."""
-    try:
-        return _SIGNATURES[fun]
-    except (KeyError, TypeError):  # TypeError: not weak-referenceable or unhashable
-        pass
-    sig = inspect.signature(fun)
-    try:
-        _SIGNATURES[fun] = sig
-    except TypeError:
-        pass
-    return sig
-
-
-def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
-    """The positional arguments of a call ``fun(*args, **kwargs)`` (``polymask.jit``).
-
-    A keyword argument of a positional-or-keyword parameter takes that
-    parameter's place (parameters skipped before it take their defaults), so
-    ``f(x, mask=m)`` is planned as ``f(x, m)`` and ``in_specs`` applies by
-    position; parameters up to the last one ``in_specs`` covers that the call
-    leaves out take their defaults too. A keyword argument with no place there
-    (keyword-only or ``**kwargs`` parameters, or a position ``in_specs`` gives
-    no entry) has no spec to pad it by and raises.
-
-    Raises:
-      TypeError: the call does not match ``fun``'s signature (as ``fun``
-        itself would), or ``fun`` has no inspectable signature.
-      ShapeError: ``in_specs`` has more entries than ``fun`` has positional
-        parameters, or gives no entry for a keyword argument's position or
-        cannot (keyword-only parameters); the message says what to do.
-    """
-    name = getattr(fun, "__name__", "fun")
-    try:
-        sig = _signature(fun)
-    except (TypeError, ValueError):
-        if not kwargs:  # no defaults to fill in: the in_specs check reports the count
-            return args
-        raise TypeError(f"polymask.jit: {name} has no inspectable signature: pass "
-                        f"{sorted(kwargs)} positionally") from None
-    try:
-        sig.bind(*args, **kwargs)
-    except TypeError as e:
-        raise TypeError(f"{name}(): {e}") from None
-    params = list(sig.parameters.values())
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    names = [p.name for p in positional]
-    n_specs = None if in_specs is None else len(in_specs)
-    if n_specs is not None and n_specs > len(names) and not any(
-            p.kind is p.VAR_POSITIONAL for p in params):
-        raise ShapeError(f"in_specs has {n_specs} entries but {name} takes "
-                         f"{len(names)} positional parameters ({', '.join(names)})")
-    for k in kwargs:
-        i = names.index(k) if k in names else None
-        if i is None:
-            raise ShapeError(
-                f"polymask.jit: {name}'s argument '{k}' is keyword-only (or taken by "
-                "**kwargs), and polymask.jit plans positional arguments: bind it first, "
-                f"polymask.jit(functools.partial({name}, {k}=...), ...)")
-        if n_specs is not None and i >= n_specs:
-            raise ShapeError(
-                f"polymask.jit: {name}'s argument '{k}' (passed by keyword) is argument {i}, "
-                f"and in_specs has {n_specs} entries: give it an entry (None for a static "
-                "argument), or bind it first with functools.partial")
-    last = max([names.index(k) for k in kwargs] + [(n_specs or 0) - 1])
-    out = list(args)
-    for p in positional[len(args):last + 1]:
-        out.append(kwargs[p.name] if p.name in kwargs else p.default)
-    return tuple(out)
 
 
 PLACEHOLDER_BOUND = 1024

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from . import _jax_compat as compat
+from .binding import split_specs
 from .case_dispatch import run_cases
 from .cases import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .diagnostics import at_call_site, user_call_site
@@ -25,7 +26,7 @@ from .interpreter import run_program
 from .masked import Masked
 from .prologue import functional_checks, poison_outputs, run_checks, solve_dim_vars
 from .rules.registry import patched_function
-from .specs import broadcast_specs, split_specs
+from .specs import broadcast_specs
 from .trace import MaskedProgram, _arg_paths, dtype_of, flatten_args, is_masked, trace_flat
 
 __all__ = ["mask", "MaskedFunction", "is_array_leaf", "is_pytree_callee"]
