@@ -257,7 +257,16 @@ def check_constraints(scope, env: Mapping[str, int], partial: bool = False) -> N
 
 
 def check_program_input(leaf, path: str) -> None:
-    """``ShapeError`` for a leaf a compiled program cannot take (a ``str`` mode)."""
+    """``ShapeError`` for a leaf a compiled program cannot take (a ``str`` mode);
+    ``OverflowError`` for a Python int outside JAX's int dtype, as ``jax.jit``."""
+    if isinstance(leaf, int) and not isinstance(leaf, bool):
+        info = np.iinfo(jax.dtypes.canonicalize_dtype(np.int64))
+        if not info.min <= leaf <= info.max:
+            raise OverflowError(f"{path}: Python int {leaf} too large to convert to "
+                                f"{info.dtype} (as jax.jit)")
+        return
+    if isinstance(leaf, (bool, float, complex)):
+        return
     dt = getattr(leaf, "dtype", None)
     if dt is None:
         try:
@@ -292,8 +301,7 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         path = "args" + jax.tree_util.keystr(key_path)
         shape = tuple(int(d) for d in np.shape(leaf))
         is_scalar_py = isinstance(leaf, (bool, int, float, complex))
-        if not is_scalar_py:
-            check_program_input(leaf, path)
+        check_program_input(leaf, path)
         axes = None
         if not is_scalar_py and (spec is not None or (in_specs is None and shape)):
             axes = parse_leaf_spec(spec, path, shape, scope, default_dynamic=True,
