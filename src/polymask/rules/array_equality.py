@@ -21,6 +21,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
 from .registry import register_trace_patch
+from .util import has_symbolic_shape, in_masked_trace
 
 __all__ = ["array_equal_dynamic", "array_equiv_dynamic"]
 
@@ -29,19 +30,9 @@ _ORIGINAL_EQUAL = _LAX_NUMPY.array_equal
 _ORIGINAL_EQUIV = _LAX_NUMPY.array_equiv
 
 
-def _in_masked_trace() -> bool:
-    from ..trace import current_scope
-
-    return current_scope() is not None
-
-
-def _symbolic(*arrays) -> bool:
-    return any(compat.is_dim_expr(d) for a in arrays for d in np.shape(a))
-
-
 def array_equal_dynamic(a1, a2, equal_nan: bool = False):
     """``jnp.array_equal`` whose shape test splits the trace when undecidable."""
-    if _in_masked_trace() and _symbolic(a1, a2):
+    if in_masked_trace() and has_symbolic_shape(a1, a2):
         with compat.sizes_compared_as_user():
             same = np.shape(a1) == np.shape(a2)
         if not same:
@@ -53,7 +44,7 @@ def array_equiv_dynamic(a1, a2):
     """``jnp.array_equiv`` whose broadcast test splits the trace when undecidable
     (JAX's own then runs: it raises where the sizes cannot broadcast, as on the
     exact arrays, where its ``except ValueError`` misses the ``TypeError``)."""
-    if _in_masked_trace() and _symbolic(a1, a2):
+    if in_masked_trace() and has_symbolic_shape(a1, a2):
         with compat.sizes_compared_as_user():
             for d1, d2 in zip(reversed(np.shape(a1)), reversed(np.shape(a2))):
                 _ = d1 == d2 or d1 == 1 or d2 == 1  # decided per case (a split)

@@ -32,6 +32,7 @@ from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
 from .random_samplers import searchsorted_symbolic
 from .registry import register_trace_patch
+from .util import has_symbolic_shape, in_masked_trace
 
 __all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic"]
 
@@ -41,19 +42,9 @@ _ORIGINAL_INTERP = getattr(*compat_numeric.interp_home())
 _ORIGINAL_CONV = getattr(*compat_numeric.conv_home())
 
 
-def _in_masked_trace() -> bool:
-    from ..trace import current_scope
-
-    return current_scope() is not None
-
-
-def _symbolic(*arrays) -> bool:
-    return any(compat.is_dim_expr(d) for a in arrays for d in np.shape(a))
-
-
 def searchsorted_dynamic(a, v, side="left", sorter=None, *, method="scan"):
     """``jnp.searchsorted`` whose sorted array ``a`` may have a symbolic length."""
-    if not _in_masked_trace() or not _symbolic(a) or np.ndim(a) != 1:
+    if not in_masked_trace() or not has_symbolic_shape(a) or np.ndim(a) != 1:
         return _ORIGINAL_SEARCHSORTED(a, v, side=side, sorter=sorter, method=method)
     n = np.shape(a)[0]
     if (side not in ("left", "right") or method not in compat_numeric.searchsorted_methods()
@@ -116,7 +107,7 @@ def _interp_dynamic(x, xp, fp, left=None, right=None, period=None):
 
 def interp_dynamic(x, xp, fp, left=None, right=None, period=None):
     """``jnp.interp``'s ``_interp`` whose ``xp``/``fp`` may have a symbolic length."""
-    if not _in_masked_trace() or not _symbolic(xp, fp):
+    if not in_masked_trace() or not has_symbolic_shape(xp, fp):
         return _ORIGINAL_INTERP(x, xp, fp, left, right, period)
     return _interp_dynamic(x, xp, fp, left, right, period)
 
@@ -124,7 +115,7 @@ def interp_dynamic(x, xp, fp, left=None, right=None, period=None):
 def conv_dynamic(x, y, mode, op, precision, preferred_element_type=None):
     """JAX's ``_conv`` (``convolve`` / ``correlate``, jax 0.10) with ``len``
     read as ``shape[0]``: comparisons of symbolic lengths split the trace."""
-    if not _in_masked_trace() or not _symbolic(x, y):
+    if not in_masked_trace() or not has_symbolic_shape(x, y):
         return _ORIGINAL_CONV(x, y, mode, op, precision, preferred_element_type)
     if np.ndim(x) != 1 or np.ndim(y) != 1:
         raise ValueError(f"{op}() only support 1-dimensional inputs.")

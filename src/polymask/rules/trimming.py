@@ -20,16 +20,11 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
 from .registry import register_trace_patch
+from .util import in_masked_trace
 
 __all__ = ["trim_zeros_dynamic"]
 
 _ORIGINAL_TRIM_ZEROS = compat_numeric.lax_numpy_module().trim_zeros
-
-
-def _in_masked_trace() -> bool:
-    from ..trace import current_scope
-
-    return current_scope() is not None
 
 
 def _kept(x, axis: int, front: bool, back: bool):
@@ -49,7 +44,7 @@ def trim_zeros_dynamic(filt, trim: str = "fb", axis=None):
 
     Returns ``filt``'s dtype, each trimmed axis of a data-dependent size.
     """
-    if not _in_masked_trace() or not compat.is_tracer(filt):
+    if not in_masked_trace() or not compat.is_tracer(filt):
         return _ORIGINAL_TRIM_ZEROS(filt, trim, axis)
     from ..ops.selection import boolean_mask
 

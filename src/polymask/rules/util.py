@@ -132,3 +132,17 @@ def same_dim(a, b) -> bool:
         return bool(a == b)
     except compat.InconclusiveDimensionOperation:
         return False
+
+
+def in_masked_trace() -> bool:
+    """Whether a masked trace runs in this thread: the trace patches
+    (``registry.register_trace_patch``) fall back to JAX's own function
+    outside one."""
+    from ..trace import current_scope
+
+    return current_scope() is not None
+
+
+def has_symbolic_shape(*arrays) -> bool:
+    """Whether any of ``arrays`` has a symbolic size."""
+    return any(compat.is_dim_expr(d) for a in arrays for d in np.shape(a))
