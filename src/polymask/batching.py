@@ -16,7 +16,7 @@ import numpy as np
 from . import _jax_compat as compat
 from .diagnostics import at_call_site, user_call_site
 from .errors import ShapeError
-from .plan import CallPlan, check_program_input, dtype_key, padded_shape
+from .plan import CallPlan, check_program_input, dtype_key, fits_jax_int, padded_shape
 
 __all__ = ["broadcast_inputs", "kind_key", "static_values_key", "stack_varying_statics", "static_batch_leaves",
            "stacked_weak_inputs", "example_avals",
@@ -66,16 +66,10 @@ def _stackable(x) -> bool:
     ``stacked_weak_inputs``), NumPy numeric arrays and scalars, JAX arrays
     and typed PRNG keys."""
     if isinstance(x, (bool, int, float, complex)):
-        return not isinstance(x, int) or _fits(x)
+        return not isinstance(x, int) or fits_jax_int(x)
     if isinstance(x, (np.ndarray, np.generic)):
         return x.dtype.kind in "biufc"
     return isinstance(x, jax.Array)
-
-
-def _fits(i: int) -> bool:
-    """A Python int JAX converts without ``OverflowError`` (int32, or int64 with x64)."""
-    info = np.iinfo(jnp.result_type(int))
-    return info.min <= i <= info.max
 
 
 def _stack_flag(x):

@@ -108,10 +108,13 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
         datas, sizes = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
                                   [branch(c) for c in tree.cases])
     except NotImplementedError as e:  # JAX: "IO effect not supported in vmap-of-cond"
+        if "effect" not in str(e):
+            raise
         raise UnsupportedError(
             f"the masked function has {len(tree.cases)} cases (a size comparison splits it) "
-            f"and {str(e).rstrip('.')}: under vmap (ragged_map, jax.vmap) JAX cannot run an ordered or IO "
-            "effect (io_callback, ordered debug callbacks) inside the switch between them. "
+            f"and {str(e).rstrip('.')}: under vmap (ragged_map, jax.vmap) JAX cannot run an "
+            "ordered or IO effect (io_callback, ordered debug callbacks) inside the switch "
+            "between them. "
             "A constraint that decides the comparison (constraints=['n >= 1']) removes the "
             f"split; jax.debug.callback is not an IO effect.\n  in the masked call at {call_site}"
         ) from None

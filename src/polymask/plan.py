@@ -256,14 +256,19 @@ def check_constraints(scope, env: Mapping[str, int], partial: bool = False) -> N
                              + ", ".join(f"{k}={env[k]}" for k in sorted(names)))
 
 
+def fits_jax_int(i: int) -> bool:
+    """A Python int JAX converts without ``OverflowError`` (int32, or int64 with x64)."""
+    info = np.iinfo(jax.dtypes.canonicalize_dtype(np.int64))
+    return info.min <= i <= info.max
+
+
 def check_program_input(leaf, path: str) -> None:
     """``ShapeError`` for a leaf a compiled program cannot take (a ``str`` mode);
     ``OverflowError`` for a Python int outside JAX's int dtype, as ``jax.jit``."""
     if isinstance(leaf, int) and not isinstance(leaf, bool):
-        info = np.iinfo(jax.dtypes.canonicalize_dtype(np.int64))
-        if not info.min <= leaf <= info.max:
+        if not fits_jax_int(leaf):
             raise OverflowError(f"{path}: Python int {leaf} too large to convert to "
-                                f"{info.dtype} (as jax.jit)")
+                                f"{jax.dtypes.canonicalize_dtype(np.int64)} (as jax.jit)")
         return
     if isinstance(leaf, (bool, float, complex)):
         return
