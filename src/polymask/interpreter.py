@@ -140,8 +140,8 @@ class Interpreter:
             # the primitive and the user's line, not JAX's internals.
             said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UnsupportedError(
-                f"polymask cannot mask primitive '{prim.name}' here (used at "
-                f"{compat.source_line(eqn.source_info)}): {type(e).__name__}: {said}") from e
+                f"primitive '{prim.name}' (used at {compat.source_line(eqn.source_info)}) "
+                f"cannot run masked here: {type(e).__name__}: {said}") from e
 
 
 def _check_out_shapes(eqn, outs, dims: DimEnv) -> None:
