@@ -281,10 +281,11 @@ class MaskedFunction:
         return self.call_guarded(None, *args, **kwargs)
 
     def call_guarded(self, guard, *args, **kwargs):
-        """``self(*args, **kwargs)`` where ``guard`` (a traced bool, or None) says
-        whether this call is real: where it is false, host callbacks and
-        run-time checks do nothing (``ragged_map``'s spare rows of a partial
-        batch, which plain JAX never sees)."""
+        """``self(*args, **kwargs)`` where ``guard`` (a bool scalar, traced, or
+        None) says whether this call is real: where it is false, host callbacks
+        and run-time checks do nothing (``ragged_map``'s spare rows of a
+        partial batch, which plain JAX never sees). Returns and raises as
+        ``__call__``."""
         call_site = user_call_site()
         try:
             tree, leaves = self.cases(*args, **kwargs)

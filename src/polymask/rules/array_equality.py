@@ -31,7 +31,9 @@ _ORIGINAL_EQUIV = _LAX_NUMPY.array_equiv
 
 
 def array_equal_dynamic(a1, a2, equal_nan: bool = False):
-    """``jnp.array_equal`` whose shape test splits the trace when undecidable."""
+    """``jnp.array_equal`` whose shape test splits the trace when undecidable.
+
+    Returns a bool scalar, as JAX's."""
     if in_masked_trace() and has_symbolic_shape(a1, a2):
         with compat.sizes_compared_as_user():
             same = np.shape(a1) == np.shape(a2)
@@ -43,7 +45,10 @@ def array_equal_dynamic(a1, a2, equal_nan: bool = False):
 def array_equiv_dynamic(a1, a2):
     """``jnp.array_equiv`` whose broadcast test splits the trace when undecidable
     (JAX's own then runs: it raises where the sizes cannot broadcast, as on the
-    exact arrays, where its ``except ValueError`` misses the ``TypeError``)."""
+    exact arrays, where its ``except ValueError`` misses the ``TypeError``).
+
+    Returns a bool scalar; raises ``TypeError`` (a ``ShapeError`` case inside
+    ``mask``) for shapes that do not broadcast."""
     if in_masked_trace() and has_symbolic_shape(a1, a2):
         with compat.sizes_compared_as_user():
             for d1, d2 in zip(reversed(np.shape(a1)), reversed(np.shape(a2))):

@@ -38,7 +38,7 @@ from .. import _jax_compat as compat
 from .._jax_compat import random as compat_random
 from .random import check_partitionable, linear_index
 from .registry import register, register_trace_patch
-from .util import fill_padding, masked_axes
+from .util import fill_padding, in_masked_trace, masked_axes
 
 __all__ = ["random_gamma_rule", "shuffle_symbolic", "permutation_symbolic"]
 
@@ -139,9 +139,7 @@ def permutation_symbolic(key, x, *args, **kwargs):
     """``jax.random.permutation(key, n)`` with a symbolic ``n`` inside a masked
     trace: JAX needs ``n`` as a Python int; ``permutation(key, jnp.arange(n))``
     is the same draw (plain JAX shuffles ``jnp.arange(n)`` either way)."""
-    from ..trace import current_scope
-
-    if compat.is_dim_expr(x) and current_scope() is not None:
+    if compat.is_dim_expr(x) and in_masked_trace():
         x = jnp.arange(x)
     return _ORIGINAL_PERMUTATION(key, x, *args, **kwargs)
 

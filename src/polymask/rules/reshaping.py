@@ -32,7 +32,7 @@ from .._jax_compat import numeric as compat_numeric
 from ..shapes import is_static
 from .families import defrelayout
 from .registry import register, register_trace_patch
-from .util import clean_float, masked_axes
+from .util import clean_float, in_masked_trace, masked_axes
 
 
 def _prod(sizes):
@@ -229,10 +229,8 @@ def compute_newshape_symbolic(arr, newshape):
     the other sizes that may be 0 splits the trace: plain JAX raises
     ``ZeroDivisionError`` there (``size % 0``), while the symbolic quotient
     cancels to a size (``a*b // b = a``) and would give a value."""
-    from ..trace import current_scope
-
     shape = tuple(newshape) if isinstance(newshape, (tuple, list)) else (newshape,)
-    if current_scope() is not None and any(type(d) is int and d == -1 for d in shape):
+    if in_masked_trace() and any(type(d) is int and d == -1 for d in shape):
         others = math.prod(d for d in shape if not (type(d) is int and d == -1))
         try:
             empty = compat.is_dim_expr(others) and not others >= 1  # may split the trace
