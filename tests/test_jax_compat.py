@@ -223,3 +223,82 @@ def test_weak_types_queried_and_restored():
     assert out.dtype == jnp.bfloat16  # the weak factor yields to bfloat16
     np.testing.assert_array_equal(np.asarray(out, np.float32), [2.0, 3.0])
     assert compat.is_weakly_typed(jax.jit(compat.as_weakly_typed)(strong))
+
+
+# ----------------------------------------------------------------------------
+# JAX versions (0.10.2 .. 0.12): jaxprs with constants, versioned primitives
+# ----------------------------------------------------------------------------
+def _open_jaxpr_and_consts():
+    """A jaxpr whose constants are not attached (JAX 0.11+ carries them as leading
+    invars), with its consts and the function it was traced from."""
+    c = jnp.array([10.0, 20.0, 30.0])
+    f = lambda x: x * c + 1.0
+    closed = jax.make_jaxpr(f)(jnp.ones(3))
+    j = closed.jaxpr
+    assert len(closed.consts) == 1
+    open_ = compat.Jaxpr(j.constvars, j.invars, j.outvars, j.eqns, j.effects, j.debug_info)
+    return open_, list(closed.consts), f
+
+
+def test_jaxpr_as_fun_binds_the_constants_of_an_open_jaxpr():
+    open_, consts, f = _open_jaxpr_and_consts()
+    x = jnp.array([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(compat.jaxpr_as_fun(open_, consts)(x)[0], f(x))
+    constvars, invars = compat.jaxpr_inputs(open_, consts)
+    assert len(constvars) == 1 and len(invars) == 1
+
+
+def test_interpreter_binds_the_constants_of_an_open_jaxpr():
+    """Dropping an inner jaxpr's constants would shift its arguments: a wrong value."""
+    from polymask.interpreter import Interpreter
+    from polymask.shapes import DimEnv
+    from polymask.state import RunState
+
+    open_, consts, f = _open_jaxpr_and_consts()
+    x = jnp.array([1.0, 2.0, 3.0])
+    interp = Interpreter()
+    state = RunState(DimEnv(jax.export.SymbolicScope(), {}, {}), interp)
+    (got,) = interp.eval_jaxpr(open_, consts, [x], state)
+    np.testing.assert_array_equal(got, f(x))
+    (got,) = interp.eval_closed(compat.closed_jaxpr(open_, consts), [x], state)
+    np.testing.assert_array_equal(got, f(x))
+
+
+def test_masked_inner_jit_closing_over_an_array():
+    """An inner jit whose jaxpr has constants (a closed-over array), masked."""
+    import polymask as pm
+
+    c = jnp.arange(6.0) * 10
+    inner = jax.jit(lambda x: x * c[: x.shape[0]].sum() + c[0])
+    f = pm.mask(lambda x: inner(x).sum(), "n")
+    x = jnp.array([1.0, 2.0, 3.0, jnp.nan, jnp.nan, jnp.nan])
+    for n in (0, 1, 3, 6):
+        padded = jnp.where(jnp.arange(6) < n, x, jnp.nan)
+        got = f(pm.Masked(padded, (n,))).data
+        np.testing.assert_allclose(got, inner(x[:n]).sum(), rtol=1e-6)
+        got = jax.jit(f)(pm.Masked(padded, (jnp.int32(n),))).data
+        np.testing.assert_allclose(got, inner(x[:n]).sum(), rtol=1e-6)
+
+
+def test_scan_counts_of_the_installed_jax():
+    closed = jax.make_jaxpr(lambda c, xs: jax.lax.scan(lambda a, x: (a + x, a * x), c, xs))(
+        1.0, jnp.ones(4))
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "scan"]
+    assert compat.scan_counts(eqn.params) == (0, 1)
+
+
+def test_versioned_primitives_table_matches_the_installed_jax():
+    prims = compat.all_primitives()
+    for name in compat.VERSIONED_PRIMITIVES:
+        assert compat.has_primitive(name) == (name in prims), (name, compat.JAX_VERSION)
+
+
+def test_rules_are_registered_only_for_primitives_of_the_installed_jax():
+    from polymask.rules import registered_primitives
+
+    registered = set(registered_primitives())
+    for name in compat.VERSIONED_PRIMITIVES:
+        if not compat.has_primitive(name):
+            assert name not in registered, name
+    for name in ("log2", "one_minus_square", "polynomial"):
+        assert (name in registered) == compat.has_primitive(name), name

@@ -95,8 +95,9 @@ class Interpreter:
         def read(v):
             return compat.literal_value(v) if compat.is_jaxpr_literal(v) else env[v]
 
-        env.update(zip(jaxpr.constvars, consts))
-        env.update(zip(jaxpr.invars, args))
+        constvars, invars = compat.jaxpr_inputs(jaxpr, consts)
+        env.update(zip(constvars, consts))
+        env.update(zip(invars, args))
         state.jaxpr_stack.append(jaxpr)
         try:
             for eqn in jaxpr.eqns:

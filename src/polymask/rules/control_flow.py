@@ -20,9 +20,27 @@ def jit_rule(ctx, *args, jaxpr, **params):
     return ctx.eval_jaxpr(jaxpr, *args)
 
 
-@register("closed_call")
-def closed_call_rule(ctx, *args, call_jaxpr, **params):
-    return ctx.eval_jaxpr(call_jaxpr, *args)
+@register("closed_call", "eval_jaxpr")
+def call_rule(ctx, *args, **params):
+    """A call of a jaxpr (``closed_call`` before jax 0.11, ``eval_jaxpr``):
+    evaluated inline."""
+    from .. import _jax_compat as compat
+
+    return ctx.eval_jaxpr(compat.closed_jaxpr(compat.call_jaxpr_of(params)), *args)
+
+
+@register("call_hi_primitive")
+def hi_primitive_rule(ctx, *args, **params):
+    """A hijax primitive (jax 0.12's ``jnp.searchsorted``, ``jnp.nonzero(size=)``):
+    its expansion into ordinary primitives (``HiPrim.expand``, what JAX lowers),
+    traced at the symbolic operand shapes and masked like any inner jaxpr."""
+    import jax
+
+    from .. import _jax_compat as compat
+
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
+    closed = jax.make_jaxpr(compat.hi_primitive_expansion(params))(*structs)
+    return ctx.eval_jaxpr(closed, *args)
 
 
 @register("remat2")
@@ -31,7 +49,7 @@ def remat_rule(ctx, *args, jaxpr, prevent_cse, differentiated, policy):
 
     from .. import _jax_compat as compat
 
-    closed = jaxpr if isinstance(jaxpr, compat.ClosedJaxpr) else compat.ClosedJaxpr(jaxpr, ())
+    closed = compat.closed_jaxpr(jaxpr)
 
     @jax.checkpoint
     def body(*xs):
@@ -92,7 +110,7 @@ def _as_dtype(vals, avals):
 
 
 @register("scan")
-def scan_rule(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll=1, **params):
+def scan_rule(ctx, *args, reverse, length, jaxpr, unroll=1, **params):
     """``lax.scan`` over a (possibly dynamic) axis: run to the bound, freeze after the end.
 
     Row ``i`` of the padded ``xs`` is a valid step when ``i < length``
@@ -102,6 +120,7 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, num_consts, num_carry, unroll=
     prefix. The body is masked recursively (its avals may carry dim vars of
     the same scope: dynamic inner axes of carries and rows).
     """
+    num_consts, num_carry = compat.scan_counts(params)
     args = _as_dtype(args, ctx.in_avals)
     consts = args[:num_consts]
     init = args[num_consts:num_consts + num_carry]

@@ -104,14 +104,17 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
         n_res = res_tree.num_leaves - sum(f is not None for f in input_fwds)
         res_out, primals_out = outs[:n_res], outs[n_res:]
         res_it = iter(res_out)
-        res = [next(res_it) if f is None else xs[f] for f in input_fwds]
+        # input_fwds index the primitive's operands, consts first (JAX's
+        # process_custom_vjp_call): a residual may be a closed-over array
+        operands = [*consts, *xs]
+        res = [next(res_it) if f is None else operands[f] for f in input_fwds]
         return primals_out, (sizes, consts, res)
 
     def masked_bwd(saved, cts):
         sizes, consts, res = saved
         env = ctx.state.with_sizes(names, sizes)
         fwd_jaxpr, _ = compat.call_wrapped(fwd_jaxpr_thunk, *([True] * len(in_avals)))
-        res_avals = _residual_avals(fwd_jaxpr, out_trees()[2], in_avals)
+        res_avals = _residual_avals(fwd_jaxpr, out_trees()[2], call_jaxpr.in_avals)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in [*res_avals, *out_avals]]
 
         def bwd_flat(*res_and_cts):
@@ -119,7 +122,10 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
             return [compat.instantiate_zero(o) for o in outs]
 
         bwd_closed = jax.make_jaxpr(bwd_flat)(*structs)
-        cts_in = interp.eval_closed(bwd_closed, [*res, *cts], env)[num_consts:]
+        outs = interp.eval_closed(bwd_closed, [*res, *cts], env)
+        # the user's bwd gives one cotangent per argument; where JAX has wrapped
+        # it (_handle_consts_in_bwd) zeros for the consts come first
+        cts_in = outs[len(outs) - len(xs):]
         cts_in = [clean(c, env.dims.logical_shape(a.shape)) for c, a in zip(cts_in, in_avals)]
         return None, [jnp.zeros_like(c) for c in consts], cts_in
 

@@ -19,14 +19,16 @@ defelementwise(
     "exp", "exp2", "expm1", "floor", "integer_pow", "is_finite", "lgamma", "log",
     "log1p", "logistic", "not", "population_count", "reduce_precision",
     "round", "rsqrt", "sign", "sin", "sinh", "sqrt", "square", "tan", "tanh",
-    "bitcast_convert_type", "optimization_barrier")
+    "bitcast_convert_type", "optimization_barrier",
+    "log2", "one_minus_square")  # jax >= 0.11 (jnp.log2; tanh's derivative 1 - x^2)
 # binary and n-ary
 defelementwise(
     "div", "rem", "pow", "atan2", "nextafter",
     "and", "or", "xor", "shift_left", "shift_right_arithmetic", "shift_right_logical",
     "eq", "ne", "lt", "le", "gt", "ge", "complex", "igamma", "igammac", "igamma_grad_a",
     "polygamma", "zeta", "regularized_incomplete_beta",
-    "select_n", "clamp", "mulhi", "zeros_like")
+    "select_n", "clamp", "mulhi", "zeros_like",
+    "polynomial")  # jax >= 0.12: Horner's rule in x and broadcast coefficients
 # placement / annotations: the padded buffer is placed like the logical one
 defelementwise("sharding_constraint", "device_put", "layout_constraint", "name", "pin",
                "unpin")

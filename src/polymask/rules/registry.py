@@ -52,6 +52,8 @@ def register(*names: str, override: bool = False, sees_guard: bool = False,
 
     def deco(fn):
         for n in names:
+            if not compat.has_primitive(n):  # not in the installed JAX version
+                continue
             register_rule(n, fn, override=override)
             if sees_guard:
                 _SEES_GUARD.add(n)
