@@ -136,3 +136,35 @@ def test_jax_function_needing_a_python_int_size_is_a_shape_error_at_user_line():
         f(pm.pad(np.arange(5.0), 40))  # more sizes than max_cases
     out = f(pm.pad(np.arange(5.0), 12))  # few sizes: traced once per size
     np.testing.assert_allclose(out.unpad(), np.polyder(np.arange(5.0)))
+
+
+def test_shape_errors_raises_the_shape_error_from_a_users_jit():
+    """Under the user's own jax.jit a failed check is JAX's JaxRuntimeError (XLA's
+    prefix first); polymask.shape_errors re-raises the ShapeError itself."""
+    import jax
+    import jax.numpy as jnp
+    import pytest
+
+    import polymask as pm
+
+    g = jax.jit(pm.mask(lambda x, y: x + y, ("n", "n")))
+    a = pm.Masked(jnp.ones(4), (jnp.int32(3),))
+    b = pm.Masked(jnp.ones(4), (jnp.int32(2),))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="different logical values"):
+        g(a, b).data.block_until_ready()
+    with pytest.raises(pm.ShapeError, match=r"^dim var 'n' has different logical values: 3") as ei:
+        with pm.shape_errors():
+            g(a, b).data.block_until_ready()
+    assert isinstance(ei.value.jax_error, jax.errors.JaxRuntimeError)
+    assert ei.value.__cause__ is None and "in the masked call at" in str(ei.value)
+
+    @pm.shape_errors()
+    def step(x, y):
+        return g(x, y).data.block_until_ready()
+
+    with pytest.raises(pm.ShapeError, match="different logical values"):
+        step(a, b)
+    assert step(a, a)[:3].tolist() == [2.0, 2.0, 2.0]  # valid sizes: the value
+    with pytest.raises(ZeroDivisionError):  # other errors pass through unchanged
+        with pm.shape_errors():
+            1 / 0

@@ -181,7 +181,9 @@ def test_dynamic_update_slice_static_window():
 
 
 def test_split():
-    check_all_sizes(lambda x: jnp.split(x, [2, 5])[1], 6, expect_errors=[0, 1, 2, 3, 4])
+    # jax 0.10 raises at sizes 0..4 (a negative piece), jax >= 0.11 clamps the
+    # split points: polymask follows the installed JAX (check_all_sizes asks it)
+    check_all_sizes(lambda x: jnp.split(x, [2, 5])[1], 6)
 
 
 @pytest.mark.parametrize("f", [lambda x: x.at[1].set(5.0), lambda x: x.at[0].add(x[-1]),

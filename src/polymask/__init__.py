@@ -27,6 +27,7 @@ from .ops import (
     unique,
     where,
 )
+from .prologue import shape_errors
 from .ragged import ragged_map
 from .runner import jit
 from .training import value_and_grad
@@ -37,6 +38,6 @@ __all__ = [
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
     "buckets", "value_and_grad", "enable_compilation_cache", "disable_compilation_cache",
-    "default_cache_dir", "runner", "reuse_host_memory",
+    "default_cache_dir", "runner", "reuse_host_memory", "shape_errors",
 ]
 __version__ = "0.1.0"

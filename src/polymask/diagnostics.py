@@ -138,7 +138,7 @@ def _data_dependent_error(e: BaseException, where: str) -> ShapeError | None:
             f"boolean indexing x[m] has a data-dependent size (at {where}); inside "
             "polymask.mask use polymask.boolean_mask(x, m) (or polymask.compress / "
             "polymask.extract) instead.")
-    if isinstance(e, IndexError) and api in ("op", "__getitem__") and "Slice entries" in said:
+    if api in ("op", "__getitem__") and compat.is_traced_slice_bounds_error(e):
         return ShapeError(
             f"a slice with traced bounds has a data-dependent size (at {where}); inside "
             "polymask.mask use polymask.dynamic_slice(x, start, size, max_size=...) "

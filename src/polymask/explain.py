@@ -222,12 +222,12 @@ def _inner_jaxprs(eqn, sizes: set):
     p = eqn.params
     for key, val in p.items():
         for x in (val if isinstance(val, (tuple, list)) else (val,)):
-            if not isinstance(x, (compat.ClosedJaxpr, compat.Jaxpr)):
+            if not compat.is_jaxpr(x):
                 continue
-            j = x.jaxpr if isinstance(x, compat.ClosedJaxpr) else x
+            j = x.jaxpr
             outer = list(eqn.invars)
             if eqn.primitive.name == "scan":
-                outer = outer[:p["num_consts"]]
+                outer = outer[:compat.scan_counts(p)[0]]
             elif eqn.primitive.name == "while":
                 nc = p["cond_nconsts"]
                 outer = outer[:nc] if key == "cond_jaxpr" else outer[nc:nc + p["body_nconsts"]]

@@ -16,6 +16,7 @@ seed proposal asks.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -156,7 +157,8 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
                 vals = [v[idx] if v.shape == b.shape else v for v in vals]
                 where = f" (batch element {idx[0] if len(idx) == 1 else idx})"
             text = format_message(message, vals, [str(v.tolist()) for v in vals])
-            raise ShapeError(f"{text}{where}\n  in the masked call at {call_site}")
+            raise _raised_in_callback(
+                ShapeError(f"{text}{where}\n  in the masked call at {call_site}"))
 
     @jax.custom_batching.custom_vmap
     def check(bads, values):
@@ -175,6 +177,71 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
 
     check([jnp.asarray(c.bad) for c in checks],
           [jnp.asarray(v) for c in checks for v in c.values])
+
+
+# ----------------------------------------------------------------------------
+# ShapeErrors raised in host callbacks, re-raised on the host (shape_errors)
+# ----------------------------------------------------------------------------
+# Under a user's own jax.jit a failed check raises in a host callback, and
+# jaxlib reports it as ``JaxRuntimeError: INTERNAL: CpuCallback error calling
+# callback: Traceback ...`` with our text at the end, on every supported JAX
+# (0.10.2 .. 0.12: the prefix and the Python stack are written by jaxlib's
+# C++; the exception's own traceback cannot shorten them). The errors raised
+# there are remembered, so ``shape_errors`` can raise the ShapeError itself.
+_CALLBACK_ERRORS: collections.deque = collections.deque(maxlen=16)
+
+
+def _raised_in_callback(err: ShapeError) -> ShapeError:
+    _CALLBACK_ERRORS.append(err)
+    return err
+
+
+def shape_error_of(exc: BaseException) -> ShapeError | None:
+    """The polymask ``ShapeError`` that a ``JaxRuntimeError`` from a host
+    callback carries (None for any other error)."""
+    if isinstance(exc, ShapeError):
+        return exc
+    text = str(exc)
+    for err in reversed(_CALLBACK_ERRORS):
+        if str(err) in text:
+            return err
+    return None
+
+
+class shape_errors(contextlib.ContextDecorator):
+    """Raise polymask's ``ShapeError`` itself from compiled code.
+
+    Under your own ``jax.jit`` a failed size check (sizes out of range,
+    different sizes for one dim var, a constraint) cannot raise in Python:
+    it raises in a host callback, and JAX reports
+    ``JaxRuntimeError: INTERNAL: CpuCallback error calling callback:
+    Traceback ...`` with the ``ShapeError`` text at its end. Inside this
+    context (or a function decorated with it) such an error is re-raised as
+    the ``ShapeError``, so its message is the first thing you read and
+    ``except polymask.ShapeError`` catches it::
+
+        step = jax.jit(polymask.mask(f, "n"))
+        with polymask.shape_errors():
+            out = step(x).data.block_until_ready()
+
+    The ``ShapeError``'s ``jax_error`` attribute holds JAX's error. Any
+    other exception passes through unchanged. ``polymask.jit`` and
+    ``ragged_map`` check sizes on the host and raise ``ShapeError`` directly;
+    eager ``mask`` calls and eager ``jax.vmap`` do too.
+    """
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or isinstance(exc, ShapeError):
+            return False
+        err = shape_error_of(exc)
+        if err is None:
+            return False
+        new = ShapeError(str(err))
+        new.jax_error = exc  # JAX's JaxRuntimeError, kept for inspection
+        raise new from None  # JAX's wall of callback frames says nothing more
 
 
 # ----------------------------------------------------------------------------

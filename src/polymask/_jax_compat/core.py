@@ -174,6 +174,18 @@ def hi_primitive_expansion(params):
     return expanded
 
 
+# jnp's IndexError for x[a:b] with traced bounds: its wording by JAX version
+_TRACED_SLICE_MESSAGES = (
+    "Slice entries must be static integers",   # jax 0.10
+    "slice indices must have static start/stop/step",  # jax 0.11, 0.12
+)
+
+
+def is_traced_slice_bounds_error(e: BaseException) -> bool:
+    """jnp's ``IndexError`` for a slice ``x[a:b]`` whose bounds are traced values."""
+    return isinstance(e, IndexError) and any(m in str(e) for m in _TRACED_SLICE_MESSAGES)
+
+
 def is_jaxpr(x) -> bool:
     """A jaxpr, closed or open (one class from jax 0.11)."""
     return isinstance(x, (ClosedJaxpr, Jaxpr))
