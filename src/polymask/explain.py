@@ -224,7 +224,7 @@ def _inner_jaxprs(eqn, sizes: set):
         for x in (val if isinstance(val, (tuple, list)) else (val,)):
             if not compat.is_jaxpr(x):
                 continue
-            j = x.jaxpr
+            j = compat.open_jaxpr(x)
             outer = list(eqn.invars)
             if eqn.primitive.name == "scan":
                 outer = outer[:compat.scan_counts(p)[0]]

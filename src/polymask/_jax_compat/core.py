@@ -138,8 +138,15 @@ def inner_jaxprs(params):
     ``jit``, ``cond`` branches, a ``scan`` body; an open jaxpr has no consts)."""
     for v in params.values():
         for x in (v if isinstance(v, (tuple, list)) else (v,)):
-            if isinstance(x, (ClosedJaxpr, Jaxpr)):
-                yield x.jaxpr, list(getattr(x, "consts", ()))
+            if isinstance(x, ClosedJaxpr):
+                yield x.jaxpr, list(x.consts)
+            elif isinstance(x, Jaxpr):  # an open jaxpr (jax 0.10)
+                yield x, []
+
+
+def open_jaxpr(x):
+    """The ``Jaxpr`` of a closed or open jaxpr (on jax >= 0.11 one object)."""
+    return x.jaxpr if isinstance(x, ClosedJaxpr) else x
 
 
 def scan_counts(params) -> tuple[int, int]:

@@ -82,7 +82,7 @@ from jax import lax  # noqa: E402
 
 from .. import _jax_compat as compat  # noqa: E402
 from ..shapes import is_static, needs_mask  # noqa: E402
-from .util import is_inexact  # noqa: E402
+from .util import gate_gradients, is_inexact  # noqa: E402
 
 
 def _pick(valid, new, old):
@@ -138,8 +138,10 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, unroll=1, **params):
             row = [r if s is None else _pick(valid, r, s) for r, s in zip(row, safe_rows)]
         else:
             valid, row = None, inp
+        # a step past the end runs but is discarded: no gradient through it
+        gated = gate_gradients(valid, [*consts, *carry, *row])
         with ctx.state.scoped(), _guarded(ctx.state, valid):
-            outs = ctx.eval_jaxpr(jaxpr, *consts, *carry, *row)
+            outs = ctx.eval_jaxpr(jaxpr, *gated)
         new = _as_dtype(outs[:num_carry], carry_avals)
         new = [_pick(valid, a, b) for a, b in zip(new, carry)]
         ys = [_pick(valid, y, jnp.zeros((), y.dtype)) if is_inexact(y.dtype) else y
@@ -284,8 +286,9 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
                 valid = k < trip
                 # Invalid steps see the last valid index, not one past the end.
                 fed = [jnp.minimum(carry[0], last).astype(carry[0].dtype), *carry[1:]]
+                gated = gate_gradients(valid, [*bconsts, *fed])  # see scan_rule
                 with ctx.state.scoped(), _guarded(ctx.state, valid):
-                    outs = ctx.eval_jaxpr(body_jaxpr, *bconsts, *fed)
+                    outs = ctx.eval_jaxpr(body_jaxpr, *gated)
                 outs = _as_dtype(outs, carry_avals)
                 return [_pick(valid, a, b) for a, b in zip(outs, carry)], None
 

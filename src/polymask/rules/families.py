@@ -12,6 +12,7 @@ import sys
 
 import jax.numpy as jnp
 
+from .. import _jax_compat as compat
 from .registry import register
 from .util import clean, fill_padding, identity_of, is_inexact, masked_axes
 
@@ -39,12 +40,49 @@ def defelementwise(*names: str, zero_preserving: bool = False) -> None:
 
 def _elementwise_rule(zero_preserving: bool):
     def elementwise_rule(ctx, *args, **params):
+        args = _broadcast_operands(ctx, args)
         out = ctx.bind(*args)
         if zero_preserving and _all_zero_padded(ctx, args, out):
             ctx.mark_zero_padding(out)
         return out
 
     return elementwise_rule
+
+
+def _broadcast_operands(ctx, args):
+    """Float operands that lax broadcasts implicitly onto padded axes (a
+    scalar ``w`` in ``log(x) * w``, a ``(1, F)`` bias in ``x + b``: lax
+    broadcasts rank 0 and size-1 axes) are broadcast explicitly with the
+    padding of those axes zeroed, as ``broadcast_in_dim``'s rule does: such an
+    operand's cotangent sums the op's cotangent over the broadcast axes, and at
+    padding positions that is ``0 * inf = nan`` wherever the forward is
+    infinite there (``log(0)``, a division by a count of 0)."""
+    if ctx.state.forward_only or len(args) < 2:
+        return args
+    bounds, logical = ctx.out_bounds[0], ctx.out_logical[0]
+    masked = masked_axes(logical, bounds) if bounds else []
+    if not masked:
+        return args
+    out = []
+    for a in args:
+        axes = _implicitly_broadcast_axes(a, bounds, masked)
+        if axes:
+            zero = len(axes) == len(masked) or ctx.has_zero_padding(a)
+            a = clean(jnp.broadcast_to(a, bounds), logical, axes)
+            if zero:  # every padding position is on a cleaned axis, or was 0
+                ctx.mark_zero_padding(a)
+        out.append(a)
+    return out
+
+
+def _implicitly_broadcast_axes(a, bounds, masked) -> list[int]:
+    """The padded axes ``a`` (a traced float operand) is broadcast along."""
+    shape = jnp.shape(a)
+    if shape == tuple(bounds) or not compat.is_tracer(a) or not is_inexact(jnp.result_type(a)):
+        return []  # a constant (a literal 2.0) has no cotangent
+    if not shape:
+        return list(masked)
+    return [ax for ax in masked if shape[ax] == 1 and bounds[ax] != 1]
 
 
 def _all_zero_padded(ctx, args, out) -> bool:

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -85,6 +86,35 @@ def fill_padding(x, logical: Sequence, fill, axes=None):
 def clean(x, logical: Sequence, axes=None):
     """Zero the padding (``select``, NaN-safe) on ``axes``."""
     return fill_padding(x, logical, 0, axes)
+
+
+@jax.custom_jvp
+def _gradient_gate(valid, x):
+    return x
+
+
+@_gradient_gate.defjvp
+def _gradient_gate_jvp(primals, tangents):
+    valid, x = primals
+    tx = tangents[1]
+    return x, lax.select(jnp.broadcast_to(valid, jnp.shape(x)), tx, lax.full_like(tx, 0))
+
+
+def gate_gradients(valid, xs: Sequence) -> list:
+    """``xs`` unchanged; their tangents (and so cotangents) zeroed where ``valid``
+    is False (a ``select``, NaN-safe).
+
+    For a computation whose result is discarded where ``valid`` is False (a
+    loop step past the logical trip count, a padding position): its backward
+    pass there multiplies a zero cotangent by its local derivatives, which
+    are infinite where the discarded forward divides by 0 or takes ``log(0)``
+    (``0 * inf = nan``), and that NaN would reach the gradient of every input
+    it read, parameters included. The gate stops it at the inputs. ``valid``
+    is a bool array broadcastable to each ``x`` (or None: no gate).
+    """
+    if valid is None:
+        return list(xs)
+    return [_gradient_gate(valid, x) if is_inexact(jnp.result_type(x)) else x for x in xs]
 
 
 def clean_float(x, logical: Sequence, axes=None):
