@@ -324,3 +324,14 @@ def test_division_by_a_size_splits_the_trace_on_zero():
     seg = np.array([0, 0, 0, 1, 1, 3, 3, 3], np.int32)
     check_oracle(seg_prod, [(x, seg), (x[:3, :2, :1], seg[:3]), (x[:1, :1, :2], seg[:1])],
                  [(10, 6, 3), (10,)], ("b, s, k", "b"), modes=("eager", "jit", "vmap"))
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: jnp.full(x.shape, 1.0 / x.shape[0]) * x,   # ott-jax's uniform weights
+    lambda x: x * (x.shape[0] / (x.shape[0] * 2)),        # size / size
+    lambda x: x.sum() / x.shape[0],                       # a traced dividend: nan, no error
+], ids=["float-by-size", "size-by-size", "array-by-size"])
+def test_python_division_by_a_size_raises_where_python_does(f):
+    # on the exact arrays a size is a Python int: 1.0 / 0 raises ZeroDivisionError
+    expect = [] if "sum" in str(f.__code__.co_names) else [0]
+    check_all_sizes(f, 4, modes=("eager", "jit", "vmap"), expect_errors=expect)

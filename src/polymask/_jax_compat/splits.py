@@ -89,13 +89,16 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
     with _HOOK_LOCK:
         if _HOOK_USERS == 0:
             _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
-                          NDINDEXER.to_static_slice)
+                          NDINDEXER.to_static_slice, DimExpr.__truediv__,
+                          DimExpr.__rtruediv__)
             eq = _split_eq(_HOOK_ORIG[0])
             DimExpr.__eq__ = eq
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
             _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
             NDINDEXER.to_static_slice = _in_masked_trace(
                 static_slice_of_static_axes(_HOOK_ORIG[3]), _HOOK_ORIG[3])
+            DimExpr.__truediv__ = _python_division(_HOOK_ORIG[4], reflected=False)
+            DimExpr.__rtruediv__ = _python_division(_HOOK_ORIG[5], reflected=True)
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
     stack.append(_HookFrame(dict(split_vars or {}), scope, is_user_frame))
@@ -107,7 +110,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             _HOOK_USERS -= 1
             if _HOOK_USERS == 0:
                 (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
-                 NDINDEXER.to_static_slice) = _HOOK_ORIG
+                 NDINDEXER.to_static_slice, DimExpr.__truediv__,
+                 DimExpr.__rtruediv__) = _HOOK_ORIG
 
 
 def _in_masked_trace(patched, orig):
@@ -173,6 +177,43 @@ def _split_geq(orig_geq):
             raise SplitNeeded(message, diff) from None
 
     return geq
+
+
+def _python_division(orig, reflected: bool):
+    """``DimExpr.__truediv__`` / ``__rtruediv__`` that divide as Python does.
+
+    On the exact arrays a size is a Python int, so ``1.0 / x.shape[0]`` (or
+    ``n / m`` of two sizes) raises ``ZeroDivisionError`` at a size of 0, while
+    JAX's symbolic division is an array division (``inf``). Where the divisor
+    is a size that may be 0, the trace splits on it (``divisor >= 1``); in the
+    case where it is 0 the division raises as Python's does, and polymask
+    reports it as a ``ShapeError`` at those sizes (at run time under ``jit``).
+    A traced dividend (``x.sum() / n``) divides as an array, as in plain JAX.
+    """
+
+    def divide(self, other):
+        divisor, dividend = (self, other) if reflected else (other, self)
+        if isinstance(dividend, (int, float)) or is_dim_expr(dividend):
+            _check_python_divisor(divisor)
+        return orig(self, other)
+
+    return divide
+
+
+def _check_python_divisor(divisor) -> None:
+    if not is_dim_expr(divisor):
+        if isinstance(divisor, (int, float)) and divisor == 0:
+            raise ZeroDivisionError("division by zero")
+        return
+    frame = _active_frame(divisor)
+    if frame is None:
+        return
+    lo, hi = _decision.bounds_decision(divisor, _shape_poly.BoundsPrecision.BEST)
+    if lo > 0 or hi < 0:
+        return
+    if lo == hi == 0:
+        raise ZeroDivisionError(f"division by zero (the size {divisor} is 0)")
+    raise SplitNeeded(f"Possible division by 0 in division by {divisor}", divisor - 1)
 
 
 _ZERO_DIVISOR = "Possible division by 0 in division by "
