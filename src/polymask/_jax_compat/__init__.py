@@ -1,4 +1,4 @@
-"""Every use of private JAX API lives in this package (tested range: jax 0.10.x).
+"""Every use of private JAX API lives in this package (tested range: jax 0.10.2 .. 0.12.x).
 
 polymask needs a few internals of ``jax.export``'s symbolic shapes (dimension
 expressions, their scope and bounds), of the jaxpr machinery (source info,
@@ -8,6 +8,9 @@ package; ``tests/test_jax_compat.py`` covers each function. Import it as
 ``from polymask import _jax_compat as compat``: the names below are its API.
 
 - ``core``: symbolic shapes, jaxprs, source info, rule tables, primitive list
+- ``versions``: what differs between the supported JAX versions (look here
+  first on a JAX upgrade): jaxprs' constants, primitives' params, primitives
+  present on some versions only, hijax primitives, JAX error wordings
 - ``splits``: the hooks a masked trace installs in JAX's symbolic shapes while
   it runs (undecidable size comparisons raise ``SplitNeeded``)
 - ``hooks``: ``patched_attr``, ``quiet_callback_errors``
@@ -25,3 +28,4 @@ from .hooks import *  # noqa: F401,F403
 from .lowering import *  # noqa: F401,F403
 from .runtime import *  # noqa: F401,F403
 from .splits import *  # noqa: F401,F403
+from .versions import *  # noqa: F401,F403

@@ -31,8 +31,6 @@ ClosedJaxpr = _xcore.ClosedJaxpr
 Jaxpr = _xcore.Jaxpr
 ShapedArray = _core.ShapedArray
 Primitive = _xcore.Primitive
-# True where a ClosedJaxpr is a Jaxpr with attached constants (jax >= 0.11)
-JAXPR_CARRIES_CONSTS = ClosedJaxpr is Jaxpr
 # The concrete jax.Array class (exact type checks on the runners' fast path).
 ArrayImpl = _array.ArrayImpl
 dim_as_value_p = _shape_poly.dim_as_value_p
@@ -102,133 +100,10 @@ def fresh_dim(name: str, scope: SymbolicScope):
     return jax.export.symbolic_shape(name, scope=scope)[0]
 
 
-# Primitives that only some supported JAX versions define: (first version that
-# has it, first version that no longer has it), None for open. A masking rule
-# is registered only where the installed JAX has its primitive
-# (``rules.registry.register``); ``tests/test_jax_compat.py`` checks this table
-# against ``all_primitives()``.
-VERSIONED_PRIMITIVES: dict[str, tuple[tuple | None, tuple | None]] = {
-    "closed_call": (None, (0, 11)),   # one call primitive, eval_jaxpr, from 0.11
-    "call": (None, (0, 11)),
-    "shard_alike": (None, (0, 11)),   # jax._src.shard_alike removed
-    "log2": ((0, 11), None),          # jnp.log2 was log(x) / log(2)
-    "one_minus_square": ((0, 11), None),  # tanh's derivative
-    "polynomial": ((0, 12), None),    # jnp.polyval's Horner loop
-}
-
-JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:3])
-
-
-def has_primitive(name: str) -> bool:
-    """Whether the installed JAX defines the primitive ``name`` (see
-    ``VERSIONED_PRIMITIVES``; any other name is taken to exist)."""
-    since, until = VERSIONED_PRIMITIVES.get(name, (None, None))
-    v = JAX_VERSION[:2]
-    return (since is None or v >= since) and (until is None or v < until)
-
-
 _POLYMASK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 UNKNOWN_LOCATION = "<unknown location>"
-
-
-def inner_jaxprs(params):
-    """``(jaxpr, consts)`` of every jaxpr in an equation's params (a nested
-    ``jit``, ``cond`` branches, a ``scan`` body; an open jaxpr has no consts)."""
-    for v in params.values():
-        for x in (v if isinstance(v, (tuple, list)) else (v,)):
-            if isinstance(x, ClosedJaxpr):
-                yield x.jaxpr, list(x.consts)
-            elif isinstance(x, Jaxpr):  # an open jaxpr (jax 0.10)
-                yield x, []
-
-
-def open_jaxpr(x):
-    """The ``Jaxpr`` of a closed or open jaxpr (on jax >= 0.11 one object)."""
-    return x.jaxpr if isinstance(x, ClosedJaxpr) else x
-
-
-def scan_counts(params) -> tuple[int, int]:
-    """``(num_consts, num_carry)`` of a ``scan`` equation's params: explicit
-    params on jax 0.10, the first two parts of the ``ft_in`` flat tree
-    (consts, carry, xs) from jax 0.11."""
-    if "num_consts" in params:
-        return params["num_consts"], params["num_carry"]
-    consts, carry, _ = params["ft_in"].unpack()
-    return len(consts), len(carry)
-
-
-def call_jaxpr_of(params):
-    """The jaxpr of a call equation (``closed_call`` / ``eval_jaxpr``): its
-    ``call_jaxpr`` param, or ``jaxpr`` where ``eval_jaxpr`` names it so (0.10)."""
-    return params["call_jaxpr"] if "call_jaxpr" in params else params["jaxpr"]
-
-
-def hi_primitive_expansion(params):
-    """``fun(*flat operands) -> flat results``: a ``call_hi_primitive``
-    equation's hijax primitive (``params["_prim"]``, a ``HiPrim``; jax 0.12
-    binds ``jnp.searchsorted`` and ``jnp.nonzero(size=)`` so) written with
-    ordinary primitives, as JAX lowers it (``HiPrim.expand``)."""
-    import jax
-
-    prim = params["_prim"]
-
-    def expanded(*flat):
-        out = prim.expand(*jax.tree_util.tree_unflatten(prim.in_tree, flat))
-        return jax.tree_util.tree_leaves(out)
-
-    return expanded
-
-
-# jnp's IndexError for x[a:b] with traced bounds: its wording by JAX version
-_TRACED_SLICE_MESSAGES = (
-    "Slice entries must be static integers",   # jax 0.10
-    "slice indices must have static start/stop/step",  # jax 0.11, 0.12
-)
-
-
-def is_traced_slice_bounds_error(e: BaseException) -> bool:
-    """jnp's ``IndexError`` for a slice ``x[a:b]`` whose bounds are traced values."""
-    return isinstance(e, IndexError) and any(m in str(e) for m in _TRACED_SLICE_MESSAGES)
-
-
-def is_jaxpr(x) -> bool:
-    """A jaxpr, closed or open (one class from jax 0.11)."""
-    return isinstance(x, (ClosedJaxpr, Jaxpr))
-
-
-def closed_jaxpr(jaxpr, consts=()):
-    """``jaxpr`` closed over ``consts`` (a ``ClosedJaxpr`` is returned as it is).
-
-    ``consts`` bind the jaxpr's constant inputs: its ``constvars`` on jax 0.10,
-    its first ``len(consts)`` inputs from jax 0.11, where a jaxpr traced with
-    constants and not closed carries them as leading ``invars``."""
-    if JAXPR_CARRIES_CONSTS:
-        if not consts:
-            return jaxpr
-        if jaxpr.consts:  # already closed: consts must be its own
-            if len(jaxpr.consts) != len(consts):
-                raise ValueError(f"a closed jaxpr with {len(jaxpr.consts)} constants "
-                                 f"given {len(consts)}")
-            return jaxpr.with_consts(list(consts))
-        return jaxpr.with_consts(list(consts))
-    if isinstance(jaxpr, ClosedJaxpr):
-        return jaxpr
-    return ClosedJaxpr(jaxpr, list(consts))
-
-
-def jaxpr_inputs(jaxpr, consts) -> tuple[list, list]:
-    """``(constant input vars, argument input vars)`` of ``jaxpr`` given the
-    ``consts`` it is evaluated with: ``constvars`` and ``invars`` on jax 0.10;
-    from jax 0.11 an open jaxpr carries its constants as leading ``invars``, so
-    the first ``len(consts)`` inputs bind them (dropping them would shift every
-    argument by one: a silent wrong value)."""
-    all_vars = [*jaxpr.constvars, *jaxpr.invars]
-    n = len(consts)
-    if not JAXPR_CARRIES_CONSTS and n != len(jaxpr.constvars):
-        raise ValueError(f"a jaxpr with {len(jaxpr.constvars)} constvars given {n} constants")
-    return all_vars[:n], all_vars[n:]
 
 
 def source_line(source_info) -> str:
@@ -271,12 +146,6 @@ def name_scopes(source_info) -> tuple[str, ...]:
     """
     return tuple(s.name for s in source_info.name_stack.stack
                  if isinstance(s, _source_info_util.Scope))
-
-
-def jaxpr_as_fun(jaxpr, consts=()):
-    """A Python callable evaluating ``jaxpr`` (a ``Jaxpr`` with ``consts``, or a
-    ``ClosedJaxpr``) unmasked: ``fun(*args) -> list of outputs``."""
-    return _xcore.jaxpr_as_fun(closed_jaxpr(jaxpr, consts))
 
 
 def is_tracer(x) -> bool:
