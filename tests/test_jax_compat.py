@@ -302,3 +302,20 @@ def test_rules_are_registered_only_for_primitives_of_the_installed_jax():
             assert name not in registered, name
     for name in ("log2", "one_minus_square", "polynomial"):
         assert (name in registered) == compat.has_primitive(name), name
+
+
+def test_hijax_primitives_are_traced_as_their_expansion():
+    """jax 0.12 binds jnp.searchsorted / jnp.nonzero(size=) (and so tril_indices)
+    as hijax primitives; a masked trace inlines their expansion, so their size
+    comparisons split the trace (tril_indices' n * (n + 1) / 2)."""
+    from polymask.testing import check_oracle
+
+    rng = np.random.default_rng(0)
+    exs = [(rng.normal(size=(n, n)).astype(np.float32),) for n in (0, 1, 3, 4)]
+    check_oracle(lambda x: x[jnp.tril_indices(x.shape[0])] * 2.0, exs, [(4, 4)], ["n, n"],
+                 modes=("eager", "jit", "vmap"))
+    exs = [(np.sort(rng.normal(size=n)).astype(np.float32), rng.normal(size=3).astype(np.float32))
+           for n in (0, 1, 4)]
+    check_oracle(lambda a, q: jnp.searchsorted(a, q), exs, [(4,), None], ["n", None],
+                 modes=("eager", "jit", "vmap"))
+    assert not compat.hooks_installed()

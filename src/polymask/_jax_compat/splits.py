@@ -25,6 +25,7 @@ from jax._src.export import shape_poly_decision as _decision
 
 from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr
 from .indexing import NDINDEXER, static_slice_of_static_axes
+from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
 
 __all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed",
            "sizes_compared_as_user"]
@@ -90,7 +91,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
         if _HOOK_USERS == 0:
             _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                           NDINDEXER.to_static_slice, DimExpr.__truediv__,
-                          DimExpr.__rtruediv__)
+                          DimExpr.__rtruediv__,
+                          _hi_primitive_staging_home()[0].get(_hi_primitive_staging_home()[1]))
             eq = _split_eq(_HOOK_ORIG[0])
             DimExpr.__eq__ = eq
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
@@ -99,6 +101,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 static_slice_of_static_axes(_HOOK_ORIG[3]), _HOOK_ORIG[3])
             DimExpr.__truediv__ = _python_division(_HOOK_ORIG[4], reflected=False)
             DimExpr.__rtruediv__ = _python_division(_HOOK_ORIG[5], reflected=True)
+            rules, hi_p = _hi_primitive_staging_home()
+            rules[hi_p] = _in_masked_trace_call(inline_hi_primitive_staging, rules.get(hi_p))
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
     stack.append(_HookFrame(dict(split_vars or {}), scope, is_user_frame))
@@ -111,7 +115,9 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             if _HOOK_USERS == 0:
                 (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                  NDINDEXER.to_static_slice, DimExpr.__truediv__,
-                 DimExpr.__rtruediv__) = _HOOK_ORIG
+                 DimExpr.__rtruediv__, hi_staging) = _HOOK_ORIG
+                rules, hi_p = _hi_primitive_staging_home()
+                rules[hi_p] = hi_staging
 
 
 def _in_masked_trace(patched, orig):
@@ -124,6 +130,17 @@ def _in_masked_trace(patched, orig):
         return orig(self, **kwargs)
 
     return method
+
+
+def _in_masked_trace_call(patched, orig):
+    """``patched(*args, **kwargs)`` while this thread runs a masked trace, else ``orig``."""
+
+    def call(*args, **kwargs):
+        if getattr(_HOOK_TLS, "stack", None):
+            return patched(*args, **kwargs)
+        return orig(*args, **kwargs)
+
+    return call
 
 
 def hooks_installed() -> bool:

@@ -147,3 +147,25 @@ def jaxpr_as_fun(jaxpr, consts=()):
     """A Python callable evaluating ``jaxpr`` (a ``Jaxpr`` with ``consts``, or a
     ``ClosedJaxpr``) unmasked: ``fun(*args) -> list of outputs``."""
     return _xcore.jaxpr_as_fun(closed_jaxpr(jaxpr, consts))
+
+
+def _hi_primitive_staging_home():
+    """``(rule table, call_hi_primitive)``: JAX's staging rules, keyed by primitive."""
+    from jax._src import hijax as _hijax
+    from jax._src.interpreters import partial_eval as _pe
+
+    return _pe.custom_staging_rules, _hijax.call_hi_primitive_p
+
+
+def inline_hi_primitive_staging(trace, source_info, *args_flat, _prim):
+    """A staging rule for ``call_hi_primitive`` that traces the hijax
+    primitive's expansion (``HiPrim.expand``) in place, as ordinary
+    primitives: inside a masked trace the expansion's size comparisons
+    (``jnp.nonzero(size=n * (n + 1) // 2)`` in ``jnp.tril_indices``) then
+    split the trace like the user's own, and the masking rules see the
+    primitives they know."""
+    from jax._src import core as _core
+
+    with _core.set_current_trace(trace):
+        args = jax.tree_util.tree_unflatten(_prim.in_tree, args_flat)
+        return jax.tree_util.tree_leaves(_prim.expand(*args))
