@@ -139,7 +139,8 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, unroll=1, **params):
         else:
             valid, row = None, inp
         # a step past the end runs but is discarded: no gradient through it
-        gated = gate_gradients(valid, [*consts, *carry, *row])
+        gated = gate_gradients(None if ctx.state.forward_only else valid,
+                               [*consts, *carry, *row])
         with ctx.state.scoped(), _guarded(ctx.state, valid):
             outs = ctx.eval_jaxpr(jaxpr, *gated)
         new = _as_dtype(outs[:num_carry], carry_avals)
@@ -286,7 +287,8 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
                 valid = k < trip
                 # Invalid steps see the last valid index, not one past the end.
                 fed = [jnp.minimum(carry[0], last).astype(carry[0].dtype), *carry[1:]]
-                gated = gate_gradients(valid, [*bconsts, *fed])  # see scan_rule
+                gated = gate_gradients(None if ctx.state.forward_only else valid,
+                                       [*bconsts, *fed])  # see scan_rule
                 with ctx.state.scoped(), _guarded(ctx.state, valid):
                     outs = ctx.eval_jaxpr(body_jaxpr, *gated)
                 outs = _as_dtype(outs, carry_avals)
