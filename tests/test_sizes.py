@@ -335,3 +335,21 @@ def test_python_division_by_a_size_raises_where_python_does(f):
     # on the exact arrays a size is a Python int: 1.0 / 0 raises ZeroDivisionError
     expect = [] if "sum" in str(f.__code__.co_names) else [0]
     check_all_sizes(f, 4, modes=("eager", "jit", "vmap"), expect_errors=expect)
+
+
+def test_broadcast_of_a_computed_size_that_is_one_near_zero():
+    """optax's ctc_loss adds shapes (1, l) and (1, max(0, l - 1) + 1) in its scan
+    body: equal for l >= 1, and at l = 0 the second is 1, which broadcasts. JAX
+    cannot prove it symbolically; the trace splits on whether the computed size
+    is 1 (it was an 'incompatible shapes' error for every l)."""
+    optax = pytest.importorskip("optax")
+    rng = np.random.default_rng(0)
+
+    def example(n):
+        t = 2 * n + 1
+        return (rng.normal(size=(1, t, 5)).astype(np.float32), np.zeros((1, t), np.float32),
+                rng.integers(1, 5, (1, n)).astype(np.int32), np.zeros((1, n), np.float32))
+
+    check_oracle(optax.ctc_loss, [example(n) for n in (0, 1, 4)],
+                 [(1, 9, 5), (1, 9), (1, 4), (1, 4)], ("1, t, 5", "1, t", "1, l", "1, l"),
+                 modes=("eager", "jit", "vmap", "grad"))

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import itertools
 import linecache
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -308,6 +309,28 @@ def _is_shape_decision(caller) -> bool:
     return any(t in line for t in _EQ_TOKENS)
 
 
+# lax's broadcasting rule: ``definitely_equal(d, 1)`` False for an unknown d
+# takes d as a size to match, and the shapes then fail to match
+_BROADCAST_RULES = ("_try_broadcast_shapes",)
+_COMPUTED_SIZE = re.compile(r"max|min|mod|floordiv|//|%|\*")
+
+
+def _broadcast_to_one(a, b, caller) -> bool:
+    """``d == 1`` asked by lax's broadcasting rule for a computed size ``d``
+    (``max(0, l - 1) + 1``, from a slice near size 0): on the exact arrays it
+    is 1 at some sizes, where plain JAX broadcasts it (optax's ctc_loss adds
+    shapes ``(1, l)`` and ``(1, max(0, l - 1) + 1)``). A dim var's own size
+    (``n``) is not split on: operands of different dim vars keep their error."""
+    if b != 1 or caller is None or not caller.f_code.co_name.startswith("definitely_"):
+        return False
+    outer = caller.f_back
+    while outer is not None and outer.f_code.co_name in ("<genexpr>", "<listcomp>"):
+        outer = outer.f_back
+    if outer is None or outer.f_code.co_name not in _BROADCAST_RULES:
+        return False
+    return bool(_COMPUTED_SIZE.search(str(a)))
+
+
 def _guards_a_raise(caller) -> bool:
     """``if core.definitely_equal(size, 0): raise IndexError(...)`` in jnp's code."""
     if caller is None or not any(
@@ -363,7 +386,7 @@ def _split_eq(orig_eq):
                 caller = caller.f_back
             user = getattr(_HOOK_TLS, "as_user", False) or (
                 caller is not None and frame.is_user_frame(caller.f_code.co_filename))
-            decision = user or _is_shape_decision(caller)
+            decision = user or _is_shape_decision(caller) or _broadcast_to_one(a, b, caller)
         finally:
             frame.busy = False
         message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
