@@ -336,3 +336,39 @@ def test_python_if_on_size_with_constraint_traces():
     m = pm.mask(f, "n", constraints=["n >= 2"])
     out = m(pm.Masked(jnp.arange(5.0), (3,)))
     np.testing.assert_array_equal(out.unpad(), [2.0, 4.0])
+
+
+_LOOP_PAST_THE_END = """
+import jax, jax.numpy as jnp, numpy as np, polymask as pm
+from jax import lax
+
+def f(xs):
+    def step(c, x):
+        # counts an even x down to 0 by 2: never ends from an odd x (the padding holds -1)
+        k = lax.while_loop(lambda k: k != 0, lambda k: k - 2, x)
+        return c + k + x, None
+    return lax.scan(step, jnp.int32(0), xs)[0]
+
+data = jnp.array([4, 2, 6, -1, -1], jnp.int32)
+m = pm.mask(f, "n")
+for n in (0, 1, 3):
+    assert int(m(pm.Masked(data, (n,))).data) == int(f(data[:n])), n
+    assert int(jax.jit(m)(pm.Masked(data, (jnp.int32(n),))).data) == int(f(data[:n])), n
+out = jax.vmap(m)(pm.Masked(jnp.stack([data] * 3), (jnp.array([0, 1, 3]),)))
+assert out.data.tolist() == [0, 4, 12], out.data
+print("ok")
+"""
+
+
+def test_while_loop_in_a_scan_step_past_the_end_runs_no_iteration():
+    """A scan step past the logical end is discarded: a while loop inside runs no
+    iteration there (its carry is not data plain JAX loops on; optax's
+    hungarian_algorithm never ended on a padded cost matrix)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", _LOOP_PAST_THE_END], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]

@@ -297,9 +297,16 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
             carry, _ = lax.scan(step, list(init), lax.iota(jnp.int32, bound), length=bound)
             return carry
 
+    # Where the loop's result is discarded (a scan step past the logical end, a
+    # case the sizes do not choose) it runs no iteration: its carry there is not
+    # data plain JAX ever loops on, and such a loop may never end (optax's
+    # hungarian_algorithm on a padded cost matrix did not).
+    guard = ctx.state.guard
+
     def cond_fun(carry):
         with ctx.state.scoped():
-            return ctx.eval_jaxpr(cond_jaxpr, *cconsts, *carry)[0]
+            pred = ctx.eval_jaxpr(cond_jaxpr, *cconsts, *carry)[0]
+        return pred if guard is None else jnp.logical_and(pred, guard)
 
     def body_fun(carry):
         # Under vmap a batched predicate runs the body for every row until the
