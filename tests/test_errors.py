@@ -463,3 +463,20 @@ def test_pm_pad_on_the_same_line_is_not_taken_for_jnp_pad():
     with pytest.raises(pm.ShapeError) as e:
         pm.mask(lambda x, y: jnp.stack([x, y]), ("n", "m"))(pm.pad(x, (5,)), pm.pad(x[:2], (5,)))
     assert "jnp.pad" not in str(e.value) and "same name" in str(e.value)
+
+
+def test_numpy_slice_by_a_size_is_a_shape_error_with_remedies():
+    """table[:x.shape[0]] on a NumPy table needs the size as a Python int: past the
+    sizes polymask traces one by one it is a ShapeError naming the line and the
+    jnp form, not Python's raw TypeError."""
+    import numpy as np
+    import pytest
+
+    import polymask as pm
+
+    table = np.arange(60.0).reshape(30, 2)
+    f = lambda x: x + table[: x.shape[0]]
+    with pytest.raises(pm.ShapeError, match=r"(?s)test_errors.py.*jnp.asarray\(table\)\[:n\]"):
+        pm.mask(f, "n, 2")(pm.Masked(jnp.ones((20, 2)), (5, 2)))
+    g = pm.jit(f, "_, 2")  # the remedy for that axis: static, one program per size
+    assert float(g(np.ones((17, 2), np.float32)).sum()) == float((1 + table[:17]).sum())

@@ -257,6 +257,10 @@ def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
     return ShapeError(f"{head}\n  The two shapes must be equal for every logical size.")
 
 
+# Python's TypeError for a DimExpr used as a list / NumPy index (table[:n])
+_NEEDS_INDEX = "slice indices must be integers"
+
+
 def _api_specific_error(e: BaseException, api: str | None, msg: str, where: str,
                         var_where) -> ShapeError | None:
     """Remedies for jnp/lax functions that reject symbolic sizes in known ways."""
@@ -375,13 +379,17 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
             r"incompatible shapes|must have (the )?same shape|same shape|shapes must", msg)) or (
             isinstance(e, (TypeError, ValueError, AssertionError)) and _SHAPE_MISMATCH.search(msg)):
         return _incompatible_shapes_error(msg, where, var_where)
-    if (isinstance(e, TypeError) and "_DimExpr" in msg) or (
+    if (isinstance(e, TypeError) and ("_DimExpr" in msg or _NEEDS_INDEX in msg)) or (
             isinstance(e, ValueError) and "shape polymorphism" in msg.lower()):
         return ShapeError(
-            f"JAX cannot trace this with a symbolic size at {where}:\n  {msg}\n  The JAX "
-            "function needs a size as a Python int (len(x), int(x.shape[0]), a Python "
-            "branch on it) or does not support symbolic shapes (e.g. jnp.polyder, "
-            "jnp.array_split): use the lax form (lax.conv_general_dilated, "
-            "lax.slice, ...) or make that axis static with '_' in the spec. "
+            f"JAX cannot trace this with a symbolic size at {where}:\n  {msg}\n  The code "
+            "there needs a size as a Python int (len(x), int(x.shape[0]), range(n), a NumPy "
+            "array sliced or built with a size: table[:n], np.arange(n); a Python branch on "
+            "it) or does not support symbolic shapes (e.g. jnp.polyder, jnp.array_split); "
+            "jax.jit on the exact arrays gets a Python int there, polymask's one trace for "
+            "every size cannot. Write it with jnp / lax, which take symbolic sizes "
+            "(x.shape[0] for len(x), jnp.asarray(table)[:n], jnp.arange(n), lax.slice, "
+            "lax.conv_general_dilated), or make that axis static with '_' in the spec "
+            "(polymask.jit then compiles once per size of it, as jax.jit does). "
             "See docs/coverage.md.")
     return None
