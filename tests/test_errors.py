@@ -480,3 +480,27 @@ def test_numpy_slice_by_a_size_is_a_shape_error_with_remedies():
         pm.mask(f, "n, 2")(pm.Masked(jnp.ones((20, 2)), (5, 2)))
     g = pm.jit(f, "_, 2")  # the remedy for that axis: static, one program per size
     assert float(g(np.ones((17, 2), np.float32)).sum()) == float((1 + table[:17]).sum())
+
+
+def test_a_symbolic_trace_failure_is_not_reported_as_plain_jax_failing():
+    """flax's seq2seq mask_sequences: `lengths > np.arange(x.shape[1])` needs a
+    Python int; jax.jit runs it at every size. Past the sizes polymask traces
+    one by one the message says it is polymask's symbolic trace that fails (not
+    'as it does under jax.jit'), and lists size 0, where plain JAX fails too."""
+    import numpy as np
+    import pytest
+
+    import polymask as pm
+
+    def f(x):
+        n = jnp.argmax(x)  # plain JAX: argmax of an empty sequence fails at size 0
+        return jnp.sum(x * (n > np.arange(x.shape[0])))
+
+    assert float(jax.jit(f)(jnp.arange(5.0))) == float(f(jnp.arange(5.0)))
+    with pytest.raises(pm.ShapeError) as info:
+        pm.mask(f, "n")(pm.Masked(jnp.ones(30), (5,)))
+    msg = str(info.value)
+    assert msg.startswith("polymask cannot trace the function with symbolic sizes"), msg
+    assert "test_errors.py" in msg and "jnp.arange(x.shape[1])" in msg
+    assert "under jax.jit on the exact arrays" not in msg
+    assert "(n in {0}: plain JAX fails too" in msg

@@ -41,11 +41,15 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
                 tree.base = live[0].program
                 common_outputs(tree, live)
                 return tree
-            failed = [c for c in tree.cases if c.error is not None and c.reachable]
-            # each size traced on its own fails; a plain JAX error (not one of
-            # polymask's own, e.g. two data-dependent sizes) is plain JAX's failure
-            if failed and not isinstance(first.get("root_error"), ShapeError):
-                raise _every_size_fails(failed)
+        failed = [c for c in tree.cases if c.error is not None and c.reachable]
+        # a plain JAX error (not one of polymask's own, e.g. two data-dependent
+        # sizes): _every_size_fails tells plain JAX's failures (a case of one
+        # size) from polymask's symbolic trace failing (a case of many)
+        # (an error of the whole trace, no split: the error itself, below)
+        refined = any(c.one_size for c in failed)
+        if failed and (refined or "root_error" not in first) and not isinstance(
+                first.get("root_error"), ShapeError):
+            raise _every_size_fails(failed, max_cases)
     if "root_error" in first:
         e = first["root_error"]
         if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):
@@ -57,9 +61,38 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
     raise ShapeError(f"the function fails for every size:\n  {err.error}")
 
 
-def _every_size_fails(failed: list[Case]) -> ShapeError:
-    """The error when each size traced on its own fails: a tracing limit of
-    ``jax.jit`` first (its remedy applies to every size), then the others."""
+def _every_size_fails(failed: list[Case], max_cases: int) -> ShapeError:
+    """The error when every case fails.
+
+    Only a case traced at one size is plain JAX's own trace (its error is the
+    function's at that size). A case of several sizes was traced with symbolic
+    sizes (too many to trace one by one): its error is polymask's limit, not
+    what ``jax.jit`` does on the exact arrays, and it leads the message, with
+    the sizes where plain JAX fails too listed after it."""
+    symbolic = sorted((c for c in failed if not c.one_size),
+                      key=lambda c: -len(c.reached_by or []))
+    if not symbolic:
+        return _every_size_fails_as_plain(failed)
+    main = symbolic[0]
+    sizes = [v for c in symbolic for v in (c.reached_by or [])]
+    plain = [c for c in failed if c.one_size]
+    also = "".join(f"\n  ({sizes_text(c.reached_by)}: plain JAX fails too: "
+                   f"{c.error.splitlines()[0]})" for c in plain[:2])
+    return ShapeError(
+        f"polymask cannot trace the function with symbolic sizes"
+        f"{f' ({sizes_text(sizes)})' if sizes else ''} at {main.where}:\n  "
+        f"{main.error.splitlines()[0]}\n  jax.jit on the exact arrays traces each size "
+        f"with Python ints; polymask traces the sizes one by one only when at most "
+        f"{max_cases} combinations reach a case (here {len(sizes) or 'more'}). Code that "
+        "needs a size as a Python value (np.arange(n), len(x), a NumPy table sliced by a "
+        "size, a Python if on it) works symbolically when written with jnp "
+        "(jnp.arange(x.shape[1]), x.shape[0]); else narrow the bounds, raise "
+        f"mask(..., max_cases=), or make that axis static with '_' in the spec.{also}")
+
+
+def _every_size_fails_as_plain(failed: list[Case]) -> ShapeError:
+    """Each size traced on its own fails (plain JAX's own traces): a tracing
+    limit of ``jax.jit`` first (its remedy applies to every size), then the others."""
     failed = sorted(failed, key=lambda c: not plain_failure(c.error)[1])
     main = failed[0]
     sizes = [v for c in failed for v in (c.reached_by or [])]

@@ -387,7 +387,7 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
             "array sliced or built with a size: table[:n], np.arange(n); a Python branch on "
             "it) or does not support symbolic shapes (e.g. jnp.polyder, jnp.array_split); "
             "jax.jit on the exact arrays gets a Python int there, polymask's one trace for "
-            "every size cannot. Write it with jnp / lax, which take symbolic sizes "
+            "every size cannot. Use the jnp / lax form, which takes symbolic sizes "
             "(x.shape[0] for len(x), jnp.asarray(table)[:n], jnp.arange(n), lax.slice, "
             "lax.conv_general_dilated), or make that axis static with '_' in the spec "
             "(polymask.jit then compiles once per size of it, as jax.jit does). "
