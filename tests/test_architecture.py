@@ -17,12 +17,6 @@ def test_no_import_cycles():
     assert " 0 import cycles" in r.stdout
 
 
-def test_no_module_outside_rules_over_400_lines():
-    big = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
-           if "rules" not in p.parts and (n := len(p.read_text().splitlines())) > 400}
-    assert not big, big
-
-
 def test_interpreter_names_no_primitive():
     from polymask import _jax_compat as compat
 
