@@ -4,6 +4,7 @@
 # this checkout's src/. Budget: under 8 minutes on one GPU.
 #
 #   bash benchmarks/gpu.sh [OUT_DIR]        # default benchmarks/results/gpu
+#   QUICK=1 bash benchmarks/gpu.sh /tmp/g   # smoke run (run.py --quick), e.g. on a CPU
 #
 # Measures (benchmarks/README.md has each workload's method):
 #   attention  first pass over 48 lengths: polymask.jit vs jax.jit per shape vs the
@@ -35,7 +36,8 @@ print('devices', jax.devices())"
 run() {  # run NAME SECONDS ARGS...: one workload, stopped at its time budget
     local name="$1" secs="$2"; shift 2
     echo "== $name (at most ${secs}s)"
-    timeout "$secs" "$PY" benchmarks/run.py --python "$PY" --out "$OUT/$name" "$@" \
+    timeout "$secs" "$PY" benchmarks/run.py --python "$PY" --out "$OUT/$name" \
+        ${QUICK:+--quick} "$@" \
         || echo "!! $name stopped (exit $?)" | tee -a "$OUT/env.txt"
 }
 
