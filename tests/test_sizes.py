@@ -326,14 +326,20 @@ def test_division_by_a_size_splits_the_trace_on_zero():
                  [(10, 6, 3), (10,)], ("b, s, k", "b"), modes=("eager", "jit", "vmap"))
 
 
-@pytest.mark.parametrize("f", [
-    lambda x: jnp.full(x.shape, 1.0 / x.shape[0]) * x,   # ott-jax's uniform weights
-    lambda x: x * (x.shape[0] / (x.shape[0] * 2)),        # size / size
-    lambda x: x.sum() / x.shape[0],                       # a traced dividend: nan, no error
-], ids=["float-by-size", "size-by-size", "array-by-size"])
-def test_python_division_by_a_size_raises_where_python_does(f):
-    # on the exact arrays a size is a Python int: 1.0 / 0 raises ZeroDivisionError
-    expect = [] if "sum" in str(f.__code__.co_names) else [0]
+@pytest.mark.parametrize("f, expect", [
+    (lambda x: jnp.full(x.shape, 1.0 / x.shape[0]) * x, [0]),  # ott-jax's uniform weights
+    (lambda x: x * (x.shape[0] / (x.shape[0] * 2)), [0]),       # size / size
+    (lambda x: x.sum() / x.shape[0], []),                       # a traced dividend: nan
+    (lambda x: x * (7 // x.shape[0]), [0]),
+    (lambda x: x * (2.0 // x.shape[0]), [0]),
+    (lambda x: x * (3 % x.shape[0]), [0]),
+    (lambda x: x * divmod(7, x.shape[0])[1], [0]),
+    (lambda x: x * (x.shape[0] // 2 + x.shape[0] % 3), []),     # a constant divisor
+], ids=["float-by-size", "size-by-size", "array-by-size", "int-floordiv", "float-floordiv",
+        "mod", "divmod", "size-by-constant"])
+def test_python_division_by_a_size_raises_where_python_does(f, expect):
+    # on the exact arrays a size is a Python int: 1.0 / 0, 7 // 0, 3 % 0 raise
+    # ZeroDivisionError; the size-0 case is then a ShapeError, never inf / 0
     check_all_sizes(f, 4, modes=("eager", "jit", "vmap"), expect_errors=expect)
 
 

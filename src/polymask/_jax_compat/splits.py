@@ -91,17 +91,17 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
     with _HOOK_LOCK:
         if _HOOK_USERS == 0:
             _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
-                          NDINDEXER.to_static_slice, DimExpr.__truediv__,
-                          DimExpr.__rtruediv__,
-                          _hi_primitive_staging_home()[0].get(_hi_primitive_staging_home()[1]))
+                          NDINDEXER.to_static_slice,
+                          _hi_primitive_staging_home()[0].get(_hi_primitive_staging_home()[1]),
+                          *(getattr(DimExpr, n) for n in _DIVISIONS))
             eq = _split_eq(_HOOK_ORIG[0])
             DimExpr.__eq__ = eq
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
             _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
             NDINDEXER.to_static_slice = _in_masked_trace(
                 static_slice_of_static_axes(_HOOK_ORIG[3]), _HOOK_ORIG[3])
-            DimExpr.__truediv__ = _python_division(_HOOK_ORIG[4], reflected=False)
-            DimExpr.__rtruediv__ = _python_division(_HOOK_ORIG[5], reflected=True)
+            for name, orig in zip(_DIVISIONS, _HOOK_ORIG[5:]):
+                setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
             rules, hi_p = _hi_primitive_staging_home()
             rules[hi_p] = _in_masked_trace_call(inline_hi_primitive_staging, rules.get(hi_p))
         _HOOK_USERS += 1
@@ -115,8 +115,9 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             _HOOK_USERS -= 1
             if _HOOK_USERS == 0:
                 (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
-                 NDINDEXER.to_static_slice, DimExpr.__truediv__,
-                 DimExpr.__rtruediv__, hi_staging) = _HOOK_ORIG
+                 NDINDEXER.to_static_slice, hi_staging) = _HOOK_ORIG[:5]
+                for name, orig in zip(_DIVISIONS, _HOOK_ORIG[5:]):
+                    setattr(DimExpr, name, orig)
                 rules, hi_p = _hi_primitive_staging_home()
                 rules[hi_p] = hi_staging
 
@@ -197,12 +198,18 @@ def _split_geq(orig_geq):
     return geq
 
 
-def _python_division(orig, reflected: bool):
-    """``DimExpr.__truediv__`` / ``__rtruediv__`` that divide as Python does.
+# Python's divisions of (or by) a size: /, //, % and divmod, both ways round
+_DIVISIONS = ("__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__",
+              "__mod__", "__rmod__", "__divmod__", "__rdivmod__")
 
-    On the exact arrays a size is a Python int, so ``1.0 / x.shape[0]`` (or
-    ``n / m`` of two sizes) raises ``ZeroDivisionError`` at a size of 0, while
-    JAX's symbolic division is an array division (``inf``). Where the divisor
+
+def _python_division(orig, reflected: bool):
+    """``DimExpr``'s ``/``, ``//``, ``%`` and ``divmod`` that divide as Python does.
+
+    On the exact arrays a size is a Python int, so ``1.0 / x.shape[0]``,
+    ``7 // n``, ``k % n`` (or ``n / m`` of two sizes) raise ``ZeroDivisionError``
+    at a size of 0, while JAX's symbolic division is an array division
+    (``inf``) or a symbolic ``floordiv`` (``0``). Where the divisor
     is a size that may be 0, the trace splits on it (``divisor >= 1``); in the
     case where it is 0 the division raises as Python's does, and polymask
     reports it as a ``ShapeError`` at those sizes (at run time under ``jit``).
