@@ -1,0 +1,63 @@
+"""The real-program corpus (tests/real, issue #27) through polymask, one test per
+program and mode.
+
+Each program runs in a worker subprocess (tests/real/harness.py) with a time
+limit, so a hang fails its test instead of the suite. A mode that passes
+today must keep passing; a mode that fails today is listed in
+tests/real/expected.py and marked ``xfail(strict=True)`` with the failure as
+the reason, so a fix shows up as an XPASS (then regenerate expected.py:
+``python tools/real_report.py --quick --write-expected tests/real/expected.py``).
+The tests run the harness's quick profile (eager and grad on two sizes).
+"""
+
+import pytest
+from real import corpus, harness
+from real.expected import FAILURES, NOT_APPLICABLE
+
+HANG_TIMEOUT = 15.0  # seconds for a mode expected to hang (it normally answers in a few)
+
+
+def _cases():
+    for p in corpus.all_programs():
+        for m in p.modes:
+            if (p.name, m) in NOT_APPLICABLE:
+                continue
+            marks = ()
+            if (p.name, m) in FAILURES:
+                status, message = FAILURES[(p.name, m)]
+                marks = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                          reason=f"{status}: {message}")
+            yield pytest.param(p.name, m, marks=marks, id=f"{p.name}-{m}")
+
+
+@pytest.fixture(scope="module")
+def worker():
+    w = harness.Worker()
+    yield w
+    w.close()
+
+
+def test_corpus_size():
+    progs = corpus.all_programs()
+    assert len(progs) >= 40
+    assert len(corpus.sources()) >= 15
+    for p in progs:
+        assert p.source and p.license, p.name
+
+
+@pytest.mark.parametrize("name, mode", list(_cases()))
+def test_real_program(worker, name, mode):
+    prog = corpus.get(name)
+    expected = FAILURES.get((name, mode), ("pass",))[0]
+    timeout = HANG_TIMEOUT if expected == "hang" else prog.timeout
+    r = worker.run(name, mode, timeout, quick=True)
+    assert r["status"] == "pass", f"{r['status']}: {r['detail']}"
+    if mode == "pmjit":
+        assert r["compiles"] <= r["buckets"], r["detail"]
+
+
+def test_not_applicable_modes_stay_so(worker):
+    """grad of a program without float output (or whose plain gradient fails)."""
+    for name, mode in sorted(NOT_APPLICABLE):
+        r = worker.run(name, mode, corpus.get(name).timeout, quick=True)
+        assert r["status"] == "n/a", (name, mode, r)
