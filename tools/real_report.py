@@ -45,7 +45,12 @@ def table(progs, results, modes) -> str:
         pj = res.get("pmjit", {})
         comp = f"{pj['compiles']}/{pj['buckets']}" if "compiles" in pj else "-"
         src = p.source.split(" ", 1)
-        src = f"{src[0]}: {src[1].rsplit('/', 1)[-1]}" if len(src) > 1 else src[0]
+        if len(src) > 1:  # "library URL function": the file and function, not the URL
+            rest = src[1].split(" ", 1)
+            where = rest[0].rsplit("/", 1)[-1] if rest[0].startswith("http") else rest[0]
+            src = f"{src[0]}: {where}{' ' + rest[1] if len(rest) > 1 else ''}"
+        else:
+            src = src[0]
         sizes = ",".join(map(str, p.oracle_sizes())) + f" ({','.join(map(str, p.jit_sizes()))})"
         lines.append(f"| {p.name} | {src} | {sizes} | " + " | ".join(cells) + f" | {comp} |")
     return "\n".join(lines)
