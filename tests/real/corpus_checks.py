@@ -17,6 +17,7 @@ after ``python tools/real_report.py --quick --write-expected tests/real/expected
 """
 
 import pytest
+
 from real import corpus, harness
 from real.expected import FAILURES, NOT_APPLICABLE
 
