@@ -10,9 +10,9 @@ the reason, so a fix shows up as an XPASS (then regenerate expected.py:
 The tests run the harness's quick profile (eager and grad on two sizes).
 
 Not collected by CI yet (the file name keeps it out of ``pytest tests``): its
-expectations were recorded on jax 0.10.2 before session 24's fixes (ctc_loss,
-hungarian_algorithm now pass, so their strict xfails would fail) and it has not
-been timed on both CI legs. Run it with ``python -m pytest tests/real/corpus_checks.py``
+expectations were recorded on jax 0.10.2 before session 24's last fix (the
+flax ResNet and big_vision ViT now pass, so their strict xfails would fail) and
+it has not been timed on both CI legs. Run it with ``python -m pytest tests/real/corpus_checks.py``
 after ``python tools/real_report.py --quick --write-expected tests/real/expected.py``.
 """
 
