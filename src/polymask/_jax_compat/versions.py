@@ -99,15 +99,17 @@ def closed_jaxpr(jaxpr, consts=()):
 
     ``consts`` bind the jaxpr's constant inputs: its ``constvars`` on jax 0.10,
     its first ``len(consts)`` inputs from jax 0.11, where a jaxpr traced with
-    constants and not closed carries them as leading ``invars``."""
+    constants and not closed carries them as leading ``invars``.
+
+    Raises:
+      ValueError: a jaxpr already closed over a different number of constants.
+    """
     if JAXPR_CARRIES_CONSTS:
         if not consts:
             return jaxpr
-        if jaxpr.consts:  # already closed: consts must be its own
-            if len(jaxpr.consts) != len(consts):
-                raise ValueError(f"a closed jaxpr with {len(jaxpr.consts)} constants "
-                                 f"given {len(consts)}")
-            return jaxpr.with_consts(list(consts))
+        if jaxpr.consts and len(jaxpr.consts) != len(consts):
+            raise ValueError(f"a closed jaxpr with {len(jaxpr.consts)} constants "
+                             f"given {len(consts)}")
         return jaxpr.with_consts(list(consts))
     if isinstance(jaxpr, ClosedJaxpr):
         return jaxpr
