@@ -474,10 +474,13 @@ def test_numpy_slice_by_a_size_is_a_shape_error_with_remedies():
 
     import polymask as pm
 
-    table = np.arange(60.0).reshape(30, 2)
+    table = np.arange(120.0).reshape(60, 2)
     f = lambda x: x + table[: x.shape[0]]
     with pytest.raises(pm.ShapeError, match=r"(?s)test_errors.py.*jnp.asarray\(table\)\[:n\]"):
-        pm.mask(f, "n, 2")(pm.Masked(jnp.ones((20, 2)), (5, 2)))
+        pm.mask(f, "n, 2")(pm.Masked(jnp.ones((40, 2)), (5, 2)))
+    # within 2 x max_cases sizes, each size is traced on its own: plain JAX's value
+    out = pm.mask(f, "n, 2")(pm.Masked(jnp.ones((20, 2)), (5, 2)))
+    np.testing.assert_array_equal(out.unpad(), 1 + table[:5])
     g = pm.jit(f, "_, 2")  # the remedy for that axis: static, one program per size
     assert float(g(np.ones((17, 2), np.float32)).sum()) == float((1 + table[:17]).sum())
 
@@ -498,7 +501,7 @@ def test_a_symbolic_trace_failure_is_not_reported_as_plain_jax_failing():
 
     assert float(jax.jit(f)(jnp.arange(5.0))) == float(f(jnp.arange(5.0)))
     with pytest.raises(pm.ShapeError) as info:
-        pm.mask(f, "n")(pm.Masked(jnp.ones(30), (5,)))
+        pm.mask(f, "n")(pm.Masked(jnp.ones(40), (5,)))
     msg = str(info.value)
     assert msg.startswith("polymask cannot trace the function with symbolic sizes"), msg
     assert "test_errors.py" in msg and "jnp.arange(x.shape[1])" in msg

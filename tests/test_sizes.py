@@ -208,6 +208,46 @@ def test_wrap_pad_and_a_python_int_size_traced_once_per_size():
         pm.mask(lambda x: jnp.ones(int(x.shape[0])), "n")(masked(vec(3), 40))
 
 
+def test_python_int_sizes_traced_per_size_up_to_twice_max_cases():
+    """len(x) (dynamax, jraph), jnp.diag_indices(n) (gpjax) need a Python int:
+    up to 2 x max_cases sizes are traced one by one (plain JAX's own traces),
+    past that a ShapeError names the remedy."""
+    exs = [(vec(n),) for n in (20, 0, 1, 9)]
+    check_oracle(lambda x: x.sum() / len(x), exs, [(20,)], ["n"])
+    check_oracle(lambda x: jnp.diag(x).at[jnp.diag_indices(x.shape[0])].add(1.0).sum(0),
+                 exs, [(20,)], ["n"])
+    assert n_cases(lambda x: x.sum() / len(x), 20) == 21
+    with pytest.raises(pm.ShapeError, match=r"at most 32 sizes \(2 x mask\(\.\.\., max_cases=\)\)"):
+        pm.mask(lambda x: x.sum() / len(x), "n")(masked(vec(3), 40))
+    # max_cases scales it
+    m = pm.mask(lambda x: x.sum() / len(x), "n", max_cases=24)
+    x = vec(33)
+    np.testing.assert_allclose(m(masked(x, 40)).unpad(), x.sum() / 33, rtol=1e-6)
+
+
+def test_only_the_dim_vars_a_python_int_size_needs_are_pinned():
+    """jraph's segment_max_or_constant takes len(segment_ids): pinning e alone
+    (7 traces; n stays symbolic) covers the 7 x 7 sizes of a graph."""
+    def f(nodes, ids):
+        counts = jax.ops.segment_sum(jnp.ones(len(ids)), ids, nodes.shape[0])
+        return jnp.where(counts > 0, counts, -1.0) + nodes
+
+    def example(n, e):
+        return (vec(n), RNG.integers(0, max(n, 1), size=e).astype(np.int32))
+
+    exs = [example(n, e) for n, e in ((6, 6), (0, 0), (3, 5), (1, 0), (4, 2), (2, 6))]
+    check_oracle(f, exs, [(6,), (6,)], ["n", "e"])
+    tree, _ = pm.mask(f, ["n", "e"]).cases(*(masked(x, 6) for x in exs[2]))
+    assert len(tree.cases) == 7
+    # pinning e alone fails for some e (a Python branch on n too): those sizes are
+    # traced one combination at a time, each plain JAX's own trace
+    def g(x, y):
+        return x.sum() * len(y) + (1.0 if x.shape[0] > len(y) else 0.0)
+
+    check_oracle(g, [(vec(n), vec(e)) for n, e in ((3, 3), (0, 2), (3, 1), (1, 3))],
+                 [(3,), (3,)], ["n", "e"])
+
+
 def test_symmetric_pad():
     check_all_sizes(lambda x: jnp.pad(x, 1, mode="symmetric"), 4, expect_errors=[0])
 

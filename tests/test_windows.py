@@ -511,6 +511,28 @@ def test_reduce_window_dynamic_window_size_too_many_values():
     np.testing.assert_allclose(out.unpad(), f(jnp.ones(50)))
 
 
+def test_global_pooling_window_spans_axis_at_any_bound():
+    """A window equal to the whole axis (PointNet's ``nn.max_pool(x, (num_points, 1))``,
+    global average pooling) is one reduction: no branch per window size, so a
+    bound of 100 (more window sizes than the switch allows) works, gradients too."""
+    def f(x):
+        w = (x.shape[0], 1)
+        return (lax.reduce_window(x, -jnp.inf, lax.max, w, (1, 1), "VALID"),
+                lax.reduce_window(x, 0.0, lax.add, w, (2, 1), "VALID") / x.shape[0],
+                lax.reduce_window(x, 0.0, lax.add, (x.shape[0] + 2, 1), (1, 1),
+                                  [(1, 1), (0, 0)]))
+
+    def generic(x):  # not differentiable in plain JAX
+        return lax.reduce_window(x, np.float32(0.0), _add, (x.shape[0], 1), (1, 1), "VALID")
+
+    exs = [(_rand(b, 3),) for b in (100, 1, 37, 64, 65)]
+    check_oracle(f, exs, [(100, 3)], "b, ...")
+    check_oracle(generic, exs, [(100, 3)], "b, ...", modes=("eager", "jit", "vmap"))
+    g = pm.mask(f, "b, ...")
+    with pytest.raises(pm.ShapeError, match="strictly positive"):
+        g(pm.Masked(jnp.full((100, 3), np.nan, jnp.float32), (np.int32(0), 3)))
+
+
 # ----------------------------------------------------------------------------
 # Generic reduce_window whose init value is not an identity of its reducer
 # (JAX's shape_poly_test harness reduce_window/add_generic_window_size=static).

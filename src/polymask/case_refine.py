@@ -9,6 +9,8 @@ fails (``cases.trace_cases`` calls these).
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 
 from .casetree import (
@@ -23,7 +25,7 @@ from .casetree import (
 from .dimvars import sizes_text
 from .errors import ShapeError, UnsupportedError
 
-__all__ = ["refine_errors", "trace_per_size_or_raise"]
+__all__ = ["per_size_limit", "refine_errors", "trace_per_size_or_raise"]
 
 
 def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
@@ -54,7 +56,8 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
         e = first["root_error"]
         if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):
             raise ShapeError(f"{e}\n  (polymask traces such a function once per size when "
-                             f"the bounds allow at most {max_cases} sizes, mask(..., max_cases=))"
+                             f"the bounds allow at most {per_size_limit(max_cases)} sizes "
+                             f"(2 x mask(..., max_cases=)))"
                              ) from None
         raise e
     err = next(c for c in cases if c.error is not None)
@@ -83,7 +86,7 @@ def _every_size_fails(failed: list[Case], max_cases: int) -> ShapeError:
         f"{f' ({sizes_text(sizes)})' if sizes else ''} at {main.where}:\n  "
         f"{main.error.splitlines()[0]}\n  jax.jit on the exact arrays traces each size "
         f"with Python ints; polymask traces the sizes one by one only when at most "
-        f"{max_cases} combinations reach a case (here {len(sizes) or 'more'}). Code that "
+        f"{per_size_limit(max_cases)} combinations (2 x max_cases) reach a case (here {len(sizes) or 'more'}). Code that "
         "needs a size as a Python value (np.arange(n), len(x), a NumPy table sliced by a "
         "size, a Python if on it) works symbolically when written with jnp "
         "(jnp.arange(x.shape[1]), x.shape[0]); else narrow the bounds, raise "
@@ -106,14 +109,29 @@ def _every_size_fails_as_plain(failed: list[Case]) -> ShapeError:
         f"{main.where}:\n  {main.error}{remedy}{also}")
 
 
+def per_size_limit(max_cases: int) -> int:
+    """How many size combinations one error case may be traced at, one by one.
+
+    Twice ``max_cases``: a size traced on its own is the only way code that
+    needs a size as a Python int (``len(x)``, ``jnp.diag_indices(n)``,
+    ``np.arange(n)``) runs at all, and each such trace is plain JAX's own, so
+    a bound of 20 or 30 (a state-space model's time steps, a GP's points)
+    works by default; past that the compile of one branch per size dominates
+    and the error names the remedy."""
+    return 2 * max_cases
+
+
 def refine_errors(tree: CaseTree, trace_one, max_cases: int) -> bool:
     """Trace an error case reached by several size combinations once per combination.
 
     The symbolic trace of a case can fail where JAX needs a concrete size
-    (``jnp.pad(mode="wrap")`` computes ``n % k`` in Python). Pinned to one size
-    of every dim var, the trace is plain JAX's own: it works where plain JAX
-    works and fails where plain JAX fails. Done while the total stays within
-    ``max_cases``.
+    (``jnp.pad(mode="wrap")`` computes ``n % k`` in Python, ``len(x)``). Pinned
+    to one size of every dim var, the trace is plain JAX's own: it works where
+    plain JAX works and fails where plain JAX fails. Only the dim vars the
+    failure needs are pinned (``_vars_to_pin``: ``len(edges)`` needs the edge
+    count, not the node count), the others stay symbolic within the case's
+    conditions, so a graph's 7 x 7 size pairs cost 7 traces. Done while the
+    combinations of one case stay within ``per_size_limit(max_cases)``.
     """
     base = tree.base
     names = list(base.var_order)
@@ -124,33 +142,99 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int) -> bool:
         (e,) = jax.export.symbolic_shape(name, scope=jax.export.SymbolicScope(
             (f"{name} <= {base.var_bounds[v] + off}",)))
         var_exprs.append(e - off)
+    limit = per_size_limit(max_cases)
     changed = False
     for case in list(tree.cases):
         if case.error is None or not case.reached_by or case.one_size:
             continue
         combos = sorted(tuple(a[v] for v in names) for a in case.reached_by)
-        if len(tree.cases) + len(combos) - 1 > max_cases:
+        pinned, first = _vars_to_pin(case, combos, base, trace_one, limit)
+        if pinned is None:
             continue
-        leaves = {}
-        for combo in combos:
-            conditions = ()
-            for v, a in zip(names, combo):
-                name, off = base.internal[v]
-                conditions += (f"{name} - {a + off} >= 0", f"- {name} + {a + off} >= 0")
-            try:
-                leaves[combo] = Case(0, conditions, program=trace_one(conditions))
-            except UnsupportedError:
-                raise
-            except Exception as e:
-                leaves[combo] = error_case(0, conditions, e, tree.internal)
-        _replace(tree, case, _dispatch(combos, names, var_exprs, leaves, case.where))
-        changed = True
+        node = _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one,
+                             tree.internal, limit)
+        if node is not None:
+            _replace(tree, case, node)
+            changed = True
     if changed:
         tree.cases = _leaves_in_order(tree.root)
         for i, c in enumerate(tree.cases):
             c.index = i
         enumerate_sizes(tree)
     return changed
+
+
+def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one, internal,
+                  limit: int):
+    """The dispatch that replaces ``case``: one trace per value of the pinned
+    dim vars (the others symbolic within the case's conditions). A group whose
+    trace still fails is traced once per combination, so every error left is
+    plain JAX's own at one size; None when that needs more than ``limit``
+    traces (the case keeps its error)."""
+    def leaf(conditions, program=None):
+        try:
+            return Case(0, conditions, program=program or trace_one(conditions))
+        except UnsupportedError:
+            raise
+        except Exception as e:
+            return error_case(0, conditions, e, internal)
+
+    key = lambda c: tuple(c[j] for j in pinned)  # noqa: E731
+    groups = sorted({key(c) for c in combos})
+    partial = len(pinned) < len(names)
+    budget = limit - len(groups)
+    leaves = {}
+    for group in groups:
+        pins = _pins(base, [names[j] for j in pinned], group)
+        got = leaf((case.conditions if partial else ()) + pins,
+                   first if group == key(combos[0]) else None)
+        if got.error is not None and partial:
+            sub = [c for c in combos if key(c) == group]
+            budget -= len(sub)
+            if budget < 0:
+                return None
+            got = _dispatch(sub, names, var_exprs,
+                            {c: leaf(_pins(base, names, c)) for c in sub}, case.where)
+        leaves[group] = got
+    return _dispatch(groups, [names[j] for j in pinned], [var_exprs[j] for j in pinned],
+                     leaves, case.where)
+
+
+def _pins(base, names, values) -> tuple[str, ...]:
+    """Scope conditions that pin each dim var in ``names`` to its value."""
+    conditions = ()
+    for v, a in zip(names, values):
+        name, off = base.internal[v]
+        conditions += (f"{name} - {a + off} >= 0", f"- {name} + {a + off} >= 0")
+    return conditions
+
+
+def _vars_to_pin(case: Case, combos, base, trace_one, room: int):
+    """``(indices, program)``: the dim vars to pin for ``case``, the smallest
+    set (fewest traces) whose pinning at the case's first combination traces
+    (that program), or all of them (program None) when none does;
+    ``(None, None)`` when even that needs more than ``room`` traces."""
+    n = len(base.var_order)
+    everything = list(range(n))
+    if len(combos) > room and n == 1:
+        return None, None
+    varying = [j for j in everything if len({c[j] for c in combos}) > 1]
+    fixed = [j for j in everything if j not in varying]
+    subsets = [sorted(fixed + list(s)) for k in range(1, len(varying))
+               for s in itertools.combinations(varying, k)]
+    count = {tuple(s): len({tuple(c[j] for j in s) for c in combos}) for s in subsets}
+    for s in sorted(subsets, key=lambda s: count[tuple(s)]):
+        if count[tuple(s)] > room:
+            break
+        names = [base.var_order[j] for j in s]
+        try:
+            program = trace_one(case.conditions + _pins(base, names, [combos[0][j] for j in s]))
+        except UnsupportedError:
+            raise
+        except Exception:
+            continue
+        return s, program
+    return (everything, None) if len(combos) <= room else (None, None)
 
 
 def _dispatch(combos, names, var_exprs, leaves, where):

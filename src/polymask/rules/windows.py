@@ -56,7 +56,16 @@ from jax.custom_derivatives import SymbolicZero
 from .. import _jax_compat as compat
 from ..shapes import is_static, needs_mask
 from .registry import register
-from .util import clean, clean_float, fill_padding, identity_of, is_inexact, masked_axes, valid_mask
+from .util import (
+    clean,
+    clean_float,
+    fill_padding,
+    identity_of,
+    is_inexact,
+    masked_axes,
+    same_dim,
+    valid_mask,
+)
 
 _BRUTE_FORCE_LIMIT = 2048
 _MAX_WINDOW_BRANCHES = 64  # values a dynamic window size may take (lax.switch branches)
@@ -283,7 +292,24 @@ def _window_plans(ctx, in_bounds, out_bounds, window_dimensions, window_strides,
     return plans
 
 
-def _with_static_windows(ctx, window_dimensions, body):
+def _whole_axis_windows(ctx, operand: int, window_dimensions, padding, base_dilation=None,
+                        window_dilation=None) -> set[int]:
+    """The axes whose window spans the whole (padded) axis: ``w == n + lo + hi``
+    with no dilation, as in global pooling (``nn.max_pool(x, (x.shape[1], 1))``
+    in PointNet). There the op is one reduction over the axis: run with the
+    padded axis as its window, the padding filled with the reducer's identity
+    (or skipped), it needs no branch per window size."""
+    shape = ctx.in_avals[operand].shape
+    whole = set()
+    for ax, w in enumerate(window_dimensions):
+        undilated = all(d is None or d[ax] == 1 for d in (base_dilation, window_dilation))
+        if (compat.is_dim_expr(w) and undilated
+                and same_dim(w, shape[ax] + padding[ax][0] + padding[ax][1])):
+            whole.add(ax)
+    return whole
+
+
+def _with_static_windows(ctx, window_dimensions, body, whole: set[int] = frozenset()):
     """``body(window_dimensions)`` with every window size a Python int.
 
     A window size given by a dimension expression (``x.shape[0]``) is
@@ -291,6 +317,8 @@ def _with_static_windows(ctx, window_dimensions, body):
     dispatches over its possible values (the op is run with each static window
     size in its own branch, so every reducer, associative or not, gives XLA's
     result). Sizes where JAX rejects the window (< 1) raise ``ShapeError``.
+    An axis in ``whole`` (``_whole_axis_windows``) gets its padded size as
+    its window.
     """
     name = ctx.primitive.name
     static, dynamic = [], []  # dynamic: (axis, candidate sizes, logical value)
@@ -301,8 +329,8 @@ def _with_static_windows(ctx, window_dimensions, body):
         raw = ctx.dims.logical_raw(w)
         ctx.require(raw < 1, f"{name}: the window size {w} of axis {ax} is {{0}} at these "
                     "sizes; window sizes must be >= 1", values=(raw,))
-        if is_static(raw):
-            static.append(max(int(raw), 1))
+        if is_static(raw) or ax in whole:
+            static.append(ctx.padded(w) if ax in whole else max(int(raw), 1))
             continue
         dynamic.append((ax, range(1, max(ctx.padded(w), 1) + 1), jnp.asarray(raw, jnp.int32)))
         static.append(1)
@@ -355,7 +383,9 @@ def reduce_window_monoid_rule(ctx, x, *, window_dimensions, window_strides, padd
         return ctx.bind(_shift_input(x, fill, plans), padding=pad, base_dilation=dil,
                         window_dimensions=wd)
 
-    out = _with_static_windows(ctx, window_dimensions, run)
+    whole = _whole_axis_windows(ctx, 0, window_dimensions, padding, base_dilation,
+                                window_dilation)
+    out = _with_static_windows(ctx, window_dimensions, run, whole)
     return clean_float(out, ctx.out_logical[0])
 
 
@@ -387,7 +417,7 @@ def reduce_window_generic_rule(ctx, *args, jaxpr, consts, window_dimensions, win
                               window_strides, padding, base_dilation, window_dilation)
         shifted = [_shift_input(x, init, plans) for x, init in zip(filled, inits)]
         pad, dil = _phys(plans)
-        if not _reads_invalid(ctx, plans, padding):
+        if not whole and not _reads_invalid(ctx, plans, padding):
             return list(ctx.bind(*shifted, *inits, padding=pad, base_dilation=dil,
                                  window_dimensions=wd))
         valid = valid_mask(ctx.in_logical[0], ctx.in_bounds[0])
@@ -398,7 +428,10 @@ def reduce_window_generic_rule(ctx, *args, jaxpr, consts, window_dimensions, win
                    padding=pad, base_dilation=dil, window_dilation=tuple(window_dilation))
         return _reduce_window_skipping(reducer, shifted, inits, valid, win)
 
-    outs = _with_static_windows(ctx, window_dimensions, run)
+    # a whole-axis window reads the padding: only the skipping reducer ignores it
+    whole = _whole_axis_windows(ctx, 0, window_dimensions, padding, base_dilation,
+                                window_dilation)
+    outs = _with_static_windows(ctx, window_dimensions, run, whole)
     return [clean_float(o, lo) for o, lo in zip(outs, ctx.out_logical)]
 
 
@@ -514,7 +547,9 @@ def select_and_gather_add_rule(ctx, tangents, operand, *, select_prim, window_di
         return ctx.bind(_shift_input(tangents, 0, plans), _shift_input(operand, fill, plans),
                         padding=pad, base_dilation=dil, window_dimensions=wd)
 
-    out = _with_static_windows(ctx, window_dimensions, run)
+    whole = _whole_axis_windows(ctx, 1, window_dimensions, padding, base_dilation,
+                                window_dilation)
+    out = _with_static_windows(ctx, window_dimensions, run, whole)
     return clean_float(out, ctx.out_logical[0])
 
 
@@ -536,5 +571,6 @@ def select_and_scatter_add_rule(ctx, source, operand, *, select_prim, window_dim
                      window_dimensions=wd)
         return _unshift_output(z, plans)
 
-    out = _with_static_windows(ctx, window_dimensions, run)
+    whole = _whole_axis_windows(ctx, 1, window_dimensions, padding)
+    out = _with_static_windows(ctx, window_dimensions, run, whole)
     return clean_float(out, ctx.out_logical[0])
