@@ -9,17 +9,17 @@ the reason, so a fix shows up as an XPASS (then regenerate expected.py:
 ``python tools/real_report.py --quick --write-expected tests/real/expected.py``).
 The tests run the harness's quick profile (eager and grad on two sizes).
 
-Not collected by CI yet (the file name keeps it out of ``pytest tests``): its
-expectations were recorded on jax 0.10.2 before session 24's last fix (the
-flax ResNet and big_vision ViT now pass, so their strict xfails would fail) and
-it has not been timed on both CI legs. Run it with ``python -m pytest tests/real/corpus_checks.py``
-after ``python tools/real_report.py --quick --write-expected tests/real/expected.py``.
+Every test here carries the ``real`` marker: ``pytest -m "not real" tests``
+skips the corpus (about 7 minutes with ``-n 2`` on 2 cores), CI runs it on
+both ends of the supported JAX range (.ci/run).
 """
 
 import pytest
 
 from real import corpus, harness
 from real.expected import FAILURES, NOT_APPLICABLE
+
+pytestmark = pytest.mark.real
 
 HANG_TIMEOUT = 15.0  # seconds for a mode expected to hang (it normally answers in a few)
 
