@@ -81,3 +81,40 @@ def test_gate_is_exact_on_valid_steps():
     x = RNG.uniform(1, 2, size=5).astype(np.float32)
     g = jax.grad(lambda w: pm.mask(f, ("t", None))(pm.Masked(jnp.asarray(x), (5,)), w).data)(0.7)
     np.testing.assert_allclose(g, jax.grad(f, argnums=1)(x, 0.7), rtol=1e-6)
+
+
+def test_reverse_scan_from_the_last_row_with_a_size_constraint():
+    """A Kalman smoother's backward pass (dynamax): the carry starts at the last
+    filtered row and the scan runs over the others in reverse; with
+    ``constraints=["t >= 1"]`` under jit and vmap (it raised a raw TypeError from
+    the scan rule's last-row slice)."""
+    def smoother(x, a):
+        last = x[-1]
+
+        def step(c, xi):
+            c = a * c + xi / (1.0 + jnp.abs(c))
+            return c, c
+
+        _, ys = lax.scan(step, last, x[:-1], reverse=True)
+        return jnp.concatenate([ys, last[None]]).sum(0)
+
+    exs = [(RNG.normal(size=(n, 2)).astype(np.float32), np.float32(0.7)) for n in (6, 1, 2, 4)]
+    check_oracle(smoother, exs, [(6, 2), None], ["t, 2", None], constraints=["t >= 1"])
+
+
+def test_an_empty_graph_in_a_message_passing_layer():
+    """jraph's GraphNetwork on an empty graph (N = 0, E = 0) inside a ragged
+    batch: segment sums over no edges, a mean by counts clamped to 1."""
+    def layer(nodes, senders, receivers, w):
+        msgs = jnp.tanh(nodes[senders] @ w)
+        agg = jax.ops.segment_sum(msgs, receivers, nodes.shape[0])
+        counts = jax.ops.segment_sum(jnp.ones(len(receivers)), receivers, nodes.shape[0])
+        return jnp.sum(agg / jnp.maximum(counts, 1.0)[:, None] + nodes @ w)
+
+    def graph(n, e):
+        ids = lambda: RNG.integers(0, max(n, 1), size=e).astype(np.int32)
+        return (RNG.normal(size=(n, 3)).astype(np.float32), ids(), ids(),
+                RNG.normal(size=(3, 3)).astype(np.float32))
+
+    exs = [graph(n, e) for n, e in ((5, 8), (0, 0), (1, 0), (3, 4))]
+    check_oracle(layer, exs, [(5, 3), (8,), (8,), None], ["n, 3", "e", "e", None])

@@ -15,7 +15,6 @@ both ends of the supported JAX range (.ci/run).
 """
 
 import pytest
-
 from real import corpus, harness
 from real.expected import FAILURES, NOT_APPLICABLE
 
