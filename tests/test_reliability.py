@@ -243,7 +243,7 @@ def test_pad_reflect_and_wrap_at_every_size():
 
     # too many sizes to trace one by one: a clear refusal with the remedy
     msg = _raises(g, "n", pm.pad(np.ones(20, np.float32), 40))
-    assert "cannot be traced with symbolic sizes" in msg and _line("LINE-wrap") in msg
+    assert "cannot trace the function with symbolic sizes" in msg and _line("LINE-wrap") in msg
     assert "jnp.concatenate([x[-k:], x, x[:k]])" in msg
     out = pm.mask(lambda x: jnp.concatenate([x[-1:], x, x[:1]]), "n",
                   constraints=["n >= 1"])(XP)

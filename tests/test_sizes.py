@@ -210,18 +210,24 @@ def test_wrap_pad_and_a_python_int_size_traced_once_per_size():
 
 def test_python_int_sizes_traced_per_size_up_to_twice_max_cases():
     """len(x) (dynamax, jraph), jnp.diag_indices(n) (gpjax) need a Python int:
-    up to 2 x max_cases sizes are traced one by one (plain JAX's own traces),
-    past that a ShapeError names the remedy."""
+    every size up to a bound of 2 x max_cases is traced on its own (plain JAX's
+    own traces; a pow2 bucket of 32 included), past that a ShapeError names
+    the remedy and how many sizes there are."""
     exs = [(vec(n),) for n in (20, 0, 1, 9)]
     check_oracle(lambda x: x.sum() / len(x), exs, [(20,)], ["n"])
     check_oracle(lambda x: jnp.diag(x).at[jnp.diag_indices(x.shape[0])].add(1.0).sum(0),
                  exs, [(20,)], ["n"])
     assert n_cases(lambda x: x.sum() / len(x), 20) == 21
-    with pytest.raises(pm.ShapeError, match=r"at most 32 sizes \(2 x mask\(\.\.\., max_cases=\)\)"):
+    check_oracle(lambda x: x.sum() / len(x), [(vec(n),) for n in (32, 0, 17)], [(32,)], ["n"],
+                 modes=("jit",))
+    with pytest.raises(pm.ShapeError, match=r"at most 33 sizes, a bound of 2 x mask\(\.\.\., "
+                       r"max_cases=\); here 41 sizes"):
         pm.mask(lambda x: x.sum() / len(x), "n")(masked(vec(3), 40))
-    # max_cases scales it
-    m = pm.mask(lambda x: x.sum() / len(x), "n", max_cases=24)
+    # max_cases scales it; constraints narrow the sizes counted
+    m = pm.mask(lambda x: x.sum() / len(x), "n", max_cases=20)
     x = vec(33)
+    np.testing.assert_allclose(m(masked(x, 40)).unpad(), x.sum() / 33, rtol=1e-6)
+    m = pm.mask(lambda x: x.sum() / len(x), "n", constraints=["n >= 30"])
     np.testing.assert_allclose(m(masked(x, 40)).unpad(), x.sum() / 33, rtol=1e-6)
 
 
@@ -246,6 +252,16 @@ def test_only_the_dim_vars_a_python_int_size_needs_are_pinned():
 
     check_oracle(g, [(vec(n), vec(e)) for n, e in ((3, 3), (0, 2), (3, 1), (1, 3))],
                  [(3,), (3,)], ["n", "e"])
+    # the trace pinned to one e still splits on n (a gather from nodes needs n >= 1;
+    # plain JAX fails at n = 0 < e): 21 traces for 31 x 21 sizes, not 651
+    def lin(nodes, ids):
+        return (nodes[ids] * np.linspace(0.5, 1.5, len(ids)).astype(np.float32)).sum()
+
+    exs = [(vec(n), RNG.integers(0, max(n, 1), size=e).astype(np.int32))
+           for n, e in ((30, 20), (1, 0), (5, 7), (1, 20), (0, 0))]
+    check_oracle(lin, exs, [(30,), (20,)], ["n", "e"], modes=("eager", "jit"))
+    with pytest.raises(pm.ShapeError, match=r"for these sizes \(e=3, n=0\) the function fails"):
+        pm.mask(lin, ["n", "e"])(masked(vec(0), 30), masked(np.zeros(3, np.int32), 20))
 
 
 def test_symmetric_pad():

@@ -18,6 +18,7 @@ import numpy as np
 from jax import lax
 
 from . import _jax_compat as compat
+from .case_refine import per_size_remedy
 from .cases import Case, CaseTree
 from .casetree import plain_failure
 from .dimvars import sizes_text
@@ -40,10 +41,10 @@ def _error_message(tree: CaseTree, c: Case) -> str:
         as_plain, remedy = plain_failure(c.error)
         return (f"for these sizes ({sizes_text(c.reached_by)}) the function fails at "
                 f"{c.where}, {as_plain}:\n  {c.error}{remedy}")
-    return (f"for these sizes ({tree.describe_conditions(c)}) the function cannot be traced "
-            f"with symbolic sizes at {c.where}:\n  {c.error}\n  (plain JAX may fail at these "
-            "sizes too; polymask traces sizes one by one, as plain JAX does, only while "
-            "mask(..., max_cases=) allows, and here there are more)")
+    count = len(c.reached_by) if c.reached_by else 0
+    return (f"for these sizes ({tree.describe_conditions(c)}) polymask cannot trace the "
+            f"function with symbolic sizes at {c.where}:\n  {c.error}\n  "
+            f"{per_size_remedy(tree.max_cases, count)}")
 
 
 def _error_checks(tree: CaseTree, idx) -> list[Check]:

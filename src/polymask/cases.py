@@ -35,7 +35,7 @@ from .shapes import SHIFT_SUFFIX
 from .trace import MaskedProgram, flatten_args, trace
 
 __all__ = ["Case", "Split", "CaseTree", "trace_cases", "trace_function_cases",
-           "DEFAULT_MAX_CASES"]
+           "explore_splits", "DEFAULT_MAX_CASES"]
 
 DEFAULT_MAX_CASES = 16
 
@@ -63,6 +63,31 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
         error); when the cases' outputs differ in structure, dtype or rank.
       UnsupportedError: as ``trace``.
     """
+    root, cases, first = explore_splits(trace_one, max_cases)
+    if "prog" not in first:
+        return trace_per_size_or_raise(root, cases, first, trace_one, max_cases, explore_splits)
+    base = first["prog"]
+    tree = CaseTree(root, cases, base.internal, base, max_cases=max_cases)
+    if not tree.single:
+        enumerate_sizes(tree)
+        live = [c for c in cases if c.program is not None and c.reachable]
+        if not live:
+            err = next(c for c in cases if c.error is not None and c.reachable)
+            raise ShapeError(
+                f"the function fails for every logical size within the bounds: "
+                f"{err.error}\n  (for {tree.describe_conditions(err)}, at {err.where})")
+        if refine_errors(tree, trace_one, max_cases, explore_splits):
+            live = [c for c in tree.cases if c.program is not None and c.reachable]
+        tree.base = live[0].program
+        common_outputs(tree, live)
+    return tree
+
+
+def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_cases: int):
+    """``(root, cases, first)``: the split tree of ``trace_one``'s undecidable size
+    comparisons, leaves traced (programs or error cases), not yet refined per
+    size. ``first`` holds the first program (``"prog"``), the root's error
+    (``"root_error"``) and a failed trace's ``SizeSignature``."""
     cases: list[Case] = []
     splits: list[Split] = []
     first: dict[str, Any] = {}
@@ -109,24 +134,7 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
         cases.append(case)
         return case
 
-    root = explore(())
-    if "prog" not in first:
-        return trace_per_size_or_raise(root, cases, first, trace_one, max_cases)
-    base = first["prog"]
-    tree = CaseTree(root, cases, base.internal, base)
-    if not tree.single:
-        enumerate_sizes(tree)
-        live = [c for c in cases if c.program is not None and c.reachable]
-        if not live:
-            err = next(c for c in cases if c.error is not None and c.reachable)
-            raise ShapeError(
-                f"the function fails for every logical size within the bounds: "
-                f"{err.error}\n  (for {tree.describe_conditions(err)}, at {err.where})")
-        if refine_errors(tree, trace_one, max_cases):
-            live = [c for c in tree.cases if c.program is not None and c.reachable]
-        tree.base = live[0].program
-        common_outputs(tree, live)
-    return tree
+    return explore(()), cases, first
 
 
 def trace_function_cases(fun: Callable, args: Sequence[Any], in_specs=None,

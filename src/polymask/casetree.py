@@ -11,6 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from . import _jax_compat as compat
 from .diagnostics import user_frame_of_exception
 from .dimvars import describe_conditions, display_text, pretty_condition, sizes_text
 from .errors import ShapeError
@@ -67,6 +68,7 @@ class CaseTree:
     base: MaskedProgram
     out_tree: Any = None
     out_bounds: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    max_cases: int = 16  # mask(..., max_cases=): the limit its errors name
 
     @property
     def single(self) -> bool:
@@ -188,8 +190,22 @@ def enumerate_sizes(tree: CaseTree) -> None:
         c.reached_by = []
     for combo in itertools.product(*sizes):
         values = dict(zip(names, combo))
+        if not _satisfies_constraints(base, values):
+            continue  # the prologue rejects these sizes: they reach no case
         idx = tree.select(base.internal_values(values))
         tree.cases[int(idx)].reached_by.append(values)
+
+
+def _satisfies_constraints(prog: MaskedProgram, values: dict[str, int]) -> bool:
+    """Whether the user's constraints (``constraints=["n >= 30"]``) hold at these sizes."""
+    if getattr(prog, "user_scope", None) is None:
+        return True
+    env = DimEnv(prog.user_scope, prog.var_bounds, values)
+    for kind, e1, e2, _ in compat.explicit_constraints(prog.user_scope):
+        v1, v2 = int(env.logical_raw(e1)), int(env.logical_raw(e2))
+        if (v1 != v2) if kind == "==" else (v1 < v2):
+            return False
+    return True
 
 
 def common_outputs(tree: CaseTree, live: list[Case]) -> None:

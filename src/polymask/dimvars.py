@@ -239,13 +239,13 @@ def pretty_condition(text: str, internal) -> str:
 
 
 def sizes_text(assignments: list[dict[str, int]]) -> str:
+    """``"n in {0, 3..5}"``; with several dim vars ``"m=0, n=1; m=2, n=1"``."""
     names = sorted(assignments[0])
     if len(names) == 1:
         vals = sorted(a[names[0]] for a in assignments)
         return f"{names[0]} in {_ranges(vals)}"
-    shown = ", ".join("(" + ", ".join(f"{k}={a[k]}" for k in names) + ")"
-                      for a in assignments[:6])
-    return shown + (f", ... ({len(assignments)} in all)" if len(assignments) > 6 else "")
+    shown = "; ".join(", ".join(f"{k}={a[k]}" for k in names) for a in assignments[:6])
+    return shown + (f"; ... ({len(assignments)} in all)" if len(assignments) > 6 else "")
 
 
 def _ranges(vals: list[int]) -> str:

@@ -98,6 +98,7 @@ class SizeSignature:
     internal: dict[str, tuple[str, int]]
     scope: Any
     dim_bounds: dict[str, int]
+    user_scope: Any = None  # the user's constraints over the spec dim vars
 
     def internal_values(self, values: dict[str, Any]) -> dict[str, Any]:
         return internal_values(self.internal, values)
@@ -331,7 +332,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         # function's, not a symbolic-shape limitation to translate.
         shown = dimvars.displayed_error(e, internal)  # messages name spec dim vars
         translated = None if static else translate_trace_error(shown, var_where)
-        signature = SizeSignature(var_order, var_bounds, internal, scope, dim_bounds)
+        signature = SizeSignature(var_order, var_bounds, internal, scope, dim_bounds, user_scope)
         if translated is not None:
             err = dimvars.displayed_error(translated, internal)
             err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
