@@ -36,7 +36,8 @@ SHORT = {"pass": "pass", "wrong": "**wrong**", "hang": "**hang**",
 
 
 def table(progs, results, modes) -> str:
-    lines = ["| program | source | sizes (pmjit) | " + " | ".join(modes) + " | compiles |",
+    lines = ["| program | source | oracle sizes (pmjit sizes) | " + " | ".join(modes)
+             + " | compiles / buckets |",
              "|---|---|---|" + "---|" * len(modes) + "---|"]
     for p in progs:
         res = results.get(p.name, {})
@@ -62,7 +63,7 @@ def details(progs, results) -> str:
         for m, r in results.get(p.name, {}).items():
             if r["status"] not in ("pass", "n/a"):
                 out.append(f"- `{p.name}` {m}: {r['status']}: {r['detail']}")
-    return "\n".join(out)
+    return "\n".join(out) or "(no failures)"
 
 
 def _clean(text: str) -> str:
