@@ -145,7 +145,7 @@ def test_reuse_host_memory_option_before_or_after_the_subcommand(argv, off):
 
 
 def test_cli_reuses_host_memory_unless_told_not_to(monkeypatch):
-    from polymask import hostmem
+    from polymask.runners import hostmem
 
     calls = []
     monkeypatch.setattr(hostmem, "reuse_host_memory", lambda: calls.append(1) or True)

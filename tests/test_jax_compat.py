@@ -250,9 +250,9 @@ def test_jaxpr_as_fun_binds_the_constants_of_an_open_jaxpr():
 
 def test_interpreter_binds_the_constants_of_an_open_jaxpr():
     """Dropping an inner jaxpr's constants would shift its arguments: a wrong value."""
-    from polymask.interpreter import Interpreter
-    from polymask.shapes import DimEnv
-    from polymask.state import RunState
+    from polymask.core.shapes import DimEnv
+    from polymask.tracing.interpreter import Interpreter
+    from polymask.tracing.state import RunState
 
     open_, consts, f = _open_jaxpr_and_consts()
     x = jnp.array([1.0, 2.0, 3.0])

@@ -4,7 +4,7 @@ import pytest
 
 from polymask import _jax_compat as compat
 from polymask.rules import data_dependent, families
-from polymask.rules.registry import get_rule, register, register_rule, registered_primitives
+from polymask.tracing.registry import get_rule, register, register_rule, registered_primitives
 
 
 def _polymask_primitives() -> set[str]:
@@ -56,7 +56,7 @@ def test_a_rule_that_needs_a_size_as_a_constant_raises_unsupported_naming_it():
     import numpy as np
 
     import polymask as pm
-    from polymask.rules import registry
+    from polymask.tracing import registry
 
     def needs_constant(ctx, x, **params):
         raise compat.InconclusiveDimensionOperation("Symbolic dimension 'n' used in a "

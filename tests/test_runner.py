@@ -231,7 +231,7 @@ def _sorted_batch_programs(sizes, policy, rows):
 
 @pytest.mark.parametrize("ahead", [True, False])
 def test_ragged_map_compile_ahead_compiles_each_program_once(ahead, monkeypatch):
-    from polymask import ragged
+    from polymask.runners import ragged
 
     rng = np.random.default_rng(2)
     queued = []  # programs handed to the background compiler (which thread wins is timing)

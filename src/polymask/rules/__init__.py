@@ -1,5 +1,6 @@
 """Masking rules, one module per family; importing this package registers them."""
 
+from ..tracing.registry import RuleContext, get_rule, register, registered_primitives
 from . import (  # noqa: F401  (imported for their registrations)
     approx_topk,
     array_equality,
@@ -25,9 +26,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     scans,
     slicing,
     sorting,
-    trimming,
     windows,
 )
-from .registry import RuleContext, get_rule, register, registered_primitives
 
 __all__ = ["RuleContext", "get_rule", "register", "registered_primitives"]

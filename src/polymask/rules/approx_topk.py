@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from .registry import register
+from ..tracing.registry import register
 from .util import masked_axes, valid_mask
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
-from .registry import register_trace_patch
+from ..tracing.registry import register_trace_patch
 from .util import has_symbolic_shape, in_masked_trace
 
 __all__ = ["array_equal_dynamic", "array_equiv_dynamic"]

@@ -48,8 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..shapes import is_static, needs_mask
-from .registry import register
+from ..core.shapes import is_static, needs_mask
+from ..tracing.registry import register
 
 
 # ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ padding, making both factors of every backward product finite there.
 
 from __future__ import annotations
 
-from .registry import register
+from ..tracing.registry import register
 from .util import clean, is_inexact, masked_axes
 
 

@@ -7,7 +7,7 @@ live in this module too (see the control-flow issue).
 
 from __future__ import annotations
 
-from .registry import register
+from ..tracing.registry import register
 
 
 @register("jit")
@@ -81,7 +81,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 from .. import _jax_compat as compat  # noqa: E402
-from ..shapes import is_static, needs_mask  # noqa: E402
+from ..core.shapes import is_static, needs_mask  # noqa: E402
 from .util import gate_gradients, is_inexact  # noqa: E402
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from .registry import register
+from ..tracing.registry import register
 from .util import clean, is_inexact, valid_mask
 
 __all__ = ["nonzero_p", "boolean_mask_p", "boolean_unmask_p", "unique_p", "arange_p",
@@ -447,8 +447,8 @@ def dynamic_unslice_rule(ctx, ct, *starts, x_shape):
 # jax.vmap *inside* mask: a shared selection batches; per-example sizes cannot
 # ----------------------------------------------------------------------------
 def _per_example_size_error(what):
-    from ..diagnostics import user_call_site
-    from ..errors import UnsupportedError
+    from ..core.diagnostics import user_call_site
+    from ..core.errors import UnsupportedError
 
     return UnsupportedError(
         f"polymask.{what} under jax.vmap inside polymask.mask (at {user_call_site()}): "

@@ -13,7 +13,7 @@ import sys
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
-from .registry import register
+from ..tracing.registry import register
 from .util import clean, fill_padding, identity_of, is_inexact, masked_axes
 
 

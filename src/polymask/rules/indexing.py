@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..shapes import is_static, needs_mask, upper_bound_int
-from .registry import register
+from ..core.shapes import is_static, needs_mask, upper_bound_int
+from ..tracing.registry import register
 from .util import clean_float, identity_of, same_dim, valid_mask
 
 _MODE = lax.GatherScatterMode

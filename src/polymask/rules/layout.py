@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from ..tracing.registry import register
 from .families import defrelayout
-from .registry import register
 from .util import clean, is_inexact, masked_axes
 
 

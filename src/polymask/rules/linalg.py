@@ -58,9 +58,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._jax_compat import linalg as compat_linalg
-from ..errors import ShapeError
-from ..shapes import needs_mask
-from .registry import register, register_precondition
+from ..core.errors import ShapeError
+from ..core.shapes import needs_mask
+from ..tracing.registry import register, register_precondition
 from .util import clean, clean_float, masked_axes, valid_mask
 
 

@@ -44,7 +44,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._jax_compat import linalg as compat_linalg
-from .registry import register_trace_patch
+from ..tracing.registry import register_trace_patch
 
 __all__ = ["lstsq_symbolic", "pinv_symbolic"]
 

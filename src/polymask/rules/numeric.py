@@ -30,8 +30,8 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
+from ..tracing.registry import register_trace_patch
 from .random_samplers import searchsorted_symbolic
-from .registry import register_trace_patch
 from .util import has_symbolic_shape, in_masked_trace
 
 __all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic"]

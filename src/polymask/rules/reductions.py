@@ -7,8 +7,8 @@ dtype's min/max, never +-inf for ints) before the physical reduction.
 
 from __future__ import annotations
 
+from ..tracing.registry import register
 from .families import defreducer
-from .registry import register
 from .util import fill_padding
 
 defreducer("reduce_sum", kind="sum")

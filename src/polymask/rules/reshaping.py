@@ -29,9 +29,9 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
-from ..shapes import is_static
+from ..core.shapes import is_static
+from ..tracing.registry import register, register_trace_patch
 from .families import defrelayout
-from .registry import register, register_trace_patch
 from .util import clean_float, in_masked_trace, masked_axes
 
 

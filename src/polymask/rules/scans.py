@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
-from .registry import register_trace_patch
+from ..tracing.registry import register_trace_patch
 
 __all__ = ["associative_scan_symbolic", "is_symbolic_scan"]
 

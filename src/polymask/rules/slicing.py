@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..shapes import is_static, lower_bound_int, needs_mask, upper_bound_int
-from .registry import register
+from ..core.shapes import is_static, lower_bound_int, needs_mask, upper_bound_int
+from ..tracing.registry import register
 from .util import clean_float, masked_axes, same_dim, valid_mask
 
 # ----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
-from .registry import register
+from ..tracing.registry import register
 from .util import masked_axes, valid_mask
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..shapes import needs_mask
+from ..core.shapes import needs_mask
 
 
 def masked_axes(logical: Sequence, padded: Sequence[int], axes=None) -> list[int]:
@@ -162,7 +162,7 @@ def in_masked_trace() -> bool:
     """Whether a masked trace runs in this thread: the trace patches
     (``registry.register_trace_patch``) fall back to JAX's own function
     outside one."""
-    from ..trace import current_scope
+    from ..tracing.symbolic import current_scope
 
     return current_scope() is not None
 

@@ -54,8 +54,8 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _jax_compat as compat
-from ..shapes import is_static, needs_mask
-from .registry import register
+from ..core.shapes import is_static, needs_mask
+from ..tracing.registry import register
 from .util import clean, clean_float, fill_padding, identity_of, is_inexact, masked_axes, valid_mask
 
 _BRUTE_FORCE_LIMIT = 2048
