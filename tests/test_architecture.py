@@ -17,6 +17,38 @@ def test_no_import_cycles():
     assert " 0 import cycles" in r.stdout
 
 
+def _import_tool():
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import import_cycles
+    finally:
+        sys.path.pop(0)
+    return import_cycles
+
+
+def test_layers_import_only_downward():
+    """No package imports a layer above it (function-level imports included),
+    so the layers form no cycle; every package is placed in the layer table."""
+    tool = _import_tool()
+    graph = tool.module_graph()
+    assert {tool.layer_of(m) for m in graph} == set(tool.LAYERS)
+    assert tool.upward_imports(graph) == []
+    assert tool.find_cycles(tool.layer_graph(graph)) == []
+
+
+def test_the_layer_check_sees_function_level_imports(tmp_path):
+    tool = _import_tool()
+    pkg = tmp_path / "polymask"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "runners.py").write_text("X = 1\n")
+    (pkg / "core" / "low.py").write_text("def f():\n    from ..runners import X\n    return X\n")
+    mods = {"polymask.core.low": pkg / "core" / "low.py", "polymask.runners": pkg / "runners.py"}
+    graph = {m: tool.imports(m, p, mods) for m, p in mods.items()}
+    assert tool.upward_imports(graph) == [("polymask.core.low", "polymask.runners")]
+
+
 def test_interpreter_names_no_primitive():
     from polymask import _jax_compat as compat
 

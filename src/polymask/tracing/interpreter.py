@@ -20,12 +20,12 @@ from .. import _jax_compat as compat
 from ..core.diagnostics import relocate
 from ..core.errors import ShapeError, UnsupportedError
 from ..core.masked import Masked
+from ..core.masks import valid_mask
 from ..core.shapes import DimEnv, is_static, needs_mask
-from ..rules import get_rule
-from ..rules.util import valid_mask
 from .registry import (
     COVERAGE_DOC,
     RuleContext,
+    get_rule,
     has_inner_jaxpr,
     runs_at_bound,
     sees_guard,
