@@ -198,7 +198,7 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list
     return out
 
 
-def _identifiers(spec: str) -> set[str]:
+def spec_identifiers(spec: str) -> set[str]:
     return set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", spec))
 
 
@@ -216,7 +216,7 @@ def scope_and_name_generator(spec_leaves, constraints):
     used: set[str] = set()
     for s in spec_leaves:
         if isinstance(s, str):
-            used |= _identifiers(s)
+            used |= spec_identifiers(s)
     counter = itertools.count()
 
     def gen_name() -> str:

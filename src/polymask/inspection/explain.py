@@ -25,18 +25,13 @@ from ..core.dimvars import describe_conditions, display_text
 from ..core.masked import Masked
 from ..core.shapes import DimEnv
 from ..core.specs import PLACEHOLDER_BOUND, args_from_specs
-from ..rules import get_rule
 from ..tracing.cases.dispatch import case_program
 from ..tracing.cases.splitting import trace_function_cases
 from ..tracing.interpreter import Interpreter, run_program, runs_rule
 from ..tracing.prologue import solve_dim_vars
-from .formula import (
-    _abstractify,
-    _dim_str,
-    _is_masked,
-    _is_shape_tuple,
-)
-from .sizetable import _concrete_sizes, _has_inner, _short_path, _size_table, _walk_eqns
+from ..tracing.registry import get_rule
+from .arguments import abstractify, dim_str, is_masked, is_shape_tuple
+from .sizetable import concrete_sizes, has_inner, short_path, sizes_table, walk_eqns
 
 __all__ = ["explain", "Explanation", "Row"]
 
@@ -99,7 +94,7 @@ class Explanation(str):
         for r in self.rows:
             eqns.add_row(str(r.index), "  " * r.depth + r.primitive, ", ".join(r.shapes),
                          ", ".join(_bound_str(b) for b in r.bounds), r.rule,
-                         _inserted_str(r), f"{_short_path(r.source)}\n{r.code}")
+                         _inserted_str(r), f"{short_path(r.source)}\n{r.code}")
         return Group(Text(self._header), sizes, eqns)
 
 
@@ -148,13 +143,13 @@ class _Recorder:
         src = compat.source_line(eqn.source_info)
         if src.startswith("<unknown") and self.open:
             src = self.open[-1].source
-        nested = _has_inner(eqn)
+        nested = has_inner(eqn)
         name = eqn.primitive.name
         if nested and isinstance(eqn.params.get("name"), str):
             name = f"{name}({eqn.params['name']})"
         rule = get_rule(eqn.primitive.name)
         static = rule is None or not runs_rule(eqn, state)
-        size_query = (self.show(_dim_str(eqn.params["dim"])) if eqn.primitive is compat.dim_as_value_p
+        size_query = (self.show(dim_str(eqn.params["dim"])) if eqn.primitive is compat.dim_as_value_p
                       else None)
         row = Row(index=len(self.rows) + 1, depth=len(self.open), primitive=name,
                   rule="static" if static else rule.__name__,
@@ -277,14 +272,14 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     placeholder = not args
     if placeholder:
         args = args_from_specs(in_specs, dtype)
-    absargs = _abstractify(args, in_specs, dtype)
+    absargs = abstractify(args, in_specs, dtype)
     tree, absleaves = trace_function_cases(fun, absargs, in_specs, constraints)
     prog = tree.base
-    leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: _is_masked(v) or
-                                          _is_shape_tuple(v))
-    ex_leaves = [Masked(b.data if _is_masked(b) else b, a.shape) if _is_masked(a) else b
+    leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: is_masked(v) or
+                                          is_shape_tuple(v))
+    ex_leaves = [Masked(b.data if is_masked(b) else b, a.shape) if is_masked(a) else b
                  for a, b in zip(leaves_in, absleaves)]
-    concrete = _concrete_sizes(prog, ex_leaves) if any(map(_is_masked, leaves_in)) else None
+    concrete = concrete_sizes(prog, ex_leaves) if any(map(is_masked, leaves_in)) else None
     if concrete is not None and not tree.single:  # show the case the example sizes reach
         prog = case_program(tree, concrete) or prog  # ShapeError where it fails
 
@@ -303,13 +298,13 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         outs = run_program(prog, leaves, values, interpreter=interp)
         return [o.data for o in outs], [o.shape for o in outs]
 
-    datas = [jax.ShapeDtypeStruct(tuple(np.shape(leaf.data if _is_masked(leaf) else leaf)),
+    datas = [jax.ShapeDtypeStruct(tuple(np.shape(leaf.data if is_masked(leaf) else leaf)),
                                   leaf.dtype) for leaf in absleaves]
     sizes = [jax.ShapeDtypeStruct((), jnp.int32) for _ in range(n_sizes)]
     masked_jaxpr = jax.make_jaxpr(masked_program)(datas, sizes)
     recorder.attribute(masked_jaxpr, n_sizes)
 
-    size_table = _size_table(prog, concrete)
+    size_table = sizes_table(prog, concrete)
     header = _header(fun, prog, concrete, masked_jaxpr) + tree.explain_header(prog)
     if placeholder:
         header += (f"\n(no example arguments: every dim var has the placeholder bound "
@@ -346,9 +341,9 @@ def _header(fun, prog, concrete, masked_jaxpr) -> str:
         lines.append("this case: " + describe_conditions(prog.conditions, prog.internal))
     outs = ", ".join(_aval_str(v.aval) for v in prog.closed_jaxpr.jaxpr.outvars)
     lines.append(f"outputs: {outs}")
-    n_eqns = sum(1 for _ in _walk_eqns(masked_jaxpr.jaxpr))
-    n_sel = sum(1 for e in _walk_eqns(masked_jaxpr.jaxpr) if e.primitive.name == "select_n")
-    n_user = sum(1 for _ in _walk_eqns(prog.closed_jaxpr.jaxpr))
+    n_eqns = sum(1 for _ in walk_eqns(masked_jaxpr.jaxpr))
+    n_sel = sum(1 for e in walk_eqns(masked_jaxpr.jaxpr) if e.primitive.name == "select_n")
+    n_user = sum(1 for _ in walk_eqns(prog.closed_jaxpr.jaxpr))
     lines.append(f"masked program: {n_eqns} equations ({n_sel} select_n) for {n_user} "
                  "user equations, sizes traced (as under jax.jit)")
     return "\n".join(lines)
@@ -392,7 +387,7 @@ def _render_text(header, size_table, rows: list[Row]) -> str:
     for r, c in zip(rows, cells):
         if r.source != last_src:
             last_src = r.source
-            out.append(f"  {_short_path(r.source)}" + (f":  {r.code}" if r.code else ""))
+            out.append(f"  {short_path(r.source)}" + (f":  {r.code}" if r.code else ""))
         line = (f"  {c[0]:<{widths[0]}}  {c[1]:<{widths[1]}}  bound {c[2]:<{widths[2]}}  "
                 + (f"logical {c[3]:<{widths[3]}}  " if widths[3] else "")
                 + f"{c[4]:<{widths[4]}}  {c[5]}")

@@ -3,7 +3,7 @@
 ``shape_formula`` traces ``fun`` symbolically (as ``mask`` does) and returns
 the output shapes as ``jax.export`` dimension expressions: the shape rule of
 the whole program, in terms of the dim vars of the input specs. The argument
-helpers here (``_abstractify``; ``specs.args_from_specs``) are shared with
+helpers here (``abstractify``; ``specs.args_from_specs``) are shared with
 ``polymask.explain``. With case splits (``cases.py``) a formula that differs
 between cases is piecewise (``ShapeFormula.cases``).
 """
@@ -21,47 +21,13 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.dimvars import display_expr, to_internal
 from ..core.errors import ShapeError
-from ..core.masked import Masked
 from ..core.plan import check_constraints
 from ..core.shapes import DimEnv
 from ..core.specs import args_from_specs
 from ..tracing.cases.splitting import trace_function_cases
+from .arguments import abstractify, dim_str
 
 __all__ = ["shape_formula", "ShapeFormula"]
-
-def _is_masked(x) -> bool:
-    return isinstance(x, Masked)
-
-
-# ----------------------------------------------------------------------------
-# Arguments: example arrays, Masked values, ShapeDtypeStructs or padded shapes
-# ----------------------------------------------------------------------------
-def _is_shape_tuple(x) -> bool:
-    return (isinstance(x, (tuple, list)) and
-            all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in x))
-
-
-def _abstractify(args, in_specs, dtype):
-    """Replace data by ``ShapeDtypeStruct``s; bare shape tuples become padded inputs.
-
-    Example arrays are kept abstract (nothing is computed). With
-    ``in_specs=None`` every axis of every input is dynamic (its own dim var),
-    so the formulas are in terms of all input sizes.
-    """
-    def one(x):
-        if _is_masked(x):
-            return Masked(jax.ShapeDtypeStruct(np.shape(x.data), x.data.dtype), x.shape)
-        if _is_shape_tuple(x):
-            sds = jax.ShapeDtypeStruct(tuple(int(d) for d in x), dtype)
-            return Masked(sds) if in_specs is None else sds
-        if isinstance(x, jax.ShapeDtypeStruct) or hasattr(x, "shape"):
-            sds = jax.ShapeDtypeStruct(tuple(np.shape(x)), x.dtype)
-            return Masked(sds) if in_specs is None else sds
-        return x
-
-    return tuple(jax.tree_util.tree_map(one, a, is_leaf=lambda v: _is_masked(v) or
-                                        _is_shape_tuple(v)) for a in args)
-
 
 # ----------------------------------------------------------------------------
 # shape_formula
@@ -108,10 +74,6 @@ def _py_expr(s: str) -> str:
         return out
 
     return conv(s, True)
-
-
-def _dim_str(d) -> str:
-    return str(d) if compat.is_dim_expr(d) else str(int(d))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -250,7 +212,7 @@ class ShapeFormula:
             return None
 
     def _key(self):  # internal form: JAX's normal form of each expression
-        return tuple(_dim_str(d) for d in self.exprs)
+        return tuple(dim_str(d) for d in self.exprs)
 
     def _coerce(self, other):
         if isinstance(other, ShapeFormula):
@@ -261,12 +223,12 @@ class ShapeFormula:
                 if isinstance(d, (int, np.integer)):
                     key.append(str(int(d)))
                 elif compat.is_dim_expr(d):
-                    key.append(_dim_str(d))
+                    key.append(dim_str(d))
                 elif isinstance(d, str):
                     e = self._parse(d)
                     if e is None:
                         return None
-                    key.append(_dim_str(e))
+                    key.append(dim_str(e))
                 else:
                     return None
             return tuple(key)
@@ -365,7 +327,7 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
     no_args = not args
     if no_args:
         args = args_from_specs(in_specs, dtype)
-    absargs = _abstractify(args, in_specs, dtype)
+    absargs = abstractify(args, in_specs, dtype)
     tree, _ = trace_function_cases(fun, absargs, in_specs, constraints)
 
     def formulas(prog, bounds=None):

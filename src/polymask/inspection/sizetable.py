@@ -2,7 +2,8 @@
 
 Every dimension expression the program uses (input dim vars, output shapes of
 equations, sizes in equation params), its padded bound, its logical value at
-the example sizes, and how often the program queries it as a value.
+the example sizes, and how often the program queries it as a value; and the
+jaxpr walking ``explain`` shares with it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from .. import _jax_compat as compat
 from ..core.shapes import DimEnv
 from ..tracing.prologue import solve_dim_vars
 from ..tracing.registry import has_inner_jaxpr, substitute_dims
-from .formula import _dim_str
+from .arguments import dim_str
 
 
-def _concrete_sizes(prog, leaves) -> dict | None:
+def concrete_sizes(prog, leaves) -> dict | None:
     """Dim var values from example ``Masked`` sizes, when all are concrete."""
     values, _ = solve_dim_vars(prog, leaves, checks_on=False)
     if any(compat.is_tracer(v) for v in values.values()):
@@ -33,13 +34,13 @@ def _all_exprs(shapes_and_dims):
             yield d
 
 
-def _size_table(prog, concrete) -> dict[str, dict]:
+def sizes_table(prog, concrete) -> dict[str, dict]:
     dims = DimEnv(prog.scope, prog.dim_bounds, {})
     cdims = DimEnv(prog.scope, prog.dim_bounds, concrete) if concrete else None
     table: dict[str, dict] = {}
 
     def add(d, where, query):
-        key = prog.display(_dim_str(d))
+        key = prog.display(dim_str(d))
         if key not in table:
             try:
                 bound = dims.padded(d)
@@ -58,15 +59,15 @@ def _size_table(prog, concrete) -> dict[str, dict]:
 
     for v in prog.var_order:
         add(prog.spec_var_expr(v), "input", False)
-    eqns = _walk_eqns(prog.closed_jaxpr.jaxpr)
+    eqns = walk_eqns(prog.closed_jaxpr.jaxpr)
     for eqn in eqns:
-        src = _short_path(compat.source_line(eqn.source_info))
+        src = short_path(compat.source_line(eqn.source_info))
         if eqn.primitive is compat.dim_as_value_p:
             add(eqn.params["dim"], src, True)
         for v in eqn.outvars:
             for d in _all_exprs(getattr(v.aval, "shape", ())):
                 add(d, src, False)
-        if not _has_inner(eqn):  # sizes in params: SAME padding, slice limits, ...
+        if not has_inner(eqn):  # sizes in params: SAME padding, slice limits, ...
             found: list = []
             substitute_dims(dict(eqn.params), lambda d: found.append(d) or d)
             for d in found:
@@ -74,18 +75,18 @@ def _size_table(prog, concrete) -> dict[str, dict]:
     return table
 
 
-def _walk_eqns(jaxpr):
+def walk_eqns(jaxpr):
     for eqn in jaxpr.eqns:
         yield eqn
         for inner, _ in compat.inner_jaxprs(eqn.params):
-            yield from _walk_eqns(inner)
+            yield from walk_eqns(inner)
 
 
-def _has_inner(eqn) -> bool:
+def has_inner(eqn) -> bool:
     return has_inner_jaxpr(eqn.params)
 
 
-def _short_path(src: str) -> str:
+def short_path(src: str) -> str:
     m = re.match(r"(.*):(\d+) \((.*)\)$", src)
     if not m:
         return src

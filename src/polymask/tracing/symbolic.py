@@ -31,10 +31,10 @@ from ..core.masked import Masked
 from ..core.shapes import DimEnv, is_static
 from ..core.specs import (
     AxisSpec,
-    _identifiers,
     broadcast_specs,
     parse_leaf_spec,
     scope_and_name_generator,
+    spec_identifiers,
 )
 from .registry import check_preconditions, patched_function, trace_patches
 
@@ -167,7 +167,7 @@ class MaskedProgram:
         return dimvars.display_text(str(e), self.internal)
 
 
-def _arg_paths(args) -> list[str]:
+def arg_paths(args) -> list[str]:
     flat = jax.tree_util.tree_flatten_with_path(tuple(args), is_leaf=is_masked)[0]
     return ["args" + jax.tree_util.keystr(p) for p, _ in flat]
 
@@ -188,7 +188,7 @@ def _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name) -> list[list[
 def _check_constraint_vars(scope, axis_specs, spec_leaves=()) -> None:
     spec_vars = {a.var for axes in axis_specs for a in axes if a.var}
     # names an equality constraint substituted away ('n == 3', 'm == 2*n')
-    spec_vars |= {n for s in spec_leaves if isinstance(s, str) for n in _identifiers(s)}
+    spec_vars |= {n for s in spec_leaves if isinstance(s, str) for n in spec_identifiers(s)}
     for _, e1, e2, text in compat.explicit_constraints(scope):
         unknown = (compat.dim_vars(e1) | compat.dim_vars(e2)) - spec_vars
         if unknown:
@@ -263,7 +263,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     def call(*flat):
         return traced(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
 
-    prog = trace_flat(call, leaves, spec_leaves, _arg_paths(args), constraints, conditions)
+    prog = trace_flat(call, leaves, spec_leaves, arg_paths(args), constraints, conditions)
     return prog, leaves
 
 

@@ -27,7 +27,7 @@ from .cases.splitting import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .interpreter import run_program
 from .prologue import functional_checks, poison_outputs, run_checks, solve_dim_vars
 from .registry import patched_function
-from .symbolic import MaskedProgram, _arg_paths, dtype_of, flatten_args, is_masked, trace_flat
+from .symbolic import MaskedProgram, arg_paths, dtype_of, flatten_args, is_masked, trace_flat
 
 __all__ = ["mask", "MaskedFunction", "is_array_leaf", "is_pytree_callee"]
 
@@ -98,7 +98,7 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
     p_leaves, p_tree = flatten_args(args)
     p_specs = broadcast_specs(pos_specs, list(args), is_masked)
     p_dyn = [is_array_leaf(x) or isinstance(x, _NUMBERS) for x in p_leaves]
-    for x, sp, path, d in zip(p_leaves, p_specs, _arg_paths(args), p_dyn):
+    for x, sp, path, d in zip(p_leaves, p_specs, arg_paths(args), p_dyn):
         if d:
             leaves.append(x)
             specs.append(sp)
