@@ -269,7 +269,7 @@ def test_ragged_map_compile_ahead_compiles_each_program_once(ahead, monkeypatch)
 
 def test_stats_cache_size_counts_compiled_programs_only():
     rm = pm.ragged_map(lambda x: x * 2, ("n",), buckets=B.pow2(4), batch_size=2)
-    rm._entry(("a queued program",), hit=False)  # created, not compiled yet
+    rm.cache.entry(("a queued program",), hit=False)  # created, not compiled yet
     assert rm.stats()["cache_size"] == 0
     outs = rm([np.ones(3, np.float32)])
     np.testing.assert_allclose(outs[0], 2 * np.ones(3))
@@ -629,7 +629,7 @@ def test_refined_compiler_options_give_every_batch_a_refined_program():
     # the same buckets, but other options: each batch's program is refined once
     st = rm.stats()
     assert st["refined_compiles"] == 2 and st["compiles"] == 4
-    refined = [e for e in rm._cache.values() if e.compiler_options]
+    refined = [e for e in rm.cache.entries() if e.compiler_options]
     assert len(refined) == 2 and all(e.compiler_options == opts for e in refined)
 
 

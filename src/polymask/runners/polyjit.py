@@ -14,7 +14,9 @@ can compile (first calls, ``precompile``, tiered background compiles, device
 padding): ``stats()["xla_compiles"]``. The steady-state call path compiles nothing.
 
 This module makes the calls; ``plan.py`` decides what a call means (specs,
-sizes, buckets, output layouts); ``programs.Runner`` keeps the caches.
+sizes, buckets, output layouts); ``programs.ProgramCache`` keeps the compiled
+programs and the stats, ``programs.CallPlans`` the plans, and
+``tiering.Tiering`` picks a covering bucket while a tight one compiles.
 """
 
 from __future__ import annotations
@@ -31,11 +33,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import keywords_as_positional
 from ..core.errors import ShapeError
-from ..core.plan import (
-    CallPlan,
-    dtype_key,
-    padded_shape,
-)
+from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from .compiling import COMPILE_TICK, compile_counter
 from .envvars import env_switch
 from .hostio import (
@@ -45,8 +43,19 @@ from .hostio import (
     host_backend,
     unpad_output,
 )
-from .programs import Entry, Runner, at_call_site_error, build_inner, count_value, raise_case_error
-from .tiering import TieredBuckets
+from .programs import (
+    STATS_DOC,
+    CallPlans,
+    Entry,
+    ProgramCache,
+    at_call_site_error,
+    build_inner,
+    checked_compiler_options,
+    count_value,
+    finish_stats,
+    raise_case_error,
+)
+from .tiering import Tiering, cover_key
 
 __all__ = ["jit", "PolyJit", "compile_counter"]
 
@@ -84,26 +93,47 @@ class _CallInfo:
 _LEAF_TREE = jax.tree_util.tree_structure(0)
 
 
-class PolyJit(TieredBuckets, Runner):
-    """The callable returned by ``polymask.jit`` (see there)."""
+class PolyJit:
+    """The callable returned by ``polymask.jit`` (see there).
+
+    ``cache``: its compiled programs and stats (``ProgramCache``); ``plans``:
+    its call plans; ``tiering``: the covering-bucket strategy (None when
+    ``tiered`` is off)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
                  numpy_outputs=False, slice_after=None, tiered=None, compiler_options=None):
-        super().__init__(fun, in_specs, buckets, constraints, cache_size, compiler_options)
+        if isinstance(in_specs, str):
+            in_specs = (in_specs,)
+        self.fun = fun
+        self.in_specs = None if in_specs is None else tuple(in_specs)
+        self.constraints = tuple(constraints)
+        self.compiler_options = checked_compiler_options(compiler_options)
         self.numpy_outputs = numpy_outputs
         self.slice_after = slice_after  # accepted for compatibility: nothing is compiled per shape
-        self.tiered = env_switch("POLYMASK_TIERED") if tiered is None else bool(tiered)
+        policy_for = policy_getter(buckets)
+        self.plans = CallPlans(self.in_specs, self.constraints, policy_for)
+        # traced_calls: calls under jax.grad/jit/vmap (plain JAX's trace)
+        self.cache = ProgramCache(cache_size, self.compiler_options, extra_stats=("traced_calls",))
+        tiered = env_switch("POLYMASK_TIERED") if tiered is None else bool(tiered)
+        self.tiering = Tiering(self.cache, policy_for, self._compile_largest_ahead) if tiered else None
         self._infos: dict = {}
         self._fast: dict = {}
         self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
         self._retired = [0, 0, 0]  # calls, logical, padded of dropped infos
         self._fg_compiles_in_calls = 0
-        self._stats["traced_calls"] = 0  # calls under jax.grad/jit/vmap (plain JAX's trace)
         functools.update_wrapper(self, fun)
+
+    @property
+    def tiered(self) -> bool:
+        return self.tiering is not None
+
+    @property
+    def cache_size(self) -> int:
+        return self.cache.cache_size
 
     # -- call infos ----------------------------------------------------------------
     def _info(self, args, tree, key, fast: bool) -> _CallInfo:
-        plan, leaves, _ = self._plan(args)
+        plan, leaves, _ = self.plans.plan(args)
         device_pad = not host_backend()
         dyn = tuple((i, plan.leaves[i].padded, plan.leaves[i].shape == plan.leaves[i].padded,
                      device_pad and isinstance(leaves[i], jax.Array))
@@ -111,7 +141,7 @@ class PolyJit(TieredBuckets, Runner):
         info = _CallInfo(plan, tree, tuple(i for i, p in enumerate(plan.leaves) if p.static),
                          dyn, jax.device_put(np.asarray(plan.values, np.int32)),
                          (tree, plan.signature), [p.shape for p in plan.leaves])
-        with self._lock:
+        with self.cache.lock:
             table = self._fast if fast else self._infos
             if len(table) > 4096:
                 for old in table.values():
@@ -122,7 +152,8 @@ class PolyJit(TieredBuckets, Runner):
                 table.clear()
             return table.setdefault(key, info)  # two threads: one info, one counter
 
-    def _extra_stats(self, s):
+    def stats(self) -> dict:
+        s = self.cache.stats()
         calls, logical, padded = self._retired
         for table in (self._infos, self._fast):
             for info in list(table.values()):
@@ -134,6 +165,18 @@ class PolyJit(TieredBuckets, Runner):
         s["logical_elements"] = logical
         s["padded_elements"] = padded
         s["cache_hits"] = calls - self._fg_compiles_in_calls
+        return finish_stats(s)
+
+    stats.__doc__ = STATS_DOC
+
+    def wait(self) -> None:
+        """Wait for the background compiles started so far (tiered buckets)."""
+        self.cache.wait()
+
+    def clear_cache(self) -> None:
+        """Drop every compiled program (stats are kept)."""
+        self.cache.clear()
+        self.plans.clear()
 
     def _flat(self, info: _CallInfo, leaves, dyn=None):
         """The compiled program's arguments: static leaves, padded dynamic leaves, sizes."""
@@ -189,9 +232,7 @@ class PolyJit(TieredBuckets, Runner):
             return fn(x)
         with compile_counter() as cc:
             out = device_pad_fn(x.shape, bound, x.dtype)(x)
-        with self._lock:
-            self._stats["pad_compiles"] += 1
-            self._stats["xla_compiles"] += cc.compiles
+        self.cache.add(pad_compiles=1, xla_compiles=cc.compiles)
         return out
 
     # -- calls ---------------------------------------------------------------------
@@ -243,9 +284,8 @@ class PolyJit(TieredBuckets, Runner):
         traced into the caller's program. The outer transformation already
         specialises on the exact shapes, so padding could not save a compile,
         and the result is plain JAX's, derivatives included."""
-        self._plan(args)
-        with self._lock:
-            self._stats["traced_calls"] += 1
+        self.plans.plan(args)
+        self.cache.add(traced_calls=1)
         # (numpy_outputs does not apply: a traced output cannot be a NumPy array)
         return self.fun(*args)
 
@@ -276,37 +316,46 @@ class PolyJit(TieredBuckets, Runner):
 
     def _slow_call(self, info: _CallInfo, leaves):
         """First call of a signature, an evicted program, or a tiered bucket still compiling."""
-        entry = self._entry(info.key, hit=False)
+        entry = self.cache.entry(info.key, hit=False)
         info.entry = entry
         if entry.live:
             return entry, entry.fn(*self._flat(info, leaves))
         plan = info.plan
-        cover_key = self._cover_key(info)
+        ckey = cover_key(info.tree, plan)
         if entry.cover_key is None:
-            entry.cover_key, entry.buckets = cover_key, dict(plan.buckets)
+            entry.cover_key, entry.buckets = ckey, dict(plan.buckets)
             entry.padded = plan.padded
         make = functools.partial(self._make, info.tree, plan)
-        if self.tiered:
-            cover = self._find_cover(info, cover_key)
-            if cover is None and self._compile_largest(info, leaves):
-                cover = self._find_cover(info, cover_key)
+        tiering = self.tiering
+        if tiering is not None:
+            cover = tiering.find_cover(plan, ckey, entry)
+            if cover is None:
+                compiled = tiering.compile_largest(info.tree, plan, leaves)
+                if compiled:
+                    self._count_foreground_compile()
+                if compiled is not None:
+                    cover = tiering.find_cover(plan, ckey, entry)
             if cover is not None:
-                self._submit_background(info, entry, make, leaves)
+                tiering.compile_in_background(info.key, entry, make,
+                                              lambda: self._flat(info, leaves))
                 dyn = tuple((i, b2, np.shape(leaves[i]) == b2, od) for (i, _, _, od), b2 in zip(
                     info.dyn, [padded_shape(plan.leaves[i].axes, cover.buckets)
                                for i, *_ in info.dyn]))
-                with self._lock:
-                    self._stats["tiered_calls"] += 1
+                self.cache.add(tiered_calls=1)
                 cover.tick = next(COMPILE_TICK)
                 return cover, cover.fn(*self._flat(info, leaves, dyn))
         out = None
         try:
-            out = self._compile_run(entry, make, self._flat(info, leaves))
+            out = self.cache.compile_run(entry, make, self._flat(info, leaves))
         finally:  # a call that compiled its program, or failed to, is no cache hit
             if out is not None or entry.fn is None:
-                with self._lock:
-                    self._fg_compiles_in_calls += 1
+                self._count_foreground_compile()
         return (entry, out) if out is not None else (entry, entry.fn(*self._flat(info, leaves)))
+
+    def _count_foreground_compile(self) -> None:
+        """A call compiled (or failed to compile) a program: no cache hit."""
+        with self.cache.lock:
+            self._fg_compiles_in_calls += 1
 
     # -- ahead of time -------------------------------------------------------------
     def precompile(self, *args) -> PolyJit:
@@ -324,20 +373,23 @@ class PolyJit(TieredBuckets, Runner):
         self._compile_ahead(args, "precompiles")
         return self
 
+    def _compile_largest_ahead(self, args) -> bool:
+        """``Tiering``'s foreground compile of the largest bucket (no extra counter)."""
+        return self._compile_ahead(args, None)
+
     def _compile_ahead(self, args, kind: str | None) -> bool:
         """Compile the bucket of ``args`` (no run); True if compiled now."""
-        plan, leaves, tree = self._plan(args)
+        plan, leaves, tree = self.plans.plan(args)
         key = (tree, plan.signature)
-        entry = self._entry(key, hit=False)
+        entry = self.cache.entry(key, hit=False)
         if entry.cover_key is None:
-            dummy = _CallInfo(plan, tree, (), (), None, key, [])
-            entry.cover_key, entry.buckets = self._cover_key(dummy), dict(plan.buckets)
+            entry.cover_key, entry.buckets = cover_key(tree, plan), dict(plan.buckets)
             entry.padded = plan.padded
         avals = [x for x, p in zip(leaves, plan.leaves) if p.static]
         avals += [jax.ShapeDtypeStruct(p.padded, p.dtype) for p in plan.leaves if not p.static]
         avals.append(jax.ShapeDtypeStruct((len(plan.values),), np.int32))
-        return self._precompile_entry(entry, functools.partial(self._make, tree, plan), avals,
-                                      kind)
+        return self.cache.precompile_entry(entry, functools.partial(self._make, tree, plan),
+                                           avals, kind)
 
 
 def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),

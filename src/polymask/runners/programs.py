@@ -1,5 +1,6 @@
-"""One compiled program per bucket signature: entries, the compile cache and stats
-(``Runner``, shared by ``polymask.jit`` and ``ragged_map``)."""
+"""One compiled program per bucket signature: ``ProgramCache`` (entries, pending
+background compiles, stats, one lock) and ``CallPlans``, held by ``polymask.jit``
+and ``ragged_map`` alike; the traced function of a program (``build_inner``)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,12 @@ import numpy as np
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
-from ..core.plan import CallPlan, dtype_key, plan_call, policy_getter
+from ..core.plan import CallPlan, dtype_key, plan_call
 from ..rules.callbacks import mapped_per_example
 from ..tracing.cases.dispatch import host_error
 from ..tracing.transform import mask
-from .compiling import COMPILE_TICK, compile_counter, install_listeners
+from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners
 from .outputs import OutputPlan, output_plan
-
-# ----------------------------------------------------------------------------
-# One compiled program per bucket signature
-# ----------------------------------------------------------------------------
-
 
 
 def checked_compiler_options(options, name: str = "compiler_options") -> dict:
@@ -183,31 +179,29 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
     return inner, lambda *flat_in: note_cases(rebuild(flat_in))
 
 
-class Runner:
-    """Shared machinery of ``PolyJit`` and ``RaggedMap``: plans, cache, stats."""
+def jit_program(entry: Entry, make_fn, args, compile_now: bool = False):
+    """The entry's callable program: ``jax.jit`` of ``make_fn(entry)``, compiled
+    on its first call, or now for ``args`` (values or abstract) with
+    ``compile_now`` (``jax.jit``'s cache keeps it for the calls)."""
+    fn = jax.jit(make_fn(entry), compiler_options=entry.compiler_options or None)
+    if compile_now:
+        fn.lower(*args).compile()
+    return fn
 
-    def __init__(self, fun, in_specs, buckets, constraints, cache_size, compiler_options=None):
-        if isinstance(in_specs, str):
-            in_specs = (in_specs,)
-        self.fun = fun
-        self.compiler_options = checked_compiler_options(compiler_options)
-        self.in_specs = None if in_specs is None else tuple(in_specs)
-        self.constraints = tuple(constraints)
-        self._policy_for = policy_getter(buckets)
-        self.cache_size = int(cache_size)
+
+class CallPlans:
+    """The ``CallPlan`` of each call signature (tree, exact shapes and dtypes, specs)."""
+
+    def __init__(self, in_specs, constraints, policy_for):
+        self.in_specs = in_specs
+        self.constraints = constraints
+        self.policy_for = policy_for
         self._lock = threading.Lock()
         self._plans: dict = {}
-        self._cache: dict = {}
-        self._pending: dict = {}  # key -> Future of a background compile
-        self._stats = dict(calls=0, compiles=0, cache_hits=0, evictions=0,
-                           compile_time_s=0.0, logical_elements=0, padded_elements=0,
-                           xla_compiles=0, persistent_cache_hits=0, background_compiles=0,
-                           precompiles=0, tiered_calls=0, pad_compiles=0)
-        install_listeners()
 
-    # -- plans -----------------------------------------------------------------
-    def _plan(self, args, in_specs=None, spec_key=None) -> tuple[CallPlan, list, Any]:
-        """The ``CallPlan`` of ``args`` (cached by tree, exact shapes and dtypes, specs)."""
+    def plan(self, args, in_specs=None, spec_key=None) -> tuple[CallPlan, list, Any]:
+        """``(plan, leaves, tree)`` of ``args``; ``in_specs``/``spec_key`` replace the
+        runner's specs (``ragged_map`` with specs read off the examples)."""
         if spec_key is None:
             in_specs = self.in_specs
         leaves, tree = jax.tree_util.tree_flatten(tuple(args))
@@ -215,7 +209,7 @@ class Runner:
         plan = self._plans.get(key)
         if plan is None:
             try:
-                plan = plan_call(args, in_specs, self.constraints, self._policy_for)
+                plan = plan_call(args, in_specs, self.constraints, self.policy_for)
             except ShapeError as e:
                 raise at_call_site_error(e) from None
             with self._lock:
@@ -224,38 +218,70 @@ class Runner:
                 self._plans[key] = plan
         return plan, leaves, tree
 
-    # -- cache -------------------------------------------------------------------
-    def _count(self, logical: int, padded: int) -> None:
+    def clear(self) -> None:
         with self._lock:
-            st = self._stats
-            st["calls"] += 1
-            st["logical_elements"] += logical
-            st["padded_elements"] += padded
+            self._plans.clear()
 
-    def _entry(self, key, hit: bool = True) -> Entry:
+
+BASE_STATS = ("calls", "compiles", "cache_hits", "evictions", "compile_time_s",
+              "logical_elements", "padded_elements", "xla_compiles", "persistent_cache_hits",
+              "background_compiles", "precompiles", "tiered_calls", "pad_compiles")
+
+
+class ProgramCache:
+    """The compiled programs of one runner (``polymask.jit``, ``ragged_map``), one
+    per key (a bucket signature): the entries (least recently used evicted past
+    ``cache_size``), the background compiles still pending, and the stats, under
+    one lock.
+
+    ``build_program(entry, make_fn, args, compile_now)`` makes an entry's
+    callable (default ``jit_program``; ``ragged_map``: from the program store
+    when one is active); ``options_for(key)`` gives the XLA options of a key's
+    program (default: ``compiler_options``). ``extra_stats``: counters of the
+    runner's own, starting at 0.
+    """
+
+    def __init__(self, cache_size: int, compiler_options: dict, *, build_program=jit_program,
+                 options_for: Callable | None = None, extra_stats: tuple[str, ...] = ()):
+        self.cache_size = int(cache_size)
+        self.compiler_options = compiler_options
+        self.build_program = build_program
+        self.options_for = options_for or (lambda key: self.compiler_options)
+        self.lock = threading.Lock()
+        self._entries: dict = {}
+        self._pending: dict = {}  # key -> Future of a background compile
+        self._stats = dict.fromkeys(BASE_STATS + tuple(extra_stats), 0)
+        self._stats["compile_time_s"] = 0.0
+        install_listeners()
+
+    # -- entries -----------------------------------------------------------------
+    def get(self, key) -> Entry | None:
+        """The entry of ``key``, or None (no stats, no LRU tick)."""
+        return self._entries.get(key)
+
+    def entries(self) -> list[Entry]:
+        with self.lock:
+            return list(self._entries.values())
+
+    def entry(self, key, hit: bool = True) -> Entry:
         """The entry of ``key`` (created, and the least recently used evicted, if absent)."""
-        with self._lock:
-            e = self._cache.get(key)
+        with self.lock:
+            e = self._entries.get(key)
             if e is not None:
                 if e.live and hit:
                     self._stats["cache_hits"] += 1
                 e.tick = next(COMPILE_TICK)
                 return e
-            e = Entry(tick=next(COMPILE_TICK), compiler_options=self._compiler_options_for(key))
-            self._cache[key] = e
-            while len(self._cache) > self.cache_size:
-                old_key = min(self._cache, key=lambda k: self._cache[k].tick)
-                old = self._cache.pop(old_key)
+            e = Entry(tick=next(COMPILE_TICK), compiler_options=self.options_for(key))
+            self._entries[key] = e
+            while len(self._entries) > self.cache_size:
+                old_key = min(self._entries, key=lambda k: self._entries[k].tick)
+                old = self._entries.pop(old_key)
                 old.live = False
                 self._stats["evictions"] += 1
             return e
 
-    def _compiler_options_for(self, key) -> dict:
-        """XLA compile options of the program of ``key`` (``RaggedMap``: refined
-        programs may have their own)."""
-        return self.compiler_options
-
-    def _compile_run(self, entry: Entry, make_fn, flat_args, *, background=False):
+    def compile_run(self, entry: Entry, make_fn, flat_args, *, background=False):
         """Trace, compile and run ``entry`` on ``flat_args`` once (under its lock).
 
         Returns the outputs, or None when another thread compiled it first.
@@ -266,7 +292,7 @@ class Runner:
             t0 = time.perf_counter()
             with compile_counter() as cc:
                 try:
-                    fn = self._program(entry, make_fn, flat_args)
+                    fn = self.build_program(entry, make_fn, flat_args)
                     out = fn(*flat_args)
                 except ShapeError as e:  # from the trace: name the user's call
                     if background:
@@ -277,34 +303,25 @@ class Runner:
                           "background_compiles" if background else None)
             return out
 
-    def _call_entry(self, entry: Entry, make_fn, flat_args):
+    def call_entry(self, entry: Entry, make_fn, flat_args):
         """Run ``entry`` (tracing and compiling it on first use, once, under its lock)."""
         if entry.fn is None:
-            out = self._compile_run(entry, make_fn, flat_args)
+            out = self.compile_run(entry, make_fn, flat_args)
             if out is not None:
                 return out
         return entry.fn(*flat_args)
 
-    def _precompile_entry(self, entry: Entry, make_fn, avals,
-                          kind: str | None = "precompiles") -> bool:
+    def precompile_entry(self, entry: Entry, make_fn, avals,
+                         kind: str | None = "precompiles") -> bool:
         """Lower and compile ``entry`` for abstract arguments (no run). True if compiled now."""
         with entry.lock:
             if entry.fn is not None:
                 return False
             t0 = time.perf_counter()
             with compile_counter() as cc:
-                fn = self._program(entry, make_fn, avals, compile_now=True)
+                fn = self.build_program(entry, make_fn, avals, compile_now=True)
             self._install(entry, fn, time.perf_counter() - t0, cc, kind)
             return True
-
-    def _program(self, entry: Entry, make_fn, args, compile_now: bool = False):
-        """The entry's callable program: ``jax.jit`` of ``make_fn(entry)``, compiled
-        on its first call, or now for ``args`` (values or abstract) with
-        ``compile_now`` (``jax.jit``'s cache keeps it for the calls)."""
-        fn = jax.jit(make_fn(entry), compiler_options=entry.compiler_options or None)
-        if compile_now:
-            fn.lower(*args).compile()
-        return fn
 
     def _install(self, entry: Entry, fn, seconds: float, cc, kind: str | None) -> None:
         """Make ``fn`` the entry's compiled program and count the compile (``kind``:
@@ -312,7 +329,7 @@ class Runner:
         entry.compile_s = seconds
         entry.fn = fn
         entry.live = True
-        with self._lock:
+        with self.lock:
             st = self._stats
             st["compiles"] += 1
             st["compile_time_s"] += seconds
@@ -321,27 +338,76 @@ class Runner:
             if kind is not None:
                 st[kind] += 1
 
-    def _count_compiles(self, cc) -> None:
-        """Count XLA compiles made outside ``_install`` (a stored program's fallback)."""
-        with self._lock:
-            self._stats["xla_compiles"] += cc.compiles
-            self._stats["persistent_cache_hits"] += cc.cache_hits
+    # -- background compiles -------------------------------------------------------
+    def is_pending(self, key) -> bool:
+        with self.lock:
+            return key in self._pending
+
+    def submit_once(self, key, work: Callable) -> None:
+        """Run ``work()`` on the background compiler unless a job for ``key`` is
+        pending; ``key`` stops being pending when ``work`` returns or raises."""
+        with self.lock:
+            if key in self._pending:
+                return
+
+            def job():
+                try:
+                    return work()
+                finally:
+                    with self.lock:
+                        self._pending.pop(key, None)
+
+            self._pending[key] = background_executor().submit(job)
 
     def wait(self) -> None:
-        """Wait for the background compiles started so far (tiered buckets)."""
+        """Wait for the background compiles submitted so far."""
         while True:
-            with self._lock:
+            with self.lock:
                 futs = list(self._pending.values())
             if not futs:
                 return
             for f in futs:
                 f.result()
 
-    def _extra_stats(self, s: dict) -> None:
-        pass
+    # -- stats -----------------------------------------------------------------------
+    def add(self, **counts) -> None:
+        """Add to counters of the stats (``calls=1``, ``xla_compiles=cc.compiles``)."""
+        with self.lock:
+            for k, n in counts.items():
+                self._stats[k] += n
+
+    def count_call(self, logical: int, padded: int) -> None:
+        self.add(calls=1, logical_elements=logical, padded_elements=padded)
+
+    def count_compiles(self, cc) -> None:
+        """Count XLA compiles made outside ``_install`` (a stored program's fallback)."""
+        self.add(xla_compiles=cc.compiles, persistent_cache_hits=cc.cache_hits)
 
     def stats(self) -> dict:
-        """Calls, compiles, cache hits, evictions, compile time and padding fraction.
+        """The counters (with ``logical_elements``/``padded_elements``) and ``cache_size``."""
+        with self.lock:
+            s = dict(self._stats)
+            s["cache_size"] = sum(1 for e in self._entries.values() if e.live)
+        return s
+
+    def clear(self) -> None:
+        """Drop every compiled program (stats are kept)."""
+        with self.lock:
+            for e in self._entries.values():
+                e.live = False
+            self._entries.clear()
+
+
+def finish_stats(s: dict) -> dict:
+    """``s`` with the padding fraction in place of the element counts."""
+    padded = s.pop("padded_elements")
+    logical = s.pop("logical_elements")
+    s["padding_fraction"] = (1.0 - logical / padded) if padded else 0.0
+    s["slice_compiles"] = 0  # outputs are unpadded on the host: never compiled
+    return s
+
+
+STATS_DOC = """Calls, compiles, cache hits, evictions, compile time and padding fraction.
 
         - ``calls``: calls (``ragged_map``: batches run).
         - ``compiles``: bucket programs made ready, compiled or loaded from a
@@ -379,20 +445,3 @@ class Runner:
           ``jax.jit`` or ``jax.vmap`` (sizes checked, ``fun`` traced into the
           caller's program; not in ``calls``).
         """
-        with self._lock:
-            s = dict(self._stats)
-            s["cache_size"] = sum(1 for e in self._cache.values() if e.live)
-        self._extra_stats(s)
-        padded = s.pop("padded_elements")
-        logical = s.pop("logical_elements")
-        s["padding_fraction"] = (1.0 - logical / padded) if padded else 0.0
-        s["slice_compiles"] = 0  # outputs are unpadded on the host: never compiled
-        return s
-
-    def clear_cache(self) -> None:
-        """Drop every compiled program (stats are kept)."""
-        with self._lock:
-            for e in self._cache.values():
-                e.live = False
-            self._cache.clear()
-            self._plans.clear()

@@ -13,8 +13,8 @@ one program per bucket signature and row count. A final partial batch runs in
 the power of two of rows that holds it (or a full-batch program already
 compiled). ``batch_tokens`` sizes batches by a budget of padded elements.
 ``refine_buckets`` lets repeated calls run batches in tighter programs
-compiled after a call (``refining.py``). ``programs.Runner`` keeps the cache
-and the stats.
+compiled after a call (``refining.Refinement``). ``programs.ProgramCache``
+keeps the compiled programs and the stats, ``programs.CallPlans`` the plans.
 """
 
 from __future__ import annotations
@@ -30,31 +30,55 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.buckets import as_policy
 from ..core.errors import ShapeError
+from ..core.plan import policy_getter
 from . import ragged_batches
 from .compiling import background_executor
 from .hostio import slice_to
 from .program_store import StorableProgram, active_store, program_key, stored_program
-from .programs import Runner, build_inner_and_cases, raise_case_error
-from .refining import RefinedBuckets
+from .programs import (
+    STATS_DOC,
+    CallPlans,
+    ProgramCache,
+    build_inner_and_cases,
+    checked_compiler_options,
+    finish_stats,
+    jit_program,
+    raise_case_error,
+)
+from .refining import Refinement
 
 __all__ = ["ragged_map", "RaggedMap"]
 
 
-class RaggedMap(RefinedBuckets, Runner):
+class RaggedMap:
     """The callable returned by ``polymask.ragged_map`` (see there).
 
-    ``program_id`` (polymask's own models only): a name that determines
-    ``fun``, so the program store loads its programs by name without a trace
-    (``program_store.py``)."""
+    ``cache``: its compiled programs and stats (``ProgramCache``); ``plans``:
+    the examples' call plans; ``refinement``: refined batch programs
+    (``refine_buckets``). ``program_id`` (polymask's own models only): a name
+    that determines ``fun``, so the program store loads its programs by name
+    without a trace (``program_store.py``)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
                  sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
                  compiler_options=None, refined_compiler_options=None, program_id=None):
-        super().__init__(fun, in_specs, buckets, constraints, cache_size, compiler_options)
+        if isinstance(in_specs, str):
+            in_specs = (in_specs,)
+        self.fun = fun
+        self.in_specs = None if in_specs is None else tuple(in_specs)
+        self.constraints = tuple(constraints)
+        self.compiler_options = checked_compiler_options(compiler_options)
+        self.plans = CallPlans(self.in_specs, self.constraints, policy_getter(buckets))
+        self.cache = ProgramCache(cache_size, self.compiler_options,
+                                  build_program=self._stored_or_jit_program,
+                                  options_for=self._options_for,
+                                  extra_stats=("refined_compiles", "stored_loads"))
         self.program_id = None if program_id is None else str(program_id)
-        self._init_refine(refine_buckets, refined_compiler_options)
-        self._stats["refined_compiles"] = self._stats["stored_loads"] = 0
+        self.refinement = Refinement(refine_buckets, self.compiler_options,
+                                     refined_compiler_options, cache=self.cache,
+                                     program_and_avals=self._program_and_avals,
+                                     ready=self._program_ready)
         self.compile_ahead = bool(compile_ahead)
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -86,7 +110,7 @@ class RaggedMap(RefinedBuckets, Runner):
         infos = []
         for i, args in enumerate(arg_lists):
             try:
-                plan, leaves, tree = self._plan(args, in_specs, spec_key)
+                plan, leaves, tree = self.plans.plan(args, in_specs, spec_key)
             except ShapeError as e:  # say which example
                 raise ShapeError(f"examples[{i}]: {e}{ragged_batches.specs_hint(e)}") from None
             kinds[(tree, ragged_batches.kind_key(plan), ragged_batches.static_values_key(plan, leaves))].append(i)
@@ -99,7 +123,8 @@ class RaggedMap(RefinedBuckets, Runner):
             batches += self._cut_batches(tree, idxs, infos)
         call = (broadcast, bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key)
         batches = self._rows_of_partial_batches(batches, infos, call)
-        batches, wanted = self._refine_batches(batches, infos, call) if refine else (batches, [])
+        batches, wanted = (self.refinement.refine_batches(batches, infos, call) if refine
+                           else (batches, []))
         if self.sort:
             batches.sort(key=lambda b: -b[1].padded)
         results: list[Any] = [None] * len(examples)
@@ -122,8 +147,25 @@ class RaggedMap(RefinedBuckets, Runner):
         finally:
             if bar is not None:
                 bar.close()
-        self._queue_refined(wanted, infos, *call)
+        self.refinement.queue_refined(wanted, infos, *call)
         return results
+
+    def _options_for(self, key) -> dict:
+        return self.refinement.options_for(key)
+
+    def stats(self) -> dict:
+        return finish_stats(self.cache.stats())
+
+    stats.__doc__ = STATS_DOC
+
+    def wait(self) -> None:
+        """Wait for the background compiles started so far (refined programs)."""
+        self.cache.wait()
+
+    def clear_cache(self) -> None:
+        """Drop every compiled program (stats are kept)."""
+        self.cache.clear()
+        self.plans.clear()
 
     def _cut_batches(self, tree, idxs, infos) -> list[tuple]:
         """Consecutive examples of one kind as batches ``(tree, plan, chunk, rows)``
@@ -169,12 +211,12 @@ class RaggedMap(RefinedBuckets, Runner):
         args = example if isinstance(example, tuple) else (example,)
         in_specs, spec_key = self.in_specs, repr(self.in_specs)
         bcast_leaves, bcast_tree, bcast_key = ragged_batches.broadcast_inputs(broadcast)
-        plan, leaves, tree = self._plan(args, in_specs, spec_key)
+        plan, leaves, tree = self.plans.plan(args, in_specs, spec_key)
         B = self._rows(plan)
-        entry = self._entry((tree, plan.signature, B, bcast_key, spec_key), hit=False)
+        entry = self.cache.entry((tree, plan.signature, B, bcast_key, spec_key), hit=False)
         make, avals = self._program_and_avals(tree, plan, leaves, B, in_specs, broadcast,
                                               bcast_leaves, bcast_tree)
-        self._precompile_entry(entry, make, avals)
+        self.cache.precompile_entry(entry, make, avals)
         return self
 
     def _compile_ahead(self, batches, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
@@ -190,15 +232,15 @@ class RaggedMap(RefinedBuckets, Runner):
         queued = {(tree, plan.signature, B, bcast_key, spec_key)}
         for tree, plan, chunk, B in batches[1:]:
             key = (tree, plan.signature, B, bcast_key, spec_key)
-            e = self._cache.get(key)
+            e = self.cache.get(key)
             if key in queued or (e is not None and e.fn is not None):
                 continue
             queued.add(key)
             make, avals = self._program_and_avals(tree, plan, infos[chunk[0]][1], B, in_specs,
                                                   broadcast, bcast_leaves, bcast_tree)
-            entry = self._entry(key, hit=False)
+            entry = self.cache.entry(key, hit=False)
             background_executor().submit(functools.partial(
-                self._precompile_entry, entry, make, avals, "background_compiles"))
+                self.cache.precompile_entry, entry, make, avals, "background_compiles"))
 
     def _program_and_avals(self, tree, plan, leaves, B, in_specs, broadcast, bcast_leaves,
                            bcast_tree):
@@ -232,19 +274,19 @@ class RaggedMap(RefinedBuckets, Runner):
 
         return make
 
-    def _program(self, entry, make_fn, args, compile_now=False):
-        """From the program store when the persistent cache is on (see
-        ``program_store``): a warm process skips masking and lowering."""
+    def _stored_or_jit_program(self, entry, make_fn, args, compile_now=False):
+        """The cache's ``build_program``: from the program store when the
+        persistent cache is on (see ``program_store``): a warm process skips
+        masking and lowering."""
         store = active_store()
         if store is None:
-            return super()._program(entry, lambda e: make_fn(e).fn, args, compile_now)
+            return jit_program(entry, lambda e: make_fn(e).fn, args, compile_now)
         prog, avals, key = entry.prepared or self._prepare(entry, make_fn, args, store)
         entry.prepared = None
         fn, loaded = stored_program(store, prog, key, avals, entry, self.program_id,
-                                    self._count_compiles)
+                                    self.cache.count_compiles)
         if loaded:
-            with self._lock:
-                self._stats["stored_loads"] += 1
+            self.cache.add(stored_loads=1)
         return fn
 
     def _prepare(self, entry, make_fn, args, store) -> tuple:
@@ -252,6 +294,34 @@ class RaggedMap(RefinedBuckets, Runner):
         prog = make_fn(entry)
         key, avals = program_key(store, prog, args, self.program_id)
         return prog, avals, key
+
+    def _program_ready(self, tree, fine, chunk, rows, infos, call) -> bool:
+        """The program of ``fine`` (a batch's plan) at ``rows`` is compiled, or
+        stored on disk: a warm process then runs refined batches, and partial
+        batches in full-batch programs, from its first call (a load costs
+        about a trace)."""
+        broadcast, bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key = call
+        key = (tree, fine.signature, rows, bcast_key, spec_key)
+        e = self.cache.get(key)
+        if e is not None and e.live:
+            return True
+        store = active_store()
+        if store is None:
+            return False
+        entry = self.cache.entry(key, hit=False)
+        if not entry.lock.acquire(blocking=False):
+            return False  # compiling in the background now
+        try:
+            if entry.fn is not None:
+                return True
+            if entry.prepared is None:
+                make, avals = self._program_and_avals(tree, fine, infos[chunk[0]][1], rows,
+                                                      in_specs, broadcast, bcast_leaves,
+                                                      bcast_tree)
+                entry.prepared = self._prepare(entry, make, avals, store)
+            return store.has(entry.prepared[2])
+        finally:
+            entry.lock.release()
 
     def _rows(self, plan) -> int:
         """Rows of a full batch of this bucket: ``batch_size``, or from ``batch_tokens``."""
@@ -297,11 +367,11 @@ class RaggedMap(RefinedBuckets, Runner):
             dyn.append(buf)
         sizes = np.asarray([(*infos[ex][0].values, r < len(chunk)) for r, ex in enumerate(rows)],
                            np.int32)
-        entry = self._entry((tree, plan0.signature, B, bcast_key, spec_key))
-        self._count(sum(infos[ex][0].logical for ex in chunk), len(chunk) * plan0.padded)
+        entry = self.cache.entry((tree, plan0.signature, B, bcast_key, spec_key))
+        self.cache.count_call(sum(infos[ex][0].logical for ex in chunk), len(chunk) * plan0.padded)
         make = self._batch_program(tree, plan0, in_specs, len(broadcast), bcast_tree,
                                    len(bcast_leaves), len(static_leaves), len(dyn))
-        out = self._call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
+        out = self.cache.call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
         for ex in chunk:
             raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values,
                              f"examples[{ex}]: ")
