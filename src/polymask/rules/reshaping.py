@@ -118,7 +118,7 @@ def reshape_relayout(ctx, x):
     return clean_float(out, out_l)
 
 
-defrelayout("squeeze")
+defrelayout(lax.squeeze_p, module=__name__)
 
 
 def _groups(in_shape, out_shape):
@@ -200,7 +200,7 @@ def _with_transposed_operand(ctx, perm):
     return view
 
 
-@register("reshape")
+@register(lax.reshape_p)
 def reshape_rule(ctx, x, *dyn, new_sizes, dimensions, sharding):
     """Prefix-preserving reshapes are free; fragmenting ones re-lay out the data.
 

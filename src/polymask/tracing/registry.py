@@ -1,5 +1,10 @@
 """The masking-rule registry (keyed by primitive) and the rule context.
 
+One ``RuleRecord`` per primitive holds everything polymask knows about it:
+its masking rule, its precondition and the flags that tell the interpreter
+when to call the rule. Rule modules (``polymask/rules/``) fill the table, as
+``lax`` fills the tables of JAX's interpreters; the interpreter reads it.
+
 A masking rule computes a primitive's padded outputs from padded inputs so
 that the logical region equals what the primitive gives on the unpadded
 inputs. Signature::
@@ -16,6 +21,7 @@ primitive-specific code: everything lives in one module per rule family.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -27,16 +33,54 @@ from ..core.dimvars import display_internal_names
 from ..core.errors import ShapeError, UnsupportedError
 from .state import RunState
 
-_RULES: dict[str, Callable] = {}
-_SEES_GUARD: set[str] = set()  # rules the interpreter calls under a guard even at the bound
-_AT_BOUND: set[str] = set()  # rules the interpreter calls even when every size is at its bound
-
 COVERAGE_DOC = "docs/coverage.md"
 
 
-def register(*names: str, override: bool = False, sees_guard: bool = False,
+@dataclasses.dataclass
+class RuleRecord:
+    """What polymask knows about one primitive.
+
+    ``primitive``: the primitive object it was registered by (None: by
+    name); ``rule``: its masking rule (None: only a precondition so far);
+    ``precondition``: ``fn(eqn)`` run on the symbolic jaxpr right after the
+    trace (``register_precondition``); ``sees_guard`` / ``at_bound``: when the
+    interpreter calls the rule although every size is at its bound
+    (``register``).
+    """
+
+    name: str
+    primitive: Any = None  # the primitive object, when registered by it
+    rule: Callable | None = None
+    precondition: Callable | None = None
+    sees_guard: bool = False
+    at_bound: bool = False
+
+
+_RECORDS: dict[str, RuleRecord] = {}
+
+# A primitive is given as the JAX (or polymask) primitive object, or by name
+# where no public object exists or it exists in some JAX versions only (a name
+# the installed JAX lacks is skipped: ``compat.has_primitive``).
+PrimitiveLike = Any  # compat.Primitive | str
+
+
+def _name(prim: PrimitiveLike) -> str | None:
+    """The primitive's name, or None for a name the installed JAX does not have."""
+    if isinstance(prim, str):
+        return prim if compat.has_primitive(prim) else None
+    return prim.name
+
+
+def _record(name: str) -> RuleRecord:
+    rec = _RECORDS.get(name)
+    if rec is None:
+        rec = _RECORDS[name] = RuleRecord(name)
+    return rec
+
+
+def register(*prims: PrimitiveLike, override: bool = False, sees_guard: bool = False,
              at_bound: bool = False):
-    """Decorator: register a masking rule for the primitives named.
+    """Decorator: register a masking rule for these primitives (objects or names).
 
     Like JAX's own rule tables, a second rule for the same primitive is an
     error (``ValueError``) unless ``override=True``: two modules silently
@@ -51,14 +95,16 @@ def register(*names: str, override: bool = False, sees_guard: bool = False,
     """
 
     def deco(fn):
-        for n in names:
-            if not compat.has_primitive(n):  # not in the installed JAX version
+        for p in prims:
+            name = _name(p)
+            if name is None:  # not in the installed JAX version
                 continue
-            register_rule(n, fn, override=override)
-            if sees_guard:
-                _SEES_GUARD.add(n)
-            if at_bound:
-                _AT_BOUND.add(n)
+            register_rule(name, fn, override=override)
+            rec = _RECORDS[name]
+            if not isinstance(p, str):
+                rec.primitive = p
+            rec.sees_guard |= sees_guard
+            rec.at_bound |= at_bound
         return fn
 
     return deco
@@ -66,13 +112,13 @@ def register(*names: str, override: bool = False, sees_guard: bool = False,
 
 def register_rule(name: str, fn: Callable, *, override: bool = False) -> None:
     """Register ``fn`` as the masking rule of primitive ``name`` (see ``register``)."""
-    old = _RULES.get(name)
-    if old is not None and not override:
+    rec = _record(name)
+    if rec.rule is not None and not override:
         raise ValueError(
             f"a masking rule for primitive '{name}' is already registered "
-            f"({_describe(old)}); cannot also register {_describe(fn)} "
+            f"({_describe(rec.rule)}); cannot also register {_describe(fn)} "
             f"(pass override=True to replace it)")
-    _RULES[name] = fn
+    rec.rule = fn
 
 
 def _describe(fn: Callable) -> str:
@@ -119,10 +165,7 @@ def trace_patches():
         yield
 
 
-_PRECONDITIONS: dict[str, Callable] = {}
-
-
-def register_precondition(*names: str):
+def register_precondition(*prims: PrimitiveLike):
     """Decorator: ``fn(eqn)`` checks each equation of these primitives right
     after the symbolic trace (``trace.py``), while a size comparison the bounds
     cannot decide still splits the trace into cases. It raises ``ShapeError``
@@ -131,8 +174,10 @@ def register_precondition(*names: str):
     of ``polymask.jit`` report like plain JAX's trace-time errors."""
 
     def deco(fn):
-        for n in names:
-            _PRECONDITIONS[n] = fn
+        for p in prims:
+            name = _name(p)
+            if name is not None:
+                _record(name).precondition = fn
         return fn
 
     return deco
@@ -145,7 +190,8 @@ def check_preconditions(jaxpr, outer_line: str = compat.UNKNOWN_LOCATION) -> Non
         line = compat.source_line(eqn.source_info)
         if line == compat.UNKNOWN_LOCATION:
             line = outer_line
-        fn = _PRECONDITIONS.get(eqn.primitive.name)
+        rec = _RECORDS.get(eqn.primitive.name)
+        fn = None if rec is None else rec.precondition
         if fn is not None:
             try:
                 fn(eqn)
@@ -156,22 +202,31 @@ def check_preconditions(jaxpr, outer_line: str = compat.UNKNOWN_LOCATION) -> Non
             check_preconditions(inner, line)
 
 
+def rule_record(name: str) -> RuleRecord | None:
+    """The record of primitive ``name`` (None: nothing registered)."""
+    return _RECORDS.get(name)
+
+
 def get_rule(name: str) -> Callable | None:
-    return _RULES.get(name)
+    rec = _RECORDS.get(name)
+    return None if rec is None else rec.rule
 
 
 def sees_guard(name: str) -> bool:
     """The rule of ``name`` was registered with ``sees_guard=True``."""
-    return name in _SEES_GUARD
+    rec = _RECORDS.get(name)
+    return rec is not None and rec.sees_guard
 
 
 def runs_at_bound(name: str) -> bool:
     """The rule of ``name`` was registered with ``at_bound=True``."""
-    return name in _AT_BOUND
+    rec = _RECORDS.get(name)
+    return rec is not None and rec.at_bound
 
 
 def registered_primitives() -> list[str]:
-    return sorted(_RULES)
+    """The primitives with a masking rule."""
+    return sorted(n for n, rec in _RECORDS.items() if rec.rule is not None)
 
 
 def has_inner_jaxpr(params) -> bool:
