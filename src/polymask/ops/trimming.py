@@ -3,7 +3,7 @@
 JAX's ``trim_zeros`` needs the values of its operand on the host (it slices
 with Python ints read from ``argmax``), so on a traced array it raises a
 ``ConcretizationTypeError`` even where plain JAX runs eagerly on the exact
-array. While a masked function is traced (``registry.register_trace_patch``)
+array. While a masked function is traced (``compat.replace_during_trace``)
 it becomes ``polymask.boolean_mask`` along each trimmed axis with the run of
 positions from the first to the last nonzero hyperplane: the same contiguous
 slice, with a data-dependent dim var bounded by the axis' padded size (one
@@ -20,7 +20,6 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
 from ..rules.util import in_masked_trace
-from ..tracing.registry import register_trace_patch
 
 __all__ = ["trim_zeros_dynamic"]
 
@@ -62,5 +61,5 @@ def trim_zeros_dynamic(filt, trim: str = "fb", axis=None):
     return out
 
 
-register_trace_patch(jnp, "trim_zeros", trim_zeros_dynamic)
-register_trace_patch(compat_numeric.lax_numpy_module(), "trim_zeros", trim_zeros_dynamic)
+compat.replace_during_trace("jnp.trim_zeros", trim_zeros_dynamic)
+compat.replace_during_trace("jax._src.numpy trim_zeros", trim_zeros_dynamic)

@@ -36,7 +36,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._jax_compat import random as compat_random
-from ..tracing.registry import register, register_trace_patch
+from ..tracing.registry import register
 from .random import check_partitionable, linear_index
 from .util import fill_padding, in_masked_trace, masked_axes
 
@@ -95,7 +95,7 @@ def shuffle_symbolic(key, x, axis):
     return x
 
 
-register_trace_patch(_SHUFFLE_MODULE, _SHUFFLE_NAME, shuffle_symbolic)
+compat.replace_during_trace("jax.random shuffle (_shuffle)", shuffle_symbolic)
 
 
 _SEARCH_MODULE, _SEARCH_NAME = compat_random.searchsorted_home()
@@ -129,7 +129,8 @@ def searchsorted_symbolic(a, v, side="left", sorter=None, *, method="scan"):
     return high.astype(np.int32)
 
 
-register_trace_patch(_SEARCH_MODULE, _SEARCH_NAME, searchsorted_symbolic)
+compat.replace_during_trace("JAX's internal jnp.searchsorted (choice(p=...))",
+                           searchsorted_symbolic)
 
 
 _ORIGINAL_PERMUTATION = jax.random.permutation
@@ -144,4 +145,4 @@ def permutation_symbolic(key, x, *args, **kwargs):
     return _ORIGINAL_PERMUTATION(key, x, *args, **kwargs)
 
 
-register_trace_patch(jax.random, "permutation", permutation_symbolic)
+compat.replace_during_trace("jax.random.permutation", permutation_symbolic)

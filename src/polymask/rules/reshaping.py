@@ -30,7 +30,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
 from ..core.shapes import is_static
-from ..tracing.registry import register, register_trace_patch
+from ..tracing.registry import register
 from .families import defrelayout
 from .util import clean_float, in_masked_trace, masked_axes
 
@@ -244,4 +244,4 @@ def compute_newshape_symbolic(arr, newshape):
     return _ORIGINAL_NEWSHAPE(arr, newshape)
 
 
-register_trace_patch(*compat_numeric.newshape_home(), compute_newshape_symbolic)
+compat.replace_during_trace("x.reshape(-1, ...) (_compute_newshape)", compute_newshape_symbolic)

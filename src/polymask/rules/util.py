@@ -104,7 +104,7 @@ def same_dim(a, b) -> bool:
 
 def in_masked_trace() -> bool:
     """Whether a masked trace runs in this thread: the trace patches
-    (``registry.register_trace_patch``) fall back to JAX's own function
+    (``compat.replace_during_trace``) fall back to JAX's own function
     outside one."""
     from ..tracing.symbolic import current_scope
 

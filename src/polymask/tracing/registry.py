@@ -20,9 +20,7 @@ primitive-specific code: everything lives in one module per rule family.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -123,46 +121,6 @@ def register_rule(name: str, fn: Callable, *, override: bool = False) -> None:
 
 def _describe(fn: Callable) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
-_TRACE_PATCHES: list[tuple[Any, str, Callable]] = []
-_REPLACEMENT_OF: dict[Callable, Callable] = {}  # the patched JAX function -> replacement
-
-
-def register_trace_patch(module, name: str, replacement: Callable) -> None:
-    """Replace ``module.name`` by ``replacement`` while a masked trace runs.
-
-    For JAX functions that refuse symbolic sizes before binding any primitive
-    (``lax.associative_scan``): the replacement must fall back to the original
-    outside a masked trace, since other threads see it too.
-    """
-    _TRACE_PATCHES.append((module, name, replacement))
-    _REPLACEMENT_OF[getattr(module, name)] = replacement
-
-
-def patched_function(fun: Callable) -> Callable:
-    """``fun``'s trace-patch replacement when ``fun`` is (a ``functools.partial``
-    of) a patched JAX function itself: a reference taken before the trace
-    (``polymask.jit(jnp.trim_zeros, ...)``) is not looked up on the module."""
-    inner = fun.func if isinstance(fun, functools.partial) else fun
-    try:
-        replacement = _REPLACEMENT_OF.get(inner)
-    except TypeError:  # an unhashable callable
-        return fun
-    if replacement is None:
-        return fun
-    if isinstance(fun, functools.partial):
-        return functools.partial(replacement, *fun.args, **fun.keywords)
-    return replacement
-
-
-@contextlib.contextmanager
-def trace_patches():
-    """Install every registered trace patch for the duration (``trace.py``)."""
-    with contextlib.ExitStack() as stack:
-        for module, name, replacement in _TRACE_PATCHES:
-            stack.enter_context(compat.patched_attr(module, name, replacement))
-        yield
 
 
 def register_precondition(*prims: PrimitiveLike):

@@ -36,7 +36,7 @@ from ..core.specs import (
     scope_and_name_generator,
     spec_identifiers,
 )
-from .registry import check_preconditions, patched_function, trace_patches
+from .registry import check_preconditions
 
 __all__ = ["MaskedProgram", "trace", "trace_flat", "current_scope", "is_masked", "flatten_args",
            "dtype_of"]
@@ -258,7 +258,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     leaves, in_tree = flatten_args(args)
     spec_leaves = broadcast_specs(in_specs, list(args), is_masked)
 
-    traced = patched_function(fun)
+    traced = compat.replacement_of(fun)
 
     def call(*flat):
         return traced(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
@@ -308,12 +308,12 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         out_trees.append(out_tree)
         return [_leaf_data(o) for o in out_flat]
 
-    hooks = compat.trace_hooks(lambda f: not is_library_frame(f),
+    replaced = compat.during_masked_trace(lambda f: not is_library_frame(f),
                                split_vars={v: (1 if internal_off.get(v) else 0, b)
                                            for v, b in dim_bounds.items()},
                                scope=scope)
     try:
-        with _scope_active(scope), hooks, trace_patches():
+        with _scope_active(scope), replaced:
             closed = jax.make_jaxpr(flat_fun)(*avals)
             check_preconditions(closed.jaxpr)  # sizes where lowering fails: error cases
     except (ShapeError, UnsupportedError):

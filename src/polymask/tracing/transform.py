@@ -26,7 +26,6 @@ from .cases.dispatch import run_cases
 from .cases.splitting import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .interpreter import run_program
 from .prologue import functional_checks, poison_outputs, run_checks, solve_dim_vars
-from .registry import patched_function
 from .symbolic import MaskedProgram, arg_paths, dtype_of, flatten_args, is_masked, trace_flat
 
 __all__ = ["mask", "MaskedFunction", "is_array_leaf", "is_pytree_callee"]
@@ -150,7 +149,7 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
             kw[name] = jax.tree_util.tree_unflatten(
                 tree, [next(rest) if d else next(it_s) for d in dyn])
         # (a patched JAX function passed itself runs as its replacement: registry)
-        return patched_function(callee)(*pos, **kw)
+        return compat.replacement_of(callee)(*pos, **kw)
 
     c.leaves, c.specs, c.paths, c.rebuild = leaves, specs, paths, rebuild
     c.static_key = tuple(static)
