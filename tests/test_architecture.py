@@ -64,3 +64,35 @@ def test_private_jax_api_only_in_the_compat_package():
                  if "_jax_compat" not in p.parts
                  and re.search(r"^\s*(from|import)\s+jax\._src", p.read_text(), re.M)]
     assert offenders == []
+
+
+def _file_map() -> list[str]:
+    """The module paths named in docs/CONTRIBUTING.md's file map (first column)."""
+    import re
+
+    text = (ROOT / "docs" / "CONTRIBUTING.md").read_text()
+    section = text.split("### File map", 1)[1].split("\n### ", 1)[0]
+    paths = []
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            first = line.split(" | ", 1)[0]
+            paths += re.findall(r"`([\w/]+\.py)`", first)
+    return paths
+
+
+def test_contributing_file_map_matches_the_tree():
+    """Every module the file map names exists, and every module is named
+    (package entry modules and ``__main__`` speak for themselves)."""
+    named = _file_map()
+    assert [p for p in named if not (SRC / p).is_file()] == []
+    tree = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                  if "fixtures" not in p.parts and p.name != "__main__.py"
+                  and not (p.name == "__init__.py" and p.parent != SRC and p.parent.name != "cli"))
+    assert [p for p in tree if p not in named] == []
+
+
+def test_every_package_says_its_job_and_what_it_may_import():
+    for init in sorted(SRC.glob("*/__init__.py")):
+        doc = init.read_text().lstrip()
+        assert doc.startswith('"""'), init
+        assert "Layer" in doc.split('"""')[1], init

@@ -177,12 +177,12 @@ def test_reset_compilation_cache_rereads_the_directory(tmp_path):
     x = np.arange(7.0, dtype=np.float32)
     prev = pm.enable_compilation_cache(tmp_path / "c")
     try:
-        with pm.runner.compile_counter() as cc:
+        with pm.compile_counter() as cc:
             jax.jit(lambda x: x * 3.5 + 1)(x).block_until_ready()
         assert cc.compiles == 1
         assert any((tmp_path / "c").iterdir())  # written where the setting points
         jax.clear_caches()
-        with pm.runner.compile_counter() as cc:
+        with pm.compile_counter() as cc:
             jax.jit(lambda x: x * 3.5 + 1)(x).block_until_ready()
         assert (cc.compiles, cc.cache_hits) == (0, 1)  # read back from it
     finally:
@@ -198,10 +198,10 @@ def test_fresh_compile_options_compile_past_the_persistent_cache_and_serialize(t
     try:
         jax.jit(f).lower(x).compile()  # written to the persistent cache
         jax.clear_caches()
-        with pm.runner.compile_counter() as cc:
+        with pm.compile_counter() as cc:
             jax.jit(f).lower(x).compile()
         assert (cc.compiles, cc.cache_hits) == (0, 1)  # a plain compile loads it
-        with pm.runner.compile_counter() as cc:
+        with pm.compile_counter() as cc:
             fresh = jax.jit(f).lower(x).compile(compiler_options=compat.fresh_compile_options())
         assert (cc.compiles, cc.cache_hits) == (1, 0)  # XLA compiled it: serializable
         loaded = compat.load_executable(compat.serialize_executable(fresh))

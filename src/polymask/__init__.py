@@ -25,12 +25,12 @@ from .ops import (
     unique,
     where,
 )
-from .runners import polyjit as runner
 from .runners.compile_cache import (
     default_cache_dir,
     disable_compilation_cache,
     enable_compilation_cache,
 )
+from .runners.compiling import compile_counter
 from .runners.hostmem import reuse_host_memory
 from .runners.polyjit import jit
 from .runners.ragged import ragged_map
@@ -43,6 +43,6 @@ __all__ = [
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
     "buckets", "value_and_grad", "enable_compilation_cache", "disable_compilation_cache",
-    "default_cache_dir", "runner", "reuse_host_memory", "shape_errors",
+    "default_cache_dir", "compile_counter", "reuse_host_memory", "shape_errors",
 ]
 __version__ = "0.1.0"

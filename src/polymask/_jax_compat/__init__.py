@@ -21,6 +21,8 @@ package; ``tests/test_jax_compat.py`` covers each function. Import it as
 - ``runtime``: ``upload`` (host -> device without a program)
 - ``callbacks``: ``jax.debug.print``'s host formatting, the debug effects
 - ``lowering``: lowering / transposition helpers of polymask's own primitives
+
+Layer: the lowest; imports JAX only (no other polymask package).
 """
 
 from .callbacks import *  # noqa: F401,F403

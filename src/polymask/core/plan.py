@@ -13,7 +13,7 @@ of ``polymask.jit``, ``ragged_map``, ``stack`` and the CLI is computed here.
 ``plan_call`` is the host side of one ``polymask.jit`` call (or one
 ``ragged_map`` example): specs parsed, sizes solved and checked, buckets and
 padded shapes chosen. How outputs get their exact sizes after a call is
-``outputs.py``.
+``runners/outputs.py``.
 """
 
 from __future__ import annotations

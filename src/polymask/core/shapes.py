@@ -23,7 +23,7 @@ from .errors import ShapeError
 
 Size = Any
 
-# A spec dim var ``n`` is traced as ``n__p1 - 1`` (trace.py: sizes may be 0).
+# A spec dim var ``n`` is traced as ``n__p1 - 1`` (tracing/symbolic.py: sizes may be 0).
 SHIFT_SUFFIX = "__p1"
 
 
@@ -38,7 +38,7 @@ class DimEnv:
     def __init__(self, scope, bounds: dict[str, int], logical: dict[str, Size]):
         self.scope = scope
         self.bounds = dict(bounds)
-        # The dim vars bound here are >= 1 (internal dim vars, see trace.py):
+        # The dim vars bound here are >= 1 (internal dim vars, see tracing/symbolic.py):
         # JAX's bounds are exact for them. Data-dependent ones (add_var) may be 0.
         self.exact_vars = frozenset(bounds)
         self.logical_values = dict(logical)

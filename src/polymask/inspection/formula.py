@@ -4,7 +4,7 @@
 the output shapes as ``jax.export`` dimension expressions: the shape rule of
 the whole program, in terms of the dim vars of the input specs. The argument
 helpers here (``abstractify``; ``specs.args_from_specs``) are shared with
-``polymask.explain``. With case splits (``cases.py``) a formula that differs
+``polymask.explain``. With case splits (``tracing/cases/``) a formula that differs
 between cases is piecewise (``ShapeFormula.cases``).
 """
 

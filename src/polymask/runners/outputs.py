@@ -100,7 +100,7 @@ class OutputPlan:
 def output_plan(prog, single: bool = True) -> OutputPlan:
     """The ``OutputPlan`` of a ``MaskedProgram`` (from its symbolic ``out_shapes``).
 
-    With several cases (``cases.py``, ``single=False``) the sizes choose the
+    With several cases (``tracing/cases/``, ``single=False``) the sizes choose the
     case on the device, so every output size comes from the device.
     """
     in_vars = {prog.internal.get(v, (v, 0))[0] for v in prog.var_bounds}

@@ -13,7 +13,7 @@ Compiles are counted with ``jax.monitoring`` listeners around every path that
 can compile (first calls, ``precompile``, tiered background compiles, device
 padding): ``stats()["xla_compiles"]``. The steady-state call path compiles nothing.
 
-This module makes the calls; ``plan.py`` decides what a call means (specs,
+This module makes the calls; ``core/plan.py`` decides what a call means (specs,
 sizes, buckets, output layouts); ``programs.ProgramCache`` keeps the compiled
 programs and the stats, ``programs.CallPlans`` the plans, and
 ``tiering.Tiering`` picks a covering bucket while a tight one compiles.
@@ -101,7 +101,7 @@ class PolyJit:
     ``tiered`` is off)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
-                 numpy_outputs=False, slice_after=None, tiered=None, compiler_options=None):
+                 numpy_outputs=False, tiered=None, compiler_options=None):
         if isinstance(in_specs, str):
             in_specs = (in_specs,)
         self.fun = fun
@@ -109,7 +109,6 @@ class PolyJit:
         self.constraints = tuple(constraints)
         self.compiler_options = checked_compiler_options(compiler_options)
         self.numpy_outputs = numpy_outputs
-        self.slice_after = slice_after  # accepted for compatibility: nothing is compiled per shape
         policy_for = policy_getter(buckets)
         self.plans = CallPlans(self.in_specs, self.constraints, policy_for)
         # traced_calls: calls under jax.grad/jit/vmap (plain JAX's trace)
@@ -393,8 +392,8 @@ class PolyJit:
 
 
 def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
-        cache_size: int = 64, numpy_outputs: bool = False, slice_after: int | None = None,
-        tiered: bool | None = None, compiler_options: dict | None = None) -> PolyJit:
+        cache_size: int = 64, numpy_outputs: bool = False, tiered: bool | None = None,
+        compiler_options: dict | None = None) -> PolyJit:
     """Compile ``fun`` once per bucket: exact (unpadded) arrays in, exact arrays out.
 
     Args:
@@ -411,7 +410,6 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
       constraints: ``jax.export`` constraints (``"n >= 3"``), checked on the host.
       cache_size: most compiled programs kept (least recently used dropped).
       numpy_outputs: return NumPy arrays instead of ``jax.Array``.
-      slice_after: ignored (compatibility): outputs are sliced on the host.
       tiered: serve a size whose bucket is not compiled yet from the smallest
         compiled bucket that holds it, while its own bucket compiles in a
         background thread (later calls switch to it; ``f.wait()`` waits for
@@ -448,5 +446,5 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     derivatives are plain JAX's.
     """
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
-                   cache_size=cache_size, numpy_outputs=numpy_outputs, slice_after=slice_after,
-                   tiered=tiered, compiler_options=compiler_options)
+                   cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
+                   compiler_options=compiler_options)

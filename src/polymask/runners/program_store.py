@@ -1,6 +1,6 @@
 """Compiled ``ragged_map`` batch programs on disk, keyed by what they compute.
 
-JAX's persistent compilation cache (``cache.py``) keys a program by its
+JAX's persistent compilation cache (``compile_cache.py``) keys a program by its
 StableHLO, so a warm process still traces, masks and lowers every bucket to
 find it (in a one-process profile, about 0.2 s of a MiniLM bucket's 0.25 s
 load). This store keys the XLA executable by the

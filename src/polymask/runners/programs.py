@@ -75,7 +75,7 @@ class Entry:
     cover_key: Any = None
     buckets: dict | None = None
     padded: int = 0
-    tree: Any = None  # the CaseTree (cases.py), known once traced
+    tree: Any = None  # the CaseTree (tracing/cases/), known once traced
     prepared: Any = None  # (program, avals, key) once program_store keyed it
     compiler_options: dict = dataclasses.field(default_factory=dict)  # XLA's, per program
 
@@ -403,7 +403,6 @@ def finish_stats(s: dict) -> dict:
     padded = s.pop("padded_elements")
     logical = s.pop("logical_elements")
     s["padding_fraction"] = (1.0 - logical / padded) if padded else 0.0
-    s["slice_compiles"] = 0  # outputs are unpadded on the host: never compiled
     return s
 
 
@@ -433,8 +432,7 @@ STATS_DOC = """Calls, compiles, cache hits, evictions, compile time and padding 
         - ``tiered_calls``: ``polymask.jit`` calls served by a larger bucket
           while their own compiled in the background.
         - ``pad_compiles``: device-side input pads compiled (accelerators,
-          ``jax.Array`` inputs; one per input shape); ``slice_compiles``:
-          always 0 (outputs are unpadded on the host).
+          ``jax.Array`` inputs; one per input shape).
         - ``padding_fraction``: share of the padded input elements that are
           padding, over all calls so far.
         - ``ragged_map`` only: ``refined_compiles`` (tighter programs made

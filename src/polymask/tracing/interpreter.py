@@ -134,7 +134,7 @@ class Interpreter:
             # user frame: name the enclosing equation's user line instead.
             raise relocate(e, compat.source_line(eqn.source_info)) from None
         except compat.SplitNeeded:
-            raise  # a size comparison to split the trace on (cases.py)
+            raise  # a size comparison to split the trace on (tracing/cases/)
         except (compat.InconclusiveDimensionOperation, NotImplementedError) as e:
             # A rule that met a case it cannot handle (a size it needs as a
             # constant, a JAX transformation without an implementation): name

@@ -125,7 +125,7 @@ def _describe(fn: Callable) -> str:
 
 def register_precondition(*prims: PrimitiveLike):
     """Decorator: ``fn(eqn)`` checks each equation of these primitives right
-    after the symbolic trace (``trace.py``), while a size comparison the bounds
+    after the symbolic trace (``tracing/symbolic.py``), while a size comparison the bounds
     cannot decide still splits the trace into cases. It raises ``ShapeError``
     at sizes where plain JAX fails only later (lowering, compiling), so they
     become error cases that ``shape_formula``, ``explain`` and the host checks

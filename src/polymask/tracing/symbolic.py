@@ -91,7 +91,7 @@ def internal_values(internal: dict[str, tuple[str, int]],
 @dataclasses.dataclass
 class SizeSignature:
     """The dim vars of a trace that failed (``exception.polymask_signature``):
-    enough for ``cases.py`` to trace it again once per size."""
+    enough for ``cases/splitting.py`` to trace it again once per size."""
 
     var_order: list[str]
     var_bounds: dict[str, int]
@@ -245,11 +245,11 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     """Trace ``fun`` symbolically at the padded signature of ``args``.
 
     ``conditions`` (over the internal dim vars) are added to the scope: the
-    case of a case split (``cases.py``). Returns ``(program, leaves)`` where
+    case of a case split (``cases/splitting.py``). Returns ``(program, leaves)`` where
     ``leaves`` are the flat input leaves.
 
     Raises:
-      compat.SplitNeeded: a size comparison JAX cannot decide (``cases.py``
+      compat.SplitNeeded: a size comparison JAX cannot decide (``cases/splitting.py``
         traces each outcome).
       ShapeError: a bad spec or constraint, or a size question JAX cannot
         answer while tracing (translated by ``diagnostics``).

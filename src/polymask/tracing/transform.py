@@ -1,6 +1,6 @@
 """``polymask.mask``: a function of exact arrays -> a function of padded arrays.
 
-A call flattens its arguments, looks up (or traces, ``trace.py``) the masked
+A call flattens its arguments, looks up (or traces, ``symbolic.py``, with case splits: ``cases/``) the masked
 program of their padded signature, solves and checks the logical sizes
 (``prologue.py``) and evaluates the program (``interpreter.py``).
 """

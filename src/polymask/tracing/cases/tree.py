@@ -1,6 +1,6 @@
 """The case tree of a traced function: its leaves (programs or error cases),
-its splits, and choosing a leaf from logical sizes (``cases.py`` builds it,
-``case_dispatch.py`` runs it)."""
+its splits, and choosing a leaf from logical sizes (``splitting.py`` builds it,
+``dispatch.py`` runs it)."""
 
 from __future__ import annotations
 
