@@ -387,7 +387,7 @@ def main(argv=None) -> int:
 
     if args.no_reuse_host_memory or not reuse_host_memory_wanted():
         args.no_reuse_host_memory = True
-    else:  # before JAX allocates: see polymask.hostmem
+    else:  # before JAX allocates: see polymask.runners.hostmem
         reuse_host_memory()
     _enable_cache(args)
     return int(args.func(args) or 0)

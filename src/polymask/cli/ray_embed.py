@@ -18,7 +18,7 @@ class _Embedder:
 
     def __init__(self, model_dir, min_bucket, batch_size, normalize=True, bucket_steps=2,
                  reuse_memory=True):
-        if reuse_memory:  # as the CLI's own process (polymask.hostmem), before JAX runs
+        if reuse_memory:  # as the CLI's own process (polymask.runners.hostmem), before JAX runs
             from ..runners.hostmem import reuse_host_memory
 
             reuse_host_memory()

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .errors import ShapeError
+from .plan import bucket_shape
 
 __all__ = ["Masked", "pad", "stack", "logical_shape", "Size"]
 
@@ -347,7 +348,6 @@ def stack(arrays: Sequence[Any], bound: Sequence[int] | None = None,
     if bound is None:
         bound = tuple(int(m) for m in shapes.max(axis=0)) if shapes.size else ()
         if buckets is not None:
-            from .plan import bucket_shape
             bound = bucket_shape(buckets, bound)
     if isinstance(bound, (int, np.integer)) and not isinstance(bound, bool):
         bound = (bound,)

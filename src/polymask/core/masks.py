@@ -8,15 +8,16 @@ padding with them (``rules/util.py``).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
 from .shapes import needs_mask
+from .trace_state import replaced, trace_state
+
+_STATE = trace_state()
 
 
 def masked_axes(logical: Sequence, padded: Sequence[int], axes=None) -> list[int]:
@@ -26,19 +27,11 @@ def masked_axes(logical: Sequence, padded: Sequence[int], axes=None) -> list[int
 
 
 # Validity masks built during one masked run, shared by every rule that needs
-# the same one (CSE): key (current JAX trace, padded shape, (axis, size object)).
-_MASKS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("polymask_masks",
-                                                                    default=None)
-
-
-@contextlib.contextmanager
-def shared_masks() -> Iterator[None]:
+# the same one (CSE): key (current JAX trace, padded shape, (axis, size object)),
+# in ``trace_state().masks``.
+def shared_masks():
     """Within the block, ``valid_mask`` builds each distinct mask once per trace."""
-    token = _MASKS.set({})
-    try:
-        yield
-    finally:
-        _MASKS.reset(token)
+    return replaced("masks", {})
 
 
 def _current_trace():
@@ -56,7 +49,7 @@ def valid_mask(logical: Sequence, padded: Sequence[int], axes=None):
     if not axes:
         return None
     padded = tuple(int(p) for p in padded)
-    cache = _MASKS.get()
+    cache = _STATE.masks
     trace = _current_trace() if cache is not None else None
     key = None
     if trace is not None:

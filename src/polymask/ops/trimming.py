@@ -20,6 +20,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
 from ..rules.util import in_masked_trace
+from .selection import boolean_mask
 
 __all__ = ["trim_zeros_dynamic"]
 
@@ -45,8 +46,6 @@ def trim_zeros_dynamic(filt, trim: str = "fb", axis=None):
     """
     if not in_masked_trace() or not compat.is_tracer(filt):
         return _ORIGINAL_TRIM_ZEROS(filt, trim, axis)
-    from .selection import boolean_mask
-
     filt = jnp.asarray(filt)
     axes = range(filt.ndim) if axis is None else (
         [axis] if isinstance(axis, int) else list(axis))

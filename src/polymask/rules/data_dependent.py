@@ -30,6 +30,8 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
+from ..core.diagnostics import user_call_site
+from ..core.errors import UnsupportedError
 from ..tracing.registry import register
 from .util import clean, is_inexact, valid_mask
 
@@ -447,9 +449,6 @@ def dynamic_unslice_rule(ctx, ct, *starts, x_shape):
 # jax.vmap *inside* mask: a shared selection batches; per-example sizes cannot
 # ----------------------------------------------------------------------------
 def _per_example_size_error(what):
-    from ..core.diagnostics import user_call_site
-    from ..core.errors import UnsupportedError
-
     return UnsupportedError(
         f"polymask.{what} under jax.vmap inside polymask.mask (at {user_call_site()}): "
         "each example would get its "

@@ -16,6 +16,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from ..core.masks import masked_axes, shared_masks, valid_mask  # noqa: F401  (rules import them from here)
+from ..core.trace_state import current_scope
 
 
 def fill_padding(x, logical: Sequence, fill, axes=None):
@@ -106,8 +107,6 @@ def in_masked_trace() -> bool:
     """Whether a masked trace runs in this thread: the trace patches
     (``compat.replace_during_trace``) fall back to JAX's own function
     outside one."""
-    from ..tracing.symbolic import current_scope
-
     return current_scope() is not None
 
 

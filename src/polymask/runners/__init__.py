@@ -12,6 +12,6 @@ keeps ``ragged_map``'s programs on disk; ``envvars`` / ``hostmem``: the
 ``POLYMASK_*`` switches and glibc malloc settings; ``training``:
 ``value_and_grad`` over ragged batches.
 
-Layer: imports ``_jax_compat``, ``core``, ``tracing`` (``mask``) and ``rules``
-(the per-example callback switch); never ``models`` or ``cli``.
+Layer: imports ``_jax_compat``, ``core`` and ``tracing`` (``mask``); never
+``models`` or ``cli``.
 """

@@ -18,7 +18,7 @@ from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, plan_call
-from ..rules.callbacks import mapped_per_example
+from ..core.trace_state import mapped_per_example
 from ..tracing.cases.dispatch import host_error
 from ..tracing.transform import mask
 from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners

@@ -20,7 +20,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import threading
 from typing import Any
 
 import jax
@@ -33,6 +32,7 @@ from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.plan import not_affine, solve_sizes
 from ..core.shapes import DimEnv, is_static
+from ..core.trace_state import replaced, trace_state
 
 
 @dataclasses.dataclass
@@ -77,10 +77,6 @@ def format_message(message: str, values, rendered=None) -> str:
         return message
 
 
-_FUNCTIONAL = threading.local()
-
-
-@contextlib.contextmanager
 def functional_checks():
     """Collect traced checks as predicates instead of staging host callbacks.
 
@@ -88,12 +84,7 @@ def functional_checks():
     (``jax.export`` can serialize them); the caller poisons the outputs with
     the collected predicates (``transform.poison_outputs``).
     """
-    prev = getattr(_FUNCTIONAL, "bads", None)
-    _FUNCTIONAL.bads = bads = []
-    try:
-        yield bads
-    finally:
-        _FUNCTIONAL.bads = prev
+    return replaced("functional_checks", [])
 
 
 def poison_outputs(outs: list, bads: list) -> list:
@@ -129,8 +120,9 @@ def run_checks(checks: list[Check], call_site: str) -> None:
                                  f"  in the masked call at {call_site}")
         else:
             staged.append(c)
-    if staged and getattr(_FUNCTIONAL, "bads", None) is not None:
-        _FUNCTIONAL.bads.extend(jnp.any(jnp.asarray(c.bad)) for c in staged)
+    bads = trace_state().functional_checks
+    if staged and bads is not None:
+        bads.extend(jnp.any(jnp.asarray(c.bad)) for c in staged)
     elif staged:
         _stage_runtime_errors(staged, call_site)
 

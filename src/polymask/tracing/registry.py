@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from .. import _jax_compat as compat
 from ..core.dimvars import display_internal_names
 from ..core.errors import ShapeError, UnsupportedError
+from .prologue import Check, run_checks
 from .state import RunState
 
 COVERAGE_DOC = "docs/coverage.md"
@@ -291,8 +292,6 @@ class RuleContext:
         traced), ``{0}``, ``{1}``... in ``message`` name their actual values
         (other braces in ``message`` must then be doubled).
         """
-        from .prologue import Check, run_checks
-
         line = self.source_line
         if values:
             line = line.replace("{", "{{").replace("}", "}}")

@@ -14,9 +14,7 @@ data-dependent ops create their fresh dim vars in it.
 from __future__ import annotations
 
 import dataclasses
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -36,12 +34,12 @@ from ..core.specs import (
     scope_and_name_generator,
     spec_identifiers,
 )
+from ..core.trace_state import current_scope, scope_active
 from .registry import check_preconditions
 
 __all__ = ["MaskedProgram", "trace", "trace_flat", "current_scope", "is_masked", "flatten_args",
            "dtype_of"]
 
-_TRACE_STATE = threading.local()
 
 def is_masked(x) -> bool:
     return isinstance(x, Masked)
@@ -54,23 +52,6 @@ def dtype_of(x):
 def flatten_args(args: Sequence[Any]):
     """Leaves (a ``Masked`` is one leaf) and treedef of a call's positional args."""
     return jax.tree_util.tree_flatten(tuple(args), is_leaf=is_masked)
-
-
-def current_scope():
-    """The ``SymbolicScope`` of the masked trace in progress (None outside one)."""
-    stack = getattr(_TRACE_STATE, "scopes", None)
-    return stack[-1] if stack else None
-
-
-@contextmanager
-def _scope_active(scope) -> Iterator[None]:
-    if not hasattr(_TRACE_STATE, "scopes"):
-        _TRACE_STATE.scopes = []
-    _TRACE_STATE.scopes.append(scope)
-    try:
-        yield
-    finally:
-        _TRACE_STATE.scopes.pop()
 
 
 def internal_values(internal: dict[str, tuple[str, int]],
@@ -313,7 +294,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
                                            for v, b in dim_bounds.items()},
                                scope=scope)
     try:
-        with _scope_active(scope), replaced:
+        with scope_active(scope), replaced:
             closed = jax.make_jaxpr(flat_fun)(*avals)
             check_preconditions(closed.jaxpr)  # sizes where lowering fails: error cases
     except (ShapeError, UnsupportedError):
