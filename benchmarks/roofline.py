@@ -74,9 +74,9 @@ def main() -> None:
 
     import jax
 
+    from polymask.core.plan import bucket_bound
     from polymask.models import load
     from polymask.models.loader import length_buckets
-    from polymask.plan import bucket_bound
 
     enc = load(common.model_dir())
     cfg = enc.config

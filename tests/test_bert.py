@@ -97,7 +97,7 @@ def test_tiny_bert_loader_and_masked_embeddings(tmp_path):
     runner.wait()
     assert runner.stats()["refined_compiles"] == 2
     assert sorted(e.compiler_options == compat.xla_cpu_run_speed_options() != {}
-                  for e in runner._cache.values()) == [False, True, True]
+                  for e in runner.cache.entries()) == [False, True, True]
     again = enc.embed(TEXTS, batch_size=4)
     np.testing.assert_allclose(again, emb, atol=1e-6)
     assert runner.stats()["compiles"] == 3  # 16 (coarse), 16 and 8 (refined)

@@ -107,7 +107,7 @@ def test_warmup_command_fills_the_cache_then_embed_compiles_nothing(tmp_path, ca
     policy = pm.buckets.pow2(16)
     lengths = enc.warmup(policy, batch_size=4, max_length=20)
     assert lengths == [16, 32] and enc.runner(policy, 4).stats()["precompiles"] == 2
-    with pm.runner.compile_counter() as cc:
+    with pm.compile_counter() as cc:
         enc.embed(["a short text", "the cat sat on the mat"], buckets=policy, batch_size=4)
     assert cc.compiles == 0
 
@@ -145,7 +145,7 @@ def test_reuse_host_memory_option_before_or_after_the_subcommand(argv, off):
 
 
 def test_cli_reuses_host_memory_unless_told_not_to(monkeypatch):
-    from polymask import hostmem
+    from polymask.runners import hostmem
 
     calls = []
     monkeypatch.setattr(hostmem, "reuse_host_memory", lambda: calls.append(1) or True)

@@ -16,10 +16,10 @@ import pytest
 from jax import lax
 
 import polymask as pm
-from polymask.rules.registry import register_rule
 from polymask.testing import garbage_pad
-from polymask.trace import current_scope
-from polymask.transform import MaskedFunction
+from polymask.tracing.registry import register_rule
+from polymask.tracing.symbolic import current_scope
+from polymask.tracing.transform import MaskedFunction
 
 M = pm.Masked
 X5 = jnp.arange(5.0)

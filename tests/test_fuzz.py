@@ -11,7 +11,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 
 import fuzz  # noqa: E402
 
-from polymask.rules import registry  # noqa: E402
+from polymask.tracing import registry  # noqa: E402
 
 
 def test_fuzz_fixed_seed_short_run():

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 import polymask
-from polymask import hostmem
+from polymask.runners import hostmem
 
 PROBE = textwrap.dedent("""
     import ctypes, resource, sys
@@ -74,7 +74,8 @@ def test_reuse_host_memory_wanted_reads_the_environment(monkeypatch, value, want
                                       ("false", False), ("No", False), ("none", False),
                                       ("", False)])
 def test_every_polymask_switch_reads_off_values_alike(monkeypatch, value, on):
-    from polymask import cache, envvars, hostmem
+    from polymask.runners import compile_cache as cache
+    from polymask.runners import envvars, hostmem
 
     for name in ("POLYMASK_TIERED", "POLYMASK_REUSE_HOST_MEMORY", "POLYMASK_CACHE_DIR"):
         if value is None:

@@ -10,8 +10,8 @@ from helpers import attention
 from jax import lax
 
 import polymask as pm
-from polymask.explain import Explanation
-from polymask.formula import ShapeFormula
+from polymask.inspection.explain import Explanation
+from polymask.inspection.formula import ShapeFormula
 
 
 # ----------------------------------------------------------------------------

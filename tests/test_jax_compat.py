@@ -3,7 +3,9 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
+import polymask as pm
 from polymask import _jax_compat as compat
 from polymask import _jax_compat as jax_hooks
 
@@ -175,12 +177,12 @@ def test_reset_compilation_cache_rereads_the_directory(tmp_path):
     x = np.arange(7.0, dtype=np.float32)
     prev = pm.enable_compilation_cache(tmp_path / "c")
     try:
-        with pm.runner.compile_counter() as cc:
+        with pm.compile_counter() as cc:
             jax.jit(lambda x: x * 3.5 + 1)(x).block_until_ready()
         assert cc.compiles == 1
         assert any((tmp_path / "c").iterdir())  # written where the setting points
         jax.clear_caches()
-        with pm.runner.compile_counter() as cc:
+        with pm.compile_counter() as cc:
             jax.jit(lambda x: x * 3.5 + 1)(x).block_until_ready()
         assert (cc.compiles, cc.cache_hits) == (0, 1)  # read back from it
     finally:
@@ -196,10 +198,10 @@ def test_fresh_compile_options_compile_past_the_persistent_cache_and_serialize(t
     try:
         jax.jit(f).lower(x).compile()  # written to the persistent cache
         jax.clear_caches()
-        with pm.runner.compile_counter() as cc:
+        with pm.compile_counter() as cc:
             jax.jit(f).lower(x).compile()
         assert (cc.compiles, cc.cache_hits) == (0, 1)  # a plain compile loads it
-        with pm.runner.compile_counter() as cc:
+        with pm.compile_counter() as cc:
             fresh = jax.jit(f).lower(x).compile(compiler_options=compat.fresh_compile_options())
         assert (cc.compiles, cc.cache_hits) == (1, 0)  # XLA compiled it: serializable
         loaded = compat.load_executable(compat.serialize_executable(fresh))
@@ -250,9 +252,9 @@ def test_jaxpr_as_fun_binds_the_constants_of_an_open_jaxpr():
 
 def test_interpreter_binds_the_constants_of_an_open_jaxpr():
     """Dropping an inner jaxpr's constants would shift its arguments: a wrong value."""
-    from polymask.interpreter import Interpreter
-    from polymask.shapes import DimEnv
-    from polymask.state import RunState
+    from polymask.core.shapes import DimEnv
+    from polymask.tracing.interpreter import Interpreter
+    from polymask.tracing.state import RunState
 
     open_, consts, f = _open_jaxpr_and_consts()
     x = jnp.array([1.0, 2.0, 3.0])
@@ -319,3 +321,65 @@ def test_hijax_primitives_are_traced_as_their_expansion():
     check_oracle(lambda a, q: jnp.searchsorted(a, q), exs, [(4,), None], ["n", None],
                  modes=("eager", "jit", "vmap"))
     assert not compat.hooks_installed()
+
+
+def _jax_state() -> dict:
+    """``{(container id, name): value id}`` over every loaded JAX module's globals,
+    the classes they define, and the containers of the trace-patch table (rule
+    tables included)."""
+    import sys
+
+    out = {}
+
+    def scan(container, items):
+        for k, v in items:
+            out[(id(container), k)] = (id(v), container, k)
+
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not (name == "jax" or name.startswith(("jax.", "jaxlib."))):
+            continue
+        d = getattr(mod, "__dict__", {})
+        scan(mod, list(d.items()))
+        for v in list(d.values()):
+            if isinstance(v, type) and getattr(v, "__module__", None) == name:
+                scan(v, list(vars(v).items()))
+    for row in compat.TRACE_PATCHES:
+        container, _ = row.home()
+        items = container.items() if isinstance(container, dict) else vars(container).items()
+        scan(container, list(items))
+    return out
+
+
+def test_every_replacement_of_jax_during_a_trace_is_in_the_table():
+    """What a masked trace changes in JAX (module globals, class attributes, rule
+    tables) is exactly the rows of ``_jax_compat/patches.py``, and every row is
+    installed while the trace runs and undone after it."""
+    before = _jax_state()
+    during = {}
+
+    def f(x):
+        now = _jax_state()
+        during.update({k: v for k, v in now.items() if k in before and before[k][0] != v[0]})
+        during["rows"] = {r.name: r.current() for r in compat.TRACE_PATCHES}
+        return x * 2
+
+    pm.mask(f, "n")(pm.Masked(jnp.ones(4), (2,)))
+    rows_now = during.pop("rows")
+    homes = {}
+    for row in compat.TRACE_PATCHES:
+        container, attr = row.home()
+        homes[(id(container), attr)] = row.name
+    changed = {(c_id, attr) for (c_id, attr) in during}
+    unlisted = sorted(f"{getattr(v[1], '__name__', type(v[1]).__name__)}.{v[2]}"
+                      for k, v in during.items() if k not in homes)
+    assert unlisted == []
+    not_installed = sorted(name for key, name in homes.items() if key not in changed)
+    assert not_installed == []
+    assert all(rows_now[r.name] is not r.current() for r in compat.TRACE_PATCHES)
+    after = _jax_state()
+    assert {k for k in before if k in after and before[k][0] != after[k][0]} == set()
+
+
+def test_a_replacement_needs_a_row_in_the_table():
+    with pytest.raises(KeyError, match="TRACE_PATCHES"):
+        compat.replace_during_trace("jnp.not_in_the_table", lambda *a: None)

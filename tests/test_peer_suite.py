@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import peer_suite  # noqa: E402
 
-from polymask.rules import registry  # noqa: E402
+from polymask.tracing import registry  # noqa: E402
 
 MINI = os.path.join(ROOT, "tools", "peer", "mini_shape_poly_test.py")
 

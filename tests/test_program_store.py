@@ -14,7 +14,7 @@ import pytest
 
 import polymask as pm
 from polymask import buckets as B
-from polymask import program_store
+from polymask.runners import program_store
 
 SCRIPT = textwrap.dedent("""
     import json, sys
@@ -131,7 +131,7 @@ def test_store_hit_in_process_matches_plain_jax(tmp_path, n):
 
 
 def test_named_programs_load_without_a_trace(tmp_path, monkeypatch):
-    from polymask.ragged import RaggedMap
+    from polymask.runners.ragged import RaggedMap
 
     prev = pm.enable_compilation_cache(tmp_path / "c")
     try:

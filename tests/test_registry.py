@@ -4,7 +4,7 @@ import pytest
 
 from polymask import _jax_compat as compat
 from polymask.rules import data_dependent, families
-from polymask.rules.registry import get_rule, register, register_rule, registered_primitives
+from polymask.tracing.registry import get_rule, register, register_rule, registered_primitives
 
 
 def _polymask_primitives() -> set[str]:
@@ -56,7 +56,7 @@ def test_a_rule_that_needs_a_size_as_a_constant_raises_unsupported_naming_it():
     import numpy as np
 
     import polymask as pm
-    from polymask.rules import registry
+    from polymask.tracing import registry
 
     def needs_constant(ctx, x, **params):
         raise compat.InconclusiveDimensionOperation("Symbolic dimension 'n' used in a "
@@ -73,3 +73,33 @@ def test_a_rule_that_needs_a_size_as_a_constant_raises_unsupported_naming_it():
         register("cumlogsumexp", override=True)(old)
     np.testing.assert_allclose(f(pm.Masked(jnp.ones(4), (2,))).unpad(), [1.0, 1.0 + np.log(2.0)],
                                rtol=1e-6)
+
+
+def test_one_record_per_primitive_registered_by_its_object():
+    """Each primitive has one record (rule, precondition, flags); a primitive
+    ``jax.lax`` exposes in every supported JAX version is registered by its
+    object, not by a name string."""
+    import jax.lax as lax
+    from jax.lax import linalg as lax_linalg
+
+    from polymask.tracing import registry
+
+    names = registered_primitives()
+    assert len(set(names)) == len(names)
+    by_name = [n for n in names
+               if registry.rule_record(n).primitive is None
+               and n not in compat.VERSIONED_PRIMITIVES
+               and any(getattr(getattr(m, n + "_p", None), "name", None) == n
+                       for m in (lax, lax_linalg))
+               and get_rule(n).__module__.startswith("polymask.")]
+    assert by_name == []
+    rec = registry.rule_record("cholesky")
+    assert rec.rule is not None and rec.precondition is None
+    assert registry.rule_record("pure_callback").sees_guard
+
+
+def test_rule_modules_use_no_frame_inspection():
+    import pathlib
+
+    rules_dir = pathlib.Path(families.__file__).parent
+    assert [p.name for p in rules_dir.glob("*.py") if "_getframe" in p.read_text()] == []

@@ -1,9 +1,14 @@
-"""List import cycles among polymask's modules (top-level and function-level imports).
+"""Import cycles and upward imports among polymask's modules and layers.
 
-    python tools/import_cycles.py        # exit 1 when a cycle exists
+    python tools/import_cycles.py        # exit 1 on a cycle or an upward import
 
-Edges are relative imports inside ``src/polymask``; ``from . import x`` depends
-on ``x``, not on the package's ``__init__``.
+Edges are relative imports inside ``src/polymask``, top-level and
+function-level alike; ``from . import x`` depends on ``x``, not on the
+package's ``__init__``. Each module belongs to a *layer*: the top-level
+package it lives in (``polymask.tracing.cases.tree`` -> ``tracing``), or the
+root-level module itself (``testing``); ``""`` is the root ``__init__``. A
+module may import its own layer and the layers before it in ``LAYERS``, never
+one after it (docs/CONTRIBUTING.md, "Layers").
 """
 
 from __future__ import annotations
@@ -13,6 +18,27 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "src"
+
+
+# The data flow, lowest layer first: a layer imports only the layers before it.
+LAYERS = (
+    "_jax_compat",  # every private JAX API; behaviour that differs by JAX version
+    "core",         # errors, specs, dim vars, shapes, masks, Masked, plans, buckets
+    "tracing",      # symbolic trace, case splits, rule table, prologue, interpreter, mask()
+    "rules",        # masking rules, one module per family (fill tracing's rule table)
+    "ops",          # data-dependent-size ops built on rules' primitives
+    "inspection",   # shape_formula, explain
+    "runners",      # polymask.jit, ragged_map, program cache, compiles, host I/O
+    "models",       # example models (BERT encoder) and their loader
+    "cli",          # the command line
+    "testing",      # the oracle (public module)
+    "",             # polymask/__init__.py: the public API
+)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -70,18 +96,51 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def main() -> int:
+def module_graph() -> dict[str, set[str]]:
     mods = modules()
-    graph = {m: imports(m, p, mods) for m, p in mods.items()}
+    return {m: imports(m, p, mods) for m, p in mods.items()}
+
+
+def layer_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph contracted to layers (edges between distinct layers)."""
+    out: dict[str, set[str]] = {layer_of(m): set() for m in graph}
+    for m, deps in graph.items():
+        out[layer_of(m)].update(layer_of(d) for d in deps if layer_of(d) != layer_of(m))
+    return out
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """``(importer, imported)`` pairs whose imported layer comes after the importer's
+    in ``LAYERS``; a layer missing from ``LAYERS`` counts as upward."""
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    out = []
+    for m, deps in sorted(graph.items()):
+        for d in sorted(deps):
+            a, b = layer_of(m), layer_of(d)
+            if a != b and rank.get(b, len(LAYERS)) > rank.get(a, -1):
+                out.append((m, d))
+    return out
+
+
+def main() -> int:
+    graph = module_graph()
+    up = upward_imports(graph)
+    layers = layer_graph(graph)
     # The package __init__ re-exports the API; modules never import it back.
     graph.pop("polymask", None)
     for deps in graph.values():
         deps.discard("polymask")
     cycles = find_cycles(graph)
+    layer_cycles = find_cycles(layers)
     for c in cycles:
         print("cycle:", " <-> ".join(c))
-    print(f"{len(graph)} modules, {len(cycles)} import cycles")
-    return 1 if cycles else 0
+    for c in layer_cycles:
+        print("layer cycle:", " <-> ".join(c))
+    for m, d in up:
+        print(f"upward import: {m} ({layer_of(m) or 'polymask'}) imports {d} ({layer_of(d)})")
+    print(f"{len(graph)} modules, {len(cycles)} import cycles, {len(layers)} layers, "
+          f"{len(layer_cycles)} layer cycles, {len(up)} upward imports")
+    return 1 if cycles or layer_cycles or up else 0
 
 
 if __name__ == "__main__":

@@ -7,14 +7,12 @@ outputs equal ``f`` on the unpadded inputs. See docs/DESIGN.md for the contract.
 
 from __future__ import annotations
 
-from . import buckets, runner
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
-from .cache import default_cache_dir, disable_compilation_cache, enable_compilation_cache
-from .errors import ShapeError, UnsupportedError
-from .explain import explain
-from .formula import shape_formula
-from .hostmem import reuse_host_memory
-from .masked import Masked, logical_shape, pad, stack
+from .core import buckets
+from .core.errors import ShapeError, UnsupportedError
+from .core.masked import Masked, logical_shape, pad, stack
+from .inspection.explain import explain
+from .inspection.formula import shape_formula
 from .ops import (
     arange,
     argwhere,
@@ -27,17 +25,24 @@ from .ops import (
     unique,
     where,
 )
-from .prologue import shape_errors
-from .ragged import ragged_map
-from .runner import jit
-from .training import value_and_grad
-from .transform import mask
+from .runners.compile_cache import (
+    default_cache_dir,
+    disable_compilation_cache,
+    enable_compilation_cache,
+)
+from .runners.compiling import compile_counter
+from .runners.hostmem import reuse_host_memory
+from .runners.polyjit import jit
+from .runners.ragged import ragged_map
+from .runners.training import value_and_grad
+from .tracing.prologue import shape_errors
+from .tracing.transform import mask
 
 __all__ = [
     "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "UnsupportedError",
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
     "buckets", "value_and_grad", "enable_compilation_cache", "disable_compilation_cache",
-    "default_cache_dir", "runner", "reuse_host_memory", "shape_errors",
+    "default_cache_dir", "compile_counter", "reuse_host_memory", "shape_errors",
 ]
 __version__ = "0.1.0"

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .masked import Masked
-from .transform import mask
+from .core.masked import Masked
+from .tracing.transform import mask
 
 __all__ = ["garbage_pad", "check_oracle"]
 

@@ -11,12 +11,18 @@ package; ``tests/test_jax_compat.py`` covers each function. Import it as
 - ``versions``: what differs between the supported JAX versions (look here
   first on a JAX upgrade): jaxprs' constants, primitives' params, primitives
   present on some versions only, hijax primitives, JAX error wordings
+- ``patches``: the table of every replacement of JAX behaviour while a masked
+  trace runs (what, why, which JAX versions) and its switching on and off
+  (look here on a JAX upgrade, with ``versions``)
 - ``splits``: the hooks a masked trace installs in JAX's symbolic shapes while
-  it runs (undecidable size comparisons raise ``SplitNeeded``)
+  it runs (undecidable size comparisons raise ``SplitNeeded``; rows of
+  ``patches``)
 - ``hooks``: ``patched_attr``, ``quiet_callback_errors``
 - ``runtime``: ``upload`` (host -> device without a program)
 - ``callbacks``: ``jax.debug.print``'s host formatting, the debug effects
 - ``lowering``: lowering / transposition helpers of polymask's own primitives
+
+Layer: the lowest; imports JAX only (no other polymask package).
 """
 
 from .callbacks import *  # noqa: F401,F403
@@ -26,6 +32,7 @@ from .core import (  # noqa: F401  (private names used by polymask modules)
 )
 from .hooks import *  # noqa: F401,F403
 from .lowering import *  # noqa: F401,F403
+from .patches import *  # noqa: F401,F403
 from .runtime import *  # noqa: F401,F403
 from .splits import *  # noqa: F401,F403
 from .versions import *  # noqa: F401,F403

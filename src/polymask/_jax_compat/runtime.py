@@ -70,7 +70,7 @@ def reset_compilation_cache() -> None:
 
 
 # ----------------------------------------------------------------------------
-# Compiled executables as bytes (polymask.program_store)
+# Compiled executables as bytes (polymask.runners.program_store)
 # ----------------------------------------------------------------------------
 def serialize_executable(compiled) -> bytes:
     """A ``jax.stages.Compiled`` as bytes (``jax.experimental.serialize_executable``:

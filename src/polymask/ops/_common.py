@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
-from ..diagnostics import user_call_site
-from ..errors import ShapeError
-from ..trace import current_scope
+from ..core.diagnostics import user_call_site
+from ..core.errors import ShapeError
+from ..core.shapes import DimEnv
+from ..core.trace_state import current_scope
 
 _COUNTER = itertools.count(1)
 
@@ -50,8 +51,6 @@ def _padded(d) -> int:
     """Padded size of an operand's axis, exactly as the interpreter computes it."""
     if not compat.is_dim_expr(d):
         return int(d)
-    from ..shapes import DimEnv
-
     return DimEnv(_scope(), {}, {}).padded(d)
 
 

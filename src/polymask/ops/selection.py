@@ -7,8 +7,8 @@ import operator
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
-from ..diagnostics import user_call_site
-from ..errors import ShapeError
+from ..core.diagnostics import user_call_site
+from ..core.errors import ShapeError
 from ..rules.data_dependent import (
     boolean_mask_p,
     nonzero_p,

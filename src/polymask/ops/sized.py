@@ -9,8 +9,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..diagnostics import user_call_site
-from ..errors import ShapeError
+from ..core.diagnostics import user_call_site
+from ..core.errors import ShapeError
 from ..rules.data_dependent import (
     arange_p,
     dynamic_slice_p,

@@ -10,11 +10,11 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from .registry import register
+from ..tracing.registry import register
 from .util import masked_axes, valid_mask
 
 
-@register("approx_top_k")
+@register(lax.approx_top_k_p)
 def approx_top_k_rule(ctx, x, *, k, reduction_dimension, recall_target, is_max_k,
                       reduction_input_size_override, aggregate_to_topk):
     axis = reduction_dimension % x.ndim

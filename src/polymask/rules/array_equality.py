@@ -6,7 +6,7 @@ different dim vars.
 shapes refuse for two different dim vars. With symbolic shapes JAX answers ``n == m`` structurally (False
 for two different dim vars), so plain JAX's code would return False even when
 the sizes are equal at run time: a silent wrong result. While a masked
-function is traced (``registry.register_trace_patch``) the shape comparison is
+function is traced (``compat.replace_during_trace``) the shape comparison is
 made as a comparison in the user's code (``compat.sizes_compared_as_user``):
 undecidable, it splits the trace into cases (``n == m`` or not), in each of
 which JAX's own function then runs with decidable shapes. Outside a masked
@@ -20,7 +20,6 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
-from .registry import register_trace_patch
 from .util import has_symbolic_shape, in_masked_trace
 
 __all__ = ["array_equal_dynamic", "array_equiv_dynamic"]
@@ -56,6 +55,7 @@ def array_equiv_dynamic(a1, a2):
     return _ORIGINAL_EQUIV(a1, a2)
 
 
-for _module in (jnp, _LAX_NUMPY):
-    register_trace_patch(_module, "array_equal", array_equal_dynamic)
-    register_trace_patch(_module, "array_equiv", array_equiv_dynamic)
+compat.replace_during_trace("jnp.array_equal", array_equal_dynamic)
+compat.replace_during_trace("jnp.array_equiv", array_equiv_dynamic)
+compat.replace_during_trace("jax._src.numpy array_equal", array_equal_dynamic)
+compat.replace_during_trace("jax._src.numpy array_equiv", array_equiv_dynamic)

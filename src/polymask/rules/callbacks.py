@@ -38,8 +38,6 @@ the logical rows.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 from typing import NamedTuple
 
@@ -48,8 +46,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..shapes import is_static, needs_mask
-from .registry import register
+from ..core.shapes import is_static, needs_mask
+from ..core.trace_state import trace_state
+from ..tracing.registry import register
 
 
 # ----------------------------------------------------------------------------
@@ -264,25 +263,9 @@ def debug_print_rule(ctx, *args, ordered, partitioned, **params):
         effect=compat.debug_effect(ordered), partitioned=partitioned)
 
 
-_PER_EXAMPLE = contextvars.ContextVar("polymask_per_example", default=False)
-
-
-@contextlib.contextmanager
-def mapped_per_example():
-    """While ``ragged_map`` masks its function: the ``vmap`` is polymask's own,
-    standing for a loop over examples, so a ``pure_callback`` is called per
-    example with that example's arrays, as ``fun(example)`` calls it (any
-    ``vmap_method``; without one JAX would refuse to batch it)."""
-    token = _PER_EXAMPLE.set(True)
-    try:
-        yield
-    finally:
-        _PER_EXAMPLE.reset(token)
-
-
 @register("pure_callback", sees_guard=True)
 def pure_callback_rule(ctx, *args, callback, vmap_method, **_):
-    if _PER_EXAMPLE.get():
+    if trace_state().per_example:
         vmap_method = "sequential"
     plan, extra = _plan(ctx, with_results=True, pure=True)
     if plan is None:

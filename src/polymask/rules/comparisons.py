@@ -7,8 +7,8 @@ operand: the padded result is the primitive on the padded operands.
 
 from __future__ import annotations
 
+from jax import lax
+
 from .families import defelementwise
 
-TOTAL_ORDER_COMPARISONS = ("eq_to", "le_to", "lt_to")
-
-defelementwise(*TOTAL_ORDER_COMPARISONS)
+defelementwise(lax.eq_to_p, lax.le_to_p, lax.lt_to_p, module=__name__)

@@ -10,11 +10,13 @@ padding, making both factors of every backward product finite there.
 
 from __future__ import annotations
 
-from .registry import register
+from jax import lax
+
+from ..tracing.registry import register
 from .util import clean, is_inexact, masked_axes
 
 
-@register("dot_general")
+@register(lax.dot_general_p)
 def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
     (lc, rc), _ = dimension_numbers
     if ctx.state.forward_only:

@@ -7,7 +7,7 @@ live in this module too (see the control-flow issue).
 
 from __future__ import annotations
 
-from .registry import register
+from ..tracing.registry import register
 
 
 @register("jit")
@@ -81,7 +81,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 from .. import _jax_compat as compat  # noqa: E402
-from ..shapes import is_static, needs_mask  # noqa: E402
+from ..core.shapes import is_static, needs_mask  # noqa: E402
 from .util import gate_gradients, is_inexact  # noqa: E402
 
 
@@ -109,7 +109,7 @@ def _as_dtype(vals, avals):
     return [jnp.asarray(v, a.dtype) if hasattr(a, "dtype") else v for v, a in zip(vals, avals)]
 
 
-@register("scan")
+@register(lax.scan_p)
 def scan_rule(ctx, *args, reverse, length, jaxpr, unroll=1, **params):
     """``lax.scan`` over a (possibly dynamic) axis: run to the bound, freeze after the end.
 
@@ -257,7 +257,7 @@ def _trip_bound(ctx, lower_var, upper_var):
         return None
 
 
-@register("while")
+@register(lax.while_p)
 def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
     """``lax.while_loop`` with a masked body and predicate.
 
@@ -319,7 +319,7 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
     return list(lax.while_loop(cond_fun, body_fun, list(init)))
 
 
-@register("cond")
+@register(lax.cond_p)
 def cond_rule(ctx, index, *ops, branches, **params):
     """``lax.cond``/``lax.switch``: each branch masked recursively.
 

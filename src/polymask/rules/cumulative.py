@@ -8,11 +8,13 @@ Reverse scans read the padding, so it is filled with the identity first.
 
 from __future__ import annotations
 
+from jax import lax
+
 from .families import defcumulative
 
-defcumulative("cumsum", kind="sum")
-defcumulative("cumprod", kind="prod")
-defcumulative("cummax", kind="max")
-defcumulative("cummin", kind="min")
+defcumulative(lax.cumsum_p, kind="sum", module=__name__)
+defcumulative(lax.cumprod_p, kind="prod", module=__name__)
+defcumulative(lax.cummax_p, kind="max", module=__name__)
+defcumulative(lax.cummin_p, kind="min", module=__name__)
 # logsumexp's identity is -inf, like max's.
-defcumulative("cumlogsumexp", kind="max")
+defcumulative(lax.cumlogsumexp_p, kind="max", module=__name__)

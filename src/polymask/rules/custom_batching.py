@@ -9,7 +9,7 @@ size checks are a ``custom_vmap`` function.)
 
 from __future__ import annotations
 
-from .registry import register
+from ..tracing.registry import register
 
 
 @register("custom_vmap_call")

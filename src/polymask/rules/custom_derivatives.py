@@ -14,9 +14,10 @@ import jax
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
-from ..shapes import is_static
-from ..state import GUARD
-from .registry import register
+from ..core.shapes import is_static
+from ..tracing.prologue import Check, run_checks
+from ..tracing.registry import register
+from ..tracing.state import GUARD
 from .util import clean
 
 
@@ -61,8 +62,6 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
             # e.g. JAX's det JVP at size 0 (plain JAX fails too). In one case of a
             # case split the error holds only where that case runs (ctx.require
             # is guarded), so other sizes still differentiate.
-            from ..prologue import Check, run_checks
-
             guard = ctx.state.with_sizes(names, sizes).guard
             run_checks([Check(True if guard is None else guard,
                               f"the derivative (JAX's custom JVP rule) fails at these sizes: "

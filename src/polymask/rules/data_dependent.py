@@ -30,7 +30,9 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from .registry import register
+from ..core.diagnostics import user_call_site
+from ..core.errors import UnsupportedError
+from ..tracing.registry import register
 from .util import clean, is_inexact, valid_mask
 
 __all__ = ["nonzero_p", "boolean_mask_p", "boolean_unmask_p", "unique_p", "arange_p",
@@ -130,7 +132,7 @@ def _nonzero_abstract(x, *, out_dim, mode):
     return [compat.ShapedArray((u,), jnp.int32)]
 
 
-@register("polymask_nonzero")
+@register(nonzero_p)
 def nonzero_rule(ctx, x, *, out_dim, mode):
     shape = tuple(x.shape)
     valid = (x != 0) & _logical_valid(shape, ctx.in_logical[0])
@@ -158,7 +160,7 @@ def _boolean_mask_abstract(x, m, *, axis, out_dim, check_extra):
     return compat.ShapedArray(shape, x.dtype)
 
 
-@register("polymask_boolean_mask")
+@register(boolean_mask_p)
 def boolean_mask_rule(ctx, x, m, *, axis, out_dim, check_extra):
     m_log = ctx.in_logical[1]
     valid = m & _logical_valid(tuple(m.shape), m_log)
@@ -199,7 +201,7 @@ def _unique_abstract(x, *, out_dim, return_index, return_inverse, return_counts,
     return outs
 
 
-@register("polymask_unique")
+@register(unique_p)
 def unique_rule(ctx, x, *, out_dim, return_index, return_inverse, return_counts, equal_nan):
     shape = tuple(x.shape)
     p = math.prod(shape)
@@ -262,7 +264,7 @@ def arange_length(start, stop, step):
     return jnp.maximum(n, 0).astype(jnp.int32)
 
 
-@register("polymask_arange")
+@register(arange_p)
 def arange_rule(ctx, start, stop, step, *, out_dim, dtype):
     length = arange_length(start, stop, step)
     bound = int(compat.upper_bound(out_dim))
@@ -285,7 +287,7 @@ def _dynamic_slice_abstract(x, *starts_and_sizes, out_shape, fresh):
     return compat.ShapedArray(tuple(out_shape), x.dtype)
 
 
-@register("polymask_dynamic_slice")
+@register(dynamic_slice_p)
 def dynamic_slice_rule(ctx, x, *starts_and_sizes, out_shape, fresh):
     k = len(starts_and_sizes) // 2
     starts, sizes = starts_and_sizes[:k], starts_and_sizes[k:]
@@ -375,7 +377,7 @@ compat.def_linear(boolean_unmask_p, lambda ct, _ct, m, *, axis, x_shape: [
     None])
 
 
-@register("polymask_boolean_unmask")
+@register(boolean_unmask_p)
 def boolean_unmask_rule(ctx, ct, m, *, axis, x_shape):
     """Transpose of ``x[m]``: scatter-add the (cleaned) cotangent to the selected slots."""
     valid = m & _logical_valid(tuple(m.shape), ctx.in_logical[1])
@@ -422,7 +424,7 @@ compat.def_jvp(dynamic_slice_p, _dynamic_slice_jvp)
 compat.def_transpose(dynamic_slice_p, _dynamic_slice_transpose)
 
 
-@register("polymask_dynamic_unslice")
+@register(dynamic_unslice_p)
 def dynamic_unslice_rule(ctx, ct, *starts, x_shape):
     """Transpose of ``dynamic_slice``: the cleaned cotangent placed at the start."""
     k = len(starts)
@@ -447,9 +449,6 @@ def dynamic_unslice_rule(ctx, ct, *starts, x_shape):
 # jax.vmap *inside* mask: a shared selection batches; per-example sizes cannot
 # ----------------------------------------------------------------------------
 def _per_example_size_error(what):
-    from ..diagnostics import user_call_site
-    from ..errors import UnsupportedError
-
     return UnsupportedError(
         f"polymask.{what} under jax.vmap inside polymask.mask (at {user_call_site()}): "
         "each example would get its "

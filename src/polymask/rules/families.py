@@ -2,40 +2,39 @@
 
 In the style of ``jax/_src/interpreters/batching.py`` (``defvectorized``,
 ``defbroadcasting``, ``defreducer``) and ``ad.py`` (``deflinear2``): a family
-member is registered by naming it, e.g. ``defelementwise("sin", "cos")`` or
-``defreducer("reduce_sum", kind="sum")``; the rule body is shared.
+member is registered by naming its primitive, e.g.
+``defelementwise(lax.sin_p, lax.cos_p, module=__name__)`` or
+``defreducer(lax.reduce_sum_p, kind="sum", module=__name__)``; the rule body
+is shared. ``module``: the rule module that declares the members (the
+coverage table and duplicate-registration errors name it; default this one).
 """
 
 from __future__ import annotations
 
-import sys
-
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
-from .registry import register
+from ..tracing.registry import register
 from .util import clean, fill_padding, identity_of, is_inexact, masked_axes
 
 
-def _declared_by_caller(rule):
-    """Attribute ``rule`` to the module that called the ``def*`` constructor.
-
-    The coverage table (``tools/coverage.py``) and duplicate-registration
-    errors name a rule's module; that should be ``rules/elementwise.py``, not
-    this file. Frames: 0 here, 1 the ``def*`` constructor, 2 its caller.
-    """
-    rule.__module__ = sys._getframe(2).f_globals["__name__"]
+def _declared_in(rule, module: str | None):
+    """Attribute ``rule`` to the rule module that declares the family members
+    (``rules/elementwise.py``, not this file): the coverage table
+    (``tools/coverage.py``) and duplicate-registration errors name it."""
+    if module is not None:
+        rule.__module__ = module
     return rule
 
 
-def defelementwise(*names: str, zero_preserving: bool = False) -> None:
+def defelementwise(*prims, zero_preserving: bool = False, module: str | None = None) -> None:
     """Elementwise primitives: bind on the padded operands unchanged.
 
     Logical positions only ever read logical positions; garbage in padding
     stays in padding. With ``zero_preserving`` (``f(0, ..., 0) == 0``
     exactly) zero padding in all full-shape operands is recorded as kept.
     """
-    register(*names)(_declared_by_caller(_elementwise_rule(zero_preserving)))
+    register(*prims)(_declared_in(_elementwise_rule(zero_preserving), module))
 
 
 def _elementwise_rule(zero_preserving: bool):
@@ -92,13 +91,13 @@ def _all_zero_padded(ctx, args, out) -> bool:
         for a in args) and jnp.issubdtype(out.dtype, jnp.inexact)
 
 
-def defrelayout(*names: str) -> None:
+def defrelayout(*prims, module: str | None = None) -> None:
     """Ops that keep the logical corner a corner: bind with padded-size params.
 
     The padding moves with the corner, so zero padding of the first operand
     stays zero padding.
     """
-    register(*names)(_declared_by_caller(_relayout_rule()))
+    register(*prims)(_declared_in(_relayout_rule(), module))
 
 
 def _relayout_rule():
@@ -111,14 +110,14 @@ def _relayout_rule():
     return relayout_rule
 
 
-def defreducer(*names: str, kind: str) -> None:
+def defreducer(*prims, kind: str, module: str | None = None) -> None:
     """Reductions over ``axes`` (incl. ``argmax``/``argmin``): padding becomes
     the identity of ``kind`` before the physical reduction.
 
     For ``argmax``/``argmin`` the identity is the worst value, so the first
     logical extremum wins.
     """
-    register(*names)(_declared_by_caller(_reducer_rule(kind)))
+    register(*prims)(_declared_in(_reducer_rule(kind), module))
 
 
 def _reducer_rule(kind: str):
@@ -130,14 +129,14 @@ def _reducer_rule(kind: str):
     return reducer_rule
 
 
-def defcumulative(*names: str, kind: str) -> None:
+def defcumulative(*prims, kind: str, module: str | None = None) -> None:
     """Cumulative scans along ``axis`` whose combiner has the identity of ``kind``.
 
     Forward scans are prefix-safe but their transpose (a reverse scan) reads
     the padding's cotangent, so float results get their padding selected to
     0. Reverse scans read the padding, so it is filled with the identity.
     """
-    register(*names)(_declared_by_caller(_cumulative_rule(kind)))
+    register(*prims)(_declared_in(_cumulative_rule(kind), module))
 
 
 def _cumulative_rule(kind: str):

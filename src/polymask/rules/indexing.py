@@ -29,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..shapes import is_static, needs_mask, upper_bound_int
-from .registry import register
+from ..core.shapes import is_static, needs_mask, upper_bound_int
+from ..tracing.registry import register
 from .util import clean_float, identity_of, same_dim, valid_mask
 
 _MODE = lax.GatherScatterMode
@@ -105,7 +105,7 @@ def default_fill(dtype):
 # ----------------------------------------------------------------------------
 # gather
 # ----------------------------------------------------------------------------
-@register("gather")
+@register(lax.gather_p)
 @_guard
 def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value,
                 indices_are_sorted, unique_indices):
@@ -161,7 +161,7 @@ _SCATTER_KIND = {"scatter-add": "sum", "scatter-sub": "sum", "scatter-mul": "pro
                  "scatter-min": "min", "scatter-max": "max"}
 
 
-@register("scatter", *_SCATTER_KIND)
+@register(lax.scatter_p, *_SCATTER_KIND)
 @_guard
 def scatter_rule(ctx, operand, indices, updates, *, dimension_numbers, indices_are_sorted,
                  unique_indices, mode, update_jaxpr, update_consts):
@@ -289,7 +289,7 @@ def _clamped_starts(starts, op_l, size_l):
     return out
 
 
-@register("dynamic_slice")
+@register(lax.dynamic_slice_p)
 @_guard
 def dynamic_slice_rule(ctx, operand, *args, slice_sizes):
     nd = operand.ndim
@@ -306,7 +306,7 @@ def dynamic_slice_rule(ctx, operand, *args, slice_sizes):
     return clean_float(out, ctx.out_logical[0])
 
 
-@register("dynamic_update_slice")
+@register(lax.dynamic_update_slice_p)
 @_guard
 def dynamic_update_slice_rule(ctx, operand, update, *starts):
     nd = operand.ndim

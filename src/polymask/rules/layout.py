@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
+from ..tracing.registry import register
 from .families import defrelayout
-from .registry import register
 from .util import clean, is_inexact, masked_axes
 
 
@@ -16,7 +17,7 @@ def dim_as_value_rule(ctx, *, dim):
     return jnp.asarray(ctx.logical(dim), dtype)
 
 
-@register("broadcast_in_dim")
+@register(lax.broadcast_in_dim_p)
 def broadcast_in_dim_rule(ctx, x, *dyn, shape, broadcast_dimensions, sharding):
     """Broadcast at the bound; for float results, zero the padding of new dynamic axes.
 
@@ -40,4 +41,4 @@ def broadcast_in_dim_rule(ctx, x, *dyn, shape, broadcast_dimensions, sharding):
 
 
 # The reshape family (``reshape``, ``squeeze``) lives in ``rules/reshaping.py``.
-defrelayout("transpose", "iota")
+defrelayout(lax.transpose_p, lax.iota_p, module=__name__)

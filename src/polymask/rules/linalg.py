@@ -56,11 +56,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.lax import linalg as lax_linalg
 
 from .._jax_compat import linalg as compat_linalg
-from ..errors import ShapeError
-from ..shapes import needs_mask
-from .registry import register, register_precondition
+from ..core.errors import ShapeError
+from ..core.shapes import needs_mask
+from ..tracing.registry import register, register_precondition
 from .util import clean, clean_float, masked_axes, valid_mask
 
 
@@ -107,7 +108,7 @@ def _fill_index(x, logical):
 # ----------------------------------------------------------------------------
 # Cholesky and triangular solves
 # ----------------------------------------------------------------------------
-@register("cholesky")
+@register(lax_linalg.cholesky_p)
 def cholesky_rule(ctx, x, **params):
     lg = ctx.in_logical[0]
     if not masked_axes(lg, ctx.in_bounds[0]):
@@ -116,7 +117,7 @@ def cholesky_rule(ctx, x, **params):
     return _embed(out, ctx.out_logical[0])
 
 
-@register("cholesky_update")
+@register(lax_linalg.cholesky_update_p)
 def cholesky_update_rule(ctx, r, w, **params):
     lr, lw = ctx.in_logical
     if not (masked_axes(lr, ctx.in_bounds[0]) or masked_axes(lw, ctx.in_bounds[1])):
@@ -125,7 +126,7 @@ def cholesky_update_rule(ctx, r, w, **params):
     return _embed(out, ctx.out_logical[0])
 
 
-@register("triangular_solve")
+@register(lax_linalg.triangular_solve_p)
 def triangular_solve_rule(ctx, a, b, **params):
     la, lb = ctx.in_logical
     if not (masked_axes(la, ctx.in_bounds[0]) or masked_axes(lb, ctx.in_bounds[1])):
@@ -135,7 +136,7 @@ def triangular_solve_rule(ctx, a, b, **params):
     return clean(out, ctx.out_logical[0])
 
 
-@register("tridiagonal_solve")
+@register(lax_linalg.tridiagonal_solve_p)
 def tridiagonal_solve_rule(ctx, dl, d, du, b, **params):
     lg = ctx.in_logical
     if not any(masked_axes(lo, bd) for lo, bd in zip(lg, ctx.in_bounds)):
@@ -155,7 +156,7 @@ def tridiagonal_solve_rule(ctx, dl, d, du, b, **params):
     return clean(out, ctx.out_logical[0])
 
 
-@register("symmetric_product")
+@register(lax_linalg.symmetric_product_p)
 def symmetric_product_rule(ctx, a, c, **params):
     la, lc = ctx.in_logical
     out = ctx.bind(clean(a, la), clean(c, lc))
@@ -165,7 +166,7 @@ def symmetric_product_rule(ctx, a, c, **params):
 # ----------------------------------------------------------------------------
 # LU
 # ----------------------------------------------------------------------------
-@register("lu")
+@register(lax_linalg.lu_p)
 def lu_rule(ctx, x, **params):
     lg = ctx.in_logical[0]
     if not masked_axes(lg, ctx.in_bounds[0]):
@@ -175,7 +176,7 @@ def lu_rule(ctx, x, **params):
     return [lu, _fill_index(pivots, ctx.out_logical[1]), _fill_index(perm, ctx.out_logical[2])]
 
 
-@register("lu_pivots_to_permutation")
+@register(lax_linalg.lu_pivots_to_permutation_p)
 def lu_pivots_to_permutation_rule(ctx, pivots, **params):
     # A padding pivot swaps its row with itself; logical pivots only touch
     # logical rows, so the permutation is right on the logical prefix.
@@ -185,7 +186,7 @@ def lu_pivots_to_permutation_rule(ctx, pivots, **params):
 # ----------------------------------------------------------------------------
 # custom_linear_solve (jnp.linalg.solve, inv): recurse into the four jaxprs
 # ----------------------------------------------------------------------------
-@register("custom_linear_solve")
+@register(lax.linear_solve_p)
 def custom_linear_solve_rule(ctx, *args, const_lengths, jaxprs):
     counts = list(const_lengths)
     consts, pos = [], 0
@@ -226,7 +227,7 @@ def custom_linear_solve_rule(ctx, *args, const_lengths, jaxprs):
 # ----------------------------------------------------------------------------
 # Symmetric eigendecomposition
 # ----------------------------------------------------------------------------
-@register("eigh")
+@register(lax_linalg.eigh_p)
 def eigh_rule(ctx, x, *, lower, sort_eigenvalues, subset_by_index, **params):
     lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
     if not masked_axes(lg, bd):
@@ -258,7 +259,7 @@ def eigh_rule(ctx, x, *, lower, sort_eigenvalues, subset_by_index, **params):
 # ----------------------------------------------------------------------------
 # QR and SVD
 # ----------------------------------------------------------------------------
-@register("qr")
+@register(lax_linalg.qr_p)
 def qr_rule(ctx, x, *, pivoting, full_matrices, **params):
     lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
     if not masked_axes(lg, bd):
@@ -314,7 +315,7 @@ def _qr_with_finite_jvp(ctx, e, m, n):
     return qr(e)
 
 
-@register("svd")
+@register(lax_linalg.svd_p)
 def svd_rule(ctx, x, *, compute_uv, subset_by_index, **params):
     lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
     if not masked_axes(lg, bd):
@@ -409,8 +410,14 @@ def _batch_only_rule(name):
     return rule
 
 
+# geqrf and geqp3 have no public primitive object: registered by name.
+_MATRIX_PRIMITIVES = {"eig": lax_linalg.eig_p, "schur": lax_linalg.schur_p,
+                      "hessenberg": lax_linalg.hessenberg_p,
+                      "tridiagonal": lax_linalg.tridiagonal_p,
+                      "householder_product": lax_linalg.householder_product_p,
+                      "ormqr": lax_linalg.ormqr_p}
 for _name in _MATRIX_REASONS:
-    register(_name)(_batch_only_rule(_name))
+    register(_MATRIX_PRIMITIVES.get(_name, _name))(_batch_only_rule(_name))
 
 
 # ----------------------------------------------------------------------------
@@ -470,7 +477,7 @@ def _complex_axis(x, axis, n, dynamic: bool, inverse: bool):
     return _along(lambda v: lax.fft(v, kind, (v.shape[-1],)), x, axis)
 
 
-@register_precondition("fft")
+@register_precondition(lax.fft_p)
 def fft_precondition(eqn) -> None:
     """An rfft of length 0 fails to lower in plain JAX: ``n >= 1`` splits the
     trace, and its ``n == 0`` case is an error case."""
@@ -481,7 +488,7 @@ def fft_precondition(eqn) -> None:
                          "the exact arrays either")
 
 
-@register("fft")
+@register(lax.fft_p)
 def fft_rule(ctx, x, *, fft_type, fft_lengths):
     k = len(fft_lengths)
     lin, bin_ = ctx.in_logical[0], ctx.in_bounds[0]

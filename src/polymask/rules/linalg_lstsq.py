@@ -44,7 +44,6 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._jax_compat import linalg as compat_linalg
-from .registry import register_trace_patch
 
 __all__ = ["lstsq_symbolic", "pinv_symbolic"]
 
@@ -226,5 +225,5 @@ def lstsq_symbolic(a, b, rcond=None):
     return x, resid, rank, s
 
 
-register_trace_patch(_PINV_MODULE, _PINV_NAME, pinv_symbolic)
-register_trace_patch(_LSTSQ_MODULE, _LSTSQ_NAME, lstsq_symbolic)
+compat.replace_during_trace("jnp.linalg.pinv (_pinv)", pinv_symbolic)
+compat.replace_during_trace("jnp.linalg.lstsq (_jit_lstsq)", lstsq_symbolic)

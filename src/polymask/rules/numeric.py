@@ -4,7 +4,7 @@
 None of them is a primitive, and JAX's implementations need the length of the
 sorted array / the signals as a Python int (``searchsorted`` picks its index
 dtype from it, ``interp`` and ``_conv`` call ``len(x)``). While a masked
-function is traced (``registry.register_trace_patch``) they are routed to
+function is traced (``compat.replace_during_trace``) they are routed to
 replacements that compute the same values with symbolic sizes; outside a
 masked trace, or when no length involved is symbolic, they call JAX's own:
 
@@ -23,7 +23,6 @@ masked trace, or when no length involved is symbolic, they call JAX's own:
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -31,7 +30,6 @@ from jax import lax
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
 from .random_samplers import searchsorted_symbolic
-from .registry import register_trace_patch
 from .util import has_symbolic_shape, in_masked_trace
 
 __all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic"]
@@ -156,7 +154,7 @@ def conv_dynamic(x, y, mode, op, precision, preferred_element_type=None):
     return lax.rev(result, (0,)) if reverse else result
 
 
-register_trace_patch(jax.numpy, "searchsorted", searchsorted_dynamic)
-register_trace_patch(_LAX_NUMPY, "searchsorted", searchsorted_dynamic)
-register_trace_patch(*compat_numeric.interp_home(), interp_dynamic)
-register_trace_patch(*compat_numeric.conv_home(), conv_dynamic)
+compat.replace_during_trace("jnp.searchsorted", searchsorted_dynamic)
+compat.replace_during_trace("jax._src.numpy searchsorted (digitize)", searchsorted_dynamic)
+compat.replace_during_trace("jnp.interp (_interp)", interp_dynamic)
+compat.replace_during_trace("jnp.convolve / correlate (_conv)", conv_dynamic)

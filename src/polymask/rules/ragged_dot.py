@@ -34,7 +34,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from .registry import register
+from ..tracing.registry import register
 from .util import clean, is_inexact, masked_axes
 
 __all__ = ["ragged_dot_p"]

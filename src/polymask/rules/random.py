@@ -32,7 +32,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from .registry import register
+from ..tracing.registry import register
 from .util import masked_axes
 
 

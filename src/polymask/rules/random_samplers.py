@@ -36,8 +36,9 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._jax_compat import random as compat_random
+from ..core.trace_state import current_scope
+from ..tracing.registry import register
 from .random import check_partitionable, linear_index
-from .registry import register, register_trace_patch
 from .util import fill_padding, in_masked_trace, masked_axes
 
 __all__ = ["random_gamma_rule", "shuffle_symbolic", "permutation_symbolic"]
@@ -80,8 +81,6 @@ _ORIGINAL_SHUFFLE = getattr(_SHUFFLE_MODULE, _SHUFFLE_NAME)
 
 def shuffle_symbolic(key, x, axis):
     """JAX's ``_shuffle(key, x, axis)`` for a symbolic size inside a masked trace."""
-    from ..trace import current_scope
-
     size = math.prod(x.shape)
     if not compat.is_dim_expr(size) or current_scope() is None:
         return _ORIGINAL_SHUFFLE(key, x, axis)
@@ -95,7 +94,7 @@ def shuffle_symbolic(key, x, axis):
     return x
 
 
-register_trace_patch(_SHUFFLE_MODULE, _SHUFFLE_NAME, shuffle_symbolic)
+compat.replace_during_trace("jax.random shuffle (_shuffle)", shuffle_symbolic)
 
 
 _SEARCH_MODULE, _SEARCH_NAME = compat_random.searchsorted_home()
@@ -107,8 +106,6 @@ def searchsorted_symbolic(a, v, side="left", sorter=None, *, method="scan"):
     length inside a masked trace: JAX's binary search (``method="scan"``) with
     the logical length, ``ceil(log2(n + 1))`` levels, run to the bound's level
     count and frozen after the logical one. Indices read are below ``n``."""
-    from ..trace import current_scope
-
     n = jnp.shape(a)[0] if jnp.ndim(a) == 1 else None
     if (not compat.is_dim_expr(n) or current_scope() is None or sorter is not None
             or method not in ("scan", "scan_unrolled") or side not in ("left", "right")
@@ -129,7 +126,8 @@ def searchsorted_symbolic(a, v, side="left", sorter=None, *, method="scan"):
     return high.astype(np.int32)
 
 
-register_trace_patch(_SEARCH_MODULE, _SEARCH_NAME, searchsorted_symbolic)
+compat.replace_during_trace("JAX's internal jnp.searchsorted (choice(p=...))",
+                           searchsorted_symbolic)
 
 
 _ORIGINAL_PERMUTATION = jax.random.permutation
@@ -144,4 +142,4 @@ def permutation_symbolic(key, x, *args, **kwargs):
     return _ORIGINAL_PERMUTATION(key, x, *args, **kwargs)
 
 
-register_trace_patch(jax.random, "permutation", permutation_symbolic)
+compat.replace_during_trace("jax.random.permutation", permutation_symbolic)

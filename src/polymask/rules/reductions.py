@@ -7,20 +7,22 @@ dtype's min/max, never +-inf for ints) before the physical reduction.
 
 from __future__ import annotations
 
+from jax import lax
+
+from ..tracing.registry import register
 from .families import defreducer
-from .registry import register
 from .util import fill_padding
 
-defreducer("reduce_sum", kind="sum")
-defreducer("reduce_prod", kind="prod")
-defreducer("reduce_max", "argmax", kind="max")
-defreducer("reduce_min", "argmin", kind="min")
-defreducer("reduce_and", kind="and")
-defreducer("reduce_or", kind="or")
-defreducer("reduce_xor", kind="xor")
+defreducer(lax.reduce_sum_p, kind="sum", module=__name__)
+defreducer(lax.reduce_prod_p, kind="prod", module=__name__)
+defreducer(lax.reduce_max_p, lax.argmax_p, kind="max", module=__name__)
+defreducer(lax.reduce_min_p, lax.argmin_p, kind="min", module=__name__)
+defreducer(lax.reduce_and_p, kind="and", module=__name__)
+defreducer(lax.reduce_or_p, kind="or", module=__name__)
+defreducer(lax.reduce_xor_p, kind="xor", module=__name__)
 
 
-@register("reduce")
+@register(lax.reduce_p)
 def generic_reduce_rule(ctx, *args, computation, jaxpr, dimensions):
     """``lax.reduce`` with user init values: padding becomes the init value."""
     n = len(args) // 2

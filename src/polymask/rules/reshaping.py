@@ -29,9 +29,9 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from .._jax_compat import numeric as compat_numeric
-from ..shapes import is_static
+from ..core.shapes import is_static
+from ..tracing.registry import register
 from .families import defrelayout
-from .registry import register, register_trace_patch
 from .util import clean_float, in_masked_trace, masked_axes
 
 
@@ -118,7 +118,7 @@ def reshape_relayout(ctx, x):
     return clean_float(out, out_l)
 
 
-defrelayout("squeeze")
+defrelayout(lax.squeeze_p, module=__name__)
 
 
 def _groups(in_shape, out_shape):
@@ -200,7 +200,7 @@ def _with_transposed_operand(ctx, perm):
     return view
 
 
-@register("reshape")
+@register(lax.reshape_p)
 def reshape_rule(ctx, x, *dyn, new_sizes, dimensions, sharding):
     """Prefix-preserving reshapes are free; fragmenting ones re-lay out the data.
 
@@ -244,4 +244,4 @@ def compute_newshape_symbolic(arr, newshape):
     return _ORIGINAL_NEWSHAPE(arr, newshape)
 
 
-register_trace_patch(*compat_numeric.newshape_home(), compute_newshape_symbolic)
+compat.replace_during_trace("x.reshape(-1, ...) (_compute_newshape)", compute_newshape_symbolic)

@@ -3,7 +3,7 @@
 ``lax.associative_scan`` is not a primitive: JAX's implementation recurses on
 the axis length in Python and refuses a symbolic one. While a masked function
 is traced, calls over a symbolic axis are routed to
-``associative_scan_symbolic`` (``registry.register_trace_patch``),
+``associative_scan_symbolic`` (``compat.replace_during_trace``),
 which computes the same scan with ops that trace at a symbolic length: a
 Hillis-Steele doubling scan with ``ceil(log2(bound))`` steps, the bound being
 the axis's upper bound in the trace's scope. Step ``d`` combines each
@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
-from .registry import register_trace_patch
 
 __all__ = ["associative_scan_symbolic", "is_symbolic_scan"]
 
@@ -81,4 +80,4 @@ def associative_scan_symbolic(fn, elems, reverse: bool = False, axis: int = 0):
     return jax.tree_util.tree_unflatten(tree, flat)
 
 
-register_trace_patch(lax, "associative_scan", associative_scan_symbolic)
+compat.replace_during_trace("lax.associative_scan", associative_scan_symbolic)

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..shapes import is_static, lower_bound_int, needs_mask, upper_bound_int
-from .registry import register
+from ..core.shapes import is_static, lower_bound_int, needs_mask, upper_bound_int
+from ..tracing.registry import register
 from .util import clean_float, masked_axes, same_dim, valid_mask
 
 # ----------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def _window(x, starts, spans, start_ubs):
 # ----------------------------------------------------------------------------
 # slice
 # ----------------------------------------------------------------------------
-@register("slice")
+@register(lax.slice_p)
 def slice_rule(ctx, x, *, start_indices, limit_indices, strides):
     """Strided slice read at the logical start (dynamic when it depends on sizes)."""
     in_sym = ctx.in_avals[0].shape
@@ -90,7 +90,7 @@ def slice_rule(ctx, x, *, start_indices, limit_indices, strides):
 # ----------------------------------------------------------------------------
 # rev
 # ----------------------------------------------------------------------------
-@register("rev")
+@register(lax.rev_p)
 def rev_rule(ctx, x, *, dimensions):
     """Reverse, then shift left by ``bound - logical`` so the logical end comes first.
 
@@ -111,7 +111,7 @@ def rev_rule(ctx, x, *, dimensions):
 # ----------------------------------------------------------------------------
 # concatenate / split / stack / unstack
 # ----------------------------------------------------------------------------
-@register("concatenate")
+@register(lax.concatenate_p)
 def concatenate_rule(ctx, *xs, dimension):
     """Place each operand at the sum of the logical sizes before it.
 
@@ -141,7 +141,7 @@ def concatenate_rule(ctx, *xs, dimension):
     return buf
 
 
-@register("split")
+@register(lax.split_p)
 def split_rule(ctx, x, *, sizes, axis):
     """Cut each piece at the sum of the logical sizes before it."""
     sizes_l = [ctx.logical(s) for s in sizes]
@@ -174,13 +174,13 @@ def split_rule(ctx, x, *, sizes, axis):
     return outs
 
 
-@register("stack", "unstack")
+@register(lax.stack_p, lax.unstack_p)
 def stack_rule(ctx, *xs, **params):
     """The logical corner stays a corner: bind at the bound."""
     return ctx.bind(*xs)
 
 
-@register("tile")
+@register(lax.tile_p)
 def tile_rule(ctx, x, *, reps):
     """``out[j] = x[j mod n]`` per axis with a padded size or a symbolic repeat
     count (``jnp.resize`` tiles ``ceil(k / n)`` times): one gather per axis.
@@ -206,7 +206,7 @@ def tile_rule(ctx, x, *, reps):
 # ----------------------------------------------------------------------------
 # pad
 # ----------------------------------------------------------------------------
-@register("pad")
+@register(lax.pad_p)
 def pad_rule(ctx, x, padding_value, *, padding_config):
     """Low/high/interior padding (negative allowed) placed at the logical offsets.
 

@@ -6,11 +6,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
-from .registry import register
+from ..tracing.registry import register
 from .util import masked_axes, valid_mask
 
 
-@register("sort")
+@register(lax.sort_p)
 def sort_rule(ctx, *operands, dimension, is_stable, num_keys):
     lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
     if not masked_axes(lg, bd, [dimension]):
@@ -21,7 +21,7 @@ def sort_rule(ctx, *operands, dimension, is_stable, num_keys):
     return list(outs[1:])
 
 
-@register("top_k")
+@register(lax.top_k_p)
 def top_k_rule(ctx, x, *, k, axis=-1, **params):
     """Top ``k`` of the logical prefix of ``axis``, ties broken by the lower index.
 

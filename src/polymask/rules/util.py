@@ -8,70 +8,15 @@ cotangent that is NaN in padding cannot leak into the logical region.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..shapes import needs_mask
-
-
-def masked_axes(logical: Sequence, padded: Sequence[int], axes=None) -> list[int]:
-    """Axes (of ``axes``, default all) whose logical size may differ from the bound."""
-    cand = range(len(padded)) if axes is None else axes
-    return [a for a in cand if needs_mask(logical[a], padded[a])]
-
-
-# Validity masks built during one masked run, shared by every rule that needs
-# the same one (CSE): key (current JAX trace, padded shape, (axis, size object)).
-_MASKS: contextvars.ContextVar[dict | None] = contextvars.ContextVar("polymask_masks",
-                                                                    default=None)
-
-
-@contextlib.contextmanager
-def shared_masks() -> Iterator[None]:
-    """Within the block, ``valid_mask`` builds each distinct mask once per trace."""
-    token = _MASKS.set({})
-    try:
-        yield
-    finally:
-        _MASKS.reset(token)
-
-
-def _current_trace():
-    return compat.current_trace()  # None: no sharing
-
-
-def valid_mask(logical: Sequence, padded: Sequence[int], axes=None):
-    """Boolean array of shape ``padded``, True on the logical corner of ``axes``.
-
-    Returns None when no axis needs a mask (static fast path). Inside
-    ``shared_masks()`` (each masked run) an equal mask is built once per trace:
-    the cache keeps the size objects and the trace alive so their ids stay unique.
-    """
-    axes = masked_axes(logical, padded, axes)
-    if not axes:
-        return None
-    padded = tuple(int(p) for p in padded)
-    cache = _MASKS.get()
-    trace = _current_trace() if cache is not None else None
-    key = None
-    if trace is not None:
-        key = (id(trace), padded, tuple((a, id(logical[a])) for a in axes))
-        hit = cache.get(key)
-        if hit is not None:
-            return hit[0]
-    ok = None
-    for a in axes:
-        m = lax.broadcasted_iota(jnp.int32, padded, a) < jnp.asarray(logical[a], jnp.int32)
-        ok = m if ok is None else (ok & m)
-    if key is not None:
-        cache[key] = (ok, trace, [logical[a] for a in axes])
-    return ok
+from ..core.masks import masked_axes, shared_masks, valid_mask  # noqa: F401  (rules import them from here)
+from ..core.trace_state import current_scope
 
 
 def fill_padding(x, logical: Sequence, fill, axes=None):
@@ -160,10 +105,8 @@ def same_dim(a, b) -> bool:
 
 def in_masked_trace() -> bool:
     """Whether a masked trace runs in this thread: the trace patches
-    (``registry.register_trace_patch``) fall back to JAX's own function
+    (``compat.replace_during_trace``) fall back to JAX's own function
     outside one."""
-    from ..trace import current_scope
-
     return current_scope() is not None
 
 

@@ -54,8 +54,8 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _jax_compat as compat
-from ..shapes import is_static, needs_mask
-from .registry import register
+from ..core.shapes import is_static, needs_mask
+from ..tracing.registry import register
 from .util import (
     clean,
     clean_float,
@@ -191,7 +191,7 @@ def _zeros_out(ctx, i=0):
 # ----------------------------------------------------------------------------
 # Convolution
 # ----------------------------------------------------------------------------
-@register("conv_general_dilated")
+@register(lax.conv_general_dilated_p)
 def conv_rule(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilation,
               dimension_numbers, feature_group_count, batch_group_count, **params):
     dn = dimension_numbers
@@ -368,7 +368,7 @@ _RW_KIND = {"reduce_window_sum": "sum", "reduce_window_max": "max",
             "reduce_window_min": "min"}
 
 
-@register(*_RW_KIND)
+@register(lax.reduce_window_sum_p, lax.reduce_window_max_p, lax.reduce_window_min_p)
 def reduce_window_monoid_rule(ctx, x, *, window_dimensions, window_strides, padding,
                               base_dilation, window_dilation):
     if 0 in ctx.out_bounds[0]:
@@ -389,7 +389,7 @@ def reduce_window_monoid_rule(ctx, x, *, window_dimensions, window_strides, padd
     return clean_float(out, ctx.out_logical[0])
 
 
-@register("reduce_window")
+@register(lax.reduce_window_p)
 def reduce_window_generic_rule(ctx, *args, jaxpr, consts, window_dimensions, window_strides,
                                padding, base_dilation, window_dilation):
     """A generic reducer (its init value need not be an identity of it).
@@ -531,7 +531,7 @@ def _select_fill(select_prim, dtype):
     return identity_of(dtype, "max" if select_prim.name == "ge" else "min")
 
 
-@register("select_and_gather_add")
+@register(lax.select_and_gather_add_p)
 def select_and_gather_add_rule(ctx, tangents, operand, *, select_prim, window_dimensions,
                                window_strides, padding, base_dilation, window_dilation):
     if 0 in ctx.out_bounds[0]:
@@ -553,7 +553,7 @@ def select_and_gather_add_rule(ctx, tangents, operand, *, select_prim, window_di
     return clean_float(out, ctx.out_logical[0])
 
 
-@register("select_and_scatter_add")
+@register(lax.select_and_scatter_add_p)
 def select_and_scatter_add_rule(ctx, source, operand, *, select_prim, window_dimensions,
                                 window_strides, padding):
     src_bounds = ctx.in_bounds[0]

@@ -1,0 +1,5 @@
+"""``python -m polymask.cli``."""
+
+from . import main
+
+raise SystemExit(main())

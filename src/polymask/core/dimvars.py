@@ -1,0 +1,271 @@
+"""Internal dim vars: how a spec dim var that may be 0 is traced.
+
+JAX's decision procedure assumes every dim var is >= 1, so ``x[:1]`` would
+trace to length 1 for a size that may be 0. A spec dim var ``n`` is traced as
+``n__p1 - 1`` with the internal dim var ``n__p1 = n + 1 >= 1`` (unless the
+user's constraints say ``n >= 1``): JAX's own shape arithmetic is then exact at
+0 (``min(n__p1 - 1, 1)``). Users never see the internal names:
+``display_text`` writes them back in terms of ``n`` for messages, ``explain``
+and ``shape_formula``.
+
+``internal`` maps are ``{spec dim var: (internal name, offset)}``, internal =
+spec + offset (offset 0: traced as is).
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import numpy as np
+
+from .. import _jax_compat as compat
+from .errors import ShapeError
+from .shapes import SHIFT_SUFFIX
+
+__all__ = ["describe_conditions", "display_text", "display_internal_names", "display_expr", "pretty_condition", "sizes_text", "to_internal", "displayed_error", "translate_constraint", "internal_names",
+           "internal_scope"]
+
+
+def display_internal_names(text: str) -> str:
+    """``display_text`` for any internal dim var in ``text`` (``n__p1 - 1`` -> ``n``),
+    where the trace's map is not at hand (a masking rule's message)."""
+    names = set(re.findall(r"\b(\w+)" + re.escape(SHIFT_SUFFIX) + r"\b", text))
+    return display_text(text, {v: (v + SHIFT_SUFFIX, 1) for v in names}) if names else text
+
+
+def display_text(text: str, internal: dict[str, tuple[str, int]]) -> str:
+    """Rewrite internal dim var names in ``text`` (``n__p1 - 1`` -> ``n``)."""
+    for v, (name, off) in internal.items():
+        if off == 0 or name not in text:
+            continue
+        pat = re.compile(r"(?P<sign>- )?(?P<coef>\d+\*)?\b" + re.escape(name)
+                         + r"\b(?![*^])(?P<const> [+-] \d+(?![\w*^(]))?")
+
+        def repl(m, v=v, off=off):
+            sgn = -1 if m.group("sign") else 1
+            a = int(m.group("coef")[:-1]) if m.group("coef") else 1
+            c = int(m.group("const").replace(" ", "")) if m.group("const") else 0
+            c += sgn * a * off
+            term = ("- " if sgn < 0 else "") + (f"{a}*{v}" if a != 1 else v)
+            if c > 0:
+                term += f" + {c}"
+            elif c < 0:
+                term += f" - {-c}"
+            return term
+
+        text = pat.sub(repl, text)
+        text = re.sub(r"\b" + re.escape(name) + r"\b", f"({v} + {off})", text)
+    return text
+
+
+_COMPARATOR = re.compile(r"\s*(>=|<=|==)\s*")
+
+
+def translate_constraint(text: str, internal: dict[str, tuple[str, int]]) -> str:
+    """A constraint over spec dim vars rewritten over the internal dim vars.
+
+    Each side is parsed and ``v`` replaced by ``name - off`` symbolically (JAX's
+    constraint syntax has no parentheses after ``*``). For ``==`` the constant
+    moves to the right: JAX wants a single term on the left.
+    """
+    if not any(off for _, off in internal.values()):
+        return text
+    parts = _COMPARATOR.split(text.strip())
+    if len(parts) != 3:
+        return text  # JAX's own parser reports it
+    lhs, op, rhs = parts
+    inner = jax.export.SymbolicScope()
+    try:
+        left, right = to_internal(lhs, internal, inner), to_internal(rhs, internal, inner)
+        if op == "==":
+            const = _constant_term(left)
+            left, right = left - const, right - const
+    except Exception:
+        return text
+    return f"{left} {op} {right}"
+
+
+def to_internal(text: str, internal: dict[str, tuple[str, int]], scope):
+    """A dimension expression over spec dim vars (JAX syntax) as an expression of
+    ``scope`` over the internal dim vars (``v`` -> ``name - off``)."""
+    (e,) = jax.export.symbolic_shape(text, scope=jax.export.SymbolicScope())
+    if not compat.is_dim_expr(e):
+        return e
+    env = {}
+    for v in compat.dim_vars(e):
+        name, off = internal.get(v, (v, 0))
+        (x,) = jax.export.symbolic_shape(name, scope=scope)
+        env[v] = x - off
+    return compat.evaluate_dim(e, env)
+
+
+_NOT_POLYNOMIAL = ("min(", "max(", "floordiv(", "mod(", "non_negative(")
+
+
+def display_expr(d, internal: dict[str, tuple[str, int]]) -> str:
+    """A dimension expression in terms of the spec dim vars, as text.
+
+    A polynomial is rewritten symbolically (``n__p1*m__p1 - n__p1 - m__p1 + 1``
+    -> ``m*n``); other expressions textually (``display_text``): JAX would
+    simplify ``min(n, 1)`` assuming ``n >= 1`` in a scope over ``n``.
+    """
+    text = str(d) if compat.is_dim_expr(d) else str(int(d))
+    if not compat.is_dim_expr(d) or any(op in text for op in _NOT_POLYNOMIAL):
+        return display_text(text, internal)
+    shifted = {name: (v, off) for v, (name, off) in internal.items() if off}
+    if not compat.dim_vars(d) & set(shifted):
+        return text
+    try:
+        plain = jax.export.SymbolicScope()
+        env = {}
+        for name in compat.dim_vars(d):
+            v, off = shifted.get(name, (name, 0))
+            (x,) = jax.export.symbolic_shape(v, scope=plain)
+            env[name] = x + off
+        return str(compat.evaluate_dim(d, env))
+    except Exception:
+        return display_text(text, internal)
+
+
+def _constant_term(e) -> int:
+    """The constant term of a dimension expression as JAX prints it (``2*k - 2`` -> -2)."""
+    text = str(e)
+    head, sep, tail = max(text.rpartition(" + "), text.rpartition(" - "), key=lambda p: len(p[0]))
+    if sep and tail.isdigit() and head.count("(") == head.count(")"):
+        return int(tail) if sep == " + " else -int(tail)
+    return 0
+
+
+def internal_scope(constraints, conditions, internal, var_bounds):
+    """The scope of the internal dim vars: the user's constraints (translated),
+    each var's bound and the case's conditions (pinned to one value when they
+    leave one). Returns ``(scope, static)``: static when every var is pinned
+    (the trace is then plain JAX's at one size)."""
+    texts = [translate_constraint(c, internal) for c in constraints]
+    texts += [f"{internal[v][0]} <= {b + internal[v][1]}" for v, b in var_bounds.items()]
+    texts += list(conditions)
+    try:
+        scope = jax.export.SymbolicScope(tuple(texts))
+    except Exception as e:
+        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
+    pins = _pinned(conditions, internal, var_bounds)
+    if pins:  # a case for one size: traced at that size, as plain JAX would
+        scope = jax.export.SymbolicScope(tuple(texts + pins))
+    return scope, bool(internal) and len(pins) == len(internal)
+
+
+def _pinned(conditions, internal, var_bounds) -> list[str]:
+    """``"v == c"`` for each internal dim var the case's conditions leave one value.
+
+    Counted here over the var's range (JAX's bounds from several constraints on
+    one var are not always tight); conditions over several vars are skipped.
+    """
+    out = []
+    for v, (name, off) in internal.items():
+        ok = set(range(off, var_bounds[v] + off + 1))
+        for c in conditions:
+            text, op, _ = c.rsplit(" ", 2)
+            try:
+                (e,) = jax.export.symbolic_shape(text)
+            except Exception:
+                continue
+            if compat.dim_vars(e) == {name}:
+                ok = {x for x in ok if _holds(e, name, x, op)}
+        if len(ok) == 1:
+            out.append(f"{name} == {ok.pop()}")
+    return out
+
+
+def _holds(e, name: str, x: int, op: str) -> bool:
+    """``e >= 0`` (op ``>=``) or ``e <= -1`` at ``name = x``; True when undefined (x // 0)."""
+    try:
+        with np.errstate(all="raise"):
+            return (int(compat.evaluate_dim(e, {name: x})) >= 0) == (op == ">=")
+    except (ArithmeticError, FloatingPointError):
+        return True
+
+
+def internal_names(var_order, var_bounds, constraints) -> dict[str, tuple[str, int]]:
+    """Spec dim var -> (internal name, offset): shifted unless the constraints say >= 1."""
+    shifted = {v: (v + SHIFT_SUFFIX, 1) for v in var_order}
+    if not constraints:
+        return shifted
+    texts = [translate_constraint(c, shifted) for c in constraints]
+    texts += [f"{n} <= {var_bounds[v] + off}" for v, (n, off) in shifted.items()]
+    try:
+        scope = jax.export.SymbolicScope(tuple(texts))
+    except Exception:
+        return shifted
+    out = {}
+    for v, (n, off) in shifted.items():
+        (e,) = jax.export.symbolic_shape(n, scope=scope)
+        out[v] = (v, 0) if compat.lower_bound(e - off) >= 1 else (n, off)
+    return out
+
+
+def displayed_error(e: BaseException, internal) -> BaseException:
+    text = str(e)
+    new = display_text(text, internal)
+    if new == text:
+        return e
+    try:
+        return type(e)(new).with_traceback(e.__traceback__)
+    except Exception:  # pragma: no cover - exotic subclass
+        return e
+
+
+def pretty_condition(text: str, internal) -> str:
+    """``"n__p1 - 3 <= -1"`` -> ``"n <= 1"`` (other forms: the expression as is)."""
+    expr, op, rhs = text.rpartition(" >= ")[0] or text.rpartition(" <= ")[0], \
+        (">=" if " >= " in text else "<="), text.rsplit(" ", 1)[1]
+    try:  # a polynomial is rewritten symbolically (display_expr)
+        (e,) = jax.export.symbolic_shape(expr)
+        shown = display_expr(e, internal)
+    except Exception:
+        shown = display_text(expr, internal)
+    m = re.fullmatch(r"(- )?(\w+)(?: ([+-]) (\d+))?", shown)
+    if not m:
+        if shown.startswith("- ") and not re.search(r" [+-] ", shown[2:]):
+            # "- mod(2, n) >= 0" -> "mod(2, n) <= 0": no leading minus
+            return f"{shown[2:]} {'<=' if op == '>=' else '>='} {-int(rhs)}"
+        return f"{shown} {op} {rhs}"
+    neg, var = bool(m.group(1)), m.group(2)
+    c = int(m.group(4) or 0) * (-1 if m.group(3) == "-" else 1)
+    bound = int(rhs) - c  # (+/-) var op bound
+    if neg:
+        return f"{var} {'<=' if op == '>=' else '>='} {-bound}"
+    return f"{var} {op} {bound}"
+
+
+def sizes_text(assignments: list[dict[str, int]]) -> str:
+    """``"n in {0, 3..5}"``; with several dim vars ``"m=0, n=1; m=2, n=1"``."""
+    names = sorted(assignments[0])
+    if len(names) == 1:
+        vals = sorted(a[names[0]] for a in assignments)
+        return f"{names[0]} in {_ranges(vals)}"
+    shown = "; ".join(", ".join(f"{k}={a[k]}" for k in names) for a in assignments[:6])
+    return shown + (f"; ... ({len(assignments)} in all)" if len(assignments) > 6 else "")
+
+
+def _ranges(vals: list[int]) -> str:
+    parts, start = [], None
+    for i, v in enumerate(vals):
+        if start is None:
+            start = v
+        if i + 1 == len(vals) or vals[i + 1] != v + 1:
+            parts.append(str(start) if start == v else f"{start}..{v}")
+            start = None
+    return "{" + ", ".join(parts) + "}"
+
+
+def describe_conditions(conditions, internal) -> str:
+    """A case's conditions in the user's words: ``"n >= 3 and n <= 5"``;
+    a case pinned to one size reads ``"n == 2"``."""
+    parts = [pretty_condition(c, internal) for c in conditions]
+    for p in list(parts):
+        m = re.fullmatch(r"(\w+) >= (-?\d+)", p)
+        if m and f"{m[1]} <= {m[2]}" in parts:
+            parts[parts.index(p)] = f"{m[1]} == {m[2]}"
+            parts.remove(f"{m[1]} <= {m[2]}")
+    return " and ".join(parts)

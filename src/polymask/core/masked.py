@@ -1,0 +1,396 @@
+"""The ``Masked`` pytree (padded array + logical shape), ``pad`` and ``stack``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .errors import ShapeError
+from .plan import bucket_shape
+
+__all__ = ["Masked", "pad", "stack", "logical_shape", "Size"]
+
+Size = Any  # a Python int (static size) or an integer scalar array (dynamic size)
+
+
+def _is_static(s) -> bool:
+    # Only Python ints are static; NumPy/JAX integer scalars are dynamic leaves.
+    return isinstance(s, int) and not isinstance(s, bool)
+
+
+def _concrete(s):
+    """NumPy value of a size, or None when it is traced (inside jit/vmap)."""
+    if _is_static(s):
+        return np.asarray(s)
+    if isinstance(s, jax.core.Tracer):
+        return None
+    try:
+        return np.asarray(s)
+    except Exception:
+        return None
+
+
+def _check_size_value(s, what: str) -> None:
+    """A size must be an integer (Python int or integer array), not bool/float."""
+    if isinstance(s, (bool, np.bool_)) or isinstance(s, (float, complex, np.inexact)):
+        raise TypeError(f"{what}: a logical size must be an integer; got {s!r}")
+    dtype = getattr(s, "dtype", None)
+    if not _is_static(s) and not isinstance(s, np.integer):
+        if dtype is None or not np.issubdtype(np.dtype(dtype), np.integer):
+            raise TypeError(f"{what}: a logical size must be an integer (a Python int or an "
+                            f"integer array); got {s!r}")
+
+
+def _validate_sizes(sizes: tuple, bound: tuple, what: str) -> None:
+    """Rank, type and range ``0 <= size <= bound`` of concrete logical sizes.
+
+    Traced sizes are left to the prologue of ``mask`` (which checks them at
+    run time). A batch (``k = len(bound) - len(sizes)`` leading batch axes,
+    sizes static or arrays of per-example sizes) is checked per example.
+    """
+    k = len(bound) - len(sizes)
+    if k < 0:
+        raise ShapeError(f"{what}: logical shape {sizes} has {len(sizes)} axes but the data "
+                         f"has shape {bound} (rank {len(bound)})")
+    per_axis = bound[k:]
+    for axis, (s, b) in enumerate(zip(sizes, per_axis)):
+        _check_size_value(s, f"{what}: shape[{axis}]")
+        v = _concrete(s)
+        if v is None:
+            continue
+        if v.size and (v.min() < 0 or v.max() > b):
+            bad = v.min() if v.min() < 0 else v.max()
+            raise ShapeError(f"{what}: shape[{axis}] = {v.tolist()} is outside [0, {b}] "
+                             f"(the padded size of axis {axis}); sizes count elements from "
+                             "the start, they are not Python slice ends"
+                             + (" (negative)" if bad < 0 else "")
+                             + ("; -1 marks the result of a masked call whose size check "
+                                "failed (mask(..., checks='functional'))" if bad == -1 else ""))
+
+
+class Masked:
+    """A padded array plus its logical shape.
+
+    Attributes:
+      data: the padded array; its shape is the *bound*.
+      shape: the logical size of each axis, ``0 <= shape[i] <= data.shape[i]``.
+        A Python int is a static size; a JAX/NumPy integer array is dynamic
+        (a pytree leaf, so ``jax.jit`` does not retrace when it changes and
+        ``jax.vmap`` can batch it: data ``(B, ...)``, sizes ``(B,)``).
+
+    The logical data is the leading corner ``data[:shape[0], :shape[1], ...]``;
+    everything else is padding with unspecified content.
+    """
+
+    __slots__ = ("data", "shape")
+
+    def __init__(self, data, shape: Sequence[Size] | None = None):
+        self.data = data
+        if shape is None:
+            shape = tuple(int(d) for d in np.shape(data))
+        if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+            shape = (shape,)
+        self.shape = tuple(shape)
+        # Sizes are validated where they are used: ``unpad`` here, and the
+        # prologue of ``mask`` (which names the argument and the dim var).
+
+    @property
+    def bound(self) -> tuple[int, ...]:
+        """The padded shape (the physical ``data.shape``)."""
+        return tuple(np.shape(self.data))
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def unpad(self) -> jax.Array | np.ndarray | list:
+        """The logical data ``data[:n0, :n1, ...]`` (needs concrete sizes).
+
+        For a batch (``data`` has ``k`` more leading axes than ``shape``, as made
+        by ``stack`` or returned by ``jax.vmap``), returns the list (nested ``k``
+        deep) of the unpadded examples. Each size may be static (a Python int:
+        the same for every example), an array of the batch shape (one size per
+        example) or a scalar array; any mix works, e.g. ``(n, 8)`` out of a
+        vmapped ``"n, 8"`` function.
+
+        Raises:
+          ShapeError: sizes are traced (inside ``jit``/``vmap``), a size is
+            outside ``[0, bound]`` (e.g. negative), the logical shape has more
+            axes than the data, or a size array's shape does not fit the batch
+            axes.
+          TypeError: a size that is not an integer.
+        """
+        _validate_sizes(self.shape, self.bound, "Masked.unpad()")
+        k = np.ndim(self.data) - len(self.shape)
+        if k > 0:
+            return self._unpad_batch(k)
+        try:
+            idx = tuple(slice(0, int(s)) for s in self.shape)
+        except (TypeError, jax.errors.ConcretizationTypeError) as e:
+            raise ShapeError(
+                "Masked.unpad() needs concrete logical sizes; inside jit/vmap use "
+                ".valid() with jnp.where instead") from e
+        return self.data[idx]
+
+    def _unpad_batch(self, k: int) -> list:
+        batch = tuple(np.shape(self.data)[:k])
+        try:
+            sizes = [np.broadcast_to(np.asarray(s), batch) for s in self.shape]
+        except (TypeError, jax.errors.ConcretizationTypeError) as e:
+            raise ShapeError("Masked.unpad() needs concrete logical sizes; inside jit/vmap "
+                             "use .valid() with jnp.where instead") from e
+        except ValueError as e:
+            raise ShapeError(f"Masked.unpad(): sizes of shapes {[np.shape(s) for s in self.shape]}"
+                             f" do not fit the batch axes {batch} of data "
+                             f"{tuple(np.shape(self.data))}") from e
+
+        def build(prefix):
+            if len(prefix) == k:
+                return self.data[prefix + tuple(slice(0, int(s[prefix])) for s in sizes)]
+            return [build(prefix + (i,)) for i in range(batch[len(prefix)])]
+
+        return build(())
+
+    def filled(self, value=0) -> jax.Array:
+        """``data`` with the padding replaced by ``value`` (works under jit/vmap/grad).
+
+        ``out.filled(0).sum()`` is the sum over the logical region, the way to
+        turn a masked output into a loss.
+        """
+        return jnp.where(self.valid(), self.data, jnp.asarray(value, self.data.dtype))
+
+    def valid(self) -> jax.Array:
+        """Boolean array of ``data.shape``: True on the logical corner (of each
+        example, for a batch)."""
+        bound = self.bound
+        k = len(bound) - len(self.shape)  # leading batch axes (a ragged batch)
+        ok = jnp.ones(bound, dtype=bool)
+        for axis, (s, b) in enumerate(zip(self.shape, bound[k:]), start=k):
+            if _is_static(s) and s == b:
+                continue
+            s = jnp.asarray(s)
+            if k and s.ndim:  # one size per example: (B,) -> (B, 1, ..., 1)
+                s = s.reshape(s.shape + (1,) * (len(bound) - s.ndim))
+            ok = ok & (jax.lax.broadcasted_iota(jnp.int32, bound, axis) < s)
+        return ok
+
+    def __repr__(self) -> str:
+        return f"Masked(data={self.data!r}, shape={self.shape!r})"
+
+    # pytree protocol: dynamic sizes are leaves, static sizes are aux data.
+    def tree_flatten(self):
+        dyn = tuple(i for i, s in enumerate(self.shape) if not _is_static(s))
+        children = (self.data,) + tuple(self.shape[i] for i in dyn)
+        static = tuple(None if i in dyn else s for i, s in enumerate(self.shape))
+        return children, static
+
+    @classmethod
+    def tree_unflatten(cls, static, children):
+        obj = object.__new__(cls)
+        obj.data = children[0]
+        sizes = iter(children[1:])
+        obj.shape = tuple(next(sizes) if s is None else s for s in static)
+        return obj
+
+
+jax.tree_util.register_pytree_node(Masked, Masked.tree_flatten, Masked.tree_unflatten)
+
+
+def _serialize_aux(static) -> bytes:
+    import json
+    return json.dumps(list(static)).encode()
+
+
+def _deserialize_aux(data: bytes):
+    import json
+    return tuple(json.loads(data.decode()))
+
+
+try:  # so that jax.export can serialize functions taking/returning Masked values
+    jax.export.register_pytree_node_serialization(
+        Masked, serialized_name="polymask.Masked", serialize_auxdata=_serialize_aux,
+        deserialize_auxdata=_deserialize_aux)
+except Exception:  # pragma: no cover - registered twice (module reload) or old JAX
+    pass
+
+
+def _as_bound_entry(b, what: str) -> int:
+    if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
+        raise TypeError(f"{what}: a bound must be a non-negative int; got {b!r}")
+    if b < 0:
+        raise ShapeError(f"{what}: a bound must be a non-negative int; got {int(b)}")
+    return int(b)
+
+
+def check_fill(fill, dtype, what: str):
+    """``fill`` as a NumPy scalar of ``dtype``, or TypeError if it does not fit.
+
+    Integer and bool buffers reject NaN, infinities, non-integral floats and
+    values out of the dtype's range (NumPy would write INT_MIN or wrap around);
+    real buffers reject complex fills.
+    """
+    dtype = np.dtype(dtype)
+    if isinstance(fill, (jax.Array, np.ndarray)) and np.ndim(fill) == 0:
+        fill = np.asarray(fill).item()
+    if not isinstance(fill, (int, float, complex, bool, np.generic)):
+        raise TypeError(f"{what}: fill must be a scalar; got {fill!r}")
+    if isinstance(fill, (complex, np.complexfloating)) and not np.issubdtype(
+            dtype, np.complexfloating):
+        raise TypeError(f"{what}: fill={fill!r} is complex but the arrays are {dtype}")
+    if dtype == np.bool_:
+        if fill not in (0, 1) or (isinstance(fill, float) and not float(fill).is_integer()):
+            raise TypeError(f"{what}: fill={fill!r} is not a bool (arrays are bool)")
+        return np.bool_(bool(fill))
+    if np.issubdtype(dtype, np.integer):
+        f = complex(fill).real if isinstance(fill, (complex, np.complexfloating)) else fill
+        if isinstance(f, (float, np.floating)) and not (np.isfinite(f) and float(f).is_integer()):
+            raise TypeError(f"{what}: fill={fill!r} cannot be stored in a {dtype} array "
+                            "(integer arrays have no NaN/inf); pass an integer fill")
+        info = np.iinfo(dtype)
+        if not info.min <= int(f) <= info.max:
+            raise TypeError(f"{what}: fill={fill!r} is out of range for {dtype} "
+                            f"[{info.min}, {info.max}]")
+        return dtype.type(int(f))
+    return np.asarray(fill).astype(dtype)[()]
+
+
+def pad(x, bound: Sequence[int] | int, *, fill: Any = 0, dynamic: bool = True) -> Masked:
+    """Embed ``x`` in a buffer of shape ``bound``: ``Masked(buffer, x.shape)``.
+
+    Args:
+      x: array of shape ``S`` (any dtype).
+      bound: padded shape (same rank, ``bound[i] >= S[i]``); an int pads only
+        axis 0.
+      fill: value of the padding (any value is allowed by the padding contract).
+      dynamic: sizes become ``int32`` arrays (no retrace under ``jit``) when
+        True, Python ints when False.
+
+    Padding is done with NumPy on the host when ``x`` is a NumPy array, so it
+    compiles nothing.
+
+    Raises:
+      ShapeError: rank mismatch, a negative bound, a size larger than its
+        bound, or an int ``bound`` for a 0-d ``x``.
+      TypeError: a bound that is not an int (``3.7``, ``True``), or a ``fill``
+        that the dtype of ``x`` cannot hold (NaN for an integer array).
+    """
+    shape = tuple(np.shape(x))
+    if not isinstance(bound, (tuple, list)):
+        b0 = _as_bound_entry(bound, "pad(bound=...)")
+        if not shape:
+            raise ShapeError("pad: x is 0-d (a scalar), it has no axis to pad; pass "
+                             "bound=() or use a 1-d array")
+        bound = (b0,) + shape[1:]
+    bound = tuple(_as_bound_entry(b, f"pad(bound={tuple(bound)!r})") for b in bound)
+    if len(bound) != len(shape):
+        raise ShapeError(f"pad: bound {bound} has rank {len(bound)} but x has shape {shape}")
+    for axis, (s, b) in enumerate(zip(shape, bound)):
+        if s > b:
+            raise ShapeError(f"pad: x.shape[{axis}] = {s} is larger than its bound {b}")
+    widths = [(0, b - s) for s, b in zip(shape, bound)]
+    dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+    fill = check_fill(fill, dtype, "pad")
+    if not widths:  # a 0-d array with bound ()
+        data = np.array(x, dtype=dtype) if isinstance(x, np.ndarray) or np.isscalar(x) \
+            else jnp.asarray(x)
+    elif isinstance(x, np.ndarray) or np.isscalar(x):
+        data = np.pad(np.asarray(x), widths, constant_values=fill)
+    else:
+        data = jnp.pad(x, widths, constant_values=fill)
+    sizes = tuple(np.int32(s) for s in shape) if dynamic else shape
+    return Masked(data, sizes)
+
+
+def stack(arrays: Sequence[Any], bound: Sequence[int] | None = None,
+          buckets=None, *, fill: Any = 0) -> Masked:
+    """Stack examples of different shapes into a ragged batch.
+
+    Args:
+      arrays: ``B`` arrays of equal rank and dtype, shapes ``S_i``.
+      bound: padded per-example shape; default: the elementwise max of the
+        ``S_i``, rounded up by ``buckets`` when given.
+      buckets: a bucketing policy (see ``polymask.buckets``) applied to each
+        dynamic axis of the default bound.
+      fill: value of the padding; must fit the dtype (no NaN for ints).
+
+    The result has the dtype of ``arrays[0]``; every other array must cast to
+    it within its kind (``np.can_cast(..., "same_kind")``: float64 examples
+    stack into a float32 batch, but float examples do not silently turn an
+    int32 batch into floats, nor ints into float64), else TypeError.
+
+    Returns:
+      A *batched* ``Masked``: data ``(B, *bound)`` and ``shape`` a tuple of
+      ``len(bound)`` int32 arrays of shape ``(B,)`` (the per-example sizes; the
+      batch axis has no entry). ``jax.vmap(masked_fun)(batch)`` maps over it,
+      and ``.unpad()`` returns the list of examples.
+
+    Raises:
+      ShapeError: no arrays, mixed ranks, a bound of the wrong rank or
+        negative, or an example larger than ``bound``.
+      TypeError: mixed dtypes that do not cast to ``arrays[0]``'s, a bound
+        entry that is not an int, or a ``fill`` the dtype cannot hold.
+    """
+    if len(arrays) == 0:
+        raise ShapeError("stack: needs at least one array")
+    nps = [np.asarray(a) for a in arrays]
+    ranks = {a.ndim for a in nps}
+    if len(ranks) != 1:
+        raise ShapeError(f"stack: arrays have different ranks {sorted(ranks)}")
+    shapes = np.array([a.shape for a in nps], dtype=np.int64).reshape(len(nps), -1)
+    if bound is None:
+        bound = tuple(int(m) for m in shapes.max(axis=0)) if shapes.size else ()
+        if buckets is not None:
+            bound = bucket_shape(buckets, bound)
+    if isinstance(bound, (int, np.integer)) and not isinstance(bound, bool):
+        bound = (bound,)
+    if not isinstance(bound, (tuple, list)):
+        raise TypeError(f"stack: bound must be a tuple of ints; got {bound!r}")
+    bound = tuple(_as_bound_entry(b, f"stack(bound={tuple(bound)!r})") for b in bound)
+    rank = nps[0].ndim
+    if len(bound) != rank:
+        raise ShapeError(f"stack: bound {bound} has rank {len(bound)} but the arrays have "
+                         f"rank {rank} (the bound is per example, without the batch axis)")
+    dtype = nps[0].dtype
+    for i, a in enumerate(nps[1:], 1):
+        if a.dtype != dtype and not np.can_cast(a.dtype, dtype, "same_kind"):
+            raise TypeError(f"stack: arrays[{i}] has dtype {a.dtype} but arrays[0] has "
+                            f"{dtype}; the batch takes the dtype of arrays[0]: cast the "
+                            "examples to one dtype first")
+    fill = check_fill(fill, dtype, "stack")
+    data = np.full((len(nps),) + bound, fill, dtype=dtype)
+    for i, a in enumerate(nps):
+        if any(s > b for s, b in zip(a.shape, bound)):
+            raise ShapeError(f"stack: arrays[{i}].shape = {a.shape} exceeds the bound {bound}")
+        data[(i,) + tuple(slice(0, s) for s in a.shape)] = a
+    sizes = [shapes[:, k].astype(np.int32) for k in range(len(bound))]
+    return _BatchedMasked(data, sizes)
+
+
+def _BatchedMasked(data, sizes) -> Masked:
+    # The batch axis has no logical size of its own: it is a vmap axis. We
+    # represent a ragged batch as a Masked whose per-axis sizes are (B,) arrays.
+    obj = object.__new__(Masked)
+    obj.data = data
+    obj.shape = tuple(sizes)
+    return obj
+
+
+def logical_shape(x) -> tuple:
+    """Logical sizes of ``x`` as int32 values (or Python ints when static).
+
+    Works on a ``Masked`` value and on a plain array (its shape), and inside a
+    masked function (where ``x.shape`` is already symbolic and each size used
+    as a number becomes the logical size).
+    """
+    if isinstance(x, Masked):
+        return x.shape
+    shape = np.shape(x)
+    return tuple(jnp.asarray(d, jnp.int32) if not isinstance(d, int) else d for d in shape)

@@ -1,0 +1,333 @@
+"""Sizes to dim vars, dim vars to buckets: the one solver and the one policy step.
+
+``solve_sizes`` reads each dim var's logical value off the sizes of the axes
+that name it (``size = coeff * var + offset``). It works on Python ints (the
+host, ``polymask.jit``) and on int32 scalars or tracers (``mask``'s prologue
+under ``jax.jit``/``jax.vmap``) alike, and reports what disagrees instead of
+raising, so each caller decides how to fail (the prologue stages run-time
+checks; the host raises at once).
+
+``bucket_values`` / ``padded_shape`` apply a bucket policy: every padded shape
+of ``polymask.jit``, ``ragged_map``, ``stack`` and the CLI is computed here.
+
+``plan_call`` is the host side of one ``polymask.jit`` call (or one
+``ragged_map`` example): specs parsed, sizes solved and checked, buckets and
+padded shapes chosen. How outputs get their exact sizes after a call is
+``runners/outputs.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jax_compat as compat
+from .buckets import as_policy, pow2
+from .errors import ShapeError
+from .shapes import is_static
+from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
+
+__all__ = ["Solution", "solve_sizes", "solve_axis", "not_affine", "policy_getter",
+           "bucket_values", "padded_shape", "bucket_bound", "bucket_shape",
+           "LeafPlan", "CallPlan", "plan_call", "check_constraints"]
+
+Size = Any
+
+
+@dataclasses.dataclass
+class Solution:
+    """What the input sizes say about the dim vars.
+
+    Attributes:
+      values: dim var -> logical value (a Python int when any axis naming it
+        has a static size, else an int32 scalar/tracer).
+      sources: dim var -> the axis it was first read from (``args[0].shape[1]``).
+      conflicts: ``(var, value_a, where_a, value_b, where_b)`` for each axis
+        whose size gives ``var`` another value than the first axis did (decided
+        at run time when either value is traced).
+      affine: ``(AxisSpec, size)`` for each axis of the form ``a*k + c`` other
+        than ``k``: its size must be ``>= c`` and divisible.
+    """
+
+    values: dict[str, Size] = dataclasses.field(default_factory=dict)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    conflicts: list[tuple[str, Size, str, Size, str]] = dataclasses.field(default_factory=list)
+    affine: list[tuple[AxisSpec, Size]] = dataclasses.field(default_factory=list)
+
+
+def solve_axis(size: Size, a: AxisSpec) -> Size:
+    """The dim var's value from one axis's size: ``(size - offset) // coeff``."""
+    if a.coeff == 1 and a.offset == 0:
+        return size
+    if is_static(size):
+        return (int(size) - a.offset) // a.coeff
+    return (jnp.asarray(size, jnp.int32) - a.offset) // a.coeff
+
+
+def not_affine(size: Size, a: AxisSpec):
+    """True (bool or bool array) when ``size`` is not ``coeff * k + offset`` for a k >= 0."""
+    if is_static(size):
+        s = int(size)
+        return s < a.offset or (s - a.offset) % a.coeff != 0
+    s = jnp.asarray(size, jnp.int32)
+    return (s < a.offset) | ((s - a.offset) % a.coeff != 0)
+
+
+def _differ(a: Size, b: Size) -> bool:
+    """False only when both values are static and equal (a traced pair is checked later)."""
+    return not (is_static(a) and is_static(b) and int(a) == int(b))
+
+
+def solve_sizes(axis_specs: Sequence[Sequence[AxisSpec]],
+                leaf_sizes: Sequence[Sequence[Size]]) -> Solution:
+    """Solve the dim vars from the sizes of every input axis (see the module doc)."""
+    sol = Solution()
+    for axes, sizes in zip(axis_specs, leaf_sizes):
+        for a, size in zip(axes, sizes):
+            if a.var is None:
+                continue
+            if a.coeff != 1 or a.offset != 0:
+                sol.affine.append((a, size))
+            value = solve_axis(size, a)
+            if a.var not in sol.values:
+                sol.values[a.var], sol.sources[a.var] = value, a.where
+                continue
+            prev = sol.values[a.var]
+            if _differ(prev, value):
+                sol.conflicts.append((a.var, prev, sol.sources[a.var], value, a.where))
+            if is_static(value) and not is_static(prev):
+                sol.values[a.var] = value  # a static reading makes downstream shapes static
+    return sol
+
+
+# ----------------------------------------------------------------------------
+# Bucket policies
+# ----------------------------------------------------------------------------
+def policy_getter(buckets) -> Callable[[str], Callable[[int], int]]:
+    """``dim var name -> policy`` from a policy spec or a ``{name: spec}`` dict.
+
+    A dict's ``None`` key is the default for the names it does not list
+    (``pow2()`` when absent).
+    """
+    if isinstance(buckets, Mapping):
+        default = as_policy(buckets.get(None, pow2()))
+        table = {k: as_policy(v) for k, v in buckets.items() if k is not None}
+        return lambda name: table.get(name, default)
+    p = as_policy(buckets)
+    return lambda name: p
+
+
+def bucket_bound(policy: Callable[[int], int], size: int) -> int:
+    """The bound a policy gives a logical size.
+
+    Raises:
+      TypeError: the policy returned something other than an int.
+      ShapeError: the policy returned a bound smaller than the size.
+    """
+    bound = policy(int(size))
+    if isinstance(bound, bool) or not isinstance(bound, (int, np.integer)):
+        raise TypeError(f"bucket policy {policy!r} returned {bound!r} for size {size}; "
+                        "a policy must return an int bound")
+    if int(bound) < int(size):
+        raise ShapeError(f"bucket policy {policy!r} returned bound {int(bound)} for size "
+                         f"{size}; a bound must be >= the size it holds")
+    return int(bound)
+
+
+def bucket_values(policy_for: Callable[[str], Callable[[int], int]],
+                  values: Mapping[str, int], where: Mapping[str, str] | None = None
+                  ) -> dict[str, int]:
+    """Each dim var's bucket: its policy applied to its logical value (a
+    ``ShapeError`` for a refused size names the dim var and ``where[var]``)."""
+    out = {}
+    for v, n in values.items():
+        try:
+            out[v] = bucket_bound(policy_for(v), n)
+        except ShapeError as e:
+            at = f" (from {where[v]})" if where and v in where else ""
+            raise ShapeError(f"dim var '{v}' = {n}{at}: {e}") from None
+    return out
+
+
+def padded_shape(axes: Sequence[AxisSpec], buckets: Mapping[str, int]) -> tuple[int, ...]:
+    """A leaf's padded shape when each dim var is padded to its bucket."""
+    return tuple(int(a.expr) if a.var is None else a.coeff * buckets[a.var] + a.offset
+                 for a in axes)
+
+
+def bucket_shape(buckets, shape: Sequence[int]) -> tuple[int, ...]:
+    """Every size of ``shape`` rounded up by one policy spec (``stack``'s default bound)."""
+    policy = as_policy(buckets)
+    return tuple(bucket_bound(policy, s) for s in shape)
+
+
+# ----------------------------------------------------------------------------
+# Host plans: one polymask.jit call, one ragged_map example
+# ----------------------------------------------------------------------------
+def dtype_key(x):
+    """A leaf's dtype for cache keys (the Python type of a Python scalar)."""
+    if isinstance(x, (bool, int, float, complex)):
+        return type(x)
+    dt = getattr(x, "dtype", None)
+    return np.asarray(x).dtype if dt is None else dt
+
+
+@dataclasses.dataclass
+class LeafPlan:
+    """One input leaf of a host call.
+
+    Attributes:
+      path: where the leaf is (``args[0]['x']``).
+      shape: its exact shape.
+      dtype: its ``dtype_key``.
+      axes: the ``AxisSpec`` of each axis, or None for a static leaf (passed
+        unchanged; its exact shape is part of the cache key).
+      padded: the shape it is padded to (``shape`` for a static leaf).
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: Any
+    axes: list[AxisSpec] | None
+    padded: tuple[int, ...]
+
+    @property
+    def static(self) -> bool:
+        return self.axes is None
+
+
+@dataclasses.dataclass
+class CallPlan:
+    """Everything the host decides for one call's exact input shapes.
+
+    Attributes:
+      leaves: one ``LeafPlan`` per input leaf, in flattening order.
+      var_names: the dim vars in order of first appearance (the order of the
+        logical-size vector the compiled program gets).
+      values: their logical values, in that order.
+      buckets: dim var -> bucket (its policy's bound for its value).
+      signature: the hashable bucket signature, per leaf ``(static, padded
+        shape, dtype)``: calls with equal signatures share a compiled program.
+      logical, padded: element counts of the dynamic leaves, exact and padded.
+      stacked: ``ragged_map`` only: per static leaf, whether a batch stacks the
+        rows' values (arrays that differ across the batch's examples) instead
+        of passing one value to every row; ``()`` when none is stacked (then
+        not part of ``signature``).
+    """
+
+    leaves: list[LeafPlan]
+    var_names: list[str]
+    values: list[int]
+    buckets: dict[str, int]
+    signature: tuple
+    logical: int
+    padded: int
+    stacked: tuple[bool, ...] = ()
+
+
+def _raise_violations(sol: Solution) -> None:
+    for a, size in sol.affine:
+        if not_affine(size, a):
+            raise ShapeError(f"{a.where}: size {size} is not of the form {a.expr} for an "
+                             f"integer {a.var} >= 0")
+    for var, prev, prev_where, value, where in sol.conflicts:
+        raise ShapeError(f"dim var '{var}' has different sizes: {prev} at {prev_where} and "
+                         f"{value} at {where}")
+
+
+def check_constraints(scope, env: Mapping[str, int], partial: bool = False) -> None:
+    """``ShapeError`` when a user constraint of ``scope`` fails at the sizes ``env``
+    (``partial``: skip the constraints that name a dim var ``env`` lacks)."""
+    for kind, e1, e2, text in compat.explicit_constraints(scope):
+        names = compat.dim_vars(e1) | compat.dim_vars(e2)
+        if (missing := names - set(env)) and partial:
+            continue
+        if missing:
+            raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(missing)}")
+        v1, v2 = int(compat.evaluate_dim(e1, env)), int(compat.evaluate_dim(e2, env))
+        if (kind == "==" and v1 != v2) or (kind == ">=" and v1 < v2):
+            raise ShapeError(f"constraint '{text}' does not hold for "
+                             + ", ".join(f"{k}={env[k]}" for k in sorted(names)))
+
+
+def fits_jax_int(i: int) -> bool:
+    """A Python int JAX converts without ``OverflowError`` (int32, or int64 with x64)."""
+    info = np.iinfo(jax.dtypes.canonicalize_dtype(np.int64))
+    return info.min <= i <= info.max
+
+
+def check_program_input(leaf, path: str) -> None:
+    """``ShapeError`` for a leaf a compiled program cannot take (a ``str`` mode);
+    ``OverflowError`` for a Python int outside JAX's int dtype, as ``jax.jit``."""
+    if isinstance(leaf, int) and not isinstance(leaf, bool):
+        if not fits_jax_int(leaf):
+            raise OverflowError(f"{path}: Python int {leaf} too large to convert to "
+                                f"{jax.dtypes.canonicalize_dtype(np.int64)} (as jax.jit)")
+        return
+    if isinstance(leaf, (bool, float, complex)):
+        return
+    dt = getattr(leaf, "dtype", None)
+    if dt is None:
+        try:
+            dt = np.asarray(leaf).dtype
+        except Exception:  # noqa: BLE001 - any object NumPy cannot hold
+            dt = np.dtype(object)
+    if isinstance(dt, np.dtype) and dt.kind not in "biufcV":  # V: bfloat16 and kin
+        raise ShapeError(
+            f"{path} is a {type(leaf).__name__} ({leaf!r}), which a compiled program cannot "
+            "take as an input: every argument of polymask.jit / ragged_map is one, as with "
+            "jax.jit. Bind it with functools.partial(f, <its parameter>=...) and give "
+            "in_specs for the other arguments.")
+
+
+def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
+              policy_for: Callable[[str], Callable[[int], int]]) -> CallPlan:
+    """Plan one call on exact arrays ``args`` (host side; see ``CallPlan``).
+
+    ``in_specs=None`` makes every axis of every non-scalar array leaf dynamic;
+    otherwise a leaf whose spec is None, or whose axes are all static, is
+    static (no dim var). Python scalars are always static.
+
+    Raises:
+      ShapeError: a bad spec, a size not of its affine form, different sizes
+        for one dim var, or a constraint that does not hold.
+    """
+    flat = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+    spec_leaves = broadcast_specs(in_specs, list(args), None)
+    scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
+    parsed = []
+    for (key_path, leaf), spec in zip(flat, spec_leaves):
+        path = "args" + jax.tree_util.keystr(key_path)
+        shape = tuple(int(d) for d in np.shape(leaf))
+        is_scalar_py = isinstance(leaf, (bool, int, float, complex))
+        check_program_input(leaf, path)
+        axes = None
+        if not is_scalar_py and (spec is not None or (in_specs is None and shape)):
+            axes = parse_leaf_spec(spec, path, shape, scope, default_dynamic=True,
+                                   name_gen=gen_name)
+            if all(a.var is None for a in axes):
+                axes = None
+        parsed.append((path, shape, dtype_key(leaf), axes))
+    sol = solve_sizes([axes or () for _, _, _, axes in parsed],
+                      [shape for _, shape, _, _ in parsed])
+    _raise_violations(sol)
+    check_constraints(scope, sol.values)
+    where = {a.var: a.where for *_, axes in reversed(parsed)  # first axis naming a var
+             for a in reversed(axes or ()) if a.var is not None}
+    buckets = bucket_values(policy_for, sol.values, where)
+    leaves, signature, logical, padded = [], [], 0, 0
+    for path, shape, dtype, axes in parsed:
+        bound = shape if axes is None else padded_shape(axes, buckets)
+        leaves.append(LeafPlan(path, shape, dtype, axes, bound))
+        signature.append((axes is None, bound, dtype))
+        if axes is not None:
+            logical += math.prod(shape)
+            padded += math.prod(bound)
+    return CallPlan(leaves, list(sol.values), [int(v) for v in sol.values.values()], buckets,
+                    tuple(signature), logical, padded)

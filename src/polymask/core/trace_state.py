@@ -1,0 +1,82 @@
+"""Per-trace state: what a masked trace in progress in this thread tells the code it calls.
+
+One ``TraceState`` per thread (``trace_state()``), written only by the
+context managers that open the scope of one masked trace or run:
+
+- ``scopes``: the ``SymbolicScope`` of each masked trace in progress,
+  innermost last (``tracing/symbolic.py``; ``current_scope()``); the trace
+  replacements and the data-dependent ops read it to know they run inside one;
+- ``functional_checks``: ``mask(..., checks="functional")``: traced size
+  checks collected as predicates instead of host callbacks
+  (``tracing/prologue.py``);
+- ``per_example``: ``ragged_map`` masks its function, so a ``pure_callback``
+  is called per example (``rules/callbacks.py``);
+- ``masks``: validity masks shared within one masked run (``core/masks.py``).
+
+(The DimExpr hooks' own frames stay in ``_jax_compat/splits.py``: they belong
+to the private-JAX layer; compile counters in ``runners/compiling.py`` are
+per block, not per trace.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["TraceState", "trace_state", "current_scope", "scope_active", "mapped_per_example"]
+
+
+class TraceState(threading.local):
+    """The per-thread state of the masked traces in progress (see the module doc)."""
+
+    def __init__(self):
+        self.scopes: list[Any] = []
+        self.functional_checks: list | None = None
+        self.per_example: bool = False
+        self.masks: dict | None = None
+
+
+_STATE = TraceState()
+
+
+def trace_state() -> TraceState:
+    """This thread's ``TraceState``."""
+    return _STATE
+
+
+def current_scope():
+    """The ``SymbolicScope`` of the masked trace in progress (None outside one)."""
+    scopes = _STATE.scopes
+    return scopes[-1] if scopes else None
+
+
+@contextlib.contextmanager
+def scope_active(scope) -> Iterator[None]:
+    """``scope`` is the current scope for the duration (one masked trace)."""
+    _STATE.scopes.append(scope)
+    try:
+        yield
+    finally:
+        _STATE.scopes.pop()
+
+
+@contextlib.contextmanager
+def replaced(attr: str, value) -> Iterator[Any]:
+    """``trace_state().<attr> = value`` for the duration (restored after, nested
+    blocks included); yields ``value``."""
+    prev = getattr(_STATE, attr)
+    setattr(_STATE, attr, value)
+    try:
+        yield value
+    finally:
+        setattr(_STATE, attr, prev)
+
+
+def mapped_per_example():
+    """While ``ragged_map`` masks its function: the ``vmap`` is polymask's own,
+    standing for a loop over examples, so a ``pure_callback`` is called per
+    example with that example's arrays, as ``fun(example)`` calls it (any
+    ``vmap_method``; without one JAX would refuse to batch it)."""
+    return replaced("per_example", True)

@@ -1,0 +1,7 @@
+"""Inspection: ``shape_formula`` (``formula``) and ``explain`` (``explain``, with
+its sizes table ``sizetable``): what a masked function does, read off its
+symbolic trace and case tree.
+
+Layer: imports ``_jax_compat``, ``core``, ``tracing`` and ``rules`` (the rule
+table, to attribute equations); nothing above.
+"""

@@ -1,0 +1,47 @@
+"""The arguments ``shape_formula`` and ``explain`` trace: example arrays, ``Masked``
+values, ``ShapeDtypeStruct``s or bare padded shapes, made abstract."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from .. import _jax_compat as compat
+from ..core.masked import Masked
+
+__all__ = ["is_masked", "is_shape_tuple", "abstractify", "dim_str"]
+
+
+def is_masked(x) -> bool:
+    return isinstance(x, Masked)
+
+
+def is_shape_tuple(x) -> bool:
+    return (isinstance(x, (tuple, list)) and
+            all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in x))
+
+
+def abstractify(args, in_specs, dtype):
+    """Replace data by ``ShapeDtypeStruct``s; bare shape tuples become padded inputs.
+
+    Example arrays are kept abstract (nothing is computed). With
+    ``in_specs=None`` every axis of every input is dynamic (its own dim var),
+    so the formulas are in terms of all input sizes.
+    """
+    def one(x):
+        if is_masked(x):
+            return Masked(jax.ShapeDtypeStruct(np.shape(x.data), x.data.dtype), x.shape)
+        if is_shape_tuple(x):
+            sds = jax.ShapeDtypeStruct(tuple(int(d) for d in x), dtype)
+            return Masked(sds) if in_specs is None else sds
+        if isinstance(x, jax.ShapeDtypeStruct) or hasattr(x, "shape"):
+            sds = jax.ShapeDtypeStruct(tuple(np.shape(x)), x.dtype)
+            return Masked(sds) if in_specs is None else sds
+        return x
+
+    return tuple(jax.tree_util.tree_map(one, a, is_leaf=lambda v: is_masked(v) or
+                                        is_shape_tuple(v)) for a in args)
+
+
+def dim_str(d) -> str:
+    return str(d) if compat.is_dim_expr(d) else str(int(d))

@@ -1,0 +1,395 @@
+"""``explain``: the masked trace of a program, annotated equation by equation.
+
+The masking interpreter runs once under ``jax.make_jaxpr`` with the logical
+sizes traced, so every mask a rule inserts is visible. An interpreter
+observer evaluates each user equation inside its own ``jax.named_scope``; the
+equations of the masked jaxpr are attributed to user equations by their name
+stack (nothing is traced twice). Size computations are listed once per
+distinct dimension expression (``DimEnv.logical`` caches per expression).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import linecache
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jax_compat as compat
+from ..core.dimvars import describe_conditions, display_text
+from ..core.masked import Masked
+from ..core.shapes import DimEnv
+from ..core.specs import PLACEHOLDER_BOUND, args_from_specs
+from ..tracing.cases.dispatch import case_program
+from ..tracing.cases.splitting import trace_function_cases
+from ..tracing.interpreter import Interpreter, run_program, runs_rule
+from ..tracing.prologue import solve_dim_vars
+from ..tracing.registry import get_rule
+from .arguments import abstractify, dim_str, is_masked, is_shape_tuple
+from .sizetable import concrete_sizes, has_inner, short_path, sizes_table, walk_eqns
+
+__all__ = ["explain", "Explanation", "Row"]
+
+
+@dataclasses.dataclass
+class Row:
+    """One masked equation in ``Explanation.rows``."""
+
+    index: int
+    depth: int
+    primitive: str
+    rule: str
+    shapes: list[str]          # symbolic output shapes, e.g. "f32[floordiv(n + 1, 2)]"
+    bounds: list[tuple]        # padded output shapes
+    logical: list[tuple] | None  # logical output shapes at the example sizes
+    inserted: dict[str, int]   # primitives the rule emitted besides the op itself
+    size_query: str | None     # the dimension expression of a dim_as_value
+    source: str                # user file:line (function)
+    code: str                  # the user's source text at that line
+    nested: bool = False       # has inner jaxprs (their equations follow, indented)
+
+    @property
+    def selects(self) -> int:
+        return self.inserted.get("select_n", 0)
+
+
+class Explanation(str):
+    """The text of ``polymask.explain`` (a ``str``), plus structured data.
+
+    Attributes:
+      rows: one ``Row`` per masked equation (nested ones have ``depth > 0``).
+      sizes: ``{expr: {"bound", "logical", "queries", "first_use"}}`` for
+        each distinct dimension expression of the program.
+      masked_jaxpr: the whole masked program (sizes traced).
+    """
+
+    rows: list[Row]
+    sizes: dict[str, dict]
+    masked_jaxpr: Any
+
+    def __new__(cls, text, rows, sizes, masked_jaxpr, header):
+        self = super().__new__(cls, text)
+        self.rows, self.sizes, self.masked_jaxpr, self._header = rows, sizes, masked_jaxpr, header
+        return self
+
+    def __rich__(self):
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        sizes = Table(title="sizes (one computation each)", show_edge=False)
+        for col in ("expression", "bound", "logical", "queries", "first use"):
+            sizes.add_column(col)
+        for e, s in self.sizes.items():
+            sizes.add_row(e, str(s["bound"]), _opt(s["logical"]), str(s["queries"]),
+                          s["first_use"])
+        eqns = Table(title="masked equations", show_edge=False)
+        for col in ("#", "primitive", "shape", "bound", "rule", "inserted", "source"):
+            eqns.add_column(col)
+        for r in self.rows:
+            eqns.add_row(str(r.index), "  " * r.depth + r.primitive, ", ".join(r.shapes),
+                         ", ".join(_bound_str(b) for b in r.bounds), r.rule,
+                         _inserted_str(r), f"{short_path(r.source)}\n{r.code}")
+        return Group(Text(self._header), sizes, eqns)
+
+
+def _opt(x) -> str:
+    return "-" if x is None else str(x)
+
+
+def _bound_str(b) -> str:
+    return "[" + ",".join(str(int(d)) for d in b) + "]"
+
+
+def _inserted_str(r: Row) -> str:
+    if r.size_query is not None:
+        return f"size {r.size_query}"
+    if r.nested:
+        return "(inner equations below)"
+    if not r.inserted:
+        return "-"
+    return " ".join(f"{k}\u00d7{v}" if v > 1 else k for k, v in r.inserted.items())
+
+
+def _source_code(src: str) -> str:
+    m = re.match(r"(.*):(\d+) \(", src)
+    if not m:
+        return ""
+    return linecache.getline(m.group(1), int(m.group(2))).strip()
+
+
+def _tag(index: int) -> str:
+    return f"polymask_eqn{index}"
+
+
+class _Recorder:
+    """Interpreter observer: one ``Row`` per user equation, evaluated in its own name scope."""
+
+    def __init__(self, concrete: dict | None, internal: dict):
+        self.show = lambda text: display_text(text, internal)  # spec dim var names
+        self.rows: list[Row] = []
+        self.prims: dict[str, tuple[Row, str]] = {}  # tag -> (row, primitive name)
+        self.open: list[Row] = []  # rows being evaluated, innermost last
+        self.concrete = concrete
+
+    @contextlib.contextmanager
+    def observe(self, eqn, state):
+        dims = state.dims
+        src = compat.source_line(eqn.source_info)
+        if src.startswith("<unknown") and self.open:
+            src = self.open[-1].source
+        nested = has_inner(eqn)
+        name = eqn.primitive.name
+        if nested and isinstance(eqn.params.get("name"), str):
+            name = f"{name}({eqn.params['name']})"
+        rule = get_rule(eqn.primitive.name)
+        static = rule is None or not runs_rule(eqn, state)
+        size_query = (self.show(dim_str(eqn.params["dim"])) if eqn.primitive is compat.dim_as_value_p
+                      else None)
+        row = Row(index=len(self.rows) + 1, depth=len(self.open), primitive=name,
+                  rule="static" if static else rule.__name__,
+                  shapes=[self.show(_aval_str(v.aval)) for v in eqn.outvars], bounds=[], logical=None,
+                  inserted={}, size_query=size_query, source=src, code=_source_code(src),
+                  nested=nested)
+        self.rows.append(row)  # before the rule runs: nested equations come after it
+        self.prims[_tag(row.index)] = (row, eqn.primitive.name)
+        self.open.append(row)
+        try:
+            with jax.named_scope(_tag(row.index)):
+                yield
+        finally:
+            self.open.pop()
+        # After the rule: a data-dependent size gets its bound from the rule.
+        shapes = [getattr(v.aval, "shape", ()) for v in eqn.outvars]
+        row.bounds = [dims.padded_shape(s) for s in shapes]
+        if self.concrete is not None and all(compat.dim_vars(d) <= set(self.concrete)
+                                             for s in shapes for d in s):
+            cd = DimEnv(dims.scope, dims.bounds, self.concrete)
+            row.logical = [tuple(cd.logical(d) for d in s) for s in shapes]
+
+    def attribute(self, masked_jaxpr, n_sizes: int) -> None:
+        """Count, per row, the primitives of ``masked_jaxpr`` its rule inserted.
+
+        An equation belongs to the innermost user equation on its name stack,
+        or to the equation whose inner jaxpr holds it. Not counted: the
+        equation's own primitive (once) and scalar size arithmetic (in the
+        sizes table).
+        """
+        jaxpr = masked_jaxpr.jaxpr
+        own_seen: set[int] = set()
+
+        def walk(jaxpr, sizes: set, owner: Row | None):
+            for eqn in jaxpr.eqns:
+                tags = [self.prims[t] for t in compat.name_scopes(eqn.source_info)
+                        if t in self.prims]
+                row, prim = tags[-1] if tags else (owner, None)
+                ins = [v for v in eqn.invars if not compat.is_jaxpr_literal(v)]
+                if all(v in sizes for v in ins) and \
+                        all(getattr(v.aval, "shape", None) == () for v in eqn.outvars):
+                    sizes.update(eqn.outvars)
+                    continue
+                inner_owner = None
+                if row is not None:
+                    if prim is not None and row.index not in own_seen and \
+                            eqn.primitive.name == prim:
+                        own_seen.add(row.index)
+                        inner_owner = row  # e.g. a scan body: the rule's masks in it
+                    else:
+                        row.inserted[eqn.primitive.name] = \
+                            row.inserted.get(eqn.primitive.name, 0) + 1
+                for sub, sub_sizes in _inner_jaxprs(eqn, sizes):
+                    walk(sub, sub_sizes, inner_owner)
+
+        walk(jaxpr, set(jaxpr.invars[len(jaxpr.invars) - n_sizes:]), None)
+
+
+def _inner_jaxprs(eqn, sizes: set):
+    """``(jaxpr, its input vars known to be sizes)`` for each inner jaxpr of ``eqn``.
+
+    Only loop-invariant inputs are mapped: consts of a scan / while, operands
+    of a cond, jit and other call-like primitives.
+    """
+    p = eqn.params
+    for key, val in p.items():
+        for x in (val if isinstance(val, (tuple, list)) else (val,)):
+            if not compat.is_jaxpr(x):
+                continue
+            j = compat.open_jaxpr(x)
+            outer = list(eqn.invars)
+            if eqn.primitive.name == "scan":
+                outer = outer[:compat.scan_counts(p)[0]]
+            elif eqn.primitive.name == "while":
+                nc = p["cond_nconsts"]
+                outer = outer[:nc] if key == "cond_jaxpr" else outer[nc:nc + p["body_nconsts"]]
+            elif eqn.primitive.name == "cond":
+                outer = outer[1:]
+            elif len(outer) != len(j.invars):
+                outer = []
+            yield j, {iv for ov, iv in zip(outer, j.invars)
+                      if not compat.is_jaxpr_literal(ov) and ov in sizes}
+
+
+def _aval_str(aval) -> str:
+    return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else str(aval)
+
+
+def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=None,
+            print_output: bool = True) -> Explanation:
+    """Print and return the masked trace of ``fun``, annotated.
+
+    Args:
+      fun, in_specs, constraints: as for ``polymask.mask``.
+      *args: example arguments: ``Masked`` values (their logical sizes, when
+        concrete, are shown as the "logical" column), arrays,
+        ``jax.ShapeDtypeStruct``s or padded shapes (tuples of ints of dtype
+        ``dtype``, default float32). Only shapes and dtypes are used; nothing
+        is computed on the data. Without them, every input is built from its
+        spec string with a placeholder bound per dim var.
+      file: where to print (default stdout); ``print_output=False`` only returns.
+
+    The masked program is traced once, with the logical sizes as *traced*
+    int32 values (as under ``jax.jit``), so every mask the rules insert is
+    shown. For each equation: its symbolic output shape, padded bound, the
+    masking rule used, what the rule inserted (``select_n``, ``iota``/compare
+    masks, dynamic slices, ...; ``static`` = bound unchanged, no mask), and
+    the user source line. Size computations are listed once per distinct
+    dimension expression.
+
+    Returns:
+      An ``Explanation``: a ``str`` with ``.rows``, ``.sizes``,
+      ``.masked_jaxpr`` and a rich renderable (``rich.print(explanation)``).
+
+    Raises:
+      ShapeError: as ``mask`` does for bad specs, constraints or arguments
+        (example ``Masked`` sizes of the wrong rank or type, or where it fails).
+      UnsupportedError: ``fun`` uses a primitive without a masking rule.
+    """
+    placeholder = not args
+    if placeholder:
+        args = args_from_specs(in_specs, dtype)
+    absargs = abstractify(args, in_specs, dtype)
+    tree, absleaves = trace_function_cases(fun, absargs, in_specs, constraints)
+    prog = tree.base
+    leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: is_masked(v) or
+                                          is_shape_tuple(v))
+    ex_leaves = [Masked(b.data if is_masked(b) else b, a.shape) if is_masked(a) else b
+                 for a, b in zip(leaves_in, absleaves)]
+    concrete = concrete_sizes(prog, ex_leaves) if any(map(is_masked, leaves_in)) else None
+    if concrete is not None and not tree.single:  # show the case the example sizes reach
+        prog = case_program(tree, concrete) or prog  # ShapeError where it fails
+
+    # Every dynamic axis gets a traced int32 size so the masks become visible.
+    n_sizes = sum(a.var is not None for axes in prog.axis_specs for a in axes)
+    recorder = _Recorder(concrete, prog.internal)
+    interp = Interpreter(observe=recorder.observe)
+
+    def masked_program(datas, sizes):
+        it = iter(sizes)
+        leaves = []
+        for d, axes in zip(datas, prog.axis_specs):
+            shape = [int(np.shape(d)[a.axis]) if a.var is None else next(it) for a in axes]
+            leaves.append(Masked(d, tuple(shape)))
+        values, _ = solve_dim_vars(prog, leaves, checks_on=False)
+        outs = run_program(prog, leaves, values, interpreter=interp)
+        return [o.data for o in outs], [o.shape for o in outs]
+
+    datas = [jax.ShapeDtypeStruct(tuple(np.shape(leaf.data if is_masked(leaf) else leaf)),
+                                  leaf.dtype) for leaf in absleaves]
+    sizes = [jax.ShapeDtypeStruct((), jnp.int32) for _ in range(n_sizes)]
+    masked_jaxpr = jax.make_jaxpr(masked_program)(datas, sizes)
+    recorder.attribute(masked_jaxpr, n_sizes)
+
+    size_table = sizes_table(prog, concrete)
+    header = _header(fun, prog, concrete, masked_jaxpr) + tree.explain_header(prog)
+    if placeholder:
+        header += (f"\n(no example arguments: every dim var has the placeholder bound "
+                   f"{PLACEHOLDER_BOUND})")
+    text = display_text(_render_text(header, size_table, recorder.rows), prog.internal)
+    result = Explanation(text, recorder.rows, size_table, masked_jaxpr, header)
+    if print_output:
+        print(text, file=file)
+    return result
+
+
+def _header(fun, prog, concrete, masked_jaxpr) -> str:
+    name = getattr(fun, "__name__", repr(fun))
+    lines = [f"polymask.explain: {name}"]
+    ins = []
+    for axes, lb, aval in zip(prog.axis_specs, prog.leaf_bounds,
+                              prog.closed_jaxpr.in_avals):
+        path = axes[0].path if axes else "arg"
+        ins.append(f"  {path}: {_aval_str(aval)}  bound {_bound_str(lb)}")
+    lines.append("inputs:")
+    lines.extend(ins)
+    dv = []
+    for v in prog.var_order:
+        src = next((a.where for axes in prog.axis_specs for a in axes if a.var == v), "?")
+        name, off = prog.internal.get(v, (v, 0))
+        val = f" = {int(concrete[name]) - off}" if concrete and name in concrete else ""
+        dv.append(f"{v} in [0, {prog.var_bounds[v]}] from {src}{val}")
+    if dv:
+        lines.append("dim vars: " + "; ".join(dv))
+    cons = [t for _, _, _, t in compat.explicit_constraints(prog.user_scope)  # as written
+            if not re.fullmatch(r"\s*\w+\s*<=\s*\d+\s*", t)] if prog.user_scope else []
+    lines += ["constraints: " + ", ".join(cons)] if cons else []
+    if prog.conditions:
+        lines.append("this case: " + describe_conditions(prog.conditions, prog.internal))
+    outs = ", ".join(_aval_str(v.aval) for v in prog.closed_jaxpr.jaxpr.outvars)
+    lines.append(f"outputs: {outs}")
+    n_eqns = sum(1 for _ in walk_eqns(masked_jaxpr.jaxpr))
+    n_sel = sum(1 for e in walk_eqns(masked_jaxpr.jaxpr) if e.primitive.name == "select_n")
+    n_user = sum(1 for _ in walk_eqns(prog.closed_jaxpr.jaxpr))
+    lines.append(f"masked program: {n_eqns} equations ({n_sel} select_n) for {n_user} "
+                 "user equations, sizes traced (as under jax.jit)")
+    return "\n".join(lines)
+
+
+def _render_text(header, size_table, rows: list[Row]) -> str:
+    out = [header, "", "sizes (each computed once in the masked program, however often queried):"]
+    w = max([len(k) for k in size_table] + [10])
+    out.append(f"  {'expression':<{w}}  {'bound':>5}  {'logical':>7}  {'queries':>7}  first use")
+    for k, s in size_table.items():
+        out.append(f"  {k:<{w}}  {s['bound']!s:>5}  {_opt(s['logical']):>7}  "
+                   f"{s['queries']:>7}  {s['first_use']}")
+    out.append("")
+    out.append("equations (shape = symbolic output shape, bound = padded shape; "
+               "[masking rule]; inserted = what the rule added:")
+    out.append("  select_n = padding neutralised by a select, iota/lt/and = validity masks, "
+               "pad/dynamic_slice/gather = moves to logical offsets; static = no mask needed):")
+    seen_queries: dict[str, int] = {}
+    cells = []
+    any_logical = any(r.logical is not None for r in rows)
+    for r in rows:
+        ind = "  " * r.depth
+        if r.size_query is not None:
+            first = seen_queries.get(r.size_query)
+            if first is None:
+                seen_queries[r.size_query] = r.index
+                ins = f"size query {r.size_query} (computed once)"
+            else:
+                ins = f"size query {r.size_query}: reuses #{first} (CSE)"
+        else:
+            ins = "inserted: " + _inserted_str(r)
+        logical = "?" if any_logical else ""  # "?": a data-dependent size
+        if r.logical is not None:
+            logical = ", ".join("(" + ",".join(str(int(d)) for d in lg) + ")"
+                                for lg in r.logical)
+        cells.append((f"{r.index:>3} {ind}{r.primitive}", ", ".join(r.shapes),
+                       ", ".join(_bound_str(b) for b in r.bounds), logical,
+                       f"[{r.rule.removesuffix('_rule')}]", ins))
+    widths = [max([len(c[i]) for c in cells] + [0]) for i in range(5)]
+    last_src = None
+    for r, c in zip(rows, cells):
+        if r.source != last_src:
+            last_src = r.source
+            out.append(f"  {short_path(r.source)}" + (f":  {r.code}" if r.code else ""))
+        line = (f"  {c[0]:<{widths[0]}}  {c[1]:<{widths[1]}}  bound {c[2]:<{widths[2]}}  "
+                + (f"logical {c[3]:<{widths[3]}}  " if widths[3] else "")
+                + f"{c[4]:<{widths[4]}}  {c[5]}")
+        out.append(line.rstrip())
+    return "\n".join(out)

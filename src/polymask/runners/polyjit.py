@@ -1,0 +1,450 @@
+"""``polymask.jit``: exact arrays in, exact arrays out.
+
+Each dynamic axis is padded to its *bucket* on the host with NumPy (no
+per-shape device program: see DESIGN.md's performance notes), one
+``jax.jit(mask(fun))`` program is compiled per bucket signature, and the
+logical sizes travel as one int32 vector (runtime data: a new size inside a
+known bucket never recompiles). Sizes are validated on the host, so the masked
+program runs with ``checks=False`` (no host callback in the compiled code).
+Outputs are sliced to their exact shapes on the host (NumPy) and uploaded with
+``jax.device_put``: nothing is compiled per output shape.
+
+Compiles are counted with ``jax.monitoring`` listeners around every path that
+can compile (first calls, ``precompile``, tiered background compiles, device
+padding): ``stats()["xla_compiles"]``. The steady-state call path compiles nothing.
+
+This module makes the calls; ``core/plan.py`` decides what a call means (specs,
+sizes, buckets, output layouts); ``programs.ProgramCache`` keeps the compiled
+programs and the stats, ``programs.CallPlans`` the plans, and
+``tiering.Tiering`` picks a covering bucket while a tight one compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .. import _jax_compat as compat
+from ..core.binding import keywords_as_positional
+from ..core.errors import ShapeError
+from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
+from .compiling import COMPILE_TICK, compile_counter
+from .envvars import env_switch
+from .hostio import (
+    FAST_TYPES,
+    PAD_DEVICE_PROGRAMS,
+    device_pad_fn,
+    host_backend,
+    unpad_output,
+)
+from .programs import (
+    STATS_DOC,
+    CallPlans,
+    Entry,
+    ProgramCache,
+    at_call_site_error,
+    build_inner,
+    checked_compiler_options,
+    count_value,
+    finish_stats,
+    raise_case_error,
+)
+from .tiering import Tiering, cover_key
+
+__all__ = ["jit", "PolyJit", "compile_counter"]
+
+
+def _leaf_key(x):
+    try:
+        return (type(x), x.shape, x.dtype)
+    except AttributeError:
+        return (type(x), np.shape(x), dtype_key(x))
+
+
+@dataclasses.dataclass(eq=False)
+class _CallInfo:
+    """Everything a ``PolyJit`` call needs for one (tree, exact shapes): the fast
+    path. ``entry``: the bucket's program; ``calls``: a lock-free counter;
+    ``out_shapes``: exact output shapes of ``out_entry`` (when none come from the device)."""
+
+    plan: CallPlan
+    tree: Any
+    static_idx: tuple[int, ...]
+    dyn: tuple  # (leaf index, bound, exact shape == bound, pad on device)
+    sizes: Any  # the logical-size vector, on the device
+    key: tuple
+    in_shapes: list[tuple[int, ...]]
+    entry: Entry | None = None
+    calls: Any = dataclasses.field(default_factory=itertools.count)
+    out_shapes: list | None = None
+    out_exact: bool = False
+    out_entry: Entry | None = None
+    build: Callable | None = None
+    single_out: bool = False
+    error: str | None = None  # these sizes reach an error case (its message)
+
+
+_LEAF_TREE = jax.tree_util.tree_structure(0)
+
+
+class PolyJit:
+    """The callable returned by ``polymask.jit`` (see there).
+
+    ``cache``: its compiled programs and stats (``ProgramCache``); ``plans``:
+    its call plans; ``tiering``: the covering-bucket strategy (None when
+    ``tiered`` is off)."""
+
+    def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
+                 numpy_outputs=False, tiered=None, compiler_options=None):
+        if isinstance(in_specs, str):
+            in_specs = (in_specs,)
+        self.fun = fun
+        self.in_specs = None if in_specs is None else tuple(in_specs)
+        self.constraints = tuple(constraints)
+        self.compiler_options = checked_compiler_options(compiler_options)
+        self.numpy_outputs = numpy_outputs
+        policy_for = policy_getter(buckets)
+        self.plans = CallPlans(self.in_specs, self.constraints, policy_for)
+        # traced_calls: calls under jax.grad/jit/vmap (plain JAX's trace)
+        self.cache = ProgramCache(cache_size, self.compiler_options, extra_stats=("traced_calls",))
+        tiered = env_switch("POLYMASK_TIERED") if tiered is None else bool(tiered)
+        self.tiering = Tiering(self.cache, policy_for, self._compile_largest_ahead) if tiered else None
+        self._infos: dict = {}
+        self._fast: dict = {}
+        self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
+        self._retired = [0, 0, 0]  # calls, logical, padded of dropped infos
+        self._fg_compiles_in_calls = 0
+        functools.update_wrapper(self, fun)
+
+    @property
+    def tiered(self) -> bool:
+        return self.tiering is not None
+
+    @property
+    def cache_size(self) -> int:
+        return self.cache.cache_size
+
+    # -- call infos ----------------------------------------------------------------
+    def _info(self, args, tree, key, fast: bool) -> _CallInfo:
+        plan, leaves, _ = self.plans.plan(args)
+        device_pad = not host_backend()
+        dyn = tuple((i, plan.leaves[i].padded, plan.leaves[i].shape == plan.leaves[i].padded,
+                     device_pad and isinstance(leaves[i], jax.Array))
+                    for i, p in enumerate(plan.leaves) if not p.static)
+        info = _CallInfo(plan, tree, tuple(i for i, p in enumerate(plan.leaves) if p.static),
+                         dyn, jax.device_put(np.asarray(plan.values, np.int32)),
+                         (tree, plan.signature), [p.shape for p in plan.leaves])
+        with self.cache.lock:
+            table = self._fast if fast else self._infos
+            if len(table) > 4096:
+                for old in table.values():
+                    n = count_value(old.calls)
+                    self._retired[0] += n
+                    self._retired[1] += n * old.plan.logical
+                    self._retired[2] += n * old.plan.padded
+                table.clear()
+            return table.setdefault(key, info)  # two threads: one info, one counter
+
+    def stats(self) -> dict:
+        s = self.cache.stats()
+        calls, logical, padded = self._retired
+        for table in (self._infos, self._fast):
+            for info in list(table.values()):
+                n = count_value(info.calls)
+                calls += n
+                logical += n * info.plan.logical
+                padded += n * info.plan.padded
+        s["calls"] = calls
+        s["logical_elements"] = logical
+        s["padded_elements"] = padded
+        s["cache_hits"] = calls - self._fg_compiles_in_calls
+        return finish_stats(s)
+
+    stats.__doc__ = STATS_DOC
+
+    def wait(self) -> None:
+        """Wait for the background compiles started so far (tiered buckets)."""
+        self.cache.wait()
+
+    def clear_cache(self) -> None:
+        """Drop every compiled program (stats are kept)."""
+        self.cache.clear()
+        self.plans.clear()
+
+    def _flat(self, info: _CallInfo, leaves, dyn=None):
+        """The compiled program's arguments: static leaves, padded dynamic leaves, sizes."""
+        if dyn is None:
+            build = info.build
+            if build is None:
+                build = info.build = self._builder(info.static_idx, info.dyn, info.sizes)
+            return build(leaves)
+        return self._builder(info.static_idx, dyn, info.sizes)(leaves)
+
+    def _builder(self, static_idx, dyn, sizes):
+        """A function ``leaves -> flat arguments`` specialised to one call signature."""
+        if not static_idx and len(dyn) == 1 and not dyn[0][3]:
+            i, bound, exact, _ = dyn[0]
+            if exact:
+                return lambda leaves: [leaves[i], sizes]
+
+            cache: dict = {}
+
+            def one(leaves):  # the common case: one dynamic array, padded with NumPy
+                a = np.asarray(leaves[i])
+                out = np.zeros(bound, a.dtype)
+                idx = cache.get(a.shape)
+                if idx is None:
+                    idx = cache[a.shape] = tuple(slice(0, s) for s in a.shape)
+                out[idx] = a
+                return [out, sizes]
+
+            return one
+
+        def general(leaves):
+            flat = [leaves[i] for i in static_idx]
+            for i, bound, exact, on_device in dyn:
+                x = leaves[i]
+                if exact:
+                    flat.append(x)
+                elif on_device:
+                    flat.append(self._pad_device(x, bound))
+                else:
+                    a = np.asarray(x)
+                    out = np.zeros(bound, a.dtype)
+                    out[tuple([slice(0, s) for s in a.shape])] = a
+                    flat.append(out)
+            flat.append(sizes)
+            return flat
+
+        return general
+
+    def _pad_device(self, x, bound):
+        key = (x.shape, bound, x.dtype)
+        fn = PAD_DEVICE_PROGRAMS.get(key)
+        if fn is not None:
+            return fn(x)
+        with compile_counter() as cc:
+            out = device_pad_fn(x.shape, bound, x.dtype)(x)
+        self.cache.add(pad_compiles=1, xla_compiles=cc.compiles)
+        return out
+
+    # -- calls ---------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        if kwargs or len(args) < self._n_specs:  # by fun's signature, defaults filled in
+            args = keywords_as_positional(self.fun, self.in_specs, args, kwargs)
+        if len(args) == 1 and type(args[0]) in FAST_TYPES:  # the common case: one array
+            key = (type(args[0]), args[0].shape, args[0].dtype)
+        elif all(type(a) in FAST_TYPES for a in args):
+            key = tuple([(type(a), a.shape, a.dtype) for a in args])
+        else:
+            key = None
+        if key is not None:  # every argument is one array: no pytree flattening
+            leaves = args
+            info = self._fast.get(key)
+            if info is None:
+                info = self._info(args, jax.tree_util.tree_structure(args), key, True)
+        else:
+            leaves, tree = jax.tree_util.tree_flatten(args)
+            if any(map(compat.is_tracer, leaves)):
+                return self._traced_call(args)
+            key = (tree, tuple(map(_leaf_key, leaves)))
+            info = self._infos.get(key)
+            if info is None:
+                info = self._info(args, tree, key, False)
+        next(info.calls)
+        if info.error is not None:
+            raise at_call_site_error(info.error)
+        entry = info.entry
+        if entry is not None and entry.live:
+            entry.tick = next(COMPILE_TICK)
+            build = info.build
+            out = entry.fn(*(build(leaves) if build is not None else self._flat(info, leaves)))
+            if info.out_entry is entry and info.single_out:
+                return out[0]  # one exact output (the steady state of most functions)
+        else:
+            entry, out = self._slow_call(info, leaves)
+            try:
+                raise_case_error(entry, info.plan.var_names, info.plan.values)
+            except ShapeError as e:
+                info.error = str(e)
+                raise at_call_site_error(e) from None
+        return self._outputs(info, entry, out)
+
+    def _traced_call(self, args):
+        """Under ``jax.grad``/``jit``/``vmap`` (tracer inputs, exact shapes known
+        at trace time): the sizes are checked as for any call (``ShapeError``
+        for a spec, constraint or bucket they break), then ``fun`` itself is
+        traced into the caller's program. The outer transformation already
+        specialises on the exact shapes, so padding could not save a compile,
+        and the result is plain JAX's, derivatives included."""
+        self.plans.plan(args)
+        self.cache.add(traced_calls=1)
+        # (numpy_outputs does not apply: a traced output cannot be a NumPy array)
+        return self.fun(*args)
+
+    def _outputs(self, info: _CallInfo, entry: Entry, out):
+        outputs = entry.outputs
+        if outputs.device_axes:
+            datas, out_sizes = out
+            shapes = outputs.shapes(info.in_shapes, np.asarray(out_sizes))
+            exact = False
+        else:
+            datas = out
+            if info.out_entry is not entry:
+                info.out_shapes = outputs.shapes(info.in_shapes)
+                info.out_exact = all(d.shape == s for d, s in zip(datas, info.out_shapes))
+                info.single_out = (info.out_exact and not self.numpy_outputs
+                                   and outputs.tree.num_leaves == 1
+                                   and outputs.tree == _LEAF_TREE)
+                info.out_entry = entry
+            shapes, exact = info.out_shapes, info.out_exact
+        if exact and not self.numpy_outputs:
+            return jax.tree_util.tree_unflatten(outputs.tree, datas)
+        outs = [(np.asarray(d) if self.numpy_outputs else d) if d.shape == shape
+                else unpad_output(d, shape, self.numpy_outputs) for d, shape in zip(datas, shapes)]
+        return jax.tree_util.tree_unflatten(outputs.tree, outs)
+
+    def _make(self, tree, plan, entry):
+        return build_inner(self.fun, entry, tree, plan, self.in_specs, self.constraints)
+
+    def _slow_call(self, info: _CallInfo, leaves):
+        """First call of a signature, an evicted program, or a tiered bucket still compiling."""
+        entry = self.cache.entry(info.key, hit=False)
+        info.entry = entry
+        if entry.live:
+            return entry, entry.fn(*self._flat(info, leaves))
+        plan = info.plan
+        ckey = cover_key(info.tree, plan)
+        if entry.cover_key is None:
+            entry.cover_key, entry.buckets = ckey, dict(plan.buckets)
+            entry.padded = plan.padded
+        make = functools.partial(self._make, info.tree, plan)
+        tiering = self.tiering
+        if tiering is not None:
+            cover = tiering.find_cover(plan, ckey, entry)
+            if cover is None:
+                compiled = tiering.compile_largest(info.tree, plan, leaves)
+                if compiled:
+                    self._count_foreground_compile()
+                if compiled is not None:
+                    cover = tiering.find_cover(plan, ckey, entry)
+            if cover is not None:
+                tiering.compile_in_background(info.key, entry, make,
+                                              lambda: self._flat(info, leaves))
+                dyn = tuple((i, b2, np.shape(leaves[i]) == b2, od) for (i, _, _, od), b2 in zip(
+                    info.dyn, [padded_shape(plan.leaves[i].axes, cover.buckets)
+                               for i, *_ in info.dyn]))
+                self.cache.add(tiered_calls=1)
+                cover.tick = next(COMPILE_TICK)
+                return cover, cover.fn(*self._flat(info, leaves, dyn))
+        out = None
+        try:
+            out = self.cache.compile_run(entry, make, self._flat(info, leaves))
+        finally:  # a call that compiled its program, or failed to, is no cache hit
+            if out is not None or entry.fn is None:
+                self._count_foreground_compile()
+        return (entry, out) if out is not None else (entry, entry.fn(*self._flat(info, leaves)))
+
+    def _count_foreground_compile(self) -> None:
+        """A call compiled (or failed to compile) a program: no cache hit."""
+        with self.cache.lock:
+            self._fg_compiles_in_calls += 1
+
+    # -- ahead of time -------------------------------------------------------------
+    def precompile(self, *args) -> PolyJit:
+        """Compile the bucket of ``args`` now (no run): arrays may be ``jax.ShapeDtypeStruct``.
+
+        ``f.precompile(jax.ShapeDtypeStruct((100, 64), jnp.float32))`` compiles
+        the bucket that holds 100 rows (pass a bucket's size to pick it). Static
+        arguments (``None`` specs) take their real values or structs. With the
+        persistent compilation cache on, a later process loads it from disk.
+        Returns ``self``.
+
+        Raises:
+          ShapeError: the shapes do not fit the specs (as a call would).
+        """
+        self._compile_ahead(args, "precompiles")
+        return self
+
+    def _compile_largest_ahead(self, args) -> bool:
+        """``Tiering``'s foreground compile of the largest bucket (no extra counter)."""
+        return self._compile_ahead(args, None)
+
+    def _compile_ahead(self, args, kind: str | None) -> bool:
+        """Compile the bucket of ``args`` (no run); True if compiled now."""
+        plan, leaves, tree = self.plans.plan(args)
+        key = (tree, plan.signature)
+        entry = self.cache.entry(key, hit=False)
+        if entry.cover_key is None:
+            entry.cover_key, entry.buckets = cover_key(tree, plan), dict(plan.buckets)
+            entry.padded = plan.padded
+        avals = [x for x, p in zip(leaves, plan.leaves) if p.static]
+        avals += [jax.ShapeDtypeStruct(p.padded, p.dtype) for p in plan.leaves if not p.static]
+        avals.append(jax.ShapeDtypeStruct((len(plan.values),), np.int32))
+        return self.cache.precompile_entry(entry, functools.partial(self._make, tree, plan),
+                                           avals, kind)
+
+
+def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
+        cache_size: int = 64, numpy_outputs: bool = False, tiered: bool | None = None,
+        compiler_options: dict | None = None) -> PolyJit:
+    """Compile ``fun`` once per bucket: exact (unpadded) arrays in, exact arrays out.
+
+    Args:
+      fun: a function written for exact arrays (pytrees allowed).
+      in_specs: None: every axis of every array argument is dynamic with its own
+        dim var. Otherwise one entry per positional argument: a
+        ``jax.export.symbolic_shape`` spec string (``"n, 64"``; same name =
+        equal sizes; ``"_"``/constants = static), a pytree of specs, or None
+        (that argument is static: its exact shape is part of the cache key,
+        e.g. model parameters).
+      buckets: bucketing policy for every dynamic dim var (default
+        ``polymask.buckets.pow2()``), or a dict ``{dim var: policy}`` (key
+        ``None`` = the default). See ``polymask.buckets``.
+      constraints: ``jax.export`` constraints (``"n >= 3"``), checked on the host.
+      cache_size: most compiled programs kept (least recently used dropped).
+      numpy_outputs: return NumPy arrays instead of ``jax.Array``.
+      tiered: serve a size whose bucket is not compiled yet from the smallest
+        compiled bucket that holds it, while its own bucket compiles in a
+        background thread (later calls switch to it; ``f.wait()`` waits for
+        those compiles). When every policy has a largest bucket
+        (``pow2(16, maximum=512)``, ``explicit``), the first call compiles
+        that bucket, so a first pass costs one foreground compile. Default:
+        on, unless the environment variable
+        ``POLYMASK_TIERED=0`` (the test suite sets it, so compile counts are
+        deterministic there).
+      compiler_options: XLA options for every bucket program, as for
+        ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names; an
+        unknown name raises at the first compile). Traced calls (under
+        ``jax.jit``/``grad``) compile in the caller's program.
+
+    Returns:
+      A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,
+      evictions, compile time, XLA compiles (counted with ``jax.monitoring``),
+      tiered calls and the padding fraction of the inputs; ``.precompile(...)``
+      compiles a bucket ahead of time; ``.wait()`` waits for background compiles.
+
+    Inputs are padded on the host with NumPy (an input already at its bucket
+    is passed through), logical sizes are runtime arguments (a new size in a
+    known bucket never recompiles), and outputs are sliced to their logical
+    shapes. Raises ``ShapeError`` for inconsistent sizes (before running).
+
+    Keyword arguments take their parameter's position in ``fun``'s signature
+    (``f(x, mask=m)`` is ``f(x, m)``; ``in_specs`` applies by position), and
+    parameters with an in_specs entry left out take their defaults.
+    Keyword-only parameters raise ``ShapeError`` (``functools.partial``).
+
+    Under ``jax.grad``, ``jax.jit`` or ``jax.vmap`` (traced inputs) the sizes
+    are checked the same way and ``fun`` is traced into the caller's program
+    (the outer transformation specialises on exact shapes anyway): values and
+    derivatives are plain JAX's.
+    """
+    return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
+                   cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
+                   compiler_options=compiler_options)

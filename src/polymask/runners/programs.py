@@ -1,0 +1,445 @@
+"""One compiled program per bucket signature: ``ProgramCache`` (entries, pending
+background compiles, stats, one lock) and ``CallPlans``, held by ``polymask.jit``
+and ``ragged_map`` alike; the traced function of a program (``build_inner``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core.diagnostics import at_call_site, user_call_site
+from ..core.errors import ShapeError
+from ..core.masked import Masked
+from ..core.plan import CallPlan, dtype_key, plan_call
+from ..core.trace_state import mapped_per_example
+from ..tracing.cases.dispatch import host_error
+from ..tracing.transform import mask
+from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners
+from .outputs import OutputPlan, output_plan
+
+
+def checked_compiler_options(options, name: str = "compiler_options") -> dict:
+    """``options`` (None or a mapping of XLA option names to values, as for
+    ``jax.jit(compiler_options=...)``) as a dict (NumPy scalars as Python ones).
+
+    Raises:
+      TypeError: not a mapping, a name that is not a string, or a value that
+        is not a string, number or bool (``name``: the parameter, for messages).
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise TypeError(f"{name} must be a dict of XLA option names to values, "
+                        f"got {type(options).__name__}")
+    out = {}
+    for k, v in options.items():
+        v = v.item() if isinstance(v, np.generic) else v
+        if not isinstance(k, str):
+            raise TypeError(f"{name}: option names are strings, got {k!r}")
+        if not isinstance(v, (str, int, float, bool)):
+            raise TypeError(f"{name}: the value of {k!r} must be a str, int, float or "
+                            f"bool, got {type(v).__name__}")
+        out[k] = v
+    return out
+
+
+def count_value(c) -> int:
+    """The next value of an ``itertools.count`` without advancing it (lock-free counters)."""
+    r = repr(c)
+    return int(r[r.index("(") + 1:-1])
+
+
+@dataclasses.dataclass(eq=False)
+class Entry:
+    """One compiled program: a ``jax.jit`` of the masked function at one signature.
+
+    ``outputs`` is filled in while the program is traced (from the masked
+    program's symbolic output shapes). ``live`` is True once compiled and until
+    evicted; ``tick`` is the last use (approximate LRU, written without a lock).
+    ``buckets``/``cover_key`` describe it to tiered lookups.
+    """
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    fn: Callable | None = None
+    outputs: OutputPlan | None = None
+    compile_s: float = 0.0
+    live: bool = False
+    tick: int = 0
+    cover_key: Any = None
+    buckets: dict | None = None
+    padded: int = 0
+    tree: Any = None  # the CaseTree (tracing/cases/), known once traced
+    prepared: Any = None  # (program, avals, key) once program_store keyed it
+    compiler_options: dict = dataclasses.field(default_factory=dict)  # XLA's, per program
+
+
+def at_call_site_error(e: ShapeError | str) -> ShapeError:
+    """``e`` (or a ``ShapeError`` of this message) naming the user's call site."""
+    return at_call_site(ShapeError(e) if isinstance(e, str) else e, user_call_site())
+
+
+def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:
+    """Raise ``ShapeError`` when these logical sizes reach an error case of the
+    entry's decision tree (the plain function fails at them: top_k with k > n).
+
+    Checked on the host: the compiled program has no host callback.
+    """
+    if entry.tree is None:
+        return
+    msg = host_error(entry.tree, dict(zip(var_names, (int(v) for v in values))))
+    if msg is not None:
+        raise ShapeError(prefix + msg)
+
+
+def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
+                n_bcast=0, bcast_tree=None, n_bcast_leaves=0):
+    """The traced function of ``entry`` (see ``build_inner_and_cases``)."""
+    return build_inner_and_cases(fun, entry, in_tree, plan, in_specs, constraints, n_bcast,
+                                 bcast_tree, n_bcast_leaves)[0]
+
+
+def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
+                          n_bcast=0, bcast_tree=None, n_bcast_leaves=0, row_guard=False):
+    """The traced function: rebuild ``Masked`` inputs from a size vector, run ``mask(fun)``.
+
+    Its arguments are the broadcast leaves, the static leaves, the padded
+    dynamic leaves and the logical-size vector (``plan.var_names`` order). It
+    returns the output data leaves, plus the data-dependent output sizes as
+    one int32 vector when there are any (``entry.outputs.device_axes``).
+    Dynamic inputs are padded with zeros by the runner, so the masked program
+    skips its entry select (``zero_padded=True``). ``row_guard``
+    (``ragged_map``): the size vector ends with one more entry, 0 for a spare
+    row of a batch (no host callback or run-time check acts there,
+    ``MaskedFunction.call_guarded``), and a ``pure_callback`` without a
+    ``vmap_method`` is called per example (``rules.callbacks``).
+
+    Returns ``(inner, case_tree)``: ``case_tree(*flat_in)`` traces only the
+    cases (the same ``mask``, so ``inner``'s trace reuses them), fills in the
+    entry's output plan and returns the ``CaseTree`` (``program_store`` keys).
+    """
+    mask_specs = None if in_specs is None else (None,) * n_bcast + tuple(in_specs)
+    masked = mask(fun, mask_specs, constraints=constraints, checks=False, zero_padded=True,
+                  differentiable=False)
+    var_index = {v: i for i, v in enumerate(plan.var_names)}
+    n_static = sum(1 for p in plan.leaves if p.static)
+
+    def size(a, sizes):
+        if a.var is None:
+            return a.expr
+        s = sizes[var_index[a.var]]
+        s = s * a.coeff if a.coeff != 1 else s
+        return s + a.offset if a.offset else s
+
+    def logical(axes, sizes):
+        return tuple(size(a, sizes) for a in axes)
+
+    def rebuild(flat_in):
+        bcast_leaves = flat_in[:n_bcast_leaves]
+        static_it = iter(flat_in[n_bcast_leaves:n_bcast_leaves + n_static])
+        dyn_it = iter(flat_in[n_bcast_leaves + n_static:-1])
+        sizes = flat_in[-1]
+        flat = [next(static_it) if p.static else Masked(next(dyn_it), logical(p.axes, sizes))
+                for p in plan.leaves]
+        args = jax.tree_util.tree_unflatten(in_tree, flat)
+        if n_bcast:
+            args = tuple(jax.tree_util.tree_unflatten(bcast_tree, list(bcast_leaves))) + args
+        return args
+
+    def note_cases(args):
+        """Trace the cases (once per signature: ``mask`` caches them) and put the
+        output plan and the decision tree on the entry."""
+        tree, _ = masked.cases(*args)  # the tracer's symbolic output shapes
+        entry.outputs = output_plan(tree.base, tree.single)
+        entry.tree = tree
+        return tree
+
+    def inner(*flat_in):
+        args = rebuild(flat_in)
+        note_cases(args)
+        outputs = entry.outputs
+        if row_guard:  # ragged_map: a batch of examples
+            with mapped_per_example():
+                out = masked.call_guarded(flat_in[-1][-1] != 0, *args)
+        else:
+            out = masked(*args)
+        out_leaves = jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, Masked))
+        datas = [o.data if isinstance(o, Masked) else jnp.asarray(o) for o in out_leaves]
+        if not outputs.device_axes:
+            return datas
+        return datas, jnp.stack([jnp.asarray(out_leaves[li].shape[k], jnp.int32).reshape(())
+                                 for li, k in outputs.device_axes])
+
+    return inner, lambda *flat_in: note_cases(rebuild(flat_in))
+
+
+def jit_program(entry: Entry, make_fn, args, compile_now: bool = False):
+    """The entry's callable program: ``jax.jit`` of ``make_fn(entry)``, compiled
+    on its first call, or now for ``args`` (values or abstract) with
+    ``compile_now`` (``jax.jit``'s cache keeps it for the calls)."""
+    fn = jax.jit(make_fn(entry), compiler_options=entry.compiler_options or None)
+    if compile_now:
+        fn.lower(*args).compile()
+    return fn
+
+
+class CallPlans:
+    """The ``CallPlan`` of each call signature (tree, exact shapes and dtypes, specs)."""
+
+    def __init__(self, in_specs, constraints, policy_for):
+        self.in_specs = in_specs
+        self.constraints = constraints
+        self.policy_for = policy_for
+        self._lock = threading.Lock()
+        self._plans: dict = {}
+
+    def plan(self, args, in_specs=None, spec_key=None) -> tuple[CallPlan, list, Any]:
+        """``(plan, leaves, tree)`` of ``args``; ``in_specs``/``spec_key`` replace the
+        runner's specs (``ragged_map`` with specs read off the examples)."""
+        if spec_key is None:
+            in_specs = self.in_specs
+        leaves, tree = jax.tree_util.tree_flatten(tuple(args))
+        key = (tree, tuple((np.shape(x), dtype_key(x)) for x in leaves), spec_key)
+        plan = self._plans.get(key)
+        if plan is None:
+            try:
+                plan = plan_call(args, in_specs, self.constraints, self.policy_for)
+            except ShapeError as e:
+                raise at_call_site_error(e) from None
+            with self._lock:
+                if len(self._plans) > 4096:
+                    self._plans.clear()
+                self._plans[key] = plan
+        return plan, leaves, tree
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+
+BASE_STATS = ("calls", "compiles", "cache_hits", "evictions", "compile_time_s",
+              "logical_elements", "padded_elements", "xla_compiles", "persistent_cache_hits",
+              "background_compiles", "precompiles", "tiered_calls", "pad_compiles")
+
+
+class ProgramCache:
+    """The compiled programs of one runner (``polymask.jit``, ``ragged_map``), one
+    per key (a bucket signature): the entries (least recently used evicted past
+    ``cache_size``), the background compiles still pending, and the stats, under
+    one lock.
+
+    ``build_program(entry, make_fn, args, compile_now)`` makes an entry's
+    callable (default ``jit_program``; ``ragged_map``: from the program store
+    when one is active); ``options_for(key)`` gives the XLA options of a key's
+    program (default: ``compiler_options``). ``extra_stats``: counters of the
+    runner's own, starting at 0.
+    """
+
+    def __init__(self, cache_size: int, compiler_options: dict, *, build_program=jit_program,
+                 options_for: Callable | None = None, extra_stats: tuple[str, ...] = ()):
+        self.cache_size = int(cache_size)
+        self.compiler_options = compiler_options
+        self.build_program = build_program
+        self.options_for = options_for or (lambda key: self.compiler_options)
+        self.lock = threading.Lock()
+        self._entries: dict = {}
+        self._pending: dict = {}  # key -> Future of a background compile
+        self._stats = dict.fromkeys(BASE_STATS + tuple(extra_stats), 0)
+        self._stats["compile_time_s"] = 0.0
+        install_listeners()
+
+    # -- entries -----------------------------------------------------------------
+    def get(self, key) -> Entry | None:
+        """The entry of ``key``, or None (no stats, no LRU tick)."""
+        return self._entries.get(key)
+
+    def entries(self) -> list[Entry]:
+        with self.lock:
+            return list(self._entries.values())
+
+    def entry(self, key, hit: bool = True) -> Entry:
+        """The entry of ``key`` (created, and the least recently used evicted, if absent)."""
+        with self.lock:
+            e = self._entries.get(key)
+            if e is not None:
+                if e.live and hit:
+                    self._stats["cache_hits"] += 1
+                e.tick = next(COMPILE_TICK)
+                return e
+            e = Entry(tick=next(COMPILE_TICK), compiler_options=self.options_for(key))
+            self._entries[key] = e
+            while len(self._entries) > self.cache_size:
+                old_key = min(self._entries, key=lambda k: self._entries[k].tick)
+                old = self._entries.pop(old_key)
+                old.live = False
+                self._stats["evictions"] += 1
+            return e
+
+    def compile_run(self, entry: Entry, make_fn, flat_args, *, background=False):
+        """Trace, compile and run ``entry`` on ``flat_args`` once (under its lock).
+
+        Returns the outputs, or None when another thread compiled it first.
+        """
+        with entry.lock:
+            if entry.fn is not None:
+                return None
+            t0 = time.perf_counter()
+            with compile_counter() as cc:
+                try:
+                    fn = self.build_program(entry, make_fn, flat_args)
+                    out = fn(*flat_args)
+                except ShapeError as e:  # from the trace: name the user's call
+                    if background:
+                        raise
+                    raise at_call_site_error(e) from None
+                jax.block_until_ready(out)
+            self._install(entry, fn, time.perf_counter() - t0, cc,
+                          "background_compiles" if background else None)
+            return out
+
+    def call_entry(self, entry: Entry, make_fn, flat_args):
+        """Run ``entry`` (tracing and compiling it on first use, once, under its lock)."""
+        if entry.fn is None:
+            out = self.compile_run(entry, make_fn, flat_args)
+            if out is not None:
+                return out
+        return entry.fn(*flat_args)
+
+    def precompile_entry(self, entry: Entry, make_fn, avals,
+                         kind: str | None = "precompiles") -> bool:
+        """Lower and compile ``entry`` for abstract arguments (no run). True if compiled now."""
+        with entry.lock:
+            if entry.fn is not None:
+                return False
+            t0 = time.perf_counter()
+            with compile_counter() as cc:
+                fn = self.build_program(entry, make_fn, avals, compile_now=True)
+            self._install(entry, fn, time.perf_counter() - t0, cc, kind)
+            return True
+
+    def _install(self, entry: Entry, fn, seconds: float, cc, kind: str | None) -> None:
+        """Make ``fn`` the entry's compiled program and count the compile (``kind``:
+        an extra counter, e.g. ``"precompiles"``)."""
+        entry.compile_s = seconds
+        entry.fn = fn
+        entry.live = True
+        with self.lock:
+            st = self._stats
+            st["compiles"] += 1
+            st["compile_time_s"] += seconds
+            st["xla_compiles"] += cc.compiles
+            st["persistent_cache_hits"] += cc.cache_hits
+            if kind is not None:
+                st[kind] += 1
+
+    # -- background compiles -------------------------------------------------------
+    def is_pending(self, key) -> bool:
+        with self.lock:
+            return key in self._pending
+
+    def submit_once(self, key, work: Callable) -> None:
+        """Run ``work()`` on the background compiler unless a job for ``key`` is
+        pending; ``key`` stops being pending when ``work`` returns or raises."""
+        with self.lock:
+            if key in self._pending:
+                return
+
+            def job():
+                try:
+                    return work()
+                finally:
+                    with self.lock:
+                        self._pending.pop(key, None)
+
+            self._pending[key] = background_executor().submit(job)
+
+    def wait(self) -> None:
+        """Wait for the background compiles submitted so far."""
+        while True:
+            with self.lock:
+                futs = list(self._pending.values())
+            if not futs:
+                return
+            for f in futs:
+                f.result()
+
+    # -- stats -----------------------------------------------------------------------
+    def add(self, **counts) -> None:
+        """Add to counters of the stats (``calls=1``, ``xla_compiles=cc.compiles``)."""
+        with self.lock:
+            for k, n in counts.items():
+                self._stats[k] += n
+
+    def count_call(self, logical: int, padded: int) -> None:
+        self.add(calls=1, logical_elements=logical, padded_elements=padded)
+
+    def count_compiles(self, cc) -> None:
+        """Count XLA compiles made outside ``_install`` (a stored program's fallback)."""
+        self.add(xla_compiles=cc.compiles, persistent_cache_hits=cc.cache_hits)
+
+    def stats(self) -> dict:
+        """The counters (with ``logical_elements``/``padded_elements``) and ``cache_size``."""
+        with self.lock:
+            s = dict(self._stats)
+            s["cache_size"] = sum(1 for e in self._entries.values() if e.live)
+        return s
+
+    def clear(self) -> None:
+        """Drop every compiled program (stats are kept)."""
+        with self.lock:
+            for e in self._entries.values():
+                e.live = False
+            self._entries.clear()
+
+
+def finish_stats(s: dict) -> dict:
+    """``s`` with the padding fraction in place of the element counts."""
+    padded = s.pop("padded_elements")
+    logical = s.pop("logical_elements")
+    s["padding_fraction"] = (1.0 - logical / padded) if padded else 0.0
+    return s
+
+
+STATS_DOC = """Calls, compiles, cache hits, evictions, compile time and padding fraction.
+
+        - ``calls``: calls (``ragged_map``: batches run).
+        - ``compiles``: bucket programs made ready, compiled or loaded from a
+          cache (foreground, background and precompiled);
+          ``background_compiles``, ``precompiles``, ``refined_compiles``,
+          ``stored_loads``: of those. ``xla_compiles`` says how many XLA
+          actually compiled.
+        - ``cache_hits``: calls that found a compiled program to run in (their
+          own, or a covering one: ``tiered_calls``). A call whose compile
+          fails is no hit. A call that
+          waited for its program's background compile is neither a hit nor a
+          compile of its own, so with background compiles ``compiles +
+          cache_hits`` can exceed ``calls``.
+        - ``compile_time_s``: seconds spent making programs ready (tracing,
+          compiling or loading; a program compiled by a call includes that
+          call's first run), summed over threads.
+        - ``xla_compiles``: every XLA compile the programs caused
+          (``jax.monitoring``); ``persistent_cache_hits``: programs loaded
+          from the persistent compilation cache instead.
+        - ``evictions``, ``cache_size``: programs dropped (least recently
+          used) and compiled programs kept (a program still queued for a
+          background compile is not counted).
+        - ``tiered_calls``: ``polymask.jit`` calls served by a larger bucket
+          while their own compiled in the background.
+        - ``pad_compiles``: device-side input pads compiled (accelerators,
+          ``jax.Array`` inputs; one per input shape).
+        - ``padding_fraction``: share of the padded input elements that are
+          padding, over all calls so far.
+        - ``ragged_map`` only: ``refined_compiles`` (tighter programs made
+          ready in the background after a call, ``refine_buckets``; not in
+          ``background_compiles``) and ``stored_loads`` (programs loaded from
+          the program store).
+        - ``polymask.jit`` only: ``traced_calls``, calls under ``jax.grad``,
+          ``jax.jit`` or ``jax.vmap`` (sizes checked, ``fun`` traced into the
+          caller's program; not in ``calls``).
+        """

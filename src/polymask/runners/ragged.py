@@ -1,0 +1,470 @@
+"""``polymask.ragged_map``: map a function over examples of different sizes.
+
+Examples are planned one by one on the host (``plan.plan_call``), grouped by
+kind (dim vars, dtypes, static leaves, and the values of static leaves a
+batch cannot stack; numbers, arrays and keys that differ are stacked per
+row, ``ragged_batches.stack_varying_statics``), sorted by size (largest first, like
+sentence-transformers; results come back in input order) and cut into
+batches of consecutive examples; a batch pads every example to the largest
+bucket in it (``ragged_batches.rebucket``), so the only padding is the bucket's
+rounding of the batch's longest example and no batch is partial but the
+last. Batches are stacked with NumPy and run as ``jax.jit(jax.vmap(mask(fun)))``:
+one program per bucket signature and row count. A final partial batch runs in
+the power of two of rows that holds it (or a full-batch program already
+compiled). ``batch_tokens`` sizes batches by a budget of padded elements.
+``refine_buckets`` lets repeated calls run batches in tighter programs
+compiled after a call (``refining.Refinement``). ``programs.ProgramCache``
+keeps the compiled programs and the stats, ``programs.CallPlans`` the plans.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .. import _jax_compat as compat
+from ..core.buckets import as_policy
+from ..core.errors import ShapeError
+from ..core.plan import policy_getter
+from . import ragged_batches
+from .compiling import background_executor
+from .hostio import slice_to
+from .program_store import StorableProgram, active_store, program_key, stored_program
+from .programs import (
+    STATS_DOC,
+    CallPlans,
+    ProgramCache,
+    build_inner_and_cases,
+    checked_compiler_options,
+    finish_stats,
+    jit_program,
+    raise_case_error,
+)
+from .refining import Refinement
+
+__all__ = ["ragged_map", "RaggedMap"]
+
+
+class RaggedMap:
+    """The callable returned by ``polymask.ragged_map`` (see there).
+
+    ``cache``: its compiled programs and stats (``ProgramCache``); ``plans``:
+    the examples' call plans; ``refinement``: refined batch programs
+    (``refine_buckets``). ``program_id`` (polymask's own models only): a name
+    that determines ``fun``, so the program store loads its programs by name
+    without a trace (``program_store.py``)."""
+
+    def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
+                 constraints=(), cache_size=64, progress=False, numpy_outputs=False,
+                 sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
+                 compiler_options=None, refined_compiler_options=None, program_id=None):
+        if isinstance(in_specs, str):
+            in_specs = (in_specs,)
+        self.fun = fun
+        self.in_specs = None if in_specs is None else tuple(in_specs)
+        self.constraints = tuple(constraints)
+        self.compiler_options = checked_compiler_options(compiler_options)
+        self.plans = CallPlans(self.in_specs, self.constraints, policy_getter(buckets))
+        self.cache = ProgramCache(cache_size, self.compiler_options,
+                                  build_program=self._stored_or_jit_program,
+                                  options_for=self._options_for,
+                                  extra_stats=("refined_compiles", "stored_loads"))
+        self.program_id = None if program_id is None else str(program_id)
+        self.refinement = Refinement(refine_buckets, self.compiler_options,
+                                     refined_compiler_options, cache=self.cache,
+                                     program_and_avals=self._program_and_avals,
+                                     ready=self._program_ready)
+        self.compile_ahead = bool(compile_ahead)
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.batch_size = int(batch_size)
+        self._batch_policy = None if batch_buckets is None else as_policy(batch_buckets)
+        self.sort = bool(sort)
+        if batch_tokens is not None and int(batch_tokens) < 1:
+            raise ValueError("batch_tokens must be >= 1")
+        self.batch_tokens = None if batch_tokens is None else int(batch_tokens)
+        self.progress = progress
+        self.numpy_outputs = numpy_outputs
+        functools.update_wrapper(self, fun)
+
+    def __call__(self, examples: Sequence[Any], *broadcast, progress=None, refine: bool = True):
+        """Map over ``examples``; ``broadcast`` arguments are passed unbatched first.
+        ``refine=False``: this call neither runs in nor queues refined programs
+        (``refine_buckets``; a one-shot pass)."""
+        examples = list(examples)
+        if not examples:
+            return []
+        arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
+        if self.in_specs is None:
+            in_specs = ragged_batches.auto_specs(arg_lists)
+        else:
+            in_specs = self.in_specs
+        spec_key = repr(in_specs)
+        bcast_leaves, bcast_tree, bcast_key = ragged_batches.broadcast_inputs(broadcast)
+        kinds: dict = collections.defaultdict(list)
+        infos = []
+        for i, args in enumerate(arg_lists):
+            try:
+                plan, leaves, tree = self.plans.plan(args, in_specs, spec_key)
+            except ShapeError as e:  # say which example
+                raise ShapeError(f"examples[{i}]: {e}{ragged_batches.specs_hint(e)}") from None
+            kinds[(tree, ragged_batches.kind_key(plan), ragged_batches.static_values_key(plan, leaves))].append(i)
+            infos.append((plan, leaves))
+        batches = []
+        for (tree, *_), idxs in kinds.items():
+            ragged_batches.stack_varying_statics(infos, idxs)
+            if self.sort:  # largest first (sentence-transformers); results in input order
+                idxs.sort(key=lambda i: (-infos[i][0].padded, -infos[i][0].logical))
+            batches += self._cut_batches(tree, idxs, infos)
+        call = (broadcast, bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key)
+        batches = self._rows_of_partial_batches(batches, infos, call)
+        batches, wanted = (self.refinement.refine_batches(batches, infos, call) if refine
+                           else (batches, []))
+        if self.sort:
+            batches.sort(key=lambda b: -b[1].padded)
+        results: list[Any] = [None] * len(examples)
+        show = self.progress if progress is None else progress
+        bar = None
+        if show:
+            try:
+                from tqdm.auto import tqdm
+                bar = tqdm(total=len(examples), desc="polymask", unit="ex")
+            except ImportError:  # pragma: no cover - tqdm is optional
+                bar = None
+        self._compile_ahead(batches, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
+                            in_specs, spec_key)
+        try:
+            for tree, plan, chunk, rows in batches:
+                self._run_batch(tree, plan, chunk, infos, results, broadcast,
+                                bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key, rows)
+                if bar is not None:
+                    bar.update(len(chunk))
+        finally:
+            if bar is not None:
+                bar.close()
+        self.refinement.queue_refined(wanted, infos, *call)
+        return results
+
+    def _options_for(self, key) -> dict:
+        return self.refinement.options_for(key)
+
+    def stats(self) -> dict:
+        return finish_stats(self.cache.stats())
+
+    stats.__doc__ = STATS_DOC
+
+    def wait(self) -> None:
+        """Wait for the background compiles started so far (refined programs)."""
+        self.cache.wait()
+
+    def clear_cache(self) -> None:
+        """Drop every compiled program (stats are kept)."""
+        self.cache.clear()
+        self.plans.clear()
+
+    def _cut_batches(self, tree, idxs, infos) -> list[tuple]:
+        """Consecutive examples of one kind as batches ``(tree, plan, chunk, rows)``
+        (``rows`` is None for a partial batch: see ``_rows_of_partial_batches``).
+
+        A batch takes examples until the next one would exceed its rows
+        (``batch_size``, or ``batch_tokens`` over the batch's padded size); its
+        plan pads every example to the largest bucket in it. On examples sorted
+        largest first this is sentence-transformers' batching (sort, cut, pad
+        to the longest) with the longest rounded up to its bucket: no partial
+        batch but the last, and only the bucket's rounding as padding.
+        """
+        out, start = [], 0
+        while start < len(idxs):
+            plan = infos[idxs[start]][0]
+            end = start + 1
+            while end < len(idxs):
+                merged = ragged_batches.rebucket(plan, {v: max(b, infos[idxs[end]][0].buckets[v])
+                                         for v, b in plan.buckets.items()})
+                if end - start + 1 > self._rows(merged):
+                    break
+                plan, end = merged, end + 1
+            chunk = idxs[start:end]
+            full = self._rows(plan)
+            out.append((tree, plan, chunk, full if len(chunk) >= full else None))
+            start = end
+        return out
+
+    def precompile(self, example, *broadcast) -> RaggedMap:
+        """Compile the full-batch program of ``example``'s bucket now (no run).
+
+        ``example`` is one example (a tuple for several arguments) whose arrays
+        may be ``jax.ShapeDtypeStruct`` (a size picks its bucket); ``broadcast``
+        are the broadcast arguments (values or structs). Needs ``in_specs``.
+        Returns ``self``.
+
+        Raises:
+          ValueError: the ``ragged_map`` has no ``in_specs``.
+          ShapeError: the example does not fit the specs.
+        """
+        if self.in_specs is None:
+            raise ValueError("ragged_map.precompile needs in_specs")
+        args = example if isinstance(example, tuple) else (example,)
+        in_specs, spec_key = self.in_specs, repr(self.in_specs)
+        bcast_leaves, bcast_tree, bcast_key = ragged_batches.broadcast_inputs(broadcast)
+        plan, leaves, tree = self.plans.plan(args, in_specs, spec_key)
+        B = self._rows(plan)
+        entry = self.cache.entry((tree, plan.signature, B, bcast_key, spec_key), hit=False)
+        make, avals = self._program_and_avals(tree, plan, leaves, B, in_specs, broadcast,
+                                              bcast_leaves, bcast_tree)
+        self.cache.precompile_entry(entry, make, avals)
+        return self
+
+    def _compile_ahead(self, batches, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
+                       in_specs, spec_key) -> None:
+        """Queue the programs of the batches after the first on the background
+        compiler while this thread compiles and runs the first: two compiles at
+        a time (XLA compiles one program on one core). A program this thread
+        reaches first is compiled here (the entry's lock), and the queued job
+        then skips it."""
+        if not self.compile_ahead or not batches:
+            return
+        tree, plan, _, B = batches[0]
+        queued = {(tree, plan.signature, B, bcast_key, spec_key)}
+        for tree, plan, chunk, B in batches[1:]:
+            key = (tree, plan.signature, B, bcast_key, spec_key)
+            e = self.cache.get(key)
+            if key in queued or (e is not None and e.fn is not None):
+                continue
+            queued.add(key)
+            make, avals = self._program_and_avals(tree, plan, infos[chunk[0]][1], B, in_specs,
+                                                  broadcast, bcast_leaves, bcast_tree)
+            entry = self.cache.entry(key, hit=False)
+            background_executor().submit(functools.partial(
+                self.cache.precompile_entry, entry, make, avals, "background_compiles"))
+
+    def _program_and_avals(self, tree, plan, leaves, B, in_specs, broadcast, bcast_leaves,
+                           bcast_tree):
+        """``make`` and the abstract arguments of the ``B``-row program of ``plan``."""
+        static_leaves = ragged_batches.static_batch_avals(plan, leaves, B)
+        dyn = [jax.ShapeDtypeStruct((B,) + p.padded, p.dtype) for p in plan.leaves if not p.static]
+        make = self._batch_program(tree, plan, in_specs, len(broadcast), bcast_tree,
+                                   len(bcast_leaves), len(static_leaves), len(dyn))
+        avals = [*bcast_leaves, *static_leaves, *dyn,
+                 jax.ShapeDtypeStruct((B, len(plan.values) + 1), np.int32)]  # + row guard
+        return make, avals
+
+    def _batch_program(self, tree, plan, in_specs, n_broadcast, bcast_tree, nb, ns, nd):
+        """``make(entry)``: one bucket signature's ``vmap(mask(fun))``, keyed for the store."""
+        axes = ragged_batches.batch_in_axes(plan, nb, ns, nd)
+
+        def make(entry) -> StorableProgram:
+            inner, cases = build_inner_and_cases(self.fun, entry, tree, plan, in_specs,
+                                                 self.constraints, n_broadcast, bcast_tree, nb,
+                                                 row_guard=True)
+
+            def case_tree(avals):
+                jax.eval_shape(lambda *a: cases(*a) and 0, *ragged_batches.example_avals(avals, axes, plan, nb))
+                return entry.tree
+
+            batched = ragged_batches.stacked_weak_inputs(jax.vmap(inner, in_axes=axes), plan, nb)
+            return StorableProgram(batched, case_tree, (
+                str(tree), str(bcast_tree), repr(in_specs), repr(self.constraints),
+                repr(plan.var_names), repr(plan.stacked),
+                repr(sorted(entry.compiler_options.items()))))
+
+        return make
+
+    def _stored_or_jit_program(self, entry, make_fn, args, compile_now=False):
+        """The cache's ``build_program``: from the program store when the
+        persistent cache is on (see ``program_store``): a warm process skips
+        masking and lowering."""
+        store = active_store()
+        if store is None:
+            return jit_program(entry, lambda e: make_fn(e).fn, args, compile_now)
+        prog, avals, key = entry.prepared or self._prepare(entry, make_fn, args, store)
+        entry.prepared = None
+        fn, loaded = stored_program(store, prog, key, avals, entry, self.program_id,
+                                    self.cache.count_compiles)
+        if loaded:
+            self.cache.add(stored_loads=1)
+        return fn
+
+    def _prepare(self, entry, make_fn, args, store) -> tuple:
+        """``(program, avals, store key)`` of an entry (traces its cases)."""
+        prog = make_fn(entry)
+        key, avals = program_key(store, prog, args, self.program_id)
+        return prog, avals, key
+
+    def _program_ready(self, tree, fine, chunk, rows, infos, call) -> bool:
+        """The program of ``fine`` (a batch's plan) at ``rows`` is compiled, or
+        stored on disk: a warm process then runs refined batches, and partial
+        batches in full-batch programs, from its first call (a load costs
+        about a trace)."""
+        broadcast, bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key = call
+        key = (tree, fine.signature, rows, bcast_key, spec_key)
+        e = self.cache.get(key)
+        if e is not None and e.live:
+            return True
+        store = active_store()
+        if store is None:
+            return False
+        entry = self.cache.entry(key, hit=False)
+        if not entry.lock.acquire(blocking=False):
+            return False  # compiling in the background now
+        try:
+            if entry.fn is not None:
+                return True
+            if entry.prepared is None:
+                make, avals = self._program_and_avals(tree, fine, infos[chunk[0]][1], rows,
+                                                      in_specs, broadcast, bcast_leaves,
+                                                      bcast_tree)
+                entry.prepared = self._prepare(entry, make, avals, store)
+            return store.has(entry.prepared[2])
+        finally:
+            entry.lock.release()
+
+    def _rows(self, plan) -> int:
+        """Rows of a full batch of this bucket: ``batch_size``, or from ``batch_tokens``."""
+        if self.batch_tokens is None:
+            return self.batch_size
+        return max(1, self.batch_tokens // max(1, plan.padded))
+
+    def _rows_of_partial_batches(self, batches, infos, call) -> list[tuple]:
+        """Rows of the program each partial batch runs in: the ``batch_buckets``
+        bound when given; else the full-batch program when this call uses it
+        or it is compiled or stored (e.g. ``precompile``, ``polymask warmup``),
+        no new compile; else the power of two that holds the batch (a few
+        examples do not pay for a full batch of padding rows)."""
+        used = {(tree, plan.signature, rows) for tree, plan, _, rows in batches if rows}
+        out = []
+        for tree, plan, chunk, rows in batches:
+            if rows is None:
+                full, n = self._rows(plan), len(chunk)
+                if self._batch_policy is not None:
+                    rows = ragged_batches.batch_bucket(self._batch_policy, n, full)
+                elif ((tree, plan.signature, full) in used
+                      or self._program_ready(tree, plan, chunk, full, infos, call)):
+                    rows = full
+                else:
+                    rows = min(full, 1 << max(0, n - 1).bit_length())
+            out.append((tree, plan, chunk, rows))
+        return out
+
+    def _run_batch(self, tree, plan0, chunk, infos, results, broadcast, bcast_leaves, bcast_tree,
+                   bcast_key, in_specs, spec_key, B):
+        # Spare rows: zeros with the first example's sizes (valid, and discarded;
+        # their row guard is 0, so host callbacks and checks skip them).
+        rows = chunk + [chunk[0]] * (B - len(chunk))
+        static_leaves = ragged_batches.static_batch_leaves(plan0, [infos[ex][1] for ex in rows])
+        dyn = []
+        for li, p in enumerate(plan0.leaves):
+            if p.static:
+                continue
+            buf = np.zeros((B,) + p.padded, dtype=p.dtype)
+            for r, ex in enumerate(chunk):
+                x = np.asarray(infos[ex][1][li])
+                buf[(r,) + tuple(slice(0, n) for n in x.shape)] = x
+            dyn.append(buf)
+        sizes = np.asarray([(*infos[ex][0].values, r < len(chunk)) for r, ex in enumerate(rows)],
+                           np.int32)
+        entry = self.cache.entry((tree, plan0.signature, B, bcast_key, spec_key))
+        self.cache.count_call(sum(infos[ex][0].logical for ex in chunk), len(chunk) * plan0.padded)
+        make = self._batch_program(tree, plan0, in_specs, len(broadcast), bcast_tree,
+                                   len(bcast_leaves), len(static_leaves), len(dyn))
+        out = self.cache.call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
+        for ex in chunk:
+            raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values,
+                             f"examples[{ex}]: ")
+        outputs = entry.outputs
+        if outputs.device_axes:
+            datas, out_sizes = out
+            out_sizes = np.asarray(out_sizes)
+        else:
+            datas, out_sizes = out, None
+        datas = [np.asarray(d) for d in datas]
+        bcast_shapes = [np.shape(x) for x in bcast_leaves]
+        for r, ex in enumerate(chunk):
+            in_shapes = bcast_shapes + [p.shape for p in infos[ex][0].leaves]
+            shapes = outputs.shapes(in_shapes, None if out_sizes is None else out_sizes[r])
+            outs = []
+            for d, shape in zip(datas, shapes):
+                a = slice_to(d[r], shape)
+                outs.append(np.array(a) if self.numpy_outputs
+                            else compat.upload(np.array(a)))
+            results[ex] = jax.tree_util.tree_unflatten(outputs.tree, outs)
+
+
+def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 32,
+               batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
+               progress: bool = False, numpy_outputs: bool = False, sort: bool = True,
+               batch_tokens: int | None = None, compile_ahead: bool = True,
+               refine_buckets=None, compiler_options: dict | None = None,
+               refined_compiler_options: dict | None = None) -> RaggedMap:
+    """Map ``fun`` over a list of examples of different sizes, in ragged batches.
+
+    ``ragged_map(fun, ...)(examples, *broadcast)`` returns
+    ``[fun(*broadcast, *ex) for ex in examples]`` (an example that is not a tuple
+    is one argument), computed as ``jit(vmap(mask(fun)))`` over batches of
+    examples that share a bucket signature. With the persistent compilation
+    cache on (``polymask.enable_compilation_cache``; the CLI's default) the
+    batch programs are kept in a program store beside it, and a later process
+    loads each after one symbolic trace of ``fun`` (``program_store.py``;
+    ``stats()["stored_loads"]``).
+
+    Args:
+      fun: a function written for exact arrays.
+      in_specs: specs of the example arguments (as for ``polymask.jit``);
+        broadcast arguments take no spec and are passed unpadded (e.g. model
+        parameters). Every argument is a traced program input, as under
+        ``jax.jit``: a number cannot be used as a shape or in a Python
+        ``if`` (bind such constants with ``functools.partial``). An argument
+        without a dim var that differs across examples (a Python number, an
+        array, a PRNG key) is stacked per row, and each row sees its own
+        value (a Python number weakly typed: it promotes as the scalar does;
+        numbers of different types, int and float, go to separate batches).
+      buckets: bucketing policy for the dim vars (default ``pow2()``).
+      batch_size: most examples per batch.
+      batch_buckets: policy for the rows of a partial batch (then one more
+        program per partial-batch size). Default None: a partial final batch
+        runs in the full-batch program of its bucket when the call (or an
+        earlier one) uses it, else in the power of two of rows that holds it
+        (spare rows are zeros; see the module doc).
+      sort: sort the examples largest first before cutting batches, as
+        sentence-transformers does (results are always returned in input
+        order). ``False``: batches of consecutive examples in input order,
+        each padded to its largest example's buckets.
+      batch_tokens: size batches by padded elements instead of ``batch_size``:
+        a bucket whose examples pad to ``P`` elements gets
+        ``max(1, batch_tokens // P)`` rows (more rows for short buckets).
+      progress: show a tqdm progress bar.
+      numpy_outputs: return NumPy arrays instead of ``jax.Array``.
+      compile_ahead: compile the programs of the later batches on a
+        background thread while the first batch compiles and runs (two
+        compiles at a time: a cold first pass over many buckets takes about
+        half the compile time on two or more cores).
+      refine_buckets: a finer bucket policy (e.g. ``buckets.multiple(8)``) for
+        repeated calls. A batch whose longest example has a tighter bound
+        under it (at most its ``buckets`` bound) runs in the coarse program;
+        the tighter program compiles in the background after the call, and
+        later calls that cut the same batch run in it (``refining.py``).
+        Default None: off. ``wait()`` waits for these compiles.
+      compiler_options: XLA options for the batch programs, as for
+        ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names; a
+        name XLA does not know raises when a program compiles); part of the
+        program store's key.
+      refined_compiler_options: XLA options for the refined programs (needs
+        ``refine_buckets``; default: ``compiler_options``). When they differ,
+        every batch of a repeated call gets a refined program, also where its
+        buckets are already tight: e.g. options that compile slower and run
+        faster. A refined program that fails to compile (an unknown option)
+        gives one ``RuntimeWarning``; its batches keep the coarse program.
+
+    Returns:
+      A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
+    """
+    return RaggedMap(fun, in_specs, buckets=buckets, batch_size=batch_size,
+                     batch_buckets=batch_buckets, constraints=constraints,
+                     cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs,
+                     sort=sort, batch_tokens=batch_tokens, compile_ahead=compile_ahead,
+                     refine_buckets=refine_buckets, compiler_options=compiler_options,
+                     refined_compiler_options=refined_compiler_options)

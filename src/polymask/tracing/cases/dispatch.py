@@ -1,0 +1,143 @@
+"""Run time of case splits: the logical sizes choose a case of a ``CaseTree``.
+
+Eagerly the case is chosen in Python; with traced sizes (under ``jax.jit``) by
+``lax.switch`` over the cases (under ``jax.vmap`` the switch becomes a select:
+every case is computed). Every case's outputs are padded to the largest padded
+shape over the cases. Sizes that reach an error case (the plain function fails
+there) raise ``ShapeError`` through the prologue's checks, or on the host
+(``host_error``, for ``polymask.jit``), never a value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ... import _jax_compat as compat
+from ...core.dimvars import sizes_text
+from ...core.errors import ShapeError, UnsupportedError
+from ...core.masked import Masked
+from ..prologue import Check, concrete_value, run_checks
+from .refine import per_size_remedy
+from .splitting import Case, CaseTree
+from .tree import plain_failure
+
+__all__ = ["run_cases", "host_error", "case_program"]
+
+
+def _pad_to(data, shape):
+    data = jnp.asarray(data)
+    if tuple(data.shape) == tuple(shape):
+        return data
+    return jnp.pad(data, [(0, t - s) for s, t in zip(data.shape, shape)])
+
+
+def _error_message(tree: CaseTree, c: Case) -> str:
+    if c.one_size:
+        as_plain, remedy = plain_failure(c.error)
+        return (f"for these sizes ({sizes_text(c.reached_by)}) the function fails at "
+                f"{c.where}, {as_plain}:\n  {c.error}{remedy}")
+    count = len(c.reached_by) if c.reached_by else 0
+    return (f"for these sizes ({tree.describe_conditions(c)}) polymask cannot trace the "
+            f"function with symbolic sizes at {c.where}:\n  {c.error}\n  "
+            f"{per_size_remedy(tree.max_cases, count)}")
+
+
+def _error_checks(tree: CaseTree, idx) -> list[Check]:
+    return [Check(idx == c.index, _error_message(tree, c)) for c in tree.cases
+            if c.error is not None and c.reachable]
+
+
+def host_error(tree: CaseTree, values: dict[str, int]) -> str | None:
+    """The error of the case that concrete spec dim var ``values`` choose (None: no error)."""
+    if tree.single or all(c.error is None for c in tree.cases):
+        return None
+    case = tree.cases[int(tree.select(tree.base.internal_values(values)))]
+    return None if case.error is None else _error_message(tree, case)
+
+
+def case_program(tree: CaseTree, internal_values: dict):
+    """The program of the case these (internal, concrete) sizes choose.
+
+    Raises:
+      ShapeError: they choose an error case (``mask``'s message: the function
+        fails there, as on the exact arrays).
+    """
+    case = tree.cases[int(tree.select(internal_values))]
+    if case.error is not None:
+        raise ShapeError(_error_message(tree, case))
+    return case.program
+
+
+def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
+              run_program: Callable, checks_on: bool = True,
+              outer_guard=None) -> list[Masked]:
+    """Run the case the logical sizes select (see the module doc).
+
+    ``checks_on=False`` (``mask(..., checks=False)``; ``polymask.jit`` checks
+    on the host instead, ``programs.raise_case_error``): sizes of an error case
+    are not checked in the program. ``outer_guard``: whether the call is real
+    at all (``MaskedFunction.call_guarded``), and-ed into each case's guard.
+    """
+    idx = tree.select(values)
+    if checks_on or concrete_value(idx) is not None:
+        run_checks(_error_checks(tree, idx), call_site)
+    if concrete_value(idx) is not None:
+        case = tree.cases[int(np.asarray(idx))]
+        outs = run_program(case.program, leaves, values)
+        return [Masked(_pad_to(o.data, b), o.shape) for o, b in zip(outs, tree.out_bounds)]
+
+    def branch(case: Case):
+        def run():
+            if case.program is None or not case.reachable:
+                datas = [jnp.zeros(b, v.aval.dtype) for b, v in
+                         zip(tree.out_bounds, tree.base.closed_jaxpr.jaxpr.outvars)]
+                return datas, [[jnp.int32(0)] * len(b) for b in tree.out_bounds]
+            guard = idx == case.index
+            if outer_guard is not None:
+                guard = jnp.logical_and(guard, outer_guard)
+            outs = run_program(case.program, leaves, values, guard=guard)
+            return ([_pad_to(o.data, b) for o, b in zip(outs, tree.out_bounds)],
+                    [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
+        return run
+
+    try:
+        datas, sizes = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
+                                  [branch(c) for c in tree.cases])
+    except NotImplementedError as e:  # JAX: "IO effect not supported in vmap-of-cond"
+        if "effect" not in str(e):
+            raise
+        raise UnsupportedError(
+            f"the masked function has {len(tree.cases)} cases (a size comparison splits it) "
+            f"and {str(e).rstrip('.')}: under vmap (ragged_map, jax.vmap) JAX cannot run an "
+            "ordered or IO effect (io_callback, ordered debug callbacks) inside the switch "
+            "between them. "
+            "A constraint that decides the comparison (constraints=['n >= 1']) removes the "
+            f"split; jax.debug.callback is not an IO effect.\n  in the masked call at {call_site}"
+        ) from None
+    static = _static_out_sizes(tree)
+    return [Masked(d, tuple(st if st is not None else s for s, st in zip(ss, sts)))
+            for d, ss, sts in zip(datas, sizes, static)]
+
+
+def _static_out_sizes(tree: CaseTree) -> list[list[int | None]]:
+    """Per output axis, its size when it is the same int in every live case (else None):
+    such an axis stays a Python int, as in a single-case program."""
+    live = [c.program for c in tree.cases if c.program is not None and c.reachable]
+    out = []
+    for i, bound in enumerate(tree.out_bounds):
+        axes = []
+        for k in range(len(bound)):
+            sizes = {None if compat.is_dim_expr(d) else int(d)
+                     for d in (p.out_shapes[i][k] for p in live)}
+            axes.append(sizes.pop() if len(sizes) == 1 else None)
+        out.append(axes)
+    return out
+
+
+def as_jax_tree(tree: CaseTree, outs: list[Masked]):
+    return jax.tree_util.tree_unflatten(tree.out_tree, outs)

@@ -1,0 +1,312 @@
+"""Error cases traced once per size: plain JAX's own trace at each size.
+
+A case can fail only because its sizes are symbolic (``jnp.pad(mode="wrap")``
+computes ``n % k`` in Python, ``int(x.shape[0])``). When the sizes reaching it
+are few (within ``max_cases``), each is traced pinned to one value: that trace
+is plain JAX's, so it works where plain JAX works and fails where plain JAX
+fails (``cases.trace_cases`` calls these).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+
+from ...core.dimvars import sizes_text
+from ...core.errors import ShapeError, UnsupportedError
+from .tree import (
+    Case,
+    CaseTree,
+    Split,
+    common_outputs,
+    enumerate_sizes,
+    error_case,
+    plain_failure,
+)
+
+__all__ = ["per_size_limit", "per_size_remedy", "refine_errors", "trace_per_size_or_raise"]
+
+
+def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
+                             max_cases: int, explore) -> CaseTree:
+    """Every case failed: trace once per size (``refine_errors``) when the
+    sizes are few, else raise the first error (``jnp.pad(mode="wrap")`` fails
+    symbolically at every size but works at each concrete one)."""
+    signature = first.get("signature")
+    if signature is not None:
+        tree = CaseTree(root, cases, signature.internal, signature, max_cases=max_cases)
+        enumerate_sizes(tree)
+        if refine_errors(tree, trace_one, max_cases, explore):
+            live = [c for c in tree.cases if c.program is not None and c.reachable]
+            if live:
+                tree.base = live[0].program
+                common_outputs(tree, live)
+                return tree
+        failed = [c for c in tree.cases if c.error is not None and c.reachable]
+        # a plain JAX error (not one of polymask's own, e.g. two data-dependent
+        # sizes): _every_size_fails tells plain JAX's failures (a case of one
+        # size) from polymask's symbolic trace failing (a case of many)
+        # (an error of the whole trace, no split: the error itself, below)
+        refined = any(c.one_size for c in failed)
+        if failed and (refined or "root_error" not in first) and not isinstance(
+                first.get("root_error"), ShapeError):
+            raise _every_size_fails(failed, max_cases)
+    if "root_error" in first:
+        e = first["root_error"]
+        if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):
+            raise ShapeError(f"{e}\n  (polymask traces such a function once per size when "
+                             f"the bounds allow at most {per_size_limit(max_cases)} sizes, a "
+                             f"bound of 2 x mask(..., max_cases=){_count_text(signature)})"
+                             ) from None
+        raise e
+    err = next(c for c in cases if c.error is not None)
+    raise ShapeError(f"the function fails for every size:\n  {err.error}")
+
+
+def _count_text(signature) -> str:
+    """``"; here 41 sizes"``: how many size combinations the bounds allow."""
+    count = 1
+    for v in signature.var_order:
+        count *= signature.var_bounds[v] + 1
+    return f"; here {count} sizes" if count > 1 else ""
+
+
+def _every_size_fails(failed: list[Case], max_cases: int) -> ShapeError:
+    """The error when every case fails.
+
+    Only a case traced at one size is plain JAX's own trace (its error is the
+    function's at that size). A case of several sizes was traced with symbolic
+    sizes (too many to trace one by one): its error is polymask's limit, not
+    what ``jax.jit`` does on the exact arrays, and it leads the message, with
+    the sizes where plain JAX fails too listed after it."""
+    symbolic = sorted((c for c in failed if not c.one_size),
+                      key=lambda c: -len(c.reached_by or []))
+    if not symbolic:
+        return _every_size_fails_as_plain(failed)
+    main = symbolic[0]
+    sizes = [v for c in symbolic for v in (c.reached_by or [])]
+    plain = [c for c in failed if c.one_size]
+    also = "".join(f"\n  ({sizes_text(c.reached_by)}: plain JAX fails too: "
+                   f"{c.error.splitlines()[0]})" for c in plain[:2])
+    return ShapeError(
+        f"polymask cannot trace the function with symbolic sizes"
+        f"{f' ({sizes_text(sizes)})' if sizes else ''} at {main.where}:\n  "
+        f"{main.error.splitlines()[0]}\n  {per_size_remedy(max_cases, len(sizes))}{also}")
+
+
+def per_size_remedy(max_cases: int, count: int) -> str:
+    """Why a case of many sizes that fails symbolically is polymask's limit, and
+    what the user can change (``count``: the sizes reaching it, 0 = unknown)."""
+    limit = per_size_limit(max_cases)
+    need = f" (here {count}: max_cases={(count + 1) // 2} traces them)" if count else ""
+    return (
+        "jax.jit on the exact arrays traces each size with Python ints; polymask traces "
+        f"the sizes one by one only when at most {limit} reach a case (a bound of "
+        f"2 x max_cases){need}. Code that needs a size as a Python value (np.arange(n), "
+        "len(x), a NumPy table sliced by a size, a Python if on it) works symbolically "
+        "when written with jnp (jnp.arange(x.shape[1]), x.shape[0]); else use a smaller "
+        "bound (polymask.jit: smaller buckets), raise mask(..., max_cases=), or make "
+        "that axis static with '_' in the spec (one program per size, as jax.jit).")
+
+
+def _every_size_fails_as_plain(failed: list[Case]) -> ShapeError:
+    """Each size traced on its own fails (plain JAX's own traces): a tracing
+    limit of ``jax.jit`` first (its remedy applies to every size), then the others."""
+    failed = sorted(failed, key=lambda c: not plain_failure(c.error)[1])
+    main = failed[0]
+    sizes = [v for c in failed for v in (c.reached_by or [])]
+    as_plain, remedy = plain_failure(main.error)
+    others = [c for c in failed[1:] if c.error.splitlines()[0] != main.error.splitlines()[0]]
+    also = "".join(f"\n  ({sizes_text(c.reached_by)}: {c.error.splitlines()[0]})"
+                   for c in others[:2] if c.reached_by)
+    return ShapeError(
+        f"the function fails for every logical size within the bounds"
+        f"{f' ({sizes_text(sizes)})' if sizes else ''}, {as_plain}, at "
+        f"{main.where}:\n  {main.error}{remedy}{also}")
+
+
+def per_size_limit(max_cases: int) -> int:
+    """How many size combinations one error case may be traced at, one by one.
+
+    Every size up to a bound of twice ``max_cases`` (0..32 by default, a
+    ``pow2`` bucket of 32 included): a size traced on its own is the only way code that
+    needs a size as a Python int (``len(x)``, ``jnp.diag_indices(n)``,
+    ``np.arange(n)``) runs at all, and each such trace is plain JAX's own, so
+    a bound of 20 or 30 (a state-space model's time steps, a GP's points)
+    works by default; past that the compile of one branch per size dominates
+    and the error names the remedy."""
+    return 2 * max_cases + 1
+
+
+def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
+    """Trace an error case reached by several size combinations once per combination.
+
+    The symbolic trace of a case can fail where JAX needs a concrete size
+    (``jnp.pad(mode="wrap")`` computes ``n % k`` in Python, ``len(x)``). Pinned
+    to one size of every dim var, the trace is plain JAX's own: it works where
+    plain JAX works and fails where plain JAX fails. Only the dim vars the
+    failure needs are pinned (``_vars_to_pin``: ``len(edges)`` needs the edge
+    count, not the node count), the others stay symbolic within the case's
+    conditions (and split on the comparisons of them JAX cannot decide:
+    ``explore`` is ``cases.explore_splits``), so a graph's 7 x 7 size pairs
+    cost 7 traces. Done while the combinations of one case stay within
+    ``per_size_limit(max_cases)``.
+    """
+    base = tree.base
+    names = list(base.var_order)
+    # fresh scopes: the base program's may pin a var to one value
+    var_exprs = []
+    for v in names:
+        name, off = base.internal[v]
+        (e,) = jax.export.symbolic_shape(name, scope=jax.export.SymbolicScope(
+            (f"{name} <= {base.var_bounds[v] + off}",)))
+        var_exprs.append(e - off)
+    changed = False
+    for case in list(tree.cases):
+        if case.error is None or not case.reached_by or case.one_size:
+            continue
+        combos = sorted(tuple(a[v] for v in names) for a in case.reached_by)
+        pinned, first = _vars_to_pin(case, combos, base, trace_one, explore, max_cases)
+        if pinned is None:
+            continue
+        node = _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one,
+                             explore, tree.internal, max_cases)
+        if node is not None:
+            _replace(tree, case, node)
+            changed = True
+    if changed:
+        tree.cases = _leaves_in_order(tree.root)
+        for i, c in enumerate(tree.cases):
+            c.index = i
+        enumerate_sizes(tree)
+    return changed
+
+
+def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one, explore,
+                  internal, max_cases: int):
+    """The dispatch that replaces ``case``: one trace per value of the pinned
+    dim vars (the others symbolic within the case's conditions, split where
+    needed). A group whose trace still fails is traced once per combination,
+    so every error left is plain JAX's own at one size; None when that needs
+    more than ``per_size_limit(max_cases)`` traces (the case keeps its error)."""
+    def leaf(conditions):
+        try:
+            return Case(0, conditions, program=trace_one(conditions))
+        except UnsupportedError:
+            raise
+        except Exception as e:
+            return error_case(0, conditions, e, internal)
+
+    key = lambda c: tuple(c[j] for j in pinned)  # noqa: E731
+    groups = sorted({key(c) for c in combos})
+    partial = len(pinned) < len(names)
+    budget = per_size_limit(max_cases)
+    leaves = {}
+    for group in groups:
+        pins = _pins(base, [names[j] for j in pinned], group)
+        if not partial:
+            got, used = leaf(pins), 1
+        elif group == key(combos[0]):
+            got, used = first
+        else:
+            got, used = _explore_pinned(explore, trace_one, case.conditions + pins, max_cases)
+        budget -= used
+        if got is None:
+            sub = [c for c in combos if key(c) == group]
+            budget -= len(sub)
+            got = _dispatch(sub, names, var_exprs,
+                            {c: leaf(_pins(base, names, c)) for c in sub}, case.where)
+        if budget < 0:
+            return None
+        leaves[group] = got
+    return _dispatch(groups, [names[j] for j in pinned], [var_exprs[j] for j in pinned],
+                     leaves, case.where)
+
+
+def _explore_pinned(explore, trace_one, prefix: tuple[str, ...], max_cases: int):
+    """``(node, programs)``: the split tree of the function traced with ``prefix``
+    added to every case's conditions; node None when no case of it traces."""
+    try:
+        root, cases, first = explore(lambda conditions: trace_one(prefix + conditions),
+                                     max_cases)
+    except UnsupportedError:
+        raise
+    except Exception:
+        return None, 1
+    if "prog" not in first:
+        return None, 1
+    for c in cases:  # conditions as the whole tree's cases have them
+        c.conditions = prefix + c.conditions
+    # the budget counts programs: an error case (plain JAX fails there) compiles nothing
+    return root, sum(c.program is not None for c in cases)
+
+
+def _pins(base, names, values) -> tuple[str, ...]:
+    """Scope conditions that pin each dim var in ``names`` to its value."""
+    conditions = ()
+    for v, a in zip(names, values):
+        name, off = base.internal[v]
+        conditions += (f"{name} - {a + off} >= 0", f"- {name} + {a + off} >= 0")
+    return conditions
+
+
+def _vars_to_pin(case: Case, combos, base, trace_one, explore, max_cases: int):
+    """``(indices, (node, traces))``: the dim vars to pin for ``case``, the
+    smallest set (fewest traces) whose pinning at the case's first combination
+    traces (that trace's split tree), or all of them (node None) when none
+    does; ``(None, None)`` when even that needs more than the per-size limit."""
+    room = per_size_limit(max_cases)
+    n = len(base.var_order)
+    everything = list(range(n))
+    if len(combos) > room and n == 1:
+        return None, None
+    varying = [j for j in everything if len({c[j] for c in combos}) > 1]
+    fixed = [j for j in everything if j not in varying]
+    subsets = [sorted(fixed + list(s)) for k in range(1, len(varying))
+               for s in itertools.combinations(varying, k)]
+    count = {tuple(s): len({tuple(c[j] for j in s) for c in combos}) for s in subsets}
+    for s in sorted(subsets, key=lambda s: count[tuple(s)]):
+        if count[tuple(s)] > room:
+            break
+        names = [base.var_order[j] for j in s]
+        node, used = _explore_pinned(
+            explore, trace_one, case.conditions + _pins(base, names, [combos[0][j] for j in s]),
+            max_cases)
+        if node is not None:
+            return s, (node, used)
+    return (everything, None) if len(combos) <= room else (None, None)
+
+
+def _dispatch(combos, names, var_exprs, leaves, where):
+    """Threshold splits that send each of ``combos`` (only these reach here) to its leaf."""
+    if len(combos) == 1:
+        return leaves[combos[0]]
+    j = next(j for j in range(len(names)) if len({c[j] for c in combos}) > 1)
+    values = sorted({c[j] for c in combos})
+    node = _dispatch([c for c in combos if c[j] == values[0]], names, var_exprs, leaves, where)
+    for a in values[1:]:
+        yes = _dispatch([c for c in combos if c[j] == a], names, var_exprs, leaves, where)
+        node = Split(var_exprs[j] - a, f"'{names[j]}' >= {a}", where, yes=yes, no=node)
+    return node
+
+
+def _replace(tree: CaseTree, old, new) -> None:
+    if tree.root is old:
+        tree.root = new
+        return
+    todo = [tree.root]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, Split):
+            if node.yes is old:
+                node.yes = new
+            if node.no is old:
+                node.no = new
+            todo += [node.yes, node.no]
+
+
+def _leaves_in_order(node) -> list[Case]:
+    if isinstance(node, Case):
+        return [node]
+    return _leaves_in_order(node.yes) + _leaves_in_order(node.no)

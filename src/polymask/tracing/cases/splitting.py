@@ -1,0 +1,154 @@
+"""Case splits: one masked program per outcome of an undecidable size comparison.
+
+While a function is traced, a comparison of sizes that JAX cannot decide (a
+Python ``if`` on a size, ``lax.cond`` on a size predicate, ``top_k``'s
+``k <= n``, a ``dynamic_slice`` window, ``x.shape[0] == 1`` inside JAX's det
+...) raises ``SplitNeeded(e)`` (``_jax_compat.trace_hooks``). ``trace_cases``
+then traces again with ``e >= 0`` and with ``e <= -1`` added to the scope,
+where JAX's decision procedure decides it, and so on: the result is a small
+decision tree (``CaseTree``) whose leaves are masked programs, or *error
+cases* where the plain function itself fails (``top_k`` with ``k > n``).
+
+At run time the logical sizes choose the leaf: in Python when they are
+concrete, with ``lax.switch`` when they are traced (under ``jax.jit``; under
+``jax.vmap`` the switch becomes a select per example). Every leaf's outputs
+are padded to the largest padded shape over the leaves. An error case raises
+a ``ShapeError`` through the prologue's checks (eagerly, or at run time inside
+``jit``/``vmap``), never a value.
+
+A function without undecidable comparisons has one leaf and runs exactly as
+before (no switch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ... import _jax_compat as compat
+from ...core.diagnostics import user_frame_of_exception
+from ...core.dimvars import display_text
+from ...core.errors import ShapeError, UnsupportedError
+from ...core.shapes import SHIFT_SUFFIX
+from ..symbolic import MaskedProgram, flatten_args, trace
+from .refine import refine_errors, trace_per_size_or_raise
+from .tree import Case, CaseTree, Split, common_outputs, enumerate_sizes, error_case
+
+__all__ = ["Case", "Split", "CaseTree", "trace_cases", "trace_function_cases",
+           "explore_splits", "DEFAULT_MAX_CASES"]
+
+DEFAULT_MAX_CASES = 16
+
+
+def _internal_of(cond) -> dict[str, tuple[str, int]]:
+    """Display map for the internal dim vars in ``cond`` (``n__p1`` -> ``n``)."""
+    out = {}
+    for name in compat.dim_vars(cond):
+        if name.endswith(SHIFT_SUFFIX):
+            out[name[:-len(SHIFT_SUFFIX)]] = (name, 1)
+    return out
+
+
+def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
+                max_cases: int = DEFAULT_MAX_CASES) -> CaseTree:
+    """Trace a function once per case, splitting on undecidable size comparisons.
+
+    ``trace_one(conditions)`` traces it at one padded signature with the case's
+    conditions added to the scope (``trace.trace_flat``); it raises
+    ``SplitNeeded`` at a comparison JAX cannot decide.
+
+    Raises:
+      ShapeError: as ``trace``; when more than ``max_cases`` cases are needed;
+        when every reachable case is an error of the plain function (its
+        error); when the cases' outputs differ in structure, dtype or rank.
+      UnsupportedError: as ``trace``.
+    """
+    root, cases, first = explore_splits(trace_one, max_cases)
+    if "prog" not in first:
+        return trace_per_size_or_raise(root, cases, first, trace_one, max_cases, explore_splits)
+    base = first["prog"]
+    tree = CaseTree(root, cases, base.internal, base, max_cases=max_cases)
+    if not tree.single:
+        enumerate_sizes(tree)
+        live = [c for c in cases if c.program is not None and c.reachable]
+        if not live:
+            err = next(c for c in cases if c.error is not None and c.reachable)
+            raise ShapeError(
+                f"the function fails for every logical size within the bounds: "
+                f"{err.error}\n  (for {tree.describe_conditions(err)}, at {err.where})")
+        if refine_errors(tree, trace_one, max_cases, explore_splits):
+            live = [c for c in tree.cases if c.program is not None and c.reachable]
+        tree.base = live[0].program
+        common_outputs(tree, live)
+    return tree
+
+
+def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_cases: int):
+    """``(root, cases, first)``: the split tree of ``trace_one``'s undecidable size
+    comparisons, leaves traced (programs or error cases), not yet refined per
+    size. ``first`` holds the first program (``"prog"``), the root's error
+    (``"root_error"``) and a failed trace's ``SizeSignature``."""
+    cases: list[Case] = []
+    splits: list[Split] = []
+    first: dict[str, Any] = {}
+
+    def explore(conditions: tuple[str, ...]):
+        if len(cases) >= max_cases:
+            raise _too_many(splits, max_cases, first.get("internal", {}))
+        split = None
+        try:
+            prog = trace_one(conditions)
+        except UnsupportedError:
+            raise
+        except (compat.SplitNeeded, compat.SplitBeforeRaise) as s:
+            split = s  # traced below, outside this handler (no exception context)
+        except Exception as e:
+            signature = getattr(e, "polymask_signature", None)
+            if not conditions:
+                if signature is None:
+                    raise
+                first["root_error"] = e  # raised again unless a trace per size works
+            if signature is not None:
+                first.setdefault("signature", signature)
+            case = error_case(len(cases), conditions, e,
+                               first.get("internal") or getattr(signature, "internal", None))
+            cases.append(case)
+            return case
+        if split is not None:
+            text = display_text(str(split).replace("Symbolic dimension comparison ", "")
+                                .replace(" is inconclusive.", ""), _internal_of(split.cond))
+            where = user_frame_of_exception(split)
+            if {f"{split.cond} >= 0", f"{split.cond} <= -1"} & set(conditions):
+                raise ShapeError(  # JAX's decision procedure cannot use the condition
+                    f"cannot decide the size comparison {text} at {where} even for one "
+                    "outcome of it; state what you know as constraints "
+                    "(mask(..., constraints=['n >= 3']))")
+            node = Split(split.cond, text, where)
+            splits.append(node)
+            node.yes = explore(conditions + (f"{split.cond} >= 0",))
+            node.no = explore(conditions + (f"{split.cond} <= -1",))
+            return node
+        first.setdefault("prog", prog)
+        first.setdefault("internal", prog.internal)
+        case = Case(len(cases), conditions, program=prog)
+        cases.append(case)
+        return case
+
+    return explore(()), cases, first
+
+
+def trace_function_cases(fun: Callable, args: Sequence[Any], in_specs=None,
+                         constraints: Sequence[str] = (),
+                         max_cases: int = DEFAULT_MAX_CASES) -> tuple[CaseTree, list]:
+    """``trace_cases`` of ``fun`` at the padded signature of ``args``: ``(tree, leaves)``."""
+    tree = trace_cases(lambda conditions: trace(fun, args, in_specs, constraints, conditions)[0],
+                       max_cases)
+    return tree, flatten_args(args)[0]
+
+
+def _too_many(splits: list[Split], max_cases: int, internal) -> ShapeError:
+    comps = "\n".join(f"  {s.text} at {s.where}" for s in splits)
+    return ShapeError(
+        f"tracing needs more than max_cases={max_cases} cases: the size comparisons that "
+        f"JAX cannot decide are\n{comps}\n  State what you know as constraints "
+        "(mask(..., constraints=['n >= 3'])) or raise max_cases.")

@@ -1,0 +1,232 @@
+"""The case tree of a traced function: its leaves (programs or error cases),
+its splits, and choosing a leaf from logical sizes (``splitting.py`` builds it,
+``dispatch.py`` runs it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from ... import _jax_compat as compat
+from ...core.diagnostics import user_frame_of_exception
+from ...core.dimvars import describe_conditions, display_text, pretty_condition, sizes_text
+from ...core.errors import ShapeError
+from ...core.shapes import DimEnv, is_static
+from ..symbolic import MaskedProgram
+
+__all__ = ["Case", "Split", "CaseTree", "enumerate_sizes", "common_outputs", "error_case",
+           "plain_failure"]
+
+_ENUMERATE_LIMIT = 4096  # largest number of size combinations enumerated per tree
+
+
+@dataclasses.dataclass
+class Case:
+    """One leaf: a program, or an error of the plain function under ``conditions``."""
+
+    index: int
+    conditions: tuple[str, ...]
+    program: MaskedProgram | None = None
+    error: str | None = None
+    where: str = ""
+    reached_by: list[dict[str, int]] | None = None  # None: not enumerated
+
+    @property
+    def one_size(self) -> bool:
+        """Reached by one combination of sizes only (an error there is plain JAX's)."""
+        return self.reached_by is not None and len(self.reached_by) == 1
+
+    @property
+    def reachable(self) -> bool:
+        return self.reached_by is None or bool(self.reached_by)
+
+
+@dataclasses.dataclass
+class Split:
+    """An inner node: ``cond >= 0`` goes to ``yes``, else to ``no``."""
+
+    cond: Any
+    text: str  # the comparison as JAX reported it (spec dim vars)
+    where: str  # the user's line
+    yes: Any = None
+    no: Any = None
+
+
+@dataclasses.dataclass
+class CaseTree:
+    """The decision tree of one padded signature."""
+
+    root: Any
+    cases: list[Case]
+    internal: dict[str, tuple[str, int]]
+    # a traced program (specs, bounds, prologue checks); while every case is an
+    # error, a trace.SizeSignature (its dim vars) until a trace per size works
+    base: MaskedProgram
+    out_tree: Any = None
+    out_bounds: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
+    max_cases: int = 16  # mask(..., max_cases=): the limit its errors name
+
+    @property
+    def single(self) -> bool:
+        return isinstance(self.root, Case)
+
+    def display(self, text: str) -> str:
+        return display_text(text, self.internal)
+
+    def describe_conditions(self, case: Case) -> str:
+        if not case.conditions:
+            return "all sizes"
+        return describe_conditions(case.conditions, self.internal)
+
+    def explain_header(self, shown_program: MaskedProgram | None = None) -> str:
+        """``polymask.explain``'s lines about the cases (empty for one case); the
+        trace shown is ``shown_program``'s (default: the first live case)."""
+        if self.single:
+            return ""
+        prog = shown_program or self.base
+        shown = next(c.index for c in self.cases if c.program is prog)
+        return ("\ncases (a size comparison JAX cannot decide; the sizes choose one at run "
+                f"time; the trace below is case {shown}):\n"
+                + "\n".join("  " + ln for ln in self.summary().splitlines()))
+
+    def splits(self) -> list[Split]:
+        out, todo = [], [self.root]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, Split):
+                out.append(node)
+                todo += [node.no, node.yes]
+        return out
+
+    def summary(self) -> str:
+        """The decision tree in words: each comparison and each case."""
+        lines = []
+
+        def walk(node, depth):
+            pad = "  " * depth
+            if isinstance(node, Split):
+                lines.append(f"{pad}if {pretty_condition(f'{node.cond} >= 0', self.internal)}   "
+                             f"[{node.text} at {node.where}]")
+                walk(node.yes, depth + 1)
+                lines.append(f"{pad}else")
+                walk(node.no, depth + 1)
+                return
+            what = (f"error: {node.error.splitlines()[0]}" if node.error is not None
+                    else "outputs " + ", ".join(
+                        "(" + ", ".join(self.display(str(d)) for d in s) + ")"
+                        for s in node.program.out_shapes))
+            sizes = ""
+            if node.reached_by is not None:
+                sizes = "; sizes " + (sizes_text(node.reached_by) if node.reached_by
+                                      else "none (unreachable)")
+            lines.append(f"{pad}case {node.index}: {what}{sizes}")
+
+        walk(self.root, 0)
+        return "\n".join(lines)
+
+    # -- run time -------------------------------------------------------------
+    def select(self, values: dict[str, Any]):
+        """The case index for internal dim var values (an int or an int32 tracer)."""
+        env = DimEnv(self.base.scope, self.base.dim_bounds, values)
+
+        def walk(node):
+            if isinstance(node, Case):
+                return node.index
+            v = env.logical_raw(node.cond)
+            if is_static(v):
+                return walk(node.yes) if int(v) >= 0 else walk(node.no)
+            return jnp.where(v >= 0, walk(node.yes), walk(node.no))
+
+        out = walk(self.root)
+        return out if is_static(out) else jnp.asarray(out, jnp.int32)
+
+
+_TRACED_VALUE_ERRORS = ("ConcretizationTypeError", "TracerBoolConversionError",
+                        "TracerArrayConversionError", "TracerIntegerConversionError")
+
+
+def plain_failure(error: str) -> tuple[str, str]:
+    """How plain JAX fails like this, and a remedy: ``(phrase, remedy)``.
+
+    A traced value used as a Python value fails under ``jax.jit`` on the exact
+    arrays but not eagerly; polymask traces like ``jax.jit``, so the remedy
+    is to keep the value traced (or to make a Python constant static)."""
+    if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error):
+        return "as it does on the exact arrays", ""
+    return ("as it does under jax.jit on the exact arrays",
+            "\n  polymask traces the function as jax.jit does: a value computed from the "
+            "arguments cannot be used as a Python value (if, int(), np.asarray(), a shape); "
+            "use jnp.where / lax.cond / jnp ops on it, or pass a Python constant with "
+            "functools.partial.")
+
+
+def _error_text(e: BaseException, internal) -> str:
+    text = str(e).strip() or type(e).__name__
+    if not isinstance(e, ShapeError):
+        text = f"{type(e).__name__}: {text.split(chr(10) + chr(10))[0]}"
+        # JAX names polymask's internal function and argument ("flat_fun", "flat[0]")
+        text = "\n".join(ln for ln in text.splitlines()
+                         if "while tracing the function flat_fun" not in ln)
+    return display_text(text, internal or {})
+
+
+def error_case(index: int, conditions, e: BaseException, internal) -> Case:
+    where = getattr(e, "polymask_where", None) or user_frame_of_exception(e)
+    return Case(index, conditions, error=_error_text(e, internal), where=where)
+
+
+def enumerate_sizes(tree: CaseTree) -> None:
+    """Which spec sizes reach each case (when the bounds allow few combinations)."""
+    base = tree.base
+    names = list(base.var_order)
+    sizes = [range(base.var_bounds[v] + 1) for v in names]
+    if not names or np.prod([len(r) for r in sizes]) > _ENUMERATE_LIMIT:
+        return
+    for c in tree.cases:
+        c.reached_by = []
+    for combo in itertools.product(*sizes):
+        values = dict(zip(names, combo))
+        if not _satisfies_constraints(base, values):
+            continue  # the prologue rejects these sizes: they reach no case
+        idx = tree.select(base.internal_values(values))
+        tree.cases[int(idx)].reached_by.append(values)
+
+
+def _satisfies_constraints(prog: MaskedProgram, values: dict[str, int]) -> bool:
+    """Whether the user's constraints (``constraints=["n >= 30"]``) hold at these sizes."""
+    if getattr(prog, "user_scope", None) is None:
+        return True
+    env = DimEnv(prog.user_scope, prog.var_bounds, values)
+    for kind, e1, e2, _ in compat.explicit_constraints(prog.user_scope):
+        v1, v2 = int(env.logical_raw(e1)), int(env.logical_raw(e2))
+        if (v1 != v2) if kind == "==" else (v1 < v2):
+            return False
+    return True
+
+
+def common_outputs(tree: CaseTree, live: list[Case]) -> None:
+    """Check the cases agree on outputs; the padded shape is the max over cases."""
+    ref = live[0].program
+    bounds = [list(b) for b in ref.out_bounds()]
+    dtypes = [v.aval.dtype for v in ref.closed_jaxpr.jaxpr.outvars]
+    for c in live[1:]:
+        p = c.program
+        if p.out_tree != ref.out_tree:
+            raise ShapeError(
+                f"the cases of a size comparison return different output structures: "
+                f"{ref.out_tree} for {tree.describe_conditions(live[0])} and {p.out_tree} for "
+                f"{tree.describe_conditions(c)}; every case must return the same pytree")
+        for i, (v, b) in enumerate(zip(p.closed_jaxpr.jaxpr.outvars, p.out_bounds())):
+            if v.aval.dtype != dtypes[i] or len(b) != len(bounds[i]):
+                raise ShapeError(
+                    f"the cases of a size comparison return different outputs: output {i} "
+                    f"is {dtypes[i]}[rank {len(bounds[i])}] for "
+                    f"{tree.describe_conditions(live[0])} but {v.aval.dtype}[rank {len(b)}] "
+                    f"for {tree.describe_conditions(c)}")
+            bounds[i] = [max(x, y) for x, y in zip(bounds[i], b)]
+    tree.out_tree = ref.out_tree
+    tree.out_bounds = [tuple(b) for b in bounds]

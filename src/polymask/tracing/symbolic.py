@@ -1,0 +1,333 @@
+"""Symbolic tracing: the user's function as a jaxpr over dimension expressions.
+
+``trace(fun, args, in_specs, constraints)`` traces ``fun`` once per padded
+signature with ``jax.make_jaxpr`` on ``ShapeDtypeStruct``s whose shapes are
+``jax.export`` dimension expressions, so every size-derived value stays
+symbolic (``dim_as_value``, as Thunder's shape primitive keeps it). The result
+is a ``MaskedProgram``: the jaxpr plus everything the prologue and the
+interpreter need to run it on padded arrays.
+
+``current_scope()`` is the ``SymbolicScope`` of the trace in progress; the
+data-dependent ops create their fresh dim vars in it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jax_compat as compat
+from ..core import dimvars
+from ..core.diagnostics import is_library_frame, translate_trace_error, user_frame_of_exception
+from ..core.errors import ShapeError, UnsupportedError
+from ..core.masked import Masked
+from ..core.shapes import DimEnv, is_static
+from ..core.specs import (
+    AxisSpec,
+    broadcast_specs,
+    parse_leaf_spec,
+    scope_and_name_generator,
+    spec_identifiers,
+)
+from ..core.trace_state import current_scope, scope_active
+from .registry import check_preconditions
+
+__all__ = ["MaskedProgram", "trace", "trace_flat", "current_scope", "is_masked", "flatten_args",
+           "dtype_of"]
+
+
+def is_masked(x) -> bool:
+    return isinstance(x, Masked)
+
+
+def dtype_of(x):
+    return x.dtype if hasattr(x, "dtype") else jnp.asarray(x).dtype
+
+
+def flatten_args(args: Sequence[Any]):
+    """Leaves (a ``Masked`` is one leaf) and treedef of a call's positional args."""
+    return jax.tree_util.tree_flatten(tuple(args), is_leaf=is_masked)
+
+
+def internal_values(internal: dict[str, tuple[str, int]],
+                    values: dict[str, Any]) -> dict[str, Any]:
+    """Internal dim var values (``n__p1 = n + 1``) from the spec dim vars' values."""
+    out = {}
+    for v, x in values.items():
+        name, off = internal.get(v, (v, 0))
+        if off == 0:
+            out[name] = x
+        elif is_static(x):
+            out[name] = int(x) + off
+        else:
+            out[name] = jnp.asarray(x, jnp.int32) + off
+    return out
+
+
+@dataclasses.dataclass
+class SizeSignature:
+    """The dim vars of a trace that failed (``exception.polymask_signature``):
+    enough for ``cases/splitting.py`` to trace it again once per size."""
+
+    var_order: list[str]
+    var_bounds: dict[str, int]
+    internal: dict[str, tuple[str, int]]
+    scope: Any
+    dim_bounds: dict[str, int]
+    user_scope: Any = None  # the user's constraints over the spec dim vars
+
+    def internal_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        return internal_values(self.internal, values)
+
+
+@dataclasses.dataclass
+class MaskedProgram:
+    """One symbolic trace of a function at a padded signature (one case).
+
+    Sizes may be 0 but JAX's decision procedure assumes every dim var >= 1,
+    so a spec dim var ``n`` is traced as ``n__p1 - 1`` with an internal dim
+    var ``n__p1 = n + 1 >= 1`` (unless the user's constraints say ``n >= 1``):
+    JAX's own shape arithmetic is then exact at size 0. Users never see the
+    internal names (``display``).
+
+    Attributes:
+      closed_jaxpr: the traced jaxpr; avals have dimension expressions in
+        the internal dim vars.
+      scope: the ``SymbolicScope`` of the internal dim vars (bounds, the
+        user's constraints and this case's conditions are constraints).
+      axis_specs: per input leaf, the ``AxisSpec`` of each axis (``expr`` in
+        internal dim vars; ``var``, ``coeff``, ``offset`` as in the spec).
+      var_bounds: the bound (largest logical size) of each spec dim var.
+      leaf_bounds: per input leaf, its padded shape in this program.
+      out_tree: the treedef of the function's outputs.
+      var_order: spec dim vars in order of first appearance.
+      dim_bounds: the bound of each internal dim var.
+      internal: spec dim var -> ``(internal name, offset)`` (internal = var + offset).
+      user_scope: the scope of the user's constraints over the spec dim vars.
+      conditions: this case's conditions (``"e >= 0"`` / ``"e <= -1"``, internal).
+    """
+
+    closed_jaxpr: Any
+    scope: Any
+    axis_specs: list[list[AxisSpec]]
+    var_bounds: dict[str, int]
+    leaf_bounds: list[tuple[int, ...]]
+    out_tree: Any
+    var_order: list[str]
+    dim_bounds: dict[str, int] = dataclasses.field(default_factory=dict)
+    internal: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
+    user_scope: Any = None
+    conditions: tuple[str, ...] = ()
+
+    @property
+    def out_shapes(self) -> list[tuple]:
+        """Symbolic output shapes (dimension expressions) per output leaf."""
+        return [tuple(v.aval.shape) for v in self.closed_jaxpr.jaxpr.outvars]
+
+    def out_bounds(self) -> list[tuple[int, ...]]:
+        """Padded output shapes per output leaf."""
+        env = DimEnv(self.scope, self.dim_bounds, {})
+        return [env.padded_shape(s) for s in self.out_shapes]
+
+    def internal_values(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Internal dim var values from the spec dim vars' logical values."""
+        return internal_values(self.internal, values)
+
+    def spec_var_expr(self, v: str):
+        """The (internal) dimension expression of spec dim var ``v``."""
+        name, off = self.internal.get(v, (v, 0))
+        (e,) = jax.export.symbolic_shape(name, scope=self.scope)
+        return e - off
+
+    def display(self, e) -> str:
+        """``e`` (or a text with internal names) in terms of the spec dim vars."""
+        return dimvars.display_text(str(e), self.internal)
+
+
+def arg_paths(args) -> list[str]:
+    flat = jax.tree_util.tree_flatten_with_path(tuple(args), is_leaf=is_masked)[0]
+    return ["args" + jax.tree_util.keystr(p) for p, _ in flat]
+
+
+def _leaf_data(leaf):
+    return leaf.data if is_masked(leaf) else leaf
+
+
+def _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name) -> list[list[AxisSpec]]:
+    out = []
+    for leaf, spec, path in zip(leaves, spec_leaves, paths):
+        padded = tuple(int(d) for d in np.shape(_leaf_data(leaf)))
+        out.append(parse_leaf_spec(spec, path, padded, scope,
+                                   default_dynamic=is_masked(leaf), name_gen=gen_name))
+    return out
+
+
+def _check_constraint_vars(scope, axis_specs, spec_leaves=()) -> None:
+    spec_vars = {a.var for axes in axis_specs for a in axes if a.var}
+    # names an equality constraint substituted away ('n == 3', 'm == 2*n')
+    spec_vars |= {n for s in spec_leaves if isinstance(s, str) for n in spec_identifiers(s)}
+    for _, e1, e2, text in compat.explicit_constraints(scope):
+        unknown = (compat.dim_vars(e1) | compat.dim_vars(e2)) - spec_vars
+        if unknown:
+            raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(unknown)}; "
+                             f"the specs define {sorted(spec_vars)}")
+
+
+def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:
+    """Each dim var's bound: the smallest one its axes' padded sizes allow."""
+    bounds: dict[str, int] = {}
+    order: list[str] = []
+    for leaf, axes in zip(leaves, axis_specs):
+        shape = np.shape(_leaf_data(leaf))
+        for a in axes:
+            if a.var is None:
+                continue
+            data_bound = (int(shape[a.axis]) - a.offset) // a.coeff
+            if a.var not in bounds:
+                order.append(a.var)
+                bounds[a.var] = data_bound
+            else:
+                bounds[a.var] = min(bounds[a.var], data_bound)
+    for v, b in bounds.items():
+        if b < 1:
+            raise ShapeError(f"dim var '{v}' has bound {b}: padded sizes must leave room for "
+                             "at least one element (bound >= 1)")
+    return bounds, order
+
+
+
+
+def split_of(e: BaseException):
+    """The ``SplitNeeded`` of ``e``: ``e`` itself, or one JAX was handling when it
+    raised ``e`` (its ``__cause__``/``__context__``), None when there is none.
+
+    JAX code that catches an inconclusive comparison and then raises (``jnp.pad``
+    with ``mode="symmetric"`` needs ``n > 1`` proven) fails only because the
+    comparison was undecided: each outcome, traced with it decided, is what
+    plain JAX does at those sizes. (Code that falls back without raising,
+    ``max``/``min``, never gets here.)
+    """
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, (compat.SplitNeeded, compat.SplitBeforeRaise)):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def trace(fun: Callable, args: Sequence[Any], in_specs=None,
+          constraints: Sequence[str] = (), conditions: Sequence[str] = ()
+          ) -> tuple[MaskedProgram, list]:
+    """Trace ``fun`` symbolically at the padded signature of ``args``.
+
+    ``conditions`` (over the internal dim vars) are added to the scope: the
+    case of a case split (``cases/splitting.py``). Returns ``(program, leaves)`` where
+    ``leaves`` are the flat input leaves.
+
+    Raises:
+      compat.SplitNeeded: a size comparison JAX cannot decide (``cases/splitting.py``
+        traces each outcome).
+      ShapeError: a bad spec or constraint, or a size question JAX cannot
+        answer while tracing (translated by ``diagnostics``).
+      UnsupportedError: raised by a polymask op while tracing.
+    """
+    leaves, in_tree = flatten_args(args)
+    spec_leaves = broadcast_specs(in_specs, list(args), is_masked)
+
+    traced = compat.replacement_of(fun)
+
+    def call(*flat):
+        return traced(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
+
+    prog = trace_flat(call, leaves, spec_leaves, arg_paths(args), constraints, conditions)
+    return prog, leaves
+
+
+def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any],
+               paths: Sequence[str], constraints: Sequence[str] = (),
+               conditions: Sequence[str] = ()) -> MaskedProgram:
+    """Trace ``call(*leaves)`` symbolically: one spec (or None) and one path per leaf.
+
+    ``trace`` is this with the leaves of positional arguments; ``mask`` uses it
+    directly for keyword arguments and pytree callees (modules), whose
+    non-array leaves it keeps out of ``leaves``. Raises as ``trace``.
+    """
+    leaves = list(leaves)
+    user_scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
+    user_axes = _parse_axis_specs(leaves, spec_leaves, paths, user_scope, gen_name)
+    _check_constraint_vars(user_scope, user_axes, spec_leaves)
+    var_bounds, var_order = _var_bounds(leaves, user_axes)
+    internal = dimvars.internal_names(var_order, var_bounds, constraints)
+    scope, static = dimvars.internal_scope(constraints, conditions, internal, var_bounds)
+    var_expr = {}
+    for v, (name, off) in internal.items():
+        (e,) = jax.export.symbolic_shape(name, scope=scope)
+        var_expr[v] = e - off
+    axis_specs = [[a if a.var is None else
+                   dataclasses.replace(a, expr=a.coeff * var_expr[a.var] + a.offset)
+                   for a in axes] for axes in user_axes]
+    dim_bounds = {internal[v][0]: b + internal[v][1] for v, b in var_bounds.items()}
+    internal_off = {name: off for name, off in internal.values()}
+
+    env = DimEnv(scope, dim_bounds, {})
+    leaf_bounds = [tuple(env.padded(a.expr) for a in axes) for axes in axis_specs]
+    # weak types kept: a Python scalar argument promotes as in plain JAX
+    avals = [jax.ShapeDtypeStruct(tuple(a.expr for a in axes), dtype_of(_leaf_data(leaf)),
+                                  weak_type=compat.is_weakly_typed(_leaf_data(leaf)))
+             for leaf, axes in zip(leaves, axis_specs)]
+
+    out_trees = []
+
+    def flat_fun(*flat):
+        out = call(*flat)
+        out_flat, out_tree = jax.tree_util.tree_flatten(out, is_leaf=is_masked)
+        out_trees.append(out_tree)
+        return [_leaf_data(o) for o in out_flat]
+
+    replaced = compat.during_masked_trace(lambda f: not is_library_frame(f),
+                               split_vars={v: (1 if internal_off.get(v) else 0, b)
+                                           for v, b in dim_bounds.items()},
+                               scope=scope)
+    try:
+        with scope_active(scope), replaced:
+            closed = jax.make_jaxpr(flat_fun)(*avals)
+            check_preconditions(closed.jaxpr)  # sizes where lowering fails: error cases
+    except (ShapeError, UnsupportedError):
+        raise
+    except Exception as e:
+        split = split_of(e)
+        if split is not None:
+            raise split from None
+        var_where = {}
+        for axes in axis_specs:
+            for a in axes:
+                if a.var:
+                    var_where.setdefault(a.var, a.where)
+        # At pinned sizes the trace is plain JAX's: its error is the plain
+        # function's, not a symbolic-shape limitation to translate.
+        shown = dimvars.displayed_error(e, internal)  # messages name spec dim vars
+        translated = None if static else translate_trace_error(shown, var_where)
+        signature = SizeSignature(var_order, var_bounds, internal, scope, dim_bounds, user_scope)
+        if translated is not None:
+            err = dimvars.displayed_error(translated, internal)
+            err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
+            err.polymask_signature = signature
+            raise err from None
+        # A built-in error (JAX's own take arguments to build their text) is
+        # shown with the spec's dim var names, not the internal ``n__p1 - 1``.
+        raised = shown if type(e).__module__ == "builtins" else e
+        try:
+            raised.polymask_signature = signature
+        except AttributeError:  # an exception type without a __dict__
+            pass
+        if raised is e:
+            raise
+        raise raised from None
+    return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
+                         var_order, dim_bounds, internal, user_scope, tuple(conditions))
