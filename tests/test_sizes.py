@@ -231,6 +231,22 @@ def test_python_int_sizes_traced_per_size_up_to_twice_max_cases():
     np.testing.assert_allclose(m(masked(x, 40)).unpad(), x.sum() / 33, rtol=1e-6)
 
 
+def test_polymask_jit_and_ragged_map_trace_python_int_sizes_per_size():
+    """len(x) under polymask.jit: every size of a pow2 bucket up to 32 works by
+    default; max_cases= raises the limit for polymask.jit and ragged_map too."""
+    mean = lambda x: x.sum() / len(x)
+    f = pm.jit(mean, "n")
+    for n in (1, 16, 17, 32):
+        np.testing.assert_allclose(f(np.arange(n, dtype=np.float32)), (n - 1) / 2)
+    with pytest.raises(pm.ShapeError, match="here 65 sizes: max_cases=32 traces them"):
+        f(np.ones(40, np.float32))
+    g = pm.jit(mean, "n", max_cases=32)
+    np.testing.assert_allclose(g(np.arange(40, dtype=np.float32)), 19.5)
+    r = pm.ragged_map(mean, "n", max_cases=32)
+    outs = r([np.arange(n, dtype=np.float32) for n in (1, 40, 63)])
+    np.testing.assert_allclose(np.asarray(outs), [0.0, 19.5, 31.0], rtol=1e-6)
+
+
 def test_only_the_dim_vars_a_python_int_size_needs_are_pinned():
     """jraph's segment_max_or_constant takes len(segment_ids): pinning e alone
     (7 traces; n stays symbolic) covers the 7 x 7 sizes of a graph."""

@@ -34,6 +34,7 @@ from .. import _jax_compat as compat
 from ..core.binding import keywords_as_positional
 from ..core.errors import ShapeError
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
+from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from .compiling import COMPILE_TICK, compile_counter
 from .envvars import env_switch
 from .hostio import (
@@ -101,12 +102,14 @@ class PolyJit:
     ``tiered`` is off)."""
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
-                 numpy_outputs=False, tiered=None, compiler_options=None):
+                 numpy_outputs=False, tiered=None, compiler_options=None,
+                 max_cases=DEFAULT_MAX_CASES):
         if isinstance(in_specs, str):
             in_specs = (in_specs,)
         self.fun = fun
         self.in_specs = None if in_specs is None else tuple(in_specs)
         self.constraints = tuple(constraints)
+        self.max_cases = max_cases
         self.compiler_options = checked_compiler_options(compiler_options)
         self.numpy_outputs = numpy_outputs
         policy_for = policy_getter(buckets)
@@ -311,7 +314,8 @@ class PolyJit:
         return jax.tree_util.tree_unflatten(outputs.tree, outs)
 
     def _make(self, tree, plan, entry):
-        return build_inner(self.fun, entry, tree, plan, self.in_specs, self.constraints)
+        return build_inner(self.fun, entry, tree, plan, self.in_specs, self.constraints,
+                           max_cases=self.max_cases)
 
     def _slow_call(self, info: _CallInfo, leaves):
         """First call of a signature, an evicted program, or a tiered bucket still compiling."""
@@ -393,7 +397,7 @@ class PolyJit:
 
 def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
         cache_size: int = 64, numpy_outputs: bool = False, tiered: bool | None = None,
-        compiler_options: dict | None = None) -> PolyJit:
+        compiler_options: dict | None = None, max_cases: int = DEFAULT_MAX_CASES) -> PolyJit:
     """Compile ``fun`` once per bucket: exact (unpadded) arrays in, exact arrays out.
 
     Args:
@@ -423,6 +427,9 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
         ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names; an
         unknown name raises at the first compile). Traced calls (under
         ``jax.jit``/``grad``) compile in the caller's program.
+      max_cases: as for ``polymask.mask``: the most split cases per bucket
+        signature; code that needs a size as a Python int is traced once per
+        size up to a bucket of ``2 * max_cases`` (32 by default).
 
     Returns:
       A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,
@@ -447,4 +454,4 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     """
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
                    cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
-                   compiler_options=compiler_options)
+                   compiler_options=compiler_options, max_cases=max_cases)

@@ -20,6 +20,7 @@ from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, plan_call
 from ..core.trace_state import mapped_per_example
 from ..tracing.cases.dispatch import host_error
+from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from ..tracing.transform import mask
 from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners
 from .outputs import OutputPlan, output_plan
@@ -99,14 +100,15 @@ def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:
 
 
 def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
-                n_bcast=0, bcast_tree=None, n_bcast_leaves=0):
+                n_bcast=0, bcast_tree=None, n_bcast_leaves=0, max_cases=DEFAULT_MAX_CASES):
     """The traced function of ``entry`` (see ``build_inner_and_cases``)."""
     return build_inner_and_cases(fun, entry, in_tree, plan, in_specs, constraints, n_bcast,
-                                 bcast_tree, n_bcast_leaves)[0]
+                                 bcast_tree, n_bcast_leaves, max_cases=max_cases)[0]
 
 
 def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
-                          n_bcast=0, bcast_tree=None, n_bcast_leaves=0, row_guard=False):
+                          n_bcast=0, bcast_tree=None, n_bcast_leaves=0, row_guard=False,
+                          max_cases=DEFAULT_MAX_CASES):
     """The traced function: rebuild ``Masked`` inputs from a size vector, run ``mask(fun)``.
 
     Its arguments are the broadcast leaves, the static leaves, the padded
@@ -126,7 +128,7 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
     """
     mask_specs = None if in_specs is None else (None,) * n_bcast + tuple(in_specs)
     masked = mask(fun, mask_specs, constraints=constraints, checks=False, zero_padded=True,
-                  differentiable=False)
+                  differentiable=False, max_cases=max_cases)
     var_index = {v: i for i, v in enumerate(plan.var_names)}
     n_static = sum(1 for p in plan.leaves if p.static)
 

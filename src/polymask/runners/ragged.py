@@ -31,6 +31,7 @@ from .. import _jax_compat as compat
 from ..core.buckets import as_policy
 from ..core.errors import ShapeError
 from ..core.plan import policy_getter
+from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from . import ragged_batches
 from .compiling import background_executor
 from .hostio import slice_to
@@ -62,12 +63,14 @@ class RaggedMap:
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
                  sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
-                 compiler_options=None, refined_compiler_options=None, program_id=None):
+                 compiler_options=None, refined_compiler_options=None, program_id=None,
+                 max_cases=DEFAULT_MAX_CASES):
         if isinstance(in_specs, str):
             in_specs = (in_specs,)
         self.fun = fun
         self.in_specs = None if in_specs is None else tuple(in_specs)
         self.constraints = tuple(constraints)
+        self.max_cases = max_cases
         self.compiler_options = checked_compiler_options(compiler_options)
         self.plans = CallPlans(self.in_specs, self.constraints, policy_getter(buckets))
         self.cache = ProgramCache(cache_size, self.compiler_options,
@@ -260,7 +263,7 @@ class RaggedMap:
         def make(entry) -> StorableProgram:
             inner, cases = build_inner_and_cases(self.fun, entry, tree, plan, in_specs,
                                                  self.constraints, n_broadcast, bcast_tree, nb,
-                                                 row_guard=True)
+                                                 row_guard=True, max_cases=self.max_cases)
 
             def case_tree(avals):
                 jax.eval_shape(lambda *a: cases(*a) and 0, *ragged_batches.example_avals(avals, axes, plan, nb))
@@ -269,6 +272,7 @@ class RaggedMap:
             batched = ragged_batches.stacked_weak_inputs(jax.vmap(inner, in_axes=axes), plan, nb)
             return StorableProgram(batched, case_tree, (
                 str(tree), str(bcast_tree), repr(in_specs), repr(self.constraints),
+                repr(self.max_cases),
                 repr(plan.var_names), repr(plan.stacked),
                 repr(sorted(entry.compiler_options.items()))))
 
@@ -399,7 +403,8 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                progress: bool = False, numpy_outputs: bool = False, sort: bool = True,
                batch_tokens: int | None = None, compile_ahead: bool = True,
                refine_buckets=None, compiler_options: dict | None = None,
-               refined_compiler_options: dict | None = None) -> RaggedMap:
+               refined_compiler_options: dict | None = None,
+               max_cases: int = DEFAULT_MAX_CASES) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -458,6 +463,9 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         buckets are already tight: e.g. options that compile slower and run
         faster. A refined program that fails to compile (an unknown option)
         gives one ``RuntimeWarning``; its batches keep the coarse program.
+      max_cases: as for ``polymask.mask``: the most split cases per bucket
+        signature; code that needs a size as a Python int is traced once per
+        size up to a bucket of ``2 * max_cases`` (32 by default).
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
@@ -467,4 +475,4 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                      cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs,
                      sort=sort, batch_tokens=batch_tokens, compile_ahead=compile_ahead,
                      refine_buckets=refine_buckets, compiler_options=compiler_options,
-                     refined_compiler_options=refined_compiler_options)
+                     refined_compiler_options=refined_compiler_options, max_cases=max_cases)

@@ -69,7 +69,7 @@ def _count_text(signature) -> str:
     count = 1
     for v in signature.var_order:
         count *= signature.var_bounds[v] + 1
-    return f"; here {count} sizes" if count > 1 else ""
+    return f"; here {count} sizes: max_cases={count // 2} traces them" if count > 1 else ""
 
 
 def _every_size_fails(failed: list[Case], max_cases: int) -> ShapeError:
@@ -99,7 +99,7 @@ def per_size_remedy(max_cases: int, count: int) -> str:
     """Why a case of many sizes that fails symbolically is polymask's limit, and
     what the user can change (``count``: the sizes reaching it, 0 = unknown)."""
     limit = per_size_limit(max_cases)
-    need = f" (here {count}: max_cases={(count + 1) // 2} traces them)" if count else ""
+    need = f" (here {count}: max_cases={count // 2} traces them)" if count else ""
     return (
         "jax.jit on the exact arrays traces each size with Python ints; polymask traces "
         f"the sizes one by one only when at most {limit} reach a case (a bound of "
