@@ -7,7 +7,7 @@ os.environ.setdefault("POLYMASK_TIERED", "0")
 # The CLI turns the persistent compilation cache on by default: not in tests
 # (it is process-global JAX config); tests that want it pass --cache-dir.
 os.environ.setdefault("POLYMASK_CACHE_DIR", "off")
-# The CLI makes glibc malloc keep freed memory (polymask.hostmem), process-wide:
+# The CLI makes glibc malloc keep freed memory (polymask.runners.hostmem), process-wide:
 # not in the test workers that call cli.main in-process; tests of it set this.
 os.environ.setdefault("POLYMASK_REUSE_HOST_MEMORY", "off")
 

@@ -47,6 +47,13 @@ def test_the_layer_check_sees_function_level_imports(tmp_path):
     mods = {"polymask.core.low": pkg / "core" / "low.py", "polymask.runners": pkg / "runners.py"}
     graph = {m: tool.imports(m, p, mods) for m, p in mods.items()}
     assert tool.upward_imports(graph) == [("polymask.core.low", "polymask.runners")]
+    # absolute imports of polymask count too, in every form
+    for text in ("def f():\n    from polymask.runners import X\n",
+                 "def f():\n    import polymask.runners\n",
+                 "from polymask import runners\n"):
+        (pkg / "core" / "low.py").write_text(text)
+        graph = {m: tool.imports(m, p, mods) for m, p in mods.items()}
+        assert tool.upward_imports(graph) == [("polymask.core.low", "polymask.runners")], text
 
 
 def test_interpreter_names_no_primitive():
@@ -96,3 +103,12 @@ def test_every_package_says_its_job_and_what_it_may_import():
         doc = init.read_text().lstrip()
         assert doc.startswith('"""'), init
         assert "Layer" in doc.split('"""')[1], init
+
+
+def test_public_modules_import_by_their_public_names():
+    """``polymask.buckets`` is public (README): importable as a module too."""
+    from polymask.buckets import pow2
+
+    import polymask
+
+    assert polymask.buckets.pow2 is pow2 and pow2(16)(17) == 32

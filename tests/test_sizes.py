@@ -220,8 +220,8 @@ def test_python_int_sizes_traced_per_size_up_to_twice_max_cases():
     assert n_cases(lambda x: x.sum() / len(x), 20) == 21
     check_oracle(lambda x: x.sum() / len(x), [(vec(n),) for n in (32, 0, 17)], [(32,)], ["n"],
                  modes=("jit",))
-    with pytest.raises(pm.ShapeError, match=r"at most 33 sizes, a bound of 2 x mask\(\.\.\., "
-                       r"max_cases=\); here 41 sizes"):
+    with pytest.raises(pm.ShapeError, match=r"at most 33 sizes, a bound of 2 x max_cases \(mask, polymask.jit and "
+                       r"ragged_map take max_cases=\); here 41 sizes"):
         pm.mask(lambda x: x.sum() / len(x), "n")(masked(vec(3), 40))
     # max_cases scales it; constraints narrow the sizes counted
     m = pm.mask(lambda x: x.sum() / len(x), "n", max_cases=20)

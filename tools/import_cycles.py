@@ -8,7 +8,7 @@ package's ``__init__``. Each module belongs to a *layer*: the top-level
 package it lives in (``polymask.tracing.cases.tree`` -> ``tracing``), or the
 root-level module itself (``testing``); ``""`` is the root ``__init__``. A
 module may import its own layer and the layers before it in ``LAYERS``, never
-one after it (docs/CONTRIBUTING.md, "Layers").
+one after it (docs/CONTRIBUTING.md, "Architecture in one screen").
 """
 
 from __future__ import annotations
@@ -50,19 +50,27 @@ def modules() -> dict[str, pathlib.Path]:
 
 
 def imports(name: str, path: pathlib.Path, mods) -> set[str]:
+    """The polymask modules ``name`` imports: relative imports and absolute
+    ones (``from polymask.runners import polyjit``, ``import polymask.x``),
+    at any level of the file (function-level imports included)."""
     pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     deps = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if not (isinstance(node, ast.ImportFrom) and node.level > 0):
+        if isinstance(node, ast.Import):
+            groups = [[a.name] for a in node.names if a.name.split(".")[0] == "polymask"]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = ".".join(pkg[:len(pkg) - (node.level - 1)]
+                            + ([node.module] if node.module else []))
+            groups = [[f"{base}.{a.name}" for a in node.names] + ([base] if node.module else [])]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "polymask":
+            groups = [[f"{node.module}.{a.name}" for a in node.names] + [node.module]]
+        else:
             continue
-        base = ".".join(pkg[:len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
-        cands = [f"{base}.{a.name}" for a in node.names]
-        if node.module:
-            cands.append(base)
-        for c in cands:
-            if c in mods and c != name:
-                deps.add(c)
-                break
+        for cands in groups:
+            for c in cands:
+                if c in mods and c != name:
+                    deps.add(c)
+                    break
     return deps
 
 

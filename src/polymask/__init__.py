@@ -7,6 +7,8 @@ outputs equal ``f`` on the unpadded inputs. See docs/DESIGN.md for the contract.
 
 from __future__ import annotations
 
+import sys as _sys
+
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
 from .core import buckets
 from .core.errors import ShapeError, UnsupportedError
@@ -37,6 +39,10 @@ from .runners.ragged import ragged_map
 from .runners.training import value_and_grad
 from .tracing.prologue import shape_errors
 from .tracing.transform import mask
+
+# ``polymask.buckets`` is public (README: ``from polymask.buckets import pow2``);
+# its code lives in the masking core, so the name is an alias of that module.
+_sys.modules[__name__ + ".buckets"] = buckets
 
 __all__ = [
     "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "UnsupportedError",

@@ -2,7 +2,7 @@
 
 While a masked trace is in progress, a size comparison that JAX cannot decide
 (``_shape_poly._geq_decision`` inconclusive, or ``DimExpr.__eq__`` answering
-False without a proof) raises ``SplitNeeded`` so that ``cases.py`` can trace
+False without a proof) raises ``SplitNeeded`` so that ``tracing/cases/splitting.py`` can trace
 each outcome under a constraint. Part of ``_jax_compat``;
 ``tests/test_jax_compat.py`` covers it.
 """

@@ -31,7 +31,7 @@ class RunState:
       forward_only: the masked program is never differentiated (the runners):
         rules may skip the selects that only keep the backward pass finite.
       guard: a traced bool when the program is one case of a case split
-        (``case_dispatch``): true where this case is the one the sizes choose;
+        (``tracing/cases/dispatch.py``): true where this case is the one the sizes choose;
         loop rules narrow it in a body run to the bound to the logical steps.
         Rules' run-time checks and host callbacks act only there (under
         ``vmap`` every case runs for every example).

@@ -57,7 +57,8 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
         if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):
             raise ShapeError(f"{e}\n  (polymask traces such a function once per size when "
                              f"the bounds allow at most {per_size_limit(max_cases)} sizes, a "
-                             f"bound of 2 x mask(..., max_cases=){_count_text(signature)})"
+                             "bound of 2 x max_cases (mask, polymask.jit and ragged_map "
+                             f"take max_cases=){_count_text(signature)})"
                              ) from None
         raise e
     err = next(c for c in cases if c.error is not None)
