@@ -12,7 +12,7 @@ from helpers import oracle
 from jax import lax
 
 import polymask as pm
-from polymask.testing import garbage_pad
+from polymask.testing import check_oracle, garbage_pad
 
 RNG = np.random.default_rng(0)
 TOL = dict(rtol=2e-4, atol=2e-4)
@@ -213,12 +213,18 @@ def test_polymask_jit_forward_only():
 # --------------------------------------------------------------------------
 # Refusals
 # --------------------------------------------------------------------------
-def test_dynamic_group_count_in_mode_1_fails_as_in_jax():
+def test_dynamic_group_count_in_mode_1_is_traced_per_group_count():
+    """JAX's ragged_dot refuses a symbolic group count; jax.jit on the exact
+    arrays gets an int. polymask pins only g (5 traces; m stays symbolic) and
+    matches plain JAX at every group count, 0 included."""
+    exs = [(vec(m, 4), vec(g, 4, 5), gsizes(*sizes)) for m, g, sizes in
+           ((8, 4, (2, 1, 3, 2)), (0, 0, ()), (3, 1, (3,)), (5, 2, (1, 2)), (1, 3, (0, 1, 0)))]
+    check_oracle(moe, exs, [(8, 4), (4, 4, 5), (4,)], ("m, 4", "g, 4, 5", "g"),
+                 modes=("eager", "jit", "vmap"))
     f = pm.mask(moe, ("m, 4", "g, 4, 5", "g"))
-    with pytest.raises((TypeError, pm.ShapeError), match="group count"):
-        f(pm.Masked(jnp.zeros((8, 4)), (np.int32(3), 4)),
-          pm.Masked(jnp.zeros((4, 4, 5)), (np.int32(3), 4, 5)),
-          pm.Masked(jnp.zeros((4,), jnp.int32), (np.int32(3),)))
+    tree, _ = f.cases(*(pm.Masked(jnp.asarray(garbage_pad(a, b)), a.shape)
+                        for a, b in zip(exs[0], [(8, 4), (4, 4, 5), (4,)])))
+    assert len(tree.cases) == 5
 
 
 def test_group_offset_is_refused():
