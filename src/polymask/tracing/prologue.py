@@ -321,8 +321,9 @@ def _solution_checks(sol) -> list[Check]:
     return checks
 
 
-def _constraint_checks(prog, values) -> list[Check]:
-    """The user's constraints, checked on the spec dim vars' logical values."""
+def constraint_checks(prog, values) -> list[Check]:
+    """The user's constraints, checked on the spec dim vars' logical values
+    (ints or traced); ``prog`` has ``user_scope`` and ``var_bounds``."""
     checks = []
     env = DimEnv(prog.user_scope, prog.var_bounds, values)
     for kind, e1, e2, text in compat.explicit_constraints(prog.user_scope):
@@ -350,7 +351,7 @@ def solve_dim_vars(prog, leaves, checks_on: bool) -> tuple[dict[str, Any], list[
     checks, sizes = _axis_checks(leaves, prog, checks_on)
     sol = solve_sizes(prog.axis_specs, sizes)
     checks += _solution_checks(sol)
-    checks += _constraint_checks(prog, sol.values)
+    checks += constraint_checks(prog, sol.values)
     if not checks_on:
         checks = [c for c in checks if concrete_value(c.bad) is not None]
     return prog.internal_values(sol.values), checks

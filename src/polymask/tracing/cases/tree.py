@@ -11,11 +11,11 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ... import _jax_compat as compat
 from ...core.diagnostics import user_frame_of_exception
 from ...core.dimvars import describe_conditions, display_text, pretty_condition, sizes_text
 from ...core.errors import ShapeError
 from ...core.shapes import DimEnv, is_static
+from ..prologue import constraint_checks
 from ..symbolic import MaskedProgram
 
 __all__ = ["Case", "Split", "CaseTree", "enumerate_sizes", "common_outputs", "error_case",
@@ -197,15 +197,11 @@ def enumerate_sizes(tree: CaseTree) -> None:
 
 
 def _satisfies_constraints(prog: MaskedProgram, values: dict[str, int]) -> bool:
-    """Whether the user's constraints (``constraints=["n >= 30"]``) hold at these sizes."""
+    """Whether the user's constraints (``constraints=["n >= 30"]``) hold at these
+    sizes: the prologue's own checks, at Python ints."""
     if getattr(prog, "user_scope", None) is None:
         return True
-    env = DimEnv(prog.user_scope, prog.var_bounds, values)
-    for kind, e1, e2, _ in compat.explicit_constraints(prog.user_scope):
-        v1, v2 = int(env.logical_raw(e1)), int(env.logical_raw(e2))
-        if (v1 != v2) if kind == "==" else (v1 < v2):
-            return False
-    return True
+    return not any(bool(c.bad) for c in constraint_checks(prog, values))
 
 
 def common_outputs(tree: CaseTree, live: list[Case]) -> None:
