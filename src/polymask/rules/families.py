@@ -18,6 +18,22 @@ from ..tracing.registry import register
 from .util import clean, fill_padding, identity_of, is_inexact, masked_axes
 
 
+# primitive name -> (family, kind): what the packed layout (``packing/``) reads
+# to give each family member its packed interpretation without a second list.
+FAMILIES: dict[str, tuple[str, str | None]] = {}
+
+
+def _note_family(prims, family: str, kind: str | None = None) -> None:
+    for p in prims:
+        FAMILIES[p if isinstance(p, str) else p.name] = (family, kind)
+
+
+def family_of(name: str) -> tuple[str | None, str | None]:
+    """``(family, kind)`` of a primitive registered through a family
+    constructor here (``("reduction", "max")``), else ``(None, None)``."""
+    return FAMILIES.get(name, (None, None))
+
+
 def _declared_in(rule, module: str | None):
     """Attribute ``rule`` to the rule module that declares the family members
     (``rules/elementwise.py``, not this file): the coverage table
@@ -35,6 +51,7 @@ def defelementwise(*prims, zero_preserving: bool = False, module: str | None = N
     exactly) zero padding in all full-shape operands is recorded as kept.
     """
     register(*prims)(_declared_in(_elementwise_rule(zero_preserving), module))
+    _note_family(prims, "elementwise")
 
 
 def _elementwise_rule(zero_preserving: bool):
@@ -98,6 +115,7 @@ def defrelayout(*prims, module: str | None = None) -> None:
     stays zero padding.
     """
     register(*prims)(_declared_in(_relayout_rule(), module))
+    _note_family(prims, "relayout")
 
 
 def _relayout_rule():
@@ -118,6 +136,7 @@ def defreducer(*prims, kind: str, module: str | None = None) -> None:
     logical extremum wins.
     """
     register(*prims)(_declared_in(_reducer_rule(kind), module))
+    _note_family(prims, "reduction", kind)
 
 
 def _reducer_rule(kind: str):
@@ -137,6 +156,7 @@ def defcumulative(*prims, kind: str, module: str | None = None) -> None:
     0. Reverse scans read the padding, so it is filled with the identity.
     """
     register(*prims)(_declared_in(_cumulative_rule(kind), module))
+    _note_family(prims, "cumulative", kind)
 
 
 def _cumulative_rule(kind: str):

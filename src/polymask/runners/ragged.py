@@ -46,7 +46,12 @@ from .programs import (
     jit_program,
     raise_case_error,
 )
+from ..packing import PackedUnsupported, pack_rows
+from ..packing.cost import packed_cost, padded_cost
+from .packed import PackedRunner, default_row_size
 from .refining import Refinement
+
+LAYOUTS = ("padded", "packed", "auto")
 
 __all__ = ["ragged_map", "RaggedMap"]
 
@@ -64,7 +69,19 @@ class RaggedMap:
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
                  sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
                  compiler_options=None, refined_compiler_options=None, program_id=None,
-                 max_cases=DEFAULT_MAX_CASES):
+                 max_cases=DEFAULT_MAX_CASES, layout="padded", row_size=None,
+                 rows_per_call=None, segments_per_row=None):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
+        self.row_size = None if row_size is None else int(row_size)
+        if self.row_size is not None and self.row_size < 1:
+            raise ValueError("row_size must be >= 1")
+        self.rows_per_call = None if rows_per_call is None else int(rows_per_call)
+        self.segments_per_row = None if segments_per_row is None else int(segments_per_row)
+        self._packed: PackedRunner | None = None
+        self._packed_refusal: str | None = None
+        self.last_layout: dict = {}
         if isinstance(in_specs, str):
             in_specs = (in_specs,)
         self.fun = fun
@@ -118,6 +135,16 @@ class RaggedMap:
                 raise ShapeError(f"examples[{i}]: {e}{ragged_batches.specs_hint(e)}") from None
             kinds[(tree, ragged_batches.kind_key(plan), ragged_batches.static_values_key(plan, leaves))].append(i)
             infos.append((plan, leaves))
+        results: list[Any] = [None] * len(examples)
+        self.last_layout = {"padded": len(examples), "packed": 0, "reason": "layout='padded'"}
+        if self.layout != "padded":
+            left = set(self._run_packed(kinds, infos, in_specs, broadcast, bcast_leaves, results))
+            kinds = {k: [i for i in idxs if i in left] for k, idxs in kinds.items()}
+            kinds = {k: idxs for k, idxs in kinds.items() if idxs}
+            self.last_layout["padded"] = len(left)
+            self.last_layout["packed"] = len(examples) - len(left)
+            if not left:
+                return results
         batches = []
         for (tree, *_), idxs in kinds.items():
             ragged_batches.stack_varying_statics(infos, idxs)
@@ -130,7 +157,6 @@ class RaggedMap:
                            else (batches, []))
         if self.sort:
             batches.sort(key=lambda b: -b[1].padded)
-        results: list[Any] = [None] * len(examples)
         show = self.progress if progress is None else progress
         bar = None
         if show:
@@ -153,11 +179,82 @@ class RaggedMap:
         self.refinement.queue_refined(wanted, infos, *call)
         return results
 
+    # -- the packed layout ---------------------------------------------------------
+    def _run_packed(self, kinds, infos, in_specs, broadcast, bcast_leaves, results) -> list[int]:
+        """Run the examples that fit a row packed (``runners/packed.py``); return
+        the indices left to the padded layout. ``layout="auto"`` packs when the
+        function has a packed rule for every primitive and the cost model
+        (``packing/cost.py``) says packing computes less; ``last_layout`` says
+        what ran and why."""
+        every = [i for idxs in kinds.values() for i in idxs]
+        if self._packed_refusal is not None:
+            return self._refuse(self._packed_refusal, every)
+        if len(kinds) != 1:
+            return self._refuse("examples of several kinds (trees, dtypes or dim vars)", every)
+        ((tree, *_), idxs), = kinds.items()
+        plan0 = infos[idxs[0]][0]
+        if len(plan0.var_names) != 1:
+            return self._refuse(f"the specs name {len(plan0.var_names)} dim vars; the packed "
+                                "layout packs one ragged axis", every, permanent=True)
+        lengths = {i: int(infos[i][0].values[0]) for i in idxs}
+        runner = self._packed_runner(max(lengths.values()))
+        try:
+            prog = runner.prepare(plan0, infos[idxs[0]][1], tree, broadcast, in_specs)
+        except PackedUnsupported as e:
+            return self._refuse(str(e), every, permanent=True)
+        fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
+        if not fits:
+            return self._refuse(f"no example fits a row of {runner.row_size}", every)
+        rows = len(pack_rows([lengths[i] for i in fits], runner.row_size, runner.slots).rows)
+        B = runner.choose_rows_per_call(rows)
+        if self.layout == "auto":
+            var = prog.var
+            packed = packed_cost(prog.program, var, -(-rows // B) * B, runner.row_size)
+            padded = padded_cost(prog.program, var, [lengths[i] for i in fits],
+                                 self.plans.policy_for(plan0.var_names[0]), self.batch_size)
+            if packed > padded:
+                return self._refuse(f"the cost model gives packed {packed:.3g} > padded "
+                                    f"{padded:.3g} (elements and dot FLOPs)", every)
+            reason = f"cost model: packed {packed:.3g} <= padded {padded:.3g}"
+        else:
+            reason = "layout='packed'"
+        try:
+            runner.run(fits, infos, bcast_leaves, results, prog.program.out_tree)
+        except PackedUnsupported as e:  # met while tracing the row program
+            return self._refuse(str(e), every, permanent=True)
+        left = [i for i in every if i not in set(fits)]
+        if left:
+            reason += (f"; {len(left)} examples ran padded (longer than row_size="
+                       f"{runner.row_size}, or sizes where the function raises)")
+        self.last_layout["reason"] = reason
+        return left
+
+    def _refuse(self, reason: str, idxs: list[int], permanent: bool = False) -> list[int]:
+        if self.layout == "packed":
+            raise PackedUnsupported(f"ragged_map(layout='packed'): {reason}")
+        if permanent:
+            self._packed_refusal = reason
+        self.last_layout["reason"] = f"padded: {reason}"
+        return idxs
+
+    def _packed_runner(self, longest: int) -> PackedRunner:
+        if self._packed is None:
+            R = self.row_size or default_row_size(longest)
+            S = self.segments_per_row or min(R, 128)
+            self._packed = PackedRunner(self.fun, self.constraints, R, S, self.rows_per_call,
+                                        self.max_cases, self.numpy_outputs)
+        return self._packed
+
     def _options_for(self, key) -> dict:
         return self.refinement.options_for(key)
 
     def stats(self) -> dict:
-        return finish_stats(self.cache.stats())
+        s = finish_stats(self.cache.stats())
+        if self._packed is not None:
+            s["packed"] = dict(self._packed.stats, row_size=self._packed.row_size,
+                               rows_per_call=self._packed.rows_per_call)
+        s["layout"] = dict(self.last_layout)
+        return s
 
     stats.__doc__ = STATS_DOC
 
@@ -404,7 +501,9 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                batch_tokens: int | None = None, compile_ahead: bool = True,
                refine_buckets=None, compiler_options: dict | None = None,
                refined_compiler_options: dict | None = None,
-               max_cases: int = DEFAULT_MAX_CASES) -> RaggedMap:
+               max_cases: int = DEFAULT_MAX_CASES, layout: str = "padded",
+               row_size: int | None = None, rows_per_call: int | None = None,
+               segments_per_row: int | None = None) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -475,4 +574,6 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                      cache_size=cache_size, progress=progress, numpy_outputs=numpy_outputs,
                      sort=sort, batch_tokens=batch_tokens, compile_ahead=compile_ahead,
                      refine_buckets=refine_buckets, compiler_options=compiler_options,
-                     refined_compiler_options=refined_compiler_options, max_cases=max_cases)
+                     refined_compiler_options=refined_compiler_options, max_cases=max_cases,
+                     layout=layout, row_size=row_size, rows_per_call=rows_per_call,
+                     segments_per_row=segments_per_row)

@@ -1,0 +1,89 @@
+"""``dot_general`` in the packed layout.
+
+- No packed axis contracted (``x @ W``, per-position projections, batch
+  dims over the packed axis): one matmul over the row, free.
+- Packed axes contracted while the result keeps a packed axis (attention's
+  ``softmax(QK^T) V``): the operand holding both axes is block-diagonal
+  (cross-segment entries are 0, ``registry`` docstring), so the plain matmul
+  over the row sums each segment's own terms only.
+- Packed axes contracted and none kept (``x^T y`` of one example): a value
+  per segment, through a one-hot ``(S, R)`` segment matrix.
+- A per-segment operand against a packed one (a pooled vector scored
+  against every token): gathered at each position first, as a batch dim.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ..registry import PerSegment, register_packed
+
+
+def _dims(dimension_numbers):
+    (lc, rc), (lb, rb) = dimension_numbers
+    return tuple(lc), tuple(rc), tuple(lb), tuple(rb)
+
+
+@register_packed(lax.dot_general_p)
+def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
+    lc, rc, lb, rb = _dims(dimension_numbers)
+    lp, rp = ctx.in_packed
+    ls, rs = isinstance(lhs, PerSegment), isinstance(rhs, PerSegment)
+    if ls or rs:
+        return _segment_against_packed(ctx, lhs, rhs, lc, rc, lb, rb, ls)
+    contracted = [a for a in lc if a in lp]
+    if not contracted or ctx.out_packed[0]:
+        return ctx.bind(lhs, rhs)
+    return _per_segment_contraction(ctx, lhs, rhs, lc, rc, lb, rb, contracted[0])
+
+
+def _per_segment_contraction(ctx, lhs, rhs, lc, rc, lb, rb, a):
+    """Contracting packed axis ``a`` of lhs (and its partner) with no packed
+    axis left: lhs gets a leading one-hot segment axis, a free dim of the
+    product, moved to the front."""
+    seg = ctx.seg
+    onehot = (seg.seg[None, :] == jnp.arange(seg.S)[:, None]).astype(lhs.dtype)  # (S, R)
+    shape = [1] * lhs.ndim
+    shape[a] = seg.R
+    lhs1 = onehot.reshape((seg.S, *shape)) * lhs[None]
+    shift = lambda t: tuple(i + 1 for i in t)
+    out = lax.dot_general(lhs1, rhs, ((shift(lc), rc), (shift(lb), rb)),
+                          precision=ctx.eqn.params.get("precision"),
+                          preferred_element_type=ctx.eqn.params.get("preferred_element_type"))
+    # output: batch dims, then lhs free (the S axis first), then rhs free
+    out = jnp.moveaxis(out, len(lb), 0)
+    return PerSegment(jnp.take(out, seg.alias, axis=0).astype(ctx.out_avals[0].dtype))
+
+
+def _segment_against_packed(ctx, lhs, rhs, lc, rc, lb, rb, lhs_is_segment):
+    """A per-segment operand with a shared or packed one. With a shared one
+    the interpreter never calls here (it ``vmap``s); with a packed one of one
+    packed free axis ``k``, the per-segment operand is gathered at each
+    position and ``k`` becomes a batch dim."""
+    seg_op, other = (lhs, rhs) if lhs_is_segment else (rhs, lhs)
+    other_packed = ctx.in_packed[1] if lhs_is_segment else ctx.in_packed[0]
+    if isinstance(other, PerSegment) or len(other_packed) != 1:
+        raise ctx.unsupported("a per-segment operand against a block-diagonal one")
+    (k,) = other_packed
+    g = ctx.seg.to_positions(seg_op.data)  # (R, *seg shape)
+    sc, oc = (lc, rc) if lhs_is_segment else (rc, lc)
+    sb, ob = (lb, rb) if lhs_is_segment else (rb, lb)
+    shift = lambda t: tuple(i + 1 for i in t)
+    new_dn = ((shift(sc), oc), ((0, *shift(sb)), (k, *ob)))
+    if lhs_is_segment:
+        out = lax.dot_general(g, other, new_dn)
+    else:
+        (c1, c2), (b1, b2) = new_dn
+        out = lax.dot_general(other, g, ((c2, c1), (b2, b1)))
+    # out: (R, batch..., lhs free..., rhs free...); the plain product puts the
+    # packed axis k among the free dims of its operand: move it there
+    n_batch = len(lb)
+    if lhs_is_segment:  # k is a free dim of rhs
+        rhs_free = [d for d in range(other.ndim) if d not in rc and d not in rb]
+        lhs_free_n = seg_op.data.ndim - 1 - len(lc) - len(lb)
+        dest = n_batch + lhs_free_n + rhs_free.index(k)
+    else:  # k is a free dim of lhs
+        lhs_free = [d for d in range(other.ndim) if d not in lc and d not in lb]
+        dest = n_batch + lhs_free.index(k)
+    return jnp.moveaxis(out, 0, dest).astype(ctx.out_avals[0].dtype)

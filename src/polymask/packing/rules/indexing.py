@@ -1,0 +1,136 @@
+"""Slices and gathers along a packed axis: indices are the example's own.
+
+An index along a packed axis counts from the example's start, and its
+bounds are the example's: ``x[0]`` (the [CLS] token), ``x[-1]`` and
+``x[i]`` read each example's own element (one value per segment), a gather
+of per-position indices (a permutation within each example) reads within
+the owner's segment. ``lax``'s index modes keep their meaning per example:
+``clip``/``promise_in_bounds`` clamp into the example, ``fill`` fills what
+falls outside it. A slice that keeps a whole packed axis is free.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..registry import PerSegment, register_packed
+
+
+def _is_dim(d) -> bool:
+    from ... import _jax_compat as compat
+
+    return compat.is_dim_expr(d)
+
+
+def _only_packed_axis(ctx, x):
+    if isinstance(x, PerSegment):
+        raise ctx.unsupported("a per-segment operand")
+    packed = ctx.in_packed[0]
+    if len(packed) != 1:
+        raise ctx.unsupported("an index into one packed axis of several")
+    return packed[0]
+
+
+@register_packed(lax.slice_p)
+def slice_rule(ctx, x, *, start_indices, limit_indices, strides):
+    if isinstance(x, PerSegment):
+        raise ctx.unsupported("a per-segment operand")
+    a_shape = ctx.in_avals[0].shape
+    strides = strides or (1,) * len(a_shape)
+    whole, taken = [], []
+    for a in ctx.in_packed[0]:
+        full = (ctx.run.is_n(limit_indices[a]) and not _is_dim(start_indices[a])
+                and start_indices[a] == 0 and strides[a] == 1)
+        (whole if full else taken).append(a)
+    if not taken:
+        return ctx.bind(x)
+    a = _only_packed_axis(ctx, x)
+    # the other axes first (static), then each segment's window along a
+    starts = [0 if i == a else ctx.run.size(s) for i, s in enumerate(start_indices)]
+    limits = [ctx.seg.R if i == a else ctx.run.size(s) for i, s in enumerate(limit_indices)]
+    st = [1 if i == a else s for i, s in enumerate(strides)]
+    x = lax.slice(x, tuple(starts), tuple(limits), tuple(st))
+    out_len = ctx.run.size(ctx.out_avals[0].shape[a])
+    first = ctx.segment_size(start_indices[a]) + ctx.seg.starts  # (S,)
+    idx = first[:, None] + strides[a] * jnp.arange(out_len)[None, :]  # (S, k)
+    idx = jnp.clip(idx, 0, ctx.seg.R - 1)
+    taken_x = jnp.take(x, idx.reshape(-1), axis=a)  # a: S*k
+    shape = list(x.shape)
+    shape[a:a + 1] = [ctx.seg.S, out_len]
+    return PerSegment(jnp.moveaxis(taken_x.reshape(shape), a, 0))
+
+
+@register_packed(lax.dynamic_slice_p)
+def dynamic_slice_rule(ctx, x, *starts, slice_sizes):
+    a = _only_packed_axis(ctx, x)
+    if ctx.run.is_n(slice_sizes[a]):
+        if any(isinstance(s, PerSegment) for s in starts):
+            raise ctx.unsupported("per-segment start indices with the packed axis kept whole")
+        starts = list(starts)
+        starts[a] = jnp.zeros_like(starts[a])  # clamped to 0: the whole axis
+        return ctx.bind(x, *starts)
+    k = int(slice_sizes[a])
+    seg = ctx.seg
+    sizes = tuple(ctx.run.size(s) for s in slice_sizes)
+    axes = [0 if isinstance(s, PerSegment) else None for s in starts]
+    datas = [s.data if isinstance(s, PerSegment) else s for s in starts]
+
+    def one(length, first, *idx):
+        idx = list(idx)
+        idx[a] = jnp.clip(idx[a], 0, jnp.maximum(length - k, 0)) + first
+        return lax.dynamic_slice(x, idx, sizes)
+
+    out = jax.vmap(one, in_axes=(0, 0, *axes))(seg.lengths, seg.starts, *datas)
+    return PerSegment(out)
+
+
+@register_packed(lax.gather_p)
+def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value,
+                **params):
+    dn = dimension_numbers
+    if isinstance(operand, PerSegment):
+        raise ctx.unsupported("a per-segment operand")
+    packed = ctx.in_packed[0]
+    indexed = [a for a in packed if a in dn.start_index_map]
+    if not indexed:  # the packed axes are kept whole (or are batch dims)
+        if isinstance(indices, PerSegment):
+            raise ctx.unsupported("per-segment indices into a packed operand")
+        return ctx.bind(operand, indices)
+    if len(packed) != 1:
+        raise ctx.unsupported("an index into one packed axis of several")
+    (a,) = indexed
+    if ctx.run.is_n(slice_sizes[a]):
+        raise ctx.unsupported("a gather whose slice keeps the indexed packed axis whole")
+    k = int(slice_sizes[a])
+    comp = list(dn.start_index_map).index(a)
+    seg = ctx.seg
+    mode = lax.GatherScatterMode.from_any(mode)
+    fill = mode == lax.GatherScatterMode.FILL_OR_DROP
+
+    def shifted(idx, length, first):
+        i = idx[..., comp]
+        if fill:
+            ok = (i >= 0) & (i <= length - k)
+            j = jnp.where(ok, i + first, seg.R)  # out of the row too: lax fills it
+        else:
+            j = jnp.clip(i, 0, jnp.maximum(length - k, 0)) + first
+        return idx.at[..., comp].set(j.astype(idx.dtype))
+
+    row_params = ctx.params(dimension_numbers=dn, slice_sizes=slice_sizes, mode=mode,
+                            fill_value=fill_value)
+    idx_packed = ctx.in_packed[1]
+    if idx_packed:  # per-position indices: each reads within its own segment
+        b = idx_packed[0]
+        lengths = seg.along(seg.lengths[seg.slot], b, indices.ndim)
+        first = seg.along(seg.starts[seg.slot], b, indices.ndim)
+        return ctx.primitive.bind(operand, shifted(indices, lengths[..., 0], first[..., 0]),
+                                  **row_params)
+    idx_data = indices.data if isinstance(indices, PerSegment) else indices
+
+    def one(idx, length, first):
+        return ctx.primitive.bind(operand, shifted(idx, length, first), **row_params)
+
+    in_axes = (0 if isinstance(indices, PerSegment) else None, 0, 0)
+    return PerSegment(jax.vmap(one, in_axes=in_axes)(idx_data, seg.lengths, seg.starts))

@@ -1,0 +1,97 @@
+"""Layout primitives: broadcasts, reshapes, transposes, positions, sizes.
+
+- ``iota`` along a packed axis is each position's index *within its
+  segment* (``Segments.pos``): positions restart at every example, so
+  ``jnp.arange(n)`` position embeddings read the example's own positions.
+- a size used as a number (``dim_as_value``: ``x.shape[0]``, the ``n`` of a
+  mean) is one value per segment: the example's own length.
+- ``broadcast_in_dim`` of a per-segment value onto a packed axis gathers it
+  at each position's segment (the mean broadcast back over the tokens).
+- ``reshape`` keeps each packed axis whole (merging or splitting only the
+  other axes); ``rev`` reverses each segment in place.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ..registry import PerSegment, broadcast_with_new_axis, register_packed
+
+
+@register_packed("dim_as_value")
+def dim_as_value_rule(ctx, *, dim):
+    return PerSegment(ctx.segment_size(dim).astype(ctx.out_avals[0].dtype))
+
+
+@register_packed(lax.iota_p)
+def iota_rule(ctx, *, dtype, shape, dimension, sharding):
+    out_shape = ctx.shape(ctx.out_avals[0])
+    if dimension in ctx.out_packed[0]:
+        return lax.broadcast_in_dim(ctx.seg.pos.astype(dtype), out_shape, (dimension,))
+    return lax.broadcasted_iota(dtype, out_shape, dimension)
+
+
+@register_packed(lax.broadcast_in_dim_p)
+def broadcast_in_dim_rule(ctx, x, *dyn, shape, broadcast_dimensions, sharding):
+    if dyn:
+        raise ctx.unsupported("dynamic-shape broadcast operands")
+    out_shape = ctx.shape(ctx.out_avals[0])
+    if isinstance(x, PerSegment):  # every packed axis of the result is new
+        g = ctx.seg.to_positions(x.data)
+        return broadcast_with_new_axis(g, ctx.out_packed[0][0], broadcast_dimensions, out_shape)
+    return lax.broadcast_in_dim(x, out_shape, tuple(broadcast_dimensions))
+
+
+@register_packed(lax.transpose_p, lax.squeeze_p)
+def relayout_rule(ctx, x, **params):
+    if isinstance(x, PerSegment):
+        raise ctx.unsupported("a per-segment operand")
+    return ctx.bind(x)
+
+
+def _runs(shape, is_n):
+    """Constant sizes between packed axes: ``[[...], [...], ...]`` (one more
+    run than packed axes), or None when a size is neither n nor constant."""
+    runs = [[]]
+    for d in shape:
+        if is_n(d):
+            runs.append([])
+        else:
+            runs[-1].append(int(d))
+    return runs
+
+
+@register_packed(lax.reshape_p)
+def reshape_rule(ctx, x, *dyn, new_sizes, dimensions, **params):
+    if dyn or dimensions is not None:
+        raise ctx.unsupported("a dynamic or permuting reshape")
+    a, b = ctx.in_avals[0].shape, ctx.out_avals[0].shape
+    ra, rb = _runs(a, ctx.run.is_n), _runs(b, ctx.run.is_n)
+    if len(ra) != len(rb) or any(_prod(p) != _prod(q) for p, q in zip(ra, rb)):
+        raise ctx.unsupported(
+            f"a reshape from {tuple(map(str, a))} to {tuple(map(str, b))} merges or splits "
+            "the ragged axis (the packed layout keeps it whole)")
+    return ctx.bind(x)
+
+
+def _prod(xs):
+    out = 1
+    for v in xs:
+        out *= v
+    return out
+
+
+@register_packed(lax.rev_p)
+def rev_rule(ctx, x, *, dimensions):
+    packed = [d for d in dimensions if d in ctx.in_packed[0]]
+    rest = tuple(d for d in dimensions if d not in packed)
+    if rest:
+        x = lax.rev(x, rest)
+    seg = ctx.seg
+    # position start + len - 1 - pos of its own segment; padding stays put
+    idx = seg.starts[seg.slot] + seg.lengths[seg.slot] - 1 - seg.pos
+    idx = jnp.where(seg.seg == seg.S, jnp.arange(seg.R), idx)
+    for d in packed:
+        x = jnp.take(x, idx, axis=d)
+    return x

@@ -1,0 +1,94 @@
+"""Reductions along packed axes: one value per segment.
+
+A reduction over every packed axis of its operand is a segment reduction
+(``jax.ops.segment_*`` over ``Segments.seg``; padding positions have the
+out-of-range id ``S`` and never reach a result): the result is per segment.
+A reduction over some packed axes of a block-diagonal value (the softmax
+max and sum over attention scores) keeps the others: entries of another
+segment become the reduction's identity first (XLA DynamicPadder's padding
+rule, with "padding" meaning "another segment"). ``argmax``/``argmin`` give
+the index within the segment, the first extremum (NaN first) like ``lax``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from ...rules.families import FAMILIES
+from ...rules.util import identity_of
+from ..registry import PerSegment, register_packed
+
+_SEGMENT_KIND = {"sum": "sum", "max": "max", "min": "min", "prod": "prod",
+                 "or": "max", "and": "min"}
+
+
+def _mask_other_segments(ctx, x, reduced, kept, kind):
+    """Entries whose reduced packed axes lie in another segment than ``kept[0]``
+    (or than ``reduced[0]`` when none is kept) become the identity."""
+    ref = kept[0] if kept else reduced[0]
+    others = [a for a in reduced if a != ref]
+    if not others:
+        return x
+    ok = ctx.seg.same_segment([ref, *others], x.shape)
+    return lax.select(ok, x, jnp.full_like(x, identity_of(x.dtype, kind)))
+
+
+def _reducer(kind: str):
+    def rule(ctx, x, *, axes, **params):
+        if isinstance(x, PerSegment):
+            raise ctx.unsupported("a per-segment operand")
+        packed = ctx.in_packed[0]
+        reduced = [a for a in axes if a in packed]
+        kept = [a for a in packed if a not in axes]
+        if not reduced:
+            return ctx.bind(x)
+        x = _mask_other_segments(ctx, x, reduced, kept, kind)
+        if kept:
+            return ctx.bind(x)
+        # every packed axis reduced: the others first, then one segment reduction
+        a0 = reduced[0]
+        rest = tuple(a for a in axes if a != a0)
+        if rest:
+            x = ctx.bind(x, axes=rest)
+            a0 -= sum(1 for a in rest if a < a0)
+        x = jnp.moveaxis(x, a0, 0)
+        if x.dtype == jnp.bool_:
+            out = ctx.seg.segment_reduce(x.astype(jnp.int32), _SEGMENT_KIND[kind]) > 0
+        else:
+            out = ctx.seg.segment_reduce(x, _SEGMENT_KIND[kind])
+        return PerSegment(out.astype(ctx.out_avals[0].dtype))
+
+    return rule
+
+
+for _name, (_family, _kind) in list(FAMILIES.items()):
+    if _family == "reduction" and _name not in ("argmax", "argmin", "reduce_xor"):
+        register_packed(_name)(_reducer(_kind))
+
+
+def _arg_extremum(kind: str):
+    def rule(ctx, x, *, axes, index_dtype):
+        (axis,) = axes
+        if axis not in ctx.in_packed[0]:
+            return ctx.bind(x)
+        if len(ctx.in_packed[0]) > 1:
+            raise ctx.unsupported("an arg-extremum over one packed axis of several")
+        seg = ctx.seg
+        x = jnp.moveaxis(x, axis, 0)  # (R, ...)
+        best = seg.segment_reduce(x, kind)
+        hit = x == seg.to_positions(best)
+        if jnp.issubdtype(x.dtype, jnp.inexact):  # lax: the first NaN wins
+            nan = jnp.isnan(x)
+            any_nan = seg.segment_reduce(nan.astype(jnp.int32), "max") > 0
+            hit = jnp.where(seg.to_positions(any_nan), nan, hit)
+        big = jnp.iinfo(jnp.int32).max
+        pos = seg.pos.reshape((-1,) + (1,) * (x.ndim - 1))
+        first = seg.segment_reduce(jnp.where(hit, pos, big), "min")
+        return PerSegment(first.astype(index_dtype))
+
+    return rule
+
+
+register_packed(lax.argmax_p)(_arg_extremum("max"))
+register_packed(lax.argmin_p)(_arg_extremum("min"))

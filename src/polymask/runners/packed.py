@@ -1,0 +1,212 @@
+"""``ragged_map``'s packed layout: examples packed into rows, one program.
+
+Examples whose ragged axis fits a row (``row_size`` positions) are packed
+first-fit decreasing into rows (``packing.pack_rows``), ``rows_per_call``
+rows per call of one compiled program ``jit(vmap(packed row function))``;
+each example's outputs are cut out of its row (packed outputs) or its
+segment slot (per-example outputs) and returned in input order. Examples
+longer than a row are left to the caller (the padded layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .. import _jax_compat as compat
+from ..core.plan import CallPlan
+from ..packing import PackedProgram, packed_program, pack_rows
+from ..packing.segments import SEGMENT_FIELDS, row_arrays
+from .compiling import compile_counter
+
+__all__ = ["PackedRunner", "default_row_size"]
+
+
+def default_row_size(longest: int) -> int:
+    """The row size when none is given: the power of two that holds the
+    longest example, at least 64 (short examples share rows)."""
+    return max(64, 1 << max(int(longest) - 1, 0).bit_length())
+
+
+@dataclasses.dataclass
+class _Leaf:
+    packed_axes: tuple[int, ...]  # () for a per-example value without the ragged axis
+    dtype: Any
+    shape: tuple  # an example's shape with the ragged axes at row size
+
+
+class PackedRunner:
+    """One traced packed program per row shape, and the host packing around it.
+
+    ``program``: the ``PackedProgram`` (traced at bound ``row_size``);
+    ``stats``: ``calls``, ``compiles``, ``xla_compiles``, ``real_positions``
+    and ``computed_positions`` (rows x row size, empty rows included).
+    """
+
+    def __init__(self, fun: Callable, constraints: Sequence[str], row_size: int,
+                 slots: int, rows_per_call: int | None, max_cases: int, numpy_outputs: bool):
+        self.fun = fun
+        self.constraints = tuple(constraints)
+        self.row_size = int(row_size)
+        self.slots = int(slots)
+        self.rows_per_call = None if rows_per_call is None else int(rows_per_call)
+        self.max_cases = max_cases
+        self.numpy_outputs = numpy_outputs
+        self.program: PackedProgram | None = None
+        self._fn = None
+        self._key = None
+        self.stats = {"calls": 0, "compiles": 0, "xla_compiles": 0, "compile_time_s": 0.0,
+                      "real_positions": 0, "computed_positions": 0, "examples": 0}
+
+    # -- tracing ---------------------------------------------------------------
+    def choose_rows_per_call(self, rows: int) -> int:
+        """Rows per call (a program shape, fixed at the first call): given, or
+        the count in ``[P/2, P]`` (``P`` rows of about 2048 positions) that
+        leaves the fewest empty rows in this call's last call (the power of
+        two that holds them when they are fewer than ``P``)."""
+        if self.rows_per_call is None:
+            P = max(1, 2048 // self.row_size)
+            if rows <= P:
+                self.rows_per_call = min(P, 1 << max(rows - 1, 0).bit_length())
+            else:
+                cands = range(max(1, P // 2), P + 1)
+                self.rows_per_call = min(cands, key=lambda b: ((-rows) % b, -b))
+        return self.rows_per_call
+
+    def prepare(self, plan: CallPlan, leaves, tree, broadcast, in_specs) -> PackedProgram:
+        """Trace the packed program (once per example tree and dtypes).
+
+        Raises:
+          PackedUnsupported: the function cannot run packed.
+        """
+        key = (tree, tuple((p.static, p.dtype, p.shape if p.static else len(p.shape))
+                           for p in plan.leaves), len(jax.tree_util.tree_leaves(broadcast)))
+        if self.program is not None and key == self._key:
+            return self.program
+        var = plan.var_names[0]
+        padded = []
+        for leaf, p in zip(leaves, plan.leaves):
+            if p.static:
+                padded.append(leaf)
+                continue
+            shape = tuple(self.row_size if a.var == var else int(s)
+                          for a, s in zip(p.axes, p.shape))
+            padded.append(np.zeros(shape, np.asarray(leaf).dtype))
+        example = jax.tree_util.tree_unflatten(tree, padded)
+        n_bcast = len(broadcast)
+        specs = (None,) * n_bcast + tuple(in_specs)
+        prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,
+                              len(jax.tree_util.tree_leaves(broadcast)), self.max_cases)
+        self.program, self._key, self._fn = prog, key, None
+        return prog
+
+    def _compiled(self, n_bcast: int):
+        if self._fn is None:
+            row = self.program.row_fn(n_bcast, forward_only=True)
+            n_in = len(self.program.packed_axes) + len(SEGMENT_FIELDS)
+            self._fn = jax.jit(jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in))
+        return self._fn
+
+    # -- running -----------------------------------------------------------------
+    def run(self, idxs: Sequence[int], infos, bcast_leaves, results: list, out_tree) -> None:
+        """Run examples ``idxs`` (``infos[i] = (plan, leaves)``) packed; write
+        each one's outputs (a pytree of ``out_tree``) to ``results[i]``."""
+        lengths = {i: int(infos[i][0].values[0]) for i in idxs}
+        order = list(idxs)
+        packing = pack_rows([lengths[i] for i in order], self.row_size, self.slots)
+        R, S = self.row_size, self.slots
+        B = self.choose_rows_per_call(len(packing.rows))
+        leaf_specs = self._leaf_specs(infos[order[0]])
+        fn = self._compiled(len(bcast_leaves))
+        self.stats["examples"] += len(order)
+        self.stats["real_positions"] += sum(lengths.values())
+        for b0 in range(0, len(packing.rows), B):
+            rows = packing.rows[b0:b0 + B]
+            rows = [[(order[j], start) for j, start in row] for row in rows]
+            rows += [[] for _ in range(B - len(rows))]
+            inputs = self._inputs(rows, infos, lengths, leaf_specs)
+            seg = [row_arrays(row, lengths, R, S) for row in rows]
+            seg_in = [np.stack([s[f] for s in seg]) for f in SEGMENT_FIELDS]
+            start = time.perf_counter()
+            with compile_counter() as cc:
+                outs = fn(*bcast_leaves, *inputs, *seg_in)
+                outs = [np.asarray(o) for o in outs]
+            if cc.compiles:
+                self.stats["compiles"] += 1
+                self.stats["xla_compiles"] += cc.compiles
+                self.stats["compile_time_s"] += time.perf_counter() - start
+            self.stats["calls"] += 1
+            self.stats["computed_positions"] += B * R
+            self._unpack(rows, seg, outs, lengths, results, out_tree)
+
+    def _leaf_specs(self, info) -> list[_Leaf]:
+        plan, leaves = info
+        out = []
+        for p, axes in zip(plan.leaves, self.program.packed_axes):
+            shape = tuple(self.row_size if i in axes else int(s) for i, s in enumerate(p.shape))
+            out.append(_Leaf(axes, np.asarray(leaves[len(out)]).dtype, shape))
+        return out
+
+    def _inputs(self, rows, infos, lengths, leaf_specs) -> list[np.ndarray]:
+        R, S = self.row_size, self.slots
+        out = []
+        for li, spec in enumerate(leaf_specs):
+            if not spec.packed_axes:  # one value per example: stacked per slot
+                buf = np.zeros((len(rows), S) + spec.shape, spec.dtype)
+                for r, row in enumerate(rows):
+                    for s, (i, _) in enumerate(row):
+                        buf[r, s] = np.asarray(infos[i][1][li])
+                    if row:
+                        buf[r, len(row):] = buf[r, 0]
+                out.append(buf)
+                continue
+            buf = np.zeros((len(rows),) + spec.shape, spec.dtype)
+            for r, row in enumerate(rows):
+                end, first = 0, None
+                for i, start in row:
+                    n = lengths[i]
+                    x = np.asarray(infos[i][1][li])
+                    idx = [slice(None)] * x.ndim
+                    for a in spec.packed_axes:
+                        idx[a] = slice(start, start + n)
+                    buf[(r, *idx)] = x
+                    end = max(end, start + n)
+                    if first is None and n > 0:
+                        first = x
+                if first is not None and end < R and len(spec.packed_axes) == 1:
+                    # padding positions repeat real data (finite everywhere)
+                    a = spec.packed_axes[0]
+                    fill = np.take(first, np.arange(R - end) % first.shape[a], axis=a)
+                    idx = [slice(None)] * first.ndim
+                    idx[a] = slice(end, R)
+                    buf[(r, *idx)] = fill
+            out.append(buf)
+        return out
+
+    def _unpack(self, rows, seg, outs, lengths, results, out_tree) -> None:
+        kinds = self.program.out_kinds
+        out_axes = [tuple(i for i, d in enumerate(s) if compat.is_dim_expr(d))
+                    for s in self.program.out_shapes]
+        for r, row in enumerate(rows):
+            for s, (i, start) in enumerate(row):
+                n = lengths[i]
+                leaves = []
+                for o, kind, axes in zip(outs, kinds, out_axes):
+                    if kind == "segment":
+                        a = o[r, s]
+                    elif kind == "packed":
+                        idx = [slice(None)] * (o.ndim - 1)
+                        for ax in axes:
+                            idx[ax] = slice(start, start + n)
+                        a = o[r][tuple(idx)]
+                    else:
+                        a = o[r]
+                    a = np.array(a)
+                    leaves.append(a if self.numpy_outputs else compat.upload(a))
+                results[i] = jax.tree_util.tree_unflatten(out_tree, leaves)
+
