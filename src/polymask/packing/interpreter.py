@@ -166,8 +166,8 @@ class PackedProgram:
       in_kinds: per input leaf, ``"packed"`` (axes of ``var``: ``packed_axes``)
         or ``"segment"`` (no dim var: one value per example).
       packed_axes: per input leaf, its packed axes.
-      tree, case_index: the case tree and the one case with a program (the
-        others are sizes where the plain function raises: ``runs``).
+      tree, case_index: the case tree and the case traced for packing (the
+        one most sizes reach; the sizes of other cases run padded: ``runs``).
       out_kinds: per output leaf, ``"packed"``, ``"segment"`` or ``"shared"``
         (known once ``row_fn`` is traced).
     """
@@ -181,8 +181,8 @@ class PackedProgram:
     out_kinds: list[str] | None = None
 
     def runs(self, n: int) -> bool:
-        """Whether size ``n`` reaches the traced program (else plain JAX raises
-        there, and the padded layout reports it)."""
+        """Whether size ``n`` reaches the traced program (else it runs in the
+        padded layout, which also reports the sizes where plain JAX raises)."""
         if self.tree is None or self.tree.single:
             return True
         return int(self.tree.select(self.program.internal_values({self.var: int(n)}))) \
@@ -228,11 +228,11 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
     """
     tree, _ = trace_function_cases(fun, args, in_specs, constraints, max_cases)
     live = [c for c in tree.cases if c.program is not None]
-    if len(live) != 1:
-        raise PackedUnsupported(
-            "the packed layout runs one traced program; this function's trace splits on "
-            f"sizes into {len(live)} programs ({tree.summary()})")
-    case = live[0]
+    if not live:
+        raise PackedUnsupported(f"the function raises at every size ({tree.summary()})")
+    # the case most sizes reach (n >= 1 beside a case for n = 0): its sizes run
+    # packed, the others padded (``PackedProgram.runs``)
+    case = max(live, key=lambda c: len(c.reached_by or ()))
     prog = case.program
     if len(prog.var_order) != 1:
         raise PackedUnsupported(

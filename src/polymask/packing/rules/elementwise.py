@@ -13,7 +13,7 @@ from ..registry import register_packed
 
 def elementwise_rule(ctx, *args, **params):
     aval, axes = ctx.out_avals[0], ctx.out_packed[0]
-    return ctx.bind(*(ctx.lift(a, aval, axes, ()) for a in args))
+    return ctx.bind(*(ctx.lift(a, aval, axes) for a in args))
 
 
 register_packed(*[name for name, (family, _) in FAMILIES.items()

@@ -1,0 +1,183 @@
+"""The packed layout of ragged_map: examples packed into rows with segment ids.
+
+Oracle: every example's outputs equal the function on that exact example
+(plain JAX), at sizes 0, 1, mid and the row size, with an example longer
+than the row (it runs in the padded layout) and rows holding several
+examples. One test per packed rule family; each runs one compiled program.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import polymask as pm
+from polymask.packing import PackedUnsupported
+
+R = 16
+SIZES = [5, 1, 16, 3, 9, 2, 7, 4, 11, 6]  # 16: a row holding one example of exactly R
+
+
+def _examples(sizes, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(n, d)).astype(np.float32) for n in sizes]
+
+
+def _check(fun, examples, *broadcast, specs=("n, 4",), sizes_ok=None, **kw):
+    rm = pm.ragged_map(fun, specs, layout="packed", row_size=R, **kw)
+    outs = rm(examples, *broadcast)
+    for ex, out in zip(examples, outs):
+        args = ex if isinstance(ex, tuple) else (ex,)
+        want = fun(*broadcast, *args)
+        for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+            assert np.asarray(a).dtype == jnp.asarray(b).dtype
+    return rm
+
+
+def test_per_position_ops_and_contractions_over_other_axes():
+    W = np.random.default_rng(1).normal(size=(4, 3)).astype(np.float32)
+
+    def f(W, x):
+        h = jnp.tanh(x @ W + 1.0)
+        return jnp.where(h > 0, h * 2, jnp.exp(h)), jnp.sum(h, axis=1)
+
+    rm = _check(f, _examples(SIZES + [0]), W)
+    s = rm.stats()
+    assert s["packed"]["compiles"] == 1 and s["layout"]["packed"] == len(SIZES) + 1
+    # ten examples of 64 positions in all, rows of 16: at least 4 rows
+    assert s["packed"]["real_positions"] == sum(SIZES)
+
+
+def test_reductions_along_the_packed_axis_are_per_example():
+    def f(x):
+        return (jnp.sum(x, 0), jnp.max(x, 0), jnp.min(x[:, 1]), jnp.prod(x[:, :2] + 2, 0),
+                jnp.mean(x, 0), jnp.var(x[:, 0]), jnp.any(x > 1.5), jnp.all(x > -3, 0),
+                jnp.linalg.norm(x), x.shape[0] * 1.0)
+
+    _check(f, _examples(SIZES))
+    # n = 0: jnp.max raises in plain JAX (that example runs padded and raises)
+    with pytest.raises(pm.ShapeError, match="no identity"):
+        pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R)(_examples([2, 0]))
+
+
+def test_empty_examples_reduce_to_the_identity_as_in_plain_jax():
+    def f(x):  # sum 0, mean nan, lax.reduce_max -inf: plain JAX's values at n = 0
+        return jnp.sum(x, 0), jnp.mean(x, 0), lax.reduce_max(x, (0,)), jnp.cumsum(x, 0)
+
+    _check(f, _examples([0, 3, 0, 0, 16, 0]))
+
+
+def test_argmax_argmin_and_first_last_elements():
+    def f(x):
+        return (jnp.argmax(x[:, 0]), jnp.argmin(x, axis=0), x[0], x[-1],
+                lax.dynamic_slice_in_dim(x, 1, 2), lax.dynamic_index_in_dim(x, -1, 0, False))
+
+    ex = _examples([n for n in SIZES if n >= 3])
+    ex[0][2, 0] = np.nan  # the first NaN wins, as in lax.argmax
+    _check(f, ex)
+
+
+def test_sizes_where_the_plain_function_raises_run_padded_and_raise():
+    def f(x):
+        return x[0]
+
+    rm = pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R)
+    with pytest.raises(pm.ShapeError, match=r"examples\[1\]"):
+        rm(_examples([3, 0, 2]))
+
+
+def test_cumulative_ops_restart_at_every_example():
+    def f(x):
+        return (jnp.cumsum(x, 0), lax.cummax(x, 0, reverse=True), jnp.cumprod(x[:, 0] * 0.5),
+                lax.cumlogsumexp(x[:, 1], 0), jnp.cumsum(x, 1))
+
+    _check(f, _examples(SIZES + [0]))
+
+
+def test_attention_scores_are_block_diagonal_per_example():
+    rng = np.random.default_rng(2)
+    Wq, Wk = (rng.normal(size=(4, 8)).astype(np.float32) for _ in range(2))
+
+    def attn(Wq, Wk, x):
+        q, k = x @ Wq, x @ Wk
+        s = q @ k.T / np.sqrt(8.0)
+        causal = jnp.arange(x.shape[0])[:, None] >= jnp.arange(x.shape[0])[None, :]
+        p = jax.nn.softmax(jnp.where(causal, s, -1e9), axis=-1)
+        ctx = p @ x
+        gram = x.T @ x  # contracting the packed axis: one matrix per example
+        pooled = jnp.mean(ctx, 0)
+        scores = ctx @ pooled  # a per-example vector against every position
+        return ctx, gram, pooled, scores, jnp.einsum("hnd,hmd->hnm", q.reshape(-1, 2, 4).transpose(1, 0, 2), k.reshape(-1, 2, 4).transpose(1, 0, 2))
+
+    _check(attn, _examples(SIZES + [0]), Wq, Wk)
+
+
+def test_positions_restart_and_relayouts_keep_the_packed_axis():
+    table = np.random.default_rng(3).normal(size=(R, 4)).astype(np.float32)
+
+    def f(table, x):
+        n = x.shape[0]
+        pos = jnp.arange(n)
+        y = x + table[pos]  # position embeddings of each example's own positions
+        z = y.reshape(n, 2, 2).transpose(1, 0, 2)
+        return z, y[::-1], jnp.flip(x, 1), pos * 2, jnp.expand_dims(y, 1)[:, 0]
+
+    _check(f, _examples(SIZES + [0]), table)
+
+
+def test_sort_argsort_and_gathers_within_each_example():
+    def f(x):
+        order = jnp.argsort(x[:, 0])
+        return jnp.sort(x, axis=0), order, x[order], jnp.take(x, jnp.array([1, 0]), axis=1)
+
+    _check(f, _examples(SIZES + [0]))
+
+
+def test_per_example_values_without_the_ragged_axis():
+    ex = [(x, np.float32(i) * 0.5, np.int32(i % 3)) for i, x in enumerate(_examples(SIZES))]
+
+    def f(x, scale, i):
+        return jnp.sum(x * scale, 0), x[jnp.minimum(i, x.shape[0] - 1)], jnp.sum(x, 0)[i]
+
+    _check(f, ex, specs=("n, 4", None, None))
+
+
+def test_an_example_longer_than_a_row_runs_padded():
+    rm = _check(lambda x: jnp.cumsum(x, 0), _examples([3, 40, 5]))
+    lay = rm.stats()["layout"]
+    assert lay["packed"] == 2 and lay["padded"] == 1 and "ran padded" in lay["reason"]
+
+
+def test_an_unsupported_primitive_names_itself_and_auto_falls_back():
+    def f(x):  # a scan along the packed axis (an RNN over tokens)
+        return lax.scan(lambda c, r: (c + r, c * r), jnp.zeros(4), x)
+
+    with pytest.raises(PackedUnsupported, match="scan"):
+        pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R)(_examples([3, 4]))
+    rm = pm.ragged_map(f, ("n, 4",), layout="auto", row_size=R)
+    out = rm(_examples([3, 4]))
+    for a, b in zip(jax.tree_util.tree_leaves(out[1]), jax.tree_util.tree_leaves(f(_examples([3, 4])[1]))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    assert rm.stats()["layout"]["packed"] == 0
+    assert "scan" in rm.stats()["layout"]["reason"]
+
+
+def test_auto_packs_when_the_cost_model_says_so():
+    W = np.eye(4, dtype=np.float32)
+
+    def f(W, x):
+        s = (x @ W) @ x.T
+        return jax.nn.softmax(s, -1) @ x
+
+    many_short = _examples([3, 5, 2, 4, 6, 3, 2, 5] * 4)
+    rm = pm.ragged_map(f, ("n, 4",), layout="auto", row_size=R)
+    rm(many_short, W)
+    assert rm.stats()["layout"]["packed"] == len(many_short), rm.stats()["layout"]
+    assert rm.stats()["layout"]["reason"].startswith("cost model")
+    # rows as long as the examples: packing saves nothing, attention is R^2 per row
+    one_long = _examples([16, 16, 15])
+    rm2 = pm.ragged_map(f, ("n, 4",), layout="auto", row_size=64)
+    rm2(one_long, W)
+    assert rm2.stats()["layout"]["packed"] == 0, rm2.stats()["layout"]
