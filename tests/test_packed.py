@@ -181,3 +181,48 @@ def test_auto_packs_when_the_cost_model_says_so():
     rm2 = pm.ragged_map(f, ("n, 4",), layout="auto", row_size=64)
     rm2(one_long, W)
     assert rm2.stats()["layout"]["packed"] == 0, rm2.stats()["layout"]
+
+
+def _tiny_lm_params(seed=0, V=7, D=8):
+    rng = np.random.default_rng(seed)
+    r = lambda *s: jnp.asarray(rng.normal(size=s) * 0.4, jnp.float32)
+    return {"emb": r(V, D), "pos": r(R, D), "wq": r(D, D), "wk": r(D, D), "wv": r(D, D),
+            "out": r(D, V), "g": 1 + r(D)}
+
+
+def _token_loss(p, tokens, labels):
+    """A one-layer causal attention LM written for one exact sequence."""
+    n = tokens.shape[0]
+    x = p["emb"][tokens] + p["pos"][jnp.arange(n)]
+    x = x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * p["g"]
+    s = (x @ p["wq"]) @ (x @ p["wk"]).T / np.sqrt(8.0)
+    s = jnp.where(jnp.tril(jnp.ones((n, n), bool)), s, -1e9)
+    h = x + jax.nn.softmax(s, -1) @ (x @ p["wv"])
+    logp = jax.nn.log_softmax(h @ p["out"], -1)
+    return -jnp.take_along_axis(logp, labels[:, None], 1)[:, 0]
+
+
+def test_packed_training_steps_equal_per_example_steps():
+    rng = np.random.default_rng(5)
+    sizes = [1, 16, 5, 0, 9, 3, 12, 7]
+    batches = [([rng.integers(0, 7, n).astype(np.int32) for n in sizes],
+                [rng.integers(0, 7, n).astype(np.int32) for n in sizes]) for _ in range(3)]
+    vg = pm.value_and_grad(_token_loss, {"tokens": "n", "labels": "n"}, layout="packed",
+                           row_size=R, rows_per_call=2)
+
+    def exact_mean(p, tokens, labels):
+        losses = [_token_loss(p, t, l) for t, l in zip(tokens, labels)]
+        return jnp.sum(jnp.concatenate(losses)) / sum(len(t) for t in tokens)
+
+    p_packed = p_exact = _tiny_lm_params()
+    for tokens, labels in batches:  # three SGD steps each way
+        loss, g = vg(p_packed, tokens, labels)
+        want, g_exact = jax.value_and_grad(exact_mean)(p_exact, tokens, labels)
+        np.testing.assert_allclose(loss, want, rtol=1e-5)
+        for a in jax.tree_util.tree_leaves(g):
+            assert np.all(np.isfinite(np.asarray(a)))
+        p_packed = jax.tree_util.tree_map(lambda w, d: w - 0.5 * d, p_packed, g)
+        p_exact = jax.tree_util.tree_map(lambda w, d: w - 0.5 * d, p_exact, g_exact)
+        for a, b in zip(jax.tree_util.tree_leaves(p_packed), jax.tree_util.tree_leaves(p_exact)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+    assert vg.compiles == 1  # 64 tokens in rows of 16, two rows per call: one program

@@ -12,6 +12,7 @@ stack batches with a bucketing policy and the batch size with
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +23,11 @@ import numpy as np
 from ..core.buckets import as_policy
 from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
+from ..core.plan import plan_call, policy_getter
+from ..packing import PackedUnsupported, pack_rows
+from ..packing.segments import SEGMENT_FIELDS, row_arrays
 from ..tracing.transform import mask
+from .packed import PackedRunner, default_row_size
 
 __all__ = ["value_and_grad", "RaggedValueAndGrad"]
 
@@ -45,9 +50,17 @@ class RaggedValueAndGrad:
     """The callable ``value_and_grad`` returns: ``vg(params, *batch) -> (loss, grads)``."""
 
     def __init__(self, fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
-                 reduce: str = "mean", buckets=None, batch_buckets=None, checks: bool = False):
+                 reduce: str = "mean", buckets=None, batch_buckets=None, checks: bool = False,
+                 layout: str = "padded", row_size: int | None = None,
+                 rows_per_call: int | None = None):
         if reduce not in ("mean", "sum"):
             raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}")
+        if layout not in ("padded", "packed"):
+            raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
+        self.layout = layout
+        self._in_specs = in_specs
+        self._packed = (PackedTraining(fun, in_specs, argnums, reduce, row_size, rows_per_call)
+                        if layout == "packed" else None)
         self.fun = fun
         self.argnums = argnums
         self._unbatched = {argnums} if isinstance(argnums, int) else set(argnums)
@@ -97,13 +110,18 @@ class RaggedValueAndGrad:
         return weights, tuple(args)
 
     def __call__(self, *args):
+        if self._packed is not None:
+            out = self._packed(*args)
+            self.compiles = self._packed.compiles
+            return out
         weights, args = self.prepare(*args)
         return self._jitted(weights, *args)
 
 
 def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
                    reduce: str = "mean", buckets=None, batch_buckets=None,
-                   checks: bool = False) -> RaggedValueAndGrad:
+                   checks: bool = False, layout: str = "padded", row_size: int | None = None,
+                   rows_per_call: int | None = None) -> RaggedValueAndGrad:
     """Loss and gradients of ``fun`` over a ragged batch, as plain arrays.
 
     Args:
@@ -124,6 +142,13 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
         copies of example 0), so a short last batch does not compile again.
       checks: run the masked prologue checks (sizes from ``stack`` are valid
         by construction, so off by default: no host callback in the program).
+      layout: ``"padded"`` (default) or ``"packed"``: the batch's examples
+        (lists of exact arrays of one ragged dim var) are packed end to end
+        into rows of ``row_size`` positions (default: the power of two that
+        holds the longest, at least 64) with segment ids, ``rows_per_call``
+        rows per call of one compiled program (``packing/``; the docstring
+        of ``ragged_map``). No bucket padding; a batch with more rows runs
+        in several calls whose sums are added.
 
     Returns:
       ``vg(params, *batch) -> (loss, grads)``: ``loss`` a scalar array,
@@ -141,4 +166,120 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
     reach the loss or the gradients.
     """
     return RaggedValueAndGrad(fun, in_specs, argnums=argnums, reduce=reduce, buckets=buckets,
-                              batch_buckets=batch_buckets, checks=checks)
+                              batch_buckets=batch_buckets, checks=checks, layout=layout,
+                              row_size=row_size, rows_per_call=rows_per_call)
+
+
+class PackedTraining:
+    """``value_and_grad(..., layout="packed")``: loss sums and gradients over
+    rows of packed examples (``runners/packed.py`` packs them; the row
+    program is the packed interpreter's, differentiated by ``jax.grad``)."""
+
+    def __init__(self, fun, in_specs, argnums, reduce, row_size, rows_per_call):
+        if not isinstance(argnums, int):
+            raise ValueError("value_and_grad(layout='packed') takes one argnums (the params)")
+        self.fun, self.argnums, self.reduce = fun, argnums, reduce
+        self.in_specs = in_specs
+        self.row_size, self.rows_per_call = row_size, rows_per_call
+        self.runner: PackedRunner | None = None
+        self.compiles = 0
+        self._fn = None
+
+    def _example_fun(self):
+        i = self.argnums
+        return lambda params, *ex: self.fun(*ex[:i], params, *ex[i:])
+
+    def _specs(self, n_args: int) -> tuple:
+        specs = self.in_specs
+        if isinstance(specs, dict):  # by parameter name, as for mask
+            names = list(inspect.signature(self.fun).parameters)
+            specs = tuple(specs.get(names[j]) for j in range(len(names)) if j != self.argnums)
+        elif isinstance(specs, (tuple, list)) and len(specs) == n_args + 1:
+            specs = tuple(s for j, s in enumerate(specs) if j != self.argnums)
+        return tuple(specs)
+
+    def __call__(self, *args):
+        params = args[self.argnums]
+        batched = [a for j, a in enumerate(args) if j != self.argnums]
+        examples = list(zip(*batched))
+        specs = self._specs(len(batched))
+        infos, tree = [], None
+        for k, ex in enumerate(examples):
+            try:
+                plan = plan_call(ex, specs, (), policy_getter(None))
+            except ShapeError as e:
+                raise ShapeError(f"examples[{k}]: {e}") from None
+            leaves, tree = jax.tree_util.tree_flatten(tuple(ex))
+            infos.append((plan, leaves))
+        if len({tuple(p.var_names) for p, _ in infos}) != 1 or len(infos[0][0].var_names) != 1:
+            raise PackedUnsupported("value_and_grad(layout='packed') packs one ragged dim var")
+        lengths = [int(p.values[0]) for p, _ in infos]
+        if self.runner is None:
+            R = self.row_size or default_row_size(max(lengths))
+            self.runner = PackedRunner(self._example_fun(), (), R, min(R, 128),
+                                       self.rows_per_call, 16, True)
+        runner = self.runner
+        if max(lengths) > runner.row_size:
+            raise ShapeError(f"value_and_grad(layout='packed'): an example of length "
+                             f"{max(lengths)} is longer than row_size={runner.row_size}")
+        runner.prepare(infos[0][0], infos[0][1], tree, (params,), specs)
+        return self._run(params, infos, lengths)
+
+    def _run(self, params, infos, lengths):
+        runner = self.runner
+        packing = pack_rows(lengths, runner.row_size, runner.slots)
+        B = runner.choose_rows_per_call(len(packing.rows))
+        p_leaves, p_tree = jax.tree_util.tree_flatten(params)
+        fn = self._compiled(len(p_leaves))
+        leaf_specs = runner._leaf_specs(infos[0])
+        total, count, grads = 0.0, 0.0, None
+        for b0 in range(0, len(packing.rows), B):
+            rows = packing.rows[b0:b0 + B]
+            rows = rows + [[] for _ in range(B - len(rows))]
+            inputs = runner._inputs(rows, infos, lengths, leaf_specs)
+            seg = [row_arrays(row, lengths, runner.row_size, runner.slots) for row in rows]
+            seg_in = [np.stack([s[f] for s in seg]) for f in SEGMENT_FIELDS]
+            used = np.zeros((B, runner.slots), bool)
+            for r, row in enumerate(rows):
+                used[r, :len(row)] = True
+            (s, c), g = fn(p_leaves, *inputs, *seg_in, used)
+            total, count = total + s, count + c
+            grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
+        grads = jax.tree_util.tree_unflatten(p_tree, grads)
+        if self.reduce == "sum":
+            return total, grads
+        denom = jnp.maximum(count, 1.0)
+        return total / denom, jax.tree_util.tree_map(lambda g: g / denom, grads)
+
+    def _compiled(self, n_params: int):
+        if self._fn is not None:
+            return self._fn
+        prog = self.runner.program
+        row = prog.row_fn(n_params, forward_only=False)
+        n_in = len(prog.packed_axes) + len(SEGMENT_FIELDS)
+
+        def loss_sum(p_leaves, *rest):
+            *inputs, used = rest
+            outs = jax.vmap(row, in_axes=(None,) * n_params + (0,) * n_in)(*p_leaves, *inputs)
+            if len(outs) != 1:
+                raise ShapeError("value_and_grad: fun must return one array (its loss)")
+            out, kind = outs[0], prog.out_kinds[0]
+            seg = inputs[-len(SEGMENT_FIELDS)]
+            if kind == "packed":
+                valid = seg != self.runner.slots  # (B, R)
+            elif kind == "segment":
+                valid = used  # (B, S)
+            else:
+                raise ShapeError("value_and_grad: the loss must depend on the example")
+            valid = jnp.broadcast_to(valid.reshape(valid.shape + (1,) * (out.ndim - valid.ndim)),
+                                     out.shape)
+            s = jnp.sum(jnp.where(valid, out, 0))
+            return s, jnp.sum(valid).astype(s.dtype)
+
+        def step(params, *rest):
+            self.compiles += 1
+            (s, c), g = jax.value_and_grad(loss_sum, has_aux=True)(params, *rest)
+            return (s, c), g
+
+        self._fn = jax.jit(step)
+        return self._fn
