@@ -152,10 +152,11 @@ def cmd_demo(args) -> int:
           f"{sys.version.split()[0]} standard library; {sum(lengths)} tokens, "
           f"lengths {min(lengths)}..{max(lengths)} (max_seq_length {enc.max_seq_length})",
           flush=True)
-    runner = enc.runner(_policy(args), args.batch_size)
+    runner = enc.runner(_policy(args), args.batch_size, layout=args.layout)
     t0 = time.perf_counter()
     emb = enc.embed_ids(ids, buckets=_policy(args), batch_size=args.batch_size,
-                        progress=not args.no_progress, refine=False)  # one pass
+                        progress=not args.no_progress, refine=False,
+                        layout=args.layout)  # one pass
     wall = time.perf_counter() - t0
     st = runner.stats()
 
@@ -175,9 +176,10 @@ def cmd_demo(args) -> int:
         ("tokens (exact)", f"{sum(lengths)}"),
         ("distinct token lengths", f"{len(set(lengths))}"),
         ("length buckets of single texts", f"{n_buckets}  ({_policy(args)!r})"),
-        ("programs (polymask)", f"{_programs_in_words(st, args)}  (one per batch bucket; "
+        ("programs (polymask)", f"{_programs_in_words(st, args)}  (one per packed row shape or batch bucket; "
                                 f"{st['compile_time_s']:.1f} s of compiling or loading, "
                                 "summed over threads)"),
+        ("layout", _layout_in_words(st)),
         ("padding fraction", f"{st['padding_fraction']:.1%}"),
         ("wall time (incl. compiles)", f"{wall:.1f} s"),
         ("throughput", f"{len(texts) / wall:.1f} texts/s"),
@@ -192,6 +194,16 @@ def cmd_demo(args) -> int:
         print(f"embeddings {emb.shape} -> {args.out}")
     del B
     return 0
+
+
+def _layout_in_words(st: dict) -> str:
+    """``"1384 texts packed (rows of 256 tokens, 8 per call), 16 padded: ..."``."""
+    lay = st.get("layout", {})
+    packed = st.get("packed")
+    text = f"{lay.get('packed', 0)} texts packed"
+    if packed:
+        text += f" (rows of {packed['row_size']} tokens, {packed['rows_per_call']} per call)"
+    return f"{text}, {lay.get('padded', 0)} padded; {lay.get('reason', '')}"
 
 
 def _write_embeddings(out: str, emb, texts: list[str], line_numbers: list[int]) -> None:
@@ -218,19 +230,19 @@ def _embed_with_progress(enc, texts, args):
 
     if not args.progress or not texts:
         return enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
-                         normalize=args.normalize, refine=False)
+                         normalize=args.normalize, refine=False, layout=args.layout)
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is in the models extra
         return enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
-                         normalize=args.normalize, refine=False)
+                         normalize=args.normalize, refine=False, layout=args.layout)
     chunk = 8 * args.batch_size
     parts = []
     with tqdm(total=len(texts), unit="texts", desc="polymask embed", file=sys.stderr) as bar:
         for i in range(0, len(texts), chunk):
             parts.append(enc.embed(texts[i:i + chunk], buckets=_policy(args),
                                    batch_size=args.batch_size, normalize=args.normalize,
-                                   refine=False))
+                                   refine=False, layout=args.layout))
             bar.update(len(parts[-1]))
     return np.concatenate(parts)
 
@@ -265,7 +277,7 @@ def cmd_embed(args) -> int:
     else:
         enc = _load_encoder(args.model)
         emb = _embed_with_progress(enc, texts, args)
-        st = enc.runner(_policy(args), args.batch_size, args.normalize).stats()
+        st = enc.runner(_policy(args), args.batch_size, args.normalize, args.layout).stats()
         how = _programs_in_words(st, args)
     wall = time.perf_counter() - t0
     _write_embeddings(out, emb, texts, line_numbers)
@@ -334,6 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
                           help="smallest token-length bucket (default 16)")
     batching.add_argument("--bucket-steps", type=_positive_int, default=2,
                           help="length buckets per doubling (default 2: 16, 24, 32, 48, ...)")
+    batching.add_argument("--layout", choices=("auto", "packed", "padded"), default="auto",
+                          help="auto (default): pack texts into rows of max_seq_length tokens "
+                               "when the cost model says it computes less, else length "
+                               "buckets; packed; padded (length buckets only)")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", parents=[cache, batching],

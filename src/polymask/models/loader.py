@@ -133,9 +133,13 @@ class SentenceEncoder:
             return lambda params, ids: embed(params, ids, cfg)
         return lambda params, ids: mean_pool(encode(params, ids, cfg))
 
-    def runner(self, buckets=None, batch_size=32, normalize: bool = True):
+    def runner(self, buckets=None, batch_size=32, normalize: bool = True, layout: str = "auto"):
         """The cached ``polymask.ragged_map`` used by ``embed`` (``buckets=None``:
-        ``length_buckets()``). Repeated calls run in refined programs
+        ``length_buckets()``). ``layout="auto"`` (default): texts are packed
+        into rows of ``max_seq_length`` tokens (one program, no bucket
+        padding) when the cost model says packing computes less, as it does
+        for a corpus of short and long texts; else (a few short texts) they
+        run in length buckets. Repeated calls run in refined programs
         (``refine_buckets()``) compiled in the background; on CPU these are
         compiled for run speed (XLA:CPU's YNNPACK fusions off: slower to
         compile, no first-run setup), so a later process that loads them from
@@ -143,7 +147,7 @@ class SentenceEncoder:
         from ..runners.ragged import RaggedMap
 
         buckets = length_buckets() if buckets is None else buckets
-        key = (repr(buckets), batch_size, normalize)
+        key = (repr(buckets), batch_size, normalize, layout)
         with self._lock:
             r = self._runners.get(key)
             if r is None:
@@ -151,7 +155,8 @@ class SentenceEncoder:
                                batch_size=batch_size, numpy_outputs=True,
                                refine_buckets=refine_buckets(),
                                refined_compiler_options=compat.xla_cpu_run_speed_options(),
-                               program_id=self._program_id(normalize))
+                               program_id=self._program_id(normalize), layout=layout,
+                               row_size=self.max_seq_length)
                 self._runners[key] = r
         return r
 
@@ -189,17 +194,18 @@ class SentenceEncoder:
         return lengths
 
     def embed_ids(self, ids_list, *, buckets=None, batch_size=32, progress=False,
-                  normalize: bool = True, refine: bool = True) -> np.ndarray:
+                  normalize: bool = True, refine: bool = True,
+                  layout: str = "auto") -> np.ndarray:
         """Embeddings ``(N, hidden_size)`` of token-id sequences (ragged batches;
-        ``refine``: see ``embed``)."""
+        ``refine``, ``layout``: see ``embed``)."""
         if len(ids_list) == 0:
             return np.zeros((0, self.config.hidden_size), np.float32)
-        out = self.runner(buckets, batch_size, normalize)(ids_list, self.params,
-                                                          progress=progress, refine=refine)
+        out = self.runner(buckets, batch_size, normalize, layout)(
+            ids_list, self.params, progress=progress, refine=refine)
         return np.stack(out).astype(np.float32)
 
     def embed(self, texts, *, buckets=None, batch_size=32, progress=False,
-              normalize: bool = True, refine: bool = True) -> np.ndarray:
+              normalize: bool = True, refine: bool = True, layout: str = "auto") -> np.ndarray:
         """Embeddings ``(N, hidden_size)`` of ``texts`` (float32; L2-normalised
         unless ``normalize=False``, as sentence-transformers' ``encode``).
 
@@ -207,9 +213,12 @@ class SentenceEncoder:
         sentence-transformers' ``encode`` does. ``refine`` (default True):
         repeated calls run in tighter length buckets compiled in the background
         after a call (``refine_buckets``); False for a one-shot pass.
+        ``layout``: ``"auto"`` (packed rows when the cost model says so, see
+        ``runner``), ``"packed"`` or ``"padded"`` (length buckets only).
         """
         out = self.embed_ids(self.tokenize(texts), buckets=buckets, batch_size=batch_size,
-                             progress=progress, normalize=normalize, refine=refine)
+                             progress=progress, normalize=normalize, refine=refine,
+                             layout=layout)
         return out[0] if isinstance(texts, str) else out
 
 

@@ -17,7 +17,6 @@ from .. import _jax_compat as compat
 from ..tracing.registry import register
 from .util import clean, fill_padding, identity_of, is_inexact, masked_axes
 
-
 # primitive name -> (family, kind): what the packed layout (``packing/``) reads
 # to give each family member its packed interpretation without a second list.
 FAMILIES: dict[str, tuple[str, str | None]] = {}

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.plan import CallPlan
-from ..packing import PackedProgram, packed_program, pack_rows
+from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.segments import SEGMENT_FIELDS, row_arrays
 from .compiling import compile_counter
 
@@ -61,7 +61,8 @@ class PackedRunner:
         self._fn = None
         self._key = None
         self.stats = {"calls": 0, "compiles": 0, "xla_compiles": 0, "compile_time_s": 0.0,
-                      "real_positions": 0, "computed_positions": 0, "examples": 0}
+                      "real_positions": 0, "computed_positions": 0, "examples": 0,
+                      "logical_elements": 0, "padded_elements": 0}
 
     # -- tracing ---------------------------------------------------------------
     def choose_rows_per_call(self, rows: int) -> int:
@@ -125,6 +126,9 @@ class PackedRunner:
         fn = self._compiled(len(bcast_leaves))
         self.stats["examples"] += len(order)
         self.stats["real_positions"] += sum(lengths.values())
+        packed_leaves = [li for li, sp in enumerate(leaf_specs) if sp.packed_axes]
+        self.stats["logical_elements"] += sum(np.size(infos[i][1][li]) for i in order
+                                              for li in packed_leaves)
         for b0 in range(0, len(packing.rows), B):
             rows = packing.rows[b0:b0 + B]
             rows = [[(order[j], start) for j, start in row] for row in rows]
@@ -142,6 +146,8 @@ class PackedRunner:
                 self.stats["compile_time_s"] += time.perf_counter() - start
             self.stats["calls"] += 1
             self.stats["computed_positions"] += B * R
+            self.stats["padded_elements"] += B * sum(int(np.prod(leaf_specs[li].shape))
+                                                     for li in packed_leaves)
             self._unpack(rows, seg, outs, lengths, results, out_tree)
 
     def _leaf_specs(self, info) -> list[_Leaf]:

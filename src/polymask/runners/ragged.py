@@ -31,10 +31,13 @@ from .. import _jax_compat as compat
 from ..core.buckets import as_policy
 from ..core.errors import ShapeError
 from ..core.plan import policy_getter
+from ..packing import PackedUnsupported, pack_rows
+from ..packing.cost import packed_cost, padded_cost
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from . import ragged_batches
 from .compiling import background_executor
 from .hostio import slice_to
+from .packed import PackedRunner, default_row_size
 from .program_store import StorableProgram, active_store, program_key, stored_program
 from .programs import (
     STATS_DOC,
@@ -46,9 +49,6 @@ from .programs import (
     jit_program,
     raise_case_error,
 )
-from ..packing import PackedUnsupported, pack_rows
-from ..packing.cost import packed_cost, padded_cost
-from .packed import PackedRunner, default_row_size
 from .refining import Refinement
 
 LAYOUTS = ("padded", "packed", "auto")
@@ -249,10 +249,15 @@ class RaggedMap:
         return self.refinement.options_for(key)
 
     def stats(self) -> dict:
-        s = finish_stats(self.cache.stats())
-        if self._packed is not None:
-            s["packed"] = dict(self._packed.stats, row_size=self._packed.row_size,
+        s = self.cache.stats()
+        if self._packed is not None:  # both layouts' programs, calls and padding
+            ps = self._packed.stats
+            for k in ("calls", "compiles", "xla_compiles", "compile_time_s",
+                      "logical_elements", "padded_elements"):
+                s[k] += ps[k]
+            s["packed"] = dict(ps, row_size=self._packed.row_size,
                                rows_per_call=self._packed.rows_per_call)
+        s = finish_stats(s)
         s["layout"] = dict(self.last_layout)
         return s
 
