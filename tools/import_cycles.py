@@ -27,6 +27,7 @@ LAYERS = (
     "tracing",      # symbolic trace, case splits, rule table, prologue, interpreter, mask()
     "rules",        # masking rules, one module per family (fill tracing's rule table)
     "ops",          # data-dependent-size ops built on rules' primitives
+    "packing",      # the packed layout: segments, packed interpreter and rules, cost model
     "inspection",   # shape_formula, explain
     "runners",      # polymask.jit, ragged_map, program cache, compiles, host I/O
     "models",       # example models (BERT encoder) and their loader
