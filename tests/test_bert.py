@@ -73,8 +73,12 @@ def test_tiny_bert_loader_and_masked_embeddings(tmp_path):
     ids = enc.tokenize(TEXTS)
     assert [len(i) for i in ids] == [9, 4, 2, 12, 12, 3]  # no padding; truncated at 12
     assert ids[0][0] == 2 and ids[0][-1] == 3
-    emb = enc.embed(TEXTS, batch_size=4)
+    emb = enc.embed(TEXTS, batch_size=4, layout="padded")
     assert emb.shape == (6, 16) and emb.dtype == np.float32
+    # the packed layout (rows of max_seq_length = 12 tokens) gives the same embeddings
+    packed = enc.embed(TEXTS, batch_size=4, layout="packed")
+    np.testing.assert_allclose(packed, emb, atol=2e-6)
+    assert enc.runner(None, 4, layout="packed").stats()["packed"]["compiles"] == 1
     exact = jax.jit(enc.embed_fn())
     for i, x in enumerate(ids):
         ref = bert.numpy_embed(enc.params, x, enc.config)
@@ -88,21 +92,22 @@ def test_tiny_bert_loader_and_masked_embeddings(tmp_path):
     # one str is one text (sentence-transformers' encode), not its characters
     [one] = enc.tokenize(TEXTS[0])
     np.testing.assert_array_equal(one, ids[0])
-    single = enc.embed(TEXTS[0], batch_size=4)
+    single = enc.embed(TEXTS[0], batch_size=4, layout="padded")
     assert single.shape == (16,)
     np.testing.assert_allclose(single, emb[0], atol=1e-6)
     # repeated calls refine: the batch of 3 and 2 tokens runs in 8 instead of 16, and
     # on XLA:CPU every batch gets a program compiled for run speed (other XLA options)
-    runner = enc.runner(None, 4)
+    runner = enc.runner(None, 4, layout="padded")
     runner.wait()
     assert runner.stats()["refined_compiles"] == 2
     assert sorted(e.compiler_options == compat.xla_cpu_run_speed_options() != {}
                   for e in runner.cache.entries()) == [False, True, True]
-    again = enc.embed(TEXTS, batch_size=4)
+    again = enc.embed(TEXTS, batch_size=4, layout="padded")
     np.testing.assert_allclose(again, emb, atol=1e-6)
     assert runner.stats()["compiles"] == 3  # 16 (coarse), 16 and 8 (refined)
     # refine=False (a one-shot pass): the coarse program again, nothing new compiled
-    np.testing.assert_allclose(enc.embed(TEXTS, batch_size=4, refine=False), emb, atol=1e-6)
+    np.testing.assert_allclose(enc.embed(TEXTS, batch_size=4, refine=False, layout="padded"),
+                               emb, atol=1e-6)
     runner.wait()
     assert runner.stats()["compiles"] == 3 and runner.stats()["refined_compiles"] == 2
 

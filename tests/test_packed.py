@@ -226,3 +226,15 @@ def test_packed_training_steps_equal_per_example_steps():
         for a, b in zip(jax.tree_util.tree_leaves(p_packed), jax.tree_util.tree_leaves(p_exact)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
     assert vg.compiles == 1  # 64 tokens in rows of 16, two rows per call: one program
+
+
+def test_precompiled_row_program_serves_later_calls_without_a_compile():
+    rm = pm.ragged_map(lambda x: jnp.cumsum(x, 0) * 2, ("n, 4",), layout="packed",
+                       row_size=R, rows_per_call=2)
+    rm.precompile_packed(jax.ShapeDtypeStruct((1, 4), np.float32))
+    ex = _examples([3, 16, 7, 9, 1])
+    with pm.compile_counter() as cc:
+        out = rm(ex)
+    assert cc.compiles == 0
+    for x, o in zip(ex, out):
+        np.testing.assert_allclose(np.asarray(o), np.cumsum(x, 0) * 2, rtol=1e-5, atol=1e-5)

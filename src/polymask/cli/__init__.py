@@ -302,9 +302,11 @@ def _programs_in_words(st: dict, args) -> str:
 def cmd_warmup(args) -> int:
     enc = _load_encoder(args.model)
     t0 = time.perf_counter()
-    lengths = enc.warmup(_policy(args), args.batch_size)
-    st = enc.runner(_policy(args), args.batch_size).stats()
-    print(f"length buckets {lengths} ready (batch size {args.batch_size}) in "
+    lengths = enc.warmup(_policy(args), args.batch_size, layout=args.layout)
+    st = enc.runner(_policy(args), args.batch_size, layout=args.layout).stats()
+    packed = "" if args.layout == "padded" else (
+        f" and the packed row program ({enc.rows_per_call} rows of {enc.max_seq_length})")
+    print(f"length buckets {lengths}{packed} ready (batch size {args.batch_size}) in "
           f"{time.perf_counter() - t0:.1f} s: {_programs_in_words(st, args)}", file=sys.stderr)
     return 0
 

@@ -91,7 +91,8 @@ def _max_seq_length(d: pathlib.Path, cfg: BertConfig) -> int:
 class SentenceEncoder:
     """Tokenizer + BERT params + pooling, with polymask doing the batching.
 
-    Attributes: ``config``, ``params``, ``tokenizer``, ``max_seq_length``.
+    Attributes: ``config``, ``params``, ``tokenizer``, ``max_seq_length``,
+    ``rows_per_call`` (packed layout: rows of ``max_seq_length`` per call).
     """
 
     def __init__(self, model_dir=None, dtype=jnp.float32):
@@ -105,6 +106,8 @@ class SentenceEncoder:
         self.config = BertConfig.from_json(d / "config.json")
         self.params = load_params(d / "model.safetensors", self.config, dtype)
         self.max_seq_length = _max_seq_length(d, self.config)
+        # packed layout: rows of max_seq_length tokens, about 2048 tokens per call
+        self.rows_per_call = max(1, 2048 // self.max_seq_length)
         tok = Tokenizer.from_file(str(d / "tokenizer.json"))
         tok.no_padding()  # the shipped tokenizer.json pads every text to 128
         tok.enable_truncation(max_length=self.max_seq_length)
@@ -156,7 +159,8 @@ class SentenceEncoder:
                                refine_buckets=refine_buckets(),
                                refined_compiler_options=compat.xla_cpu_run_speed_options(),
                                program_id=self._program_id(normalize), layout=layout,
-                               row_size=self.max_seq_length)
+                               row_size=self.max_seq_length,
+                               rows_per_call=self.rows_per_call)
                 self._runners[key] = r
         return r
 
@@ -168,10 +172,11 @@ class SentenceEncoder:
         cfg = json.dumps(dataclasses.asdict(self.config), sort_keys=True)
         return f"polymask.models.bert.embed {cfg} normalize={bool(normalize)}"
 
-    def warmup(self, buckets=None, batch_size=32, max_length=None) -> list[int]:
-        """Compile the batch program of every length bucket up to ``max_length``.
-
-        (default ``max_seq_length``) ahead of time; with the persistent
+    def warmup(self, buckets=None, batch_size=32, max_length=None,
+               layout: str = "auto") -> list[int]:
+        """Compile the batch program of every length bucket up to ``max_length``
+        (default ``max_seq_length``), and the packed row program unless
+        ``layout="padded"``, ahead of time; with the persistent
         compilation cache on (``polymask.enable_compilation_cache``) later
         processes load them from disk. Returns the bucket lengths compiled.
         """
@@ -188,9 +193,11 @@ class SentenceEncoder:
             if b not in lengths:
                 lengths.append(b)
             n = b + 1
-        r = self.runner(buckets, batch_size)
+        r = self.runner(buckets, batch_size, layout=layout)
         for b in lengths:
             r.precompile(jax.ShapeDtypeStruct((b,), np.int32), self.params)
+        if layout != "padded":
+            r.precompile_packed(jax.ShapeDtypeStruct((1,), np.int32), self.params)
         return lengths
 
     def embed_ids(self, ids_list, *, buckets=None, batch_size=32, progress=False,

@@ -33,6 +33,10 @@ def default_row_size(longest: int) -> int:
     return max(64, 1 << max(int(longest) - 1, 0).bit_length())
 
 
+def _dtype(leaf):
+    return leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+
+
 @dataclasses.dataclass
 class _Leaf:
     packed_axes: tuple[int, ...]  # () for a per-example value without the ragged axis
@@ -59,6 +63,7 @@ class PackedRunner:
         self.numpy_outputs = numpy_outputs
         self.program: PackedProgram | None = None
         self._fn = None
+        self._aot = None  # the precompiled row program
         self._key = None
         self.stats = {"calls": 0, "compiles": 0, "xla_compiles": 0, "compile_time_s": 0.0,
                       "real_positions": 0, "computed_positions": 0, "examples": 0,
@@ -97,16 +102,39 @@ class PackedRunner:
                 continue
             shape = tuple(self.row_size if a.var == var else int(s)
                           for a, s in zip(p.axes, p.shape))
-            padded.append(np.zeros(shape, np.asarray(leaf).dtype))
+            padded.append(np.zeros(shape, _dtype(leaf)))
         example = jax.tree_util.tree_unflatten(tree, padded)
         n_bcast = len(broadcast)
         specs = (None,) * n_bcast + tuple(in_specs)
         prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,
                               len(jax.tree_util.tree_leaves(broadcast)), self.max_cases)
-        self.program, self._key, self._fn = prog, key, None
+        self.program, self._key, self._fn, self._aot = prog, key, None, None
         return prog
 
+    def precompile(self, info, bcast_leaves) -> None:
+        """Compile the row program now (``rows_per_call`` rows; ``info`` is one
+        example's ``(plan, leaves)``, leaves may be ``ShapeDtypeStruct``s); calls
+        of that shape then run in it."""
+        if self.rows_per_call is None:
+            raise ValueError("precompiling the packed program needs rows_per_call")
+        B, R, S = self.rows_per_call, self.row_size, self.slots
+        specs = self._leaf_specs(info)
+        avals = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in bcast_leaves]
+        for sp in specs:
+            avals.append(jax.ShapeDtypeStruct((B,) + (sp.shape if sp.packed_axes
+                                                      else (S,) + sp.shape), sp.dtype))
+        avals += [jax.ShapeDtypeStruct((B, R if f in ("seg", "slot", "pos") else S), np.int32)
+                  for f in SEGMENT_FIELDS]
+        start = time.perf_counter()
+        with compile_counter() as cc:
+            self._aot = self._compiled(len(bcast_leaves)).lower(*avals).compile()
+        self.stats["compiles"] += 1
+        self.stats["xla_compiles"] += cc.compiles
+        self.stats["compile_time_s"] += time.perf_counter() - start
+
     def _compiled(self, n_bcast: int):
+        if self._aot is not None:
+            return self._aot
         if self._fn is None:
             row = self.program.row_fn(n_bcast, forward_only=True)
             n_in = len(self.program.packed_axes) + len(SEGMENT_FIELDS)
@@ -155,7 +183,7 @@ class PackedRunner:
         out = []
         for p, axes in zip(plan.leaves, self.program.packed_axes):
             shape = tuple(self.row_size if i in axes else int(s) for i, s in enumerate(p.shape))
-            out.append(_Leaf(axes, np.asarray(leaves[len(out)]).dtype, shape))
+            out.append(_Leaf(axes, _dtype(leaves[len(out)]), shape))
         return out
 
     def _inputs(self, rows, infos, lengths, leaf_specs) -> list[np.ndarray]:

@@ -324,6 +324,28 @@ class RaggedMap:
         self.cache.precompile_entry(entry, make, avals)
         return self
 
+    def precompile_packed(self, example, *broadcast) -> RaggedMap:
+        """Compile the packed layout's row program now (no run), for
+        ``layout="auto"``/``"packed"`` with ``row_size`` and ``rows_per_call``
+        given. ``example``: one example (arrays or ``jax.ShapeDtypeStruct``s; its
+        sizes do not matter). Returns ``self``.
+
+        Raises:
+          ValueError: ``layout="padded"``, or no ``row_size``/``rows_per_call``.
+          PackedUnsupported: the function cannot run packed.
+        """
+        if self.layout == "padded" or self.row_size is None or self.rows_per_call is None:
+            raise ValueError("precompile_packed needs layout 'auto' or 'packed', row_size "
+                             "and rows_per_call")
+        args = example if isinstance(example, tuple) else (example,)
+        in_specs, spec_key = self.in_specs, repr(self.in_specs)
+        bcast_leaves, _, _ = ragged_batches.broadcast_inputs(broadcast)
+        plan, leaves, tree = self.plans.plan(args, in_specs, spec_key)
+        runner = self._packed_runner(self.row_size)
+        runner.prepare(plan, leaves, tree, broadcast, in_specs)
+        runner.precompile((plan, leaves), bcast_leaves)
+        return self
+
     def _compile_ahead(self, batches, infos, broadcast, bcast_leaves, bcast_tree, bcast_key,
                        in_specs, spec_key) -> None:
         """Queue the programs of the batches after the first on the background
