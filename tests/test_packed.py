@@ -150,18 +150,35 @@ def test_an_example_longer_than_a_row_runs_padded():
     assert lay["packed"] == 2 and lay["padded"] == 1 and "ran padded" in lay["reason"]
 
 
-def test_an_unsupported_primitive_names_itself_and_auto_falls_back():
-    def f(x):  # a scan along the packed axis (an RNN over tokens)
-        return lax.scan(lambda c, r: (c + r, c * r), jnp.zeros(4), x)
+def test_scans_along_the_packed_axis_restart_per_example():
+    W = np.random.default_rng(4).normal(size=(4, 4)).astype(np.float32) * 0.5
 
-    with pytest.raises(PackedUnsupported, match="scan"):
+    def rnn(W, x, h0):
+        def cell(h, r):
+            h = jnp.tanh(h @ W + r)
+            return h, h * 2
+        last, hs = lax.scan(cell, h0, x)
+        back, _ = lax.scan(cell, h0, x, reverse=True)
+        # a loop of constant length (layers) over packed values
+        y = lax.fori_loop(0, 3, lambda i, y: jnp.tanh(y @ W) + x, x)
+        return last, hs, back, y
+
+    ex = [(x, np.full(4, i * 0.1, np.float32)) for i, x in enumerate(_examples(SIZES + [0]))]
+    _check(rnn, ex, W, specs=("n, 4", None))
+
+
+def test_an_unsupported_primitive_names_itself_and_auto_falls_back():
+    def f(x):  # a size 2n along the packed axis
+        return jnp.concatenate([x, x[::-1]], 0)
+
+    with pytest.raises(PackedUnsupported, match="concatenate"):
         pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R)(_examples([3, 4]))
     rm = pm.ragged_map(f, ("n, 4",), layout="auto", row_size=R)
     out = rm(_examples([3, 4]))
     for a, b in zip(jax.tree_util.tree_leaves(out[1]), jax.tree_util.tree_leaves(f(_examples([3, 4])[1]))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     assert rm.stats()["layout"]["packed"] == 0
-    assert "scan" in rm.stats()["layout"]["reason"]
+    assert "concatenate" in rm.stats()["layout"]["reason"]
 
 
 def test_auto_packs_when_the_cost_model_says_so():

@@ -105,9 +105,14 @@ class PackedRun:
         return [read(v) for v in jaxpr.outvars]
 
     def apply(self, eqn, invals) -> list:
-        in_packed = [self.packed_axes(v.aval) for v in eqn.invars]
-        out_packed = [self.packed_axes(v.aval) for v in eqn.outvars]
         name = eqn.primitive.name
+        try:
+            in_packed = [self.packed_axes(v.aval) for v in eqn.invars]
+            out_packed = [self.packed_axes(v.aval) for v in eqn.outvars]
+        except PackedUnsupported as e:
+            raise PackedUnsupported(
+                f"primitive '{name}' (used at {compat.source_line(eqn.source_info)}) cannot "
+                f"run packed: {e}") from None
         rule = packed_rule(name)
         touches = any(in_packed) or any(out_packed) or _params_have_dims(eqn.params)
         try:

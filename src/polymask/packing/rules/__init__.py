@@ -8,6 +8,7 @@ primitive gets its packed meaning from the family it already belongs to).
 from . import (  # noqa: F401  (imported for their registrations)
     calls,
     contractions,
+    control_flow,
     cumulative,
     elementwise,
     indexing,
