@@ -255,3 +255,29 @@ def test_precompiled_row_program_serves_later_calls_without_a_compile():
     assert cc.compiles == 0
     for x, o in zip(ex, out):
         np.testing.assert_allclose(np.asarray(o), np.cumsum(x, 0) * 2, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_through_every_packed_family_equal_per_example_gradients():
+    rng = np.random.default_rng(6)
+    params = {"W": jnp.asarray(rng.normal(size=(4, 4)) * 0.5, jnp.float32),
+              "v": jnp.asarray(rng.normal(size=(4,)), jnp.float32)}
+
+    def loss(p, x):  # one scalar per example, touching each family
+        h = jnp.tanh(x @ p["W"])
+        last, hs = lax.scan(lambda c, r: (jnp.tanh(c + r), c), p["v"], h)
+        att = jax.nn.softmax(h @ h.T, -1) @ h
+        srt = jnp.sort(h[:, 0])
+        return (jnp.sum(jnp.cumsum(h, 0) ** 2) + jnp.max(att) + jnp.mean(hs * p["v"])
+                + jnp.sum(last) + jnp.sum(srt * jnp.arange(x.shape[0])) + jnp.sum(h[::-1][0]))
+
+    xs = _examples([3, 1, 16, 7, 9, 2, 5])
+    vg = pm.value_and_grad(loss, (None, "n, 4"), layout="packed", row_size=R)
+    got_loss, got = vg(params, xs)
+
+    def exact(p):
+        return sum(loss(p, x) for x in xs) / len(xs)
+
+    want_loss, want = jax.value_and_grad(exact)(params)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
