@@ -177,6 +177,12 @@ def attention(name: str, quick: bool, steady_passes: int) -> dict:
                        buckets=pm.buckets.pow2(16, maximum=common.ATT_PAD),
                        numpy_outputs=(name == "polymask_jit_numpy"))
             call = lambda x: f(p, x)
+        elif name == "polymask_jit_default":
+            import polymask as pm
+
+            # what a user who writes no bucket policy gets
+            f = pm.jit(make_attention(jnp, jax), (None, "n, 64"))
+            call = lambda x: f(p, x)
         elif name == "jax_jit":
             f = jax.jit(make_attention(jnp, jax))
             call = lambda x: f(p, x)
@@ -380,7 +386,8 @@ def percall(name: str, quick: bool) -> dict:
 
 # ----------------------------------------------------------------------------
 CONTENDERS = {
-    "attention": ["polymask_jit", "polymask_jit_numpy", "jax_jit", "handwritten", "torch_eager"],
+    "attention": ["polymask_jit", "polymask_jit_default", "polymask_jit_numpy", "jax_jit",
+                  "handwritten", "torch_eager"],
     "minilm": ["polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache_cold",
                "polymask_cache_warm", "jax_jit_sorted", "sentence_transformers"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],

@@ -38,7 +38,8 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 WORKLOADS = ("attention", "minilm", "percall", "process")
 CONTENDERS = {
-    "attention": ["polymask_jit", "polymask_jit_numpy", "jax_jit", "handwritten", "torch_eager"],
+    "attention": ["polymask_jit", "polymask_jit_default", "polymask_jit_numpy", "jax_jit",
+                  "handwritten", "torch_eager"],
     "minilm": ["polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache",
                "jax_jit_sorted", "sentence_transformers"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],

@@ -1,6 +1,7 @@
 """polymask.jit, ragged_map and bucketing policies (values only, never timings)."""
 
 import threading
+import time
 import warnings
 
 import jax
@@ -351,7 +352,7 @@ def test_jit_tiered_buckets_serve_then_switch():
         traces.append(x.shape)
         return jnp.cumsum(x) + jnp.max(x)
 
-    pf = pm.jit(f, "n", buckets=B.pow2(4), tiered=True)
+    pf = pm.jit(f, "n", buckets=B.pow2(4, headroom=1), tiered=True)  # no headroom bucket
     big = np.arange(60, dtype=np.float32)
     np.testing.assert_allclose(pf(big), np.cumsum(big) + big.max())  # bucket 64, foreground
     for n in (3, 5, 9, 17, 33, 2, 6):
@@ -389,6 +390,157 @@ def test_jit_tiered_compiles_the_largest_bucket_first():
     assert pf.stats()["tiered_calls"] == tiered  # tight buckets now
     with pytest.raises(pm.ShapeError, match="largest bucket 64"):
         pf(np.ones(65, np.float32))
+
+
+def test_policy_headroom():
+    assert B.pow2().headroom == 16 and B.multiple(4).headroom == 16
+    assert B.pow2(8, headroom=1).headroom == 1 and B.exact().headroom == 1
+    assert B.explicit([4, 8]).headroom == 1 and B.as_policy(None).headroom == 16
+    assert repr(B.pow2()) == "pow2(minimum=8)"
+    assert repr(B.pow2(4, headroom=2)) == "pow2(minimum=4, headroom=2)"
+    assert repr(B.multiple(4, headroom=1)) == "multiple(4, headroom=1)"
+    with pytest.raises(ValueError, match="headroom"):
+        B.pow2(headroom=0)
+    with pytest.raises(TypeError, match="headroom"):
+        B.multiple(4, headroom=2.0)
+
+
+def _plain(f, x):
+    return np.asarray(jax.jit(f)(x))
+
+
+def test_jit_default_policy_compiles_a_headroom_bucket_first():
+    # (integer values: every sum is exact, padded or not)
+    # the default pow2(): the first size (5, bucket 8) gets bucket 8 * 16 = 128 in the
+    # foreground; larger sizes within it run at once while their own buckets compile
+    # in the background
+    def f(x):
+        return jnp.cumsum(x, axis=0) * 2.0 + jnp.sum(x)
+
+    pf = pm.jit(f, "n, 3", tiered=True)
+    rng = np.random.default_rng(0)
+    xs = {n: rng.integers(-9, 9, size=(n, 3)).astype(np.float32) for n in (5, 40, 100, 0, 128)}
+    np.testing.assert_array_equal(pf(xs[5]), _plain(f, xs[5]))
+    st = pf.stats()
+    assert st["compiles"] - st["background_compiles"] == 1 and st["tiered_calls"] == 1
+    assert {e.buckets["n"] for e in pf.cache.entries() if e.live} >= {128}
+    for n in (40, 100, 0, 128):  # within the headroom: no foreground compile
+        np.testing.assert_array_equal(pf(xs[n]), _plain(f, xs[n]))
+    st = pf.stats()
+    assert st["calls"] == 5 and st["calls"] - st["cache_hits"] == 1
+    assert st["compiles"] - st["background_compiles"] == 1
+    pf.wait()
+    st = pf.stats()
+    assert st["compiles"] == 3 and st["background_compiles"] == 2  # 128; then 8 and 64
+    tiered = st["tiered_calls"]
+    for n in (5, 40, 0):  # the steady state: tight buckets
+        np.testing.assert_array_equal(pf(xs[n]), _plain(f, xs[n]))
+    assert pf.stats()["tiered_calls"] == tiered
+    # a size past every compiled bucket gets a headroom bucket of its own: 300 -> 512 * 16,
+    # halved to 4096 (8192 rows of 3 float32 are over the 64 KiB budget; 4096 are 48 KiB)
+    x = rng.integers(-9, 9, size=(300, 3)).astype(np.float32)
+    np.testing.assert_array_equal(pf(x), _plain(f, x))
+    st = pf.stats()
+    assert st["calls"] - st["cache_hits"] == 2
+    assert max(e.buckets["n"] for e in pf.cache.entries() if e.live) == 4096
+    pf.wait()
+    np.testing.assert_array_equal(pf(x), _plain(f, x))
+    assert pf.stats()["compiles"] == 5  # + 4096 (foreground) and 512
+
+
+def test_jit_headroom_is_capped_by_bytes_and_constraints():
+    f = lambda x: jnp.sum(x, axis=0)
+    # rows of 1024 float32 (4 KiB): at most HEADROOM_BYTES_CPU (64 KiB) = 16 rows
+    from polymask.runners import tiering
+
+    pf = pm.jit(f, "n, 1024", tiered=True)
+    plan = pf.plans.plan((np.ones((3, 1024), np.float32),))[0]
+    assert plan.buckets == {"n": 8}
+    assert pf.tiering.first_buckets(plan) == {"n": tiering.HEADROOM_BYTES_CPU // 4096}
+    x = np.ones((3, 1024), np.float16)  # half the bytes per row: 32 rows
+    assert pf.tiering.first_buckets(pf.plans.plan((x,))[0]) == {"n": 32}
+    # a size whose own bucket is over the budget gets no headroom
+    assert pf.tiering.first_buckets(pf.plans.plan((np.ones((20, 1024), np.float32),))[0]) \
+        is None
+    # an upper bound from the constraints caps it: n <= 20 gives the bucket of 20
+    pc = pm.jit(f, "n, 2", constraints=("n <= 20",), tiered=True)
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    assert pc.tiering.first_buckets(pc.plans.plan((x,))[0]) == {"n": 32}
+    np.testing.assert_allclose(pc(x), _plain(f, x))
+    for n in (12, 20):  # 12 runs in bucket 32 (its own is 16), 20 in its own (32)
+        xn = np.arange(2 * n, dtype=np.float32).reshape(n, 2)
+        np.testing.assert_allclose(pc(xn), _plain(f, xn))
+    st = pc.stats()
+    assert st["calls"] - st["cache_hits"] == 1 and st["tiered_calls"] == 2
+    pc.wait()
+    # headroom=1, exact() and a plain callable: the call's own bucket, as before
+    for buckets in (B.pow2(8, headroom=1), B.exact(), lambda n: max(n, 1)):
+        pn = pm.jit(f, "n, 2", buckets=buckets, tiered=True)
+        assert pn.tiering.first_buckets(pn.plans.plan((x,))[0]) is None
+    # two dim vars: each gets headroom while the padded inputs fit the budget
+    g = lambda a, b: jnp.sum(a) + jnp.sum(b)
+    p2 = pm.jit(g, ("n", "m"), tiered=True)
+    args = (np.ones(3, np.float32), np.ones(30, np.float32))
+    assert p2.tiering.first_buckets(p2.plans.plan(args)[0]) == {"n": 128, "m": 512}
+    # a largest bucket still wins for its dim var
+    p3 = pm.jit(g, ("n", "m"), buckets={"n": B.pow2(8, maximum=64), None: B.pow2()},
+                tiered=True)
+    assert p3.tiering.first_buckets(p3.plans.plan(args)[0]) == {"n": 64, "m": 512}
+    assert float(p3(*args)) == 33.0
+    # ... capped by a constraint's upper bound too (it raised ShapeError at n = 64 before)
+    p4 = pm.jit(jnp.sum, "n", buckets=B.pow2(8, maximum=64), constraints=("n <= 20",),
+                tiered=True)
+    assert float(p4(np.ones(3, np.float32))) == 3.0
+    assert [e.buckets for e in p4.cache.entries() if e.live] == [{"n": 32}]
+
+
+def test_jit_headroom_bucket_that_cannot_trace_falls_back_to_the_own_bucket():
+    # a size used as a Python int is traced per size up to a bucket of 2 * max_cases
+    # (32): bucket 8 traces, the headroom bucket 128 does not
+    def f(x):
+        return sum(x[i] * i for i in range(x.shape[0])) + jnp.zeros(())
+
+    pf = pm.jit(f, "n", tiered=True)
+    assert float(pf(np.arange(5, dtype=np.float32))) == 30.0
+    st = pf.stats()
+    assert st["compiles"] == 1 and st["tiered_calls"] == 0 and pf.tiering.first_sizes(
+        pf.plans.plan((np.ones(3, np.float32),))[0]) is None  # off for this runner
+    assert float(pf(np.arange(7, dtype=np.float32))) == 91.0
+    with pytest.raises(pm.ShapeError, match="Python int"):  # as without tiering
+        pf(np.arange(50, dtype=np.float32))
+
+
+def test_jit_deferred_background_compiles_still_run_without_wait():
+    # background compiles yield to a burst of calls, but start once calls pause
+    pf = pm.jit(lambda x: x * 2.0, "n", tiered=True)
+    for n in (3, 20, 9):
+        np.testing.assert_allclose(pf(np.ones(n, np.float32)), np.full(n, 2.0))
+    assert pf.stats()["compiles"] - pf.stats()["background_compiles"] == 1
+    deadline = time.monotonic() + 120
+    while pf.stats()["background_compiles"] < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pf.stats()["background_compiles"] == 3  # 8, 16, 32 (128 in the foreground)
+    pf.wait()
+
+
+def test_jit_repeated_shape_starts_its_deferred_compile(monkeypatch):
+    # deferred compiles that would never start by themselves (no pause, no deadline):
+    # calling a shape again while it waits for its bucket starts that compile
+    from polymask.runners import compiling
+
+    monkeypatch.setattr(compiling, "YIELD_QUIET_S", 1e6)
+    monkeypatch.setattr(compiling, "YIELD_MAX_S", 1e6)
+    pf = pm.jit(lambda x: x + 1.0, "n", tiered=True)
+    for n in (5, 20):  # 128 in the foreground; 8 and 32 deferred
+        np.testing.assert_array_equal(pf(np.zeros(n, np.float32)), np.ones(n))
+    assert pf.stats()["background_compiles"] == 0
+    np.testing.assert_array_equal(pf(np.zeros(5, np.float32)), np.ones(5))  # again: urged
+    deadline = time.monotonic() + 120
+    while pf.stats()["background_compiles"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pf.stats()["background_compiles"] == 1  # bucket 8; 32 still waits
+    pf.wait()  # starts the rest
+    assert pf.stats()["background_compiles"] == 2 and pf.stats()["compiles"] == 3
 
 
 def test_jit_tiered_off_compiles_in_foreground():

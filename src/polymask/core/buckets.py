@@ -4,16 +4,22 @@ A policy is a callable ``size -> bound`` with ``bound >= max(size, 1)``. Few
 distinct bounds mean few compiled programs (``polymask.jit`` compiles once per
 bucket signature); tighter bounds mean less padding.
 
-- ``pow2(minimum=8, maximum=None, steps=1)``: the next power of two (at least
-  ``minimum``); ``steps=2`` adds 1.5 x 2^j between powers (tighter fit).
-- ``multiple(k, minimum=None, maximum=None)``: the next multiple of ``k``.
+- ``pow2(minimum=8, maximum=None, steps=1, headroom=16)``: the next power of
+  two (at least ``minimum``); ``steps=2`` adds 1.5 x 2^j between powers
+  (tighter fit).
+- ``multiple(k, minimum=None, maximum=None, headroom=16)``: the next multiple
+  of ``k``.
   With ``maximum``, sizes above it raise and tiered ``polymask.jit`` compiles
-  that largest bucket first (``Policy.largest``).
+  that largest bucket first (``Policy.largest``). Without one, tiered
+  ``polymask.jit`` compiles a *headroom* bucket first: the bucket of
+  ``headroom`` times the size's own bucket (``Policy.headroom``), capped as
+  ``runners/tiering.py`` says (a constraint's upper bound, a byte budget).
 - ``explicit([16, 32, 100])``: the smallest listed bound that fits.
 - ``fixed(maximum)``: always ``maximum`` (one program; sizes above it fail).
 - ``exact()``: no padding (one program per size, like ``jax.jit``).
 
-``as_policy`` also accepts: ``None`` or ``"pow2"`` (the default ``pow2()``),
+``as_policy`` also accepts: ``None`` or ``"pow2"`` (the default ``pow2()``:
+8, 16, 32, ... with headroom 16),
 ``"exact"``, an int (``fixed``), a list/tuple of ints (``explicit``), or any
 callable. ``polymask.jit`` also takes a dict ``{dim var name: policy}``.
 """
@@ -40,14 +46,23 @@ def _int_arg(v, what: str, minimum: int) -> int:
 
 
 class Policy:
-    """A named bucketing policy: ``policy(size) -> bound``."""
+    """A named bucketing policy: ``policy(size) -> bound``.
 
-    def __init__(self, fn: Callable[[int], int], name: str, largest: int | None = None):
+    ``largest``: the bucket that holds every size (None: unbounded); tiered
+    ``polymask.jit`` compiles it first, so one compile serves a first pass.
+    ``headroom``: for an unbounded policy, how much larger than a size's own
+    bucket the bucket is that tiered ``polymask.jit`` compiles first when no
+    compiled bucket holds the size (the policy's bucket of ``headroom`` times
+    the own bucket; 1: the own bucket, no headroom). Smaller sizes then run in
+    it while their own buckets compile in the background.
+    """
+
+    def __init__(self, fn: Callable[[int], int], name: str, largest: int | None = None,
+                 headroom: int = 1):
         self._fn = fn
         self.name = name
-        # the bucket that holds every size (None: unbounded); tiered
-        # ``polymask.jit`` compiles it first, so one compile serves a first pass
         self.largest = largest
+        self.headroom = _int_arg(headroom, f"{name}: headroom", 1)
 
     def __call__(self, size: int) -> int:
         if isinstance(size, (bool, np.bool_)) or not (
@@ -82,7 +97,8 @@ def _capped(fn, maximum: int | None, name: str):
     return capped
 
 
-def pow2(minimum: int = 8, maximum: int | None = None, steps: int = 1) -> Policy:
+def pow2(minimum: int = 8, maximum: int | None = None, steps: int = 1,
+         headroom: int = 16) -> Policy:
     """Next power of two, at least ``minimum`` (``pow2(8)``: 0..8 -> 8, 9 -> 16).
 
     ``steps`` (default 1) splits each octave ``(2^j, 2^(j+1)]`` into that many
@@ -97,17 +113,27 @@ def pow2(minimum: int = 8, maximum: int | None = None, steps: int = 1) -> Policy
     bucket may be smaller than a power of two), larger sizes raise
     ``ShapeError``. It lets tiered ``polymask.jit`` compile that bucket first.
 
+    ``headroom`` (default 16; ``Policy.headroom``) applies without
+    ``maximum``: when no compiled bucket holds a size, tiered
+    ``polymask.jit`` compiles the bucket of 16 times the size's own bucket
+    first (4 powers of two up; ``pow2()``: a first size of 5, bucket 8, gets
+    bucket 128), capped as ``polymask.jit`` documents. ``headroom=1``
+    compiles the own bucket in the foreground.
+
     Raises:
-      TypeError: ``minimum``, ``maximum`` or ``steps`` is not an int.
-      ValueError: ``minimum`` or ``steps`` below 1, ``maximum`` below ``minimum``.
+      TypeError: ``minimum``, ``maximum``, ``steps`` or ``headroom`` is not an int.
+      ValueError: ``minimum``, ``steps`` or ``headroom`` below 1, ``maximum``
+        below ``minimum``.
       ShapeError (when applied): a size above ``maximum``.
     """
     minimum = _int_arg(minimum, "pow2: minimum", 1)
     if maximum is not None:
         maximum = _int_arg(maximum, "pow2: maximum", minimum)
     steps = _int_arg(steps, "pow2: steps", 1)
+    headroom = _int_arg(headroom, "pow2: headroom", 1)
     name = (f"pow2(minimum={minimum}" + ("" if maximum is None else f", maximum={maximum}")
-            + ("" if steps == 1 else f", steps={steps}") + ")")
+            + ("" if steps == 1 else f", steps={steps}")
+            + ("" if headroom == 16 else f", headroom={headroom}") + ")")
 
     def fn(n):
         p = 1 << max(n - 1, 0).bit_length()  # next power of two >= n
@@ -117,22 +143,26 @@ def pow2(minimum: int = 8, maximum: int | None = None, steps: int = 1) -> Policy
             p = lower + -(-i * lower // steps)
         return max(int(minimum), p)
 
-    return Policy(_capped(fn, maximum, name), name, maximum)
+    return Policy(_capped(fn, maximum, name), name, maximum, headroom)
 
 
-def multiple(k: int, minimum: int | None = None, maximum: int | None = None) -> Policy:
+def multiple(k: int, minimum: int | None = None, maximum: int | None = None,
+             headroom: int = 16) -> Policy:
     """Next multiple of ``k`` (at least ``minimum``, default ``k``); sizes above
-    ``maximum`` (optional, the largest bucket) raise ``ShapeError``."""
+    ``maximum`` (optional, the largest bucket) raise ``ShapeError``.
+    ``headroom``: as for ``pow2`` (without ``maximum``)."""
     k = _int_arg(k, "multiple: k", 1)
     lo = k if minimum is None else _int_arg(minimum, "multiple: minimum", 1)
     if maximum is not None:
         maximum = _int_arg(maximum, "multiple: maximum", lo)
-    name = f"multiple({k}" + ("" if maximum is None else f", maximum={maximum}") + ")"
+    headroom = _int_arg(headroom, "multiple: headroom", 1)
+    name = (f"multiple({k}" + ("" if maximum is None else f", maximum={maximum}")
+            + ("" if headroom == 16 else f", headroom={headroom}") + ")")
 
     def fn(n):
         return max(lo, -(-n // k) * k, 1)
 
-    return Policy(_capped(fn, maximum, name), name, maximum)
+    return Policy(_capped(fn, maximum, name), name, maximum, headroom)
 
 
 def explicit(bounds: Sequence[int]) -> Policy:
@@ -161,7 +191,8 @@ def fixed(maximum: int) -> Policy:
 
 
 def exact() -> Policy:
-    """No padding: the bound is the size (one compile per size, like ``jax.jit``)."""
+    """No padding: the bound is the size (one compile per size, like ``jax.jit``;
+    no headroom)."""
     return Policy(lambda n: max(n, 1), "exact()")
 
 

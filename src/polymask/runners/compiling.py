@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import contextlib
 import itertools
 import queue
 import threading
+import time
 
 import jax
 
@@ -84,14 +86,26 @@ class compile_counter:
 
 COMPILE_TICK = itertools.count()
 
+# A deferred background compile (``submit(fn, defer=True)``: tiered buckets)
+# starts once no call has needed one for YIELD_QUIET_S seconds (``note_call``),
+# at the latest YIELD_MAX_S after it was submitted, and at once while a thread
+# waits for compiles (``hurried``), a compile that is not deferred is queued,
+# or one was urged (``urge``: a call repeats a shape that waits for it).
+YIELD_QUIET_S = 0.05
+YIELD_MAX_S = 1.0
 
-class _BackgroundCompiler:
+
+class BackgroundCompiler:
     """One daemon thread per process that runs background compiles in order.
 
     A daemon thread (not ``concurrent.futures``' pool) so that compiles still
     queued at interpreter exit are dropped instead of delaying the exit. The
     compile *running* at exit is waited for (``atexit``): XLA aborts the process
     when the interpreter shuts down under a compile in flight.
+
+    Deferred compiles yield to the caller: a compile holds the GIL while it
+    traces and takes a core while XLA compiles, so one started in the middle
+    of a burst of calls slows every call of the burst. See ``YIELD_QUIET_S``.
     """
 
     def __init__(self):
@@ -100,17 +114,71 @@ class _BackgroundCompiler:
         self._lock = threading.Lock()
         self._running = threading.Lock()  # held while a compile runs
         self._closed = False
+        self._last_call = 0.0  # time.monotonic() of the last call that wanted a compile
+        self._waiters = 0  # threads in ``hurried``
+        self._deferred: set = set()  # futures of queued deferred compiles
+        self._prompt: set = set()  # futures of queued compiles that start without waiting
+        self._wake = threading.Event()
         atexit.register(self._shutdown)
 
     def _shutdown(self) -> None:
         """Drop queued compiles and wait for the one in flight."""
         self._closed = True
+        self._wake.set()
         with self._running:
             pass
 
-    def submit(self, fn) -> concurrent.futures.Future:
+    def note_call(self) -> None:
+        """A call ran that a deferred compile serves: deferred compiles wait
+        until calls pause (``YIELD_QUIET_S``)."""
+        self._last_call = time.monotonic()
+
+    @contextlib.contextmanager
+    def hurried(self):
+        """While inside, deferred compiles start at once (a thread waits for them)."""
+        with self._lock:
+            self._waiters += 1
+        self._wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._waiters -= 1
+
+    def urge(self, fut) -> None:
+        """The deferred compile of ``fut`` (if still queued) and those queued
+        before it start without waiting."""
+        with self._lock:
+            if fut in self._deferred:
+                self._deferred.discard(fut)
+                self._prompt.add(fut)
+        self._wake.set()
+
+    def _hold(self, submitted: float | None) -> None:
+        """Wait before a deferred compile (submitted at ``submitted``) starts."""
+        if submitted is None:
+            return
+        while not (self._closed or self._waiters or self._prompt):
+            now = time.monotonic()
+            delay = min(self._last_call + YIELD_QUIET_S, submitted + YIELD_MAX_S) - now
+            if delay <= 0:
+                return
+            self._wake.wait(delay)
+            self._wake.clear()
+
+    def submit(self, fn, defer: bool = False) -> concurrent.futures.Future:
+        """Run ``fn()`` on the compile thread after the compiles submitted before
+        it; ``defer``: yield to calls first (see the class doc)."""
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((fn, fut))
+        now = time.monotonic()
+        with self._lock:
+            if defer:  # submitted by a call (after its own foreground compile, maybe)
+                self._last_call = now
+                self._deferred.add(fut)
+            else:
+                self._prompt.add(fut)
+        self._wake.set()
+        self._queue.put((fn, fut, now if defer else None))
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="polymask-compile",
@@ -120,7 +188,11 @@ class _BackgroundCompiler:
 
     def _run(self):
         while True:
-            fn, fut = self._queue.get()
+            fn, fut, submitted = self._queue.get()
+            self._hold(submitted)
+            with self._lock:
+                self._deferred.discard(fut)
+                self._prompt.discard(fut)
             with self._running:
                 if self._closed:
                     fut.cancel()
@@ -133,8 +205,8 @@ class _BackgroundCompiler:
                     fut.set_exception(e)
 
 
-_BACKGROUND = _BackgroundCompiler()
+_BACKGROUND = BackgroundCompiler()
 
 
-def background_executor() -> _BackgroundCompiler:
+def background_executor() -> BackgroundCompiler:
     return _BACKGROUND

@@ -35,7 +35,7 @@ from ..core.binding import keywords_as_positional
 from ..core.errors import ShapeError
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
-from .compiling import COMPILE_TICK, compile_counter
+from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
 from .hostio import (
     FAST_TYPES,
@@ -89,6 +89,7 @@ class _CallInfo:
     build: Callable | None = None
     single_out: bool = False
     error: str | None = None  # these sizes reach an error case (its message)
+    covered: bool = False  # served by a covering bucket before (tiered)
 
 
 _LEAF_TREE = jax.tree_util.tree_structure(0)
@@ -117,7 +118,8 @@ class PolyJit:
         # traced_calls: calls under jax.grad/jit/vmap (plain JAX's trace)
         self.cache = ProgramCache(cache_size, self.compiler_options, extra_stats=("traced_calls",))
         tiered = env_switch("POLYMASK_TIERED") if tiered is None else bool(tiered)
-        self.tiering = Tiering(self.cache, policy_for, self._compile_largest_ahead) if tiered else None
+        self.tiering = (Tiering(self.cache, policy_for, self._compile_first_ahead, self.constraints)
+                        if tiered else None)
         self._infos: dict = {}
         self._fast: dict = {}
         self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
@@ -141,7 +143,7 @@ class PolyJit:
                      device_pad and isinstance(leaves[i], jax.Array))
                     for i, p in enumerate(plan.leaves) if not p.static)
         info = _CallInfo(plan, tree, tuple(i for i, p in enumerate(plan.leaves) if p.static),
-                         dyn, jax.device_put(np.asarray(plan.values, np.int32)),
+                         dyn, compat.upload(np.asarray(plan.values, np.int32)),
                          (tree, plan.signature), [p.shape for p in plan.leaves])
         with self.cache.lock:
             table = self._fast if fast else self._infos
@@ -319,6 +321,9 @@ class PolyJit:
 
     def _slow_call(self, info: _CallInfo, leaves):
         """First call of a signature, an evicted program, or a tiered bucket still compiling."""
+        tiering = self.tiering
+        if tiering is not None:  # a new shape, or one waiting for its bucket: compiles wait
+            background_executor().note_call()
         entry = self.cache.entry(info.key, hit=False)
         info.entry = entry
         if entry.live:
@@ -329,18 +334,18 @@ class PolyJit:
             entry.cover_key, entry.buckets = ckey, dict(plan.buckets)
             entry.padded = plan.padded
         make = functools.partial(self._make, info.tree, plan)
-        tiering = self.tiering
         if tiering is not None:
             cover = tiering.find_cover(plan, ckey, entry)
             if cover is None:
-                compiled = tiering.compile_largest(info.tree, plan, leaves)
+                compiled = tiering.compile_first(info.tree, plan, leaves)
                 if compiled:
                     self._count_foreground_compile()
                 if compiled is not None:
                     cover = tiering.find_cover(plan, ckey, entry)
             if cover is not None:
                 tiering.compile_in_background(info.key, entry, make,
-                                              lambda: self._flat(info, leaves))
+                                              lambda: self._flat(info, leaves), info.covered)
+                info.covered = True
                 dyn = tuple((i, b2, np.shape(leaves[i]) == b2, od) for (i, _, _, od), b2 in zip(
                     info.dyn, [padded_shape(plan.leaves[i].axes, cover.buckets)
                                for i, *_ in info.dyn]))
@@ -376,8 +381,8 @@ class PolyJit:
         self._compile_ahead(args, "precompiles")
         return self
 
-    def _compile_largest_ahead(self, args) -> bool:
-        """``Tiering``'s foreground compile of the largest bucket (no extra counter)."""
+    def _compile_first_ahead(self, args) -> bool:
+        """``Tiering``'s foreground compile of a covering bucket (no extra counter)."""
         return self._compile_ahead(args, None)
 
     def _compile_ahead(self, args, kind: str | None) -> bool:
@@ -409,20 +414,32 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
         (that argument is static: its exact shape is part of the cache key,
         e.g. model parameters).
       buckets: bucketing policy for every dynamic dim var (default
-        ``polymask.buckets.pow2()``), or a dict ``{dim var: policy}`` (key
-        ``None`` = the default). See ``polymask.buckets``.
+        ``polymask.buckets.pow2()``: 8, 16, 32, ... with ``headroom=16``), or
+        a dict ``{dim var: policy}`` (key ``None`` = the default). See
+        ``polymask.buckets``.
       constraints: ``jax.export`` constraints (``"n >= 3"``), checked on the host.
       cache_size: most compiled programs kept (least recently used dropped).
       numpy_outputs: return NumPy arrays instead of ``jax.Array``.
       tiered: serve a size whose bucket is not compiled yet from the smallest
-        compiled bucket that holds it, while its own bucket compiles in a
-        background thread (later calls switch to it; ``f.wait()`` waits for
-        those compiles). When every policy has a largest bucket
-        (``pow2(16, maximum=512)``, ``explicit``), the first call compiles
-        that bucket, so a first pass costs one foreground compile. Default:
-        on, unless the environment variable
-        ``POLYMASK_TIERED=0`` (the test suite sets it, so compile counts are
-        deterministic there).
+        compiled bucket that holds it (a covering bucket), while its own
+        bucket compiles in a background thread (later calls switch to it;
+        ``f.wait()`` waits for those compiles). When no compiled bucket holds
+        a size, the call compiles a covering bucket in the foreground instead
+        of its own, so a first pass over many sizes costs about one
+        foreground compile: per dim var, its policy's largest bucket
+        (``pow2(16, maximum=512)``, ``explicit``), else its headroom bucket
+        (``Policy.headroom``, 16 for ``pow2``/``multiple``: with the default
+        ``pow2()`` a first size of 5, bucket 8, compiles bucket 128), capped
+        by the dim var's upper bound when ``constraints`` give one and
+        shrunk until the padded dynamic inputs take at most 64 KiB on CPU
+        (16 MiB on an accelerator) or no more than the own bucket's
+        (``runners/tiering.py``); ``exact()``, plain callables and
+        ``headroom=1`` compile the own bucket. Background compiles yield to
+        calls: one starts once no call has waited for a compile for 50 ms, at
+        the latest 1 s after it was requested, at once under ``f.wait()``,
+        and at once when a shape that waits for it is called again.
+        Default: on, unless the environment variable ``POLYMASK_TIERED=0``
+        (the test suite sets it, so compile counts are deterministic there).
       compiler_options: XLA options for every bucket program, as for
         ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names; an
         unknown name raises at the first compile). Traced calls (under

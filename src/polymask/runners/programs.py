@@ -345,9 +345,10 @@ class ProgramCache:
         with self.lock:
             return key in self._pending
 
-    def submit_once(self, key, work: Callable) -> None:
+    def submit_once(self, key, work: Callable, defer: bool = False) -> None:
         """Run ``work()`` on the background compiler unless a job for ``key`` is
-        pending; ``key`` stops being pending when ``work`` returns or raises."""
+        pending; ``key`` stops being pending when ``work`` returns or raises.
+        ``defer``: the compile yields to calls (``BackgroundCompiler``)."""
         with self.lock:
             if key in self._pending:
                 return
@@ -359,17 +360,26 @@ class ProgramCache:
                     with self.lock:
                         self._pending.pop(key, None)
 
-            self._pending[key] = background_executor().submit(job)
+            self._pending[key] = background_executor().submit(job, defer=defer)
+
+    def urge(self, key) -> None:
+        """The pending background compile of ``key`` starts without waiting
+        (``BackgroundCompiler.urge``)."""
+        with self.lock:
+            fut = self._pending.get(key)
+        if fut is not None:
+            background_executor().urge(fut)
 
     def wait(self) -> None:
-        """Wait for the background compiles submitted so far."""
-        while True:
-            with self.lock:
-                futs = list(self._pending.values())
-            if not futs:
-                return
-            for f in futs:
-                f.result()
+        """Wait for the background compiles submitted so far (deferred ones start now)."""
+        with background_executor().hurried():
+            while True:
+                with self.lock:
+                    futs = list(self._pending.values())
+                if not futs:
+                    return
+                for f in futs:
+                    f.result()
 
     # -- stats -----------------------------------------------------------------------
     def add(self, **counts) -> None:
