@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent("""
         return jnp.cumsum(x) * scale + s
 
     rm = pm.ragged_map(f, ("n",), buckets=B.pow2(4), batch_size=4, numpy_outputs=True,
-                       compile_ahead=False)
+                       compile_ahead=False, layout="padded")
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=n).astype(np.float32) for n in (0, 1, 2, 3, 5, 9, 16, 4)]
     outs = rm(xs)

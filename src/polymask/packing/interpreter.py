@@ -243,7 +243,9 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
         raise PackedUnsupported(
             f"the packed layout packs one ragged axis; the specs name {len(prog.var_order)} "
             f"dim vars ({', '.join(prog.var_order)})")
+    _refuse_host_calls(prog.closed_jaxpr.jaxpr)
     var = prog.var_order[0]
+    _refuse_other_sizes(prog.closed_jaxpr.jaxpr, {prog.internal.get(var, (var, 0))[0]}, prog)
     n = prog.spec_var_expr(var)
     packed_axes = []
     for axes in prog.axis_specs[n_broadcast:]:
@@ -259,6 +261,40 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
     del n
     return PackedProgram(prog, var, int(prog.var_bounds[var]), packed_axes, tree=tree,
                          case_index=case.index)
+
+
+def _refuse_other_sizes(jaxpr, allowed: set, prog) -> None:
+    """Sizes of data-dependent dim vars (``nonzero``, boolean masks) differ per
+    example inside a row: not packed."""
+    for eqn in jaxpr.eqns:
+        for v in eqn.outvars:
+            for d in getattr(v.aval, "shape", ()):
+                if compat.is_dim_expr(d) and not compat.dim_vars(d) <= allowed:
+                    raise PackedUnsupported(
+                        f"primitive '{eqn.primitive.name}' (used at "
+                        f"{compat.source_line(eqn.source_info)}) has a data-dependent size "
+                        f"{prog.display(str(d))}")
+        for p in eqn.params.values():
+            inner = getattr(p, "jaxpr", p)
+            if hasattr(inner, "eqns"):
+                _refuse_other_sizes(inner, allowed, prog)
+
+
+def _refuse_host_calls(jaxpr) -> None:
+    """Host callbacks and effects see rows, not examples: not packed."""
+    if jaxpr.effects:
+        raise PackedUnsupported(f"the function has effects ({jaxpr.effects}): host calls "
+                                "would see packed rows, not examples")
+    for eqn in jaxpr.eqns:
+        if "callback" in eqn.primitive.name:
+            raise PackedUnsupported(
+                f"primitive '{eqn.primitive.name}' (used at "
+                f"{compat.source_line(eqn.source_info)}) calls the host, which would see "
+                "packed rows, not examples")
+        for p in eqn.params.values():
+            inner = getattr(p, "jaxpr", p)
+            if hasattr(inner, "eqns"):
+                _refuse_host_calls(inner)
 
 
 # re-exported for rules that need to refuse a case with the standard error

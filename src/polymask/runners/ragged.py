@@ -69,7 +69,7 @@ class RaggedMap:
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
                  sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
                  compiler_options=None, refined_compiler_options=None, program_id=None,
-                 max_cases=DEFAULT_MAX_CASES, layout="padded", row_size=None,
+                 max_cases=DEFAULT_MAX_CASES, layout="auto", row_size=None,
                  rows_per_call=None, segments_per_row=None):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
@@ -202,6 +202,12 @@ class RaggedMap:
             prog = runner.prepare(plan0, infos[idxs[0]][1], tree, broadcast, in_specs)
         except PackedUnsupported as e:
             return self._refuse(str(e), every, permanent=True)
+        except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
+            if self.layout == "packed":
+                raise
+            return self._refuse(f"{type(e).__name__} while tracing packed: "
+                                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                                every, permanent=True)
         fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
         if not fits:
             return self._refuse(f"no example fits a row of {runner.row_size}", every)
@@ -209,9 +215,13 @@ class RaggedMap:
         B = runner.choose_rows_per_call(rows)
         if self.layout == "auto":
             var = prog.var
-            packed = packed_cost(prog.program, var, -(-rows // B) * B, runner.row_size)
-            padded = padded_cost(prog.program, var, [lengths[i] for i in fits],
-                                 self.plans.policy_for(plan0.var_names[0]), self.batch_size)
+            try:
+                packed = packed_cost(prog.program, var, -(-rows // B) * B, runner.row_size)
+                padded = padded_cost(prog.program, var, [lengths[i] for i in fits],
+                                     self.plans.policy_for(plan0.var_names[0]),
+                                     self.batch_size)
+            except Exception as e:  # noqa: BLE001 - a size the model cannot evaluate
+                return self._refuse(f"the cost model failed: {type(e).__name__}: {e}", every)
             if packed > padded:
                 return self._refuse(f"the cost model gives packed {packed:.3g} > padded "
                                     f"{padded:.3g} (elements and dot FLOPs)", every)
@@ -222,6 +232,12 @@ class RaggedMap:
             runner.run(fits, infos, bcast_leaves, results, prog.program.out_tree)
         except PackedUnsupported as e:  # met while tracing the row program
             return self._refuse(str(e), every, permanent=True)
+        except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
+            if self.layout == "packed" or runner.stats["calls"]:
+                raise  # a failure after packed rows ran is not a layout question
+            return self._refuse(f"{type(e).__name__} while tracing packed: "
+                                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                                every, permanent=True)
         left = [i for i in every if i not in set(fits)]
         if left:
             reason += (f"; {len(left)} examples ran padded (longer than row_size="
@@ -528,7 +544,7 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                batch_tokens: int | None = None, compile_ahead: bool = True,
                refine_buckets=None, compiler_options: dict | None = None,
                refined_compiler_options: dict | None = None,
-               max_cases: int = DEFAULT_MAX_CASES, layout: str = "padded",
+               max_cases: int = DEFAULT_MAX_CASES, layout: str = "auto",
                row_size: int | None = None, rows_per_call: int | None = None,
                segments_per_row: int | None = None) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
