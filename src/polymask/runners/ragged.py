@@ -608,9 +608,35 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
       max_cases: as for ``polymask.mask``: the most split cases per bucket
         signature; code that needs a size as a Python int is traced once per
         size up to a bucket of ``2 * max_cases`` (32 by default).
+      layout: ``"auto"`` (default), ``"packed"`` or ``"padded"``. Packed:
+        examples of one ragged dim var are laid end to end in rows of
+        ``row_size`` positions with segment ids (MaxText's packed
+        sequences), ``rows_per_call`` rows per call of one compiled program;
+        ``fun`` keeps its per-example meaning (attention within each example,
+        positions restarting, reductions per example: ``docs/packing.md``).
+        No bucket padding: only the rows' unused tails. Examples longer than
+        a row, or of sizes where the function takes another traced case,
+        run padded. ``"auto"`` packs when every primitive of ``fun`` has a
+        packed rule and the cost model (``packing/cost.py``: elements and dot
+        FLOPs at the padded sizes) says packing computes less; anything the
+        packed layout cannot run falls back to padded. ``"packed"`` raises
+        ``PackedUnsupported`` instead. ``stats()["layout"]`` says what ran
+        and why; ``stats()["packed"]`` counts rows and positions.
+      row_size: positions per packed row (default: the power of two that
+        holds the first call's longest example, at least 64).
+      rows_per_call: rows per call of the packed program (default: about
+        2048 positions per call, chosen at the first call).
+      segments_per_row: most examples in one row (default ``min(row_size,
+        128)``).
 
     Returns:
-      A ``RaggedMap`` callable with ``.stats()`` (calls = batches run).
+      A ``RaggedMap`` callable with ``.stats()`` (calls = batches or packed
+      calls run).
+
+    Raises:
+      ShapeError: an example does not fit the specs (names the example).
+      PackedUnsupported: ``layout="packed"`` and ``fun`` cannot run packed
+        (names the primitive and the line).
     """
     return RaggedMap(fun, in_specs, buckets=buckets, batch_size=batch_size,
                      batch_buckets=batch_buckets, constraints=constraints,
