@@ -248,7 +248,7 @@ def test_ragged_map_compile_ahead_compiles_each_program_once(ahead, monkeypatch)
     def f(x):
         return jnp.cumsum(x, axis=0)[-1] * 2.0 if x.shape[0] else jnp.zeros(3)
 
-    rm = pm.ragged_map(f, ("n, 3",), buckets=B.pow2(2), batch_size=4, compile_ahead=ahead)
+    rm = pm.ragged_map(f, ("n, 3",), buckets=B.pow2(2), batch_size=4, compile_ahead=ahead, layout="padded")
     sizes = [1, 2, 3, 5, 7, 9, 16, 30, 2, 6, 12]
     exs = [rng.normal(size=(n, 3)).astype(np.float32) for n in sizes]
     outs = rm(exs)
@@ -573,7 +573,7 @@ def test_ragged_map_sorted_batches_keep_input_order_and_no_partial_compiles():
     sizes = [int(n) for n in rng.integers(1, 30, size=37)]
     exs = [rng.normal(size=n).astype(np.float32) for n in sizes]
     rm = pm.ragged_map(lambda x: (jnp.sum(x), x.shape[0] * jnp.ones(())), "n",
-                       buckets=B.pow2(8), batch_size=4, numpy_outputs=True)
+                       buckets=B.pow2(8), batch_size=4, numpy_outputs=True, layout="padded")
     outs = rm(exs)
     for e, (s, n) in zip(exs, outs):  # input order
         assert float(n) == e.shape[0]
@@ -582,7 +582,7 @@ def test_ragged_map_sorted_batches_keep_input_order_and_no_partial_compiles():
     assert {r for _, r in programs} == {4}  # the partial final batch: full-batch program
     assert rm.stats()["compiles"] == len(programs)
     tok = pm.ragged_map(lambda x: jnp.sum(x), "n", buckets=B.pow2(8), batch_tokens=256,
-                        numpy_outputs=True)
+                        numpy_outputs=True, layout="padded")
     for e, s in zip(exs, tok(exs)):
         np.testing.assert_allclose(s, e.sum(), rtol=1e-5, atol=1e-5)
     assert tok.stats()["compiles"] == len(_sorted_batch_programs(sizes, B.pow2(8),
@@ -700,7 +700,7 @@ def test_ragged_map_refined_buckets_compile_after_the_call_and_serve_later_calls
         return jnp.cumsum(x, axis=0) * jnp.sum(x)
 
     rm = pm.ragged_map(f, ("n, 2",), buckets=B.pow2(16), refine_buckets=B.multiple(4),
-                       batch_size=4, numpy_outputs=True)
+                       batch_size=4, numpy_outputs=True, layout="padded")
     coarse, fine = _refined_programs(sizes, B.pow2(16), B.multiple(4), 4)
     assert coarse == [64, 32, 16, 16] and fine == [40, 20, 8, 4]
     for p in range(3):
@@ -769,7 +769,7 @@ def test_refined_compiler_options_give_every_batch_a_refined_program():
     exs = [np.arange(n, dtype=np.float32) for n in sizes]
     f = lambda x: jnp.cumsum(x) / (1 + jnp.sum(x))
     rm = pm.ragged_map(f, ("n",), buckets=B.pow2(4), refine_buckets=B.pow2(4),
-                       refined_compiler_options=opts, batch_size=4, numpy_outputs=True)
+                       refined_compiler_options=opts, batch_size=4, numpy_outputs=True, layout="padded")
     for p in range(2):
         with pm.compile_counter() as cc:
             outs = rm(exs)
@@ -816,7 +816,7 @@ def test_refine_buckets_with_a_largest_bucket_keep_longer_batches_coarse():
     exs = [np.arange(n, dtype=np.float32) for n in (0, 1, 5, 30)]
     for fine in (B.pow2(4, maximum=16), B.explicit([8, 16])):
         rm = pm.ragged_map(lambda x: jnp.sum(x), ("n",), buckets=B.pow2(16), batch_size=1,
-                           refine_buckets=fine, numpy_outputs=True)
+                           refine_buckets=fine, numpy_outputs=True, layout="padded")
         for _ in range(2):  # the example of 30 has no refined bucket: its coarse one
             np.testing.assert_allclose(rm(exs), [x.sum() for x in exs])
             rm.wait()
@@ -835,7 +835,7 @@ def test_a_bound_below_what_the_function_needs_fails_like_plain_jax():
 def test_a_refined_program_that_fails_to_compile_warns_once_and_keeps_the_coarse_one():
     exs = [np.arange(n, dtype=np.float32) for n in (0, 1, 5, 30)]
     rm = pm.ragged_map(lambda x: jnp.sum(x), "n", refine_buckets=B.multiple(4),
-                       refined_compiler_options={"xla_no_such_option": True})
+                       refined_compiler_options={"xla_no_such_option": True}, layout="padded")
     with pytest.warns(RuntimeWarning, match="refined program could not be compiled"):
         np.testing.assert_allclose([float(o) for o in rm(exs)], [x.sum() for x in exs])
         rm.wait()  # (the warning comes from the background compiler's thread)
