@@ -27,6 +27,7 @@ from .ops import (
     unique,
     where,
 )
+from .packing import PackedUnsupported
 from .runners.compile_cache import (
     default_cache_dir,
     disable_compilation_cache,
@@ -50,5 +51,6 @@ __all__ = [
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
     "buckets", "value_and_grad", "enable_compilation_cache", "disable_compilation_cache",
     "default_cache_dir", "compile_counter", "reuse_host_memory", "shape_errors",
+    "PackedUnsupported",
 ]
 __version__ = "0.1.0"
