@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pathlib
 import sys
 import time
 
@@ -241,24 +242,43 @@ def batched_bert(jnp, jax, cfg):
 
 
 POLYMASK_MINILM = ("polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache_cold",
-                   "polymask_cache_warm")
+                   "polymask_cache_warm", "polymask_packed", "polymask_padded")
+# the encoder's layout per contender (polymask: its default, "auto")
+MINILM_LAYOUT = {"polymask_packed": "packed", "polymask_padded": "padded"}
+ST_BACKENDS = {"sentence_transformers": "torch", "sentence_transformers_onnx": "onnx",
+               "sentence_transformers_openvino": "openvino"}
+
+
+def st_model(backend: str):
+    """sentence-transformers on the installed model, ``backend`` torch, onnx or
+    openvino. ONNX/OpenVINO: exported once into a directory beside the
+    results (``POLYMASK_BENCH_ST_EXPORT``, default /tmp) and loaded from
+    there, so no timed pass pays for the export."""
+    from sentence_transformers import SentenceTransformer
+
+    if backend == "torch":
+        return SentenceTransformer(common.model_dir(), device="cpu")
+    out = pathlib.Path(os.environ.get("POLYMASK_BENCH_ST_EXPORT", "/tmp")) / f"st-{backend}"
+    if not (out / "modules.json").exists():
+        SentenceTransformer(common.model_dir(), device="cpu", backend=backend).save(str(out))
+    return SentenceTransformer(str(out), device="cpu", backend=backend)
 
 
 def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
-           cache_dir: str | None = None) -> dict:
+           cache_dir: str | None = None, n_texts: int | None = None) -> dict:
     import numpy as np
 
     res: dict = {}
     phases = None
     t0 = time.perf_counter()
-    if name == "sentence_transformers":
+    if name in ST_BACKENDS:
         import torch
-        from sentence_transformers import SentenceTransformer
 
-        texts = common_texts(quick)
-        model = SentenceTransformer(common.model_dir(), device="cpu")
+        texts = common_texts(quick, n_texts)
+        model = st_model(ST_BACKENDS[name])
         run = lambda: model.encode(texts, batch_size=32, convert_to_numpy=True)
-        res.update(torch_threads=torch.get_num_threads(), torch=torch.__version__)
+        res.update(torch_threads=torch.get_num_threads(), torch=torch.__version__,
+                   backend=ST_BACKENDS[name])
     else:
         if name in POLYMASK_MINILM and name != "polymask_no_reuse":  # as the CLI does
             from polymask import reuse_host_memory
@@ -275,9 +295,10 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
 
         phases = Phases(counter)
         enc = load()
-        texts = common_texts(quick)
+        texts = common_texts(quick, n_texts)
+        layout = MINILM_LAYOUT.get(name, "auto")
         if name in POLYMASK_MINILM:  # polymask_coarse: no refined buckets (refining.py)
-            run = lambda: enc.embed(texts, refine=name != "polymask_coarse")
+            run = lambda: enc.embed(texts, refine=name != "polymask_coarse", layout=layout)
         elif name == "jax_jit_sorted":
             f = batched_bert(jnp, jax, enc.config)
 
@@ -305,7 +326,7 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
     if phases:
         phases.mark("first")
     if name in POLYMASK_MINILM:
-        res.update(background_wait(enc.runner(None, 32)))
+        res.update(background_wait(enc.runner(None, 32, layout=layout)))
         phases.mark("background_wait")
     steady = []
     for i in range(steady_passes):
@@ -322,13 +343,20 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
                steady_texts_per_s_min=n / max(steady), steady_texts_per_s_max=n / min(steady),
                **steady_summary(steady))
     if name in POLYMASK_MINILM:
-        res["polymask_stats"] = enc.runner(None, 32).stats()
+        st = enc.runner(None, 32, layout=layout).stats()
+        res["polymask_stats"] = st
+        # computed tokens per real token: bucket padding and packed rows' tails
+        res["computed_over_real_tokens"] = 1.0 / max(1e-9, 1.0 - st["padding_fraction"])
     if phases:
         res.update(phases.result())
     return res
 
 
-def common_texts(quick):
+def common_texts(quick, n: int | None = None):
+    if n:
+        from polymask.cli import stdlib_docstrings
+
+        return stdlib_docstrings(n)
     return common.minilm_texts(quick)
 
 
@@ -389,10 +417,14 @@ CONTENDERS = {
     "attention": ["polymask_jit", "polymask_jit_default", "polymask_jit_numpy", "jax_jit",
                   "handwritten", "torch_eager"],
     "minilm": ["polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache_cold",
-               "polymask_cache_warm", "jax_jit_sorted", "sentence_transformers"],
+               "polymask_cache_warm", "polymask_packed", "polymask_padded", "jax_jit_sorted",
+               "sentence_transformers", "sentence_transformers_onnx",
+               "sentence_transformers_openvino"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
 }
-OPTIONAL = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers"}
+OPTIONAL = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers",
+            "sentence_transformers_onnx": "onnxruntime",
+            "sentence_transformers_openvino": "openvino"}
 
 
 def main(argv=None) -> int:
@@ -404,6 +436,8 @@ def main(argv=None) -> int:
     ap.add_argument("--emb-out", default=None, help="minilm: save the embeddings (.npy)")
     ap.add_argument("--cache-dir", default=None,
                     help="minilm polymask_cache_*: the persistent cache directory")
+    ap.add_argument("--texts", type=int, default=None,
+                    help="minilm: stdlib docstrings to embed (default 384; 64 with --quick)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--make-texts", type=int, default=None, metavar="N",
                     help="write ~N short stdlib texts, one a line, to --out and exit")
@@ -426,7 +460,7 @@ def main(argv=None) -> int:
         res = attention(args.contender, args.quick, sp)
     elif args.workload == "minilm":
         res = minilm(args.contender, args.quick, 1 if args.quick else 3, args.emb_out,
-                     args.cache_dir)
+                     args.cache_dir, args.texts)
     else:
         res = percall(args.contender, args.quick)
     res.update(workload=args.workload, contender=args.contender, quick=args.quick,

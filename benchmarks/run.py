@@ -41,11 +41,14 @@ CONTENDERS = {
     "attention": ["polymask_jit", "polymask_jit_default", "polymask_jit_numpy", "jax_jit",
                   "handwritten", "torch_eager"],
     "minilm": ["polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache",
-               "jax_jit_sorted", "sentence_transformers"],
+               "polymask_packed", "polymask_padded", "jax_jit_sorted", "sentence_transformers",
+               "sentence_transformers_onnx", "sentence_transformers_openvino"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
 }
 NEEDS = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers",
-         "sentence_transformers_run1": "sentence_transformers"}
+         "sentence_transformers_run1": "sentence_transformers",
+         "sentence_transformers_onnx": "onnxruntime",
+         "sentence_transformers_openvino": "openvino"}
 # The CLI's persistent cache is on by default (~/.cache/polymask/xla): every
 # variant names its cache explicitly, or "off", so no run sees another's cache.
 PM_CACHE_ENV = "POLYMASK_CACHE_DIR={cache}"
@@ -395,6 +398,8 @@ def main(argv=None) -> int:
                          "(default --python); skipped when it cannot import them")
     ap.add_argument("--timeout", type=float, default=3600, help="per process [s]")
     ap.add_argument("--process-texts", type=int, default=None, help="default 1400 (--quick 200)")
+    ap.add_argument("--minilm-texts", type=int, default=None,
+                    help="minilm workload: stdlib docstrings (default 384; --quick 64)")
     ap.add_argument("--pm-cmd", default="polymask embed {file} --out {out}",
                     help="polymask command line of the process workload ({file}, {out}); "
                          "a leading 'polymask' runs polymask.cli:main under count_compiles.py")
@@ -418,7 +423,7 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out or HERE / "results" / ("quick" if args.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
 
-    have = {m: can_import(args.torch_python, m) for m in ("torch", "sentence_transformers")}
+    have = {m: can_import(args.torch_python, m) for m in set(NEEDS.values())}
     skipped = {}
     lists = {}
     for w in only:
@@ -453,7 +458,7 @@ def main(argv=None) -> int:
     if "attention" in only:
         n = 12 if args.quick else 48
         env["attention_lengths"] = f"({n} in 3..97)"
-    env["minilm_texts"] = 64 if args.quick else 384
+    env["minilm_texts"] = args.minilm_texts or (64 if args.quick else 384)
     runs: list[dict] = []
     t_start = time.perf_counter()
     units = None
@@ -499,6 +504,8 @@ def main(argv=None) -> int:
                     extra = [] if cache is None else ["--cache-dir", str(cache)]
                     if w == "minilm":
                         extra += ["--emb-out", str(tmp / f"minilm_{c}_{r}.npy")]
+                        if args.minilm_texts:
+                            extra += ["--texts", str(args.minilm_texts)]
                     res = derive(w, run_contender(
                         args.torch_python if c in NEEDS else args.python, w, c, args, extra))
                     res.update(workload=w, contender=c, round=r)
