@@ -53,8 +53,10 @@ class PackedRunner:
     """
 
     def __init__(self, fun: Callable, constraints: Sequence[str], row_size: int,
-                 slots: int, rows_per_call: int | None, max_cases: int, numpy_outputs: bool):
+                 slots: int, rows_per_call: int | None, max_cases: int, numpy_outputs: bool,
+                 compiler_options: dict | None = None):
         self.fun = fun
+        self.compiler_options = dict(compiler_options or {})
         self.constraints = tuple(constraints)
         self.row_size = int(row_size)
         self.slots = int(slots)
@@ -138,7 +140,8 @@ class PackedRunner:
         if self._fn is None:
             row = self.program.row_fn(n_bcast, forward_only=True)
             n_in = len(self.program.packed_axes) + len(SEGMENT_FIELDS)
-            self._fn = jax.jit(jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in))
+            self._fn = jax.jit(jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in),
+                               compiler_options=self.compiler_options or None)
         return self._fn
 
     # -- running -----------------------------------------------------------------

@@ -257,8 +257,11 @@ class RaggedMap:
         if self._packed is None:
             R = self.row_size or default_row_size(longest)
             S = self.segments_per_row or min(R, 128)
+            # one long-lived program: the refined programs' options (those that
+            # compile slower and run faster) when given
             self._packed = PackedRunner(self.fun, self.constraints, R, S, self.rows_per_call,
-                                        self.max_cases, self.numpy_outputs)
+                                        self.max_cases, self.numpy_outputs,
+                                        self.refinement.refined_options)
         return self._packed
 
     def _options_for(self, key) -> dict:
