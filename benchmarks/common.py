@@ -165,3 +165,22 @@ def emit(result: dict) -> None:
 
 def now() -> float:
     return time.perf_counter()
+
+
+def st_model(backend: str = "torch", directory=None):
+    """sentence-transformers on the installed model (or ``directory``), back end
+    ``torch``, ``onnx`` or ``openvino``. ONNX/OpenVINO: exported once into a
+    directory (``POLYMASK_BENCH_ST_EXPORT``, default /tmp) and loaded from
+    there, so no timed pass pays for the export."""
+    import os
+    import pathlib
+
+    from sentence_transformers import SentenceTransformer
+
+    src = directory or model_dir()
+    if backend == "torch":
+        return SentenceTransformer(src, device="cpu")
+    out = pathlib.Path(os.environ.get("POLYMASK_BENCH_ST_EXPORT", "/tmp")) / f"st-{backend}"
+    if not (out / "modules.json").exists():
+        SentenceTransformer(src, device="cpu", backend=backend).save(str(out))
+    return SentenceTransformer(str(out), device="cpu", backend=backend)

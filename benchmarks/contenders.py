@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import pathlib
 import sys
 import time
 
@@ -249,19 +248,7 @@ ST_BACKENDS = {"sentence_transformers": "torch", "sentence_transformers_onnx": "
                "sentence_transformers_openvino": "openvino"}
 
 
-def st_model(backend: str):
-    """sentence-transformers on the installed model, ``backend`` torch, onnx or
-    openvino. ONNX/OpenVINO: exported once into a directory beside the
-    results (``POLYMASK_BENCH_ST_EXPORT``, default /tmp) and loaded from
-    there, so no timed pass pays for the export."""
-    from sentence_transformers import SentenceTransformer
-
-    if backend == "torch":
-        return SentenceTransformer(common.model_dir(), device="cpu")
-    out = pathlib.Path(os.environ.get("POLYMASK_BENCH_ST_EXPORT", "/tmp")) / f"st-{backend}"
-    if not (out / "modules.json").exists():
-        SentenceTransformer(common.model_dir(), device="cpu", backend=backend).save(str(out))
-    return SentenceTransformer(str(out), device="cpu", backend=backend)
+st_model = common.st_model
 
 
 def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,

