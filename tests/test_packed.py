@@ -281,3 +281,14 @@ def test_gradients_through_every_packed_family_equal_per_example_gradients():
     np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5)
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
+def test_split_along_another_axis_keeps_the_packed_axis_whole():
+    W = np.random.default_rng(7).normal(size=(4, 6)).astype(np.float32)
+
+    def f(W, x):  # a fused q/k/v projection split on the feature axis (nanoGPT, mamba)
+        q, k, v = jnp.split(x @ W, 3, axis=1)
+        a, b = jnp.split(x, [1], axis=-1)
+        return q * k + v, a, b
+
+    _check(f, _examples(SIZES + [0]), W)

@@ -8,7 +8,8 @@
 - ``broadcast_in_dim`` of a per-segment value onto a packed axis gathers it
   at each position's segment (the mean broadcast back over the tokens).
 - ``reshape`` keeps each packed axis whole (merging or splitting only the
-  other axes); ``rev`` reverses each segment in place.
+  other axes); ``rev`` reverses each segment in place; ``split`` along
+  another axis keeps the packed axis whole.
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ def broadcast_in_dim_rule(ctx, x, *dyn, shape, broadcast_dimensions, sharding):
 def relayout_rule(ctx, x, **params):
     if isinstance(x, PerSegment):
         raise ctx.unsupported("a per-segment operand")
+    return ctx.bind(x)
+
+
+@register_packed("split")
+def split_rule(ctx, x, *, sizes, axis):
+    """``jnp.split`` along another axis than the ragged one (q, k, v of a fused
+    projection): every piece keeps the packed axis whole."""
+    if isinstance(x, PerSegment):
+        raise ctx.unsupported("a per-segment operand")
+    if axis in ctx.in_packed[0]:
+        raise ctx.unsupported("a split along the ragged axis")
     return ctx.bind(x)
 
 
