@@ -292,3 +292,17 @@ def test_split_along_another_axis_keeps_the_packed_axis_whole():
         return q * k + v, a, b
 
     _check(f, _examples(SIZES + [0]), W)
+
+
+def test_a_shared_table_sliced_to_the_ragged_size_reads_positions_within_the_example():
+    rng = np.random.default_rng(8)
+    table = rng.normal(size=(R + 2, 4)).astype(np.float32)
+    mask = rng.random((R, R)) < 0.5  # not shift invariant, unlike a causal mask
+
+    def f(table, mask, x):  # wpe[:t], bias[:t, :t] (nanoGPT), a start, lax.slice
+        n = x.shape[0]
+        s = jnp.where(mask[:n, :n], x @ x.T, -1.0)
+        return (x + table[:n], x * table[2:n + 2], jnp.sum(s, 1), jax.nn.softmax(s, -1) @ x,
+                x - lax.slice_in_dim(table, 1, n + 1))
+
+    _check(f, _examples(SIZES + [0]), table, mask)

@@ -6,7 +6,9 @@ bounds are the example's: ``x[0]`` (the [CLS] token), ``x[-1]`` and
 of per-position indices (a permutation within each example) reads within
 the owner's segment. ``lax``'s index modes keep their meaning per example:
 ``clip``/``promise_in_bounds`` clamp into the example, ``fill`` fills what
-falls outside it. A slice that keeps a whole packed axis is free.
+falls outside it. A slice that keeps a whole packed axis is free; a shared
+array sliced to the ragged size (``table[:n]``) is read at each position's
+index within its example.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def slice_rule(ctx, x, *, start_indices, limit_indices, strides):
         raise ctx.unsupported("a per-segment operand")
     a_shape = ctx.in_avals[0].shape
     strides = strides or (1,) * len(a_shape)
+    if not ctx.in_packed[0] and ctx.out_packed[0]:
+        return _slice_to_positions(ctx, x, start_indices, limit_indices, strides)
     whole, taken = [], []
     for a in ctx.in_packed[0]:
         full = (ctx.run.is_n(limit_indices[a]) and not _is_dim(start_indices[a])
@@ -60,6 +64,23 @@ def slice_rule(ctx, x, *, start_indices, limit_indices, strides):
     shape = list(x.shape)
     shape[a:a + 1] = [ctx.seg.S, out_len]
     return PerSegment(jnp.moveaxis(taken_x.reshape(shape), a, 0))
+
+
+def _slice_to_positions(ctx, x, start_indices, limit_indices, strides):
+    """A shared array sliced to the ragged size (``wpe[:n]``, nanoGPT's causal
+    mask ``bias[:T, :T]``): each position reads the entry of its position
+    within its own example, ``x[start + stride * pos]`` (not of its position in
+    the row). Padding positions read a clamped entry (discarded)."""
+    out_axes = ctx.out_packed[0]
+    starts = [ctx.run.size(s) for s in start_indices]
+    lo = [0 if i in out_axes else s for i, s in enumerate(starts)]
+    hi = [x.shape[i] if i in out_axes else ctx.run.size(s)
+          for i, s in enumerate(limit_indices)]
+    st = [1 if i in out_axes else s for i, s in enumerate(strides)]
+    x = lax.slice(x, tuple(lo), tuple(hi), tuple(st))
+    for a in out_axes:
+        x = jnp.take(x, starts[a] + strides[a] * ctx.seg.pos, axis=a, mode="clip")
+    return x
 
 
 @register_packed(lax.dynamic_slice_p)
@@ -86,6 +107,35 @@ def dynamic_slice_rule(ctx, x, *starts, slice_sizes):
     return PerSegment(out)
 
 
+def _gather_to_positions(ctx, operand, indices, dn, slice_sizes, mode, grown):
+    """A gather whose slices have the ragged size along axes ``grown`` of an
+    operand without a packed axis there: how a symbolic slice of a shared
+    array is staged (``wpe[:t]``, nanoGPT's ``bias[:, :T, :T]``, ``table[2:n + 2]``).
+    Position ``p`` reads ``start + pos(p)`` (its index within its example, the
+    start clamped into the operand as ``lax.gather`` clamps it for that
+    example's length), not ``start + p``: the whole axis is gathered from 0,
+    then each position takes its own entry."""
+    if ctx.in_packed[1] or jnp.ndim(indices) != 1 or dn.operand_batching_dims:
+        raise ctx.unsupported("a slice of the ragged size with batched or per-position starts")
+    if lax.GatherScatterMode.from_any(mode) == lax.GatherScatterMode.FILL_OR_DROP:
+        raise ctx.unsupported("a slice of the ragged size in 'fill' mode")
+    seg, smap = ctx.seg, list(dn.start_index_map)
+    sizes = [operand.shape[a] if a in grown else ctx.run.size(s)
+             for a, s in enumerate(slice_sizes)]
+    zero = [smap.index(a) for a in grown if a in smap]
+    starts = indices.at[jnp.asarray(zero, jnp.int32)].set(0) if zero else indices
+    out = ctx.primitive.bind(operand, starts, **ctx.params(slice_sizes=tuple(sizes)))
+    kept = [a for a in range(operand.ndim) if a not in dn.collapsed_slice_dims]
+    length = seg.lengths[seg.slot]  # (R,) each position's example length
+    for a in grown:
+        d = operand.shape[a]
+        s = indices[smap.index(a)].astype(jnp.int32) if a in smap else jnp.int32(0)
+        first = jnp.clip(s, 0, jnp.maximum(d - length, 0))
+        idx = jnp.clip(first + seg.pos, 0, d - 1)
+        out = jnp.take(out, idx, axis=dn.offset_dims[kept.index(a)])
+    return out
+
+
 @register_packed(lax.gather_p)
 def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value,
                 **params):
@@ -97,6 +147,9 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
     if not indexed:  # the packed axes are kept whole (or are batch dims)
         if isinstance(indices, PerSegment):
             raise ctx.unsupported("per-segment indices into a packed operand")
+        grown = [a for a, s in enumerate(slice_sizes) if a not in packed and ctx.run.is_n(s)]
+        if grown:
+            return _gather_to_positions(ctx, operand, indices, dn, slice_sizes, mode, grown)
         return ctx.bind(operand, indices)
     if len(packed) != 1:
         raise ctx.unsupported("an index into one packed axis of several")
