@@ -306,3 +306,31 @@ def test_a_shared_table_sliced_to_the_ragged_size_reads_positions_within_the_exa
                 x - lax.slice_in_dim(table, 1, n + 1))
 
     _check(f, _examples(SIZES + [0]), table, mask)
+
+
+def test_spare_rows_and_rows_of_empty_examples_keep_gradients_finite():
+    w = jnp.asarray([0.5, -1.0, 2.0], jnp.float32)
+
+    def loss(w, x):  # 0/0 where the data is all zeros
+        y = x * w
+        return jnp.sum(jnp.where(y.sum() != 0, y / y.sum(), y) * y) + jnp.sum(y ** 2)
+
+    rng = np.random.default_rng(8)
+    xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (8, 7, 5)]
+    vg = pm.value_and_grad(loss, (None, "n, 3"), layout="packed", reduce="sum", row_size=8,
+                           rows_per_call=4)  # three rows, one spare
+    got, g = vg(w, xs + [np.zeros((0, 3), np.float32)])
+    want, g_exact = jax.value_and_grad(lambda w: sum(loss(w, x) for x in xs))(w)
+    assert np.all(np.isfinite(np.asarray(g)))
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+    np.testing.assert_allclose(g, g_exact, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_training_refuses_sizes_of_another_traced_case():
+    def loss(p, x):
+        return jnp.sum(p) * 0.0 if x.shape[0] == 0 else jnp.sum(x[0] * p)
+
+    vg = pm.value_and_grad(loss, (None, "n, 3"), layout="packed", row_size=8)
+    xs = [np.ones((3, 3), np.float32), np.zeros((0, 3), np.float32)]
+    with pytest.raises(PackedUnsupported, match=r"another case at sizes \[0\]"):
+        vg(jnp.ones(3), xs)

@@ -238,6 +238,10 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
     # the case most sizes reach (n >= 1 beside a case for n = 0): its sizes run
     # packed, the others padded (``PackedProgram.runs``)
     case = max(live, key=lambda c: len(c.reached_by or ()))
+    if len(tree.cases) > 1 and case.reached_by is not None and len(case.reached_by) <= 1:
+        raise PackedUnsupported(
+            "the function's trace takes a case per size (a size used as a Python int, "
+            "e.g. len(x) or range(n)): no traced program serves several sizes")
     prog = case.program
     if len(prog.var_order) != 1:
         raise PackedUnsupported(

@@ -24,7 +24,14 @@ from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.segments import SEGMENT_FIELDS, row_arrays
 from .compiling import compile_counter
 
-__all__ = ["PackedRunner", "default_row_size"]
+__all__ = ["PackedRunner", "default_row_size", "spare_rows"]
+
+
+def spare_rows(rows: list, B: int) -> list:
+    """``rows`` filled up to ``B`` rows per call with copies of the first row:
+    a spare row computes on real data (finite everywhere, so a gradient's
+    zero cotangents never meet a 0/0) and its outputs are never read."""
+    return rows + [rows[0]] * (B - len(rows))
 
 
 def default_row_size(longest: int) -> int:
@@ -163,9 +170,9 @@ class PackedRunner:
         for b0 in range(0, len(packing.rows), B):
             rows = packing.rows[b0:b0 + B]
             rows = [[(order[j], start) for j, start in row] for row in rows]
-            rows += [[] for _ in range(B - len(rows))]
-            inputs = self._inputs(rows, infos, lengths, leaf_specs)
-            seg = [row_arrays(row, lengths, R, S) for row in rows]
+            run_rows = spare_rows(rows, B)
+            inputs = self._inputs(run_rows, infos, lengths, leaf_specs)
+            seg = [row_arrays(row, lengths, R, S) for row in run_rows]
             seg_in = [np.stack([s[f] for s in seg]) for f in SEGMENT_FIELDS]
             start = time.perf_counter()
             with compile_counter() as cc:
@@ -191,6 +198,9 @@ class PackedRunner:
 
     def _inputs(self, rows, infos, lengths, leaf_specs) -> list[np.ndarray]:
         R, S = self.row_size, self.slots
+        # the call's first non-empty example: the padding of a row without one
+        # repeats its data (every lane finite: no 0/0 for a gradient to meet)
+        nonempty = [i for row in rows for i, _ in row if lengths[i] > 0]
         out = []
         for li, spec in enumerate(leaf_specs):
             if not spec.packed_axes:  # one value per example: stacked per slot
@@ -215,6 +225,8 @@ class PackedRunner:
                     end = max(end, start + n)
                     if first is None and n > 0:
                         first = x
+                if first is None and nonempty:
+                    first = np.asarray(infos[nonempty[0]][1][li])
                 if first is not None and end < R and len(spec.packed_axes) == 1:
                     # padding positions repeat real data (finite everywhere)
                     a = spec.packed_axes[0]

@@ -27,7 +27,7 @@ from ..core.plan import plan_call, policy_getter
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.segments import SEGMENT_FIELDS, row_arrays
 from ..tracing.transform import mask
-from .packed import PackedRunner, default_row_size
+from .packed import PackedRunner, default_row_size, spare_rows
 
 __all__ = ["value_and_grad", "RaggedValueAndGrad"]
 
@@ -222,7 +222,13 @@ class PackedTraining:
         if max(lengths) > runner.row_size:
             raise ShapeError(f"value_and_grad(layout='packed'): an example of length "
                              f"{max(lengths)} is longer than row_size={runner.row_size}")
-        runner.prepare(infos[0][0], infos[0][1], tree, (params,), specs)
+        prog = runner.prepare(infos[0][0], infos[0][1], tree, (params,), specs)
+        other = sorted({n for n in lengths if not prog.runs(n)})
+        if other:  # sizes whose trace took another case: not this program's
+            raise PackedUnsupported(
+                f"value_and_grad(layout='packed'): the function's trace takes another case at "
+                f"sizes {other} (a size comparison or a size used as a Python int); "
+                "use layout='padded' for such batches")
         return self._run(params, infos, lengths)
 
     def _run(self, params, infos, lengths):
@@ -235,9 +241,9 @@ class PackedTraining:
         total, count, grads = 0.0, 0.0, None
         for b0 in range(0, len(packing.rows), B):
             rows = packing.rows[b0:b0 + B]
-            rows = rows + [[] for _ in range(B - len(rows))]
-            inputs = runner._inputs(rows, infos, lengths, leaf_specs)
-            seg = [row_arrays(row, lengths, runner.row_size, runner.slots) for row in rows]
+            run_rows = spare_rows(rows, B)  # spare rows: copies, their losses unused
+            inputs = runner._inputs(run_rows, infos, lengths, leaf_specs)
+            seg = [row_arrays(row, lengths, runner.row_size, runner.slots) for row in run_rows]
             seg_in = [np.stack([s[f] for s in seg]) for f in SEGMENT_FIELDS]
             used = np.zeros((B, runner.slots), bool)
             for r, row in enumerate(rows):
@@ -265,8 +271,8 @@ class PackedTraining:
                 raise ShapeError("value_and_grad: fun must return one array (its loss)")
             out, kind = outs[0], prog.out_kinds[0]
             seg = inputs[-len(SEGMENT_FIELDS)]
-            if kind == "packed":
-                valid = seg != self.runner.slots  # (B, R)
+            if kind == "packed":  # the positions of real rows' examples
+                valid = (seg != self.runner.slots) & jnp.any(used, axis=1)[:, None]  # (B, R)
             elif kind == "segment":
                 valid = used  # (B, S)
             else:
