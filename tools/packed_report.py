@@ -188,13 +188,11 @@ def _per_size(run: dict, rm, R: int) -> None:
 
 
 def run_one(name: str, grad: bool = True) -> dict:
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
+
+    from real import corpus, harness
 
     import polymask as pm
     from polymask.core.plan import plan_call, policy_getter
-    from real import corpus, harness
 
     prog = corpus.get(name)
     specs = prog.specs()
