@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-__all__ = ["Segments", "RowPacking", "pack_rows", "row_arrays", "SEGMENT_FIELDS"]
+__all__ = ["Segments", "RowPacking", "pack_rows", "row_arrays", "phantom_source",
+           "SEGMENT_FIELDS"]
 
 # the per-row arrays a packed program takes, in this order
 SEGMENT_FIELDS = ("seg", "slot", "pos", "lengths", "starts", "alias")
@@ -142,9 +143,24 @@ def pack_rows(lengths: Sequence[int], row_size: int, slots: int) -> RowPacking:
     return RowPacking(rows, slot_of, int(row_size), int(slots))
 
 
+def phantom_source(row: Sequence[tuple[int, int]], lengths, fallback=None):
+    """The example whose data the row's unused tail repeats (the phantom
+    example): the row's first non-empty one, else ``fallback`` (the call's)."""
+    for i, _ in row:
+        if lengths[i] > 0:
+            return i
+    return fallback
+
+
 def row_arrays(row: Sequence[tuple[int, int]], lengths: Sequence[int], R: int,
-               S: int) -> dict[str, np.ndarray]:
-    """The segment arrays of one row (``SEGMENT_FIELDS``), NumPy int32."""
+               S: int, phantom_len: int = 0) -> dict[str, np.ndarray]:
+    """The segment arrays of one row (``SEGMENT_FIELDS``), NumPy int32.
+
+    ``phantom_len``: the length of the example the unused tail repeats
+    (``phantom_source``): its positions repeat that example's, so a table
+    indexed by position (position embeddings) is read in range there too
+    (out-of-range reads fill NaN, and ``0 * nan`` in a block-diagonal product
+    would reach the real examples)."""
     seg = np.full(R, S, np.int32)
     pos = np.zeros(R, np.int32)
     lens = np.zeros(S, np.int32)
@@ -156,7 +172,7 @@ def row_arrays(row: Sequence[tuple[int, int]], lengths: Sequence[int], R: int,
         pos[start:start + n] = np.arange(n)
         lens[s], starts[s] = n, start
         end = max(end, start + n)
-    pos[end:] = np.arange(R - end)  # padding: one phantom example of the rest
+    pos[end:] = np.arange(R - end) % max(int(phantom_len), 1)  # the phantom's positions
     used = len(row)
     nonempty = [s for s in range(used) if lens[s] > 0]
     target = nonempty[0] if nonempty else 0

@@ -21,10 +21,14 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.plan import CallPlan
 from ..packing import PackedProgram, pack_rows, packed_program
-from ..packing.segments import SEGMENT_FIELDS, row_arrays
+from ..packing.segments import SEGMENT_FIELDS, phantom_source, row_arrays
 from .compiling import compile_counter
 
 __all__ = ["PackedRunner", "default_row_size", "spare_rows"]
+
+
+def _call_first(rows, lengths):
+    return next((i for row in rows for i, _ in row if lengths[i] > 0), None)
 
 
 def spare_rows(rows: list, B: int) -> list:
@@ -158,7 +162,7 @@ class PackedRunner:
         lengths = {i: int(infos[i][0].values[0]) for i in idxs}
         order = list(idxs)
         packing = pack_rows([lengths[i] for i in order], self.row_size, self.slots)
-        R, S = self.row_size, self.slots
+        R = self.row_size
         B = self.choose_rows_per_call(len(packing.rows))
         leaf_specs = self._leaf_specs(infos[order[0]])
         fn = self._compiled(len(bcast_leaves))
@@ -172,7 +176,7 @@ class PackedRunner:
             rows = [[(order[j], start) for j, start in row] for row in rows]
             run_rows = spare_rows(rows, B)
             inputs = self._inputs(run_rows, infos, lengths, leaf_specs)
-            seg = [row_arrays(row, lengths, R, S) for row in run_rows]
+            seg = self.segment_arrays(run_rows, lengths)
             seg_in = [np.stack([s[f] for s in seg]) for f in SEGMENT_FIELDS]
             start = time.perf_counter()
             with compile_counter() as cc:
@@ -196,11 +200,22 @@ class PackedRunner:
             out.append(_Leaf(axes, _dtype(leaves[len(out)]), shape))
         return out
 
+    def segment_arrays(self, rows, lengths) -> list[dict]:
+        """``row_arrays`` of each row, the phantom's positions those of the
+        example its data repeats (``_inputs``)."""
+        call_first = _call_first(rows, lengths)
+        out = []
+        for row in rows:
+            src = phantom_source(row, lengths, call_first)
+            out.append(row_arrays(row, lengths, self.row_size, self.slots,
+                                  0 if src is None else lengths[src]))
+        return out
+
     def _inputs(self, rows, infos, lengths, leaf_specs) -> list[np.ndarray]:
         R, S = self.row_size, self.slots
-        # the call's first non-empty example: the padding of a row without one
-        # repeats its data (every lane finite: no 0/0 for a gradient to meet)
-        nonempty = [i for row in rows for i, _ in row if lengths[i] > 0]
+        # a row's unused tail repeats its first non-empty example, else the
+        # call's (every lane finite: no 0/0 or NaN for a product or gradient to meet)
+        call_first = _call_first(rows, lengths)
         out = []
         for li, spec in enumerate(leaf_specs):
             if not spec.packed_axes:  # one value per example: stacked per slot
@@ -214,7 +229,7 @@ class PackedRunner:
                 continue
             buf = np.zeros((len(rows),) + spec.shape, spec.dtype)
             for r, row in enumerate(rows):
-                end, first = 0, None
+                end = 0
                 for i, start in row:
                     n = lengths[i]
                     x = np.asarray(infos[i][1][li])
@@ -223,10 +238,8 @@ class PackedRunner:
                         idx[a] = slice(start, start + n)
                     buf[(r, *idx)] = x
                     end = max(end, start + n)
-                    if first is None and n > 0:
-                        first = x
-                if first is None and nonempty:
-                    first = np.asarray(infos[nonempty[0]][1][li])
+                src = phantom_source(row, lengths, call_first)
+                first = None if src is None else np.asarray(infos[src][1][li])
                 if first is not None and end < R and len(spec.packed_axes) == 1:
                     # padding positions repeat real data (finite everywhere)
                     a = spec.packed_axes[0]

@@ -25,7 +25,7 @@ from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
 from ..core.plan import plan_call, policy_getter
 from ..packing import PackedUnsupported, pack_rows
-from ..packing.segments import SEGMENT_FIELDS, row_arrays
+from ..packing.segments import SEGMENT_FIELDS
 from ..tracing.transform import mask
 from .packed import PackedRunner, default_row_size, spare_rows
 
@@ -243,7 +243,7 @@ class PackedTraining:
             rows = packing.rows[b0:b0 + B]
             run_rows = spare_rows(rows, B)  # spare rows: copies, their losses unused
             inputs = runner._inputs(run_rows, infos, lengths, leaf_specs)
-            seg = [row_arrays(row, lengths, runner.row_size, runner.slots) for row in run_rows]
+            seg = runner.segment_arrays(run_rows, lengths)
             seg_in = [np.stack([s[f] for s in seg]) for f in SEGMENT_FIELDS]
             used = np.zeros((B, runner.slots), bool)
             for r, row in enumerate(rows):
