@@ -221,7 +221,9 @@ def _token_loss(p, tokens, labels):
 
 def test_packed_training_steps_equal_per_example_steps():
     rng = np.random.default_rng(5)
-    sizes = [1, 16, 5, 0, 9, 3, 12, 7]
+    # (n = 0 takes its own traced case on some JAX versions: packed training
+    # refuses such batches, test_packed_training_refuses_sizes_of_another_traced_case)
+    sizes = [1, 16, 5, 9, 3, 12, 7, 2]
     batches = [([rng.integers(0, 7, n).astype(np.int32) for n in sizes],
                 [rng.integers(0, 7, n).astype(np.int32) for n in sizes]) for _ in range(3)]
     vg = pm.value_and_grad(_token_loss, {"tokens": "n", "labels": "n"}, layout="packed",
