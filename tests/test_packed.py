@@ -171,7 +171,7 @@ def test_an_unsupported_primitive_names_itself_and_auto_falls_back():
     def f(x):  # a size 2n along the packed axis
         return jnp.concatenate([x, x[::-1]], 0)
 
-    with pytest.raises(PackedUnsupported, match="concatenate"):
+    with pytest.raises(PackedUnsupported, match="'concatenate'"):
         pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R)(_examples([3, 4]))
     rm = pm.ragged_map(f, ("n, 4",), layout="auto", row_size=R)
     out = rm(_examples([3, 4]))
@@ -179,6 +179,10 @@ def test_an_unsupported_primitive_names_itself_and_auto_falls_back():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     assert rm.stats()["layout"]["packed"] == 0
     assert "concatenate" in rm.stats()["layout"]["reason"]
+    assert rm.stats()["packed"]["examples"] == 0  # nothing ran packed
+    with pytest.raises(PackedUnsupported, match=r"'(slice|gather)' inside 'jit'"):  # jnp.diff
+        pm.ragged_map(lambda x: jnp.diff(x, axis=0), ("n, 4",), layout="packed",
+                      row_size=R)(_examples([3, 4]))
 
 
 def test_auto_packs_when_the_cost_model_says_so():

@@ -110,9 +110,11 @@ class PackedRun:
             in_packed = [self.packed_axes(v.aval) for v in eqn.invars]
             out_packed = [self.packed_axes(v.aval) for v in eqn.outvars]
         except PackedUnsupported as e:
+            inner = self._innermost_culprit(eqn)
             raise PackedUnsupported(
-                f"primitive '{name}' (used at {compat.source_line(eqn.source_info)}) cannot "
-                f"run packed: {e}") from None
+                f"primitive '{inner or name}'{'' if inner is None else f' inside {name!r}'} "
+                f"(used at {compat.source_line(eqn.source_info)}) cannot run packed: {e}"
+            ) from None
         rule = packed_rule(name)
         touches = any(in_packed) or any(out_packed) or _params_have_dims(eqn.params)
         try:
@@ -130,6 +132,19 @@ class PackedRun:
         outs = list(out) if eqn.primitive.multiple_results else [out]
         return [self._block_diagonal(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
+
+    def _innermost_culprit(self, eqn) -> str | None:
+        """The first primitive inside ``eqn``'s inner jaxprs that makes a size
+        other than ``n`` (``slice`` inside the ``jit`` of ``jnp.diff``)."""
+        for p in eqn.params.values():
+            inner = getattr(p, "jaxpr", p)
+            for e in getattr(inner, "eqns", ()):
+                try:
+                    for v in e.outvars:
+                        self.packed_axes(v.aval)
+                except PackedUnsupported:
+                    return self._innermost_culprit(e) or e.primitive.name
+        return None
 
     def _block_diagonal(self, x, aval, axes):
         """Cross-segment entries of a value with 2+ packed axes selected to 0."""

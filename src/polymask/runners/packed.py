@@ -166,11 +166,7 @@ class PackedRunner:
         B = self.choose_rows_per_call(len(packing.rows))
         leaf_specs = self._leaf_specs(infos[order[0]])
         fn = self._compiled(len(bcast_leaves))
-        self.stats["examples"] += len(order)
-        self.stats["real_positions"] += sum(lengths.values())
         packed_leaves = [li for li, sp in enumerate(leaf_specs) if sp.packed_axes]
-        self.stats["logical_elements"] += sum(np.size(infos[i][1][li]) for i in order
-                                              for li in packed_leaves)
         for b0 in range(0, len(packing.rows), B):
             rows = packing.rows[b0:b0 + B]
             rows = [[(order[j], start) for j, start in row] for row in rows]
@@ -187,6 +183,11 @@ class PackedRunner:
                 self.stats["xla_compiles"] += cc.compiles
                 self.stats["compile_time_s"] += time.perf_counter() - start
             self.stats["calls"] += 1
+            done = [i for row in rows for i, _ in row]  # counted once they ran
+            self.stats["examples"] += len(done)
+            self.stats["real_positions"] += sum(lengths[i] for i in done)
+            self.stats["logical_elements"] += sum(np.size(infos[i][1][li]) for i in done
+                                                  for li in packed_leaves)
             self.stats["computed_positions"] += B * R
             self.stats["padded_elements"] += B * sum(int(np.prod(leaf_specs[li].shape))
                                                      for li in packed_leaves)
