@@ -372,3 +372,16 @@ def test_the_packed_training_example_trains():
     losses = mod.main(["--steps", "3", "--out", ""])
     assert len(losses) == 3 and all(np.isfinite(losses)), losses
     assert losses[0] == pytest.approx(3.0466, abs=2e-3)  # the exact per-token loss at init
+
+
+def test_nan_in_one_example_stays_in_that_example():
+    def f(x):  # contracting the packed axis: one matrix per example
+        return x.T @ x, jnp.sum(x, 0)
+
+    ex = _examples([3, 5, 4])
+    ex[1][2, 0] = np.nan
+    outs = pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R)(ex)
+    for x, out in zip(ex, outs):
+        for a, b in zip(out, f(x)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+    assert np.all(np.isfinite(np.asarray(outs[0][0]))) and np.all(np.isfinite(np.asarray(outs[2][0])))

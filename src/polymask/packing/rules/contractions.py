@@ -7,7 +7,7 @@
   (cross-segment entries are 0, ``registry`` docstring), so the plain matmul
   over the row sums each segment's own terms only.
 - Packed axes contracted and none kept (``x^T y`` of one example): a value
-  per segment, through a one-hot ``(S, R)`` segment matrix.
+  per segment: the product per position, then a segment sum.
 - A per-segment operand against a packed one (a pooled vector scored
   against every token): gathered at each position first, as a batch dim.
 """
@@ -40,20 +40,19 @@ def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
 
 def _per_segment_contraction(ctx, lhs, rhs, lc, rc, lb, rb, a):
     """Contracting packed axis ``a`` of lhs (and its partner) with no packed
-    axis left: lhs gets a leading one-hot segment axis, a free dim of the
-    product, moved to the front."""
+    axis left: the product per position (``a`` as a batch dim), then a
+    segment sum. No product with 0 crosses segments: a NaN of one example
+    stays in that example (a one-hot matmul would give ``0 * nan``)."""
     seg = ctx.seg
-    onehot = (seg.seg[None, :] == jnp.arange(seg.S)[:, None]).astype(lhs.dtype)  # (S, R)
-    shape = [1] * lhs.ndim
-    shape[a] = seg.R
-    lhs1 = onehot.reshape((seg.S, *shape)) * lhs[None]
-    shift = lambda t: tuple(i + 1 for i in t)
-    out = lax.dot_general(lhs1, rhs, ((shift(lc), rc), (shift(lb), rb)),
-                          precision=ctx.eqn.params.get("precision"),
-                          preferred_element_type=ctx.eqn.params.get("preferred_element_type"))
-    # output: batch dims, then lhs free (the S axis first), then rhs free
-    out = jnp.moveaxis(out, len(lb), 0)
-    return PerSegment(jnp.take(out, seg.alias, axis=0).astype(ctx.out_avals[0].dtype))
+    ra = rc[lc.index(a)]
+    lc2 = tuple(c for c in lc if c != a)
+    rc2 = tuple(c for c, l in zip(rc, lc) if l != a)
+    per_position = lax.dot_general(
+        lhs, rhs, ((lc2, rc2), ((a, *lb), (ra, *rb))),
+        precision=ctx.eqn.params.get("precision"),
+        preferred_element_type=ctx.eqn.params.get("preferred_element_type"))
+    # (R, batch..., lhs free..., rhs free...): the result's order after R
+    return PerSegment(seg.segment_reduce(per_position, "sum").astype(ctx.out_avals[0].dtype))
 
 
 def _segment_against_packed(ctx, lhs, rhs, lc, rc, lb, rb, lhs_is_segment):
