@@ -28,6 +28,7 @@ from ..core.diagnostics import relocate
 from ..core.errors import ShapeError, UnsupportedError
 from ..core.shapes import DimEnv
 from ..tracing.cases.splitting import trace_function_cases
+from ..tracing.interpreter import walk_jaxpr
 from ..tracing.registry import has_inner_jaxpr, substitute_dims
 from ..tracing.symbolic import MaskedProgram
 from .registry import PackedContext, PackedUnsupported, PerSegment, packed_rule
@@ -88,21 +89,11 @@ class PackedRun:
         return self.eval_jaxpr(closed.jaxpr, closed.consts, args)
 
     def eval_jaxpr(self, jaxpr, consts, args) -> list:
-        env: dict[Any, Any] = {}
+        return walk_jaxpr(jaxpr, consts, args, self._apply_at_user_line)
 
-        def read(v):
-            return compat.literal_value(v) if compat.is_jaxpr_literal(v) else env[v]
-
-        constvars, invars = compat.jaxpr_inputs(jaxpr, consts)
-        env.update(zip(constvars, consts))
-        env.update(zip(invars, args))
-        for eqn in jaxpr.eqns:
-            with compat.user_context(eqn.source_info):
-                outs = self.apply(eqn, [read(v) for v in eqn.invars])
-            for v, o in zip(eqn.outvars, outs):
-                if not isinstance(v, compat.DropVar):
-                    env[v] = o
-        return [read(v) for v in jaxpr.outvars]
+    def _apply_at_user_line(self, eqn, invals) -> list:
+        with compat.user_context(eqn.source_info):
+            return self.apply(eqn, invals)
 
     def apply(self, eqn, invals) -> list:
         name = eqn.primitive.name

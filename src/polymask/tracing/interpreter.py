@@ -34,7 +34,7 @@ from .registry import (
 from .state import RunState
 from .symbolic import MaskedProgram, is_masked
 
-__all__ = ["Interpreter", "run_program", "all_sizes_at_bound", "runs_rule"]
+__all__ = ["Interpreter", "run_program", "all_sizes_at_bound", "runs_rule", "walk_jaxpr"]
 
 # ``observe(eqn, state)`` returns a context manager entered around the
 # evaluation of each equation (``polymask.explain`` uses it).
@@ -80,6 +80,25 @@ def all_sizes_at_bound(eqn, dims: DimEnv) -> bool:
     return True
 
 
+def walk_jaxpr(jaxpr, consts, args, apply: Callable) -> list:
+    """Evaluate ``jaxpr`` equation by equation: ``apply(eqn, invals) -> outvals``
+    (a list); the walk every interpreter of polymask shares (masking, packed)."""
+    env: dict[Any, Any] = {}
+
+    def read(v):
+        return compat.literal_value(v) if compat.is_jaxpr_literal(v) else env[v]
+
+    constvars, invars = compat.jaxpr_inputs(jaxpr, consts)
+    env.update(zip(constvars, consts))
+    env.update(zip(invars, args))
+    for eqn in jaxpr.eqns:
+        outs = apply(eqn, [read(v) for v in eqn.invars])
+        for v, o in zip(eqn.outvars, outs):
+            if not isinstance(v, compat.DropVar):
+                env[v] = o
+    return [read(v) for v in jaxpr.outvars]
+
+
 class Interpreter:
     """Walks a jaxpr applying masking rules."""
 
@@ -90,24 +109,11 @@ class Interpreter:
         return self.eval_jaxpr(closed.jaxpr, closed.consts, args, state)
 
     def eval_jaxpr(self, jaxpr, consts, args, state: RunState) -> list:
-        env: dict[Any, Any] = {}
-
-        def read(v):
-            return compat.literal_value(v) if compat.is_jaxpr_literal(v) else env[v]
-
-        constvars, invars = compat.jaxpr_inputs(jaxpr, consts)
-        env.update(zip(constvars, consts))
-        env.update(zip(invars, args))
         state.jaxpr_stack.append(jaxpr)
         try:
-            for eqn in jaxpr.eqns:
-                outs = self.apply(eqn, [read(v) for v in eqn.invars], state)
-                for v, o in zip(eqn.outvars, outs):
-                    if not isinstance(v, compat.DropVar):
-                        env[v] = o
+            return walk_jaxpr(jaxpr, consts, args, lambda eqn, ins: self.apply(eqn, ins, state))
         finally:
             state.jaxpr_stack.pop()
-        return [read(v) for v in jaxpr.outvars]
 
     def apply(self, eqn, invals, state: RunState) -> list:
         observed = self.observe(eqn, state) if self.observe else contextlib.nullcontext()
