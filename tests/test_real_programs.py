@@ -10,8 +10,8 @@ the reason, so a fix shows up as an XPASS (then regenerate expected.py:
 The tests run the harness's quick profile (eager and grad on two sizes).
 
 Every test here carries the ``real`` marker: ``pytest -m "not real" tests``
-skips the corpus (about 7 minutes with ``-n 2`` on 2 cores), CI runs it on
-both ends of the supported JAX range (.ci/run).
+skips the corpus (about 12 minutes with ``-n 2`` on 2 cores), CI runs it on
+each end of the supported JAX range, half of its tests on each (.ci/run, POLYMASK_TEST_SHARD).
 """
 
 import pytest
