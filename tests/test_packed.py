@@ -386,3 +386,35 @@ def test_nan_in_one_example_stays_in_that_example():
         for a, b in zip(out, f(x)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
     assert np.all(np.isfinite(np.asarray(outs[0][0]))) and np.all(np.isfinite(np.asarray(outs[2][0])))
+
+
+def test_explain_packed_names_each_equations_rule_or_the_refusal():
+    """explain(layout="packed"): which layout ragged_map runs and why."""
+    def attn(W, x):
+        s = (x @ W) @ x.T
+        return jnp.mean(jax.nn.softmax(s, axis=-1) @ x, axis=0)
+
+    e = pm.explain(attn, (None, "n, 4"), jnp.ones((4, 4)), jnp.ones((16, 4)),
+                   layout="packed", print_output=False)
+    assert e.runs and e.reason is None and e.padded_sizes == []
+    by_prim = {}
+    for r in e.rows:
+        by_prim.setdefault(r.primitive, []).append(r)
+    scores = [r for r in by_prim["dot_general"] if r.kinds == ["packed axes (0, 1)"]]
+    assert scores and scores[0].how == "contractions.dot_general_rule"
+    assert any(r.how == "reductions._reducer.rule" and r.kinds == ["per example"]
+               for r in by_prim["reduce_sum"])  # the mean over the example
+    assert "rows of 16 positions" in e
+
+    e = pm.explain(lambda x: jnp.diff(x), "n", jnp.ones(16), layout="packed",
+                   print_output=False)
+    assert not e.runs
+    assert "'gather' inside 'jit'" in e.reason and "n - 1" in e.reason
+    assert "test_packed.py" in e.reason  # the user's line
+    # the same refusal is what ragged_map's auto layout reports when it falls back
+    rm = pm.ragged_map(lambda x: jnp.diff(x), ("n",), row_size=R)
+    outs = rm([np.arange(n, dtype=np.float32) ** 2 for n in (3, 5)])
+    np.testing.assert_allclose(np.asarray(outs[1]), np.diff(np.arange(5.0) ** 2))
+    assert "n - 1" in rm.stats()["layout"]["reason"]
+    with pytest.raises(ValueError, match="layout"):
+        pm.explain(attn, (None, "n, 4"), layout="bogus")

@@ -31,6 +31,7 @@ from ..tracing.interpreter import Interpreter, run_program, runs_rule
 from ..tracing.prologue import solve_dim_vars
 from ..tracing.registry import get_rule
 from .arguments import abstractify, dim_str, is_masked, is_shape_tuple
+from .packed import explain_packed
 from .sizetable import concrete_sizes, has_inner, short_path, sizes_table, walk_eqns
 
 __all__ = ["explain", "Explanation", "Row"]
@@ -239,7 +240,7 @@ def _aval_str(aval) -> str:
 
 
 def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=None,
-            print_output: bool = True) -> Explanation:
+            print_output: bool = True, layout: str = "padded"):
     """Print and return the masked trace of ``fun``, annotated.
 
     Args:
@@ -251,6 +252,15 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         is computed on the data. Without them, every input is built from its
         spec string with a placeholder bound per dim var.
       file: where to print (default stdout); ``print_output=False`` only returns.
+      layout: ``"padded"`` (default: the masked program below) or
+        ``"packed"``: how ``ragged_map`` would run ``fun`` in the packed layout
+        (``inspection/packed.py``): whether it can and why not (the primitive,
+        the case, the user's line), the row size (the ragged axis's padded
+        size in ``args``), and per equation its packed rule or that it was
+        bound on shared values or ``vmap``-ed per example. Leading arguments
+        whose spec is None are shared (``ragged_map``'s broadcast arguments).
+        Returns a ``PackedExplanation`` (``.runs``, ``.reason``, ``.rows``,
+        ``.padded_sizes``).
 
     The masked program is traced once, with the logical sizes as *traced*
     int32 values (as under ``jax.jit``), so every mask the rules insert is
@@ -269,10 +279,19 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         (example ``Masked`` sizes of the wrong rank or type, or where it fails).
       UnsupportedError: ``fun`` uses a primitive without a masking rule.
     """
+    if layout not in ("padded", "packed"):
+        raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
     placeholder = not args
     if placeholder:
         args = args_from_specs(in_specs, dtype)
     absargs = abstractify(args, in_specs, dtype)
+    if layout == "packed":
+        plain = jax.tree_util.tree_map(lambda v: v.data if is_masked(v) else v, absargs,
+                                       is_leaf=is_masked)
+        result = explain_packed(fun, in_specs, plain, constraints)
+        if print_output:
+            print(result, file=file)
+        return result
     tree, absleaves = trace_function_cases(fun, absargs, in_specs, constraints)
     prog = tree.base
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: is_masked(v) or

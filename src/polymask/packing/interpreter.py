@@ -41,17 +41,22 @@ class PackedRun:
     """One evaluation of a program on one row: the ragged size ``n`` as a
     dimension expression, the row's ``Segments`` and the per-segment sizes."""
 
-    def __init__(self, prog: MaskedProgram, var: str, seg: Segments, forward_only: bool):
+    def __init__(self, prog: MaskedProgram, var: str, seg: Segments, forward_only: bool,
+                 observe: Callable | None = None):
         self.prog = prog
         self.var = var
         self.n = prog.spec_var_expr(var)
         self.seg = seg
         self.forward_only = forward_only
+        # observe(eqn, how, outs): ``explain(layout="packed")`` records how each
+        # equation ran (its packed rule, bound on shared values, or vmapped)
+        self.observe = observe
         self._dims = DimEnv(prog.scope, prog.dim_bounds, prog.internal_values({var: seg.lengths}))
 
     def with_segments(self, arrays) -> PackedRun:
         """This run on other segment arrays (``Segments.arrays()``)."""
-        return PackedRun(self.prog, self.var, Segments.from_arrays(arrays), self.forward_only)
+        return PackedRun(self.prog, self.var, Segments.from_arrays(arrays), self.forward_only,
+                         self.observe)
 
     # -- sizes ------------------------------------------------------------------
     def is_n(self, d) -> bool:
@@ -110,6 +115,7 @@ class PackedRun:
         touches = any(in_packed) or any(out_packed) or _params_have_dims(eqn.params)
         try:
             if rule is not None and (touches or has_inner_jaxpr(eqn.params)):
+                how = f"{rule.__module__.rsplit('.', 1)[-1]}.{rule.__qualname__}"
                 out = rule(PackedContext(eqn, self, in_packed, out_packed), *invals,
                            **eqn.params)
             elif touches:
@@ -117,12 +123,17 @@ class PackedRun:
                     f"the packed layout has no rule for primitive '{name}' "
                     f"(used at {compat.source_line(eqn.source_info)})")
             else:
+                how = ("vmap over segments" if any(isinstance(x, PerSegment) for x in invals)
+                       else "bound (shared)")
                 out = _per_segment_or_shared(eqn, invals)
         except PackedUnsupported as e:
             raise relocate(e, compat.source_line(eqn.source_info)) from None
         outs = list(out) if eqn.primitive.multiple_results else [out]
-        return [self._block_diagonal(o, v.aval, axes)
+        outs = [self._block_diagonal(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
+        if self.observe is not None:
+            self.observe(eqn, how, outs)
+        return outs
 
     def _innermost_culprit(self, eqn) -> str | None:
         """The first primitive inside ``eqn``'s inner jaxprs that makes a size
@@ -203,15 +214,17 @@ class PackedProgram:
     def out_shapes(self):
         return self.program.out_shapes
 
-    def row_fn(self, n_broadcast: int, forward_only: bool = True) -> Callable:
+    def row_fn(self, n_broadcast: int, forward_only: bool = True,
+               observe: Callable | None = None) -> Callable:
         """``fn(*broadcast, *example_leaves, *segment_arrays) -> outputs`` for
         one row (``vmap`` it over rows). Example leaves are row data (packed
-        axes of length R) or per-segment ``(S, ...)`` stacks."""
+        axes of length R) or per-segment ``(S, ...)`` stacks. ``observe``:
+        see ``PackedRun``."""
         prog, var = self.program, self.var
 
         def fn(*args):
             leaves, segs = args[:-6], Segments.from_arrays(args[-6:])
-            run = PackedRun(prog, var, segs, forward_only)
+            run = PackedRun(prog, var, segs, forward_only, observe)
             wrapped = list(leaves[:n_broadcast])
             for x, axes in zip(leaves[n_broadcast:], self.packed_axes):
                 wrapped.append(x if axes else PerSegment(x))
@@ -255,7 +268,8 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
             f"dim vars ({', '.join(prog.var_order)})")
     _refuse_host_calls(prog.closed_jaxpr.jaxpr)
     var = prog.var_order[0]
-    _refuse_other_sizes(prog.closed_jaxpr.jaxpr, {prog.internal.get(var, (var, 0))[0]}, prog)
+    _refuse_other_sizes(prog.closed_jaxpr.jaxpr, {prog.internal.get(var, (var, 0))[0]}, prog,
+                        prog.spec_var_expr(var))
     n = prog.spec_var_expr(var)
     packed_axes = []
     for axes in prog.axis_specs[n_broadcast:]:
@@ -273,21 +287,41 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
                          case_index=case.index)
 
 
-def _refuse_other_sizes(jaxpr, allowed: set, prog) -> None:
-    """Sizes of data-dependent dim vars (``nonzero``, boolean masks) differ per
-    example inside a row: not packed."""
+def _refuse_other_sizes(jaxpr, allowed: set, prog, n, outer=(), line=None) -> None:
+    """Every size along a ragged axis must be exactly ``n`` (checked before
+    anything runs, so ``layout="auto"`` says why it pads): sizes of
+    data-dependent dim vars (``nonzero``, boolean masks) differ per example
+    inside a row, and sizes like ``n - 1`` have no packed rule yet. Inner
+    jaxprs first: the innermost primitive is named."""
     for eqn in jaxpr.eqns:
-        for v in eqn.outvars:
-            for d in getattr(v.aval, "shape", ()):
-                if compat.is_dim_expr(d) and not compat.dim_vars(d) <= allowed:
-                    raise PackedUnsupported(
-                        f"primitive '{eqn.primitive.name}' (used at "
-                        f"{compat.source_line(eqn.source_info)}) has a data-dependent size "
-                        f"{prog.display(str(d))}")
+        at = line or compat.source_line(eqn.source_info)  # the user's line: the outermost
         for p in eqn.params.values():
             inner = getattr(p, "jaxpr", p)
             if hasattr(inner, "eqns"):
-                _refuse_other_sizes(inner, allowed, prog)
+                _refuse_other_sizes(inner, allowed, prog, n, (*outer, eqn.primitive.name), at)
+        where = "".join(f" inside {o!r}" for o in reversed(outer))
+        for v in eqn.outvars:
+            for d in getattr(v.aval, "shape", ()):
+                if not compat.is_dim_expr(d):
+                    continue
+                if not compat.dim_vars(d) <= allowed:
+                    raise PackedUnsupported(
+                        f"primitive '{eqn.primitive.name}'{where} (used at {at}) has a "
+                        f"data-dependent size "
+                        f"{prog.display(str(d))}")
+                if not _is(d, n):
+                    raise PackedUnsupported(
+                        f"primitive '{eqn.primitive.name}'{where} (used at {at}) cannot run "
+                        f"packed: the packed "
+                        f"layout needs every size along the ragged axis to be exactly "
+                        f"{prog.display(str(n))}; this program has a size {prog.display(str(d))}")
+
+
+def _is(d, n) -> bool:
+    try:
+        return bool(d == n)
+    except Exception:  # noqa: BLE001 - an undecidable comparison: not n
+        return False
 
 
 def _refuse_host_calls(jaxpr) -> None:

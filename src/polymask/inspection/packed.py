@@ -1,0 +1,138 @@
+"""``explain(..., layout="packed")``: how a function runs in the packed layout.
+
+The packed interpreter (``packing/``) evaluates the function's symbolic trace
+on one row of packed examples under ``jax.make_jaxpr``, with an observer that
+records, per equation, the packed rule it ran (``packing/rules/``), or that
+it was bound on shared values or ``vmap``-ed over the segment slots, and what
+kind each result is (packed along which axes, one value per example, or
+shared). When the function cannot run packed, the explanation says why (the
+primitive, the case and the user's line): that is what ``ragged_map``'s
+``layout="auto"`` falls back to the padded layout for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jax_compat as compat
+from ..packing import PackedUnsupported, packed_program
+from ..packing.registry import PerSegment
+from ..packing.segments import SEGMENT_FIELDS
+from ..tracing.cases.splitting import DEFAULT_MAX_CASES
+from .sizetable import short_path
+
+__all__ = ["PackedRow", "PackedExplanation", "explain_packed"]
+
+
+@dataclasses.dataclass
+class PackedRow:
+    """One equation of the packed row program."""
+
+    index: int
+    primitive: str
+    shapes: list[str]  # symbolic output shapes
+    kinds: list[str]  # per output: "packed axes (0,)", "per example", "shared"
+    how: str  # the packed rule (module.function), "bound (shared)", "vmap over segments"
+    source: str
+
+
+class PackedExplanation(str):
+    """The text, plus ``runs`` (bool), ``reason`` (why not, or None),
+    ``rows`` (``PackedRow``s, up to the refusal) and ``padded_sizes`` (sizes
+    of other traced cases: they run in the padded layout)."""
+
+    rows: list[PackedRow]
+    runs: bool
+    reason: str | None
+    padded_sizes: list[int]
+
+    def __new__(cls, text, rows, runs, reason, padded_sizes):
+        obj = super().__new__(cls, text)
+        obj.rows, obj.runs, obj.reason, obj.padded_sizes = rows, runs, reason, padded_sizes
+        return obj
+
+
+def _kind(out, axes) -> str:
+    if isinstance(out, PerSegment):
+        return "per example"
+    return f"packed axes {tuple(axes)}" if axes else "shared"
+
+
+def _qualname(how: str) -> str:
+    return how.replace(".<locals>", "")
+
+
+def explain_packed(fun, in_specs, absargs, constraints=(), segments_per_row=None,
+                   max_cases: int = DEFAULT_MAX_CASES) -> PackedExplanation:
+    """The packed layout's view of ``fun`` at ``absargs`` (``ShapeDtypeStruct``s
+    whose ragged axes have the row size). Leading arguments whose spec is None
+    are shared (``ragged_map``'s broadcast arguments); later ones without a
+    dim var have one value per example."""
+    specs = tuple(in_specs) if isinstance(in_specs, (tuple, list)) else (in_specs,)
+    n_bcast_args = next((i for i, s in enumerate(specs) if s is not None), len(specs))
+    n_bcast = len(jax.tree_util.tree_leaves(absargs[:n_bcast_args]))
+    rows: list[PackedRow] = []
+    reason, padded_sizes, R, S = None, [], None, None
+    try:
+        prog = packed_program(fun, absargs, specs, constraints, n_bcast, max_cases)
+        R = prog.row_size
+        S = int(segments_per_row or min(R, 128))
+        padded_sizes = [n for n in range(R + 1) if not prog.runs(n)]
+
+        def observe(eqn, how, outs):
+            run_axes = [tuple(i for i, d in enumerate(getattr(v.aval, "shape", ()))
+                              if compat.is_dim_expr(d)) for v in eqn.outvars]
+            rows.append(PackedRow(
+                len(rows), eqn.primitive.name,
+                [prog.program.display(str(tuple(getattr(v.aval, "shape", ()))))
+                 for v in eqn.outvars],
+                [_kind(o, a) for o, a in zip(outs, run_axes)], _qualname(how),
+                compat.source_line(eqn.source_info)))
+
+        leaves = jax.tree_util.tree_leaves(absargs)
+        avals = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves[:n_bcast]]
+        for x, axes in zip(leaves[n_bcast:], prog.packed_axes):
+            shape = tuple(np.shape(x))
+            avals.append(jax.ShapeDtypeStruct(shape if axes else (S, *shape), x.dtype))
+        avals += [jax.ShapeDtypeStruct((R if f in ("seg", "slot", "pos") else S,), jnp.int32)
+                  for f in SEGMENT_FIELDS]
+        jax.make_jaxpr(prog.row_fn(n_bcast, observe=observe))(*avals)
+    except PackedUnsupported as e:
+        reason = str(e)
+    runs = reason is None
+    text = _render(fun, R, S, runs, reason, padded_sizes, rows)
+    return PackedExplanation(text, rows, runs, reason, padded_sizes)
+
+
+def _render(fun, R, S, runs, reason, padded_sizes, rows) -> str:
+    name = getattr(fun, "__name__", repr(fun))
+    out = [f"polymask.explain: {name}, packed layout"]
+    if runs:
+        out.append(f"runs packed: rows of {R} positions, up to {S} examples per row "
+                   "(ragged_map(layout='auto') packs it when the cost model says packing "
+                   "computes less than length buckets)")
+        if padded_sizes:
+            out.append(f"sizes of another traced case run in the padded layout: {padded_sizes}")
+    else:
+        out.append("cannot run packed (ragged_map(layout='auto') runs it in the padded "
+                   "layout; layout='packed' raises PackedUnsupported):")
+        out.extend("  " + line for line in reason.splitlines())
+    if not rows:
+        return "\n".join(out)
+    out += ["", "equations (shape = symbolic output shape; kind: packed axes hold the row's "
+                "examples end to end, per example = one value per segment, shared = the same "
+                "for all; how = the packed rule, or bound / vmapped when no axis is packed):"]
+    cells = [(f"{r.index:>3} {r.primitive}", ", ".join(r.shapes), ", ".join(r.kinds), r.how)
+             for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(4)]
+    last = None
+    for r, c in zip(rows, cells):
+        if r.source != last:
+            last = r.source
+            out.append(f"  {short_path(r.source)}")
+        out.append("  " + "  ".join(f"{v:<{w}}" for v, w in zip(c, widths)).rstrip())
+    return "\n".join(out)
