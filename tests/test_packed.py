@@ -418,3 +418,21 @@ def test_explain_packed_names_each_equations_rule_or_the_refusal():
     assert "n - 1" in rm.stats()["layout"]["reason"]
     with pytest.raises(ValueError, match="layout"):
         pm.explain(attn, (None, "n, 4"), layout="bogus")
+
+
+def test_a_case_per_size_past_max_cases_is_a_packed_refusal():
+    """A size used as a Python int at a row's bound above 2 x max_cases: the
+    packed layout refuses (PackedUnsupported, a case per size), auto pads."""
+    def f(x):
+        acc = jnp.zeros((), x.dtype)
+        for i in range(x.shape[0]):  # a case per size
+            acc = acc + x[i] * i
+        return acc
+
+    ex = [np.arange(n, dtype=np.float32) for n in (3, 5, 2)]
+    with pytest.raises(pm.PackedUnsupported, match="case per size"):
+        pm.ragged_map(f, ("n",), layout="packed", row_size=64)(ex)
+    rm = pm.ragged_map(f, ("n",), row_size=64)
+    for x, o in zip(ex, rm(ex)):
+        np.testing.assert_allclose(np.asarray(o), float(np.sum(x * np.arange(len(x)))))
+    assert rm.stats()["layout"]["packed"] == 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ShapeError", "UnsupportedError"]
+__all__ = ["ShapeError", "UnsupportedError", "TooManyCases"]
 
 
 class ShapeError(ValueError):
@@ -19,3 +19,9 @@ class UnsupportedError(NotImplementedError):
     The message names the primitive, the user's source line and where the
     coverage table lives (``docs/coverage.md``).
     """
+
+
+class TooManyCases(ShapeError):
+    """The trace needs more cases than ``max_cases``: size comparisons JAX
+    cannot decide split it too often, or it takes a case per size (a size used
+    as a Python int) and the bounds allow more than ``2 x max_cases`` sizes."""

@@ -25,7 +25,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from ..core.diagnostics import relocate
-from ..core.errors import ShapeError, UnsupportedError
+from ..core.errors import ShapeError, TooManyCases, UnsupportedError
 from ..core.shapes import DimEnv
 from ..tracing.cases.splitting import trace_function_cases
 from ..tracing.interpreter import walk_jaxpr
@@ -250,7 +250,12 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
         ragged axis of another size than ``n``).
       ShapeError, UnsupportedError: as ``mask`` (bad specs).
     """
-    tree, _ = trace_function_cases(fun, args, in_specs, constraints, max_cases)
+    try:
+        tree, _ = trace_function_cases(fun, args, in_specs, constraints, max_cases)
+    except TooManyCases as e:  # a case per size at a row's bound: not one program
+        raise PackedUnsupported(
+            "the function's trace takes a case per size (a size used as a Python int, "
+            f"e.g. len(x) or range(n)) or splits too often at the row's bound:\n  {e}") from e
     live = [c for c in tree.cases if c.program is not None]
     if not live:
         raise PackedUnsupported(f"the function raises at every size ({tree.summary()})")

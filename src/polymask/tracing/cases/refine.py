@@ -14,7 +14,7 @@ import itertools
 import jax
 
 from ...core.dimvars import sizes_text
-from ...core.errors import ShapeError, UnsupportedError
+from ...core.errors import ShapeError, TooManyCases, UnsupportedError
 from .tree import (
     Case,
     CaseTree,
@@ -55,7 +55,7 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
     if "root_error" in first:
         e = first["root_error"]
         if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):
-            raise ShapeError(f"{e}\n  (polymask traces such a function once per size when "
+            raise TooManyCases(f"{e}\n  (polymask traces such a function once per size when "
                              f"the bounds allow at most {per_size_limit(max_cases)} sizes, a "
                              "bound of 2 x max_cases (mask, polymask.jit and ragged_map "
                              f"take max_cases=){_count_text(signature)})"

@@ -28,7 +28,7 @@ from typing import Any
 from ... import _jax_compat as compat
 from ...core.diagnostics import user_frame_of_exception
 from ...core.dimvars import display_text
-from ...core.errors import ShapeError, UnsupportedError
+from ...core.errors import ShapeError, TooManyCases, UnsupportedError
 from ...core.shapes import SHIFT_SUFFIX
 from ..symbolic import MaskedProgram, flatten_args, trace
 from .refine import refine_errors, trace_per_size_or_raise
@@ -148,7 +148,7 @@ def trace_function_cases(fun: Callable, args: Sequence[Any], in_specs=None,
 
 def _too_many(splits: list[Split], max_cases: int, internal) -> ShapeError:
     comps = "\n".join(f"  {s.text} at {s.where}" for s in splits)
-    return ShapeError(
+    return TooManyCases(
         f"tracing needs more than max_cases={max_cases} cases: the size comparisons that "
         f"JAX cannot decide are\n{comps}\n  State what you know as constraints "
         "(mask(..., constraints=['n >= 3'])) or raise max_cases.")
