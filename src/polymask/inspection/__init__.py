@@ -2,6 +2,7 @@
 its sizes table ``sizetable``): what a masked function does, read off its
 symbolic trace and case tree.
 
-Layer: imports ``_jax_compat``, ``core``, ``tracing`` and ``rules`` (the rule
-table, to attribute equations); nothing above.
+Layer: imports ``_jax_compat``, ``core``, ``tracing``, ``rules`` (the rule
+table, to attribute equations) and ``packing`` (``explain(layout="packed")``);
+nothing above.
 """
