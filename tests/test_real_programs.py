@@ -7,7 +7,7 @@ today must keep passing; a mode that fails today is listed in
 tests/real/expected.py and marked ``xfail(strict=True)`` with the failure as
 the reason, so a fix shows up as an XPASS (then regenerate expected.py:
 ``python tools/real_report.py --quick --write-expected tests/real/expected.py``).
-The tests run the harness's quick profile (eager and grad on two sizes).
+The tests run the harness's quick profile (grad on two sizes, eager on one).
 
 Every test here carries the ``real`` marker: ``pytest -m "not real" tests``
 skips the corpus (about 12 minutes with ``-n 2`` on 2 cores), CI runs it on
