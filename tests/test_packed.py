@@ -405,6 +405,7 @@ def test_explain_packed_names_each_equations_rule_or_the_refusal():
     assert any(r.how == "reductions._reducer.rule" and r.kinds == ["per example"]
                for r in by_prim["reduce_sum"])  # the mean over the example
     assert "rows of 16 positions" in e
+    assert not any("<unknown" in r.source for r in e.rows)
 
     e = pm.explain(lambda x: jnp.diff(x), "n", jnp.ones(16), layout="packed",
                    print_output=False)

@@ -103,18 +103,31 @@ def explain_packed(fun, in_specs, absargs, constraints=(), segments_per_row=None
         jax.make_jaxpr(prog.row_fn(n_bcast, observe=observe))(*avals)
     except PackedUnsupported as e:
         reason = str(e)
+    _user_lines(rows)
     runs = reason is None
     text = _render(fun, R, S, runs, reason, padded_sizes, rows)
     return PackedExplanation(text, rows, runs, reason, padded_sizes)
+
+
+def _user_lines(rows: list[PackedRow]) -> None:
+    """Equations inside a library's ``jit`` (``jnp.cumsum``) have no user
+    line; the enclosing equation, observed after them, has it."""
+    known = None
+    for r in reversed(rows):
+        if "<unknown" in r.source and known is not None:
+            r.source = known
+        elif "<unknown" not in r.source:
+            known = r.source
 
 
 def _render(fun, R, S, runs, reason, padded_sizes, rows) -> str:
     name = getattr(fun, "__name__", repr(fun))
     out = [f"polymask.explain: {name}, packed layout"]
     if runs:
-        out.append(f"runs packed: rows of {R} positions, up to {S} examples per row "
-                   "(ragged_map(layout='auto') packs it when the cost model says packing "
-                   "computes less than length buckets)")
+        out.append(f"can run packed: rows of {R} positions (the ragged axis's padded size "
+                   f"in the example arguments: ragged_map's row_size), up to {S} examples per "
+                   "row; ragged_map(layout='auto') packs when its cost model says packing "
+                   "computes less than length buckets for the batch at hand")
         if padded_sizes:
             out.append(f"sizes of another traced case run in the padded layout: {padded_sizes}")
     else:
