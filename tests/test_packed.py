@@ -437,3 +437,23 @@ def test_a_case_per_size_past_max_cases_is_a_packed_refusal():
     for x, o in zip(ex, rm(ex)):
         np.testing.assert_allclose(np.asarray(o), float(np.sum(x * np.arange(len(x)))))
     assert rm.stats()["layout"]["packed"] == 0
+
+
+def test_ragged_map_explain_uses_its_own_specs_and_row_size():
+    """RaggedMap.explain: the packed view with the map's specs (broadcast
+    arguments take none) and row size (newcomer check: explain and ragged_map
+    wanted different specs for one function)."""
+    def attn(W, x):
+        s = (x @ W) @ x.T
+        return jnp.mean(jax.nn.softmax(s, axis=-1) @ x, axis=0)
+
+    W = jnp.eye(4)
+    rm = pm.ragged_map(attn, ("n, 4",))
+    e = rm.explain(np.ones((5, 4), np.float32), W, print_output=False)
+    assert e.runs and "rows of 64 positions" in e  # default_row_size(5)
+    e = pm.ragged_map(attn, ("n, 4",), row_size=32).explain(np.ones((5, 4), np.float32), W,
+                                                            print_output=False)
+    assert "rows of 32 positions" in e
+    e = pm.ragged_map(lambda x: jnp.diff(x), ("n",)).explain(np.ones(5, np.float32),
+                                                              print_output=False)
+    assert not e.runs and "n - 1" in e.reason

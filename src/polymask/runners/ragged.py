@@ -179,6 +179,36 @@ class RaggedMap:
         self.refinement.queue_refined(wanted, infos, *call)
         return results
 
+    def explain(self, example, *broadcast, print_output: bool = True, file=None):
+        """How this map runs ``example`` (one example, as passed in the list)
+        with these ``broadcast`` arguments in the packed layout, before anything
+        runs: ``polymask.explain(..., layout="packed")`` with this map's specs
+        and row size (``row_size``, else the default for this example's length).
+        Returns a ``PackedExplanation`` (``.runs``, ``.reason``, ``.rows``);
+        ``stats()["layout"]`` says what a call then did (the cost model
+        decides between the layouts per call).
+
+        Raises:
+          ShapeError: the example does not match the specs.
+        """
+        from ..inspection.explain import explain
+
+        args = example if isinstance(example, tuple) else (example,)
+        in_specs = self.in_specs if self.in_specs is not None else \
+            ragged_batches.auto_specs([args])
+        plan, leaves, tree = self.plans.plan(args, in_specs, repr(in_specs))
+        if len(plan.var_names) != 1:
+            return explain(self.fun, (None,) * len(broadcast) + tuple(in_specs), *broadcast,
+                           *args, layout="packed", print_output=print_output, file=file)
+        R = self.row_size or default_row_size(int(plan.values[0]))
+        padded = [leaf if p.static else jax.ShapeDtypeStruct(
+                      tuple(R if a.var is not None else int(d) for a, d in zip(p.axes, p.shape)),
+                      np.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype)
+                  for leaf, p in zip(leaves, plan.leaves)]
+        example_args = jax.tree_util.tree_unflatten(tree, padded)
+        return explain(self.fun, (None,) * len(broadcast) + tuple(in_specs), *broadcast,
+                       *example_args, layout="packed", print_output=print_output, file=file)
+
     # -- the packed layout ---------------------------------------------------------
     def _run_packed(self, kinds, infos, in_specs, broadcast, bcast_leaves, results) -> list[int]:
         """Run the examples that fit a row packed (``runners/packed.py``); return
