@@ -71,7 +71,14 @@ def explain_packed(fun, in_specs, absargs, constraints=(), segments_per_row=None
     """The packed layout's view of ``fun`` at ``absargs`` (``ShapeDtypeStruct``s
     whose ragged axes have the row size). Leading arguments whose spec is None
     are shared (``ragged_map``'s broadcast arguments); later ones without a
-    dim var have one value per example."""
+    dim var have one value per example.
+
+    A ``PackedUnsupported`` is not raised but returned as ``.reason``.
+
+    Raises:
+      ShapeError, UnsupportedError: as ``mask`` does for bad specs or
+        arguments, or a primitive without a masking rule.
+    """
     specs = tuple(in_specs) if isinstance(in_specs, (tuple, list)) else (in_specs,)
     n_bcast_args = next((i for i, s in enumerate(specs) if s is not None), len(specs))
     n_bcast = len(jax.tree_util.tree_leaves(absargs[:n_bcast_args]))

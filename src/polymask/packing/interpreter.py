@@ -60,12 +60,7 @@ class PackedRun:
 
     # -- sizes ------------------------------------------------------------------
     def is_n(self, d) -> bool:
-        if not compat.is_dim_expr(d):
-            return False
-        try:
-            return bool(d == self.n)
-        except Exception:  # noqa: BLE001 - an undecidable comparison: not n
-            return False
+        return compat.is_dim_expr(d) and _is(d, self.n)
 
     def size(self, d) -> int:
         """A size in a row: ``n`` is ``R``; a constant is itself."""
@@ -73,10 +68,7 @@ class PackedRun:
             return int(d)
         if self.is_n(d):
             return self.seg.R
-        raise PackedUnsupported(
-            f"the packed layout needs every size along the ragged axis to be exactly "
-            f"{self.prog.display(str(self.n))}; this program has a size "
-            f"{self.prog.display(str(d))}")
+        raise PackedUnsupported(_not_n(self.prog, self.n, d))
 
     def packed_axes(self, aval) -> tuple[int, ...]:
         out = []
@@ -317,16 +309,20 @@ def _refuse_other_sizes(jaxpr, allowed: set, prog, n, outer=(), line=None) -> No
                 if not _is(d, n):
                     raise PackedUnsupported(
                         f"primitive '{eqn.primitive.name}'{where} (used at {at}) cannot run "
-                        f"packed: the packed "
-                        f"layout needs every size along the ragged axis to be exactly "
-                        f"{prog.display(str(n))}; this program has a size {prog.display(str(d))}")
+                        f"packed: {_not_n(prog, n, d)}")
 
 
 def _is(d, n) -> bool:
+    """``d == n`` for dimension expressions (undecidable: not ``n``)."""
     try:
         return bool(d == n)
     except Exception:  # noqa: BLE001 - an undecidable comparison: not n
         return False
+
+
+def _not_n(prog, n, d) -> str:
+    return (f"the packed layout needs every size along the ragged axis to be exactly "
+            f"{prog.display(str(n))}; this program has a size {prog.display(str(d))}")
 
 
 def _refuse_host_calls(jaxpr) -> None:

@@ -24,7 +24,7 @@ from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.segments import SEGMENT_FIELDS, phantom_source, row_arrays
 from .compiling import compile_counter
 
-__all__ = ["PackedRunner", "default_row_size", "spare_rows"]
+__all__ = ["PackedRunner", "default_row_size", "row_example", "spare_rows"]
 
 
 def _call_first(rows, lengths):
@@ -42,6 +42,21 @@ def default_row_size(longest: int) -> int:
     """The row size when none is given: the power of two that holds the
     longest example, at least 64 (short examples share rows)."""
     return max(64, 1 << max(int(longest) - 1, 0).bit_length())
+
+
+def row_example(plan: CallPlan, leaves, tree, row_size: int, make):
+    """One example's arguments with its ragged axes at the row size:
+    ``make(shape, dtype)`` builds each non-static leaf (zeros to trace,
+    ``ShapeDtypeStruct`` to explain); static leaves are kept."""
+    var = plan.var_names[0]
+    out = []
+    for leaf, p in zip(leaves, plan.leaves):
+        if p.static:
+            out.append(leaf)
+            continue
+        shape = tuple(row_size if a.var == var else int(s) for a, s in zip(p.axes, p.shape))
+        out.append(make(shape, _dtype(leaf)))
+    return jax.tree_util.tree_unflatten(tree, out)
 
 
 def _dtype(leaf):
@@ -107,16 +122,8 @@ class PackedRunner:
                            for p in plan.leaves), len(jax.tree_util.tree_leaves(broadcast)))
         if self.program is not None and key == self._key:
             return self.program
-        var = plan.var_names[0]
-        padded = []
-        for leaf, p in zip(leaves, plan.leaves):
-            if p.static:
-                padded.append(leaf)
-                continue
-            shape = tuple(self.row_size if a.var == var else int(s)
-                          for a, s in zip(p.axes, p.shape))
-            padded.append(np.zeros(shape, _dtype(leaf)))
-        example = jax.tree_util.tree_unflatten(tree, padded)
+        example = row_example(plan, leaves, tree, self.row_size,
+                              lambda shape, dtype: np.zeros(shape, dtype))
         n_bcast = len(broadcast)
         specs = (None,) * n_bcast + tuple(in_specs)
         prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,

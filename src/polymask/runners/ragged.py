@@ -37,7 +37,7 @@ from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from . import ragged_batches
 from .compiling import background_executor
 from .hostio import slice_to
-from .packed import PackedRunner, default_row_size
+from .packed import PackedRunner, default_row_size, row_example
 from .program_store import StorableProgram, active_store, program_key, stored_program
 from .programs import (
     STATS_DOC,
@@ -201,11 +201,7 @@ class RaggedMap:
             return explain(self.fun, (None,) * len(broadcast) + tuple(in_specs), *broadcast,
                            *args, layout="packed", print_output=print_output, file=file)
         R = self.row_size or default_row_size(int(plan.values[0]))
-        padded = [leaf if p.static else jax.ShapeDtypeStruct(
-                      tuple(R if a.var is not None else int(d) for a, d in zip(p.axes, p.shape)),
-                      np.asarray(leaf).dtype if not hasattr(leaf, "dtype") else leaf.dtype)
-                  for leaf, p in zip(leaves, plan.leaves)]
-        example_args = jax.tree_util.tree_unflatten(tree, padded)
+        example_args = row_example(plan, leaves, tree, R, jax.ShapeDtypeStruct)
         return explain(self.fun, (None,) * len(broadcast) + tuple(in_specs), *broadcast,
                        *example_args, layout="packed", print_output=print_output, file=file)
 
