@@ -21,7 +21,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..packing import PackedUnsupported, packed_program
 from ..packing.registry import PerSegment
-from ..packing.segments import SEGMENT_FIELDS
+from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from .sizetable import short_path
 
@@ -92,7 +92,7 @@ def explain_packed(fun, in_specs, absargs, constraints=(), segments_per_row=None
 
         def observe(eqn, how, outs):
             run_axes = [tuple(i for i, d in enumerate(getattr(v.aval, "shape", ()))
-                              if compat.is_dim_expr(d)) for v in eqn.outvars]
+                              if prog.sizes.offset(d) is not None) for v in eqn.outvars]
             rows.append(PackedRow(
                 len(rows), eqn.primitive.name,
                 [prog.program.display(str(tuple(getattr(v.aval, "shape", ()))))
@@ -103,16 +103,18 @@ def explain_packed(fun, in_specs, absargs, constraints=(), segments_per_row=None
         leaves = jax.tree_util.tree_leaves(absargs)
         avals = [jax.ShapeDtypeStruct(np.shape(x), x.dtype) for x in leaves[:n_bcast]]
         for x, axes in zip(leaves[n_bcast:], prog.packed_axes):
-            shape = tuple(np.shape(x))
+            shape = tuple(prog.positions if i in axes else d for i, d in enumerate(np.shape(x)))
             avals.append(jax.ShapeDtypeStruct(shape if axes else (S, *shape), x.dtype))
-        avals += [jax.ShapeDtypeStruct((R if f in ("seg", "slot", "pos") else S,), jnp.int32)
+        avals += [jax.ShapeDtypeStruct((prog.positions if f in POSITION_FIELDS else S,),
+                                       jnp.int32)
                   for f in SEGMENT_FIELDS]
         jax.make_jaxpr(prog.row_fn(n_bcast, observe=observe))(*avals)
     except PackedUnsupported as e:
         reason = str(e)
     _user_lines(rows)
     runs = reason is None
-    text = _render(fun, R, S, runs, reason, padded_sizes, rows)
+    gap = prog.gap if reason is None else 0
+    text = _render(fun, R, S, runs, reason, padded_sizes, rows, gap)
     return PackedExplanation(text, rows, runs, reason, padded_sizes)
 
 
@@ -127,7 +129,7 @@ def _user_lines(rows: list[PackedRow]) -> None:
             known = r.source
 
 
-def _render(fun, R, S, runs, reason, padded_sizes, rows) -> str:
+def _render(fun, R, S, runs, reason, padded_sizes, rows, gap=0) -> str:
     name = getattr(fun, "__name__", repr(fun))
     out = [f"polymask.explain: {name}, packed layout"]
     if runs:
@@ -135,8 +137,13 @@ def _render(fun, R, S, runs, reason, padded_sizes, rows) -> str:
                    f"in the example arguments: ragged_map's row_size), up to {S} examples per "
                    "row; ragged_map(layout='auto') packs when its cost model says packing "
                    "computes less than length buckets for the batch at hand")
+        if gap:
+            out.append(f"each example is followed by {gap} free positions (sizes n + c with "
+                       "c > 0, or windows reaching past an example's ends), so a row holds "
+                       f"{R + gap} positions")
         if padded_sizes:
-            out.append(f"sizes of another traced case run in the padded layout: {padded_sizes}")
+            out.append("sizes that run in the padded layout (another traced case, or a size "
+                       "like max(0, n - 1) that is not n + c there): " + str(padded_sizes))
     else:
         out.append("cannot run packed (ragged_map(layout='auto') runs it in the padded "
                    "layout; layout='packed' raises PackedUnsupported):")

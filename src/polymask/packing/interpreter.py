@@ -15,6 +15,7 @@ one case for every size, every axis of a ragged size exactly ``n``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,7 +33,8 @@ from ..tracing.interpreter import walk_jaxpr
 from ..tracing.registry import has_inner_jaxpr, substitute_dims
 from ..tracing.symbolic import MaskedProgram
 from .registry import PackedContext, PackedUnsupported, PerSegment, packed_rule
-from .segments import Segments
+from .registry import packed_halo
+from .segments import SEGMENT_FIELDS, Segments
 
 __all__ = ["PackedRun", "PackedProgram", "packed_program"]
 
@@ -42,11 +44,13 @@ class PackedRun:
     dimension expression, the row's ``Segments`` and the per-segment sizes."""
 
     def __init__(self, prog: MaskedProgram, var: str, seg: Segments, forward_only: bool,
-                 observe: Callable | None = None):
+                 observe: Callable | None = None, sizes: RaggedSizes | None = None):
         self.prog = prog
         self.var = var
         self.n = prog.spec_var_expr(var)
+        self.sizes = sizes or RaggedSizes(prog, var, ())
         self.seg = seg
+        self._views = {0: seg}
         self.forward_only = forward_only
         # observe(eqn, how, outs): ``explain(layout="packed")`` records how each
         # equation ran (its packed rule, bound on shared values, or vmapped)
@@ -55,26 +59,50 @@ class PackedRun:
 
     def with_segments(self, arrays) -> PackedRun:
         """This run on other segment arrays (``Segments.arrays()``)."""
-        return PackedRun(self.prog, self.var, Segments.from_arrays(arrays), self.forward_only,
-                         self.observe)
+        return PackedRun(self.prog, self.var, Segments.from_arrays(arrays, self.seg.gap),
+                         self.forward_only, self.observe, self.sizes)
 
     # -- sizes ------------------------------------------------------------------
     def is_n(self, d) -> bool:
-        return compat.is_dim_expr(d) and _is(d, self.n)
+        """Whether ``d`` is exactly the ragged size ``n`` (offset 0)."""
+        return self.sizes.offset(d) == 0
+
+    def offset(self, d) -> int:
+        """``c`` of a ragged size ``n + c`` (raises for other sizes)."""
+        c = self.sizes.offset(d)
+        if c is None:
+            raise PackedUnsupported(_not_n(self.prog, self.n, d))
+        return c
+
+    def is_packed(self, d) -> bool:
+        """Whether size ``d`` is ``n + c``: an axis of that size is packed."""
+        return self.sizes.offset(d) is not None
 
     def size(self, d) -> int:
-        """A size in a row: ``n`` is ``R``; a constant is itself."""
-        if not compat.is_dim_expr(d):
-            return int(d)
-        if self.is_n(d):
-            return self.seg.R
-        raise PackedUnsupported(_not_n(self.prog, self.n, d))
+        """A size in a row: ``n + c`` is the row's ``R`` positions; a constant
+        is itself."""
+        k = self.sizes.constant(d)
+        if k is not None:
+            return k
+        self.offset(d)
+        return self.seg.R
+
+    def segments(self, c: int) -> Segments:
+        """The row's segments for values of size ``n + c`` (``Segments.at``)."""
+        view = self._views.get(c)
+        if view is None:
+            view = self._views[c] = self.seg.at(c)
+        return view
+
+    def axis_segments(self, aval, axis: int) -> Segments:
+        """The segments of ``aval``'s packed ``axis``."""
+        return self.segments(self.offset(aval.shape[axis]))
 
     def packed_axes(self, aval) -> tuple[int, ...]:
         out = []
         for i, d in enumerate(getattr(aval, "shape", ())):
-            if compat.is_dim_expr(d):
-                self.size(d)  # raises for sizes other than n
+            if compat.is_dim_expr(d) and self.sizes.constant(d) is None:
+                self.offset(d)  # raises for sizes other than n + c
                 out.append(i)
         return tuple(out)
 
@@ -121,7 +149,7 @@ class PackedRun:
         except PackedUnsupported as e:
             raise relocate(e, compat.source_line(eqn.source_info)) from None
         outs = list(out) if eqn.primitive.multiple_results else [out]
-        outs = [self._block_diagonal(o, v.aval, axes)
+        outs = [self.block_diagonal(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
         if self.observe is not None:
             self.observe(eqn, how, outs)
@@ -140,11 +168,17 @@ class PackedRun:
                     return self._innermost_culprit(e) or e.primitive.name
         return None
 
-    def _block_diagonal(self, x, aval, axes):
+    def same_segment(self, aval, axes, shape):
+        """``Segments.same_segment`` for ``aval``'s packed ``axes`` (each axis
+        with the view of its own size)."""
+        views = [self.axis_segments(aval, a) for a in axes]
+        return self.seg.same_segment(axes, shape, views)
+
+    def block_diagonal(self, x, aval, axes):
         """Cross-segment entries of a value with 2+ packed axes selected to 0."""
         if len(axes) < 2 or isinstance(x, PerSegment):
             return x
-        ok = self.seg.same_segment(axes, x.shape)
+        ok = self.same_segment(aval, axes, x.shape)
         return lax.select(ok, x, jnp.zeros_like(x))
 
 
@@ -184,6 +218,8 @@ class PackedProgram:
         one most sizes reach; the sizes of other cases run padded: ``runs``).
       out_kinds: per output leaf, ``"packed"``, ``"segment"`` or ``"shared"``
         (known once ``row_fn`` is traced).
+      gap: G, the free positions after each example in a row (sizes ``n + c``
+        with ``c > 0`` and windows around positions need them: ``required_gap``).
     """
 
     program: MaskedProgram
@@ -193,10 +229,33 @@ class PackedProgram:
     tree: Any = None  # the CaseTree: its other cases are errors of the plain function
     case_index: int = 0
     out_kinds: list[str] | None = None
+    gap: int = 0
+    sizes: RaggedSizes | None = None
+
+    @property
+    def positions(self) -> int:
+        """Positions per row: the row size and the gap after its last example."""
+        return self.row_size + self.gap
+
+    def out_offset(self, i: int) -> int:
+        """``c`` of output leaf ``i``'s packed axes (sizes ``n + c``; 0 if none)."""
+        cs = [self.sizes.offset(d) for d in self.out_shapes[i] if compat.is_dim_expr(d)]
+        if len(set(cs)) > 1:
+            raise PackedUnsupported(f"output {i} has packed axes of different sizes")
+        return cs[0] if cs else 0
+
+    def out_lengths(self, n: int) -> list[tuple[int, ...]]:
+        """Per output leaf, the sizes of an example of size ``n`` (its packed
+        axes are cut out of the row at these lengths)."""
+        values = self.program.internal_values({self.var: int(n)})
+        return [tuple(int(compat.evaluate_dim(d, values)) if compat.is_dim_expr(d) else int(d)
+                      for d in shape) for shape in self.out_shapes]
 
     def runs(self, n: int) -> bool:
         """Whether size ``n`` reaches the traced program (else it runs in the
         padded layout, which also reports the sizes where plain JAX raises)."""
+        if self.sizes is not None and int(n) in self.sizes.irregular:
+            return False
         if self.tree is None or self.tree.single:
             return True
         return int(self.tree.select(self.program.internal_values({self.var: int(n)}))) \
@@ -215,8 +274,9 @@ class PackedProgram:
         prog, var = self.program, self.var
 
         def fn(*args):
-            leaves, segs = args[:-6], Segments.from_arrays(args[-6:])
-            run = PackedRun(prog, var, segs, forward_only, observe)
+            k = len(SEGMENT_FIELDS)
+            leaves, segs = args[:-k], Segments.from_arrays(args[-k:], self.gap)
+            run = PackedRun(prog, var, segs, forward_only, observe, self.sizes)
             wrapped = list(leaves[:n_broadcast])
             for x, axes in zip(leaves[n_broadcast:], self.packed_axes):
                 wrapped.append(x if axes else PerSegment(x))
@@ -265,8 +325,11 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
             f"dim vars ({', '.join(prog.var_order)})")
     _refuse_host_calls(prog.closed_jaxpr.jaxpr)
     var = prog.var_order[0]
-    _refuse_other_sizes(prog.closed_jaxpr.jaxpr, {prog.internal.get(var, (var, 0))[0]}, prog,
-                        prog.spec_var_expr(var))
+    R = int(prog.var_bounds[var])
+    sizes = RaggedSizes(prog, var, range(R + 1) if case.reached_by is None else
+                        [int(v[var]) for v in case.reached_by])
+    gap = _check_sizes(prog.closed_jaxpr.jaxpr, {prog.internal.get(var, (var, 0))[0]}, prog,
+                       sizes)
     n = prog.spec_var_expr(var)
     packed_axes = []
     for axes in prog.axis_specs[n_broadcast:]:
@@ -281,21 +344,27 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
             raise PackedUnsupported("a broadcast argument has a dim var")
     del n
     return PackedProgram(prog, var, int(prog.var_bounds[var]), packed_axes, tree=tree,
-                         case_index=case.index)
+                         case_index=case.index, gap=gap, sizes=sizes)
 
 
-def _refuse_other_sizes(jaxpr, allowed: set, prog, n, outer=(), line=None) -> None:
-    """Every size along a ragged axis must be exactly ``n`` (checked before
-    anything runs, so ``layout="auto"`` says why it pads): sizes of
-    data-dependent dim vars (``nonzero``, boolean masks) differ per example
-    inside a row, and sizes like ``n - 1`` have no packed rule yet. Inner
-    jaxprs first: the innermost primitive is named."""
+def _check_sizes(jaxpr, allowed: set, prog, sizes: RaggedSizes, outer=(), line=None) -> int:
+    """Every size along a ragged axis must be ``n + c`` for a constant ``c``
+    (checked before anything runs, so ``layout="auto"`` says why it pads):
+    sizes of data-dependent dim vars (``nonzero``, boolean masks) differ per
+    example inside a row, and sizes like ``2 * n`` or ``n // 2`` (strided
+    slices and convolutions) have no packed rule. Inner jaxprs first: the
+    innermost primitive is named.
+
+    Returns the gap G the rows need: the largest ``c > 0`` and each windowed
+    primitive's halo (``registry.register_packed_halo``)."""
+    gap = 0
     for eqn in jaxpr.eqns:
         at = line or compat.source_line(eqn.source_info)  # the user's line: the outermost
         for p in eqn.params.values():
             inner = getattr(p, "jaxpr", p)
             if hasattr(inner, "eqns"):
-                _refuse_other_sizes(inner, allowed, prog, n, (*outer, eqn.primitive.name), at)
+                gap = max(gap, _check_sizes(inner, allowed, prog, sizes,
+                                            (*outer, eqn.primitive.name), at))
         where = "".join(f" inside {o!r}" for o in reversed(outer))
         for v in eqn.outvars:
             for d in getattr(v.aval, "shape", ()):
@@ -306,23 +375,98 @@ def _refuse_other_sizes(jaxpr, allowed: set, prog, n, outer=(), line=None) -> No
                         f"primitive '{eqn.primitive.name}'{where} (used at {at}) has a "
                         f"data-dependent size "
                         f"{prog.display(str(d))}")
-                if not _is(d, n):
+                form = sizes.form(d)
+                if form is None:
                     raise PackedUnsupported(
                         f"primitive '{eqn.primitive.name}'{where} (used at {at}) cannot run "
-                        f"packed: {_not_n(prog, n, d)}")
+                        f"packed: {_not_n(prog, sizes.n, d)}")
+                if form[0] == "n":
+                    gap = max(gap, form[1])
+        halo = packed_halo(eqn.primitive.name)
+        if halo is not None:
+            gap = max(gap, halo(eqn, sizes.offset))
+    return gap
 
 
-def _is(d, n) -> bool:
-    """``d == n`` for dimension expressions (undecidable: not ``n``)."""
+class RaggedSizes:
+    """What each size along a ragged axis is in the packed layout: ``n + c``
+    (packed, ``offset``) or a constant ``k`` (not packed, ``constant``).
+
+    ``n - 1`` is ``n + c`` symbolically. ``jnp`` also stages sizes like
+    ``max(0, n - 1)`` (``x[1:]``, empty at ``n = 0``) and ``min(n, 1)``
+    (``x[:1]``): those are evaluated at every size the packed program
+    serves; the form most sizes agree on is taken, and the sizes that
+    disagree (``n = 0`` here) are ``irregular``: they run in the padded
+    layout (``PackedProgram.runs``). A size with no common form (``2 * n``,
+    ``n // 2``) has none.
+    """
+
+    def __init__(self, prog: MaskedProgram, var: str, sizes):
+        self.prog, self.var = prog, var
+        self.n = prog.spec_var_expr(var)
+        self.sizes = sorted(int(s) for s in sizes)
+        self.irregular: set[int] = set()
+        self._table: dict[str, tuple[str, int] | None] = {}
+        self._values: list | None = None
+
+    def form(self, d) -> tuple[str, int] | None:
+        """``("n", c)`` for ``n + c``, ``("const", k)`` for a constant, None."""
+        if not compat.is_dim_expr(d):
+            return ("const", int(d))
+        c = _offset(d, self.n)
+        if c is not None:
+            return ("n", c)
+        key = str(d)
+        if key not in self._table:
+            self._table[key] = self._common_form(d)
+        return self._table[key]
+
+    def offset(self, d) -> int | None:
+        """``c`` when ``d`` is ``n + c``, else None."""
+        f = self.form(d)
+        return f[1] if f is not None and f[0] == "n" else None
+
+    def constant(self, d) -> int | None:
+        """``k`` when ``d`` is the constant ``k`` (at the sizes that run packed)."""
+        f = self.form(d)
+        return f[1] if f is not None and f[0] == "const" else None
+
+    def _common_form(self, d) -> tuple[str, int] | None:
+        if self._values is None:
+            self._values = [(s, self.prog.internal_values({self.var: s})) for s in self.sizes]
+        per = {}
+        for s, values in self._values:
+            try:
+                per[s] = int(compat.evaluate_dim(d, values))
+            except Exception:  # noqa: BLE001 - not defined at this size: irregular there
+                continue
+        if not per:
+            return None
+        ragged = collections.Counter(v - s for s, v in per.items()).most_common(1)[0]
+        const = collections.Counter(per.values()).most_common(1)[0]
+        kind, (value, count) = ("n", ragged) if ragged[1] >= const[1] else ("const", const)
+        if count < 2 or 2 * count < len(self.sizes):
+            return None
+        at = (lambda s, v: v - s == value) if kind == "n" else (lambda s, v: v == value)
+        self.irregular |= {s for s in self.sizes if s not in per or not at(s, per[s])}
+        return (kind, value)
+
+
+def _offset(d, n) -> int | None:
+    """``c`` when ``d == n + c`` for a constant ``c``, else None."""
     try:
-        return bool(d == n)
-    except Exception:  # noqa: BLE001 - an undecidable comparison: not n
-        return False
+        c = d - n
+    except Exception:  # noqa: BLE001 - not comparable: not n + c
+        return None
+    if compat.is_dim_expr(c):
+        return None
+    return int(c)
 
 
 def _not_n(prog, n, d) -> str:
-    return (f"the packed layout needs every size along the ragged axis to be exactly "
-            f"{prog.display(str(n))}; this program has a size {prog.display(str(d))}")
+    return (f"the packed layout needs every size along the ragged axis to be "
+            f"{prog.display(str(n))} + c for a constant c (or a constant); this program has "
+            f"a size {prog.display(str(d))}")
 
 
 def _refuse_host_calls(jaxpr) -> None:

@@ -35,7 +35,7 @@ from ..tracing.registry import substitute_dims
 from .segments import Segments
 
 __all__ = ["PerSegment", "PackedUnsupported", "PackedContext", "register_packed",
-           "packed_rule", "packed_primitives"]
+           "packed_rule", "packed_primitives", "register_packed_halo", "packed_halo"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -59,6 +59,7 @@ class PackedUnsupported(UnsupportedError):
 
 
 _RULES: dict[str, Callable] = {}
+_HALOS: dict[str, Callable] = {}
 
 
 def register_packed(*prims):
@@ -83,6 +84,28 @@ def packed_rule(name: str) -> Callable | None:
     return _RULES.get(name)
 
 
+def register_packed_halo(*prims):
+    """Decorator: ``halo(eqn, offset) -> int``, the free positions a windowed
+    primitive (a convolution, a pooling window) needs after each example's
+    values so that no window reaches the next example (``offset(d)``: the
+    ``c`` of a ragged size ``n + c``, None for other sizes). The packer leaves
+    that gap after every example."""
+
+    def deco(fn):
+        for p in prims:
+            name = p if isinstance(p, str) else p.name
+            if isinstance(p, str) and not compat.has_primitive(p):
+                continue
+            _HALOS[name] = fn
+        return fn
+
+    return deco
+
+
+def packed_halo(name: str) -> Callable | None:
+    return _HALOS.get(name)
+
+
 def packed_primitives() -> list[str]:
     """The primitives with a packed rule (sorted)."""
     return sorted(_RULES)
@@ -93,7 +116,9 @@ class PackedContext:
 
     Attributes:
       eqn, primitive: the equation (symbolic avals) and its primitive.
-      seg: the row's ``Segments``.
+      seg: the row's ``Segments`` for the size of the first packed axis of
+        the operands (else of the results): ``n`` unless the equation works
+        on sizes ``n + c`` (``axis_segments`` gives any axis's).
       in_packed / out_packed: per operand / result, its packed axes.
       in_avals / out_avals: symbolic avals.
       run: the ``PackedRun`` (``eval_jaxpr`` recurses through it).
@@ -103,11 +128,22 @@ class PackedContext:
         self.eqn = eqn
         self.primitive = eqn.primitive
         self.run = run
-        self.seg: Segments = run.seg
         self.in_avals = [v.aval for v in eqn.invars]
         self.out_avals = [v.aval for v in eqn.outvars]
         self.in_packed = in_packed
         self.out_packed = out_packed
+        first = next(((aval, axes[0]) for aval, axes in
+                      [*zip(self.in_avals, in_packed), *zip(self.out_avals, out_packed)]
+                      if axes), None)
+        self.seg: Segments = run.seg if first is None else run.axis_segments(*first)
+
+    def axis_segments(self, aval, axis: int) -> Segments:
+        """The segments of ``aval``'s packed ``axis`` (its size ``n + c``)."""
+        return self.run.axis_segments(aval, axis)
+
+    def offset(self, d) -> int:
+        """``c`` of a ragged size ``n + c``."""
+        return self.run.offset(d)
 
     @property
     def source_line(self) -> str:

@@ -1,8 +1,14 @@
 """Rows of packed examples: the host's packing and the traced segment arrays.
 
 An example of length ``n`` occupies ``n`` consecutive positions of one row
-(its *segment*) and one of the row's ``S`` segment slots. Positions after
-the last segment are the row's padding: segment id ``S`` (out of range of
+(its *segment*) and one of the row's ``S`` segment slots, followed by a
+*gap* of ``G`` positions (``G`` is the program's: 0 unless it makes sizes
+``n + c`` with ``c > 0``, e.g. ``jnp.pad``, or reads a window around each
+position, e.g. a convolution). The segment and its gap are the example's
+*region*. A value whose ragged axis has size ``n + c`` lives in the first
+``n + c`` positions of each region (``Segments.at(c)``); the rest of the
+region is *dead* for it. Positions after the last region are the row's
+padding. Dead and padding positions have segment id ``S`` (out of range of
 every segment reduction, so they never reach a result). Their data is a copy
 of real data (``fill_padding_positions``), and slots no example uses alias a
 used one (``alias``): every lane of the computation then looks like a real
@@ -20,27 +26,39 @@ import numpy as np
 from jax import lax
 
 __all__ = ["Segments", "RowPacking", "pack_rows", "row_arrays", "phantom_source",
-           "SEGMENT_FIELDS"]
+           "shift_along", "SEGMENT_FIELDS", "POSITION_FIELDS"]
 
 # the per-row arrays a packed program takes, in this order
-SEGMENT_FIELDS = ("seg", "slot", "pos", "lengths", "starts", "alias")
+SEGMENT_FIELDS = ("seg", "region", "slot", "pos", "lengths", "starts", "alias")
+# the fields with one entry per position (the others have one per slot)
+POSITION_FIELDS = ("seg", "region", "slot", "pos")
 
 
 @dataclasses.dataclass
 class Segments:
-    """One row's segments, as traced arrays (int32).
+    """One row's segments, as traced arrays (int32), for values whose ragged
+    axis has size ``n + offset``.
 
     Attributes:
-      seg: ``(R,)`` the segment slot of each position; ``S`` for padding.
-      slot: ``(R,)`` like ``seg`` but padding positions name a used slot
+      seg: ``(R,)`` the segment slot of each live position; ``S`` for dead
+        and padding positions.
+      region: ``(R,)`` the slot whose region holds each position (its
+        segment or its gap); ``S`` for the row's padding.
+      slot: ``(R,)`` like ``region`` but padding positions name a used slot
         (gathers of per-segment values stay finite there).
-      pos: ``(R,)`` position within its segment (restarts at each start).
-      lengths, starts: ``(S,)`` each slot's length and first position.
+      pos: ``(R,)`` position within its segment (restarts at each start);
+        a dead position of a region repeats the segment's last one (a table
+        read there stays in range), padding repeats the phantom's.
+      rpos: ``(R,)`` position within its region, dead positions counted on.
+      lengths, starts: ``(S,)`` each slot's length (``n + offset``) and first
+        position.
       alias: ``(S,)`` a used slot for each slot (itself when used).
-      R, S: row size and segment slots (Python ints).
+      R, S: positions per row and segment slots (Python ints).
+      gap, offset: the program's gap ``G`` and this view's ``c`` (ints).
     """
 
     seg: jnp.ndarray
+    region: jnp.ndarray
     slot: jnp.ndarray
     pos: jnp.ndarray
     lengths: jnp.ndarray
@@ -48,15 +66,48 @@ class Segments:
     alias: jnp.ndarray
     R: int
     S: int
+    gap: int = 0
+    offset: int = 0
+    rpos: jnp.ndarray | None = None
+    base: Segments | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.rpos is None:
+            self.rpos = self.pos
 
     @classmethod
-    def from_arrays(cls, arrays) -> Segments:
-        """From the arrays of ``SEGMENT_FIELDS`` (in that order)."""
-        seg, slot, pos, lengths, starts, alias = arrays
-        return cls(seg, slot, pos, lengths, starts, alias, seg.shape[0], lengths.shape[0])
+    def from_arrays(cls, arrays, gap: int = 0) -> Segments:
+        """From the arrays of ``SEGMENT_FIELDS`` (in that order): the view of
+        values of size ``n`` (offset 0)."""
+        seg, region, slot, pos, lengths, starts, alias = arrays
+        return cls(seg, region, slot, pos, lengths, starts, alias, seg.shape[0],
+                   lengths.shape[0], int(gap)).at(0)
 
     def arrays(self) -> tuple:
-        return tuple(getattr(self, f) for f in SEGMENT_FIELDS)
+        """The row's arrays (``SEGMENT_FIELDS``), as ``from_arrays`` takes them."""
+        base = self.base or self
+        return tuple(getattr(base, f) for f in SEGMENT_FIELDS)
+
+    def at(self, offset: int) -> Segments:
+        """The view for values whose ragged axis has size ``n + offset``: their
+        segments are the first ``n + offset`` positions of each region."""
+        base = self.base or self
+        if base.gap == 0 and offset == 0:  # no dead positions: the row's arrays
+            return base
+        lengths = jnp.maximum(base.lengths + offset, 0)
+        in_region = base.region < base.S
+        live = in_region & (base.rpos < lengths[base.slot])
+        seg = jnp.where(live, base.region, base.S).astype(base.seg.dtype)
+        last = jnp.maximum(lengths[base.slot] - 1, 0)
+        pos = jnp.where(in_region & ~live, jnp.minimum(base.rpos, last), base.rpos)
+        return Segments(seg, base.region, base.slot, pos.astype(base.pos.dtype), lengths,
+                        base.starts, base.alias, base.R, base.S, base.gap, offset, base.rpos,
+                        base)
+
+    @property
+    def live(self):
+        """``(R,)`` bool: the positions in a segment of this view."""
+        return self.seg < self.S
 
     def along(self, ids, axis: int, ndim: int):
         """``ids`` (``(R,)``) shaped to broadcast along ``axis`` of a rank-``ndim`` array."""
@@ -64,18 +115,21 @@ class Segments:
         shape[axis] = self.R
         return ids.reshape(shape)
 
-    def same_segment(self, axes: Sequence[int], shape: Sequence[int]):
+    def same_segment(self, axes: Sequence[int], shape: Sequence[int],
+                     views: Sequence[Segments] | None = None):
         """Where every axis of ``axes`` (packed axes of an array of ``shape``)
         is in the same segment: the valid entries of a block-diagonal value
-        (None for fewer than two axes: every entry is valid)."""
+        (None for fewer than two axes: every entry is valid). ``views``: each
+        axis's view when their sizes differ (``n`` and ``n - 1``), else this one."""
         axes = list(axes)
         if len(axes) < 2:
             return None
+        views = list(views) if views is not None else [self] * len(axes)
         ndim = len(shape)
-        ref = self.along(self.seg, axes[0], ndim)
+        ref = self.along(views[0].seg, axes[0], ndim)
         ok = None
-        for a in axes[1:]:
-            eq = ref == self.along(self.seg, a, ndim)
+        for a, v in zip(axes[1:], views[1:]):
+            eq = ref == self.along(v.seg, a, ndim)
             ok = eq if ok is None else ok & eq
         return jnp.broadcast_to(ok, tuple(shape))
 
@@ -108,6 +162,23 @@ class Segments:
         return out
 
 
+def shift_along(x, s: int, axis: int):
+    """``out[p] = x[p + s]`` along ``axis`` (a row's positions), positions
+    past either end reading the edge (real, finite data). Slices and
+    concatenations, no gather."""
+    R = x.shape[axis]
+    if s == 0 or R == 0:
+        return x
+    s = max(-(R - 1), min(R - 1, s))  # further, every position reads the edge
+    if s > 0:
+        body = lax.slice_in_dim(x, s, R, axis=axis)
+        edge = lax.slice_in_dim(x, R - 1, R, axis=axis)
+        return lax.concatenate([body, jnp.repeat(edge, s, axis=axis)], axis)
+    body = lax.slice_in_dim(x, 0, R + s, axis=axis)
+    edge = lax.slice_in_dim(x, 0, 1, axis=axis)
+    return lax.concatenate([jnp.repeat(edge, -s, axis=axis), body], axis)
+
+
 @dataclasses.dataclass
 class RowPacking:
     """Where each example went: ``rows[r]`` lists ``(example index, start)``;
@@ -117,22 +188,25 @@ class RowPacking:
     slot_of: dict[int, tuple[int, int]]
     row_size: int
     slots: int
+    gap: int = 0
 
     def used_positions(self, lengths: Sequence[int]) -> int:
         return sum(lengths[i] for row in self.rows for i, _ in row)
 
 
-def pack_rows(lengths: Sequence[int], row_size: int, slots: int) -> RowPacking:
+def pack_rows(lengths: Sequence[int], row_size: int, slots: int, gap: int = 0) -> RowPacking:
     """First-fit decreasing: each example (longest first) goes to the first row
-    with room for its length and a free slot (bin packing's FFD, within
-    11/9 of the fewest rows). Every length must be ``<= row_size``."""
+    with room for its region (its length and ``gap`` positions) and a free
+    slot (bin packing's FFD, within 11/9 of the fewest rows). Rows have
+    ``row_size + gap`` positions; every length must be ``<= row_size``."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     rows: list[list[tuple[int, int]]] = []
     fill: list[int] = []
+    room = row_size + gap
     for i in order:
-        n = int(lengths[i])
+        n = int(lengths[i]) + gap
         for r, used in enumerate(fill):
-            if used + n <= row_size and len(rows[r]) < slots:
+            if used + n <= room and len(rows[r]) < slots:
                 rows[r].append((i, used))
                 fill[r] += n
                 break
@@ -140,7 +214,7 @@ def pack_rows(lengths: Sequence[int], row_size: int, slots: int) -> RowPacking:
             rows.append([(i, 0)])
             fill.append(n)
     slot_of = {i: (r, s) for r, row in enumerate(rows) for s, (i, _) in enumerate(row)}
-    return RowPacking(rows, slot_of, int(row_size), int(slots))
+    return RowPacking(rows, slot_of, int(row_size), int(slots), int(gap))
 
 
 def phantom_source(row: Sequence[tuple[int, int]], lengths, fallback=None):
@@ -153,8 +227,9 @@ def phantom_source(row: Sequence[tuple[int, int]], lengths, fallback=None):
 
 
 def row_arrays(row: Sequence[tuple[int, int]], lengths: Sequence[int], R: int,
-               S: int, phantom_len: int = 0) -> dict[str, np.ndarray]:
-    """The segment arrays of one row (``SEGMENT_FIELDS``), NumPy int32.
+               S: int, phantom_len: int = 0, gap: int = 0) -> dict[str, np.ndarray]:
+    """The segment arrays of one row of ``R`` positions (``SEGMENT_FIELDS``),
+    NumPy int32; each example's region is its length and ``gap`` positions.
 
     ``phantom_len``: the length of the example the unused tail repeats
     (``phantom_source``): its positions repeat that example's, so a table
@@ -162,6 +237,7 @@ def row_arrays(row: Sequence[tuple[int, int]], lengths: Sequence[int], R: int,
     (out-of-range reads fill NaN, and ``0 * nan`` in a block-diagonal product
     would reach the real examples)."""
     seg = np.full(R, S, np.int32)
+    region = np.full(R, S, np.int32)
     pos = np.zeros(R, np.int32)
     lens = np.zeros(S, np.int32)
     starts = np.zeros(S, np.int32)
@@ -169,9 +245,10 @@ def row_arrays(row: Sequence[tuple[int, int]], lengths: Sequence[int], R: int,
     for s, (i, start) in enumerate(row):
         n = int(lengths[i])
         seg[start:start + n] = s
-        pos[start:start + n] = np.arange(n)
+        region[start:start + n + gap] = s
+        pos[start:start + n + gap] = np.arange(n + gap)
         lens[s], starts[s] = n, start
-        end = max(end, start + n)
+        end = max(end, start + n + gap)
     pos[end:] = np.arange(R - end) % max(int(phantom_len), 1)  # the phantom's positions
     used = len(row)
     nonempty = [s for s in range(used) if lens[s] > 0]
@@ -180,6 +257,6 @@ def row_arrays(row: Sequence[tuple[int, int]], lengths: Sequence[int], R: int,
     alias[used:] = target
     lens[used:] = lens[target]
     starts[used:] = starts[target]
-    slot = np.where(seg == S, target, seg).astype(np.int32)
-    return {"seg": seg, "slot": slot, "pos": pos, "lengths": lens, "starts": starts,
+    slot = np.where(region == S, target, region).astype(np.int32)
+    return {"seg": seg, "region": region, "slot": slot, "pos": pos, "lengths": lens, "starts": starts,
             "alias": alias}

@@ -21,7 +21,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.plan import CallPlan
 from ..packing import PackedProgram, pack_rows, packed_program
-from ..packing.segments import SEGMENT_FIELDS, phantom_source, row_arrays
+from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS, phantom_source, row_arrays
 from .compiling import compile_counter
 
 __all__ = ["PackedRunner", "default_row_size", "row_example", "spare_rows"]
@@ -61,6 +61,16 @@ def row_example(plan: CallPlan, leaves, tree, row_size: int, make):
 
 def _dtype(leaf):
     return leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+
+
+def _repeat_into(buf, x, axis: int, lo: int, hi: int) -> None:
+    """``buf[lo:hi]`` along ``axis`` filled with ``x``'s entries repeated (real,
+    finite data for positions no example owns)."""
+    if x is None or hi <= lo or x.shape[axis] == 0:
+        return
+    idx = [slice(None)] * buf.ndim
+    idx[axis] = slice(lo, hi)
+    buf[tuple(idx)] = np.take(x, np.arange(hi - lo) % x.shape[axis], axis=axis)
 
 
 @dataclasses.dataclass
@@ -137,13 +147,13 @@ class PackedRunner:
         of that shape then run in it."""
         if self.rows_per_call is None:
             raise ValueError("precompiling the packed program needs rows_per_call")
-        B, R, S = self.rows_per_call, self.row_size, self.slots
+        B, R, S = self.rows_per_call, self.program.positions, self.slots
         specs = self._leaf_specs(info)
         avals = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in bcast_leaves]
         for sp in specs:
             avals.append(jax.ShapeDtypeStruct((B,) + (sp.shape if sp.packed_axes
                                                       else (S,) + sp.shape), sp.dtype))
-        avals += [jax.ShapeDtypeStruct((B, R if f in ("seg", "slot", "pos") else S), np.int32)
+        avals += [jax.ShapeDtypeStruct((B, R if f in POSITION_FIELDS else S), np.int32)
                   for f in SEGMENT_FIELDS]
         start = time.perf_counter()
         with compile_counter() as cc:
@@ -168,8 +178,9 @@ class PackedRunner:
         each one's outputs (a pytree of ``out_tree``) to ``results[i]``."""
         lengths = {i: int(infos[i][0].values[0]) for i in idxs}
         order = list(idxs)
-        packing = pack_rows([lengths[i] for i in order], self.row_size, self.slots)
-        R = self.row_size
+        packing = pack_rows([lengths[i] for i in order], self.row_size, self.slots,
+                            self.program.gap)
+        R = self.program.positions
         B = self.choose_rows_per_call(len(packing.rows))
         leaf_specs = self._leaf_specs(infos[order[0]])
         fn = self._compiled(len(bcast_leaves))
@@ -204,7 +215,8 @@ class PackedRunner:
         plan, leaves = info
         out = []
         for p, axes in zip(plan.leaves, self.program.packed_axes):
-            shape = tuple(self.row_size if i in axes else int(s) for i, s in enumerate(p.shape))
+            shape = tuple(self.program.positions if i in axes else int(s)
+                          for i, s in enumerate(p.shape))
             out.append(_Leaf(axes, _dtype(leaves[len(out)]), shape))
         return out
 
@@ -215,12 +227,12 @@ class PackedRunner:
         out = []
         for row in rows:
             src = phantom_source(row, lengths, call_first)
-            out.append(row_arrays(row, lengths, self.row_size, self.slots,
-                                  0 if src is None else lengths[src]))
+            out.append(row_arrays(row, lengths, self.program.positions, self.slots,
+                                  0 if src is None else lengths[src], self.program.gap))
         return out
 
     def _inputs(self, rows, infos, lengths, leaf_specs) -> list[np.ndarray]:
-        R, S = self.row_size, self.slots
+        R, S, G = self.program.positions, self.slots, self.program.gap
         # a row's unused tail repeats its first non-empty example, else the
         # call's (every lane finite: no 0/0 or NaN for a product or gradient to meet)
         call_first = _call_first(rows, lengths)
@@ -238,6 +250,9 @@ class PackedRunner:
             buf = np.zeros((len(rows),) + spec.shape, spec.dtype)
             for r, row in enumerate(rows):
                 end = 0
+                src = phantom_source(row, lengths, call_first)
+                first = None if src is None else np.asarray(infos[src][1][li])
+                one_axis = len(spec.packed_axes) == 1
                 for i, start in row:
                     n = lengths[i]
                     x = np.asarray(infos[i][1][li])
@@ -245,34 +260,35 @@ class PackedRunner:
                     for a in spec.packed_axes:
                         idx[a] = slice(start, start + n)
                     buf[(r, *idx)] = x
-                    end = max(end, start + n)
-                src = phantom_source(row, lengths, call_first)
-                first = None if src is None else np.asarray(infos[src][1][li])
-                if first is not None and end < R and len(spec.packed_axes) == 1:
+                    if G and one_axis:  # the gap repeats the example (or the phantom)
+                        _repeat_into(buf[r], x if n else first, spec.packed_axes[0],
+                                     start + n, start + n + G)
+                    end = max(end, start + n + G)
+                if first is not None and end < R and one_axis:
                     # padding positions repeat real data (finite everywhere)
-                    a = spec.packed_axes[0]
-                    fill = np.take(first, np.arange(R - end) % first.shape[a], axis=a)
-                    idx = [slice(None)] * first.ndim
-                    idx[a] = slice(end, R)
-                    buf[(r, *idx)] = fill
+                    _repeat_into(buf[r], first, spec.packed_axes[0], end, R)
             out.append(buf)
         return out
 
     def _unpack(self, rows, seg, outs, lengths, results, out_tree) -> None:
         kinds = self.program.out_kinds
-        out_axes = [tuple(i for i, d in enumerate(s) if compat.is_dim_expr(d))
+        ragged = self.program.sizes
+        out_axes = [tuple(i for i, d in enumerate(s) if ragged.offset(d) is not None)
                     for s in self.program.out_shapes]
+        sizes: dict[int, list] = {}
         for r, row in enumerate(rows):
             for s, (i, start) in enumerate(row):
                 n = lengths[i]
+                if n not in sizes:
+                    sizes[n] = self.program.out_lengths(n)
                 leaves = []
-                for o, kind, axes in zip(outs, kinds, out_axes):
+                for o, kind, axes, size in zip(outs, kinds, out_axes, sizes[n]):
                     if kind == "segment":
                         a = o[r, s]
-                    elif kind == "packed":
+                    elif kind == "packed":  # its own length along each packed axis (n + c)
                         idx = [slice(None)] * (o.ndim - 1)
                         for ax in axes:
-                            idx[ax] = slice(start, start + n)
+                            idx[ax] = slice(start, start + size[ax])
                         a = o[r][tuple(idx)]
                     else:
                         a = o[r]

@@ -237,12 +237,13 @@ class RaggedMap:
         fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
         if not fits:
             return self._refuse(f"no example fits a row of {runner.row_size}", every)
-        rows = len(pack_rows([lengths[i] for i in fits], runner.row_size, runner.slots).rows)
+        rows = len(pack_rows([lengths[i] for i in fits], runner.row_size, runner.slots,
+                             prog.gap).rows)
         B = runner.choose_rows_per_call(rows)
         if self.layout == "auto":
             var = prog.var
             try:
-                packed = packed_cost(prog.program, var, -(-rows // B) * B, runner.row_size)
+                packed = packed_cost(prog.program, var, -(-rows // B) * B, prog.positions)
                 padded = padded_cost(prog.program, var, [lengths[i] for i in fits],
                                      self.plans.policy_for(plan0.var_names[0]),
                                      self.batch_size)

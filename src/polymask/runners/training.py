@@ -25,7 +25,7 @@ from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
 from ..core.plan import plan_call, policy_getter
 from ..packing import PackedUnsupported, pack_rows
-from ..packing.segments import SEGMENT_FIELDS
+from ..packing.segments import SEGMENT_FIELDS, Segments
 from ..tracing.transform import mask
 from .packed import PackedRunner, default_row_size, spare_rows
 
@@ -233,7 +233,7 @@ class PackedTraining:
 
     def _run(self, params, infos, lengths):
         runner = self.runner
-        packing = pack_rows(lengths, runner.row_size, runner.slots)
+        packing = pack_rows(lengths, runner.row_size, runner.slots, runner.program.gap)
         B = runner.choose_rows_per_call(len(packing.rows))
         p_leaves, p_tree = jax.tree_util.tree_flatten(params)
         fn = self._compiled(len(p_leaves))
@@ -270,8 +270,9 @@ class PackedTraining:
             if len(outs) != 1:
                 raise ShapeError("value_and_grad: fun must return one array (its loss)")
             out, kind = outs[0], prog.out_kinds[0]
-            seg = inputs[-len(SEGMENT_FIELDS)]
-            if kind == "packed":  # the positions of real rows' examples
+            if kind == "packed":  # the live positions of real rows' examples
+                seg = jax.vmap(lambda *a: Segments.from_arrays(a, prog.gap)
+                               .at(prog.out_offset(0)).seg)(*inputs[-len(SEGMENT_FIELDS):])
                 valid = (seg != self.runner.slots) & jnp.any(used, axis=1)[:, None]  # (B, R)
             elif kind == "segment":
                 valid = used  # (B, S)

@@ -15,4 +15,5 @@ from . import (  # noqa: F401  (imported for their registrations)
     layout,
     reductions,
     sorting,
+    windows,
 )

@@ -43,7 +43,7 @@ def _per_segment_contraction(ctx, lhs, rhs, lc, rc, lb, rb, a):
     axis left: the product per position (``a`` as a batch dim), then a
     segment sum. No product with 0 crosses segments: a NaN of one example
     stays in that example (a one-hot matmul would give ``0 * nan``)."""
-    seg = ctx.seg
+    seg = ctx.axis_segments(ctx.in_avals[0], a)
     ra = rc[lc.index(a)]
     lc2 = tuple(c for c in lc if c != a)
     rc2 = tuple(c for c, l in zip(rc, lc) if l != a)

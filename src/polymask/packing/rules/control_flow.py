@@ -30,14 +30,15 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, **params):
     consts = list(args[:num_consts])
     init = list(args[num_consts:num_consts + num_carry])
     xs = list(args[num_consts + num_carry:])
-    if ctx.run.is_n(length):
-        return _scan_along_packed_axis(ctx, jaxpr, consts, init, xs, reverse, num_carry)
+    if ctx.run.is_packed(length):
+        seg = ctx.run.segments(ctx.offset(length))
+        return _scan_along_packed_axis(ctx, seg, jaxpr, consts, init, xs, reverse, num_carry)
     return _scan_with_packed_values(ctx, jaxpr, consts, init, xs, reverse, num_carry,
-                                    int(length))
+                                    ctx.run.size(length))
 
 
-def _scan_along_packed_axis(ctx, jaxpr, consts, init, xs, reverse, num_carry):
-    seg, run = ctx.seg, ctx.run
+def _scan_along_packed_axis(ctx, seg, jaxpr, consts, init, xs, reverse, num_carry):
+    run = ctx.run
     n_in = len(consts) + len(init)
     if any(ctx.in_packed[:n_in]):
         raise ctx.unsupported("a scan along the packed axis whose consts or carry are packed")

@@ -22,7 +22,8 @@ def cumulative_rule(ctx, x, *, axis, reverse):
         raise ctx.unsupported("a per-segment operand")
     if axis not in ctx.in_packed[0]:
         return ctx.bind(x)
-    return ctx.seg.segmented_scan(x, _COMBINE[ctx.primitive.name], axis, reverse)
+    seg = ctx.axis_segments(ctx.in_avals[0], axis)
+    return seg.segmented_scan(x, _COMBINE[ctx.primitive.name], axis, reverse)
 
 
 register_packed(*[name for name, (family, _) in FAMILIES.items()

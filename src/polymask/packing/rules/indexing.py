@@ -17,13 +17,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ... import _jax_compat as compat
 from ..registry import PerSegment, register_packed
-
-
-def _is_dim(d) -> bool:
-    from ... import _jax_compat as compat
-
-    return compat.is_dim_expr(d)
+from ..segments import shift_along
 
 
 def _only_packed_axis(ctx, x):
@@ -37,19 +33,36 @@ def _only_packed_axis(ctx, x):
 
 @register_packed(lax.slice_p)
 def slice_rule(ctx, x, *, start_indices, limit_indices, strides):
+    """``x[s:n + c]`` along a packed axis keeps it packed: each example's
+    values move ``s`` positions towards its start (``x[1:]``, ``x[:-1]``,
+    ``jnp.diff``); a slice of constant length (``x[0]``, ``x[-3:]``) is one
+    value per example."""
     if isinstance(x, PerSegment):
         raise ctx.unsupported("a per-segment operand")
-    a_shape = ctx.in_avals[0].shape
-    strides = strides or (1,) * len(a_shape)
+    in_aval, out_aval = ctx.in_avals[0], ctx.out_avals[0]
+    strides = strides or (1,) * len(in_aval.shape)
     if not ctx.in_packed[0] and ctx.out_packed[0]:
         return _slice_to_positions(ctx, x, start_indices, limit_indices, strides)
-    whole, taken = [], []
-    for a in ctx.in_packed[0]:
-        full = (ctx.run.is_n(limit_indices[a]) and not _is_dim(start_indices[a])
-                and start_indices[a] == 0 and strides[a] == 1)
-        (whole if full else taken).append(a)
-    if not taken:
-        return ctx.bind(x)
+    kept = [a for a in ctx.in_packed[0] if ctx.run.is_packed(out_aval.shape[a])]
+    taken = [a for a in ctx.in_packed[0] if a not in kept]
+    for a in kept:
+        if compat.is_dim_expr(start_indices[a]) or strides[a] != 1:
+            raise ctx.unsupported(f"a slice from {start_indices[a]} with stride {strides[a]} "
+                                  "along the ragged axis")
+    if taken:
+        return _slice_per_segment(ctx, x, start_indices, limit_indices, strides)
+    starts = [0 if i in kept else ctx.run.size(s) for i, s in enumerate(start_indices)]
+    limits = [x.shape[i] if i in kept else ctx.run.size(s) for i, s in enumerate(limit_indices)]
+    st = [1 if i in kept else s for i, s in enumerate(strides)]
+    if (starts, limits, st) != ([0] * x.ndim, list(x.shape), [1] * x.ndim):
+        x = lax.slice(x, tuple(starts), tuple(limits), tuple(st))
+    for a in kept:
+        x = shift_along(x, int(start_indices[a]), a)
+    return x
+
+
+def _slice_per_segment(ctx, x, start_indices, limit_indices, strides):
+    """A slice of constant length along the packed axis: one value per segment."""
     a = _only_packed_axis(ctx, x)
     # the other axes first (static), then each segment's window along a
     starts = [0 if i == a else ctx.run.size(s) for i, s in enumerate(start_indices)]
@@ -86,13 +99,16 @@ def _slice_to_positions(ctx, x, start_indices, limit_indices, strides):
 @register_packed(lax.dynamic_slice_p)
 def dynamic_slice_rule(ctx, x, *starts, slice_sizes):
     a = _only_packed_axis(ctx, x)
-    if ctx.run.is_n(slice_sizes[a]):
+    if ctx.run.is_packed(slice_sizes[a]):  # a window of size n + c: stays packed
         if any(isinstance(s, PerSegment) for s in starts):
             raise ctx.unsupported("per-segment start indices with the packed axis kept whole")
         starts = list(starts)
-        starts[a] = jnp.zeros_like(starts[a])  # clamped to 0: the whole axis
-        return ctx.bind(x, *starts)
-    k = int(slice_sizes[a])
+        i = starts[a]
+        starts[a] = jnp.zeros_like(i)  # the whole axis, then each example's window
+        out = ctx.bind(x, *starts)
+        room = ctx.offset(ctx.in_avals[0].shape[a]) - ctx.offset(slice_sizes[a])
+        return _window_of_ragged_size(ctx, out, i, room, a)
+    k = ctx.run.size(slice_sizes[a])
     seg = ctx.seg
     sizes = tuple(ctx.run.size(s) for s in slice_sizes)
     axes = [0 if isinstance(s, PerSegment) else None for s in starts]
@@ -105,6 +121,50 @@ def dynamic_slice_rule(ctx, x, *starts, slice_sizes):
 
     out = jax.vmap(one, in_axes=(0, 0, *axes))(seg.lengths, seg.starts, *datas)
     return PerSegment(out)
+
+
+def _window_of_ragged_size(ctx, x, i, room: int, axis: int):
+    """Each example's window of size ``n + c`` starting ``i`` into it: every
+    example is ``room`` (a constant) longer than its window, so ``lax``'s
+    clamp of the start is ``clip(i, 0, room)``; the row moves by that many
+    positions (a slice of the row extended by its edge), or, for a start per
+    example (``min(1, n)`` of ``x[1:]``), each position by its example's."""
+    if room <= 0:
+        return x
+    if isinstance(i, PerSegment):
+        s = jnp.clip(i.data.astype(jnp.int32).reshape(-1), 0, room)  # (S,)
+        R = x.shape[axis]
+        idx = jnp.clip(jnp.arange(R) + s[ctx.seg.slot], 0, R - 1)
+        return jnp.take(x, idx, axis=axis, mode="clip")
+    s = jnp.clip(jnp.asarray(i, jnp.int32), 0, room)
+    edge = lax.slice_in_dim(x, x.shape[axis] - 1, x.shape[axis], axis=axis)
+    ext = lax.concatenate([x, jnp.repeat(edge, room, axis=axis)], axis)
+    return lax.dynamic_slice_in_dim(ext, s, x.shape[axis], axis=axis)
+
+
+def _gather_ragged_window(ctx, operand, indices, dn, slice_sizes, mode, a):
+    """A gather of a window of size ``n + c`` along packed axis ``a``: how
+    ``jnp`` stages ``x[1:]``, ``x[:-1]`` and ``jnp.diff`` on a symbolic size.
+    The other axes gather as written; along ``a`` each example's window."""
+    data = indices.data if isinstance(indices, PerSegment) else indices
+    if ctx.in_packed[1] or jnp.ndim(data) != 1 + isinstance(indices, PerSegment) \
+            or dn.operand_batching_dims:
+        raise ctx.unsupported("a window of the ragged size with batched starts")
+    if lax.GatherScatterMode.from_any(mode) == lax.GatherScatterMode.FILL_OR_DROP:
+        raise ctx.unsupported("a window of the ragged size in 'fill' mode")
+    comp = list(dn.start_index_map).index(a)
+    if isinstance(indices, PerSegment):  # other components must be shared
+        others = [k for k in range(data.shape[1]) if k != comp]
+        if others:
+            raise ctx.unsupported("a window of the ragged size with per-example starts "
+                                  "along several axes")
+        i, starts = PerSegment(data[:, comp]), jnp.zeros_like(data[0])
+    else:
+        i, starts = data[comp], data.at[comp].set(0)
+    out = ctx.bind(operand, starts)  # the whole axis (n + c is R)
+    kept = [k for k in range(operand.ndim) if k not in dn.collapsed_slice_dims]
+    room = ctx.offset(ctx.in_avals[0].shape[a]) - ctx.offset(slice_sizes[a])
+    return _window_of_ragged_size(ctx, out, i, room, dn.offset_dims[kept.index(a)])
 
 
 def _gather_to_positions(ctx, operand, indices, dn, slice_sizes, mode, grown):
@@ -147,16 +207,17 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
     if not indexed:  # the packed axes are kept whole (or are batch dims)
         if isinstance(indices, PerSegment):
             raise ctx.unsupported("per-segment indices into a packed operand")
-        grown = [a for a, s in enumerate(slice_sizes) if a not in packed and ctx.run.is_n(s)]
+        grown = [a for a, s in enumerate(slice_sizes)
+                 if a not in packed and ctx.run.is_packed(s)]
         if grown:
             return _gather_to_positions(ctx, operand, indices, dn, slice_sizes, mode, grown)
         return ctx.bind(operand, indices)
     if len(packed) != 1:
         raise ctx.unsupported("an index into one packed axis of several")
     (a,) = indexed
-    if ctx.run.is_n(slice_sizes[a]):
-        raise ctx.unsupported("a gather whose slice keeps the indexed packed axis whole")
-    k = int(slice_sizes[a])
+    if ctx.run.is_packed(slice_sizes[a]):
+        return _gather_ragged_window(ctx, operand, indices, dn, slice_sizes, mode, a)
+    k = ctx.run.size(slice_sizes[a])
     comp = list(dn.start_index_map).index(a)
     seg = ctx.seg
     mode = lax.GatherScatterMode.from_any(mode)

@@ -29,7 +29,8 @@ def dim_as_value_rule(ctx, *, dim):
 def iota_rule(ctx, *, dtype, shape, dimension, sharding):
     out_shape = ctx.shape(ctx.out_avals[0])
     if dimension in ctx.out_packed[0]:
-        return lax.broadcast_in_dim(ctx.seg.pos.astype(dtype), out_shape, (dimension,))
+        pos = ctx.axis_segments(ctx.out_avals[0], dimension).pos
+        return lax.broadcast_in_dim(pos.astype(dtype), out_shape, (dimension,))
     return lax.broadcasted_iota(dtype, out_shape, dimension)
 
 
@@ -51,6 +52,17 @@ def relayout_rule(ctx, x, **params):
     return ctx.bind(x)
 
 
+@register_packed("stack", "unstack")
+def stack_rule(ctx, *xs, axis):
+    """``jnp.stack`` of packed values (a new axis of constant size) and
+    ``unstack`` along another axis than the ragged one: free."""
+    if any(isinstance(x, PerSegment) for x in xs):
+        raise ctx.unsupported("a per-segment operand beside a packed one")
+    if ctx.primitive.name == "unstack" and axis in ctx.in_packed[0]:
+        raise ctx.unsupported("unstacking along the ragged axis")
+    return ctx.bind(*xs)
+
+
 @register_packed("split")
 def split_rule(ctx, x, *, sizes, axis):
     """``jnp.split`` along another axis than the ragged one (q, k, v of a fused
@@ -62,15 +74,15 @@ def split_rule(ctx, x, *, sizes, axis):
     return ctx.bind(x)
 
 
-def _runs(shape, is_n):
+def _runs(shape, run):
     """Constant sizes between packed axes: ``[[...], [...], ...]`` (one more
-    run than packed axes), or None when a size is neither n nor constant."""
+    run than packed axes)."""
     runs = [[]]
     for d in shape:
-        if is_n(d):
+        if run.is_packed(d):
             runs.append([])
         else:
-            runs[-1].append(int(d))
+            runs[-1].append(run.size(d))
     return runs
 
 
@@ -79,8 +91,12 @@ def reshape_rule(ctx, x, *dyn, new_sizes, dimensions, **params):
     if dyn or dimensions is not None:
         raise ctx.unsupported("a dynamic or permuting reshape")
     a, b = ctx.in_avals[0].shape, ctx.out_avals[0].shape
-    ra, rb = _runs(a, ctx.run.is_n), _runs(b, ctx.run.is_n)
-    if len(ra) != len(rb) or any(_prod(p) != _prod(q) for p, q in zip(ra, rb)):
+    run = ctx.run
+    ra, rb = _runs(a, run), _runs(b, run)
+    same_sizes = ([run.offset(d) for d in a if run.is_packed(d)]
+                  == [run.offset(d) for d in b if run.is_packed(d)])
+    if (len(ra) != len(rb) or not same_sizes
+            or any(_prod(p) != _prod(q) for p, q in zip(ra, rb))):
         raise ctx.unsupported(
             f"a reshape from {tuple(map(str, a))} to {tuple(map(str, b))} merges or splits "
             "the ragged axis (the packed layout keeps it whole)")
@@ -100,10 +116,10 @@ def rev_rule(ctx, x, *, dimensions):
     rest = tuple(d for d in dimensions if d not in packed)
     if rest:
         x = lax.rev(x, rest)
-    seg = ctx.seg
-    # position start + len - 1 - pos of its own segment; padding stays put
-    idx = seg.starts[seg.slot] + seg.lengths[seg.slot] - 1 - seg.pos
-    idx = jnp.where(seg.seg == seg.S, jnp.arange(seg.R), idx)
     for d in packed:
+        seg = ctx.axis_segments(ctx.in_avals[0], d)
+        # position start + len - 1 - pos of its own segment; dead positions stay put
+        idx = seg.starts[seg.slot] + seg.lengths[seg.slot] - 1 - seg.pos
+        idx = jnp.where(seg.live, idx, jnp.arange(seg.R))
         x = jnp.take(x, idx, axis=d)
     return x

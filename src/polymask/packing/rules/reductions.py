@@ -30,7 +30,7 @@ def _mask_other_segments(ctx, x, reduced, kept, kind):
     others = [a for a in reduced if a != ref]
     if not others:
         return x
-    ok = ctx.seg.same_segment([ref, *others], x.shape)
+    ok = ctx.run.same_segment(ctx.in_avals[0], [ref, *others], x.shape)
     return lax.select(ok, x, jnp.full_like(x, identity_of(x.dtype, kind)))
 
 
@@ -48,15 +48,16 @@ def _reducer(kind: str):
             return ctx.bind(x)
         # every packed axis reduced: the others first, then one segment reduction
         a0 = reduced[0]
+        seg = ctx.axis_segments(ctx.in_avals[0], a0)
         rest = tuple(a for a in axes if a != a0)
         if rest:
             x = ctx.bind(x, axes=rest)
             a0 -= sum(1 for a in rest if a < a0)
         x = jnp.moveaxis(x, a0, 0)
         if x.dtype == jnp.bool_:
-            out = ctx.seg.segment_reduce(x.astype(jnp.int32), _SEGMENT_KIND[kind]) > 0
+            out = seg.segment_reduce(x.astype(jnp.int32), _SEGMENT_KIND[kind]) > 0
         else:
-            out = ctx.seg.segment_reduce(x, _SEGMENT_KIND[kind])
+            out = seg.segment_reduce(x, _SEGMENT_KIND[kind])
         return PerSegment(out.astype(ctx.out_avals[0].dtype))
 
     return rule
@@ -74,7 +75,7 @@ def _arg_extremum(kind: str):
             return ctx.bind(x)
         if len(ctx.in_packed[0]) > 1:
             raise ctx.unsupported("an arg-extremum over one packed axis of several")
-        seg = ctx.seg
+        seg = ctx.axis_segments(ctx.in_avals[0], axis)
         x = jnp.moveaxis(x, axis, 0)  # (R, ...)
         best = seg.segment_reduce(x, kind)
         hit = x == seg.to_positions(best)
