@@ -32,8 +32,7 @@ from ..tracing.cases.splitting import trace_function_cases
 from ..tracing.interpreter import walk_jaxpr
 from ..tracing.registry import has_inner_jaxpr, substitute_dims
 from ..tracing.symbolic import MaskedProgram
-from .registry import PackedContext, PackedUnsupported, PerSegment, packed_rule
-from .registry import packed_halo
+from .registry import PackedContext, PackedUnsupported, PerSegment, packed_halo, packed_rule
 from .segments import SEGMENT_FIELDS, Segments
 
 __all__ = ["PackedRun", "PackedProgram", "packed_program"]
