@@ -333,14 +333,36 @@ def test_spare_rows_and_rows_of_empty_examples_keep_gradients_finite():
     np.testing.assert_allclose(g, g_exact, rtol=1e-4, atol=1e-4)
 
 
-def test_packed_training_refuses_sizes_of_another_traced_case():
+def test_packed_training_runs_other_sizes_padded_and_adds_them():
+    """Sizes of another traced case (n = 0 here), sizes jnp clamps differently
+    (x[1:] at n = 0, 1) and examples longer than a row train in the padded
+    layout; the sums are added: the result equals the per-example one."""
     def loss(p, x):
         return jnp.sum(p) * 0.0 if x.shape[0] == 0 else jnp.sum(x[0] * p)
 
     vg = pm.value_and_grad(loss, (None, "n, 3"), layout="packed", row_size=8)
-    xs = [np.ones((3, 3), np.float32), np.zeros((0, 3), np.float32)]
-    with pytest.raises(PackedUnsupported, match=r"another case at sizes \[0\]"):
-        vg(jnp.ones(3), xs)
+    xs = [np.ones((3, 3), np.float32), np.zeros((0, 3), np.float32),
+          np.full((12, 3), 2.0, np.float32)]
+    p = jnp.asarray([1.0, 2.0, 3.0])
+    got, g = vg(p, xs)
+    want, gw = jax.value_and_grad(lambda p: sum(loss(p, x) for x in xs) / len(xs))(p)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(g, gw, rtol=1e-6)
+    assert vg.last_padded == 2  # n = 0 (another case) and the 12-long example
+
+    def lm(p, x):  # shifted targets, per-token losses averaged over the batch's tokens
+        pred = jnp.tanh(x[:-1] @ p)
+        return jnp.sum((pred - x[1:]) ** 2, axis=1)
+
+    W = jnp.asarray(np.random.default_rng(0).normal(size=(3, 3)) * 0.5, jnp.float32)
+    xs = _examples([5, 0, 1, 8, 3], d=3)
+    vg = pm.value_and_grad(lm, (None, "n, 3"), layout="packed", row_size=8)
+    got, g = vg(W, xs)
+    tokens = sum(max(len(x) - 1, 0) for x in xs)
+    want, gw = jax.value_and_grad(lambda W: sum(jnp.sum(lm(W, x)) for x in xs) / tokens)(W)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(g, gw, rtol=1e-5, atol=1e-6)
+    assert vg.last_padded >= 1  # n = 0 (x[1:] is max(0, n - 1))
 
 
 def test_position_tables_with_attention_stay_finite_in_short_rows():

@@ -109,10 +109,15 @@ class RaggedValueAndGrad:
                 for i, a in enumerate(args)]
         return weights, tuple(args)
 
+    @property
+    def last_padded(self) -> int:
+        """Examples of the last packed call that ran in the padded layout."""
+        return self._packed.last_padded if self._packed is not None else 0
+
     def __call__(self, *args):
         if self._packed is not None:
             out = self._packed(*args)
-            self.compiles = self._packed.compiles
+            self.compiles = self._packed.compiles + self._packed.compiles_padded
             return out
         weights, args = self.prepare(*args)
         return self._jitted(weights, *args)
@@ -148,7 +153,10 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
         holds the longest, at least 64) with segment ids, ``rows_per_call``
         rows per call of one compiled program (``packing/``; the docstring
         of ``ragged_map``). No bucket padding; a batch with more rows runs
-        in several calls whose sums are added.
+        in several calls whose sums are added. Examples longer than a row,
+        or of a size the row program does not serve (another traced case;
+        ``x[1:]`` at ``n = 0``), run in the padded layout and their sums are
+        added (``vg.last_padded`` counts them).
 
     Returns:
       ``vg(params, *batch) -> (loss, grads)``: ``loss`` a scalar array,
@@ -170,6 +178,10 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
                               row_size=row_size, rows_per_call=rows_per_call)
 
 
+def _add_sums(a, b):
+    return a[0] + b[0], a[1] + b[1], jax.tree_util.tree_map(jnp.add, a[2], b[2])
+
+
 class PackedTraining:
     """``value_and_grad(..., layout="packed")``: loss sums and gradients over
     rows of packed examples (``runners/packed.py`` packs them; the row
@@ -183,7 +195,11 @@ class PackedTraining:
         self.row_size, self.rows_per_call = row_size, rows_per_call
         self.runner: PackedRunner | None = None
         self.compiles = 0
+        self.compiles_padded = 0
+        self.last_padded = 0  # examples of the last call that ran in the padded layout
         self._fn = None
+        self._padded: RaggedValueAndGrad | None = None
+        self._loss_sizes: dict = {}
 
     def _example_fun(self):
         i = self.argnums
@@ -219,19 +235,50 @@ class PackedTraining:
             self.runner = PackedRunner(self._example_fun(), (), R, min(R, 128),
                                        self.rows_per_call, 16, True)
         runner = self.runner
-        if max(lengths) > runner.row_size:
-            raise ShapeError(f"value_and_grad(layout='packed'): an example of length "
-                             f"{max(lengths)} is longer than row_size={runner.row_size}")
-        prog = runner.prepare(infos[0][0], infos[0][1], tree, (params,), specs)
-        other = sorted({n for n in lengths if not prog.runs(n)})
-        if other:  # sizes whose trace took another case: not this program's
-            raise PackedUnsupported(
-                f"value_and_grad(layout='packed'): the function's trace takes another case at "
-                f"sizes {other} (a size comparison or a size used as a Python int); "
-                "use layout='padded' for such batches")
-        return self._run(params, infos, lengths)
+        first = next((k for k, n in enumerate(lengths) if n <= runner.row_size), None)
+        if first is None:
+            return self._finish(*self._padded_sums(args, range(len(lengths))))
+        prog = runner.prepare(infos[first][0], infos[first][1], tree, (params,), specs)
+        packed = [k for k, n in enumerate(lengths) if n <= runner.row_size and prog.runs(n)]
+        # longer than a row, or a size the row program does not serve (another
+        # traced case, ``x[1:]`` at n = 0): those examples run in the padded layout
+        left = [k for k in range(len(lengths)) if k not in set(packed)]
+        self.last_padded = len(left)
+        sums = self._run(params, [infos[k] for k in packed], [lengths[k] for k in packed])
+        if left:
+            sums = _add_sums(sums, self._padded_sums(args, left))
+        return self._finish(*sums)
+
+    def _finish(self, total, count, grads):
+        if self.reduce == "sum":
+            return total, grads
+        denom = jnp.maximum(count, 1.0)
+        return total / denom, jax.tree_util.tree_map(lambda g: g / denom, grads)
+
+    def _padded_sums(self, args, idxs):
+        """(loss sum, logical element count, gradient sums) of examples ``idxs``
+        in the padded layout (``value_and_grad(layout="padded", reduce="sum")``)."""
+        if self._padded is None:
+            self._padded = RaggedValueAndGrad(self.fun, self.in_specs, argnums=self.argnums,
+                                              reduce="sum")
+        params = args[self.argnums]
+        sub = [a if j == self.argnums else [a[k] for k in idxs] for j, a in enumerate(args)]
+        total, grads = self._padded(*sub)
+        self.compiles_padded = self._padded.compiles
+        count = 0
+        for k in idxs:
+            ex = [a[k] for j, a in enumerate(args) if j != self.argnums]
+            key = tuple((np.shape(x), np.result_type(x)) for x in jax.tree_util.tree_leaves(ex))
+            if key not in self._loss_sizes:  # the loss's logical elements at this size
+                out = jax.eval_shape(self._example_fun(), params, *ex)
+                self._loss_sizes[key] = int(np.prod(out.shape))
+            count += self._loss_sizes[key]
+        return total, float(count), grads
 
     def _run(self, params, infos, lengths):
+        """(loss sum, element count, gradient sums) of the packed examples."""
+        if not infos:
+            return 0.0, 0.0, jax.tree_util.tree_map(jnp.zeros_like, params)
         runner = self.runner
         packing = pack_rows(lengths, runner.row_size, runner.slots, runner.program.gap)
         B = runner.choose_rows_per_call(len(packing.rows))
@@ -251,11 +298,7 @@ class PackedTraining:
             (s, c), g = fn(p_leaves, *inputs, *seg_in, used)
             total, count = total + s, count + c
             grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
-        grads = jax.tree_util.tree_unflatten(p_tree, grads)
-        if self.reduce == "sum":
-            return total, grads
-        denom = jnp.maximum(count, 1.0)
-        return total / denom, jax.tree_util.tree_map(lambda g: g / denom, grads)
+        return total, count, jax.tree_util.tree_unflatten(p_tree, grads)
 
     def _compiled(self, n_params: int):
         if self._fn is not None:
