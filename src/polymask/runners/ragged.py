@@ -31,12 +31,11 @@ from .. import _jax_compat as compat
 from ..core.buckets import as_policy
 from ..core.errors import ShapeError
 from ..core.plan import policy_getter
-from ..packing import PackedUnsupported, pack_rows
-from ..packing.cost import packed_cost, padded_cost
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from . import ragged_batches
 from .compiling import background_executor
 from .hostio import slice_to
+from .layout_choice import LayoutChoice
 from .packed import PackedRunner, default_row_size, row_example
 from .program_store import StorableProgram, active_store, program_key, stored_program
 from .programs import (
@@ -50,8 +49,6 @@ from .programs import (
     raise_case_error,
 )
 from .refining import Refinement
-
-LAYOUTS = ("padded", "packed", "auto")
 
 __all__ = ["ragged_map", "RaggedMap"]
 
@@ -71,17 +68,9 @@ class RaggedMap:
                  compiler_options=None, refined_compiler_options=None, program_id=None,
                  max_cases=DEFAULT_MAX_CASES, layout="auto", row_size=None,
                  rows_per_call=None, segments_per_row=None):
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        self.layout = layout
-        self.row_size = None if row_size is None else int(row_size)
-        if self.row_size is not None and self.row_size < 1:
-            raise ValueError("row_size must be >= 1")
-        self.rows_per_call = None if rows_per_call is None else int(rows_per_call)
-        self.segments_per_row = None if segments_per_row is None else int(segments_per_row)
-        self._packed: PackedRunner | None = None
-        self._packed_refusal: str | None = None
-        self.last_layout: dict = {}
+        self.layouts = LayoutChoice(fun, constraints, layout, row_size, rows_per_call,
+                                    segments_per_row, max_cases, numpy_outputs,
+                                    lambda: self.refinement.refined_options)
         if isinstance(in_specs, str):
             in_specs = (in_specs,)
         self.fun = fun
@@ -136,13 +125,14 @@ class RaggedMap:
             kinds[(tree, ragged_batches.kind_key(plan), ragged_batches.static_values_key(plan, leaves))].append(i)
             infos.append((plan, leaves))
         results: list[Any] = [None] * len(examples)
-        self.last_layout = {"padded": len(examples), "packed": 0, "reason": "layout='padded'"}
+        self.layouts.last = {"padded": len(examples), "packed": 0, "reason": "layout='padded'"}
         if self.layout != "padded":
-            left = set(self._run_packed(kinds, infos, in_specs, broadcast, bcast_leaves, results))
+            left = set(self.layouts.run_packed(kinds, infos, in_specs, broadcast, bcast_leaves,
+                                               results, self.plans.policy_for, self.batch_size))
             kinds = {k: [i for i in idxs if i in left] for k, idxs in kinds.items()}
             kinds = {k: idxs for k, idxs in kinds.items() if idxs}
-            self.last_layout["padded"] = len(left)
-            self.last_layout["packed"] = len(examples) - len(left)
+            self.layouts.last["padded"] = len(left)
+            self.layouts.last["packed"] = len(examples) - len(left)
             if not left:
                 return results
         batches = []
@@ -205,91 +195,27 @@ class RaggedMap:
         return explain(self.fun, (None,) * len(broadcast) + tuple(in_specs), *broadcast,
                        *example_args, layout="packed", print_output=print_output, file=file)
 
-    # -- the packed layout ---------------------------------------------------------
-    def _run_packed(self, kinds, infos, in_specs, broadcast, bcast_leaves, results) -> list[int]:
-        """Run the examples that fit a row packed (``runners/packed.py``); return
-        the indices left to the padded layout. ``layout="auto"`` packs when the
-        function has a packed rule for every primitive and the cost model
-        (``packing/cost.py``) says packing computes less; ``last_layout`` says
-        what ran and why."""
-        every = [i for idxs in kinds.values() for i in idxs]
-        if self._packed_refusal is not None:
-            return self._refuse(self._packed_refusal, every)
-        if len(kinds) != 1:
-            return self._refuse("examples of several kinds (trees, dtypes or dim vars)", every)
-        ((tree, *_), idxs), = kinds.items()
-        plan0 = infos[idxs[0]][0]
-        if len(plan0.var_names) != 1:
-            return self._refuse(f"the specs name {len(plan0.var_names)} dim vars; the packed "
-                                "layout packs one ragged axis", every, permanent=True)
-        lengths = {i: int(infos[i][0].values[0]) for i in idxs}
-        runner = self._packed_runner(max(lengths.values()))
-        try:
-            prog = runner.prepare(plan0, infos[idxs[0]][1], tree, broadcast, in_specs)
-        except PackedUnsupported as e:
-            return self._refuse(str(e), every, permanent=True)
-        except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
-            if self.layout == "packed":
-                raise
-            return self._refuse(f"{type(e).__name__} while tracing packed: "
-                                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                                every, permanent=True)
-        fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
-        if not fits:
-            return self._refuse(f"no example fits a row of {runner.row_size}", every)
-        rows = len(pack_rows([lengths[i] for i in fits], runner.row_size, runner.slots,
-                             prog.gap).rows)
-        B = runner.choose_rows_per_call(rows)
-        if self.layout == "auto":
-            var = prog.var
-            try:
-                packed = packed_cost(prog.program, var, -(-rows // B) * B, prog.positions)
-                padded = padded_cost(prog.program, var, [lengths[i] for i in fits],
-                                     self.plans.policy_for(plan0.var_names[0]),
-                                     self.batch_size)
-            except Exception as e:  # noqa: BLE001 - a size the model cannot evaluate
-                return self._refuse(f"the cost model failed: {type(e).__name__}: {e}", every)
-            if packed > padded:
-                return self._refuse(f"the cost model gives packed {packed:.3g} > padded "
-                                    f"{padded:.3g} (elements and dot FLOPs)", every)
-            reason = f"cost model: packed {packed:.3g} <= padded {padded:.3g}"
-        else:
-            reason = "layout='packed'"
-        try:
-            runner.run(fits, infos, bcast_leaves, results, prog.program.out_tree)
-        except PackedUnsupported as e:  # met while tracing the row program
-            return self._refuse(str(e), every, permanent=True)
-        except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
-            if self.layout == "packed" or runner.stats["calls"]:
-                raise  # a failure after packed rows ran is not a layout question
-            return self._refuse(f"{type(e).__name__} while tracing packed: "
-                                f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                                every, permanent=True)
-        left = [i for i in every if i not in set(fits)]
-        if left:
-            reason += (f"; {len(left)} examples ran padded (longer than row_size="
-                       f"{runner.row_size}, or sizes where the function raises)")
-        self.last_layout["reason"] = reason
-        return left
+    # -- the layout choice (``layout_choice.py``) ------------------------------------
+    @property
+    def layout(self) -> str:
+        return self.layouts.layout
 
-    def _refuse(self, reason: str, idxs: list[int], permanent: bool = False) -> list[int]:
-        if self.layout == "packed":
-            raise PackedUnsupported(f"ragged_map(layout='packed'): {reason}")
-        if permanent:
-            self._packed_refusal = reason
-        self.last_layout["reason"] = f"padded: {reason}"
-        return idxs
+    @property
+    def row_size(self) -> int | None:
+        return self.layouts.row_size
 
-    def _packed_runner(self, longest: int) -> PackedRunner:
-        if self._packed is None:
-            R = self.row_size or default_row_size(longest)
-            S = self.segments_per_row or min(R, 128)
-            # one long-lived program: the refined programs' options (those that
-            # compile slower and run faster) when given
-            self._packed = PackedRunner(self.fun, self.constraints, R, S, self.rows_per_call,
-                                        self.max_cases, self.numpy_outputs,
-                                        self.refinement.refined_options)
-        return self._packed
+    @property
+    def rows_per_call(self) -> int | None:
+        return self.layouts.rows_per_call
+
+    @property
+    def last_layout(self) -> dict:
+        """What the last call ran in each layout and why (``stats()["layout"]``)."""
+        return self.layouts.last
+
+    @property
+    def _packed(self) -> PackedRunner | None:
+        return self.layouts.runner
 
     def _options_for(self, key) -> dict:
         return self.refinement.options_for(key)
@@ -387,7 +313,7 @@ class RaggedMap:
         in_specs, spec_key = self.in_specs, repr(self.in_specs)
         bcast_leaves, _, _ = ragged_batches.broadcast_inputs(broadcast)
         plan, leaves, tree = self.plans.plan(args, in_specs, spec_key)
-        runner = self._packed_runner(self.row_size)
+        runner = self.layouts.runner_for(self.row_size)
         runner.prepare(plan, leaves, tree, broadcast, in_specs)
         runner.precompile((plan, leaves), bcast_leaves)
         return self

@@ -1,0 +1,146 @@
+"""``ragged_map``'s layout choice: which examples of a call run packed, and why.
+
+``layout="padded"`` runs every example in length buckets (``ragged.py``);
+``"packed"`` packs the examples that fit a row (``packed.py``) and raises
+``PackedUnsupported`` when the function cannot run packed; ``"auto"`` packs
+when the function has a packed rule for every primitive and the cost model
+(``packing/cost.py``) says packing computes less for the call's lengths,
+else pads. Examples longer than a row, or of a size the row program does not
+serve (another traced case, ``x[1:]`` at ``n = 0``), run padded either way.
+``last`` records what the last call did and why (``stats()["layout"]``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..packing import PackedUnsupported, pack_rows
+from ..packing.cost import packed_cost, padded_cost
+from .packed import PackedRunner, default_row_size
+
+LAYOUTS = ("padded", "packed", "auto")
+
+__all__ = ["LAYOUTS", "LayoutChoice"]
+
+
+class LayoutChoice:
+    """The packed layout of one ``ragged_map`` and the choice per call.
+
+    Attributes:
+      layout: ``"padded"``, ``"packed"`` or ``"auto"``.
+      row_size, rows_per_call, segments_per_row: as ``ragged_map``'s (None:
+        chosen at the first call).
+      runner: the ``PackedRunner`` (its one row program), once a call packed.
+      refusal: why this function never runs packed (found once, kept).
+      last: ``{"padded": count, "packed": count, "reason": text}`` of the
+        last call.
+    """
+
+    def __init__(self, fun: Callable, constraints, layout: str, row_size: int | None,
+                 rows_per_call: int | None, segments_per_row: int | None, max_cases: int,
+                 numpy_outputs: bool, compiler_options: Callable[[], dict | None]):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if row_size is not None and int(row_size) < 1:
+            raise ValueError("row_size must be >= 1")
+        self.fun, self.constraints = fun, tuple(constraints)
+        self.layout = layout
+        self.row_size = None if row_size is None else int(row_size)
+        self.rows_per_call = None if rows_per_call is None else int(rows_per_call)
+        self.segments_per_row = None if segments_per_row is None else int(segments_per_row)
+        self.max_cases, self.numpy_outputs = max_cases, numpy_outputs
+        self._compiler_options = compiler_options
+        self.runner: PackedRunner | None = None
+        self.refusal: str | None = None
+        self.last: dict = {}
+
+    def runner_for(self, longest: int) -> PackedRunner:
+        """The packed runner (made at the first call: rows of ``row_size``,
+        else the default for the longest example)."""
+        if self.runner is None:
+            R = self.row_size or default_row_size(longest)
+            S = self.segments_per_row or min(R, 128)
+            # one long-lived program: the refined programs' options (those that
+            # compile slower and run faster) when given
+            self.runner = PackedRunner(self.fun, self.constraints, R, S, self.rows_per_call,
+                                       self.max_cases, self.numpy_outputs,
+                                       self._compiler_options())
+        return self.runner
+
+    def run_packed(self, kinds, infos, in_specs, broadcast, bcast_leaves, results,
+                   policy_for: Callable, batch_size: int) -> list[int]:
+        """Run the examples that fit a row packed, writing their outputs to
+        ``results``; return the indices left to the padded layout.
+
+        Raises:
+          PackedUnsupported: ``layout="packed"`` and the call cannot run packed.
+        """
+        every = [i for idxs in kinds.values() for i in idxs]
+        if self.refusal is not None:
+            return self._refuse(self.refusal, every)
+        if len(kinds) != 1:
+            return self._refuse("examples of several kinds (trees, dtypes or dim vars)", every)
+        ((tree, *_), idxs), = kinds.items()
+        plan0 = infos[idxs[0]][0]
+        if len(plan0.var_names) != 1:
+            return self._refuse(f"the specs name {len(plan0.var_names)} dim vars; the packed "
+                                "layout packs one ragged axis", every, permanent=True)
+        lengths = {i: int(infos[i][0].values[0]) for i in idxs}
+        runner = self.runner_for(max(lengths.values()))
+        try:
+            prog = runner.prepare(plan0, infos[idxs[0]][1], tree, broadcast, in_specs)
+        except PackedUnsupported as e:
+            return self._refuse(str(e), every, permanent=True)
+        except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
+            if self.layout == "packed":
+                raise
+            return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
+        fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
+        if not fits:
+            return self._refuse(f"no example fits a row of {runner.row_size}", every)
+        rows = len(pack_rows([lengths[i] for i in fits], runner.row_size, runner.slots,
+                             prog.gap).rows)
+        B = runner.choose_rows_per_call(rows)
+        if self.layout == "auto":
+            var = prog.var
+            try:
+                packed = packed_cost(prog.program, var, -(-rows // B) * B, prog.positions)
+                padded = padded_cost(prog.program, var, [lengths[i] for i in fits],
+                                     policy_for(plan0.var_names[0]), batch_size)
+            except Exception as e:  # noqa: BLE001 - a size the model cannot evaluate
+                return self._refuse(f"the cost model failed: {type(e).__name__}: {e}", every)
+            if packed > padded:
+                return self._refuse(f"the cost model gives packed {packed:.3g} > padded "
+                                    f"{padded:.3g} (elements and dot FLOPs)", every)
+            reason = f"cost model: packed {packed:.3g} <= padded {padded:.3g}"
+        else:
+            reason = "layout='packed'"
+        try:
+            runner.run(fits, infos, bcast_leaves, results, prog.program.out_tree)
+        except PackedUnsupported as e:  # met while tracing the row program
+            return self._refuse(str(e), every, permanent=True)
+        except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
+            if self.layout == "packed" or runner.stats["calls"]:
+                raise  # a failure after packed rows ran is not a layout question
+            return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
+        left = [i for i in every if i not in set(fits)]
+        if left:
+            reason += (f"; {len(left)} examples ran padded (longer than row_size="
+                       f"{runner.row_size}, or sizes the row program does not serve: "
+                       "where the function raises or takes another case, or jnp's clamps "
+                       "like x[1:] at n = 0)")
+        self.last["reason"] = reason
+        return left
+
+    def _refuse(self, reason: str, idxs: list[int], permanent: bool = False) -> list[int]:
+        if self.layout == "packed":
+            raise PackedUnsupported(f"ragged_map(layout='packed'): {reason}")
+        if permanent:
+            self.refusal = reason
+        self.last["reason"] = f"padded: {reason}"
+        return idxs
+
+
+def _first_line(e: Exception, what: str) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__} {what}: {text.splitlines()[0] if text else ''}"
