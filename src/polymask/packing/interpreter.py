@@ -154,6 +154,12 @@ class PackedRun:
             self.observe(eqn, how, outs)
         return outs
 
+    def unpacked(self, eqn, invals):
+        """An equation with no packed operand or result, as the interpreter
+        runs one without a rule: bound on shared values, else ``vmap``-ed over
+        the segment slots."""
+        return _per_segment_or_shared(eqn, invals)
+
     def _innermost_culprit(self, eqn) -> str | None:
         """The first primitive inside ``eqn``'s inner jaxprs that makes a size
         other than ``n`` (``slice`` inside the ``jit`` of ``jnp.diff``)."""

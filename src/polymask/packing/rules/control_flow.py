@@ -8,6 +8,16 @@
   step (``init`` for an empty example): one value per segment.
 - A scan of a constant length (a loop over layers) whose values are packed:
   its body runs packed at every step.
+- ``cond``/``switch`` with packed operands: every branch runs packed and each
+  example takes its own branch's results (a predicate per example, e.g.
+  ``x.sum() > 0``) or all take one (a shared predicate): ``select_n``, as
+  ``jax.vmap`` batches a ``cond`` whose predicate is batched.
+- ``while_loop`` with packed values: the body runs packed until every
+  example's predicate is false; an example whose loop has ended keeps its
+  carry (``vmap``'s batched ``while``). A shared predicate is one loop.
+
+Equations of these primitives with no packed value run as the interpreter
+runs any equation without a rule (bound, or ``vmap``-ed over the slots).
 """
 
 from __future__ import annotations
@@ -18,6 +28,96 @@ from jax import lax
 
 from ... import _jax_compat as compat
 from ..registry import PerSegment, register_packed
+
+
+def _kind_of(x) -> str:
+    return "segment" if isinstance(x, PerSegment) else "plain"
+
+
+def _as_segments(x, S: int) -> PerSegment:
+    return x if isinstance(x, PerSegment) else PerSegment(jnp.broadcast_to(x, (S,) + jnp.shape(x)))
+
+
+def _select(ctx, which, cases, aval):
+    """``select_n(which, *cases)`` of one result: ``which`` shared (a scalar)
+    or per example (``PerSegment (S,)``); ``cases`` of one kind, ``aval`` the
+    result's symbolic aval."""
+    if not isinstance(which, PerSegment):
+        if isinstance(cases[0], PerSegment):
+            return PerSegment(lax.select_n(which, *[c.data for c in cases]))
+        return lax.select_n(which, *cases)
+    axes = ctx.run.packed_axes(aval)
+    if axes:  # packed: each position takes its example's choice
+        seg = ctx.run.axis_segments(aval, axes[0])
+        at = which.data[seg.slot]
+        shape = jnp.shape(cases[0])
+        pick = jnp.broadcast_to(seg.along(at, axes[0], len(shape)), shape)
+        return lax.select_n(pick, *cases)
+    data = [c.data for c in cases]  # per segment: (S, ...)
+    pick = which.data.reshape((-1,) + (1,) * (data[0].ndim - 1))
+    return PerSegment(lax.select_n(jnp.broadcast_to(pick, data[0].shape), *data))
+
+
+def _same_kinds(outs_per_case, S: int):
+    """Results of several branches (or steps) in one kind per result: a
+    result per example in any of them is per example in all."""
+    n = len(outs_per_case[0])
+    seg = [any(isinstance(o[i], PerSegment) for o in outs_per_case) for i in range(n)]
+    return [[_as_segments(o[i], S) if seg[i] else o[i] for i in range(n)]
+            for o in outs_per_case]
+
+
+@register_packed(lax.cond_p)
+def cond_rule(ctx, index, *ops, branches, **params):
+    if not any(ctx.in_packed) and not any(ctx.out_packed):
+        return ctx.run.unpacked(ctx.eqn, [index, *ops])
+    outs = [ctx.eval_jaxpr(br, *ops) for br in branches]
+    outs = _same_kinds(outs, ctx.seg.S)
+    if isinstance(index, PerSegment):
+        which = PerSegment(jnp.clip(index.data, 0, len(branches) - 1).astype(jnp.int32))
+        # a shared result chosen per example is per example
+        outs = [[_as_segments(o, ctx.seg.S) if not ctx.run.packed_axes(v.aval) else o
+                 for o, v in zip(out, ctx.eqn.outvars)] for out in outs]
+    else:
+        which = jnp.clip(index, 0, len(branches) - 1).astype(jnp.int32)
+    if len(branches) == 1:
+        return outs[0]
+    return [_select(ctx, which, [o[i] for o in outs], v.aval)
+            for i, v in enumerate(ctx.eqn.outvars)]
+
+
+@register_packed(lax.while_p)
+def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
+    if not any(ctx.in_packed) and not any(ctx.out_packed):
+        return ctx.run.unpacked(ctx.eqn, list(args))
+    run, S = ctx.run, ctx.seg.S
+    cc, bc = list(args[:cond_nconsts]), list(args[cond_nconsts:cond_nconsts + body_nconsts])
+    init = list(args[cond_nconsts + body_nconsts:])
+    avals = [v.aval for v in ctx.eqn.outvars]
+
+    def pred(carry):
+        return run.eval_closed(cond_jaxpr, [*cc, *carry])[0]
+
+    def body(carry):
+        return run.eval_closed(body_jaxpr, [*bc, *carry])
+
+    # kinds that the body or the predicate make per example start per example
+    for _ in range(len(init) + 1):
+        out = jax.eval_shape(body, init)
+        if [_kind_of(o) for o in out] == [_kind_of(i) for i in init]:
+            break
+        init = _same_kinds([init, out], S)[0]
+    if isinstance(jax.eval_shape(pred, init), PerSegment):
+        init = [_as_segments(i, S) if not run.packed_axes(a) else i for i, a in zip(init, avals)]
+
+        def step(carry):  # examples whose loop ended keep their carry
+            go = pred(carry)
+            new = _same_kinds([carry, body(carry)], S)[1]
+            return [_select(ctx, PerSegment(go.data.astype(jnp.int32)), [c, b], a)
+                    for c, b, a in zip(carry, new, avals)]
+
+        return lax.while_loop(lambda c: jnp.any(pred(c).data), step, init)
+    return lax.while_loop(pred, lambda c: _same_kinds([c, body(c)], S)[1], init)
 
 
 def _row(v, slot):
