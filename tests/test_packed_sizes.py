@@ -56,6 +56,14 @@ def test_slices_and_shifts_keep_the_packed_axis():
     assert rm._packed.program.gap == 0  # nothing grows: rows as before
 
 
+def test_sorting_a_value_of_size_n_minus_c_sorts_each_example():
+    def f(x):  # dead positions of x[1:] sort after the example, not into the next one
+        return (jnp.sort(x[1:], 0), jnp.argsort(jnp.diff(x, axis=0), 0), jnp.median(x[:-1], 0),
+                jnp.sort(jnp.pad(x, ((1, 0), (0, 0))), 0))
+
+    _check(f, _examples([n for n in SIZES if n >= 2]))
+
+
 def test_sizes_where_jnp_clamps_differently_run_padded():
     """``x[1:]`` stages ``max(0, n - 1)``: n + c with c = -1 except at n = 0,
     which runs in the padded layout and gives plain JAX's empty result."""
@@ -123,11 +131,17 @@ def test_top_k_along_the_packed_axis_is_per_example():
         x[::2, 1] = 1.0  # ties: the lower index first, as lax.top_k
     ex[2][1, 0] = np.nan
 
+    ex[3][:3, 3] = [-0.0, 0.0, -0.0]  # XLA's TopK ranks +0.0 above -0.0
+    ex[3][3:, 3] = -1.0
+
     def f(x):
         v, i = lax.top_k(x.T, 3)
-        return v, i, lax.top_k(-x[:, 2], 1)
+        return v, i, lax.top_k(-x[:, 2], 1), lax.top_k(x[1:].T, 2)
 
     _check(f, ex)
+    rm = pm.ragged_map(f, ("n, 4",), layout="padded", row_size=R)
+    for x, out in zip(ex[3:4], rm(ex[3:4])):
+        np.testing.assert_array_equal(np.asarray(out[1]), np.asarray(f(x)[1]))
     # k larger than an example: plain JAX raises, so does ragged_map
     with pytest.raises(pm.ShapeError, match=r"examples\[1\]"):
         pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R)(_examples([4, 2]))

@@ -21,6 +21,14 @@ def sort_rule(ctx, *operands, dimension, is_stable, num_keys):
     return list(outs[1:])
 
 
+def signed_zero_key(x):
+    """A sort key after the value that puts -0.0 before +0.0 (``lax.sort``
+    ranks them equal; XLA's TopK ranks +0.0 above -0.0); zeros for ints."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.zeros(x.shape, jnp.int32)
+    return (~jnp.signbit(x)).astype(jnp.int32)
+
+
 @register(lax.top_k_p)
 def top_k_rule(ctx, x, *, k, axis=-1, **params):
     """Top ``k`` of the logical prefix of ``axis``, ties broken by the lower index.
@@ -48,8 +56,8 @@ def top_k_rule(ctx, x, *, k, axis=-1, **params):
         return ctx.bind(x)
     padding_key = (~valid_mask(lg, bd, [axis])).astype(jnp.int32)
     neg_index = -lax.broadcasted_iota(jnp.int32, x.shape, axis)
-    _, values, neg_idx = lax.sort((padding_key, x, neg_index), dimension=axis,
-                                  is_stable=True, num_keys=3)
+    _, values, _, neg_idx = lax.sort((padding_key, x, signed_zero_key(x), neg_index),
+                                     dimension=axis, is_stable=True, num_keys=4)
     n = jnp.asarray(lg[axis], jnp.int32)
     # Output position i (of the padded bound of k) reads sorted position
     # n - 1 - i; positions past the logical k are padding (free).

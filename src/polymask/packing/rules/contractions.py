@@ -5,7 +5,13 @@
 - Packed axes contracted while the result keeps a packed axis (attention's
   ``softmax(QK^T) V``): the operand holding both axes is block-diagonal
   (cross-segment entries are 0, ``registry`` docstring), so the plain matmul
-  over the row sums each segment's own terms only.
+  over the row sums each segment's own terms only. A NaN or inf of one
+  example in the other operand would still meet those zeros (``0 * nan``):
+  that operand enters the matmul with its non-finite entries as 0, and each
+  example's own non-finite terms are added back per segment (their sum:
+  NaN, or the inf a positive weight keeps), so they stay in their example.
+  Exact but for one case of a corrupted example: an inf against a weight of
+  exactly 0 is NaN in plain JAX and that inf here (non-finite in both).
 - Packed axes contracted and none kept (``x^T y`` of one example): a value
   per segment: the product per position, then a segment sum.
 - A per-segment operand against a packed one (a pooled vector scored
@@ -33,9 +39,46 @@ def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
     if ls or rs:
         return _segment_against_packed(ctx, lhs, rhs, lc, rc, lb, rb, ls)
     contracted = [a for a in lc if a in lp]
-    if not contracted or ctx.out_packed[0]:
+    if not contracted:
         return ctx.bind(lhs, rhs)
+    if ctx.out_packed[0]:
+        return _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb)
     return _per_segment_contraction(ctx, lhs, rhs, lc, rc, lb, rb, contracted[0])
+
+
+def _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb):
+    """A block-diagonal operand (two packed axes, one contracted) times a
+    dense one (its one packed axis contracted): the dense operand's
+    non-finite entries kept inside their own example (module docstring)."""
+    lp, rp = ctx.in_packed
+    if len(lp) >= 2 and len(rp) == 1:
+        dense, d_avals, dc, db, blk, bc, bb, blk_p, dense_is_lhs = (
+            rhs, ctx.in_avals[1], rc, rb, ctx.in_avals[0], lc, lb, lp, False)
+    elif len(rp) >= 2 and len(lp) == 1:
+        dense, d_avals, dc, db, blk, bc, bb, blk_p, dense_is_lhs = (
+            lhs, ctx.in_avals[0], lc, lb, ctx.in_avals[1], rc, rb, rp, True)
+    else:  # both block-diagonal: cross entries are 0 on both sides, no NaN meets them
+        return ctx.bind(lhs, rhs)
+    blk_free = [a for a in range(len(blk.shape)) if a not in bc and a not in bb]
+    (b,) = [a for a in dc if a in (ctx.in_packed[0] if dense_is_lhs else rp)]
+    if tuple(dc) != (b,) or len(blk_free) != 1 or blk_free[0] not in blk_p:
+        return ctx.bind(lhs, rhs)  # another structure: the plain product
+    finite = jnp.isfinite(dense)
+    clean = jnp.where(finite, dense, jnp.zeros_like(dense))
+    out = ctx.bind(clean, rhs) if dense_is_lhs else ctx.bind(lhs, clean)
+    # each example's non-finite terms, summed per segment, at its positions of k
+    bad = jnp.moveaxis(jnp.where(finite, jnp.zeros_like(dense), dense), b, 0)
+    per_seg = ctx.axis_segments(d_avals, b).segment_reduce(bad, "sum")  # (S, rest...)
+    k_seg = ctx.axis_segments(blk, blk_free[0])
+    g = k_seg.to_positions(per_seg, fill_padding=True)  # (R, rest...)
+    rest = [a for a in range(dense.ndim) if a != b]
+    batch = [1 + rest.index(a) for a in db]
+    free = [1 + rest.index(a) for a in rest if a not in db]
+    perm = batch + (free + [0] if dense_is_lhs else [0] + free)
+    add = jnp.transpose(g, perm).astype(out.dtype)
+    if add.shape != out.shape:
+        return ctx.bind(lhs, rhs)
+    return jnp.where(add == 0, out, out + add)
 
 
 def _per_segment_contraction(ctx, lhs, rhs, lc, rc, lb, rb, a):

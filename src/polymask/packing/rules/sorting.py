@@ -19,6 +19,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from ...rules.sorting import signed_zero_key
 from ..registry import PerSegment, register_packed
 
 
@@ -32,7 +33,9 @@ def sort_rule(ctx, *operands, dimension, is_stable, num_keys):
         raise ctx.unsupported("sorting along one packed axis of several")
     seg = ctx.axis_segments(ctx.in_avals[0], dimension)
     shape = operands[0].shape
-    keys = [seg.region] + ([(~seg.live).astype(jnp.int32)] if seg.gap else [])
+    # dead positions (a gap, or a size n - c) sort after the segment in its region
+    has_dead = seg.gap or seg.offset
+    keys = [seg.region] + ([(~seg.live).astype(jnp.int32)] if has_dead else [])
     keys = [jnp.broadcast_to(seg.along(k, dimension, len(shape)), shape) for k in keys]
     out = lax.sort((*keys, *operands), dimension=dimension, is_stable=is_stable,
                    num_keys=num_keys + len(keys))
@@ -54,8 +57,8 @@ def top_k_rule(ctx, x, *, k, **params):
     keys = [seg.region, (~seg.live).astype(jnp.int32)]
     keys = [jnp.broadcast_to(seg.along(t, axis, x.ndim), x.shape) for t in keys]
     neg_index = jnp.broadcast_to(seg.along(-seg.rpos, axis, x.ndim), x.shape)
-    *_, values, neg_idx = lax.sort((*keys, x, neg_index), dimension=axis, is_stable=True,
-                                   num_keys=4)
+    *_, values, _, neg_idx = lax.sort((*keys, x, signed_zero_key(x), neg_index),
+                                      dimension=axis, is_stable=True, num_keys=5)
     # example s's i-th largest sits at start + length - 1 - i
     at = seg.starts[:, None] + seg.lengths[:, None] - 1 - jnp.arange(k)[None, :]  # (S, k)
     at = jnp.clip(at, 0, seg.R - 1).reshape(-1)
