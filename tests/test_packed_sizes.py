@@ -88,7 +88,7 @@ def test_concatenate_along_the_packed_axis():
     cls = np.arange(8, dtype=np.float32).reshape(2, 4)
 
     def f(cls, x):  # a [CLS] row, a rotation, a per-example summary appended
-        return (jnp.concatenate([cls, x], 0), jnp.roll(x, 2, axis=0),
+        return (jnp.concatenate([cls, x], 0), jnp.roll(x, 2, axis=0), jnp.roll(x, -1, axis=0),
                 jnp.concatenate([x[1:], jnp.mean(x, 0, keepdims=True), x[:1] * 3], 0))
 
     rm = _check(f, _examples([n for n in SIZES if n >= 1]), cls)

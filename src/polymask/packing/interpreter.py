@@ -187,10 +187,14 @@ class PackedRun:
         return lax.select(ok, x, jnp.zeros_like(x))
 
 
-def _params_have_dims(params) -> bool:
+def _param_dims(params) -> list:
     found = []
     substitute_dims(dict(params), lambda d: found.append(d) or d)
-    return bool(found)
+    return found
+
+
+def _params_have_dims(params) -> bool:
+    return bool(_param_dims(params))
 
 
 def _per_segment_or_shared(eqn, invals):
@@ -387,6 +391,8 @@ def _check_sizes(jaxpr, allowed: set, prog, sizes: RaggedSizes, outer=(), line=N
                         f"packed: {_not_n(prog, sizes.n, d)}")
                 if form[0] == "n":
                     gap = max(gap, form[1])
+        for d in _param_dims(eqn.params):  # start indices a rule may read as constants
+            sizes.form(d)  # (``mod(1, n)`` of ``jnp.roll``: 1, but not at n = 0 or 1)
         halo = packed_halo(eqn.primitive.name)
         if halo is not None:
             gap = max(gap, halo(eqn, sizes.offset))

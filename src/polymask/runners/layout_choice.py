@@ -83,8 +83,11 @@ class LayoutChoice:
         ((tree, *_), idxs), = kinds.items()
         plan0 = infos[idxs[0]][0]
         if len(plan0.var_names) != 1:
-            return self._refuse(f"the specs name {len(plan0.var_names)} dim vars; the packed "
-                                "layout packs one ragged axis", every, permanent=True)
+            return self._refuse(
+                f"the specs name {len(plan0.var_names)} dim vars "
+                f"({', '.join(plan0.var_names)}); the packed layout packs one ragged axis "
+                "(give the other axes their constant sizes, e.g. 'n, 4' for 'n, d')",
+                every, permanent=True)
         lengths = {i: int(infos[i][0].values[0]) for i in idxs}
         runner = self.runner_for(max(lengths.values()))
         try:
@@ -125,7 +128,8 @@ class LayoutChoice:
             return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
         left = [i for i in every if i not in set(fits)]
         if left:
-            reason += (f"; {len(left)} examples ran padded (longer than row_size="
+            reason += (f"; {len(left)} example{'s' if len(left) > 1 else ''} ran padded "
+                       f"(longer than row_size="
                        f"{runner.row_size}, or sizes the row program does not serve: "
                        "where the function raises or takes another case, or jnp's clamps "
                        "like x[1:] at n = 0)")

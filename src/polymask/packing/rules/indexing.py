@@ -45,10 +45,16 @@ def slice_rule(ctx, x, *, start_indices, limit_indices, strides):
         return _slice_to_positions(ctx, x, start_indices, limit_indices, strides)
     kept = [a for a in ctx.in_packed[0] if ctx.run.is_packed(out_aval.shape[a])]
     taken = [a for a in ctx.in_packed[0] if a not in kept]
+    start_indices = list(start_indices)
     for a in kept:
-        if compat.is_dim_expr(start_indices[a]) or strides[a] != 1:
-            raise ctx.unsupported(f"a slice from {start_indices[a]} with stride {strides[a]} "
-                                  "along the ragged axis")
+        s = start_indices[a]
+        if compat.is_dim_expr(s):  # mod(1, n) of jnp.roll: 1 where the program runs packed
+            s = ctx.run.sizes.constant(s)
+        if s is None or strides[a] != 1:
+            raise ctx.unsupported(
+                f"a slice from {ctx.run.prog.display(str(start_indices[a]))} with stride "
+                f"{strides[a]} along the ragged axis (each example would start elsewhere)")
+        start_indices[a] = s
     if taken:
         return _slice_per_segment(ctx, x, start_indices, limit_indices, strides)
     starts = [0 if i in kept else ctx.run.size(s) for i, s in enumerate(start_indices)]
