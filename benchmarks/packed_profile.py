@@ -43,7 +43,7 @@ def _ragged(enc, R, B):
 
     return RaggedMap(enc.embed_fn(True), ("n",), batch_size=32, numpy_outputs=True,
                      layout="packed", row_size=R, rows_per_call=B,
-                     refined_compiler_options=compat.xla_cpu_run_speed_options())
+                     compiler_options=compat.xla_cpu_run_speed_options())
 
 
 def _hand_row(enc, R, S, attention: bool):

@@ -135,6 +135,34 @@ def test_sort_argsort_and_gathers_within_each_example():
     _check(f, _examples(SIZES + [0]))
 
 
+def test_cond_and_while_with_packed_values_take_each_examples_own_path():
+    W = np.random.default_rng(9).normal(size=(4, 4)).astype(np.float32)
+
+    def f(W, x):
+        a = lax.cond(x.sum() > 0, lambda x: x * 2, lambda x: jnp.cumsum(x, 0), x)
+        b, m = lax.cond(x[0, 0] > 0, lambda x: (x @ W, x.mean(0)), lambda x: (-x, jnp.zeros(4)), x)
+        c = lax.switch(jnp.int32(jnp.abs(x.sum())) % 3,
+                       [lambda x: x, lambda x: jnp.tanh(x @ W), lambda x: x[::-1]], x)
+        k, d = lax.while_loop(lambda s: jnp.abs(s[1]).sum() < 40.0,  # per example
+                              lambda s: (s[0] + 1, s[1] * 1.5 + 0.1), (0, x))
+        e = lax.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.tanh(s[1] @ W)),
+                           (0, x))[1]  # a shared predicate: one loop
+        return a, b, m, c, k, d, e
+
+    ex = _examples([n for n in SIZES if n >= 1], seed=3)  # n = 0 would loop forever
+    _check(f, ex, W, specs=("n, 4",))
+
+    def loss(W, x):
+        h = lax.cond(x.sum() > 0, lambda x: jnp.tanh(x @ W), lambda x: x @ W * 0.5, x)
+        return jnp.sum(h ** 2)
+
+    vg = pm.value_and_grad(loss, (None, "n, 4"), layout="packed", row_size=R)
+    got, g = vg(jnp.asarray(W), ex)
+    want, gw = jax.value_and_grad(lambda W: sum(loss(W, x) for x in ex) / len(ex))(jnp.asarray(W))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(g, gw, rtol=1e-4, atol=1e-5)
+
+
 def test_per_example_values_without_the_ragged_axis():
     ex = [(x, np.float32(i) * 0.5, np.int32(i % 3)) for i, x in enumerate(_examples(SIZES))]
 
