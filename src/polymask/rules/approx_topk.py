@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..tracing.registry import register
+from .sorting import signed_zero_key
 from .util import masked_axes, valid_mask
 
 
@@ -31,12 +32,13 @@ def approx_top_k_rule(ctx, x, *, k, reduction_dimension, recall_target, is_max_k
     if is_max_k:
         # ascending (padding last, value, -index): the top k are the last k logical
         # positions read backwards (equal values: lower index first)
-        _, values, neg_idx = lax.sort((padding_key, x, -index), dimension=axis,
-                                      is_stable=True, num_keys=3)
+        _, values, _, neg_idx = lax.sort((padding_key, x, signed_zero_key(x), -index),
+                                         dimension=axis, is_stable=True, num_keys=4)
         pos = jnp.clip(n - 1 - lax.iota(jnp.int32, k), 0, bd[axis] - 1)
         values = jnp.take(values, pos, axis=axis)
         indices = -jnp.take(neg_idx, pos, axis=axis)
     else:
+        # (XLA:CPU's approx_min_k ranks -0.0 and +0.0 equal: no signed-zero key)
         _, values, idx = lax.sort((padding_key, x, index), dimension=axis,
                                   is_stable=True, num_keys=3)
         pos = jnp.clip(lax.iota(jnp.int32, k), 0, bd[axis] - 1)
