@@ -120,7 +120,9 @@ def test_pooling_windows_along_the_packed_axis():
         mx = lax.reduce_window(x, -jnp.inf, lax.max, (3, 1), (1, 1), ((1, 1), (0, 0)))
         mn = lax.reduce_window(x, jnp.inf, lax.min, (2, 2), (1, 1), ((0, 1), (0, 1)))
         sm = lax.reduce_window(x, 0.0, lax.add, (2, 1), (1, 1), "VALID")
-        return mx, mn, sm, jnp.mean(jnp.exp(mx - jnp.max(mx)), 0)
+        # a window of the whole example (flax's max_pool(x, (num_points, 1)), PointNet)
+        glob = lax.reduce_window(x, -jnp.inf, lax.max, (x.shape[0], 1), (1, 1), "VALID")
+        return mx, mn, sm, jnp.mean(jnp.exp(mx - jnp.max(mx)), 0), glob
 
     _check(f, _examples([n for n in SIZES if n >= 2]))
 

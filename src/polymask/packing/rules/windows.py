@@ -149,8 +149,11 @@ def reduce_window_rule(ctx, x, *, window_dimensions, window_strides, padding, ba
                        window_dilation):
     if isinstance(x, PerSegment):
         raise ctx.unsupported("a per-segment operand")
-    axes = [(a, a) for a in ctx.in_packed[0]]
     kind = _RW_KIND[ctx.primitive.name]
+    if any(ctx.run.is_packed(w) for w in window_dimensions):
+        return _whole_example_window(ctx, x, kind, window_dimensions, window_strides, padding,
+                                     base_dilation, window_dilation)
+    axes = [(a, a) for a in ctx.in_packed[0]]
     x, pad = _window_padding(ctx, x, axes, padding, window_dimensions, window_dilation,
                              window_strides, base_dilation, identity_of(x.dtype, kind))
     out = ctx.bind(x, padding=pad)
@@ -162,6 +165,23 @@ def reduce_window_rule(ctx, x, *, window_dimensions, window_strides, padding, ba
         seg = ctx.axis_segments(ctx.out_avals[0], a)
         out = jnp.where(_along(seg, seg.live, a, out), out, jnp.zeros((), out.dtype))
     return out
+
+
+def _whole_example_window(ctx, x, kind, window, strides, padding, base_dilation, dilation):
+    """A window as long as the example along its packed axis, the other
+    windows trivial (flax's ``max_pool(x, (num_points, 1))``, a global pool):
+    one segment reduction, one value per example."""
+    (a,) = ctx.in_packed[0] if len(ctx.in_packed[0]) == 1 else (None,)
+    trivial = all(int(window[i]) == 1 and tuple(padding[i]) == (0, 0)
+                  for i in range(x.ndim) if i != a) if a is not None else False
+    if (not trivial or ctx.run.offset(window[a]) != ctx.run.offset(ctx.in_avals[0].shape[a])
+            or tuple(padding[a]) != (0, 0) or dilation[a] != 1 or base_dilation[a] != 1
+            or any(s != 1 for s in base_dilation)):
+        raise ctx.unsupported("a window of the ragged size that is not the whole example")
+    seg = ctx.axis_segments(ctx.in_avals[0], a)
+    out = seg.segment_reduce(jnp.moveaxis(x, a, 0), kind)  # (S, rest...)
+    shape = ctx.shape(ctx.out_avals[0])
+    return PerSegment(jnp.expand_dims(out, a + 1).reshape((seg.S,) + shape))
 
 
 @register_packed_halo(lax.conv_general_dilated_p)
