@@ -135,6 +135,35 @@ def test_sort_argsort_and_gathers_within_each_example():
     _check(f, _examples(SIZES + [0]))
 
 
+def test_a_scan_over_positions_reads_packed_tables_within_its_example():
+    """dynamax's HMM filter: ``scan`` over ``arange(T)`` whose body reads
+    ``log_likelihoods[t]`` (a packed const indexed by the step)."""
+    A = jnp.asarray([[0.9, 0.1, 0.0, 0.0], [0.2, 0.7, 0.1, 0.0],
+                     [0.0, 0.2, 0.6, 0.2], [0.1, 0.0, 0.1, 0.8]], jnp.float32)
+
+    def hmm_filter(A, ll):
+        ll = jnp.asarray(ll)
+
+        def step(carry, t):
+            log_norm, probs = carry
+            w = probs * jnp.exp(ll[t] - ll[t].max())
+            norm = w.sum()
+            return (log_norm + jnp.log(norm) + ll[t].max(), A.T @ (w / norm)), w / norm
+
+        (log_norm, _), filtered = lax.scan(step, (0.0, jnp.full(4, 0.25)),
+                                           jnp.arange(ll.shape[0]))
+        return log_norm, filtered
+
+    _check(hmm_filter, _examples(SIZES, seed=4), A)  # n = 0: plain JAX raises (ll[t])
+    vg = pm.value_and_grad(lambda A, ll: hmm_filter(A, ll)[0], (None, "n, 4"), layout="packed",
+                           row_size=R)
+    ex = _examples([3, 16, 5, 1], seed=5)
+    got, g = vg(A, ex)
+    want, gw = jax.value_and_grad(lambda A: sum(hmm_filter(A, x)[0] for x in ex) / len(ex))(A)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(g, gw, rtol=1e-4, atol=1e-5)
+
+
 def test_cond_and_while_with_packed_values_take_each_examples_own_path():
     W = np.random.default_rng(9).normal(size=(4, 4)).astype(np.float32)
 

@@ -104,6 +104,18 @@ class Segments:
                         base.starts, base.alias, base.R, base.S, base.gap, offset, base.rpos,
                         base)
 
+    def single(self, slot) -> tuple:
+        """The row's arrays (``SEGMENT_FIELDS``) seen by one example: slot
+        ``slot`` (traced) is the row's only segment, every other position is
+        padding (``S = 1``). A scan step along the packed axis runs its body
+        in this view: packed values it reads (dynamax's ``log_likelihoods[t]``)
+        are read within the step's own example."""
+        base = self.base or self
+        own = lambda ids: jnp.where(ids == slot, 0, 1).astype(ids.dtype)  # noqa: E731
+        one = lambda v: lax.dynamic_slice_in_dim(v, slot, 1)  # noqa: E731
+        return (own(base.seg), own(base.region), jnp.zeros_like(base.slot), base.pos,
+                one(base.lengths), one(base.starts), jnp.zeros((1,), base.alias.dtype))
+
     @property
     def live(self):
         """``(R,)`` bool: the positions in a segment of this view."""

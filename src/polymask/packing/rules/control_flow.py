@@ -140,8 +140,11 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, **params):
 def _scan_along_packed_axis(ctx, seg, jaxpr, consts, init, xs, reverse, num_carry):
     run = ctx.run
     n_in = len(consts) + len(init)
-    if any(ctx.in_packed[:n_in]):
-        raise ctx.unsupported("a scan along the packed axis whose consts or carry are packed")
+    if any(ctx.in_packed[len(consts):n_in]):
+        raise ctx.unsupported("a scan along the packed axis whose carry is packed")
+    # packed consts (a table the body indexes by step, dynamax's log_likelihoods[t]):
+    # each step runs its body with its own example as the row's only segment
+    own_example = any(ctx.in_packed[:len(consts)])
     if any(axes != (0,) for axes in ctx.in_packed[n_in:]):
         raise ctx.unsupported("scanned inputs packed along another axis than the scanned one")
     ids = seg.seg
@@ -155,8 +158,11 @@ def _scan_along_packed_axis(ctx, seg, jaxpr, consts, init, xs, reverse, num_carr
         k = [_row(c, slot) for c in consts]
         carry = [lax.select(fresh, jnp.broadcast_to(_row(i, slot), jnp.shape(c)), c)
                  for i, c in zip(init, carry)]
-        outs = run.eval_closed(jaxpr, [*k, *carry, *row])
-        outs = [o.data if isinstance(o, PerSegment) else o for o in outs]
+        body_run = run.with_segments(seg.single(slot)) if own_example else run
+        outs = body_run.eval_closed(jaxpr, [*k, *carry, *row])
+        # one example: a value per segment is that example's (S = 1)
+        outs = [(o.data[0] if own_example else o.data) if isinstance(o, PerSegment) else o
+                for o in outs]
         return outs[:num_carry], (outs[num_carry:], outs[:num_carry])
 
     _, (ys, carries) = lax.scan(step, init0, (seg.slot, restart, xs), reverse=reverse)
