@@ -135,6 +135,17 @@ def test_sort_argsort_and_gathers_within_each_example():
     _check(f, _examples(SIZES + [0]))
 
 
+def test_a_per_example_feature_tiled_along_the_ragged_axis():
+    """PointNet's segmentation head: the global max-pooled feature tiled next to
+    every point (``jnp.tile(g, (n, 1))``), and tiles along other axes."""
+    def f(x):
+        g = jnp.max(x, axis=0, keepdims=True)  # (1, 4): one per example
+        return (jnp.concatenate([x, jnp.tile(g, (x.shape[0], 1))], axis=1), jnp.tile(x, (1, 2)),
+                jnp.tile(jnp.ones((1, 2)), (x.shape[0], 1)))
+
+    _check(f, _examples([n for n in SIZES if n >= 1]))
+
+
 def test_a_scan_over_positions_reads_packed_tables_within_its_example():
     """dynamax's HMM filter: ``scan`` over ``arange(T)`` whose body reads
     ``log_likelihoods[t]`` (a packed const indexed by the step)."""

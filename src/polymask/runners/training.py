@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.buckets import as_policy
+from ..core.buckets import as_policy, pow2
 from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
 from ..core.plan import plan_call, policy_getter
@@ -259,8 +259,10 @@ class PackedTraining:
         """(loss sum, logical element count, gradient sums) of examples ``idxs``
         in the padded layout (``value_and_grad(layout="padded", reduce="sum")``)."""
         if self._padded is None:
+            # pow2 buckets: a bound of at least 8 (a batch of empty examples has
+            # no longest to size it) and few compiles for the leftovers
             self._padded = RaggedValueAndGrad(self.fun, self.in_specs, argnums=self.argnums,
-                                              reduce="sum")
+                                              reduce="sum", buckets=pow2())
         params = args[self.argnums]
         sub = [a if j == self.argnums else [a[k] for k in idxs] for j, a in enumerate(args)]
         total, grads = self._padded(*sub)

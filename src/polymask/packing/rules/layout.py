@@ -45,6 +45,30 @@ def broadcast_in_dim_rule(ctx, x, *dyn, shape, broadcast_dimensions, sharding):
     return lax.broadcast_in_dim(x, out_shape, tuple(broadcast_dimensions))
 
 
+@register_packed("tile")
+def tile_rule(ctx, x, *, reps):
+    """``jnp.tile`` along other axes keeps the packed axis; a per-example
+    value of size 1 tiled ``n`` times along the ragged axis (PointNet's global
+    feature next to every point) is that value at each of its positions."""
+    out_aval = ctx.out_avals[0]
+    packed_reps = [a for a, r in enumerate(reps) if ctx.run.is_packed(r)]
+    if not packed_reps:
+        if isinstance(x, PerSegment):
+            raise ctx.unsupported("a per-segment operand")
+        return ctx.bind(x)
+    if (len(packed_reps) != 1 or ctx.in_packed[0]
+            or ctx.run.offset(reps[packed_reps[0]]) != ctx.offset(out_aval.shape[packed_reps[0]])):
+        raise ctx.unsupported("tiling along the ragged axis")
+    (a,) = packed_reps
+    rest = tuple(1 if i == a else ctx.run.size(r) for i, r in enumerate(reps))
+    if isinstance(x, PerSegment):  # (S, ..., 1 at a, ...): tile the rest, then gather
+        data = jnp.tile(x.data, (1, *rest))
+        g = ctx.axis_segments(out_aval, a).to_positions(data)  # (R, ..., 1 at a, ...)
+        return jnp.moveaxis(jnp.squeeze(g, a + 1), 0, a)
+    shape = ctx.shape(out_aval)
+    return jnp.broadcast_to(jnp.tile(x, rest), shape)
+
+
 @register_packed(lax.transpose_p, lax.squeeze_p)
 def relayout_rule(ctx, x, **params):
     if isinstance(x, PerSegment):
