@@ -203,6 +203,53 @@ def test_cond_and_while_with_packed_values_take_each_examples_own_path():
     np.testing.assert_allclose(g, gw, rtol=1e-4, atol=1e-5)
 
 
+def test_loops_and_branches_that_read_the_ragged_size():
+    """Bodies that use sizes (``x.shape[0]``, a mean over tokens, ``c[0]``):
+    values computed inside a loop body stay there (no tracer escapes), and
+    loops with no packed operand still see each example's own size."""
+    W = jnp.asarray(np.random.default_rng(11).normal(size=(3, 4, 4)) * 0.3, jnp.float32)
+
+    def f(W, x):
+        a = lax.fori_loop(0, 2, lambda i, c: c - jnp.mean(c, 0) + c[0], x)
+        b = lax.while_loop(lambda c: c[1] < x.shape[0], lambda c: (c[0] + 1.0, c[1] + 1),
+                           (jnp.sum(x), 0))[0]
+        c = lax.cond(jnp.sum(x) > 0.5, lambda t: t * x.shape[0], lambda t: t - 1.0, jnp.sum(x))
+        d = lax.scan(lambda c, r: (lax.cond(c[0] > x.shape[0], lambda c: c * 0, lambda c: c + r,
+                                            c), None), jnp.zeros(4), x)[0]
+        e = lax.scan(lambda h, w: (jax.nn.softmax(h @ h.T) @ h @ w - jnp.mean(h, 0), None),
+                     x, W)[0]  # a scan over stacked layers
+        return a, b, c, d, e
+
+    ex = _examples([n for n in SIZES if n >= 1], seed=12)
+    _check(f, ex, W)
+    vg = pm.value_and_grad(lambda W, x: jnp.sum(f(W, x)[4] ** 2), (None, "n, 4"),
+                           layout="packed", row_size=R)
+    got, g = vg(W, ex[:4])
+    want, gw = jax.value_and_grad(
+        lambda W: sum(jnp.sum(f(W, x)[4] ** 2) for x in ex[:4]) / 4)(W)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(g, gw, rtol=1e-4, atol=1e-5)
+
+
+def test_packed_training_on_empty_and_long_only_batches():
+    def loss(p, x):
+        return jnp.sum((x[:-1] @ p - x[1:]) ** 2, axis=-1)
+
+    P = jnp.full((4, 4), 0.1)
+    for layout in ("padded", "packed"):  # a batch of empty examples: loss 0, grads 0
+        v, g = pm.value_and_grad(loss, (None, "n, 4"), layout=layout, row_size=16,
+                                 reduce="sum")(P, [np.zeros((0, 4), np.float32)] * 2)
+        assert float(v) == 0.0 and not np.any(np.asarray(g))
+    vg = pm.value_and_grad(loss, (None, "n, 4"), layout="packed", row_size=16)
+    xs = _examples([17, 20])  # longer than a row: padded, counted
+    got, g = vg(P, xs)
+    want, gw = jax.value_and_grad(
+        lambda P: sum(jnp.sum(loss(P, x)) for x in xs) / sum(len(x) - 1 for x in xs))(P)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(g, gw, rtol=1e-4, atol=1e-6)
+    assert vg.last_padded == 2
+
+
 def test_per_example_values_without_the_ragged_axis():
     ex = [(x, np.float32(i) * 0.5, np.int32(i % 3)) for i, x in enumerate(_examples(SIZES))]
 

@@ -49,7 +49,6 @@ class PackedRun:
         self.n = prog.spec_var_expr(var)
         self.sizes = sizes or RaggedSizes(prog, var, ())
         self.seg = seg
-        self._views = {0: seg}
         self.forward_only = forward_only
         # observe(eqn, how, outs): ``explain(layout="packed")`` records how each
         # equation ran (its packed rule, bound on shared values, or vmapped)
@@ -87,11 +86,9 @@ class PackedRun:
         return self.seg.R
 
     def segments(self, c: int) -> Segments:
-        """The row's segments for values of size ``n + c`` (``Segments.at``)."""
-        view = self._views.get(c)
-        if view is None:
-            view = self._views[c] = self.seg.at(c)
-        return view
+        """The row's segments for values of size ``n + c`` (``Segments.at``;
+        not cached: a view made inside a loop body must not be used outside)."""
+        return self.seg.at(c)
 
     def axis_segments(self, aval, axis: int) -> Segments:
         """The segments of ``aval``'s packed ``axis``."""
@@ -106,7 +103,10 @@ class PackedRun:
         return tuple(out)
 
     def segment_size(self, d):
-        return jnp.asarray(self._dims.logical(d), jnp.int32) * jnp.ones((self.seg.S,), jnp.int32)
+        # not DimEnv.logical: its cache would keep a value computed inside a
+        # loop body or branch (an inner trace) for use outside it
+        raw = self._dims.logical_raw(d)
+        return jnp.maximum(jnp.asarray(raw, jnp.int32), 0) * jnp.ones((self.seg.S,), jnp.int32)
 
     # -- evaluation ---------------------------------------------------------------
     def eval_closed(self, closed, args: list) -> list:
@@ -157,7 +157,10 @@ class PackedRun:
     def unpacked(self, eqn, invals):
         """An equation with no packed operand or result, as the interpreter
         runs one without a rule: bound on shared values, else ``vmap``-ed over
-        the segment slots."""
+        the segment slots. None when its inner jaxprs use the ragged size
+        (``x.shape[0]`` in a loop's predicate): the caller runs them packed."""
+        if _mentions_sizes(eqn.params):
+            return None
         return _per_segment_or_shared(eqn, invals)
 
     def _innermost_culprit(self, eqn) -> str | None:
@@ -195,6 +198,26 @@ def _param_dims(params) -> list:
 
 def _params_have_dims(params) -> bool:
     return bool(_param_dims(params))
+
+
+def _mentions_sizes(params) -> bool:
+    """Whether an inner jaxpr of ``params`` has a symbolic size (an aval or a
+    param: ``dim_as_value`` of ``x.shape[0]``)."""
+    for p in params.values():
+        inner = getattr(p, "jaxpr", p)
+        if not hasattr(inner, "eqns"):
+            if isinstance(p, (tuple, list)) and any(
+                    _mentions_sizes({"_": q}) for q in p if hasattr(getattr(q, "jaxpr", q), "eqns")):
+                return True
+            continue
+        for v in [*inner.invars, *inner.outvars]:
+            if compat.is_symbolic_shape(getattr(getattr(v, "aval", None), "shape", ())):
+                return True
+        for eqn in inner.eqns:
+            if _params_have_dims(eqn.params) or _mentions_sizes(eqn.params) or any(
+                    compat.is_symbolic_shape(getattr(v.aval, "shape", ())) for v in eqn.outvars):
+                return True
+    return False
 
 
 def _per_segment_or_shared(eqn, invals):

@@ -99,8 +99,12 @@ class LayoutChoice:
                 raise
             return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
         fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
-        if not fits:
-            return self._refuse(f"no example fits a row of {runner.row_size}", every)
+        if not fits:  # the function packs; these sizes do not: padded, in any layout
+            self.last["reason"] = (
+                f"padded: no example of this call runs packed (sizes "
+                f"{sorted(set(lengths.values()))}: longer than row_size={runner.row_size}, "
+                f"or sizes the row program does not serve: {_few(prog, runner.row_size)})")
+            return every
         rows = len(pack_rows([lengths[i] for i in fits], runner.row_size, runner.slots,
                              prog.gap).rows)
         B = runner.choose_rows_per_call(rows)
@@ -143,6 +147,11 @@ class LayoutChoice:
             self.refusal = reason
         self.last["reason"] = f"padded: {reason}"
         return idxs
+
+
+def _few(prog, R: int) -> str:
+    sizes = [n for n in range(R + 1) if not prog.runs(n)]
+    return (", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")) or "none"
 
 
 def _first_line(e: Exception, what: str) -> str:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.buckets import as_policy, pow2
+from ..core.buckets import as_policy
 from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
 from ..core.plan import plan_call, policy_getter
@@ -34,6 +34,10 @@ __all__ = ["value_and_grad", "RaggedValueAndGrad"]
 
 def _batch_size(x) -> int:
     return int(np.shape(x.data if isinstance(x, Masked) else x)[0])
+
+
+def _at_least_one(n: int) -> int:
+    return max(int(n), 1)
 
 
 def _take_pad(x, b: int, total: int):
@@ -97,7 +101,9 @@ class RaggedValueAndGrad:
         for i, a in enumerate(args):
             if i not in self._unbatched and isinstance(a, (list, tuple)) and a and \
                     not isinstance(a[0], (list, tuple, dict)):
-                args[i] = stack(list(a), buckets=self._policy)
+                # without a policy the bound is the longest example, at least 1
+                # (a batch of empty examples still needs a padded size)
+                args[i] = stack(list(a), buckets=self._policy or _at_least_one)
         sizes = {_batch_size(a) for i, a in enumerate(args) if i not in self._unbatched}
         if len(sizes) != 1:
             raise ShapeError(f"value_and_grad: batched arguments have different batch sizes "
@@ -237,6 +243,7 @@ class PackedTraining:
         runner = self.runner
         first = next((k for k, n in enumerate(lengths) if n <= runner.row_size), None)
         if first is None:
+            self.last_padded = len(lengths)
             return self._finish(*self._padded_sums(args, range(len(lengths))))
         prog = runner.prepare(infos[first][0], infos[first][1], tree, (params,), specs)
         packed = [k for k, n in enumerate(lengths) if n <= runner.row_size and prog.runs(n)]
@@ -259,10 +266,8 @@ class PackedTraining:
         """(loss sum, logical element count, gradient sums) of examples ``idxs``
         in the padded layout (``value_and_grad(layout="padded", reduce="sum")``)."""
         if self._padded is None:
-            # pow2 buckets: a bound of at least 8 (a batch of empty examples has
-            # no longest to size it) and few compiles for the leftovers
             self._padded = RaggedValueAndGrad(self.fun, self.in_specs, argnums=self.argnums,
-                                              reduce="sum", buckets=pow2())
+                                              reduce="sum")
         params = args[self.argnums]
         sub = [a if j == self.argnums else [a[k] for k in idxs] for j, a in enumerate(args)]
         total, grads = self._padded(*sub)

@@ -10,8 +10,9 @@
   that operand enters the matmul with its non-finite entries as 0, and each
   example's own non-finite terms are added back per segment (their sum:
   NaN, or the inf a positive weight keeps), so they stay in their example.
-  Exact but for one case of a corrupted example: an inf against a weight of
-  exactly 0 is NaN in plain JAX and that inf here (non-finite in both).
+  Every other example is exact. The example holding the inf or NaN is
+  non-finite where plain JAX is, but the kind may differ (NaN, +inf or -inf:
+  the weights' signs and zeros are not applied to the added-back terms).
 - Packed axes contracted and none kept (``x^T y`` of one example): a value
   per segment: the product per position, then a segment sum.
 - A per-segment operand against a packed one (a pooled vector scored

@@ -17,7 +17,9 @@
   carry (``vmap``'s batched ``while``). A shared predicate is one loop.
 
 Equations of these primitives with no packed value run as the interpreter
-runs any equation without a rule (bound, or ``vmap``-ed over the slots).
+runs any equation without a rule (bound, or ``vmap``-ed over the slots),
+unless their bodies use the ragged size (``x.shape[0]`` in a predicate):
+those run through the packed interpreter like the others.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ def _same_kinds(outs_per_case, S: int):
 @register_packed(lax.cond_p)
 def cond_rule(ctx, index, *ops, branches, **params):
     if not any(ctx.in_packed) and not any(ctx.out_packed):
-        return ctx.run.unpacked(ctx.eqn, [index, *ops])
+        out = ctx.run.unpacked(ctx.eqn, [index, *ops])
+        if out is not None:
+            return out
     outs = [ctx.eval_jaxpr(br, *ops) for br in branches]
     outs = _same_kinds(outs, ctx.seg.S)
     if isinstance(index, PerSegment):
@@ -89,7 +93,9 @@ def cond_rule(ctx, index, *ops, branches, **params):
 @register_packed(lax.while_p)
 def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
     if not any(ctx.in_packed) and not any(ctx.out_packed):
-        return ctx.run.unpacked(ctx.eqn, list(args))
+        out = ctx.run.unpacked(ctx.eqn, list(args))
+        if out is not None:
+            return out
     run, S = ctx.run, ctx.seg.S
     cc, bc = list(args[:cond_nconsts]), list(args[cond_nconsts:cond_nconsts + body_nconsts])
     init = list(args[cond_nconsts + body_nconsts:])
@@ -142,9 +148,9 @@ def _scan_along_packed_axis(ctx, seg, jaxpr, consts, init, xs, reverse, num_carr
     n_in = len(consts) + len(init)
     if any(ctx.in_packed[len(consts):n_in]):
         raise ctx.unsupported("a scan along the packed axis whose carry is packed")
-    # packed consts (a table the body indexes by step, dynamax's log_likelihoods[t]):
-    # each step runs its body with its own example as the row's only segment
-    own_example = any(ctx.in_packed[:len(consts)])
+    # each step runs its body with its own example as the row's only segment:
+    # packed consts it indexes by step (dynamax's log_likelihoods[t]) and sizes
+    # it reads (x.shape[0]) are that example's
     if any(axes != (0,) for axes in ctx.in_packed[n_in:]):
         raise ctx.unsupported("scanned inputs packed along another axis than the scanned one")
     ids = seg.seg
@@ -158,11 +164,9 @@ def _scan_along_packed_axis(ctx, seg, jaxpr, consts, init, xs, reverse, num_carr
         k = [_row(c, slot) for c in consts]
         carry = [lax.select(fresh, jnp.broadcast_to(_row(i, slot), jnp.shape(c)), c)
                  for i, c in zip(init, carry)]
-        body_run = run.with_segments(seg.single(slot)) if own_example else run
-        outs = body_run.eval_closed(jaxpr, [*k, *carry, *row])
+        outs = run.with_segments(seg.single(slot)).eval_closed(jaxpr, [*k, *carry, *row])
         # one example: a value per segment is that example's (S = 1)
-        outs = [(o.data[0] if own_example else o.data) if isinstance(o, PerSegment) else o
-                for o in outs]
+        outs = [o.data[0] if isinstance(o, PerSegment) else o for o in outs]
         return outs[:num_carry], (outs[num_carry:], outs[:num_carry])
 
     _, (ys, carries) = lax.scan(step, init0, (seg.slot, restart, xs), reverse=reverse)
