@@ -10,12 +10,12 @@ block-diagonal invariant every rule may assume).
 
 ``packed_program`` traces the user's function once (the symbolic trace of
 ``mask``, bound ``R``) and checks that it can run packed: one ragged dim var,
-one case for every size, every axis of a ragged size exactly ``n``.
+the case most sizes reach, every size along the ragged axis ``n + c`` or
+a constant (``sizes.py``, which also gives the rows' gap).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,10 +30,11 @@ from ..core.errors import ShapeError, TooManyCases, UnsupportedError
 from ..core.shapes import DimEnv
 from ..tracing.cases.splitting import trace_function_cases
 from ..tracing.interpreter import walk_jaxpr
-from ..tracing.registry import has_inner_jaxpr, substitute_dims
+from ..tracing.registry import has_inner_jaxpr
 from ..tracing.symbolic import MaskedProgram
-from .registry import PackedContext, PackedUnsupported, PerSegment, packed_halo, packed_rule
+from .registry import PackedContext, PackedUnsupported, PerSegment, packed_rule
 from .segments import SEGMENT_FIELDS, Segments
+from .sizes import RaggedSizes, check_sizes, not_n, param_dims
 
 __all__ = ["PackedRun", "PackedProgram", "packed_program"]
 
@@ -69,7 +70,7 @@ class PackedRun:
         """``c`` of a ragged size ``n + c`` (raises for other sizes)."""
         c = self.sizes.offset(d)
         if c is None:
-            raise PackedUnsupported(_not_n(self.prog, self.n, d))
+            raise PackedUnsupported(not_n(self.prog, self.n, d))
         return c
 
     def is_packed(self, d) -> bool:
@@ -190,26 +191,14 @@ class PackedRun:
         return lax.select(ok, x, jnp.zeros_like(x))
 
 
-def _param_dims(params) -> list:
-    found = []
-    substitute_dims(dict(params), lambda d: found.append(d) or d)
-    return found
-
-
 def _params_have_dims(params) -> bool:
-    return bool(_param_dims(params))
+    return bool(param_dims(params))
 
 
 def _mentions_sizes(params) -> bool:
     """Whether an inner jaxpr of ``params`` has a symbolic size (an aval or a
     param: ``dim_as_value`` of ``x.shape[0]``)."""
-    for p in params.values():
-        inner = getattr(p, "jaxpr", p)
-        if not hasattr(inner, "eqns"):
-            if isinstance(p, (tuple, list)) and any(
-                    _mentions_sizes({"_": q}) for q in p if hasattr(getattr(q, "jaxpr", q), "eqns")):
-                return True
-            continue
+    for inner, _ in compat.inner_jaxprs(params):
         for v in [*inner.invars, *inner.outvars]:
             if compat.is_symbolic_shape(getattr(getattr(v, "aval", None), "shape", ())):
                 return True
@@ -360,7 +349,7 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
     R = int(prog.var_bounds[var])
     sizes = RaggedSizes(prog, var, range(R + 1) if case.reached_by is None else
                         [int(v[var]) for v in case.reached_by])
-    gap = _check_sizes(prog.closed_jaxpr.jaxpr, {prog.internal.get(var, (var, 0))[0]}, prog,
+    gap = check_sizes(prog.closed_jaxpr.jaxpr, {prog.internal.get(var, (var, 0))[0]}, prog,
                        sizes)
     n = prog.spec_var_expr(var)
     packed_axes = []
@@ -377,130 +366,6 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
     del n
     return PackedProgram(prog, var, int(prog.var_bounds[var]), packed_axes, tree=tree,
                          case_index=case.index, gap=gap, sizes=sizes)
-
-
-def _check_sizes(jaxpr, allowed: set, prog, sizes: RaggedSizes, outer=(), line=None) -> int:
-    """Every size along a ragged axis must be ``n + c`` for a constant ``c``
-    (checked before anything runs, so ``layout="auto"`` says why it pads):
-    sizes of data-dependent dim vars (``nonzero``, boolean masks) differ per
-    example inside a row, and sizes like ``2 * n`` or ``n // 2`` (strided
-    slices and convolutions) have no packed rule. Inner jaxprs first: the
-    innermost primitive is named.
-
-    Returns the gap G the rows need: the largest ``c > 0`` and each windowed
-    primitive's halo (``registry.register_packed_halo``)."""
-    gap = 0
-    for eqn in jaxpr.eqns:
-        at = line or compat.source_line(eqn.source_info)  # the user's line: the outermost
-        for p in eqn.params.values():
-            inner = getattr(p, "jaxpr", p)
-            if hasattr(inner, "eqns"):
-                gap = max(gap, _check_sizes(inner, allowed, prog, sizes,
-                                            (*outer, eqn.primitive.name), at))
-        where = "".join(f" inside {o!r}" for o in reversed(outer))
-        for v in eqn.outvars:
-            for d in getattr(v.aval, "shape", ()):
-                if not compat.is_dim_expr(d):
-                    continue
-                if not compat.dim_vars(d) <= allowed:
-                    raise PackedUnsupported(
-                        f"primitive '{eqn.primitive.name}'{where} (used at {at}) has a "
-                        f"data-dependent size "
-                        f"{prog.display(str(d))}")
-                form = sizes.form(d)
-                if form is None:
-                    raise PackedUnsupported(
-                        f"primitive '{eqn.primitive.name}'{where} (used at {at}) cannot run "
-                        f"packed: {_not_n(prog, sizes.n, d)}")
-                if form[0] == "n":
-                    gap = max(gap, form[1])
-        for d in _param_dims(eqn.params):  # start indices a rule may read as constants
-            sizes.form(d)  # (``mod(1, n)`` of ``jnp.roll``: 1, but not at n = 0 or 1)
-        halo = packed_halo(eqn.primitive.name)
-        if halo is not None:
-            gap = max(gap, halo(eqn, sizes.offset))
-    return gap
-
-
-class RaggedSizes:
-    """What each size along a ragged axis is in the packed layout: ``n + c``
-    (packed, ``offset``) or a constant ``k`` (not packed, ``constant``).
-
-    ``n - 1`` is ``n + c`` symbolically. ``jnp`` also stages sizes like
-    ``max(0, n - 1)`` (``x[1:]``, empty at ``n = 0``) and ``min(n, 1)``
-    (``x[:1]``): those are evaluated at every size the packed program
-    serves; the form most sizes agree on is taken, and the sizes that
-    disagree (``n = 0`` here) are ``irregular``: they run in the padded
-    layout (``PackedProgram.runs``). A size with no common form (``2 * n``,
-    ``n // 2``) has none.
-    """
-
-    def __init__(self, prog: MaskedProgram, var: str, sizes):
-        self.prog, self.var = prog, var
-        self.n = prog.spec_var_expr(var)
-        self.sizes = sorted(int(s) for s in sizes)
-        self.irregular: set[int] = set()
-        self._table: dict[str, tuple[str, int] | None] = {}
-        self._values: list | None = None
-
-    def form(self, d) -> tuple[str, int] | None:
-        """``("n", c)`` for ``n + c``, ``("const", k)`` for a constant, None."""
-        if not compat.is_dim_expr(d):
-            return ("const", int(d))
-        c = _offset(d, self.n)
-        if c is not None:
-            return ("n", c)
-        key = str(d)
-        if key not in self._table:
-            self._table[key] = self._common_form(d)
-        return self._table[key]
-
-    def offset(self, d) -> int | None:
-        """``c`` when ``d`` is ``n + c``, else None."""
-        f = self.form(d)
-        return f[1] if f is not None and f[0] == "n" else None
-
-    def constant(self, d) -> int | None:
-        """``k`` when ``d`` is the constant ``k`` (at the sizes that run packed)."""
-        f = self.form(d)
-        return f[1] if f is not None and f[0] == "const" else None
-
-    def _common_form(self, d) -> tuple[str, int] | None:
-        if self._values is None:
-            self._values = [(s, self.prog.internal_values({self.var: s})) for s in self.sizes]
-        per = {}
-        for s, values in self._values:
-            try:
-                per[s] = int(compat.evaluate_dim(d, values))
-            except Exception:  # noqa: BLE001 - not defined at this size: irregular there
-                continue
-        if not per:
-            return None
-        ragged = collections.Counter(v - s for s, v in per.items()).most_common(1)[0]
-        const = collections.Counter(per.values()).most_common(1)[0]
-        kind, (value, count) = ("n", ragged) if ragged[1] >= const[1] else ("const", const)
-        if count < 2 or 2 * count < len(self.sizes):
-            return None
-        at = (lambda s, v: v - s == value) if kind == "n" else (lambda s, v: v == value)
-        self.irregular |= {s for s in self.sizes if s not in per or not at(s, per[s])}
-        return (kind, value)
-
-
-def _offset(d, n) -> int | None:
-    """``c`` when ``d == n + c`` for a constant ``c``, else None."""
-    try:
-        c = d - n
-    except Exception:  # noqa: BLE001 - not comparable: not n + c
-        return None
-    if compat.is_dim_expr(c):
-        return None
-    return int(c)
-
-
-def _not_n(prog, n, d) -> str:
-    return (f"the packed layout needs every size along the ragged axis to be "
-            f"{prog.display(str(n))} + c for a constant c (or a constant); this program has "
-            f"a size {prog.display(str(d))}")
 
 
 def _refuse_host_calls(jaxpr) -> None:
