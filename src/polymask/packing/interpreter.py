@@ -149,7 +149,7 @@ class PackedRun:
         except PackedUnsupported as e:
             raise relocate(e, compat.source_line(eqn.source_info)) from None
         outs = list(out) if eqn.primitive.multiple_results else [out]
-        outs = [self.block_diagonal(o, v.aval, axes)
+        outs = [self.live_only(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
         if self.observe is not None:
             self.observe(eqn, how, outs)
@@ -183,11 +183,31 @@ class PackedRun:
         views = [self.axis_segments(aval, a) for a in axes]
         return self.seg.same_segment(axes, shape, views)
 
-    def block_diagonal(self, x, aval, axes):
-        """Cross-segment entries of a value with 2+ packed axes selected to 0."""
-        if len(axes) < 2 or isinstance(x, PerSegment):
+    def live_mask(self, aval, axes, shape):
+        """Where a value of ``aval`` (packed ``axes``, row ``shape``) is live:
+        every packed axis at a live position of its own size's view (not past
+        ``n + c`` in its region, not the row's tail), all in one segment."""
+        views = [self.axis_segments(aval, a) for a in axes]
+        ndim = len(shape)
+        ok = self.seg.along(views[0].live, axes[0], ndim)
+        for a, v in zip(axes[1:], views[1:]):
+            ok = ok & (self.seg.along(views[0].seg, axes[0], ndim)
+                       == self.seg.along(v.seg, a, ndim))
+        return jnp.broadcast_to(ok, tuple(shape))
+
+    def live_only(self, x, aval, axes):
+        """The packed layout's invariant, enforced after every equation: a
+        value's dead entries (past ``n + c`` in an example's region, the row's
+        tail, another example's block of a value with two packed axes) are
+        selected to 0, whatever the equation computed there (``log`` of a
+        dead 0 is ``-inf``; a shift reads the next example). The select is also
+        the backward gate: its transpose sends exactly 0 to dead entries, so a
+        ``0 * inf`` of a restricted-domain function's derivative at a dead entry
+        (``sqrt`` after ``x[1:]``) stops there and never reaches a live entry
+        or a shared parameter (docs/packing.md, "The invariant")."""
+        if not axes or isinstance(x, PerSegment):
             return x
-        ok = self.same_segment(aval, axes, x.shape)
+        ok = self.live_mask(aval, axes, x.shape)
         return lax.select(ok, x, jnp.zeros_like(x))
 
 
@@ -299,8 +319,9 @@ class PackedProgram:
             leaves, segs = args[:-k], Segments.from_arrays(args[-k:], self.gap)
             run = PackedRun(prog, var, segs, forward_only, observe, self.sizes)
             wrapped = list(leaves[:n_broadcast])
-            for x, axes in zip(leaves[n_broadcast:], self.packed_axes):
-                wrapped.append(x if axes else PerSegment(x))
+            invars = prog.closed_jaxpr.jaxpr.invars[n_broadcast:]
+            for x, axes, v in zip(leaves[n_broadcast:], self.packed_axes, invars):
+                wrapped.append(run.live_only(x, v.aval, axes) if axes else PerSegment(x))
             outs = run.eval_closed(prog.closed_jaxpr, wrapped)
             kinds = ["segment" if isinstance(o, PerSegment) else
                      ("packed" if run.packed_axes(v.aval) else "shared")

@@ -266,7 +266,11 @@ class PackedTraining:
         """(loss sum, logical element count, gradient sums) of examples ``idxs``
         in the padded layout (``value_and_grad(layout="padded", reduce="sum")``)."""
         if self._padded is None:
-            self._padded = RaggedValueAndGrad(self.fun, self.in_specs, argnums=self.argnums,
+            specs = self.in_specs
+            if isinstance(specs, (tuple, list)) and len(specs) == len(args) - 1:
+                # specs of the batched arguments only: the params take None
+                specs = (*specs[:self.argnums], None, *specs[self.argnums:])
+            self._padded = RaggedValueAndGrad(self.fun, specs, argnums=self.argnums,
                                               reduce="sum")
         params = args[self.argnums]
         sub = [a if j == self.argnums else [a[k] for k in idxs] for j, a in enumerate(args)]

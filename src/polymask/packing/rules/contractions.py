@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ..registry import PerSegment, register_packed
+from ..registry import PerSegment, broadcast_with_new_axis, register_packed
 
 
 def _dims(dimension_numbers):
@@ -48,37 +48,51 @@ def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
 
 
 def _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb):
-    """A block-diagonal operand (two packed axes, one contracted) times a
-    dense one (its one packed axis contracted): the dense operand's
-    non-finite entries kept inside their own example (module docstring)."""
+    """A block-diagonal operand ``B`` (two or more packed axes, cross-segment
+    entries 0) contracting its packed axis with the one packed axis ``k`` of a
+    dense operand ``D``, for any structure ``dot_general`` takes (batch dims,
+    several free or contracted axes: heads sharing values ``hnm,md->hnd``,
+    per-head values summed over heads ``hnm,mhd->nd``, grouped-query
+    attention's ``(K, G)`` heads). ``D`` enters the product with its
+    non-finite entries as 0, so no ``0 * nan`` meets another example; the
+    non-finite entries are then summed per segment (over ``k`` and ``D``'s
+    other contracted axes) and added back at ``B``'s free packed axis, so
+    the example holding them is non-finite where plain JAX is (module
+    docstring: the kind may differ)."""
     lp, rp = ctx.in_packed
     if len(lp) >= 2 and len(rp) == 1:
-        dense, d_avals, dc, db, blk, bc, bb, blk_p, dense_is_lhs = (
-            rhs, ctx.in_avals[1], rc, rb, ctx.in_avals[0], lc, lb, lp, False)
+        dense_is_lhs = False
     elif len(rp) >= 2 and len(lp) == 1:
-        dense, d_avals, dc, db, blk, bc, bb, blk_p, dense_is_lhs = (
-            lhs, ctx.in_avals[0], lc, lb, ctx.in_avals[1], rc, rb, rp, True)
+        dense_is_lhs = True
     else:  # both block-diagonal: cross entries are 0 on both sides, no NaN meets them
         return ctx.bind(lhs, rhs)
-    blk_free = [a for a in range(len(blk.shape)) if a not in bc and a not in bb]
-    (b,) = [a for a in dc if a in (ctx.in_packed[0] if dense_is_lhs else rp)]
-    if tuple(dc) != (b,) or len(blk_free) != 1 or blk_free[0] not in blk_p:
-        return ctx.bind(lhs, rhs)  # another structure: the plain product
+    dense = lhs if dense_is_lhs else rhs
+    d_aval, b_aval = (ctx.in_avals if dense_is_lhs else ctx.in_avals[::-1])
+    (dc, db, dp), (bc, bb, bp) = ((lc, lb, lp), (rc, rb, rp))[::1 if dense_is_lhs else -1]
+    (k,) = dp
+    b_free = [a for a in range(len(b_aval.shape)) if a not in bc and a not in bb]
+    q = next((a for a in b_free if a in bp), None)
+    if k not in dc or q is None or not jnp.issubdtype(dense.dtype, jnp.inexact):
+        return ctx.bind(lhs, rhs)
     finite = jnp.isfinite(dense)
     clean = jnp.where(finite, dense, jnp.zeros_like(dense))
     out = ctx.bind(clean, rhs) if dense_is_lhs else ctx.bind(lhs, clean)
-    # each example's non-finite terms, summed per segment, at its positions of k
-    bad = jnp.moveaxis(jnp.where(finite, jnp.zeros_like(dense), dense), b, 0)
-    per_seg = ctx.axis_segments(d_avals, b).segment_reduce(bad, "sum")  # (S, rest...)
-    k_seg = ctx.axis_segments(blk, blk_free[0])
-    g = k_seg.to_positions(per_seg, fill_padding=True)  # (R, rest...)
-    rest = [a for a in range(dense.ndim) if a != b]
-    batch = [1 + rest.index(a) for a in db]
-    free = [1 + rest.index(a) for a in rest if a not in db]
-    perm = batch + (free + [0] if dense_is_lhs else [0] + free)
-    add = jnp.transpose(g, perm).astype(out.dtype)
-    if add.shape != out.shape:
-        return ctx.bind(lhs, rhs)
+    bad = jnp.where(finite, jnp.zeros_like(dense), dense)
+    summed = tuple(a for a in dc if a != k)
+    bad = jnp.sum(bad, axis=summed) if summed else bad
+    kept = [a for a in range(dense.ndim) if a not in summed]  # D's axes left in ``bad``
+    bad = jnp.moveaxis(bad, kept.index(k), 0)
+    rest = [a for a in kept if a != k]  # D's batch and free axes, in D's order
+    per_seg = ctx.axis_segments(d_aval, k).segment_reduce(bad, "sum")  # (S, rest...)
+    g = ctx.axis_segments(b_aval, q).to_positions(per_seg, fill_padding=True)  # (R, rest...)
+    # where each axis lands in dot_general's result: (batch..., lhs free..., rhs free...)
+    d_free = [a for a in range(dense.ndim) if a not in dc and a not in db]
+    nb = len(db)
+    d_first = nb if dense_is_lhs else nb + len(b_free)
+    b_first = nb + len(d_free) if dense_is_lhs else nb
+    dims = [db.index(a) if a in db else d_first + d_free.index(a) for a in rest]
+    add = broadcast_with_new_axis(g, b_first + b_free.index(q), dims, out.shape)
+    add = add.astype(out.dtype)
     return jnp.where(add == 0, out, out + add)
 
 
