@@ -161,17 +161,31 @@ def _data_dependent_error(e: BaseException, where: str) -> ShapeError | None:
     return None
 
 
-def _inconclusive_error(msg: str, where: str) -> ShapeError:
+# what to write instead, for JAX functions that need a size as a Python int
+_CONSTANT_SIZE_HINTS = {
+    "scan": "lax.scan's length is a Python int: scan over the array itself "
+            "(lax.scan(step, init, x)) instead of length=x.shape[0]",
+    "fori_loop": "give the loop a traced bound, lax.fori_loop(0, jnp.asarray(x.shape[0]), "
+                 "...) (a while loop), or scan over the array",
+    "reduce_window": "a window or padding built from the size needs it as an int: "
+                     "a cumulative op (jnp.cumsum, lax.cummax) or a reduction over the "
+                     "axis gives the whole-example window",
+}
+
+
+def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeError:
     msg = re.split(r"\n(?:Using symbolic scope|This error arises)", msg)[0].strip()
     extra = ""
     if "requires a constant" in msg:
         # not a comparison: a size turned into a Python int (no constraint helps)
-        return ShapeError(
-            f"a size was needed as a Python constant while tracing at {where} "
-            f"(int(x.shape[0]), range(n), np.zeros(n), ...):\n  {msg}\n  "
+        hint = _CONSTANT_SIZE_HINTS.get(api or "", (
             "Keep it symbolic: jnp/lax ops accept symbolic sizes (jnp.ones(x.shape[0]), "
             "jnp.arange(x.shape[0])); for the size as a traced value in arithmetic, "
-            "use polymask.logical_shape(x).")
+            "use polymask.logical_shape(x)"))
+        by = f" by '{api}'" if api and not api.startswith("_") else ""
+        return ShapeError(
+            f"a size was needed as a Python int{by} while tracing at {where} "
+            f"(int(x.shape[0]), range(n), np.zeros(n), ...):\n  {msg}\n  {hint}.")
     if "divide evenly" in msg:
         extra = ("\n  Write the axis in the spec as a multiple (e.g. '2*k') so that the "
                  "division is exact for every logical size.")
@@ -328,7 +342,8 @@ _STATIC_PARAM_APIS = {"reduce_window", "_reduce_window_sum", "_reduce_window_max
 
 _REMEDY_APIS = ("pad", "arange", "searchsorted", "digitize", "histogram",
                 "histogram_bin_edges", "reduce_window", "conv_general_dilated",
-                "conv_with_general_padding", "conv_transpose", "conv", "avg_pool", "max_pool")
+                "conv_with_general_padding", "conv_transpose", "conv", "avg_pool", "max_pool",
+                "scan", "fori_loop")
 
 
 def _api_for_remedy(e: BaseException) -> str | None:
@@ -374,7 +389,7 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
     if api_err is not None:
         return api_err
     if isinstance(e, compat.InconclusiveDimensionOperation):
-        return _inconclusive_error(msg, where)
+        return _inconclusive_error(msg, where, _api_for_remedy(e))
     if (isinstance(e, TypeError) and re.search(
             r"incompatible shapes|must have (the )?same shape|same shape|shapes must", msg)) or (
             isinstance(e, (TypeError, ValueError, AssertionError)) and _SHAPE_MISMATCH.search(msg)):

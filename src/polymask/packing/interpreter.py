@@ -148,6 +148,13 @@ class PackedRun:
                 out = _per_segment_or_shared(eqn, invals)
         except PackedUnsupported as e:
             raise relocate(e, compat.source_line(eqn.source_info)) from None
+        except (ShapeError, UnsupportedError):
+            raise
+        except Exception as e:  # no JAX-internal error escapes the packed layout
+            raise PackedUnsupported(
+                f"primitive '{name}' (used at {compat.source_line(eqn.source_info)}) cannot "
+                f"run packed: its packed rule failed with {type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}") from e
         outs = list(out) if eqn.primitive.multiple_results else [out]
         outs = [self.live_only(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
@@ -348,8 +355,8 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
         tree, _ = trace_function_cases(fun, args, in_specs, constraints, max_cases)
     except TooManyCases as e:  # a case per size at a row's bound: not one program
         raise PackedUnsupported(
-            "the function's trace takes a case per size (a size used as a Python int, "
-            f"e.g. len(x) or range(n)) or splits too often at the row's bound:\n  {e}") from e
+            "the function's trace takes a case per size or splits too often at the row's "
+            f"bound, so no traced program serves several sizes:\n  {e}") from e
     live = [c for c in tree.cases if c.program is not None]
     if not live:
         raise PackedUnsupported(f"the function raises at every size ({tree.summary()})")
@@ -358,8 +365,9 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
     case = max(live, key=lambda c: len(c.reached_by or ()))
     if len(tree.cases) > 1 and case.reached_by is not None and len(case.reached_by) <= 1:
         raise PackedUnsupported(
-            "the function's trace takes a case per size (a size used as a Python int, "
-            "e.g. len(x) or range(n)): no traced program serves several sizes")
+            "the function's trace takes a case per size (a size used as a Python int or "
+            "a branch on it), so no traced program serves several sizes: "
+            f"{_split_points(tree)}")
     prog = case.program
     if len(prog.var_order) != 1:
         raise PackedUnsupported(
@@ -387,6 +395,17 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
     del n
     return PackedProgram(prog, var, int(prog.var_bounds[var]), packed_axes, tree=tree,
                          case_index=case.index, gap=gap, sizes=sizes)
+
+
+def _split_points(tree) -> str:
+    """Where a case tree splits: the user's lines (library lines when no user
+    line is known), each once."""
+    from ..core.diagnostics import is_library_frame
+
+    lines = list(dict.fromkeys(sp.where for sp in tree.splits()))
+    user = [w for w in lines if not is_library_frame(w.split(":", 1)[0])]
+    shown = (user or lines)[:3]
+    return ("the size is used at " + "; ".join(shown)) if shown else "no split recorded"
 
 
 def _refuse_host_calls(jaxpr) -> None:

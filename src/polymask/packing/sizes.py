@@ -14,6 +14,7 @@ import collections
 from typing import TYPE_CHECKING
 
 from .. import _jax_compat as compat
+from ..core.errors import ShapeError
 from ..tracing.registry import substitute_dims
 from .registry import PackedUnsupported, packed_halo
 
@@ -68,7 +69,15 @@ def check_sizes(jaxpr, allowed: set, prog, sizes: RaggedSizes, outer=(), line=No
             sizes.form(d)  # (``mod(1, n)`` of ``jnp.roll``: 1, but not at n = 0 or 1)
         halo = packed_halo(eqn.primitive.name)
         if halo is not None:
-            gap = max(gap, halo(eqn, sizes.offset))
+            try:
+                gap = max(gap, halo(eqn, sizes.offset))
+            except (PackedUnsupported, ShapeError):
+                raise
+            except Exception as e:  # a window or padding of symbolic size (n - 1)
+                raise PackedUnsupported(
+                    f"primitive '{eqn.primitive.name}'{where} (used at {at}) cannot run "
+                    f"packed: its window or padding along the ragged axis depends on the "
+                    f"size ({type(e).__name__}: {str(e).splitlines()[0]})") from e
     return gap
 
 

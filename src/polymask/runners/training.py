@@ -69,6 +69,7 @@ class RaggedValueAndGrad:
         self.argnums = argnums
         self._unbatched = {argnums} if isinstance(argnums, int) else set(argnums)
         self.reduce = reduce
+        self._checks = checks
         self._masked = mask(fun, in_specs, checks=checks)
         self._policy = as_policy(buckets) if buckets is not None else None
         self._batch_policy = as_policy(batch_buckets) if batch_buckets is not None else None
@@ -120,7 +121,37 @@ class RaggedValueAndGrad:
         """Examples of the last packed call that ran in the padded layout."""
         return self._packed.last_padded if self._packed is not None else 0
 
+    def _fit_specs(self, n_args: int) -> None:
+        """Specs of the batched arguments only (``("n, 4",)`` for
+        ``fun(params, x)``, as the packed layout takes them): the
+        differentiated arguments take None."""
+        specs = self._in_specs
+        if (isinstance(specs, (tuple, list)) and len(specs) == n_args - len(self._unbatched)
+                and self._unbatched):
+            it = iter(specs)
+            self._in_specs = tuple(None if i in self._unbatched else next(it)
+                                   for i in range(n_args))
+            self._masked = mask(self.fun, self._in_specs, checks=self._checks)
+
+    def _empty_batch(self, args) -> bool:
+        """Whether every batched argument is an empty list (no examples)."""
+        batched = [a for i, a in enumerate(args) if i not in self._unbatched]
+        return bool(batched) and all(isinstance(a, (list, tuple)) and not a for a in batched)
+
+    def _zero(self, args):
+        """A batch of no examples: loss 0 and zero gradients (the sum over no
+        examples; the mean takes max(count, 1) as its denominator)."""
+        zeros = lambda p: jax.tree_util.tree_map(jnp.zeros_like, p)  # noqa: E731
+        grads = (zeros(args[self.argnums]) if isinstance(self.argnums, int)
+                 else tuple(zeros(args[i]) for i in self.argnums))
+        return jnp.zeros((), jnp.float32), grads
+
     def __call__(self, *args):
+        if self._empty_batch(args):
+            if self._packed is not None:
+                self._packed.last_padded = 0
+            return self._zero(args)
+        self._fit_specs(len(args))
         if self._packed is not None:
             out = self._packed(*args)
             self.compiles = self._packed.compiles + self._packed.compiles_padded
@@ -266,11 +297,7 @@ class PackedTraining:
         """(loss sum, logical element count, gradient sums) of examples ``idxs``
         in the padded layout (``value_and_grad(layout="padded", reduce="sum")``)."""
         if self._padded is None:
-            specs = self.in_specs
-            if isinstance(specs, (tuple, list)) and len(specs) == len(args) - 1:
-                # specs of the batched arguments only: the params take None
-                specs = (*specs[:self.argnums], None, *specs[self.argnums:])
-            self._padded = RaggedValueAndGrad(self.fun, specs, argnums=self.argnums,
+            self._padded = RaggedValueAndGrad(self.fun, self.in_specs, argnums=self.argnums,
                                               reduce="sum")
         params = args[self.argnums]
         sub = [a if j == self.argnums else [a[k] for k in idxs] for j, a in enumerate(args)]

@@ -90,7 +90,7 @@ def _every_size_fails(failed: list[Case], max_cases: int) -> ShapeError:
     plain = [c for c in failed if c.one_size]
     also = "".join(f"\n  ({sizes_text(c.reached_by)}: plain JAX fails too: "
                    f"{c.error.splitlines()[0]})" for c in plain[:2])
-    return ShapeError(
+    return TooManyCases(  # polymask's limit (sizes one by one past max_cases), not the user's
         f"polymask cannot trace the function with symbolic sizes"
         f"{f' ({sizes_text(sizes)})' if sizes else ''} at {main.where}:\n  "
         f"{main.error.splitlines()[0]}\n  {per_size_remedy(max_cases, len(sizes))}{also}")

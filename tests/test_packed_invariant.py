@@ -1,0 +1,205 @@
+"""The packed layout's invariant (docs/packing.md, "The invariant"): a dead
+entry of a value never influences a live entry of any output, forward or
+backward, and a NaN or inf in one example never changes another example.
+
+Oracle: plain JAX per example. For isolation, the stronger check: the other
+examples' outputs are bitwise the same whether one example holds NaN/inf or
+not (same compiled row program, same row placement).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import polymask as pm
+from polymask.packing import PackedUnsupported
+
+R = 16
+SIZES = [3, 5, 2, 4, 1]  # one row of 15 positions: every example has neighbours
+
+
+def _examples(sizes=SIZES, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(n, d)).astype(np.float32) for n in sizes]
+
+
+def _leaves(t):
+    return [np.asarray(a) for a in jax.tree_util.tree_leaves(t)]
+
+
+def _heads(x):
+    """Two heads of two features: (n, 2, 2)."""
+    return x.reshape(x.shape[0], 2, 2)
+
+
+def _mha_shared_values(x):  # the issue's first example: heads share the values x
+    s = jnp.stack([x @ x.T, 2.0 * (x @ x.T)])
+    return jnp.einsum("hnm,md->hnd", jax.nn.softmax(s, -1), x)
+
+
+def _mha_values_summed_over_heads(x):
+    h = _heads(x)
+    p = jax.nn.softmax(jnp.einsum("nhd,mhd->hnm", h, h), -1)
+    return jnp.einsum("hnm,mhd->nd", p, h)
+
+
+def _dpa(x):  # ordinary multi-head: 2 heads of 2
+    return jax.nn.dot_product_attention(_heads(x), _heads(x), _heads(x))
+
+
+def _gqa_causal(x):  # grouped-query: 4 query heads share 2 key/value heads
+    q = x.reshape(x.shape[0], 4, 1)
+    kv = x[:, :2].reshape(x.shape[0], 2, 1)
+    return jax.nn.dot_product_attention(q, kv, kv, is_causal=True)
+
+
+# One function per packed rule family (packing/rules/*.py), each mixing
+# positions of its example in the way that family does.
+FAMILIES = {
+    "elementwise": lambda x: jnp.log(jnp.abs(x)) * jnp.sqrt(jnp.abs(x) + 1),
+    "reductions": lambda x: (jax.nn.softmax(x, axis=0), jnp.mean(x, 0), jnp.max(x, 0),
+                             jnp.argmax(x[:, 0])),
+    "cumulative": lambda x: (jnp.cumsum(x, 0), lax.cummax(x, axis=0),
+                             jnp.cumprod(x[::-1], 0)[::-1]),
+    "contractions": lambda x: (x @ x.T @ x, x.T @ x, jax.nn.softmax(x @ x.T, -1) @ x),
+    "multi-head attention": _mha_shared_values,
+    "heads summed": _mha_values_summed_over_heads,
+    "dot_product_attention": _dpa,
+    "grouped-query causal": _gqa_causal,
+    "indexing": lambda x: (x[0], x[-1], x[1:] - x[:-1], jnp.take(x, jnp.array([0, 2]), 0,
+                                                                 mode="clip")),
+    "windows": lambda x: (jnp.pad(x, ((1, 2), (0, 0))), jnp.roll(x, 1, 0),
+                          jnp.concatenate([jnp.ones((1, 4)), x]),
+                          lax.reduce_window(x, 0.0, lax.add, (2, 1), (1, 1), "SAME")),
+    "conv": lambda x: lax.conv_general_dilated(
+        x.T[None], jnp.ones((4, 4, 3)), (1,), "SAME")[0].T,
+    "sorting": lambda x: (jnp.sort(x, 0), jnp.argsort(x[:, 1]),
+                          lax.top_k(x[:, 0], 1)[0]),
+    "control flow": lambda x: (
+        lax.scan(lambda c, r: (c + r, c * r), jnp.zeros(4), x)[1],
+        lax.cond(jnp.sum(x) > 0, lambda v: v * 2, lambda v: -v, x),
+        lax.fori_loop(0, 3, lambda i, v: jnp.tanh(v) + v, x)),
+    "calls": lambda x: jax.jit(lambda v: jax.nn.relu(v) @ v.T)(x),
+    "layout": lambda x: (x.reshape(x.shape[0], 2, 2).sum(-1), jnp.tile(jnp.sum(x, 0),
+                                                                          (x.shape[0], 1)),
+                         x[::-1], jnp.arange(x.shape[0]) * 1.0),
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_nan_or_inf_in_one_example_never_changes_another(family):
+    fun = FAMILIES[family]
+    clean = _examples()
+    dirty = [a.copy() for a in clean]
+    dirty[1][2, 1] = np.nan  # an example in the middle of the row
+    dirty[3][0, 0] = np.inf
+    rm = pm.ragged_map(fun, ("n, 4",), layout="packed", row_size=R)
+    got_clean, got_dirty = rm(clean), rm(dirty)
+    assert rm.stats()["packed"]["compiles"] == 1
+    for i, (ex, a, b) in enumerate(zip(clean, got_clean, got_dirty)):
+        np.testing.assert_allclose  # (tolerance below: a row's matmul vs one example's)
+        for u, w in zip(_leaves(a), _leaves(fun(ex))):
+            np.testing.assert_allclose(u, w, rtol=2e-5, atol=2e-5, err_msg=f"example {i}")
+        if i in (1, 3):  # the corrupted examples: non-finite where plain JAX is
+            with np.errstate(invalid="ignore"):
+                plain = _leaves(fun(dirty[i]))
+            for u, w in zip(_leaves(b), plain):
+                if np.issubdtype(u.dtype, np.inexact):
+                    np.testing.assert_array_equal(np.isfinite(u), np.isfinite(w),
+                                                  err_msg=f"example {i}")
+            continue
+        for u, w in zip(_leaves(b), _leaves(a)):  # bitwise: the neighbour changed nothing
+            np.testing.assert_array_equal(u, w, err_msg=f"example {i} ({family})")
+
+
+def test_the_issues_multi_head_example_gives_plain_values():
+    a = np.full((3, 4), 0.5, np.float32)
+    b = np.full((2, 4), 0.5, np.float32)
+    b[0, 0] = np.nan
+    out = pm.ragged_map(_mha_shared_values, ("n, 4",), layout="packed", row_size=16)([a, b])
+    np.testing.assert_allclose(out[0], _mha_shared_values(a), rtol=1e-6)
+    assert np.isfinite(out[0]).all()
+    np.testing.assert_array_equal(np.isnan(out[1]), np.isnan(_mha_shared_values(b)))
+
+
+# Losses on sizes n - c followed by a function with a restricted domain: the
+# dead entries of the n - c value must not turn the gradient into NaN.
+LOSSES = {
+    "sqrt of diff": lambda w, x: jnp.sum(jnp.sqrt(jnp.diff(x @ w) + 1)),
+    "path length": lambda w, x: jnp.sum(jnp.linalg.norm(jnp.diff(x * w, axis=0), axis=-1)),
+    "x[1:] then log": lambda w, x: jnp.sum(jnp.log(x[1:] @ w + 10.0)),
+    "x[:-1] then 1/x": lambda w, x: jnp.sum(1.0 / (x[:-1] @ w + 10.0)),
+    "valid convolve then sqrt": lambda w, x: jnp.sum(
+        jnp.sqrt(jnp.convolve(x @ w, jnp.array([1.0, -1.0]), mode="valid") + 2.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(LOSSES))
+def test_gradients_after_shifts_and_restricted_domains_equal_plain(name):
+    loss = LOSSES[name]
+    w = np.full((4,), 0.25, np.float32)
+    ramp = np.repeat(np.arange(6, dtype=np.float32)[:, None], 4, 1)  # rising: live diffs > 0
+    # alone in its row (the row's tail follows), and rows of several examples
+    batches = [[ramp], [ramp, ramp[:3] * 0.5, ramp[:2] + 3.0, ramp[:4] * 0.1]]
+    vg = pm.value_and_grad(loss, ("n, 4",), layout="packed", reduce="sum", row_size=R)
+    for batch in batches:
+        val, grad = vg(w, batch)
+        plain = [jax.value_and_grad(loss)(w, x) for x in batch]
+        np.testing.assert_allclose(val, sum(v for v, _ in plain), rtol=1e-5)
+        np.testing.assert_allclose(grad, sum(g for _, g in plain), rtol=1e-5, atol=1e-6)
+        assert np.isfinite(np.asarray(grad)).all()
+
+
+def test_a_window_of_the_examples_length_with_padding_is_a_packed_refusal():
+    def causal(x):  # a causal prefix sum by a window as long as the example
+        n = x.shape[0]
+        return lax.reduce_window(x, 0.0, lax.add, (n, 1), (1, 1), [(n - 1, 0), (0, 0)])
+
+    xs = _examples([3, 5, 1])
+    with pytest.raises(PackedUnsupported, match=r"reduce_window_sum.*test_packed_invariant"):
+        pm.ragged_map(causal, ("n, 4",), layout="packed", row_size=8)(xs)
+    ex = pm.explain(causal, ("n, 4",), xs[0], layout="packed")
+    assert "reduce_window_sum" in str(ex) and "cannot" in str(ex)
+    outs = pm.ragged_map(causal, ("n, 4",), row_size=8)(xs)  # auto: padded, exact
+    for x, o in zip(xs, outs):
+        np.testing.assert_allclose(o, np.cumsum(x, 0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_case_per_size_refusal_names_the_function_line_and_a_fitting_hint():
+    def f(x):
+        return lax.scan(lambda c, _: (c + 1.0, c), 0.0, None, length=x.shape[0])[1]
+
+    xs = _examples([3, 5, 1])
+    with pytest.raises(PackedUnsupported) as e:
+        pm.ragged_map(f, ("n, 4",), layout="packed", row_size=64)(xs)
+    msg = str(e.value)
+    assert "'scan'" in msg and "test_packed_invariant.py" in msg
+    assert "lax.scan(step, init, x)" in msg
+    for x, o in zip(xs, pm.ragged_map(f, ("n, 4",), row_size=64)(xs)):
+        np.testing.assert_array_equal(o, np.arange(x.shape[0], dtype=np.float32))
+
+
+def test_a_function_traced_only_per_size_is_a_packed_refusal_not_a_shape_error():
+    def f(x):  # NumPy needs the size as an int: jax.jit traces per size
+        return x * np.arange(x.shape[0])[:, None]
+
+    xs = _examples([3, 5, 1])
+    for R_ in (8, 64):
+        with pytest.raises(PackedUnsupported, match="test_packed_invariant.py"):
+            pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R_)(xs)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_an_empty_batch_is_a_zero_loss_with_zero_gradients(layout, reduce):
+    w = {"a": np.ones((4,), np.float32), "b": np.float32(2.0)}
+    vg = pm.value_and_grad(lambda p, x: jnp.sum(x @ p["a"]) * p["b"], ("n, 4",),
+                           layout=layout, reduce=reduce)
+    val, grad = vg(w, [])
+    assert float(val) == 0.0
+    np.testing.assert_array_equal(grad["a"], np.zeros(4, np.float32))
+    assert float(grad["b"]) == 0.0
+    out = pm.ragged_map(lambda x: x * 2, ("n, 4",), layout=layout)([])
+    assert out == []
