@@ -99,8 +99,7 @@ def test_a_nan_or_inf_in_one_example_never_changes_another(family):
     got_clean, got_dirty = rm(clean), rm(dirty)
     assert rm.stats()["packed"]["compiles"] == 1
     for i, (ex, a, b) in enumerate(zip(clean, got_clean, got_dirty)):
-        np.testing.assert_allclose  # (tolerance below: a row's matmul vs one example's)
-        for u, w in zip(_leaves(a), _leaves(fun(ex))):
+        for u, w in zip(_leaves(a), _leaves(fun(ex))):  # a row's matmul vs one example's
             np.testing.assert_allclose(u, w, rtol=2e-5, atol=2e-5, err_msg=f"example {i}")
         if i in (1, 3):  # the corrupted examples: non-finite where plain JAX is
             with np.errstate(invalid="ignore"):
