@@ -6,9 +6,15 @@ its aval and its Python type:
 - *packed*: its aval has axes of the ragged size ``n``; its data has ``R``
   (the row size) there, each position belonging to ``Segments.seg``. A value
   with two or more packed axes is block-diagonal (attention scores): entries
-  whose packed axes lie in different segments are kept at 0 (the
-  interpreter selects them to 0 after every equation), so products and sums
-  over a packed axis see only their own segment.
+  whose packed axes lie in different segments are kept at 0, so products
+  and sums over a packed axis see only their own segment.
+
+  Every packed value's *dead* entries (past ``n + c`` in a region, the
+  row's tail, another segment's block) are selected to 0 by the interpreter
+  after every equation, whatever the rule computed there
+  (``PackedRun.live_only``): a rule may assume its operands are 0 there and
+  need not clean its results; it must compute each live result from live
+  operand entries only.
 - *per segment* (``PerSegment``): no packed axis but a value per example,
   e.g. a reduction over the packed axis; data ``(S, *shape)``.
 - *shared*: the same for every example (parameters, constants): plain data.

@@ -9,11 +9,13 @@ position, e.g. a convolution). The segment and its gap are the example's
 ``n + c`` positions of each region (``Segments.at(c)``); the rest of the
 region is *dead* for it. Positions after the last region are the row's
 padding. Dead and padding positions have segment id ``S`` (out of range of
-every segment reduction, so they never reach a result). Their data is a copy
-of real data (``fill_padding_positions``), and slots no example uses alias a
-used one (``alias``): every lane of the computation then looks like a real
-example, so nothing there turns into ``inf``/``nan`` that a gradient could
-carry into shared parameters (``0 * inf``).
+every segment reduction, so they never reach a result). The packed
+interpreter selects every value's dead entries to 0 after each equation,
+which is also the gradient gate there (``PackedRun.live_only``:
+docs/packing.md, "The invariant"). The host fills padding positions with
+copies of real positions (``pos`` repeats an example's, so a table indexed
+by position is read in range), and slots no example uses alias a used one
+(``alias``), so per-example values there are finite too.
 """
 
 from __future__ import annotations

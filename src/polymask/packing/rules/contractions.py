@@ -10,6 +10,9 @@
   that operand enters the matmul with its non-finite entries as 0, and each
   example's own non-finite terms are added back per segment (their sum:
   NaN, or the inf a positive weight keeps), so they stay in their example.
+  This holds for every operand structure (batch dims, several free or
+  contracted axes: heads sharing values, per-head values summed over heads,
+  grouped-query attention's ``(K, G)`` heads).
   Every other example is exact. The example holding the inf or NaN is
   non-finite where plain JAX is, but the kind may differ (NaN, +inf or -inf:
   the weights' signs and zeros are not applied to the added-back terms).
