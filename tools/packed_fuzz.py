@@ -1,0 +1,805 @@
+"""Random-program differential tester for the packed layout.
+
+Builds random ONE-EXAMPLE programs ``f(w, x0)`` over an example ``x0`` of
+shape ``(n, 4)`` and a shared weight ``w`` of shape ``(4, 4)``, drawn from
+every packed rule family (elementwise, reductions over ``n``, cumulative,
+contractions and attention with several heads, shifts to ``n + c``, windows,
+sorting, gathers, scans, loops, conds, segment reductions), and checks
+
+- values: ``ragged_map(f, ("n, 4",), layout="packed", row_size=R)`` on a
+  batch of sizes 0, 1, R, R + 1 (that one runs in the padded layout) and many
+  short examples (several share a row) against plain ``f`` on each example
+  alone: integers exact, floats ``allclose`` (rtol = atol = 2e-5), the same
+  NaN and inf positions;
+- NaN/inf isolation: the same batch with NaN (then +inf) written into one
+  entry of one example. Every OTHER example must equal its plain result
+  ("crossed" when it does not); the corrupted example must be non-finite
+  where plain JAX is and equal elsewhere (the kind, NaN or inf, may differ:
+  ``packing/rules/contractions.py``);
+- gradients: ``loss(w, x0) = sum(g(f(w, x0)))`` with a head ``g`` of
+  restricted domain (``sqrt(diff(y) + 1)``, ``log(y + 2)``, a norm, ...):
+  ``value_and_grad(loss, (None, "n, 4"), layout="packed", reduce="sum")``
+  against the sum of ``jax.value_and_grad(loss)`` over the examples whose
+  plain loss and gradient are finite (the others are left out of the batch).
+
+``PackedUnsupported`` is a refusal, not a failure (counted by primitive);
+any other exception is an error. An example below the program's ``min_n``
+(the smallest size plain JAX accepts, from the op table) is left out; where
+plain JAX raises at a size the table lets through, polymask must raise
+``polymask.ShapeError`` on that example.
+
+Each failure prints a runnable program that reproduces it (shrunk: ops and
+examples dropped while it still fails, the first time a failure's signature
+is seen).
+
+    python tools/packed_fuzz.py --seed 0 --programs 2000   # a long run by hand
+    python tools/packed_fuzz.py --seed 0 --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import re
+import sys
+import textwrap
+import time
+import traceback
+
+import numpy as np
+
+D = 4  # the example's feature size; w is (D, D)
+
+# ----------------------------------------------------------------------------
+# The op menu. Each op reads `x` (the current value), `x0` (the example, (n, 4))
+# and `w` ((4, 4)), and assigns `x` (its last line). Kinds of `x`:
+#   seq    (m, 4) float, m = n + c along the ragged axis
+#   vec    (4,) float, one per example          mat   (k, 4) float, k static
+#   scalar () float                              ivec / iscalar: int, terminal
+# min_n: the smallest m at which plain JAX accepts the op (checked by
+# `python tools/packed_fuzz.py --check-min-n`). dn: seq -> seq size change.
+# ----------------------------------------------------------------------------
+
+ANY = ("seq", "vec", "mat", "scalar")
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    name: str
+    family: str
+    src: str
+    kinds: tuple = ("seq",)
+    out: str | None = None  # None: the kind it takes
+    dn: int = 0
+    min_n: int = 0
+    reset: bool = False  # the result has x0's size n (c = 0)
+    plain_min: int | None = None  # plain JAX's smallest size where min_n is kept higher
+
+
+def _attn(q, k, v, causal=False):
+    s = f"s = ({q}) @ ({k}).T * 0.5"
+    if causal:
+        s += "\n    s = jnp.where(jnp.tril(jnp.ones((s.shape[0], s.shape[0]), bool)), s, -1e9)"
+    return s + f"\n    x = jax.nn.softmax(s, axis=-1) @ ({v})"
+
+
+_HEADS = "h = x.reshape(x.shape[0], 2, 2)\n    p = jax.nn.softmax(jnp.einsum(\"nhd,mhd->hnm\", h @ w[:2, :2], h), axis=-1)"
+_DW = "jnp.tile(jnp.array([[[0.25, 0.5, -0.75]]], jnp.float32), (4, 1, 1))"
+
+
+def _conv(padding):
+    return (f"x = jax.lax.conv_general_dilated(x.T[None], {_DW}, (1,), {padding}, "
+            f"feature_group_count=4)[0].T")
+
+
+def _convolve(mode):
+    return (f"x = jnp.stack([jnp.convolve(x[:, j], jnp.array([1.0, -0.5, 0.25]), mode={mode!r}) "
+            f"for j in range(4)], axis=1)")
+
+
+def _dpa(nq, nkv, causal):
+    q = "jnp.concatenate([x @ w, x], axis=1).reshape(-1, 4, 2)" if nq == 4 else \
+        "(x @ w).reshape(-1, 2, 2)"
+    k = {2: "x.reshape(-1, 2, 2)", 1: "(x @ w)[:, :2].reshape(-1, 1, 2)"}[nkv]
+    v = {2: "(x @ w).reshape(-1, 2, 2)", 1: "x[:, 2:].reshape(-1, 1, 2)"}[nkv]
+    back = ".reshape(-1, 4, 2).mean(-1)" if nq == 4 else ".reshape(-1, 4)"
+    return (f"x = jax.nn.dot_product_attention({q}, {k}, {v}, is_causal={causal})"
+            f"{back}")
+
+
+OPS = [
+    # elementwise (any kind)
+    Op("sin", "elementwise", "x = jnp.sin(x)", ANY),
+    Op("tanh", "elementwise", "x = jnp.tanh(x)", ANY),
+    Op("affine", "elementwise", "x = x * 1.5 - 0.25", ANY),
+    Op("leaky", "elementwise", "x = jnp.where(x > 0, x, 0.1 * x)", ANY),
+    Op("sq_clip", "elementwise", "x = jnp.clip(x * x, 0.0, 4.0)", ANY),
+    Op("add_row", "elementwise", "x = x + w[0]", ("seq", "vec", "mat")),
+    # reductions over n
+    Op("center", "reductions", "x = x - jnp.mean(x, axis=0)"),
+    Op("softmax_n", "reductions", "x = jax.nn.softmax(x, axis=0)"),
+    Op("scale_max", "reductions", "x = x / (1.0 + jnp.max(jnp.abs(x), axis=0))", min_n=1),
+    Op("sum0", "reductions", "x = jnp.sum(x, axis=0)", out="vec"),
+    Op("mean0", "reductions", "x = jnp.mean(x, axis=0)", out="vec"),
+    Op("max0", "reductions", "x = jnp.max(x, axis=0)", out="vec", min_n=1),
+    Op("min0", "reductions", "x = jnp.min(x, axis=0)", out="vec", min_n=1),
+    Op("logsumexp0", "reductions", "x = jax.nn.logsumexp(x, axis=0)", out="vec"),
+    Op("argmax0", "reductions", "x = jnp.argmax(x, axis=0)", out="ivec", min_n=1),
+    Op("total", "reductions", "x = jnp.sum(x * x)", out="scalar"),
+    Op("len_scale", "reductions", "x = x * (1.0 / (1.0 + x.shape[0]))"),
+    # cumulative
+    Op("cumsum", "cumulative", "x = jnp.cumsum(x, axis=0)"),
+    Op("cummax", "cumulative", "x = jax.lax.cummax(x, axis=0)"),
+    Op("assoc_add", "cumulative", "x = jax.lax.associative_scan(jnp.add, x, axis=0)"),
+    Op("assoc_max_rev", "cumulative",
+       "x = jax.lax.associative_scan(jnp.maximum, x, axis=0, reverse=True)"),
+    Op("reverse", "cumulative", "x = x[::-1]"),
+    Op("rev_cumsum", "cumulative", "x = jnp.cumsum(x[::-1], axis=0)[::-1]"),
+    # contractions
+    Op("proj", "contractions", "x = x @ w"),
+    Op("gram", "contractions", "x = x.T @ x", out="mat"),
+    Op("gram_apply", "contractions", "x = x @ (x.T @ x) * 0.1"),
+    Op("attn", "contractions", _attn("x @ w", "x", "x")),
+    Op("attn_causal", "contractions", _attn("x", "x @ w", "x", causal=True)),
+    Op("mh_shared_v", "contractions",
+       _HEADS + "\n    x = jnp.einsum(\"hnm,md->hnd\", p, x).mean(0)"),
+    Op("mh_sum_heads", "contractions",
+       _HEADS + "\n    x = jnp.tile(jnp.einsum(\"hnm,mhd->nd\", p, h), (1, 2))"),
+    Op("dpa_2h", "contractions", _dpa(2, 2, False)),
+    Op("dpa_2h_causal", "contractions", _dpa(2, 2, True)),
+    Op("dpa_gqa", "contractions", _dpa(4, 2, False)),
+    Op("dpa_gqa_causal", "contractions", _dpa(4, 2, True)),
+    Op("dpa_mqa_causal", "contractions", _dpa(4, 1, True)),
+    # shifts to n + c
+    Op("drop_first", "shifts", "x = x[1:]", dn=-1),
+    Op("drop_last", "shifts", "x = x[:-1]", dn=-1),
+    Op("diff", "shifts", "x = jnp.diff(x, axis=0)", dn=-1),
+    Op("pad12", "shifts", "x = jnp.pad(x, ((1, 2), (0, 0)))", dn=3),
+    Op("cls_row", "shifts", "x = jnp.concatenate([w[:1], x])", dn=1),
+    Op("roll", "shifts", "x = jnp.roll(x, 1, axis=0)"),
+    Op("inner", "shifts", "x = x[1:-1]", dn=-2),
+    # windows
+    Op("conv_same", "windows", _conv('"SAME"')),
+    Op("conv_valid", "windows", _conv('"VALID"'), dn=-2),
+    Op("conv_causal", "windows", _conv("((2, 0),)")),
+    Op("conv_full", "windows", _conv("((2, 2),)"), dn=2),
+    Op("convolve_same", "windows", _convolve("same"), min_n=1),
+    Op("convolve_full", "windows", _convolve("full"), dn=2, min_n=1),
+    # jnp.convolve "valid" swaps its operands below n = 3 (size 3 - n + 1, not n - 2)
+    Op("convolve_valid", "windows", _convolve("valid"), dn=-2, min_n=3, plain_min=1),
+    Op("pool_sum_same", "windows",
+       "x = jax.lax.reduce_window(x, 0.0, jax.lax.add, (3, 1), (1, 1), \"SAME\")"),
+    Op("pool_sum_valid", "windows",
+       "x = jax.lax.reduce_window(x, 0.0, jax.lax.add, (3, 1), (1, 1), \"VALID\")", dn=-2),
+    Op("pool_max_same", "windows",
+       "x = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2, 1), (1, 1), \"SAME\")"),
+    Op("pool_max_valid", "windows",
+       "x = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (2, 1), (1, 1), \"VALID\")", dn=-1),
+    # sorting
+    Op("sort0", "sorting", "x = jnp.sort(x, axis=0)"),
+    Op("argsort_rows", "sorting", "x = x[jnp.argsort(x[:, 0])]"),
+    Op("top_k", "sorting", "x = jnp.tile(jax.lax.top_k(x[:, 0], 2)[0], 2)", out="vec", min_n=2),
+    Op("top_k_idx", "sorting", "x = jax.lax.top_k(x[:, 1], 2)[1]", out="ivec", min_n=2),
+    # gathers
+    Op("first", "gathers", "x = x[0]", out="vec", min_n=1),
+    Op("last", "gathers", "x = x[-1]", out="vec", min_n=1),
+    Op("argmax_row", "gathers", "x = x[jnp.argmax(x[:, 0])]", out="vec", min_n=1),
+    Op("take_clip", "gathers", "x = jnp.take(x, jnp.array([0, 2, 5]), axis=0, mode=\"clip\")",
+       out="mat", min_n=1),
+    Op("take_fill", "gathers",
+       "x = jnp.take(x, jnp.array([1, 0, 7]), axis=0, mode=\"fill\", fill_value=-1.0)",
+       out="mat", min_n=1),
+    Op("dyn_slice", "gathers", "x = jax.lax.dynamic_slice_in_dim(x, 1, 2, axis=0)", out="mat",
+       min_n=2),
+    Op("shift_gather", "gathers",
+       "x = jnp.take(x, jnp.minimum(jnp.arange(x.shape[0]) + 1, x.shape[0] - 1), axis=0)"),
+    # scans along n
+    Op("scan_ys", "scans",
+       "x = jax.lax.scan(lambda c, v: (jnp.tanh(c @ w + v), c), jnp.zeros(4, x.dtype), x)[1]"),
+    Op("scan_carry", "scans",
+       "x = jax.lax.scan(lambda c, v: (c * 0.5 + v, None), jnp.zeros(4, x.dtype), x)[0]",
+       out="vec"),
+    Op("scan_rev", "scans",
+       "x = jax.lax.scan(lambda c, v: (jnp.maximum(c, v), c + v), jnp.full(4, -1.0), x, "
+       "reverse=True)[1]"),
+    # loops
+    Op("fori", "loops", "x = jax.lax.fori_loop(0, 3, lambda i, v: jnp.tanh(v @ w) + 0.1 * v, x)"),
+    Op("fori_cum", "loops",
+       "x = jax.lax.fori_loop(0, 2, lambda i, v: jnp.cumsum(v, axis=0) * 0.5, x)"),
+    Op("while_shared", "loops",
+       "x = jax.lax.while_loop(lambda s: s[0] < 3, lambda s: (s[0] + 1, jnp.tanh(s[1] @ w)), "
+       "(0, x))[1]"),
+    Op("while_per_example", "loops",
+       "x = jax.lax.while_loop(lambda s: (s[0] < 5) & (jnp.sum(jnp.abs(s[1])) < 20.0), "
+       "lambda s: (s[0] + 1, s[1] * 1.5 + 0.1), (0, x))[1]"),
+    # conds
+    Op("cond_sum", "conds",
+       "x = jax.lax.cond(jnp.sum(x) > 0, lambda v: v @ w, lambda v: jnp.cumsum(v, axis=0), x)"),
+    Op("cond_first", "conds",
+       "x = jax.lax.cond(x[0, 0] > 0, lambda v: jnp.tanh(v), lambda v: v[::-1] * 2.0, x)",
+       min_n=1),
+    Op("switch3", "conds",
+       "s = jnp.sum(x[:, 1])\n    x = jax.lax.switch(jnp.where(s > 1, 0, jnp.where(s < -1, 1, 2)), "
+       "[lambda v: v, lambda v: jnp.sort(v, axis=0), lambda v: v - jnp.mean(v, axis=0)], x)"),
+    # segment reductions within an example
+    Op("segment_sum", "segments",
+       "x = jax.ops.segment_sum(x, jnp.arange(x.shape[0]) % 3, num_segments=3)", out="mat"),
+    Op("segment_max", "segments",
+       "x = jax.ops.segment_max(x, jnp.arange(x.shape[0]) // 2, num_segments=2)", out="mat"),
+    # back to the ragged axis from a per-example value
+    Op("scale_x0", "broadcast", "x = x0 * x", ("vec", "scalar"), out="seq", reset=True),
+    Op("x0_times_mat", "broadcast", "x = x0 @ (x.T @ x) * 0.1", ("mat",), out="seq", reset=True),
+]
+
+# Restricted-domain heads of the loss: loss(w, x0) = jnp.sum(<head>(f(w, x0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Head:
+    name: str
+    src: str  # an expression in y (f's result) and w
+    kinds: tuple = ANY
+
+
+HEADS = [
+    Head("sqrt_sq", "jnp.sqrt(y * y + 1e-3)"),
+    Head("norm", "jnp.linalg.norm(y, axis=-1)", ("seq", "vec", "mat")),
+    Head("softplus", "jnp.log1p(jnp.exp(y))"),
+    Head("sqrt_diff_sq", "jnp.sqrt(jnp.diff(y, axis=0) ** 2 + 1)", ("seq", "vec", "mat")),
+    Head("sqrt_diff_proj", "jnp.sqrt(jnp.diff(y @ w, axis=0) + 1)", ("seq", "vec", "mat")),
+    Head("sqrt_diff", "jnp.sqrt(jnp.diff(y, axis=0) + 1)", ("seq", "vec", "mat")),
+    Head("sqrt_plus", "jnp.sqrt(y + 1)"),
+    Head("log_plus", "jnp.log(y + 2)"),
+    Head("square", "y * y"),
+]
+
+_PRELUDE = "import jax\nimport jax.numpy as jnp\nimport numpy as np\n"
+
+# the comparison, run here and printed into every repro program
+_SAME_SRC = '''\
+def same(got, want, corrupted=False):
+    """Integers exact; floats allclose with the same NaN/inf positions; for the
+    example holding the NaN/inf: non-finite where plain JAX is (either kind)."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if not np.issubdtype(want.dtype, np.floating):
+        return bool(np.array_equal(got, want))
+    fin = np.isfinite(want)
+    if not np.array_equal(np.isfinite(got), fin):
+        return False
+    if not corrupted and not (np.array_equal(np.isnan(got), np.isnan(want))
+                              and np.array_equal(got[np.isinf(got)], want[np.isinf(want)])):
+        return False
+    return bool(np.allclose(got[fin], want[fin], rtol=RTOL, atol=ATOL))
+'''
+RTOL = ATOL = 2e-5
+_env: dict = {"np": np, "RTOL": RTOL, "ATOL": ATOL}
+exec(_SAME_SRC, _env)
+same = _env["same"]
+
+
+@dataclasses.dataclass
+class Program:
+    ops: list
+    head: Head | None
+    row_size: int | None  # None: ragged_map's default
+    sizes: list
+
+    @property
+    def kind(self) -> str:
+        k = "seq"
+        for o in self.ops:
+            k = o.out or k
+        return k
+
+    @property
+    def min_n(self) -> int:
+        """The smallest example size every op accepts (sizes n + c with clamps
+        at 0 are at least n + c: a floor)."""
+        need, c, kind = 0, 0, "seq"
+        for o in self.ops:
+            if kind == "seq":
+                need = max(need, o.min_n - c)
+                c += o.dn
+            if o.reset:
+                c = 0
+            kind = o.out or kind
+        return need
+
+    def source(self) -> str:
+        lines = ["def f(w, x0):", "    x = x0"]
+        for o in self.ops:
+            body = o.src.split("\n")
+            body[-1] += f"  # {o.name}"
+            lines += ["    " + b.strip() for b in body]
+        return "\n".join(lines + ["    return x"])
+
+    def loss_source(self) -> str:
+        return f"def loss(w, x0):\n    y = f(w, x0)\n    return jnp.sum({self.head.src})  # {self.head.name}"
+
+    def namespace(self) -> dict:
+        env: dict = {}
+        src = _PRELUDE + self.source() + ("\n\n" + self.loss_source() if self.head else "")
+        exec(compile(src, "<packed fuzz program>", "exec"), env)
+        return env
+
+    def names(self) -> str:
+        return " > ".join(o.name for o in self.ops) + (f" | {self.head.name}" if self.head else "")
+
+
+def random_program(rng) -> Program:
+    kind, ops, growth = "seq", [], 0
+    for _ in range(int(rng.integers(1, 4))):
+        cands = [o for o in OPS if kind in o.kinds]
+        if growth >= 4:  # keep sizes small: no more growing shifts
+            cands = [o for o in cands if o.dn <= 0]
+        # every family equally likely, then an op of it
+        fams = sorted({o.family for o in cands})
+        fam = fams[int(rng.integers(len(fams)))]
+        cands = [o for o in cands if o.family == fam]
+        op = cands[int(rng.integers(len(cands)))]
+        ops.append(op)
+        growth += max(op.dn, 0)
+        kind = op.out or kind
+        if kind in ("ivec", "iscalar"):
+            break
+    heads = [h for h in HEADS if kind in h.kinds]
+    head = heads[int(rng.integers(len(heads)))] if heads else None
+    row_size = [8, 16, None][int(rng.integers(3))]
+    if row_size is None:  # the default rows (at least 64): 0, 1 and short examples
+        sizes = [0, 1] + list(rng.integers(1, 9, size=int(rng.integers(6, 12))))
+    else:
+        short = rng.integers(1, max(2, row_size // 3) + 1, size=int(rng.integers(6, 12)))
+        sizes = [0, 1, row_size, row_size + 1, row_size - 1] + list(short)
+    sizes = [int(s) for s in sizes]
+    order = rng.permutation(len(sizes))
+    return Program(ops, head, row_size, [sizes[i] for i in order])
+
+
+# ----------------------------------------------------------------------------
+# The checks
+# ----------------------------------------------------------------------------
+
+
+class Refused(Exception):
+    def __init__(self, primitive: str, message: str):
+        super().__init__(message)
+        self.primitive = primitive
+
+
+def _refusal(e) -> Refused:
+    m = re.search(r"primitive '([^']+)'", str(e))
+    if m:
+        prim = m.group(1)
+    elif "case per size" in str(e):
+        prim = "<case per size>"
+    else:
+        prim = "<" + str(e).splitlines()[0][:60] + ">"
+    return Refused(prim, str(e))
+
+
+def _plain(f, w, x):
+    import jax.numpy as jnp
+    return np.asarray(f(jnp.asarray(w), jnp.asarray(x)))
+
+
+def _plain_raises(f, w, n) -> bool:
+    import jax
+    try:
+        jax.eval_shape(f, w, jax.ShapeDtypeStruct((n, D), np.float32))
+        return False
+    except Exception:
+        return True
+
+
+def _jit_each(fun):
+    """``[fun(w, x) for x in xs]`` as one jitted program: plain JAX on each exact
+    example (one compile for the batch and its NaN/inf copies, not one per
+    size; faster to compile here than a ``lax.map`` per size)."""
+    import jax
+    return jax.jit(lambda w, xs: [fun(w, x) for x in xs])
+
+
+def _plain_all(env, w, examples):
+    if "_plain_all" not in env:
+        env["_plain_all"] = _jit_each(env["f"])
+    return [np.asarray(o) for o in env["_plain_all"](w, examples)]
+
+
+def _packed_outputs(prog, env, w, examples):
+    """``ragged_map`` (one per program: the NaN/inf batches reuse its compiled programs)."""
+    import polymask as pm
+    if "_rm" not in env:
+        env["_rm"] = pm.ragged_map(env["f"], ("n, 4",), layout="packed", row_size=prog.row_size,
+                                   compile_ahead=False)
+    rm = env["_rm"]
+    try:
+        return [np.asarray(o) for o in rm(examples, w)]
+    except pm.PackedUnsupported as e:
+        raise _refusal(e) from None
+
+
+def _corrupt(examples, rng, value):
+    """A copy of the batch with ``value`` written into one entry of an example
+    that shares a row (the longest examples are alone: a short one)."""
+    cands = [i for i, x in enumerate(examples) if 1 <= len(x) <= 8]
+    if not cands:
+        return None, examples
+    i = cands[int(rng.integers(len(cands)))]
+    ex = [x.copy() for x in examples]
+    r, c = int(rng.integers(len(ex[i]))), int(rng.integers(D))
+    ex[i][r, c] = value
+    return i, ex
+
+
+def _check_values(prog, env, w, examples, want, corrupted=None):
+    """Returns (kind, message) of the first mismatch, or None. kind: "value",
+    or "crossed" for an example that is not the corrupted one in a NaN/inf run."""
+    got = _packed_outputs(prog, env, w, examples)
+    bad = []
+    for i, (g, v) in enumerate(zip(got, want)):
+        if not same(g, v, corrupted=(i == corrupted)):
+            bad.append(i)
+    if not bad:
+        return None
+    crossed = [i for i in bad if corrupted is not None and i != corrupted]
+    kind = "crossed" if crossed else "value"
+    i = (crossed or bad)[0]
+    return kind, (f"{kind}: examples {bad} differ (n = {[len(examples[j]) for j in bad]}); "
+                  f"example {i}: packed {got[i].tolist()} != plain {np.asarray(want[i]).tolist()}")
+
+
+def _plain_grads(env, w, examples):
+    """Plain value_and_grad per example; the examples whose loss and gradient are
+    finite, and their sums."""
+    import jax
+    if "_plain_grads" not in env:
+        env["_plain_grads"] = _jit_each(jax.value_and_grad(env["loss"]))
+    keep, tot_v, tot_g = [], 0.0, np.zeros_like(w, dtype=np.float64)
+    for x, (v, g) in zip(examples, env["_plain_grads"](w, examples)):
+        v, g = np.asarray(v), np.asarray(g)
+        if np.isfinite(v).all() and np.isfinite(g).all():
+            keep.append(x)
+            tot_v += float(v)
+            tot_g += g
+    return keep, np.float32(tot_v), tot_g.astype(np.float32)
+
+
+def _check_grads(prog, env, w, examples, want_v, want_g):
+    import jax.numpy as jnp
+
+    import polymask as pm
+    vg = pm.value_and_grad(env["loss"], (None, "n, 4"), layout="packed", reduce="sum",
+                           row_size=prog.row_size)
+    try:
+        got_v, got_g = vg(jnp.asarray(w), examples)
+    except pm.PackedUnsupported as e:
+        raise _refusal(e) from None
+    got_v, got_g = np.asarray(got_v), np.asarray(got_g)
+    tol = dict(rtol=1e-4, atol=1e-4)
+    ok_v = np.isfinite(got_v) and np.allclose(got_v, want_v, **tol)
+    ok_g = np.isfinite(got_g).all() and np.allclose(got_g, want_g, **tol)
+    if ok_v and ok_g:
+        return None
+    kind = "grad" if ok_v else "grad_value"
+    return kind, f"{kind}: packed loss {got_v} grad {got_g.tolist()} != plain loss {want_v} grad {want_g.tolist()}"
+
+
+# ----------------------------------------------------------------------------
+# Runnable programs
+# ----------------------------------------------------------------------------
+
+
+def _lit(a) -> str:
+    a = np.asarray(a)
+    return f"np.array({a.tolist()!r}, np.{a.dtype}).reshape({a.shape!r})"
+
+
+def repro(prog: Program, w, examples, mode: str, corrupted=None) -> str:
+    head = (_PRELUDE + "\nimport polymask as pm\n\nnan, inf = np.nan, np.inf\n"
+            f"RTOL = ATOL = {RTOL!r}\n\n\n" + _SAME_SRC + "\n\n" + prog.source() + "\n\n")
+    data = (f"w = {_lit(w)}\nexamples = [\n"
+            + "".join(f"    {_lit(x)},\n" for x in examples) + "]\n")
+    rs = prog.row_size
+    if mode == "grad":
+        return (head + prog.loss_source() + "\n\n\n" + data +
+                f"vg = pm.value_and_grad(loss, (None, \"n, 4\"), layout=\"packed\", reduce=\"sum\", "
+                f"row_size={rs})\n"
+                "got_v, got_g = vg(jnp.asarray(w), examples)\n"
+                "pairs = [jax.value_and_grad(loss)(jnp.asarray(w), jnp.asarray(x)) for x in examples]\n"
+                "want_v = sum(float(v) for v, _ in pairs)\n"
+                "want_g = sum(np.asarray(g, np.float64) for _, g in pairs)\n"
+                "print('packed', got_v, np.asarray(got_g).tolist())\n"
+                "print('plain ', want_v, want_g.tolist())\n"
+                "assert np.isfinite(want_g).all(), 'plain gradient not finite'\n"
+                "assert np.allclose(got_v, want_v, rtol=1e-4, atol=1e-4), 'wrong loss'\n"
+                "assert np.allclose(got_g, want_g, rtol=1e-4, atol=1e-4), 'wrong gradient'\n")
+    return (head + "\n" + data + f"corrupted = {corrupted!r}  # the example holding NaN/inf\n"
+            f"outs = pm.ragged_map(f, (\"n, 4\",), layout=\"packed\", row_size={rs})(examples, w)\n"
+            "bad = []\n"
+            "for i, (x, got) in enumerate(zip(examples, outs)):\n"
+            "    want = f(jnp.asarray(w), jnp.asarray(x))\n"
+            "    if not same(got, want, corrupted=(i == corrupted)):\n"
+            "        bad.append(i)\n"
+            "        print(f'example {i} (n = {len(x)}): packed', np.asarray(got).tolist(),\n"
+            "              'plain', np.asarray(want).tolist())\n"
+            "assert not bad, f'examples {bad} differ from plain JAX'\n")
+
+
+# ----------------------------------------------------------------------------
+# One program
+# ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: str = "ok"  # ok | fail | refused | skip
+    failures: list = dataclasses.field(default_factory=list)  # (kind, signature, msg)
+    refusals: list = dataclasses.field(default_factory=list)  # primitives
+
+
+def _examples(prog, rng):
+    return [(rng.normal(size=(n, D)) * 0.6).astype(np.float32) for n in prog.sizes]
+
+
+def _failing(prog, w, examples, mode, corrupted):
+    """Re-run one check: its (kind, message) or None (shrinking)."""
+    env = prog.namespace()
+    try:
+        if mode == "grad":
+            keep, v, g = _plain_grads(env, w, examples)
+            if len(keep) != len(examples):
+                return None
+            return _check_grads(prog, env, w, examples, v, g)
+        want = _plain_all(env, w, examples)
+        return _check_values(prog, env, w, examples, want, corrupted)
+    except Refused:
+        return None
+    except Exception as e:
+        return "error", f"{type(e).__name__}: {e}"
+
+
+def shrink(prog, w, examples, mode, corrupted, kind, budget_s=20.0):
+    """Drop ops (from the end, then single ones) and examples while the check
+    still fails the same way; returns (prog, examples, corrupted)."""
+    t0 = time.time()
+
+    def still(p, ex, cor):
+        if time.time() - t0 > budget_s:
+            return False
+        try:
+            if len(p.ops) == 0 or p.min_n > min((len(x) for x in ex), default=0):
+                return False
+            r = _failing(p, w, ex, mode, cor)
+        except Exception:
+            return False
+        return r is not None and r[0] == kind
+
+    for j in reversed(range(len(prog.ops))):
+        ops = prog.ops[:j] + prog.ops[j + 1:]
+        kinds_ok = True
+        k = "seq"
+        for o in ops:
+            kinds_ok &= k in o.kinds
+            k = o.out or k
+        if prog.head is not None and k not in prog.head.kinds:
+            kinds_ok = False
+        if kinds_ok and ops:
+            cand = dataclasses.replace(prog, ops=ops)
+            if still(cand, examples, corrupted):
+                prog = cand
+    i = 0
+    while i < len(examples):
+        if i == corrupted:
+            i += 1
+            continue
+        ex = examples[:i] + examples[i + 1:]
+        cor = None if corrupted is None else corrupted - (i < corrupted)
+        if len(ex) >= 1 and still(prog, ex, cor):
+            examples, corrupted = ex, cor
+        else:
+            i += 1
+    return prog, examples, corrupted
+
+
+def run_one(prog: Program, rng, checks=("values", "nan", "inf", "grad"), shrink_seen=None,
+            verbose=False) -> Outcome:
+    import polymask as pm
+
+    out = Outcome()
+    env = prog.namespace()
+    f = env["f"]
+    w = (rng.normal(size=(D, D)) * 0.5).astype(np.float32)
+    need = prog.min_n
+    all_examples = _examples(prog, rng)
+    examples, raising = [], []
+    bad_sizes = {n for n in set(prog.sizes) if n >= need and _plain_raises(f, w, n)}
+    for x in all_examples:
+        if len(x) >= need:  # plain JAX raising where the op table says it accepts: ShapeError
+            (raising if len(x) in bad_sizes else examples).append(x)
+
+    def fail(kind, msg, mode, ex, corrupted=None):
+        sig = (kind, mode, prog.names())
+        p, e, c = prog, ex, corrupted
+        if shrink_seen is not None and sig not in shrink_seen and kind != "error":
+            shrink_seen.add(sig)
+            p, e, c = shrink(prog, w, ex, mode, corrupted, kind)
+        text = (msg + "\n--- runnable program ---\n" + repro(p, w, e, mode, c))
+        out.failures.append((kind, sig, p.names(), text))
+        out.status = "fail"
+
+    if raising:
+        try:
+            _packed_outputs(prog, env, w, [*examples[:1], raising[0]])
+            fail("error", f"plain JAX raises at n = {len(raising[0])}, polymask did not",
+                 "values", [*examples[:1], raising[0]])
+        except pm.ShapeError:
+            pass
+        except Refused as r:
+            out.refusals.append(r.primitive)
+        except Exception as e:
+            fail("error", f"plain JAX raises at n = {len(raising[0])}; polymask raised "
+                 f"{type(e).__name__} (not ShapeError): {e}", "values",
+                 [*examples[:1], raising[0]])
+    if not examples:
+        out.status = "skip"
+        return out
+
+    want = _plain_all(env, w, examples)
+    for mode in checks:
+        try:
+            if mode == "values":
+                r = _check_values(prog, env, w, examples, want)
+                if r:
+                    fail(*r, mode, examples)
+            elif mode in ("nan", "inf"):
+                i, ex = _corrupt(examples, rng, np.nan if mode == "nan" else np.inf)
+                if i is None:
+                    continue
+                want_c = list(want)
+                want_c[i] = _plain_all(env, w, ex)[i]
+                r = _check_values(prog, env, w, ex, want_c, corrupted=i)
+                if r:
+                    fail(*r, mode, ex, i)
+            elif mode == "grad":
+                if prog.head is None or prog.kind not in ANY:
+                    continue
+                keep, v, g = _plain_grads(env, w, examples)
+                if not keep:
+                    continue
+                r = _check_grads(prog, env, w, keep, v, g)
+                if r:
+                    fail(*r, mode, keep)
+        except Refused as r:
+            out.refusals.append(r.primitive)
+            if mode != "grad":  # the value checks all refuse alike
+                break
+        except Exception as e:
+            msg = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=-4))
+            fail("error", msg, mode, examples)
+    if out.status == "ok" and out.refusals:
+        out.status = "refused"
+    return out
+
+
+# ----------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------
+
+FAIL_KINDS = {"value": "wrong_values", "grad": "wrong_grads", "grad_value": "wrong_grads",
+              "crossed": "crossed", "error": "errors"}
+
+
+def run(seed: int = 0, programs: int | None = None, seconds: float | None = None,
+        verbose: bool = True, shrink_failures: bool = True) -> dict:
+    counts = collections.Counter()
+    refusals = collections.Counter()
+    failures = []
+    seen: set = set()
+    t0 = time.time()
+    i = 0
+    while True:
+        if programs is not None and i >= programs:
+            break
+        if seconds is not None and time.time() - t0 > seconds:
+            break
+        rng = np.random.default_rng([seed, i])
+        prog = random_program(rng)
+        t1 = time.time()
+        res = run_one(prog, rng, shrink_seen=seen if shrink_failures else None)
+        counts[res.status] += 1
+        for kind, _sig, _names, _msg in res.failures:
+            counts[FAIL_KINDS[kind]] += 1
+        refusals.update(set(res.refusals))
+        if verbose:
+            extra = f" refused: {sorted(set(res.refusals))}" if res.refusals else ""
+            print(f"[{i}] {res.status:7s} R={prog.row_size} min_n={prog.min_n} "
+                  f"{time.time() - t1:.2f}s: {prog.names()}{extra}", flush=True)
+            for kind, sig, names, msg in res.failures:
+                print(textwrap.indent(f"{kind} ({sig[1]}; shrunk: {names}): {msg}", "    "),
+                      flush=True)
+        failures += [(i, *fl) for fl in res.failures]
+        i += 1
+    out = {"programs": i, "ok": counts["ok"], "skipped": counts["skip"],
+           "refused_programs": counts["refused"],
+           **{k: counts[k] for k in ("wrong_values", "wrong_grads", "crossed", "errors")},
+           "refusals": sum(refusals.values()), "refusals_by_primitive": dict(refusals.most_common()),
+           "seconds": round(time.time() - t0, 1)}
+    out["failures"] = failures
+    return out
+
+
+def summary(res: dict) -> str:
+    sigs = collections.Counter((k, s[1], n) for _, k, s, n, _ in res["failures"])
+    lines = [f"{k:10s} {m:6s} x{c}: {n}" for (k, m, n), c in sorted(sigs.items())]
+    return ("distinct failures (kind, check, shrunk program):\n  " + "\n  ".join(lines) + "\n"
+            if lines else "") + (
+        f"programs={res['programs']} ok={res['ok']} skipped={res['skipped']} "
+        f"refused_programs={res['refused_programs']} wrong_values={res['wrong_values']} "
+        f"wrong_grads={res['wrong_grads']} crossed={res['crossed']} errors={res['errors']} "
+        f"refusals={res['refusals']} {res['refusals_by_primitive']} "
+        f"seconds={res['seconds']} ({res['programs'] / max(res['seconds'], 1e-9):.2f} programs/s)")
+
+
+def check_min_n(verbose=True) -> list:
+    """Each op's min_n against plain JAX at sizes 0..5 (on an input of that size):
+    the ops whose smallest accepted size differs."""
+    import jax.numpy as jnp
+    bad = []
+    w = np.eye(D, dtype=np.float32)
+    for op in OPS:
+        if "seq" not in op.kinds:
+            continue
+        p = Program([op], None, 8, [])
+        f = p.namespace()["f"]
+        ok = []
+        for n in range(6):
+            try:
+                f(jnp.asarray(w), jnp.ones((n, D), jnp.float32) * 0.3)
+                ok.append(n)
+            except Exception:
+                pass
+        first = ok[0] if ok else None
+        if first != (op.min_n if op.plain_min is None else op.plain_min) or ok != list(range(first, 6)):
+            bad.append((op.name, op.min_n, ok))
+            if verbose:
+                print(f"{op.name}: min_n={op.min_n}, plain accepts {ok}")
+    return bad
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--programs", type=int, default=None)
+    p.add_argument("--seconds", type=float, default=None)
+    p.add_argument("--quiet", action="store_true", help="print failures and the summary only")
+    p.add_argument("--no-shrink", action="store_true")
+    p.add_argument("--check-min-n", action="store_true",
+                   help="check the op table's min_n against plain JAX and exit")
+    p.add_argument("--full-compile", action="store_true",
+                   help="keep XLA's default backend optimizations (default: off, as compiles "
+                        "are most of the time; set before JAX starts)")
+    a = p.parse_args(argv)
+    if not a.full_compile and "jax" not in sys.modules:
+        import os
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   " --xla_backend_optimization_level=0"
+                                   " --xla_llvm_disable_expensive_passes=true").strip()
+    if a.check_min_n:
+        return 1 if check_min_n() else 0
+    if a.programs is None and a.seconds is None:
+        a.programs = 50
+    res = run(a.seed, a.programs, a.seconds, verbose=not a.quiet,
+              shrink_failures=not a.no_shrink)
+    if a.quiet:
+        for i, kind, sig, names, msg in res["failures"]:
+            print(f"[{i}] {kind} ({sig[1]}; {sig[2]}; shrunk: {names}):\n"
+                  + textwrap.indent(msg, "    "), flush=True)
+    print(summary(res), flush=True)
+    return 1 if res["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
