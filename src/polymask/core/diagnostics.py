@@ -184,7 +184,7 @@ def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeEr
             "use polymask.logical_shape(x)"))
         by = f" by '{api}'" if api and not api.startswith("_") else ""
         return ShapeError(
-            f"a size was needed as a Python int{by} while tracing at {where} "
+            f"a size was needed as a Python constant{by} while tracing at {where} "
             f"(int(x.shape[0]), range(n), np.zeros(n), ...):\n  {msg}\n  {hint}.")
     if "divide evenly" in msg:
         extra = ("\n  Write the axis in the spec as a multiple (e.g. '2*k') so that the "
