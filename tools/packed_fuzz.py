@@ -458,7 +458,11 @@ def _plain_grads(env, w, examples):
     if "_plain_grads" not in env:
         env["_plain_grads"] = _jit_each(jax.value_and_grad(env["loss"]))
     keep, tot_v, tot_g = [], 0.0, np.zeros_like(w, dtype=np.float64)
-    for x, (v, g) in zip(examples, env["_plain_grads"](w, examples)):
+    try:
+        pairs = env["_plain_grads"](w, examples)
+    except Exception:  # plain JAX cannot differentiate it (a while_loop): nothing to compare
+        return [], np.float32(0), tot_g.astype(np.float32)
+    for x, (v, g) in zip(examples, pairs):
         v, g = np.asarray(v), np.asarray(g)
         if np.isfinite(v).all() and np.isfinite(g).all():
             keep.append(x)
