@@ -32,6 +32,15 @@ Each failure prints a runnable program that reproduces it (shrunk: ops and
 examples dropped while it still fails, the first time a failure's signature
 is seen).
 
+At d9f5ae6 (before the packed invariant, 1a4f152) it finds NaN/inf crossing
+between examples through multi-head attention (``mh_shared_v``,
+``mh_sum_heads``, ``dpa_gqa_causal``: "crossed") and NaN gradients from dead
+entries of ``x[1:]``/``jnp.diff`` under ``sqrt`` (``proj | sqrt_diff``,
+``proj | sqrt_tail_proj``: "grad").
+
+XLA's backend optimizations are off in the CLI (compiles are most of the
+time; ``--full-compile`` keeps them).
+
     python tools/packed_fuzz.py --seed 0 --programs 2000   # a long run by hand
     python tools/packed_fuzz.py --seed 0 --seconds 60
 """
@@ -146,6 +155,15 @@ OPS = [
        _HEADS + "\n    x = jnp.einsum(\"hnm,md->hnd\", p, x).mean(0)"),
     Op("mh_sum_heads", "contractions",
        _HEADS + "\n    x = jnp.tile(jnp.einsum(\"hnm,mhd->nd\", p, h), (1, 2))"),
+    Op("mh_per_head_v", "contractions",
+       _HEADS + "\n    x = jnp.einsum(\"hnm,mhd->nhd\", p, h).reshape(-1, 4)"),
+    Op("mh_transposed", "contractions",  # contracting the block-diagonal operand's FIRST packed axis
+       _HEADS + "\n    x = jnp.einsum(\"hmn,md->hnd\", p.transpose(0, 2, 1), x).sum(0)"),
+    Op("attn_dense_lhs", "contractions",
+       "x = (x.T @ jax.nn.softmax((x @ w) @ x.T, axis=-1).T).T"),
+    Op("attn_positions", "contractions",  # finite weights from positions, values x
+       "pos = jnp.arange(x.shape[0]) * 1.0\n"
+       "    x = jax.nn.softmax(-jnp.abs(pos[:, None] - pos[None, :]), axis=-1) @ x"),
     Op("dpa_2h", "contractions", _dpa(2, 2, False)),
     Op("dpa_2h_causal", "contractions", _dpa(2, 2, True)),
     Op("dpa_gqa", "contractions", _dpa(4, 2, False)),
@@ -250,6 +268,11 @@ HEADS = [
     Head("sqrt_diff_proj", "jnp.sqrt(jnp.diff(y @ w, axis=0) + 1)", ("seq", "vec", "mat")),
     Head("sqrt_diff", "jnp.sqrt(jnp.diff(y, axis=0) + 1)", ("seq", "vec", "mat")),
     Head("sqrt_plus", "jnp.sqrt(y + 1)"),
+    # the domain holds on what plain JAX reads (y[1:]); y[0], like the packed
+    # value's dead entries, may lie outside it
+    Head("sqrt_tail", "jnp.sqrt(y[1:] + 1)", ("seq", "vec", "mat")),
+    Head("sqrt_tail_proj", "jnp.sqrt(y[1:] @ w + 1)", ("seq", "vec", "mat")),
+    Head("log_head", "jnp.log(y[:-1] + 1.5)", ("seq", "vec", "mat")),
     Head("log_plus", "jnp.log(y + 2)"),
     Head("square", "y * y"),
 ]
