@@ -202,3 +202,29 @@ def test_an_empty_batch_is_a_zero_loss_with_zero_gradients(layout, reduce):
     assert float(grad["b"]) == 0.0
     out = pm.ragged_map(lambda x: x * 2, ("n, 4",), layout=layout)([])
     assert out == []
+
+
+def test_top_k_orders_nan_by_sign_as_xla_in_both_layouts():
+    # XLA's TopK: -NaN < -inf < ... < -0.0 < +0.0 < ... < +inf < +NaN
+    col = np.array([1.0, -np.nan, 2.0, 0.5, np.nan, -np.inf, -0.0, 0.0], np.float32)
+    x = np.stack([col, col], 1)
+    for k in (1, 3, 8):
+        f = lambda x, k=k: lax.top_k(x[:, 0], k)  # noqa: E731
+        want = [np.asarray(a) for a in f(x)]
+        for layout in ("padded", "packed"):
+            got = pm.ragged_map(f, ("n, 2",), layout=layout, row_size=16)([x, x[:k]])[0]
+            np.testing.assert_array_equal(got[1], want[1], err_msg=f"{layout} k={k}")
+
+
+def test_a_loss_that_does_not_depend_on_the_example_counts_once_per_example():
+    def loss(w, x):  # the same value for every example
+        return jnp.sum(w * 2.0) + 3.0
+
+    w = np.ones(4, np.float32)
+    xs = _examples([2, 3, 5])
+    for reduce in ("sum", "mean"):
+        got = pm.value_and_grad(loss, ("n, 4",), layout="packed", reduce=reduce)(w, xs)
+        want = pm.value_and_grad(loss, ("n, 4",), reduce=reduce)(w, xs)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
+    np.testing.assert_allclose(got[0], loss(w, xs[0]), rtol=1e-6)  # the mean

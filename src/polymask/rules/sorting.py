@@ -21,6 +21,16 @@ def sort_rule(ctx, *operands, dimension, is_stable, num_keys):
     return list(outs[1:])
 
 
+def nan_sign_key(x):
+    """A sort key before the value that puts -NaN first and +NaN last: XLA's
+    TopK orders floats totally (-NaN < -inf < ... < +inf < +NaN), while
+    ``lax.sort`` puts every NaN last; zeros for ints."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.zeros(x.shape, jnp.int32)
+    nan = jnp.isnan(x)
+    return jnp.where(nan & jnp.signbit(x), 0, jnp.where(nan, 2, 1)).astype(jnp.int32)
+
+
 def signed_zero_key(x):
     """A sort key after the value that puts -0.0 before +0.0 (``lax.sort``
     ranks them equal; XLA's TopK ranks +0.0 above -0.0); zeros for ints."""
@@ -56,8 +66,9 @@ def top_k_rule(ctx, x, *, k, axis=-1, **params):
         return ctx.bind(x)
     padding_key = (~valid_mask(lg, bd, [axis])).astype(jnp.int32)
     neg_index = -lax.broadcasted_iota(jnp.int32, x.shape, axis)
-    _, values, _, neg_idx = lax.sort((padding_key, x, signed_zero_key(x), neg_index),
-                                     dimension=axis, is_stable=True, num_keys=4)
+    _, _, values, _, neg_idx = lax.sort(
+        (padding_key, nan_sign_key(x), x, signed_zero_key(x), neg_index),
+        dimension=axis, is_stable=True, num_keys=5)
     n = jnp.asarray(lg[axis], jnp.int32)
     # Output position i (of the padded bound of k) reads sorted position
     # n - 1 - i; positions past the logical k are padding (free).

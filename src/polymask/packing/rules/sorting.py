@@ -8,7 +8,7 @@ second: ``(region, dead, keys...)`` keeps them after the segment. ``argsort``'s 
 so indices come out per example.
 
 ``top_k`` along the packed axis is that sort too: the row sorted by
-``(region, dead, value, -index)`` holds each example's values ascending in
+``(region, dead, NaN sign, value, ±0, -index)`` holds each example's values ascending in
 its own positions, so its top ``k`` are its last ``k`` live positions read
 backwards (ties to the lower index, as ``lax.top_k``; the padded rule's
 order, ``rules/sorting.py``). One value per example.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ...rules.sorting import signed_zero_key
+from ...rules.sorting import nan_sign_key, signed_zero_key
 from ..registry import PerSegment, register_packed
 
 
@@ -57,8 +57,8 @@ def top_k_rule(ctx, x, *, k, **params):
     keys = [seg.region, (~seg.live).astype(jnp.int32)]
     keys = [jnp.broadcast_to(seg.along(t, axis, x.ndim), x.shape) for t in keys]
     neg_index = jnp.broadcast_to(seg.along(-seg.rpos, axis, x.ndim), x.shape)
-    *_, values, _, neg_idx = lax.sort((*keys, x, signed_zero_key(x), neg_index),
-                                      dimension=axis, is_stable=True, num_keys=5)
+    *_, values, _, neg_idx = lax.sort((*keys, nan_sign_key(x), x, signed_zero_key(x),
+                                       neg_index), dimension=axis, is_stable=True, num_keys=6)
     # example s's i-th largest sits at start + length - 1 - i
     at = seg.starts[:, None] + seg.lengths[:, None] - 1 - jnp.arange(k)[None, :]  # (S, k)
     at = jnp.clip(at, 0, seg.R - 1).reshape(-1)
