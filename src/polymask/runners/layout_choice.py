@@ -12,8 +12,10 @@ serve (another traced case, ``x[1:]`` at ``n = 0``), run padded either way.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
+from ..core.errors import ShapeError, UnsupportedError
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.cost import packed_cost, padded_cost
 from .packed import PackedRunner, default_row_size
@@ -51,12 +53,17 @@ class LayoutChoice:
         self.max_cases, self.numpy_outputs = max_cases, numpy_outputs
         self._compiler_options = compiler_options
         self.runner: PackedRunner | None = None
+        self._lock = threading.Lock()
         self.refusal: str | None = None
         self.last: dict = {}
 
     def runner_for(self, longest: int) -> PackedRunner:
         """The packed runner (made at the first call: rows of ``row_size``,
         else the default for the longest example)."""
+        with self._lock:  # threads' first calls share one runner (one program)
+            return self._runner_for(longest)
+
+    def _runner_for(self, longest: int) -> PackedRunner:
         if self.runner is None:
             R = self.row_size or default_row_size(longest)
             S = self.segments_per_row or min(R, 128)
@@ -95,8 +102,8 @@ class LayoutChoice:
         except PackedUnsupported as e:
             return self._refuse(str(e), every, permanent=True)
         except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
-            if self.layout == "packed":
-                raise
+            if self.layout == "packed" and isinstance(e, (ShapeError, UnsupportedError)):
+                raise  # the user's call is wrong (specs), not a layout question
             return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
         fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
         if not fits:  # the function packs; these sizes do not: padded, in any layout
@@ -127,7 +134,8 @@ class LayoutChoice:
         except PackedUnsupported as e:  # met while tracing the row program
             return self._refuse(str(e), every, permanent=True)
         except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
-            if self.layout == "packed" or runner.stats["calls"]:
+            if runner.stats["calls"] or (self.layout == "packed"
+                                         and isinstance(e, (ShapeError, UnsupportedError))):
                 raise  # a failure after packed rows ran is not a layout question
             return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
         left = [i for i in every if i not in set(fits)]
