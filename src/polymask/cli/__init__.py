@@ -392,6 +392,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "`polymask embed` runs compile nothing.")
     w.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
     w.set_defaults(func=cmd_warmup)
+
+    from ..serving.command import add_parser as add_serve_parser  # polymask serve (HTTP)
+
+    add_serve_parser(sub, [cache])
     return p
 
 

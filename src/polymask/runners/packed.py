@@ -11,6 +11,7 @@ longer than a row are left to the caller (the padded layout).
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -103,6 +104,14 @@ class PackedRunner:
         self._fn = None
         self._aot = None  # the precompiled row program
         self._key = None
+        # Threads calling one ragged_map at once (a server's callers) share this
+        # runner. Without a lock each traced the packed program, reset ``_fn`` and
+        # compiled its own copy (8 threads: 8 XLA compiles of one program). The
+        # lock makes tracing, choosing ``rows_per_call`` and the first call of
+        # each program (where jax.jit compiles) happen once; later calls of a
+        # compiled program run concurrently, without it.
+        self._lock = threading.RLock()
+        self._warm: set = set()  # (program, broadcast signature) already compiled
         self.stats = {"calls": 0, "compiles": 0, "xla_compiles": 0, "compile_time_s": 0.0,
                       "real_positions": 0, "computed_positions": 0, "examples": 0,
                       "logical_elements": 0, "padded_elements": 0}
@@ -113,6 +122,10 @@ class PackedRunner:
         the count in ``[P/2, P]`` (``P`` rows of about 2048 positions) that
         leaves the fewest empty rows in this call's last call (the power of
         two that holds them when they are fewer than ``P``)."""
+        with self._lock:
+            return self._choose_rows_per_call(rows)
+
+    def _choose_rows_per_call(self, rows: int) -> int:
         if self.rows_per_call is None:
             P = max(1, 2048 // self.row_size)
             if rows <= P:
@@ -128,6 +141,10 @@ class PackedRunner:
         Raises:
           PackedUnsupported: the function cannot run packed.
         """
+        with self._lock:  # one trace, whatever the number of threads calling
+            return self._prepare(plan, leaves, tree, broadcast, in_specs)
+
+    def _prepare(self, plan, leaves, tree, broadcast, in_specs) -> PackedProgram:
         key = (tree, tuple((p.static, p.dtype, p.shape if p.static else len(p.shape))
                            for p in plan.leaves), len(jax.tree_util.tree_leaves(broadcast)))
         if self.program is not None and key == self._key:
@@ -139,6 +156,7 @@ class PackedRunner:
         prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,
                               len(jax.tree_util.tree_leaves(broadcast)), self.max_cases)
         self.program, self._key, self._fn, self._aot = prog, key, None, None
+        self._warm.clear()
         return prog
 
     def precompile(self, info, bcast_leaves) -> None:
@@ -156,13 +174,17 @@ class PackedRunner:
         avals += [jax.ShapeDtypeStruct((B, R if f in POSITION_FIELDS else S), np.int32)
                   for f in SEGMENT_FIELDS]
         start = time.perf_counter()
-        with compile_counter() as cc:
+        with self._lock, compile_counter() as cc:
             self._aot = self._compiled(len(bcast_leaves)).lower(*avals).compile()
         self.stats["compiles"] += 1
         self.stats["xla_compiles"] += cc.compiles
         self.stats["compile_time_s"] += time.perf_counter() - start
 
     def _compiled(self, n_bcast: int):
+        with self._lock:  # one jax.jit function for every thread
+            return self._make_compiled(n_bcast)
+
+    def _make_compiled(self, n_bcast: int):
         if self._aot is not None:
             return self._aot
         if self._fn is None:
@@ -194,8 +216,7 @@ class PackedRunner:
             seg_in = [np.stack([s[f] for s in seg]) for f in SEGMENT_FIELDS]
             start = time.perf_counter()
             with compile_counter() as cc:
-                outs = fn(*bcast_leaves, *inputs, *seg_in)
-                outs = [np.asarray(o) for o in outs]
+                outs = self._call(fn, bcast_leaves, inputs + seg_in)
             if cc.compiles:
                 self.stats["compiles"] += 1
                 self.stats["xla_compiles"] += cc.compiles
@@ -210,6 +231,19 @@ class PackedRunner:
             self.stats["padded_elements"] += B * sum(int(np.prod(leaf_specs[li].shape))
                                                      for li in packed_leaves)
             self._unpack(rows, seg, outs, lengths, results, out_tree)
+
+    def _call(self, fn, bcast_leaves, inputs) -> list[np.ndarray]:
+        """``fn(*bcast_leaves, *inputs)`` as NumPy arrays; the first call of a
+        program (per broadcast signature: where jax.jit compiles) holds the
+        lock, so concurrent first callers wait for one compile instead of
+        each compiling their own."""
+        sig = (id(fn), tuple((np.shape(x), str(_dtype(x))) for x in bcast_leaves))
+        if sig in self._warm:
+            return [np.asarray(o) for o in fn(*bcast_leaves, *inputs)]
+        with self._lock:
+            outs = [np.asarray(o) for o in fn(*bcast_leaves, *inputs)]
+            self._warm.add(sig)
+        return outs
 
     def _leaf_specs(self, info) -> list[_Leaf]:
         plan, leaves = info

@@ -1,0 +1,124 @@
+"""``polymask serve``: the subcommand's options and what it runs.
+
+``add_parser(sub, parents)`` registers it on the CLI's subparsers (the CLI's
+cache options come in ``parents``); ``cmd_serve(args)`` loads the model (the
+installed all-MiniLM-L6-v2, or ``--model DIR``), builds the
+``EmbeddingService`` and runs the HTTP server (``http.run``). Starlette,
+uvicorn and prometheus_client (the ``serve`` extra) are imported only when
+the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["add_parser", "cmd_serve"]
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        return v
+
+    return parse
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return v
+
+
+def _model_name(model_dir) -> str:
+    """The default model's Hub name, else the directory's name."""
+    from ..models.loader import default_model_dir
+
+    try:
+        if model_dir.resolve() == default_model_dir().resolve():
+            return DEFAULT_MODEL_NAME
+    except FileNotFoundError:
+        pass
+    return model_dir.resolve().name
+
+
+def add_parser(sub, parents: list) -> argparse.ArgumentParser:
+    """Add ``serve`` to the CLI's subparsers ``sub``; returns its parser."""
+    s = sub.add_parser(
+        "serve", parents=parents,
+        help="serve embeddings over HTTP (OpenAI /v1/embeddings, TEI /embed, /health, "
+             "/metrics) with dynamic batching into one packed program",
+        description="Serve the model over HTTP: concurrent requests are batched into one "
+                    "compiled packed program (compiled or loaded from the cache at start; "
+                    "/health is 503 until then). Needs the serve extra: "
+                    "pip install 'polymask[serve]'. See docs/serving.md.")
+    s.add_argument("--model", default=None, metavar="DIR",
+                   help="a BERT-style model directory (default: installed all-MiniLM-L6-v2)")
+    s.add_argument("--model-name", default=None,
+                   help="the model's name in responses (default: "
+                        f"{DEFAULT_MODEL_NAME} for the default model, else the directory name)")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=_int_at_least(0), default=8000, help="port (default 8000)")
+    s.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
+                   help="longest wait for more inputs before a batch runs (default 5 ms)")
+    s.add_argument("--max-batch-tokens", type=_int_at_least(1), default=None,
+                   help="most tokens per batch (default rows-per-call x max_seq_length)")
+    s.add_argument("--max-batch-size", type=_int_at_least(1), default=256,
+                   help="most inputs per batch (default 256)")
+    s.add_argument("--rows-per-call", type=_int_at_least(1), default=2,
+                   help="packed rows of max_seq_length tokens per program call (default 2)")
+    s.add_argument("--max-queue", type=_int_at_least(1), default=4096,
+                   help="most inputs waiting; more get 503 + Retry-After (default 4096)")
+    s.add_argument("--max-inputs", type=_int_at_least(1), default=256,
+                   help="most inputs per request; more get 413 (default 256)")
+    s.add_argument("--max-body-bytes", type=_int_at_least(1), default=8 << 20,
+                   help="largest request body; larger get 413 (default 8 MiB)")
+    s.add_argument("--log-level", default="warning",
+                   choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (default warning)")
+    s.set_defaults(func=cmd_serve)
+    return s
+
+
+def cmd_serve(args) -> int:
+    """Run the server until SIGTERM/SIGINT; 2 when the model or the serve
+    extra is missing."""
+    try:
+        from .http import run
+    except ImportError as e:
+        print(f"polymask: {e}; install the serve extra: pip install 'polymask[serve]'",
+              file=sys.stderr)
+        return 2
+    from ..models.loader import INSTALL_HINT, SentenceEncoder
+    from .embedding import EmbeddingService
+
+    try:
+        enc = SentenceEncoder(args.model)
+    except FileNotFoundError as e:
+        print(f"polymask: {e}", file=sys.stderr)
+        if args.model is None:
+            print(f"polymask: install the default model with: {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"polymask: {e}; install the models extra: pip install 'polymask[models]'",
+              file=sys.stderr)
+        return 2
+    name = args.model_name or _model_name(enc.model_dir)
+    service = EmbeddingService(enc, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+                               max_batch_size=args.max_batch_size,
+                               max_batch_tokens=args.max_batch_tokens,
+                               rows_per_call=args.rows_per_call)
+    run(service, model_name=name, host=args.host, port=args.port, max_inputs=args.max_inputs,
+        max_body_bytes=args.max_body_bytes, log_level=args.log_level)
+    return 0
