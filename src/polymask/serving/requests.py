@@ -52,8 +52,9 @@ def parse_json(body: bytes) -> dict:
     """
     try:
         obj = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(400, "body", f"the request body is not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, too deep, too long ints
+        text = str(e)[:200] if isinstance(e, ValueError) else "nested too deeply"
+        raise RequestError(400, "body", f"the request body is not valid JSON: {text}") from None
     if not isinstance(obj, dict):
         raise RequestError(400, "body", "the request body must be a JSON object, got "
                                         f"{_json_type(obj)}")
@@ -80,6 +81,7 @@ def _texts(obj: dict, field: str, status: int, max_inputs: int) -> list[str]:
                                           "of strings")
     v = obj[field]
     if isinstance(v, str):
+        _check_text(v, field, status)
         return [v]
     if not isinstance(v, list):
         raise RequestError(status, field, f"'{field}' must be a string or an array of "
@@ -95,7 +97,18 @@ def _texts(obj: dict, field: str, status: int, max_inputs: int) -> list[str]:
                     if isinstance(t, (int, list)) and not isinstance(t, bool) else "")
             raise RequestError(status, f"{field}[{i}]", f"'{field}[{i}]' must be a string, "
                                                         f"got {_json_type(t)}{hint}")
+        _check_text(t, f"{field}[{i}]", status)
     return list(v)
+
+
+def _check_text(text: str, field: str, status: int) -> None:
+    """JSON may carry lone UTF-16 surrogates (``"\\ud800"``), which no tokenizer
+    takes: the client's error, not the server's."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(status, field, f"'{field}' is not valid Unicode: {e.reason} at "
+                                          f"character {e.start}") from None
 
 
 def _optional(obj: dict, field: str, kind: type, status: int, default: Any) -> Any:
