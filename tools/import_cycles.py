@@ -31,6 +31,7 @@ LAYERS = (
     "inspection",   # shape_formula, explain
     "runners",      # polymask.jit, ragged_map, program cache, compiles, host I/O
     "models",       # example models (BERT encoder) and their loader
+    "serving",      # the dynamic batcher and the HTTP server (polymask serve)
     "cli",          # the command line
     "testing",      # the oracle (public module)
     "",             # polymask/__init__.py: the public API

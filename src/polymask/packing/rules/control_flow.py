@@ -24,6 +24,8 @@ those run through the packed interpreter like the others.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -160,16 +162,23 @@ def _scan_along_packed_axis(ctx, seg, jaxpr, consts, init, xs, reverse, num_carr
     init0 = [_row(v, 0) for v in init]
 
     def step(carry, inp):
-        slot, fresh, row = inp
-        k = [_row(c, slot) for c in consts]
-        carry = [lax.select(fresh, jnp.broadcast_to(_row(i, slot), jnp.shape(c)), c)
+        slot, fresh, live, row = inp
+        # a dead step (the row's tail, a gap, past n + c) is the invariant's
+        # dead entry: its inputs and outputs are selected to 0, so a body that
+        # makes inf there (log of 0) never sends 0 * inf into a shared
+        # parameter's or init's cotangent (the select's transpose is the gate)
+        gate = functools.partial(_live_only, live)
+        k = [gate(_row(c, slot)) for c in consts]
+        carry = [gate(lax.select(fresh, jnp.broadcast_to(_row(i, slot), jnp.shape(c)), c))
                  for i, c in zip(init, carry)]
-        outs = run.with_segments(seg.single(slot)).eval_closed(jaxpr, [*k, *carry, *row])
+        outs = run.with_segments(seg.single(slot)).eval_closed(
+            jaxpr, [*k, *carry, *map(gate, row)])
         # one example: a value per segment is that example's (S = 1)
-        outs = [o.data[0] if isinstance(o, PerSegment) else o for o in outs]
+        outs = [gate(o.data[0] if isinstance(o, PerSegment) else o) for o in outs]
         return outs[:num_carry], (outs[num_carry:], outs[:num_carry])
 
-    _, (ys, carries) = lax.scan(step, init0, (seg.slot, restart, xs), reverse=reverse)
+    _, (ys, carries) = lax.scan(step, init0, (seg.slot, restart, seg.live, xs),
+                                reverse=reverse)
     last = seg.starts if reverse else seg.starts + seg.lengths - 1  # (S,)
     last = jnp.clip(last, 0, seg.R - 1)
     empty = seg.lengths == 0
@@ -181,6 +190,14 @@ def _scan_along_packed_axis(ctx, seg, jaxpr, consts, init, xs, reverse, num_carr
         mask = empty.reshape((-1,) + (1,) * (at_end.ndim - 1))
         finals.append(PerSegment(jnp.where(mask, init_s.astype(at_end.dtype), at_end)))
     return [*finals, *ys]
+
+
+def _live_only(live, v):
+    """``v`` at a live step, 0 at a dead one (numeric values; others as they are)."""
+    dtype = jnp.result_type(v)
+    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+        return v
+    return lax.select(jnp.broadcast_to(live, jnp.shape(v)), v, jnp.zeros_like(v))
 
 
 def _scan_with_packed_values(ctx, jaxpr, consts, init, xs, reverse, num_carry, length):
