@@ -253,3 +253,14 @@ def test_a_loss_that_does_not_depend_on_the_example_counts_once_per_example():
         np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
         np.testing.assert_allclose(got[1], want[1], rtol=1e-6)
     np.testing.assert_allclose(got[0], loss(w, xs[0]), rtol=1e-6)  # the mean
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_an_example_where_the_plain_loss_fails_is_a_shape_error_naming_it(layout):
+    def loss(w, x):  # jnp.max of an empty diff: plain JAX raises at n = 1
+        return jnp.max(jnp.diff(x @ w)) ** 2
+
+    xs = _examples([3, 1, 20])  # 20: longer than a row of 16, padded in either layout
+    vg = pm.value_and_grad(loss, ("n, 4",), layout=layout, row_size=R)
+    with pytest.raises(pm.ShapeError, match=r"examples\[1\].*test_packed_invariant.py"):
+        vg(np.ones(4, np.float32), xs)

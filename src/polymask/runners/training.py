@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core.buckets import as_policy
+from ..core.diagnostics import user_frame_of_exception
 from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
 from ..core.plan import plan_call, policy_getter
@@ -50,6 +51,29 @@ def _take_pad(x, b: int, total: int):
     return jax.tree_util.tree_map(lambda a: np.asarray(a)[idx], x)
 
 
+def plain_loss_shape(fun: Callable, args: Sequence[Any], cache: dict, where: str):
+    """The shape of ``fun(*args)`` on one exact example (``jax.eval_shape``,
+    cached by the arguments' shapes and dtypes).
+
+    Raises:
+      ShapeError: plain JAX fails on this example (``jnp.max`` of an empty
+        axis, ``top_k`` with k > n): as on the exact arrays, never a value.
+    """
+    key = tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
+                for x in jax.tree_util.tree_leaves(args))
+    if key not in cache:
+        try:
+            cache[key] = jax.eval_shape(fun, *args).shape
+        except Exception as e:  # noqa: BLE001 - plain JAX's own error, reworded
+            cache[key] = ShapeError(
+                f"{where}: the loss fails on this example at {user_frame_of_exception(e)}, "
+                "as on the exact arrays:\n  "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if isinstance(cache[key], ShapeError):
+        raise cache[key]
+    return cache[key]
+
+
 class RaggedValueAndGrad:
     """The callable ``value_and_grad`` returns: ``vg(params, *batch) -> (loss, grads)``."""
 
@@ -70,6 +94,7 @@ class RaggedValueAndGrad:
         self._unbatched = {argnums} if isinstance(argnums, int) else set(argnums)
         self.reduce = reduce
         self._checks = checks
+        self._plain_shapes: dict = {}
         self._masked = mask(fun, in_specs, checks=checks)
         self._policy = as_policy(buckets) if buckets is not None else None
         self._batch_policy = as_policy(batch_buckets) if batch_buckets is not None else None
@@ -156,8 +181,22 @@ class RaggedValueAndGrad:
             out = self._packed(*args)
             self.compiles = self._packed.compiles + self._packed.compiles_padded
             return out
+        self._check_exact_examples(args)
         weights, args = self.prepare(*args)
         return self._jitted(weights, *args)
+
+    def _check_exact_examples(self, args) -> None:
+        """Lists of exact arrays: each example's loss traced by plain JAX (once
+        per shape), so an example where the plain loss fails raises
+        ``ShapeError`` instead of adding 0 (the compiled program has no
+        host callback to say it)."""
+        lists = {i: a for i, a in enumerate(args) if i not in self._unbatched
+                 and isinstance(a, (list, tuple)) and a and not isinstance(a[0], (list, dict))}
+        if len(lists) != len(args) - len(self._unbatched):
+            return  # stacked batches: their sizes were checked when stacked
+        for k in range(len(next(iter(lists.values())))):
+            ex = [a[k] if i in lists else a for i, a in enumerate(args)]
+            plain_loss_shape(self.fun, ex, self._plain_shapes, f"examples[{k}]")
 
 
 def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
@@ -300,17 +339,15 @@ class PackedTraining:
             self._padded = RaggedValueAndGrad(self.fun, self.in_specs, argnums=self.argnums,
                                               reduce="sum")
         params = args[self.argnums]
+        count = 0
+        for k in idxs:  # first: a size where the plain loss fails names its example
+            ex = [a[k] for j, a in enumerate(args) if j != self.argnums]
+            # the loss's logical elements at this size
+            count += int(np.prod(plain_loss_shape(self._example_fun(), [params, *ex],
+                                                  self._loss_sizes, f"examples[{k}]")))
         sub = [a if j == self.argnums else [a[k] for k in idxs] for j, a in enumerate(args)]
         total, grads = self._padded(*sub)
         self.compiles_padded = self._padded.compiles
-        count = 0
-        for k in idxs:
-            ex = [a[k] for j, a in enumerate(args) if j != self.argnums]
-            key = tuple((np.shape(x), np.result_type(x)) for x in jax.tree_util.tree_leaves(ex))
-            if key not in self._loss_sizes:  # the loss's logical elements at this size
-                out = jax.eval_shape(self._example_fun(), params, *ex)
-                self._loss_sizes[key] = int(np.prod(out.shape))
-            count += self._loss_sizes[key]
         return total, float(count), grads
 
     def _run(self, params, infos, lengths):
