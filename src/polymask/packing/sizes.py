@@ -77,7 +77,8 @@ def check_sizes(jaxpr, allowed: set, prog, sizes: RaggedSizes, outer=(), line=No
                 raise PackedUnsupported(
                     f"primitive '{eqn.primitive.name}'{where} (used at {at}) cannot run "
                     f"packed: its window or padding along the ragged axis depends on the "
-                    f"size ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+                    f"size ({type(e).__name__}: {prog.display(str(e).splitlines()[0])})"
+                ) from e
     return gap
 
 

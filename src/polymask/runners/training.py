@@ -240,10 +240,19 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
       same reduction computed example by example on exact arrays.
       ``vg.compiles`` counts the compiled signatures.
 
+    A batch of no examples (empty lists) gives a loss of 0 and zero
+    gradients in either layout and either ``reduce`` (the mean over no
+    elements is taken as 0, not NaN).
+
     Raises:
-      ShapeError: ``fun`` does not return one array, a spec does not fit, or
-        examples of one batch disagree in rank or static sizes.
+      ShapeError: ``fun`` does not return one array, a spec does not fit,
+        examples of one batch disagree in rank or static sizes, or the plain
+        loss fails on an example (``examples[k]`` and the line are named).
       UnsupportedError: a primitive in ``fun`` has no masking rule.
+      PackedUnsupported: ``layout="packed"`` and ``fun`` cannot run packed
+        (the primitive and line are named); ``layout="padded"`` runs it.
+      ValueError: ``layout`` other than ``"padded"``/``"packed"``, or
+        ``reduce`` other than ``"mean"``/``"sum"``.
 
     Padding rows of the batch and padded positions of each example are
     dropped with ``where`` (never multiplied by 0), so NaN in padding cannot
