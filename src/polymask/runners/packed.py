@@ -112,7 +112,10 @@ class PackedRunner:
         # compiled program run concurrently, without it.
         self._lock = threading.RLock()
         self._warm: set = set()  # (program, broadcast signature) already compiled
-        self.stats = {"calls": 0, "compiles": 0, "xla_compiles": 0, "compile_time_s": 0.0,
+        # compiles: programs made ready, compiled by XLA (xla_compiles) or
+        # loaded from the persistent compilation cache (persistent_cache_hits)
+        self.stats = {"calls": 0, "compiles": 0, "xla_compiles": 0,
+                      "persistent_cache_hits": 0, "compile_time_s": 0.0,
                       "real_positions": 0, "computed_positions": 0, "examples": 0,
                       "logical_elements": 0, "padded_elements": 0}
 
@@ -178,6 +181,7 @@ class PackedRunner:
             self._aot = self._compiled(len(bcast_leaves)).lower(*avals).compile()
         self.stats["compiles"] += 1
         self.stats["xla_compiles"] += cc.compiles
+        self.stats["persistent_cache_hits"] += cc.cache_hits
         self.stats["compile_time_s"] += time.perf_counter() - start
 
     def _compiled(self, n_bcast: int):
@@ -217,9 +221,10 @@ class PackedRunner:
             start = time.perf_counter()
             with compile_counter() as cc:
                 outs = self._call(fn, bcast_leaves, inputs + seg_in)
-            if cc.compiles:
+            if cc.compiles or cc.cache_hits:  # compiled, or loaded from the persistent cache
                 self.stats["compiles"] += 1
                 self.stats["xla_compiles"] += cc.compiles
+                self.stats["persistent_cache_hits"] += cc.cache_hits
                 self.stats["compile_time_s"] += time.perf_counter() - start
             self.stats["calls"] += 1
             done = [i for row in rows for i, _ in row]  # counted once they ran
