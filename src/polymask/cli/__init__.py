@@ -449,6 +449,11 @@ def cmd_embed(args) -> int:
     # every check of the command line before any work: input, output, options
     if args.file == "-" and not args.out:
         raise CliError("reading standard input (-) needs --out FILE.npy or FILE.jsonl", USAGE)
+    if args.ray is not None:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise CliError("--ray needs Ray Data: pip install 'polymask[ray]'")
     name, fh = _open_input(args.file)
     try:
         out = args.out or str(pathlib.Path(args.file).with_suffix(".npy"))
