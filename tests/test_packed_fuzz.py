@@ -16,7 +16,7 @@ from polymask.packing import registry  # noqa: E402
 
 def test_packed_fuzz_fixed_seed_short_run():
     res = packed_fuzz.run(seed=0, programs=None,
-                          seconds=float(os.environ.get("PM_PACKED_FUZZ_SECONDS", 25)),
+                          seconds=float(os.environ.get("PM_PACKED_FUZZ_SECONDS", 10)),
                           verbose=True)
     print(packed_fuzz.summary(res))
     assert res["programs"] >= 1

@@ -7,10 +7,11 @@ contractions and attention with several heads, shifts to ``n + c``, windows,
 sorting, gathers, scans, loops, conds, segment reductions), and checks
 
 - values: ``ragged_map(f, ("n, 4",), layout="packed", row_size=R)`` on a
-  batch of sizes 0, 1, R, R + 1 (that one runs in the padded layout) and many
-  short examples (several share a row) against plain ``f`` on each example
-  alone: integers exact, floats ``allclose`` (rtol = atol = 2e-5), the same
-  NaN and inf positions;
+  batch of sizes 0, 1, R - 1, R, many short examples (several share a row)
+  and, in ``PADDED_FRACTION`` of the programs, R + 1 (it runs in the padded
+  layout: two more compiles) against plain ``f`` on each example alone:
+  integers exact, floats ``allclose`` (rtol = atol = 2e-5), the same NaN and
+  inf positions;
 - NaN/inf isolation: the same batch with NaN (then +inf) written into one
   entry of one example. Every OTHER example must equal its plain result
   ("crossed" when it does not); the corrupted example must be non-finite
@@ -38,11 +39,17 @@ between examples through multi-head attention (``mh_shared_v``,
 entries of ``x[1:]``/``jnp.diff`` under ``sqrt`` (``proj | sqrt_diff``,
 ``proj | sqrt_tail_proj``: "grad").
 
-XLA's backend optimizations are off in the CLI (compiles are most of the
-time; ``--full-compile`` keeps them).
+Speed: compiles and traces are most of the time (a program: the plain
+reference, values and gradients in ONE jitted program reused by the NaN/inf
+batches; the packed ``ragged_map`` and ``value_and_grad`` programs, plus their
+padded fallbacks). The CLI turns XLA's backend optimizations and MLIR fusion
+emitters off (``FAST_COMPILE_FLAGS``; ``--full-compile`` keeps the defaults):
+about 0.8 programs/s on one core, 2.5x the first version. ``--jobs 2`` runs
+programs in two spawned processes (each program has its own RNG stream: the
+same results in the same order), for two free cores.
 
     python tools/packed_fuzz.py --seed 0 --programs 2000   # a long run by hand
-    python tools/packed_fuzz.py --seed 0 --seconds 60
+    python tools/packed_fuzz.py --seed 0 --seconds 60 --jobs 2
 """
 
 from __future__ import annotations
@@ -345,11 +352,16 @@ class Program:
     def namespace(self) -> dict:
         env: dict = {}
         src = _PRELUDE + self.source() + ("\n\n" + self.loss_source() if self.head else "")
+        if self.head:  # the loss and f's value, for the plain reference (_plain_ref)
+            src += f"\n\n\ndef _loss_y(w, x0):\n    y = f(w, x0)\n    return jnp.sum({self.head.src}), y\n"
         exec(compile(src, "<packed fuzz program>", "exec"), env)
         return env
 
     def names(self) -> str:
         return " > ".join(o.name for o in self.ops) + (f" | {self.head.name}" if self.head else "")
+
+
+PADDED_FRACTION = 0.3  # programs with a row size that also get an example of size R + 1
 
 
 def random_program(rng) -> Program:
@@ -375,7 +387,9 @@ def random_program(rng) -> Program:
         sizes = [0, 1] + list(rng.integers(1, 9, size=int(rng.integers(6, 12))))
     else:
         short = rng.integers(1, max(2, row_size // 3) + 1, size=int(rng.integers(6, 12)))
-        sizes = [0, 1, row_size, row_size + 1, row_size - 1] + list(short)
+        sizes = [0, 1, row_size, row_size - 1] + list(short)
+        if rng.random() < PADDED_FRACTION:  # runs padded: two more compiles (values, gradient)
+            sizes.append(row_size + 1)
     sizes = [int(s) for s in sizes]
     order = rng.permutation(len(sizes))
     return Program(ops, head, row_size, [sizes[i] for i in order])
@@ -417,18 +431,69 @@ def _plain_raises(f, w, n) -> bool:
         return True
 
 
-def _jit_each(fun):
-    """``[fun(w, x) for x in xs]`` as one jitted program: plain JAX on each exact
-    example (one compile for the batch and its NaN/inf copies, not one per
-    size; faster to compile here than a ``lax.map`` per size)."""
+def _plain_ref(env, w, examples, grad=()):
+    """Plain JAX on each exact example, as ONE jitted program per fuzz program
+    (unrolled over the examples; the NaN/inf batches have the same shapes and
+    reuse it): ``f``'s value on every example and, on the examples at the
+    indices ``grad``, ``jax.value_and_grad(loss)`` (its forward pass gives
+    ``f``'s value: no second copy). Returns (values, {index: (loss, grad)});
+    the dict is None where plain JAX cannot differentiate (a while_loop)."""
     import jax
-    return jax.jit(lambda w, xs: [fun(w, x) for x in xs])
+    progs = env.setdefault("_plain_progs", {})
+    grad = tuple(grad) if grad and not env.get("_no_grad") else ()
+
+    def build(grad):
+        # inner jits: the examples of one size share one trace and one lowering
+        f = jax.jit(env["f"])
+        vg = jax.jit(jax.value_and_grad(env["_loss_y"], has_aux=True)) if grad else None
+
+        def each(w, xs):
+            out = []
+            for j, x in enumerate(xs):
+                if j in grad:
+                    (v, y), g = vg(w, x)
+                    out.append((y, v, g))
+                else:
+                    out.append((f(w, x),))
+            return out
+        return jax.jit(each)
+
+    if grad not in progs:
+        progs[grad] = build(grad)
+    try:
+        outs = progs[grad](w, examples)
+    except Exception:
+        if not grad:
+            raise
+        # plain JAX cannot differentiate it (a while_loop): values only
+        env["_no_grad"] = True
+        return _plain_ref(env, w, examples)[0], None
+    values = [np.asarray(o[0]) for o in outs]
+    pairs = {j: (np.asarray(o[1]), np.asarray(o[2])) for j, o in enumerate(outs) if len(o) > 1}
+    return values, (pairs if grad else None)
 
 
 def _plain_all(env, w, examples):
-    if "_plain_all" not in env:
-        env["_plain_all"] = _jit_each(env["f"])
-    return [np.asarray(o) for o in env["_plain_all"](w, examples)]
+    """Plain ``f`` on each example alone."""
+    return _plain_ref(env, w, examples)[0]
+
+
+def _finite_grads(w, examples, pairs):
+    """The examples whose plain loss and gradient are finite, and their sums."""
+    keep, tot_v, tot_g = [], 0.0, np.zeros_like(w, dtype=np.float64)
+    for j, (v, g) in sorted((pairs or {}).items()):
+        if np.isfinite(v).all() and np.isfinite(g).all():
+            keep.append(examples[j])
+            tot_v += float(v)
+            tot_g += g
+    return keep, np.float32(tot_v), tot_g.astype(np.float32)
+
+
+def _plain_grads(env, w, examples):
+    """Plain value_and_grad on each example; the examples whose loss and gradient
+    are finite, and their sums."""
+    _, pairs = _plain_ref(env, w, examples, grad=range(len(examples)))
+    return _finite_grads(w, examples, pairs)
 
 
 def _packed_outputs(prog, env, w, examples):
@@ -472,26 +537,6 @@ def _check_values(prog, env, w, examples, want, corrupted=None):
     i = (crossed or bad)[0]
     return kind, (f"{kind}: examples {bad} differ (n = {[len(examples[j]) for j in bad]}); "
                   f"example {i}: packed {got[i].tolist()} != plain {np.asarray(want[i]).tolist()}")
-
-
-def _plain_grads(env, w, examples):
-    """Plain value_and_grad per example; the examples whose loss and gradient are
-    finite, and their sums."""
-    import jax
-    if "_plain_grads" not in env:
-        env["_plain_grads"] = _jit_each(jax.value_and_grad(env["loss"]))
-    keep, tot_v, tot_g = [], 0.0, np.zeros_like(w, dtype=np.float64)
-    try:
-        pairs = env["_plain_grads"](w, examples)
-    except Exception:  # plain JAX cannot differentiate it (a while_loop): nothing to compare
-        return [], np.float32(0), tot_g.astype(np.float32)
-    for x, (v, g) in zip(examples, pairs):
-        v, g = np.asarray(v), np.asarray(g)
-        if np.isfinite(v).all() and np.isfinite(g).all():
-            keep.append(x)
-            tot_v += float(v)
-            tot_g += g
-    return keep, np.float32(tot_v), tot_g.astype(np.float32)
 
 
 def _check_grads(prog, env, w, examples, want_v, want_g):
@@ -674,7 +719,10 @@ def run_one(prog: Program, rng, checks=("values", "nan", "inf", "grad"), shrink_
         out.status = "skip"
         return out
 
-    want = _plain_all(env, w, examples)
+    grad = ()
+    if "grad" in checks and prog.head is not None and prog.kind in ANY:
+        grad = range(len(examples))
+    want, pairs = _plain_ref(env, w, examples, grad)
     for mode in checks:
         try:
             if mode == "values":
@@ -686,14 +734,14 @@ def run_one(prog: Program, rng, checks=("values", "nan", "inf", "grad"), shrink_
                 if i is None:
                     continue
                 want_c = list(want)
-                want_c[i] = _plain_all(env, w, ex)[i]
+                want_c[i] = _plain_ref(env, w, ex, grad)[0][i]  # the same program
                 r = _check_values(prog, env, w, ex, want_c, corrupted=i)
                 if r:
                     fail(*r, mode, ex, i)
             elif mode == "grad":
-                if prog.head is None or prog.kind not in ANY:
+                if not pairs:  # no head, or plain JAX cannot differentiate f
                     continue
-                keep, v, g = _plain_grads(env, w, examples)
+                keep, v, g = _finite_grads(w, examples, pairs)
                 if not keep:
                     continue
                 r = _check_grads(prog, env, w, keep, v, g)
@@ -719,37 +767,77 @@ FAIL_KINDS = {"value": "wrong_values", "grad": "wrong_grads", "grad_value": "wro
               "crossed": "crossed", "error": "errors"}
 
 
+_SEEN: set = set()  # failure signatures already shrunk (one set per worker process)
+
+
+def _program(seed: int, i: int, shrink_failures: bool = True, seen: set | None = None) -> dict:
+    """Program ``i`` of ``seed`` (its own RNG stream: the same program and data
+    whichever process runs it), checked; plain values only (it crosses processes)."""
+    rng = np.random.default_rng([seed, i])
+    prog = random_program(rng)
+    t1 = time.time()
+    res = run_one(prog, rng, shrink_seen=(_SEEN if seen is None else seen)
+                  if shrink_failures else None)
+    return {"i": i, "status": res.status, "failures": res.failures, "refusals": res.refusals,
+            "row_size": prog.row_size, "min_n": prog.min_n, "names": prog.names(),
+            "seconds": time.time() - t1}
+
+
+def _results(seed, programs, seconds, shrink_failures, jobs, t0):
+    """The programs' results in order: in this process, or ``jobs`` spawned
+    worker processes (each with its own JAX; the parent imports none)."""
+    def more(i):
+        return ((programs is None or i < programs)
+                and (seconds is None or time.time() - t0 <= seconds))
+
+    if jobs <= 1:
+        seen: set = set()
+        i = 0
+        while more(i):
+            yield _program(seed, i, shrink_failures, seen)
+            i += 1
+        return
+    import concurrent.futures
+    import multiprocessing
+    pool = concurrent.futures.ProcessPoolExecutor(
+        jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=500)
+    pending = collections.deque()
+    nxt = 0
+    try:
+        while True:
+            while len(pending) < 2 * jobs and more(nxt):
+                pending.append(pool.submit(_program, seed, nxt, shrink_failures))
+                nxt += 1
+            if not pending:
+                return
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def run(seed: int = 0, programs: int | None = None, seconds: float | None = None,
-        verbose: bool = True, shrink_failures: bool = True) -> dict:
+        verbose: bool = True, shrink_failures: bool = True, jobs: int = 1) -> dict:
     counts = collections.Counter()
     refusals = collections.Counter()
     failures = []
-    seen: set = set()
     t0 = time.time()
-    i = 0
-    while True:
-        if programs is not None and i >= programs:
-            break
-        if seconds is not None and time.time() - t0 > seconds:
-            break
-        rng = np.random.default_rng([seed, i])
-        prog = random_program(rng)
-        t1 = time.time()
-        res = run_one(prog, rng, shrink_seen=seen if shrink_failures else None)
-        counts[res.status] += 1
-        for kind, _sig, _names, _msg in res.failures:
+    n = 0
+    for r in _results(seed, programs, seconds, shrink_failures, jobs, t0):
+        i = r["i"]
+        counts[r["status"]] += 1
+        for kind, _sig, _names, _msg in r["failures"]:
             counts[FAIL_KINDS[kind]] += 1
-        refusals.update(set(res.refusals))
+        refusals.update(set(r["refusals"]))
         if verbose:
-            extra = f" refused: {sorted(set(res.refusals))}" if res.refusals else ""
-            print(f"[{i}] {res.status:7s} R={prog.row_size} min_n={prog.min_n} "
-                  f"{time.time() - t1:.2f}s: {prog.names()}{extra}", flush=True)
-            for kind, sig, names, msg in res.failures:
+            extra = f" refused: {sorted(set(r['refusals']))}" if r["refusals"] else ""
+            print(f"[{i}] {r['status']:7s} R={r['row_size']} min_n={r['min_n']} "
+                  f"{r['seconds']:.2f}s: {r['names']}{extra}", flush=True)
+            for kind, sig, names, msg in r["failures"]:
                 print(textwrap.indent(f"{kind} ({sig[1]}; shrunk: {names}): {msg}", "    "),
                       flush=True)
-        failures += [(i, *fl) for fl in res.failures]
-        i += 1
-    out = {"programs": i, "ok": counts["ok"], "skipped": counts["skip"],
+        failures += [(i, *fl) for fl in r["failures"]]
+        n += 1
+    out = {"programs": n, "ok": counts["ok"], "skipped": counts["skip"],
            "refused_programs": counts["refused"],
            **{k: counts[k] for k in ("wrong_values", "wrong_grads", "crossed", "errors")},
            "refusals": sum(refusals.values()), "refusals_by_primitive": dict(refusals.most_common()),
@@ -789,6 +877,15 @@ def check_min_n(verbose=True) -> list:
     return bad
 
 
+# XLA:CPU options that make the small programs here compile about 3x faster
+# (compiles are most of a program's time): no backend optimizations, the
+# LLVM-IR fusion emitters instead of the MLIR ones, one codegen module.
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0",
+                      "--xla_llvm_disable_expensive_passes=true",
+                      "--xla_cpu_use_fusion_emitters=false",
+                      "--xla_cpu_parallel_codegen_split_count=1")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0)
@@ -796,6 +893,9 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=None)
     p.add_argument("--quiet", action="store_true", help="print failures and the summary only")
     p.add_argument("--no-shrink", action="store_true")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes (spawned; programs are independent, results print in "
+                        "order): 2 on two free cores is about twice the programs per second")
     p.add_argument("--check-min-n", action="store_true",
                    help="check the op table's min_n against plain JAX and exit")
     p.add_argument("--full-compile", action="store_true",
@@ -805,14 +905,13 @@ def main(argv=None) -> int:
     if not a.full_compile and "jax" not in sys.modules:
         import os
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                   " --xla_backend_optimization_level=0"
-                                   " --xla_llvm_disable_expensive_passes=true").strip()
+                                   " " + " ".join(FAST_COMPILE_FLAGS)).strip()
     if a.check_min_n:
         return 1 if check_min_n() else 0
     if a.programs is None and a.seconds is None:
         a.programs = 50
     res = run(a.seed, a.programs, a.seconds, verbose=not a.quiet,
-              shrink_failures=not a.no_shrink)
+              shrink_failures=not a.no_shrink, jobs=a.jobs)
     if a.quiet:
         for i, kind, sig, names, msg in res["failures"]:
             print(f"[{i}] {kind} ({sig[1]}; {sig[2]}; shrunk: {names}):\n"
