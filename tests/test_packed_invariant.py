@@ -264,3 +264,18 @@ def test_an_example_where_the_plain_loss_fails_is_a_shape_error_naming_it(layout
     vg = pm.value_and_grad(loss, ("n, 4",), layout=layout, row_size=R)
     with pytest.raises(pm.ShapeError, match=r"examples\[1\].*test_packed_invariant.py"):
         vg(np.ones(4, np.float32), xs)
+
+
+def test_a_convolution_whose_kernel_is_the_data_keeps_nan_where_plain_jax_does():
+    # jnp.convolve swaps its operands when the signal is shorter than the
+    # kernel: the ragged data becomes a kernel of masked size. XLA leaves a
+    # convolution's padding implicit (no 0 * nan there); found by the packed
+    # fuzzer (n = 2 runs in the padded layout)
+    f = lambda x: jnp.convolve(x, jnp.array([1.0, -0.5, 0.25]), mode="same")  # noqa: E731
+    xs = [np.array([0.5, np.nan], np.float32), np.array([np.nan, 0.5], np.float32),
+          np.array([0.5, 2.0], np.float32), np.arange(5, dtype=np.float32)]
+    for layout in ("padded", "packed"):
+        for x, got in zip(xs, pm.ragged_map(f, ("n",), layout=layout, row_size=8)(xs)):
+            want = np.asarray(f(x))
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{x}")
+            np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-6)

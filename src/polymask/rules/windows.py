@@ -226,12 +226,45 @@ def conv_rule(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
         keff = _dilated(k, rhs_dilation[i])
         plans.append(_AxisPlan(ctx, ax, lb[ax], padding[i][0], keff, window_strides[i],
                                lhs_dilation[i], ob[ospec[2 + i]]))
+    real = _shifted_indicator(ll, lb, lspec[2:], plans, lhs.dtype)
     lhs = _shift_input(lhs, 0, plans)
     pad, dil = _phys(plans)
-    out = ctx.bind(lhs, rhs, padding=pad, lhs_dilation=dil)
+    live_k = valid_mask(rl, rb, list(rspec[2:]))
+    if live_k is not None and is_inexact(rhs.dtype):
+        out = _conv_keeping_nonfinite_terms(ctx, lhs, rhs, real, live_k, pad, dil)
+    else:
+        out = ctx.bind(lhs, rhs, padding=pad, lhs_dilation=dil)
     if compact_out:
         out = _gather_groups(out, ospec[1], groups, ctx.out_logical[0][ospec[1]])
     return clean_float(out, ctx.out_logical[0])
+
+
+def _shifted_indicator(ll, lb, spatial, plans, dtype):
+    """1 where the laid-out input holds a real (logical) position, 0 at the
+    zeros ``_shift_input`` materialises (padding the op would leave implicit)."""
+    real = valid_mask(ll, lb, list(spatial))
+    shape = tuple(int(b) for b in lb)
+    real = jnp.ones(shape, dtype) if real is None else real.astype(dtype)
+    return _shift_input(real, 0, plans)
+
+
+def _conv_keeping_nonfinite_terms(ctx, lhs, rhs, real, live_k, pad, dil):
+    """A convolution whose kernel has a masked window axis (``jnp.convolve``
+    swaps its operands when the signal is shorter than the kernel: the data
+    becomes the kernel). XLA leaves a convolution's padding implicit (no
+    ``0 * nan`` term), but here the input's padding and the kernel's beyond
+    its logical size are real zeros: both operands enter with non-finite
+    entries as 0, and an output is NaN where some term plain JAX computes
+    (a real input position times a logical kernel tap) is non-finite,
+    counted with two convolutions of 0/1 indicators (the kind, NaN or inf,
+    may differ from plain JAX's)."""
+    zero = lambda x: jnp.where(jnp.isfinite(x), x, jnp.zeros_like(x))  # noqa: E731
+    bad = lambda x: (~jnp.isfinite(x)).astype(lhs.dtype)  # noqa: E731
+    conv = lambda a, b: ctx.bind(a, b, padding=pad, lhs_dilation=dil)  # noqa: E731
+    out = conv(zero(lhs), zero(rhs))
+    live = live_k.astype(lhs.dtype)
+    count = conv(bad(lhs), live) + conv(real, bad(rhs) * live)
+    return jnp.where(count > 0, jnp.full_like(out, jnp.nan), out)
 
 
 def _check_dynamic_groups(ctx, feature_group_count, batch_group_count) -> None:
