@@ -799,8 +799,10 @@ def _results(seed, programs, seconds, shrink_failures, jobs, t0):
         return
     import concurrent.futures
     import multiprocessing
+    # workers live for the whole run: a recycled one would import the sources as
+    # they are then, and one run would test two versions of polymask
     pool = concurrent.futures.ProcessPoolExecutor(
-        jobs, mp_context=multiprocessing.get_context("spawn"), max_tasks_per_child=500)
+        jobs, mp_context=multiprocessing.get_context("spawn"))
     pending = collections.deque()
     nxt = 0
     try:
