@@ -74,7 +74,7 @@ def test_threads_each_get_their_own_result():
     assert all(r.computed_elements >= r.elements and len(r.queue_s) == r.size for r in reports)
 
 
-def test_asyncio_callers_and_timing():
+def test_asyncio_callers_get_their_results_and_timing_fields():
     exs = _examples(40, seed=1)
 
     async def main(b):
@@ -86,7 +86,7 @@ def test_asyncio_callers_and_timing():
         out = asyncio.run(main(b))
         f = b.submit(exs[0])
         f.result(60)
-        assert f.timing.batch_size >= 1 and f.timing.queue_s >= 0 and f.timing.compute_s > 0
+        assert f.timing.batch_size >= 1 and f.timing.queue_s >= 0 and f.timing.compute_s >= 0  # recorded, not a speed check
         assert b.stats()["largest_batch"] <= 16
     for got, ref in zip(out, _reference(exs)):
         assert np.abs(got - ref).max() <= 1e-6
