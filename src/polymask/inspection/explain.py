@@ -244,7 +244,9 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     """Print and return the masked trace of ``fun``, annotated.
 
     Args:
-      fun, in_specs, constraints: as for ``polymask.mask``.
+      fun: as for ``polymask.mask``.
+      in_specs: as for ``polymask.mask``.
+      constraints: as for ``polymask.mask``.
       *args: example arguments: ``Masked`` values (their logical sizes, when
         concrete, are shown as the "logical" column), arrays,
         ``jax.ShapeDtypeStruct``s or padded shapes (tuples of ints of dtype

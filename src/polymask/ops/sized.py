@@ -28,7 +28,9 @@ def unique(ar, return_index=False, return_inverse=False, return_counts=False, ax
 
     Args:
       ar: array of any dtype (NaNs count as one value when ``equal_nan``).
-      return_index, return_inverse, return_counts: as in NumPy.
+      return_index: as in NumPy.
+      return_inverse: as in NumPy.
+      return_counts: as in NumPy.
 
     Returns:
       The sorted unique values (``ar``'s dtype, length ``count``), plus the
@@ -70,8 +72,10 @@ def arange(start, stop=None, step=None, dtype=None, *, max_size=None):
     """``np.arange`` whose length may be a traced integer (inside ``mask``).
 
     Args:
-      start, stop, step: as in NumPy; Python numbers or integer scalars
-        computed from data (e.g. ``k = jnp.sum(x > 0)``).
+      start: as in NumPy; a Python number or an integer scalar computed
+        from data (e.g. ``k = jnp.sum(x > 0)``); so are ``stop`` and ``step``.
+      stop: as in NumPy.
+      step: as in NumPy.
       dtype: result dtype (default: inferred as ``jnp.arange`` does).
       max_size: int bound on the length, required when an argument is traced.
 

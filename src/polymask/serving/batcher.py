@@ -221,7 +221,7 @@ class DynamicBatcher:
 
         Raises:
           QueueFull, BatcherClosed: as ``submit_many``; the first failing
-          example's exception.
+            example's exception.
         """
         return [f.result(timeout) for f in self.submit_many(list(examples))]
 
@@ -239,7 +239,7 @@ class DynamicBatcher:
 
         Raises:
           QueueFull, BatcherClosed: as ``submit_many``; the first failing
-          example's exception.
+            example's exception.
         """
         futures = self.submit_many(list(examples))
         return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
