@@ -7,6 +7,8 @@ supplies its own rows), and ``jax.jit(jax.vmap(polymask.mask(f, spec)))`` runs
 as one SPMD program. Sizes travel with the data, so the program compiles once
 whatever lengths each process holds.
 
+Install: ``pip install -e .`` (polymask alone) on every machine.
+
 On one machine (two processes, CPU devices)::
 
     python examples/multihost.py --launch 2 --out result.npz

@@ -1,5 +1,6 @@
 """polymask quickstart: mask + jit + vmap + grad on a small function.
 
+Install: pip install -e .   (polymask alone)
 Run: python examples/quickstart.py
 """
 

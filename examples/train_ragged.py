@@ -13,6 +13,7 @@ program per bucket).
 Task: continue an arithmetic sequence mod VOCAB (``t[i+1] = t[i] + step``);
 the step is only visible from the tokens, so the model must attend.
 
+Install: pip install -e ".[examples]"   (flax, optax, matplotlib)
 Run: python examples/train_ragged.py [--steps 150] [--layout packed|padded] [--out train_ragged.png]
 """
 

@@ -25,7 +25,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # JAX range one shard, so every test runs on one end and the core on both, and the
 # whole run fits CI's time budget (README "Tests"). Unset: every test runs.
 EVERY_SHARD = frozenset({"test_jax_compat.py", "test_core_acceptance.py", "test_errors.py",
-                         "test_compose.py", "test_architecture.py", "test_readme.py"})
+                         "test_compose.py", "test_architecture.py", "test_docs.py"})
 
 
 def _shard():
