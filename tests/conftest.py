@@ -11,6 +11,16 @@ os.environ.setdefault("POLYMASK_CACHE_DIR", "off")
 # not in the test workers that call cli.main in-process; tests of it set this.
 os.environ.setdefault("POLYMASK_REUSE_HOST_MEMORY", "off")
 
+# Compiles are most of the suite's time: XLA:CPU's cheap-compile flags (set before
+# any backend starts; subprocesses of the CLI, serving and distributed tests
+# inherit them). POLYMASK_TEST_FULL_COMPILE=1 keeps XLA's defaults (CI's jax
+# 0.11 leg runs the version-sensitive core that way).
+if os.environ.get("POLYMASK_TEST_FULL_COMPILE", "") in ("", "0"):
+    from polymask._jax_compat.versions import fast_compile_xla_flags  # noqa: E402
+
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), *fast_compile_xla_flags()]).strip()
+
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True)

@@ -105,6 +105,30 @@ def test_convolve_static_kernel_ints(op):
            [(B,), None], modes=("eager", "jit", "vmap"))
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("mode", ["full", "same"])
+def test_convolve_of_a_signal_shorter_than_the_kernel_keeps_its_inf_as_plain_jax(mode, layout):
+    """Below the kernel's length the data is ``_conv``'s kernel; JAX's symbolic
+    padding of the constant operand is an explicit ``lax.pad`` whose zeros
+    met the data's inf (``0 * inf``: NaN in every output where plain JAX has
+    ``inf``, ``-inf`` and finite values). The data is padded instead."""
+    k = jnp.array([1.0, -0.5, 0.25])
+    f = lambda x: jnp.convolve(x, k, mode=mode)
+    examples = [np.array([np.inf], np.float32), np.array([np.inf, 2.0], np.float32),
+                np.array([0.5, -1.0, 2.0, 4.0], np.float32)]
+    if layout == "padded":
+        g = jax.jit(polymask.mask(f, "n"))
+        got = []
+        for x in examples:
+            out = g(polymask.Masked(jnp.asarray(np.pad(x, (0, 6 - len(x)))),
+                                    (jnp.int32(len(x)),)))
+            got.append(np.asarray(out.data)[: len(f(jnp.asarray(x)))])
+    else:
+        got = polymask.ragged_map(f, ("n",), layout="packed", row_size=16)(examples)
+    for x, g_ in zip(examples, got):
+        np.testing.assert_array_equal(np.asarray(g_), np.asarray(f(jnp.asarray(x))))
+
+
 def test_convolve_empty_raises_shape_error():
     f = polymask.mask(lambda a, v: jnp.convolve(a, v))
     with pytest.raises(ValueError):

@@ -101,16 +101,48 @@ def test_a_nan_or_inf_in_one_example_never_changes_another(family):
     for i, (ex, a, b) in enumerate(zip(clean, got_clean, got_dirty)):
         for u, w in zip(_leaves(a), _leaves(fun(ex))):  # a row's matmul vs one example's
             np.testing.assert_allclose(u, w, rtol=2e-5, atol=2e-5, err_msg=f"example {i}")
-        if i in (1, 3):  # the corrupted examples: non-finite where plain JAX is
+        if i in (1, 3):  # the corrupted examples: plain JAX's values, NaN and inf kinds too
             with np.errstate(invalid="ignore"):
                 plain = _leaves(fun(dirty[i]))
             for u, w in zip(_leaves(b), plain):
-                if np.issubdtype(u.dtype, np.inexact):
-                    np.testing.assert_array_equal(np.isfinite(u), np.isfinite(w),
-                                                  err_msg=f"example {i}")
+                _assert_same_nonfinite(u, w, f"example {i} ({family})")
             continue
         for u, w in zip(_leaves(b), _leaves(a)):  # bitwise: the neighbour changed nothing
             np.testing.assert_array_equal(u, w, err_msg=f"example {i} ({family})")
+
+
+def _assert_same_nonfinite(got, want, msg):
+    """Plain JAX's values: NaN where it has NaN, the same infinities, close elsewhere."""
+    got, want = np.asarray(got), np.asarray(want)
+    if not np.issubdtype(want.dtype, np.inexact):
+        np.testing.assert_array_equal(got, want, err_msg=msg)
+        return
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=msg)
+    np.testing.assert_array_equal(np.isinf(got) * np.sign(got), np.isinf(want) * np.sign(want),
+                                  err_msg=msg)
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=2e-5, atol=2e-5, err_msg=msg)
+
+
+def _causal_attention_then_tanh(x):  # causal zeros and sign of the weights matter for inf
+    n = x.shape[0]
+    s = jnp.where(jnp.tril(jnp.ones((n, n), bool)), x @ x.T, -jnp.inf)
+    return jnp.tanh(jax.nn.softmax(s, -1) @ (x - 0.5))
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("fun", [_causal_attention_then_tanh, _gqa_causal, _mha_shared_values])
+def test_the_example_holding_nan_or_inf_gets_plain_jaxs_kinds_after_attention(fun, value):
+    """The contraction adds an example's own non-finite terms back with the
+    weights' signs and zeros applied (``0 * inf`` is NaN inside its block), so
+    a later ``tanh`` maps them as plain JAX does (an unweighted ``+inf`` gave
+    ``tanh = 1`` where plain JAX has NaN)."""
+    ex = _examples()
+    ex[1][2, 1] = value
+    got = pm.ragged_map(fun, ("n, 4",), layout="packed", row_size=R)(ex)
+    for i, (x, g) in enumerate(zip(ex, got)):
+        with np.errstate(invalid="ignore"):
+            _assert_same_nonfinite(g, fun(x), f"example {i}")
 
 
 def test_the_issues_multi_head_example_gives_plain_values():

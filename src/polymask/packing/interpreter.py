@@ -36,7 +36,12 @@ from .registry import PackedContext, PackedUnsupported, PerSegment, packed_rule
 from .segments import SEGMENT_FIELDS, Segments
 from .sizes import RaggedSizes, check_sizes, not_n, param_dims
 
-__all__ = ["PackedRun", "PackedProgram", "packed_program"]
+__all__ = ["PackedRun", "PackedProgram", "packed_program", "ROWS_AXIS"]
+
+# the axis name runners give ``jax.vmap`` over rows: a rule can ask whether
+# any row of the call needs a rare path (``PackedRun.any_row``) and keep that
+# path behind a real ``lax.cond`` instead of a select that always computes it
+ROWS_AXIS = "polymask_rows"
 
 
 class PackedRun:
@@ -44,7 +49,8 @@ class PackedRun:
     dimension expression, the row's ``Segments`` and the per-segment sizes."""
 
     def __init__(self, prog: MaskedProgram, var: str, seg: Segments, forward_only: bool,
-                 observe: Callable | None = None, sizes: RaggedSizes | None = None):
+                 observe: Callable | None = None, sizes: RaggedSizes | None = None,
+                 rows_axis: str | None = None):
         self.prog = prog
         self.var = var
         self.n = prog.spec_var_expr(var)
@@ -54,12 +60,22 @@ class PackedRun:
         # observe(eqn, how, outs): ``explain(layout="packed")`` records how each
         # equation ran (its packed rule, bound on shared values, or vmapped)
         self.observe = observe
+        self.rows_axis = rows_axis  # the vmap axis over rows, when the caller names it
         self._dims = DimEnv(prog.scope, prog.dim_bounds, prog.internal_values({var: seg.lengths}))
 
     def with_segments(self, arrays) -> PackedRun:
         """This run on other segment arrays (``Segments.arrays()``)."""
         return PackedRun(self.prog, self.var, Segments.from_arrays(arrays, self.seg.gap),
-                         self.forward_only, self.observe, self.sizes)
+                         self.forward_only, self.observe, self.sizes, self.rows_axis)
+
+    def any_row(self, flag):
+        """Whether ``flag`` (a boolean scalar of this row) holds in any row of
+        the call: unbatched when the rows' ``vmap`` names ``rows_axis``, so a
+        ``lax.cond`` on it skips its branch at run time for the whole batch
+        (a batched predicate turns the cond into a select of both branches)."""
+        if self.rows_axis is None:
+            return flag
+        return lax.psum(flag.astype(jnp.int32), self.rows_axis) > 0
 
     # -- sizes ------------------------------------------------------------------
     def is_n(self, d) -> bool:
@@ -198,8 +214,8 @@ class PackedRun:
         ndim = len(shape)
         ok = self.seg.along(views[0].live, axes[0], ndim)
         for a, v in zip(axes[1:], views[1:]):
-            ok = ok & (self.seg.along(views[0].seg, axes[0], ndim)
-                       == self.seg.along(v.seg, a, ndim))
+            ok = ok & self.seg.along(v.live, a, ndim) & (
+                self.seg.along(views[0].seg, axes[0], ndim) == self.seg.along(v.seg, a, ndim))
         return jnp.broadcast_to(ok, tuple(shape))
 
     def live_only(self, x, aval, axes):
@@ -323,17 +339,19 @@ class PackedProgram:
         return self.program.out_shapes
 
     def row_fn(self, n_broadcast: int, forward_only: bool = True,
-               observe: Callable | None = None) -> Callable:
+               observe: Callable | None = None, rows_axis: str | None = None) -> Callable:
         """``fn(*broadcast, *example_leaves, *segment_arrays) -> outputs`` for
         one row (``vmap`` it over rows). Example leaves are row data (packed
         axes of length R) or per-segment ``(S, ...)`` stacks. ``observe``:
-        see ``PackedRun``."""
+        see ``PackedRun``. ``rows_axis``: the ``axis_name`` of the caller's
+        ``vmap`` over rows (``ROWS_AXIS``), None when the row is not vmapped
+        under a name."""
         prog, var = self.program, self.var
 
         def fn(*args):
             k = len(SEGMENT_FIELDS)
             leaves, segs = args[:-k], Segments.from_arrays(args[-k:], self.gap)
-            run = PackedRun(prog, var, segs, forward_only, observe, self.sizes)
+            run = PackedRun(prog, var, segs, forward_only, observe, self.sizes, rows_axis)
             wrapped = list(leaves[:n_broadcast])
             invars = prog.closed_jaxpr.jaxpr.invars[n_broadcast:]
             for x, axes, v in zip(leaves[n_broadcast:], self.packed_axes, invars):

@@ -138,6 +138,10 @@ def conv_dynamic(x, y, mode, op, precision, preferred_element_type=None):
     # take dimension expressions. "SAME_LOWER" at stride 1 pads
     # (k // 2, k - 1 - k // 2), JAX's "same"; "full" pads x by k - 1 first.
     k = y.shape[0]
+    if mode in ("full", "same") and compat.is_symbolic_shape((k,)) \
+            and not compat.is_symbolic_shape(x.shape):
+        result = _conv_padding_the_data(x, y, mode, precision, preferred_element_type)
+        return lax.rev(result, (0,)) if reverse else result
     if mode == "valid":
         padding = "VALID"
     elif mode == "same":
@@ -152,6 +156,25 @@ def conv_dynamic(x, y, mode, op, precision, preferred_element_type=None):
                                       preferred_element_type=preferred_element_type)
     result = result[0, 0]
     return lax.rev(result, (0,)) if reverse else result
+
+
+def _conv_padding_the_data(x, y, mode, precision, preferred_element_type):
+    """``_conv``'s product for a data operand ``y`` (symbolic length ``k``, the
+    shorter one, already flipped / conjugated) against a constant ``x`` of
+    length ``L``. JAX pads ``x`` by ``k - 1`` (a symbolic padding is an
+    explicit ``lax.pad``), whose zeros would multiply ``y``: ``0 * inf`` is
+    NaN where plain JAX's implicit conv padding makes no term. The same full
+    product with the roles swapped pads the data by the constant ``L - 1``
+    instead: ``full[i] = sum_t pad(flip(y))[i + t] * flip(x)[t]``; "same" is
+    its ``L`` entries from ``(k - 1) // 2``."""
+    L = x.shape[0]
+    data = lax.pad(jnp.flip(y), jnp.zeros((), y.dtype), [(L - 1, L - 1, 0)])
+    full = lax.conv_general_dilated(data[None, None, :], jnp.flip(x)[None, None, :], (1,),
+                                    "VALID", precision=precision,
+                                    preferred_element_type=preferred_element_type)[0, 0]
+    if mode == "full":
+        return full
+    return lax.dynamic_slice_in_dim(full, (y.shape[0] - 1) // 2, L)
 
 
 compat.replace_during_trace("jnp.searchsorted", searchsorted_dynamic)

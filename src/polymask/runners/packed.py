@@ -22,6 +22,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.plan import CallPlan
 from ..packing import PackedProgram, pack_rows, packed_program
+from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS, phantom_source, row_arrays
 from .compiling import compile_counter
 
@@ -192,9 +193,10 @@ class PackedRunner:
         if self._aot is not None:
             return self._aot
         if self._fn is None:
-            row = self.program.row_fn(n_bcast, forward_only=True)
+            row = self.program.row_fn(n_bcast, forward_only=True, rows_axis=ROWS_AXIS)
             n_in = len(self.program.packed_axes) + len(SEGMENT_FIELDS)
-            self._fn = jax.jit(jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in),
+            self._fn = jax.jit(jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in,
+                                        axis_name=ROWS_AXIS),
                                compiler_options=self.compiler_options or None)
         return self._fn
 

@@ -26,6 +26,7 @@ from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
 from ..core.plan import plan_call, policy_getter
 from ..packing import PackedUnsupported, pack_rows
+from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import SEGMENT_FIELDS, Segments
 from ..tracing.transform import mask
 from .packed import PackedRunner, default_row_size, spare_rows
@@ -388,12 +389,13 @@ class PackedTraining:
         if self._fn is not None:
             return self._fn
         prog = self.runner.program
-        row = prog.row_fn(n_params, forward_only=False)
+        row = prog.row_fn(n_params, forward_only=False, rows_axis=ROWS_AXIS)
         n_in = len(prog.packed_axes) + len(SEGMENT_FIELDS)
 
         def loss_sum(p_leaves, *rest):
             *inputs, used = rest
-            outs = jax.vmap(row, in_axes=(None,) * n_params + (0,) * n_in)(*p_leaves, *inputs)
+            outs = jax.vmap(row, in_axes=(None,) * n_params + (0,) * n_in,
+                            axis_name=ROWS_AXIS)(*p_leaves, *inputs)
             if len(outs) != 1:
                 raise ShapeError("value_and_grad: fun must return one array (its loss)")
             out, kind = outs[0], prog.out_kinds[0]

@@ -7,15 +7,14 @@
   (cross-segment entries are 0, ``registry`` docstring), so the plain matmul
   over the row sums each segment's own terms only. A NaN or inf of one
   example in the other operand would still meet those zeros (``0 * nan``):
-  that operand enters the matmul with its non-finite entries as 0, and each
-  example's own non-finite terms are added back per segment (their sum:
-  NaN, or the inf a positive weight keeps), so they stay in their example.
-  This holds for every operand structure (batch dims, several free or
-  contracted axes: heads sharing values, per-head values summed over heads,
-  grouped-query attention's ``(K, G)`` heads).
-  Every other example is exact. The example holding the inf or NaN is
-  non-finite where plain JAX is, but the kind may differ (NaN, +inf or -inf:
-  the weights' signs and zeros are not applied to the added-back terms).
+  that operand enters the matmul with its non-finite entries as 0, and
+  each example's own non-finite terms are added back within its block
+  (``+inf``, ``-inf`` or NaN as plain JAX gets them: the weights' signs and
+  zeros applied) when any row holds one. This holds for every operand
+  structure (batch dims, several free or contracted axes: heads sharing
+  values, per-head values summed over heads, grouped-query attention's
+  ``(K, G)`` heads). Every example, the one holding the NaN or inf
+  included, gets plain JAX's values.
 - Packed axes contracted and none kept (``x^T y`` of one example): a value
   per segment: the product per position, then a segment sum.
 - A per-segment operand against a packed one (a pooled vector scored
@@ -27,7 +26,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ..registry import PerSegment, broadcast_with_new_axis, register_packed
+from ..registry import PerSegment, register_packed
 
 
 def _dims(dimension_numbers):
@@ -57,11 +56,10 @@ def _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb):
     several free or contracted axes: heads sharing values ``hnm,md->hnd``,
     per-head values summed over heads ``hnm,mhd->nd``, grouped-query
     attention's ``(K, G)`` heads). ``D`` enters the product with its
-    non-finite entries as 0, so no ``0 * nan`` meets another example; the
-    non-finite entries are then summed per segment (over ``k`` and ``D``'s
-    other contracted axes) and added back at ``B``'s free packed axis, so
-    the example holding them is non-finite where plain JAX is (module
-    docstring: the kind may differ)."""
+    non-finite entries as 0, so no ``0 * nan`` meets another example; where
+    any row of the call holds one, its terms are added back exactly
+    (``_with_nonfinite_terms``) behind a ``lax.cond`` that finite data never
+    takes."""
     lp, rp = ctx.in_packed
     if len(lp) >= 2 and len(rp) == 1:
         dense_is_lhs = False
@@ -69,34 +67,75 @@ def _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb):
         dense_is_lhs = True
     else:  # both block-diagonal: cross entries are 0 on both sides, no NaN meets them
         return ctx.bind(lhs, rhs)
-    dense = lhs if dense_is_lhs else rhs
+    dense, block = (lhs, rhs) if dense_is_lhs else (rhs, lhs)
     d_aval, b_aval = (ctx.in_avals if dense_is_lhs else ctx.in_avals[::-1])
-    (dc, db, dp), (bc, bb, bp) = ((lc, lb, lp), (rc, rb, rp))[::1 if dense_is_lhs else -1]
+    (dc, _, dp), (_, _, bp) = ((lc, lb, lp), (rc, rb, rp))[::1 if dense_is_lhs else -1]
     (k,) = dp
-    b_free = [a for a in range(len(b_aval.shape)) if a not in bc and a not in bb]
-    q = next((a for a in b_free if a in bp), None)
-    if k not in dc or q is None or not jnp.issubdtype(dense.dtype, jnp.inexact):
+    if k not in dc or not jnp.issubdtype(dense.dtype, jnp.inexact):
         return ctx.bind(lhs, rhs)
     finite = jnp.isfinite(dense)
     clean = jnp.where(finite, dense, jnp.zeros_like(dense))
     out = ctx.bind(clean, rhs) if dense_is_lhs else ctx.bind(lhs, clean)
-    bad = jnp.where(finite, jnp.zeros_like(dense), dense)
-    summed = tuple(a for a in dc if a != k)
-    bad = jnp.sum(bad, axis=summed) if summed else bad
-    kept = [a for a in range(dense.ndim) if a not in summed]  # D's axes left in ``bad``
-    bad = jnp.moveaxis(bad, kept.index(k), 0)
-    rest = [a for a in kept if a != k]  # D's batch and free axes, in D's order
-    per_seg = ctx.axis_segments(d_aval, k).segment_reduce(bad, "sum")  # (S, rest...)
-    g = ctx.axis_segments(b_aval, q).to_positions(per_seg, fill_padding=True)  # (R, rest...)
-    # where each axis lands in dot_general's result: (batch..., lhs free..., rhs free...)
-    d_free = [a for a in range(dense.ndim) if a not in dc and a not in db]
-    nb = len(db)
-    d_first = nb if dense_is_lhs else nb + len(b_free)
-    b_first = nb + len(d_free) if dense_is_lhs else nb
-    dims = [db.index(a) if a in db else d_first + d_free.index(a) for a in rest]
-    add = broadcast_with_new_axis(g, b_first + b_free.index(q), dims, out.shape)
-    add = add.astype(out.dtype)
-    return jnp.where(add == 0, out, out + add)
+    in_block = ctx.run.live_mask(b_aval, bp, block.shape)
+
+    def product(b_ind, d_ind):  # a count per result entry, in dot_general's layout
+        b_ind, d_ind = b_ind.astype(jnp.float32), d_ind.astype(jnp.float32)
+        pair = (d_ind, b_ind) if dense_is_lhs else (b_ind, d_ind)
+        return lax.dot_general(*pair, ctx.eqn.params["dimension_numbers"])
+
+    def exact():
+        # B's NaNs stay (a NaN times D's finite entries, inside B's block only,
+        # keeps its sign bit as plain JAX's product does); its infinities go
+        fin_block = jnp.where(jnp.isinf(block), jnp.zeros_like(block), block)
+        fin = ctx.bind(clean, fin_block) if dense_is_lhs else ctx.bind(fin_block, clean)
+        return _with_nonfinite_terms(fin, _Classes(block, in_block), _Classes(dense), product)
+
+    return lax.cond(ctx.run.any_row(~jnp.all(finite)), exact, lambda: out)
+
+
+class _Classes:
+    """An operand's entries by sign and finiteness (``live``: where its
+    terms exist at all: a block-diagonal operand's own block)."""
+
+    def __init__(self, x, live=None):
+        live = jnp.ones(x.shape, bool) if live is None else live
+        fin = jnp.isfinite(x)
+        self.pos_fin, self.neg_fin = fin & (x > 0), fin & (x < 0)
+        self.pos_inf, self.neg_inf = x == jnp.inf, x == -jnp.inf
+        self.zero = (x == 0) & live
+        self.nan = jnp.isnan(x)
+        self.x = x
+        self.inf = self.pos_inf | self.neg_inf
+        self.pos, self.neg = x > 0, x < 0
+        self.live = live
+
+
+def _with_nonfinite_terms(fin, b, d, product):
+    """``fin`` (the product of D's finite entries with B's finite and NaN
+    entries) with every term ``B[i, j] * D[j]`` that has an infinite factor
+    or a NaN of D added back as plain JAX has it, over ``j`` in ``i``'s block
+    only: the counts of ``+inf``, ``-inf`` and NaN terms are products of
+    finite 0/1 indicators (no ``0 * inf`` can cross a block). An entry with a
+    NaN term (a NaN of D, ``0 * inf``) or infinities of both signs is NaN,
+    else ``+inf`` or ``-inf``, else ``fin``."""
+    plus = (product(b.pos_inf, d.pos) + product(b.neg_inf, d.neg)
+            + product(b.pos_fin, d.pos_inf) + product(b.neg_fin, d.neg_inf))
+    minus = (product(b.pos_inf, d.neg) + product(b.neg_inf, d.pos)
+             + product(b.pos_fin, d.neg_inf) + product(b.neg_fin, d.pos_inf))
+    # NaN signs matter: XLA's top_k and sort order NaNs by their sign bit. A NaN
+    # factor of D propagates its own sign; an invalid operation (0 * inf,
+    # inf - inf) makes the machine's default NaN, made here by the same arithmetic
+    neg_nan = product(b.live, d.nan & jnp.signbit(d.x))
+    pos_nan = product(b.live, d.nan & ~jnp.signbit(d.x))
+    invalid = product(b.zero, d.inf) + product(b.inf, d.zero)
+    dtype = fin.dtype
+    inf = jnp.full(fin.shape, jnp.inf, dtype)
+    nan = jnp.asarray(jnp.nan, dtype)
+    made_nan = inf * jnp.zeros((), dtype)
+    add = jnp.where(pos_nan > 0, nan, jnp.where(neg_nan > 0, -nan, jnp.where(
+        (invalid > 0) | ((plus > 0) & (minus > 0)), made_nan,
+        jnp.where(plus > 0, inf, jnp.where(minus > 0, -inf, 0)))))
+    return jnp.where(add == 0, fin, fin + add)
 
 
 def _per_segment_contraction(ctx, lhs, rhs, lc, rc, lb, rb, a):
