@@ -14,6 +14,8 @@ from test_bert import _tiny_model_dir  # noqa: E402
 from polymask import cli  # noqa: E402
 from polymask.models.loader import SentenceEncoder  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the slow tier: runs the installed polymask command in subprocesses
+
 
 def test_stdlib_docstrings_deterministic():
     a = cli.stdlib_docstrings(25, seed=3)

@@ -8,12 +8,15 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 import polymask as pm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import multihost  # noqa: E402
+
+pytestmark = pytest.mark.slow  # the slow tier: starts several JAX processes
 
 
 def test_two_processes_global_mesh(tmp_path):

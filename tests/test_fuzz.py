@@ -6,12 +6,15 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tools"))
 
 import fuzz  # noqa: E402
 
 from polymask.tracing import registry  # noqa: E402
+
+pytestmark = pytest.mark.slow  # the slow tier: the padded fuzzer's fixed-seed run
 
 
 def test_fuzz_fixed_seed_short_run():

@@ -15,6 +15,8 @@ from test_bert import _tiny_model_dir  # noqa: E402
 from polymask import cli  # noqa: E402
 from polymask.models.loader import SentenceEncoder, length_buckets  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the slow tier: starts a local Ray instance
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -18,7 +18,7 @@ import pytest
 from real import corpus, harness
 from real.expected import FAILURES, NOT_APPLICABLE
 
-pytestmark = pytest.mark.real
+pytestmark = [pytest.mark.real, pytest.mark.slow]  # the slow tier: the real-program corpus: minutes of compiles
 
 HANG_TIMEOUT = 15.0  # seconds for a mode expected to hang (it normally answers in a few)
 

@@ -18,6 +18,8 @@ from polymask.core.errors import ShapeError
 from polymask.runners.ragged import RaggedMap
 from polymask.serving import BatcherClosed, DynamicBatcher, QueueFull
 
+pytestmark = pytest.mark.slow  # the slow tier: starts polymask serve processes and loads the model
+
 
 # ----------------------------------------------------------------------------
 # the batcher, on a small function
