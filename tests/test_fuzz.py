@@ -59,6 +59,14 @@ def test_grad_mode_dropped_where_plain_jax_jit_and_eager_gradients_differ():
         y = x * x - jnp.mean(x * x)
         return jnp.max(jnp.outer(y, y), axis=1)
 
+    import jax
+
     x = np.array([-0.364, -1.474, -1.309, 0.488, 0.054], np.float32)
-    assert not fuzz._plain_grad_is_stable(f, [(x,)])
+    # whether plain JAX's jit(grad) and grad differ here depends on XLA's fusions
+    # (they do with its default compile options, not with the suite's
+    # cheap-compile flags on jax 0.12): the fuzzer must see what plain JAX does
+    loss = lambda v: jnp.sum(f(v))  # noqa: E731
+    jx = jnp.asarray(x)
+    differs = not np.allclose(jax.jit(jax.grad(loss))(jx), jax.grad(loss)(jx), atol=1e-3)
+    assert fuzz._plain_grad_is_stable(f, [(x,)]) is not differs
     assert fuzz._plain_grad_is_stable(lambda v: jnp.sin(v) * v, [(x,)])
