@@ -933,3 +933,39 @@ def test_ragged_map_python_int_out_of_range_raises_as_plain_jax():
     rm = pm.ragged_map(f, (None, "n"))
     with pytest.raises(OverflowError):
         rm([(2 ** 40, np.ones(3, np.float32)), (3, np.ones(2, np.float32))])
+
+
+def _attention(x):
+    return jax.nn.softmax(x @ x.T) @ x
+
+
+@pytest.mark.parametrize("layout", ["padded", "auto"])
+def test_a_static_axis_of_each_examples_own_size_is_never_batched_with_another_size(layout):
+    """``"_"`` takes each example's own size: examples whose ``_`` sizes differ
+    run in batches of their own (they shared one, padded to the larger size:
+    an extra column of zeros, a (5, 4) attention output where plain JAX has (5, 3))."""
+    rng = np.random.default_rng(0)
+    ex = [rng.normal(size=s).astype(np.float32) for s in [(3, 4), (5, 3), (2, 4), (1, 3)]]
+    out = pm.ragged_map(_attention, "n, _", layout=layout)(ex)
+    for o, x in zip(out, ex):
+        assert o.shape == x.shape
+        np.testing.assert_allclose(o, _attention(x), rtol=1e-5, atol=1e-6)
+
+
+def test_jit_with_a_static_axis_never_runs_in_a_bucket_of_another_static_size():
+    """Tiering runs a new size in a larger compiled bucket of the same kind; a
+    ``"_"`` axis of another size is another kind (it raised 'logical size 4 is
+    outside [0, 3]')."""
+    f = pm.jit(_attention, "n, _", tiered=True)
+    rng = np.random.default_rng(1)
+    for shape in [(3, 4), (5, 3), (3, 4), (2, 3), (7, 4)]:
+        x = rng.normal(size=shape).astype(np.float32)
+        np.testing.assert_allclose(f(x), _attention(x), rtol=1e-5, atol=1e-6)
+    f.wait()
+
+
+def test_packed_refusal_of_several_kinds_names_the_examples_and_their_leaves():
+    a = np.ones((3, 4), np.float32)
+    with pytest.raises(pm.PackedUnsupported, match=r"examples\[0\] has args\[0\] float32 "
+                       r"\(3, 4\), examples\[1\] has args\[0\] int32 \(3, 4\)"):
+        pm.ragged_map(lambda x: x * 2, "n, 4", layout="packed")([a, a.astype(np.int32)])

@@ -89,3 +89,16 @@ def test_scalar_losses_and_ragged_batch_input():
     np.testing.assert_allclose(gm, ge, rtol=1e-5)
     ls, _ = pm.value_and_grad(loss, (None, "n, 3"), reduce="sum")(w, xs)
     np.testing.assert_allclose(ls, le * 3, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_a_spec_string_is_the_one_example_arguments_spec(layout):
+    """``value_and_grad(loss, "n, 4")`` as ``ragged_map(f, "n, 4")``: the string
+    was read as four specs ('in_specs has 4 entries')."""
+    w = jnp.full((4, 4), 0.1, jnp.float32)
+    loss = lambda w, x: jnp.sum(jnp.sqrt(jnp.diff(x @ w) + 1))  # noqa: E731
+    xs = [np.random.default_rng(i).normal(size=(n, 4)).astype(np.float32) * 0.1
+          for i, n in enumerate((3, 5, 2))]
+    v, g = pm.value_and_grad(loss, "n, 4", layout=layout, reduce="sum")(w, xs)
+    np.testing.assert_allclose(v, sum(loss(w, x) for x in xs), rtol=1e-5)
+    np.testing.assert_allclose(g, sum(jax.grad(loss)(w, x) for x in xs), rtol=1e-4, atol=1e-6)

@@ -201,6 +201,16 @@ class LeafPlan:
     def static(self) -> bool:
         return self.axes is None
 
+    @property
+    def static_axes(self) -> tuple | None:
+        """A dynamic leaf's static axis sizes, None at a dim var's axis (a
+        ``"_"`` axis takes each call's own size, so two calls whose ``"_"``
+        sizes differ never share a batch or a covering bucket); None for a
+        static leaf."""
+        if self.axes is None:
+            return None
+        return tuple(None if a.var is not None else int(a.expr) for a in self.axes)
+
 
 @dataclasses.dataclass
 class CallPlan:

@@ -86,7 +86,7 @@ class LayoutChoice:
         if self.refusal is not None:
             return self._refuse(self.refusal, every)
         if len(kinds) != 1:
-            return self._refuse("examples of several kinds (trees, dtypes or dim vars)", every)
+            return self._refuse(_several_kinds(kinds, infos), every)
         ((tree, *_), idxs), = kinds.items()
         plan0 = infos[idxs[0]][0]
         if len(plan0.var_names) != 1:
@@ -165,3 +165,17 @@ def _few(prog, R: int) -> str:
 def _first_line(e: Exception, what: str) -> str:
     text = str(e).strip()
     return f"{type(e).__name__} {what}: {text.splitlines()[0] if text else ''}"
+
+
+def _several_kinds(kinds, infos) -> str:
+    """Why examples cannot share one packed program, naming the first example
+    of two kinds and their leaves (dtype, shape)."""
+    (a, *_), (b, *_) = list(kinds.values())[:2]
+
+    def leaves(i):
+        return ", ".join(f"{p.path} {p.dtype} {tuple(p.shape)}" for p in infos[i][0].leaves)
+
+    return (f"examples of several kinds (trees, dtypes, dim vars or static axis sizes): "
+            f"examples[{a}] has {leaves(a)}, examples[{b}] has {leaves(b)}; one packed "
+            "program takes one kind (cast them to one dtype, or use layout='padded', which "
+            "runs each kind in its own batches)")

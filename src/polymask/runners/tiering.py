@@ -63,8 +63,9 @@ def headroom_bytes() -> int:
 
 
 def cover_key(tree, plan):
-    """What a covering bucket must share: tree, static leaves, dtypes, dim vars."""
-    return (tree, tuple(p.padded if p.static else None for p in plan.leaves),
+    """What a covering bucket must share: tree, static leaves, the sizes of
+    static axes (a ``"_"`` axis is the call's own size), dtypes, dim vars."""
+    return (tree, tuple(p.padded if p.static else p.static_axes for p in plan.leaves),
             tuple(p.dtype for p in plan.leaves), tuple(plan.var_names))
 
 

@@ -211,7 +211,9 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
         its loss: a scalar, or per-element losses (e.g. ``(n,)`` per-token).
       in_specs: specs of one example's arguments, as for ``polymask.mask``
         (a dict by parameter name leaves ``params`` unpadded:
-        ``{"tokens": "n", "labels": "n"}``).
+        ``{"tokens": "n", "labels": "n"}``; a tuple of the example
+        arguments' specs, ``("n, 4",)``, or with None for ``params``,
+        ``(None, "n, 4")``; a string: the spec of the one example argument).
       argnums: the argument(s) differentiated; they are not batched. Every
         other argument is batched along axis 0: a ragged batch
         (``polymask.stack``), a list of exact arrays (stacked here, padded by
@@ -259,6 +261,8 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
     dropped with ``where`` (never multiplied by 0), so NaN in padding cannot
     reach the loss or the gradients.
     """
+    if isinstance(in_specs, str):  # the spec of the one example argument, as ragged_map's
+        in_specs = (in_specs,)
     return RaggedValueAndGrad(fun, in_specs, argnums=argnums, reduce=reduce, buckets=buckets,
                               batch_buckets=batch_buckets, checks=checks, layout=layout,
                               row_size=row_size, rows_per_call=rows_per_call)
