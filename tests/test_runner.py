@@ -969,3 +969,10 @@ def test_packed_refusal_of_several_kinds_names_the_examples_and_their_leaves():
     with pytest.raises(pm.PackedUnsupported, match=r"examples\[0\] has args\[0\] float32 "
                        r"\(3, 4\), examples\[1\] has args\[0\] int32 \(3, 4\)"):
         pm.ragged_map(lambda x: x * 2, "n, 4", layout="packed")([a, a.astype(np.int32)])
+
+
+@pytest.mark.parametrize("bad", [5, np.ones((3, 4), np.float32), "abc"])
+def test_ragged_map_of_something_not_a_list_of_examples_is_a_shape_error(bad):
+    """A lone array was read as a batch of its rows; a number raised a raw TypeError."""
+    with pytest.raises(pm.ShapeError, match="examples must be a list of examples"):
+        pm.ragged_map(lambda x: x * 2, "n, 4")(bad)

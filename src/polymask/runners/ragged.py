@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.buckets import as_policy
+from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.plan import policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
@@ -104,8 +105,12 @@ class RaggedMap:
     def __call__(self, examples: Sequence[Any], *broadcast, progress=None, refine: bool = True):
         """Map over ``examples``; ``broadcast`` arguments are passed unbatched first.
         ``refine=False``: this call neither runs in nor queues refined programs
-        (``refine_buckets``; a one-shot pass)."""
-        examples = list(examples)
+        (``refine_buckets``; a one-shot pass).
+
+        Raises:
+          ShapeError: ``examples`` is not a list (or another sequence) of
+            examples; an example does not fit the specs (naming it)."""
+        examples = _as_example_list(examples)
         if not examples:
             return []
         arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
@@ -602,3 +607,19 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                      refined_compiler_options=refined_compiler_options, max_cases=max_cases,
                      layout=layout, row_size=row_size, rows_per_call=rows_per_call,
                      segments_per_row=segments_per_row)
+
+
+def _as_example_list(examples) -> list:
+    """``examples`` (a list, tuple or other iterable of examples) as a list; a
+    lone array or number is a ``ShapeError`` (an array would be read as a
+    batch of its rows, which ``ragged_map`` never means: its examples differ
+    in size)."""
+    if (isinstance(examples, (str, bytes)) or hasattr(examples, "shape")
+            or not hasattr(examples, "__iter__")):
+        what = (f"an array of shape {tuple(np.shape(examples))}" if hasattr(examples, "shape")
+                else f"a value of type {type(examples).__name__}")
+        raise at_call_site(ShapeError(
+            f"ragged_map(...)(examples): examples must be a list of examples (each one "
+            f"example's argument, or a tuple of its arguments), got {what}; for one "
+            "example, pass [x]"), user_call_site())
+    return list(examples)
