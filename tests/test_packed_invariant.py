@@ -243,8 +243,14 @@ def test_a_function_traced_only_per_size_is_a_packed_refusal_not_a_shape_error()
 
     xs = _examples([3, 5, 1])
     for R_ in (8, 64):
-        with pytest.raises(PackedUnsupported, match="test_packed_invariant.py"):
+        with pytest.raises(PackedUnsupported, match="test_packed_invariant.py") as err:
             pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R_)(xs)
+    # the remedy that applies to the packed layout, not max_cases (which cannot help it)
+    assert "layout='padded' or 'auto' runs this function" in str(err.value)
+    assert "max_cases=32 traces" not in str(err.value)
+    out = pm.ragged_map(f, ("n, 4",), layout="auto", row_size=64)(xs)
+    for o, x in zip(out, xs):
+        np.testing.assert_allclose(o, f(x))
 
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])

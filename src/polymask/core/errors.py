@@ -24,4 +24,11 @@ class UnsupportedError(NotImplementedError):
 class TooManyCases(ShapeError):
     """The trace needs more cases than ``max_cases``: size comparisons JAX
     cannot decide split it too often, or it takes a case per size (a size used
-    as a Python int) and the bounds allow more than ``2 x max_cases`` sizes."""
+    as a Python int) and the bounds allow more than ``2 x max_cases`` sizes.
+
+    ``reason``: the failure without the advice on ``max_cases`` (the packed
+    layout, which needs one program for every size, gives its own)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = message if reason is None else reason

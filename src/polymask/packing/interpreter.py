@@ -366,6 +366,11 @@ class PackedProgram:
         return fn
 
 
+_PER_SIZE_REMEDY = ("(the packed layout needs one program for every size; layout='padded' or "
+                    "'auto' runs this function with one trace per size, as jax.jit does, "
+                    "where max_cases allows)")
+
+
 def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Sequence[str],
                    n_broadcast: int, max_cases: int) -> PackedProgram:
     """Trace ``fun`` for the packed layout at ``args`` (broadcast arguments
@@ -383,7 +388,8 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
     except TooManyCases as e:  # a case per size at a row's bound: not one program
         raise PackedUnsupported(
             "the function's trace takes a case per size or splits too often at the row's "
-            f"bound, so no traced program serves several sizes:\n  {e}") from e
+            f"bound, so no traced program serves several sizes:\n  {e.reason}\n  "
+            f"{_PER_SIZE_REMEDY}") from e
     live = [c for c in tree.cases if c.program is not None]
     if not live:
         raise PackedUnsupported(f"the function raises at every size ({tree.summary()})")
@@ -394,7 +400,7 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
         raise PackedUnsupported(
             "the function's trace takes a case per size (a size used as a Python int or "
             "a branch on it), so no traced program serves several sizes: "
-            f"{_split_points(tree)}")
+            f"{_split_points(tree)}\n  {_PER_SIZE_REMEDY}")
     prog = case.program
     if len(prog.var_order) != 1:
         raise PackedUnsupported(

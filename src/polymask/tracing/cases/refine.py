@@ -58,8 +58,8 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
             raise TooManyCases(f"{e}\n  (polymask traces such a function once per size when "
                              f"the bounds allow at most {per_size_limit(max_cases)} sizes, a "
                              "bound of 2 x max_cases (mask, polymask.jit and ragged_map "
-                             f"take max_cases=){_count_text(signature)})"
-                             ) from None
+                             f"take max_cases=){_count_text(signature)})",
+                             reason=str(e)) from None
         raise e
     err = next(c for c in cases if c.error is not None)
     raise ShapeError(f"the function fails for every size:\n  {err.error}")
