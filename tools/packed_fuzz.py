@@ -346,23 +346,20 @@ class Program:
     def min_n(self) -> int:
         """The smallest example size every op accepts (sizes n + c with clamps
         at 0 are at least n + c: a floor)."""
-        need, c, kind = 0, 0, "seq"
-        for o in self.ops:
-            if kind == "seq":
-                need = max(need, o.min_n - c)
-                c += o.dn
-            if o.reset:
-                c = 0
-            kind = o.out or kind
-        return need
+        return self._smallest_n("min_n")
 
     @property
     def nonfinite_min_n(self) -> int:
         """The smallest example size a NaN/inf is written into (``Op.nonfinite_min``)."""
+        return self._smallest_n("nonfinite_min")
+
+    def _smallest_n(self, field: str) -> int:
+        """The smallest example size ``n`` for which every op's input size
+        ``n + c`` is at least the op's ``field``."""
         need, c, kind = 0, 0, "seq"
         for o in self.ops:
             if kind == "seq":
-                need = max(need, o.nonfinite_min - c)
+                need = max(need, getattr(o, field) - c)
                 c += o.dn
             if o.reset:
                 c = 0
