@@ -607,3 +607,17 @@ def test_ragged_map_explain_uses_its_own_specs_and_row_size():
     e = pm.ragged_map(lambda x: x[::2], ("n",)).explain(np.ones(5, np.float32),
                                                          print_output=False)
     assert not e.runs and "floordiv(n + 1, 2)" in e.reason
+
+
+def test_argmax_of_a_computed_value_finds_every_segments_extremum():
+    """Fuzz seed 0 #1100: ``argmax(x * 1.5 - 0.25, 0)`` gave INT32_MAX for some
+    columns under XLA's cheap compile (the suite's flags): ``x ==
+    segment_max(x)`` compared two computations of ``x`` that XLA rounded
+    differently. One segmented scan of (value, position) pairs compares one."""
+    rng = np.random.default_rng(1100)
+    xs = [rng.normal(size=(int(n), 4)).astype(np.float32) for n in rng.integers(1, 9, 40)]
+    for fn in (lambda x: jnp.argmax(x * 1.5 - 0.25, axis=0),
+               lambda x: jnp.argmin(jnp.sin(x) * 3.0 + x, axis=0)):
+        out = pm.ragged_map(fn, "n, 4", layout="packed", row_size=8)(xs)
+        for o, x in zip(out, xs):
+            np.testing.assert_array_equal(o, fn(x))

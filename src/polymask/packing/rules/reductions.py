@@ -77,18 +77,34 @@ def _arg_extremum(kind: str):
             raise ctx.unsupported("an arg-extremum over one packed axis of several")
         seg = ctx.axis_segments(ctx.in_avals[0], axis)
         x = jnp.moveaxis(x, axis, 0)  # (R, ...)
-        best = seg.segment_reduce(x, kind)
-        hit = x == seg.to_positions(best)
-        if jnp.issubdtype(x.dtype, jnp.inexact):  # lax: the first NaN wins
-            nan = jnp.isnan(x)
-            any_nan = seg.segment_reduce(nan.astype(jnp.int32), "max") > 0
-            hit = jnp.where(seg.to_positions(any_nan), nan, hit)
-        big = jnp.iinfo(jnp.int32).max
-        pos = seg.pos.reshape((-1,) + (1,) * (x.ndim - 1))
-        first = seg.segment_reduce(jnp.where(hit, pos, big), "min")
+        first = _first_extremum(seg, x, kind)
         return PerSegment(first.astype(index_dtype))
 
     return rule
+
+
+def _first_extremum(seg, x, kind: str):
+    """Per segment, the position of the first extremum of ``x`` (``(R, ...)``;
+    a NaN first, as ``lax.argmax``), by one segmented scan of (value,
+    position) pairs: every comparison reads one computed ``x`` (an ``x ==
+    segment_max(x)`` test compared two computations of ``x``, which XLA may
+    round differently in two fusions: no position matched under
+    ``--xla_backend_optimization_level=0``)."""
+    ids = jnp.broadcast_to(seg.along(seg.seg, 0, x.ndim), x.shape)
+    pos = jnp.broadcast_to(seg.along(seg.pos, 0, x.ndim), x.shape)
+    inexact = jnp.issubdtype(x.dtype, jnp.inexact)
+
+    def op(a, b):  # a: the earlier positions, b: the later ones
+        (va, pa, sa), (vb, pb, sb) = a, b
+        wins = va >= vb if kind == "max" else va <= vb  # ties: the earlier one
+        if inexact:
+            wins = jnp.isnan(va) | (~jnp.isnan(vb) & wins)
+        take_a = (sa == sb) & wins
+        return (jnp.where(take_a, va, vb), jnp.where(take_a, pa, pb), sb)
+
+    _, best_pos, _ = lax.associative_scan(op, (x, pos, ids), axis=0)
+    last = jnp.clip(seg.starts + seg.lengths - 1, 0, x.shape[0] - 1)  # (S,)
+    return jnp.take(jnp.take(best_pos, last, axis=0), seg.alias, axis=0)
 
 
 register_packed(lax.argmax_p)(_arg_extremum("max"))
