@@ -208,15 +208,28 @@ class PackedRun:
 
     def live_mask(self, aval, axes, shape):
         """Where a value of ``aval`` (packed ``axes``, row ``shape``) is live:
-        every packed axis at a live position of its own size's view (not past
-        ``n + c`` in its region, not the row's tail), all in one segment."""
+        its first packed axis at a live position of its own size's view (not
+        past ``n + c`` in its region, not the row's tail) and every other in
+        that position's segment (``live_everywhere`` also asks each of them
+        to be live)."""
         views = [self.axis_segments(aval, a) for a in axes]
         ndim = len(shape)
         ok = self.seg.along(views[0].live, axes[0], ndim)
         for a, v in zip(axes[1:], views[1:]):
-            ok = ok & self.seg.along(v.live, a, ndim) & (
-                self.seg.along(views[0].seg, axes[0], ndim) == self.seg.along(v.seg, a, ndim))
+            ok = ok & (self.seg.along(views[0].seg, axes[0], ndim)
+                       == self.seg.along(v.seg, a, ndim))
         return jnp.broadcast_to(ok, tuple(shape))
+
+    def live_everywhere(self, aval, axes, shape):
+        """``live_mask`` with every packed axis at a live position (a dead
+        column of a live row too): where a block-diagonal value's entries are
+        terms of its example (``live_mask`` leaves a dead column to the
+        operand it meets, whose dead entries are 0 or never read)."""
+        ok = self.live_mask(aval, axes, shape)
+        ndim = len(shape)
+        for a in axes[1:]:
+            ok = ok & self.seg.along(self.axis_segments(aval, a).live, a, ndim)
+        return ok
 
     def live_only(self, x, aval, axes):
         """The packed layout's invariant, enforced after every equation: a

@@ -76,14 +76,14 @@ def _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb):
     finite = jnp.isfinite(dense)
     clean = jnp.where(finite, dense, jnp.zeros_like(dense))
     out = ctx.bind(clean, rhs) if dense_is_lhs else ctx.bind(lhs, clean)
-    in_block = ctx.run.live_mask(b_aval, bp, block.shape)
 
     def product(b_ind, d_ind):  # a count per result entry, in dot_general's layout
         b_ind, d_ind = b_ind.astype(jnp.float32), d_ind.astype(jnp.float32)
         pair = (d_ind, b_ind) if dense_is_lhs else (b_ind, d_ind)
         return lax.dot_general(*pair, ctx.eqn.params["dimension_numbers"])
 
-    def exact():
+    def exact():  # its masks and products are computed only when the cond takes it
+        in_block = ctx.run.live_everywhere(b_aval, bp, block.shape)
         # B's NaNs stay (a NaN times D's finite entries, inside B's block only,
         # keeps its sign bit as plain JAX's product does); its infinities go
         fin_block = jnp.where(jnp.isinf(block), jnp.zeros_like(block), block)
