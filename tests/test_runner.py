@@ -976,3 +976,12 @@ def test_ragged_map_of_something_not_a_list_of_examples_is_a_shape_error(bad):
     """A lone array was read as a batch of its rows; a number raised a raw TypeError."""
     with pytest.raises(pm.ShapeError, match="examples must be a list of examples"):
         pm.ragged_map(lambda x: x * 2, "n, 4")(bad)
+
+
+def test_ragged_map_takes_a_numpy_object_array_of_examples():
+    xs = [np.ones((3, 4), np.float32), np.full((5, 4), 2.0, np.float32)]
+    arr = np.empty(2, dtype=object)
+    arr[:] = xs
+    out = pm.ragged_map(lambda x: x.sum(0), "n, 4")(arr)
+    for o, x in zip(out, xs):
+        np.testing.assert_allclose(o, x.sum(0))

@@ -88,7 +88,9 @@ def test_asyncio_callers_get_their_results_and_timing_fields():
         out = asyncio.run(main(b))
         f = b.submit(exs[0])
         f.result(60)
-        assert f.timing.batch_size >= 1 and f.timing.queue_s >= 0 and f.timing.compute_s >= 0  # recorded, not a speed check
+        # the timing fields are recorded for the caller (their values are speed: benchmarks/)
+        assert f.timing.batch_size >= 1
+        assert all(isinstance(getattr(f.timing, k), float) for k in ("queue_s", "compute_s"))
         assert b.stats()["largest_batch"] <= 16
     for got, ref in zip(out, _reference(exs)):
         assert np.abs(got - ref).max() <= 1e-6

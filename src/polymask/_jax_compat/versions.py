@@ -179,8 +179,9 @@ def fast_compile_xla_flags() -> tuple[str, ...]:
     the test suite (``tests/conftest.py``) and the fuzzers. XLA aborts the
     process on a flag it does not know, so only flags the installed jaxlib
     has: the fusion emitters' switch is gone from jaxlib 0.12 (checked on
-    0.10.2 and 0.12.0.1; 0.11 is given the common set). Measured on 2 cores:
-    a third to a half of the suite's time on both ends (compiles dominate)."""
+    0.10.2 and 0.12.0.1; 0.11 is given the common set). Measured on 2 cores
+    (one run each, session 30): a third to a half of the suite's time on both
+    ends (compiles dominate)."""
     common = ("--xla_backend_optimization_level=0",
               "--xla_llvm_disable_expensive_passes=true",
               "--xla_cpu_parallel_codegen_split_count=1")

@@ -610,10 +610,12 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
 
 
 def _as_example_list(examples) -> list:
-    """``examples`` (a list, tuple or other iterable of examples) as a list; a
-    lone array or number is a ``ShapeError`` (an array would be read as a
-    batch of its rows, which ``ragged_map`` never means: its examples differ
-    in size)."""
+    """``examples`` (a list, tuple, other iterable, or 1-D NumPy object array
+    of examples) as a list; a lone numeric array or number is a
+    ``ShapeError`` (an array would be read as a batch of its rows, which
+    ``ragged_map`` never means: its examples differ in size)."""
+    if isinstance(examples, np.ndarray) and examples.dtype == object and examples.ndim == 1:
+        return list(examples)  # a NumPy object array holds examples of any shapes
     if (isinstance(examples, (str, bytes)) or hasattr(examples, "shape")
             or not hasattr(examples, "__iter__")):
         what = (f"an array of shape {tuple(np.shape(examples))}" if hasattr(examples, "shape")
