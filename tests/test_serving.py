@@ -424,12 +424,16 @@ def test_malformed_requests_are_json_4xx_naming_the_field(server):
         assert r.status_code == 405 and r.json()["error"]["param"] == "method"
 
 
-def _metric(text: str, name: str, **labels) -> float:
+def _metric(text: str, name: str, default: float | None = None, **labels) -> float:
+    """A sample's value; ``default`` where the series was never observed (a
+    labelled Prometheus counter appears only once a label set is used)."""
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())
     key = f"{name}{{{want}}}" if labels else name
     for line in text.splitlines():
         if line.startswith(key + " "):
             return float(line.split()[-1])
+    if default is not None:
+        return default
     raise KeyError(key)
 
 
@@ -562,7 +566,8 @@ def test_sigterm_under_load_loses_no_accepted_request(server, corpus):
 
     def answered_so_far() -> float:  # embedding requests answered by earlier tests
         text = httpx.get(server.url + "/metrics", timeout=30).text
-        return sum(_metric(text, "polymask_requests_total", route=route, status="200")
+        return sum(_metric(text, "polymask_requests_total", default=0.0, route=route,
+                           status="200")
                    for route in ("/v1/embeddings", "/embed"))
 
     before = answered_so_far()
