@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ShapeError", "UnsupportedError", "TooManyCases"]
+__all__ = ["ShapeError", "UnsupportedError", "TooManyCases", "FallbackWarning"]
 
 
 class ShapeError(ValueError):
@@ -21,6 +21,12 @@ class UnsupportedError(NotImplementedError):
     """
 
 
+class FailsAsPlainJax(ShapeError):
+    """The function fails at every logical size the call's bounds allow, as
+    plain JAX does on the exact arrays (``top_k`` with ``k`` above the bound):
+    the runners raise it as it is, with no per-shape fallback to try."""
+
+
 class TooManyCases(ShapeError):
     """The trace needs more cases than ``max_cases``: size comparisons JAX
     cannot decide split it too often, or it takes a case per size (a size used
@@ -32,3 +38,13 @@ class TooManyCases(ShapeError):
     def __init__(self, message: str, reason: str | None = None):
         super().__init__(message)
         self.reason = message if reason is None else reason
+
+
+class FallbackWarning(UserWarning):
+    """A runner (``polymask.jit``, ``ragged_map``, ``value_and_grad``) could not
+    share one compiled program across the sizes of a bucket, so it runs the
+    function per exact shape, as ``jax.jit`` does (one compile per distinct
+    shape). Warned once per runner; the message gives the reason (the line
+    that needs a size as a Python value, the primitive without a rule) and
+    the rewrite that gets sharing back. ``runner.fallbacks()`` lists them.
+    """

@@ -37,6 +37,7 @@ from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
+from .fallback import ExactFallback, falls_back
 from .hostio import (
     FAST_TYPES,
     PAD_DEVICE_PROGRAMS,
@@ -90,6 +91,12 @@ class _CallInfo:
     single_out: bool = False
     error: str | None = None  # these sizes reach an error case (its message)
     covered: bool = False  # served by a covering bucket before (tiered)
+    shape_key: Any = None  # the exact shapes and dtypes (the fallback's cache key)
+    unshared: str | None = None  # the bucket cannot share a program: why (per-shape fallback)
+
+
+class _BucketUnshared(Exception):
+    """The call's bucket failed to trace before: run per exact shape."""
 
 
 _LEAF_TREE = jax.tree_util.tree_structure(0)
@@ -104,7 +111,7 @@ class PolyJit:
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
                  numpy_outputs=False, tiered=None, compiler_options=None,
-                 max_cases=DEFAULT_MAX_CASES):
+                 max_cases=DEFAULT_MAX_CASES, fallback=True):
         if isinstance(in_specs, str):
             in_specs = (in_specs,)
         self.fun = fun
@@ -116,7 +123,11 @@ class PolyJit:
         policy_for = policy_getter(buckets)
         self.plans = CallPlans(self.in_specs, self.constraints, policy_for)
         # traced_calls: calls under jax.grad/jit/vmap (plain JAX's trace)
-        self.cache = ProgramCache(cache_size, self.compiler_options, extra_stats=("traced_calls",))
+        self.cache = ProgramCache(cache_size, self.compiler_options,
+                                  extra_stats=("traced_calls", "exact_compiles"))
+        name = getattr(fun, "__name__", type(fun).__name__)
+        self._fallback = (ExactFallback(fun, f"polymask.jit({name})", self.cache.add,
+                                        self.compiler_options) if fallback else None)
         tiered = env_switch("POLYMASK_TIERED") if tiered is None else bool(tiered)
         self.tiering = (Tiering(self.cache, policy_for, self._compile_first_ahead, self.constraints)
                         if tiered else None)
@@ -124,6 +135,7 @@ class PolyJit:
         self._fast: dict = {}
         self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
         self._retired = [0, 0, 0]  # calls, logical, padded of dropped infos
+        self._retired_exact = 0  # calls run per exact shape, of dropped infos
         self._fg_compiles_in_calls = 0
         functools.update_wrapper(self, fun)
 
@@ -144,7 +156,8 @@ class PolyJit:
                     for i, p in enumerate(plan.leaves) if not p.static)
         info = _CallInfo(plan, tree, tuple(i for i, p in enumerate(plan.leaves) if p.static),
                          dyn, compat.upload(np.asarray(plan.values, np.int32)),
-                         (tree, plan.signature), [p.shape for p in plan.leaves])
+                         (tree, plan.signature), [p.shape for p in plan.leaves],
+                         shape_key=key)
         with self.cache.lock:
             table = self._fast if fast else self._infos
             if len(table) > 4096:
@@ -152,20 +165,30 @@ class PolyJit:
                     n = count_value(old.calls)
                     self._retired[0] += n
                     self._retired[1] += n * old.plan.logical
-                    self._retired[2] += n * old.plan.padded
+                    if old.unshared is None:
+                        self._retired[2] += n * old.plan.padded
+                    else:
+                        self._retired[2] += n * old.plan.logical
+                        self._retired_exact += n
                 table.clear()
             return table.setdefault(key, info)  # two threads: one info, one counter
 
     def stats(self) -> dict:
         s = self.cache.stats()
         calls, logical, padded = self._retired
+        exact = self._retired_exact
         for table in (self._infos, self._fast):
             for info in list(table.values()):
                 n = count_value(info.calls)
                 calls += n
                 logical += n * info.plan.logical
-                padded += n * info.plan.padded
+                if info.unshared is None:
+                    padded += n * info.plan.padded
+                else:  # run per exact shape: nothing padded
+                    padded += n * info.plan.logical
+                    exact += n
         s["calls"] = calls
+        s["exact_calls"] = exact
         s["logical_elements"] = logical
         s["padded_elements"] = padded
         s["cache_hits"] = calls - self._fg_compiles_in_calls
@@ -265,6 +288,8 @@ class PolyJit:
         next(info.calls)
         if info.error is not None:
             raise at_call_site_error(info.error)
+        if info.unshared is not None:
+            return self._exact_call(info, args)
         entry = info.entry
         if entry is not None and entry.live:
             entry.tick = next(COMPILE_TICK)
@@ -273,13 +298,50 @@ class PolyJit:
             if info.out_entry is entry and info.single_out:
                 return out[0]  # one exact output (the steady state of most functions)
         else:
-            entry, out = self._slow_call(info, leaves)
+            try:
+                entry, out = self._slow_call(info, leaves)
+            except Exception as e:
+                if self._fallback is None or not falls_back(e):
+                    raise
+                return self._fall_back(info, args, e)
             try:
                 raise_case_error(entry, info.plan.var_names, info.plan.values)
             except ShapeError as e:
                 info.error = str(e)
                 raise at_call_site_error(e) from None
         return self._outputs(info, entry, out)
+
+    def _fall_back(self, info: _CallInfo, args, error: Exception):
+        """The bucket of ``info`` cannot share a program (its trace failed now,
+        or before: ``_BucketUnshared``): record why, and run per exact shape."""
+        if isinstance(error, _BucketUnshared):
+            info.unshared = str(error)
+            return self._exact_call(info, args)
+        where = ", ".join(f"{v} <= {b}" for v, b in info.plan.buckets.items()) or "(static)"
+        info.unshared = self._fallback.refused(where, error)
+        if info.entry is not None:
+            info.entry.unshared = info.unshared
+        return self._exact_call(info, args, counted=True)  # _slow_call counted the failure
+
+    def _exact_call(self, info: _CallInfo, args, counted: bool = False):
+        """``fun`` under ``jax.jit`` on the exact arrays (``fallback.ExactFallback``)."""
+        fb = self._fallback
+        if not counted and not fb.seen(info.shape_key):
+            self._count_foreground_compile()
+        try:
+            out = fb.call(info.shape_key, args, info.unshared)
+        except ShapeError as e:
+            raise at_call_site_error(e) from e.__cause__
+        if self.numpy_outputs:
+            return jax.tree_util.tree_map(np.asarray, out)
+        return out
+
+    def fallbacks(self) -> dict[str, str]:
+        """``{bucket: reason}``: the buckets whose sizes run per exact shape
+        (as ``jax.jit``) because their masked trace failed, and why (the
+        message names the user's line and the rewrite that gets sharing
+        back). Empty when every call shares programs."""
+        return {} if self._fallback is None else self._fallback.fallbacks()
 
     def _traced_call(self, args):
         """Under ``jax.grad``/``jit``/``vmap`` (tracer inputs, exact shapes known
@@ -328,6 +390,8 @@ class PolyJit:
         info.entry = entry
         if entry.live:
             return entry, entry.fn(*self._flat(info, leaves))
+        if entry.unshared is not None and tiering is None:
+            raise _BucketUnshared(entry.unshared)
         plan = info.plan
         ckey = cover_key(info.tree, plan)
         if entry.cover_key is None:
@@ -343,8 +407,9 @@ class PolyJit:
                 if compiled is not None:
                     cover = tiering.find_cover(plan, ckey, entry)
             if cover is not None:
-                tiering.compile_in_background(info.key, entry, make,
-                                              lambda: self._flat(info, leaves), info.covered)
+                if entry.unshared is None:
+                    tiering.compile_in_background(info.key, entry, make,
+                                                  lambda: self._flat(info, leaves), info.covered)
                 info.covered = True
                 dyn = tuple((i, b2, np.shape(leaves[i]) == b2, od) for (i, _, _, od), b2 in zip(
                     info.dyn, [padded_shape(plan.leaves[i].axes, cover.buckets)
@@ -352,6 +417,8 @@ class PolyJit:
                 self.cache.add(tiered_calls=1)
                 cover.tick = next(COMPILE_TICK)
                 return cover, cover.fn(*self._flat(info, leaves, dyn))
+            if entry.unshared is not None:
+                raise _BucketUnshared(entry.unshared)
         out = None
         try:
             out = self.cache.compile_run(entry, make, self._flat(info, leaves))
@@ -402,7 +469,8 @@ class PolyJit:
 
 def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
         cache_size: int = 64, numpy_outputs: bool = False, tiered: bool | None = None,
-        compiler_options: dict | None = None, max_cases: int = DEFAULT_MAX_CASES) -> PolyJit:
+        compiler_options: dict | None = None, max_cases: int = DEFAULT_MAX_CASES,
+        fallback: bool = True) -> PolyJit:
     """Compile ``fun`` once per bucket: exact (unpadded) arrays in, exact arrays out.
 
     Args:
@@ -447,6 +515,16 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
       max_cases: as for ``polymask.mask``: the most split cases per bucket
         signature; code that needs a size as a Python int is traced once per
         size up to a bucket of ``2 * max_cases`` (32 by default).
+      fallback: where a bucket's masked trace fails (a size needed as a Python
+        value past that limit, a primitive without a masking rule, sizes JAX
+        cannot prove equal), run its sizes per exact shape under plain
+        ``jax.jit`` (one compile per distinct shape, what ``jax.jit`` does):
+        warned once (``polymask.FallbackWarning``, with the reason and the
+        rewrite that gets sharing back), counted (``stats()["exact_compiles"]``,
+        ``["exact_calls"]``) and listed by ``.fallbacks()``. Where plain
+        ``jax.jit`` fails on the exact arrays too, the call raises
+        ``ShapeError`` with its reason. ``False``: raise the masked trace's
+        error instead (a function that must share programs).
 
     Returns:
       A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,
@@ -457,7 +535,8 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     Inputs are padded on the host with NumPy (an input already at its bucket
     is passed through), logical sizes are runtime arguments (a new size in a
     known bucket never recompiles), and outputs are sliced to their logical
-    shapes. Raises ``ShapeError`` for inconsistent sizes (before running).
+    shapes. Raises ``ShapeError`` for inconsistent sizes (before running)
+    and where the function fails at these sizes as plain JAX does.
 
     Keyword arguments take their parameter's position in ``fun``'s signature
     (``f(x, mask=m)`` is ``f(x, m)``; ``in_specs`` applies by position), and
@@ -471,4 +550,4 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     """
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
                    cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
-                   compiler_options=compiler_options, max_cases=max_cases)
+                   compiler_options=compiler_options, max_cases=max_cases, fallback=fallback)

@@ -79,6 +79,7 @@ class Entry:
     tree: Any = None  # the CaseTree (tracing/cases/), known once traced
     prepared: Any = None  # (program, avals, key) once program_store keyed it
     compiler_options: dict = dataclasses.field(default_factory=dict)  # XLA's, per program
+    unshared: str | None = None  # its trace failed: why (the runner runs per exact shape)
 
 
 def at_call_site_error(e: ShapeError | str) -> ShapeError:

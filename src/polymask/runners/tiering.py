@@ -42,6 +42,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.errors import ShapeError
 from ..core.plan import padded_shape
+from .fallback import refusal_text
 from .hostio import host_backend
 from .programs import Entry, ProgramCache
 
@@ -180,9 +181,10 @@ class Tiering:
         this and later sizes run in it while their own buckets compile in the
         background: a first pass costs one compile in the foreground. None when
         there is none (the call compiles its own bucket); else whether this call
-        compiled it. A covering bucket that cannot be traced (``ShapeError``: a
-        size limit such as ``max_cases``) turns covering buckets off for this
-        runner: calls compile their own buckets, which raise what they raise."""
+        compiled it. A covering bucket that cannot be traced (a size limit such
+        as ``max_cases``, a primitive without a rule) turns covering buckets
+        off for this runner: calls compile their own buckets (which fall back
+        to exact shapes where they fail too)."""
         sizes = self.first_sizes(plan)
         if sizes is None:
             return None
@@ -192,7 +194,7 @@ class Tiering:
                 args[i] = jax.ShapeDtypeStruct(padded_shape(p.axes, sizes), p.dtype)
         try:
             return self.compile_ahead(jax.tree_util.tree_unflatten(tree, args))
-        except ShapeError:
+        except Exception:  # noqa: BLE001 - the call's own bucket raises (or falls back)
             self._off = True
             return None
 
@@ -208,6 +210,12 @@ class Tiering:
                 self.cache.urge(key)
             return
         flat = flat_args()
-        self.cache.submit_once(
-            key, lambda: self.cache.compile_run(entry, make, flat, background=True),
-            defer=not repeated)
+
+        def job():
+            try:
+                return self.cache.compile_run(entry, make, flat, background=True)
+            except Exception as e:  # calls keep the cover; never retried
+                entry.unshared = refusal_text(e)
+                raise
+
+        self.cache.submit_once(key, job, defer=not repeated)

@@ -14,7 +14,7 @@ import itertools
 import jax
 
 from ...core.dimvars import sizes_text
-from ...core.errors import ShapeError, TooManyCases, UnsupportedError
+from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError
 from .tree import (
     Case,
     CaseTree,
@@ -121,7 +121,7 @@ def _every_size_fails_as_plain(failed: list[Case]) -> ShapeError:
     others = [c for c in failed[1:] if c.error.splitlines()[0] != main.error.splitlines()[0]]
     also = "".join(f"\n  ({sizes_text(c.reached_by)}: {c.error.splitlines()[0]})"
                    for c in others[:2] if c.reached_by)
-    return ShapeError(
+    return FailsAsPlainJax(
         f"the function fails for every logical size within the bounds"
         f"{f' ({sizes_text(sizes)})' if sizes else ''}, {as_plain}, at "
         f"{main.where}:\n  {main.error}{remedy}{also}")

@@ -28,7 +28,7 @@ from typing import Any
 from ... import _jax_compat as compat
 from ...core.diagnostics import user_frame_of_exception
 from ...core.dimvars import display_text
-from ...core.errors import ShapeError, TooManyCases, UnsupportedError
+from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError
 from ...core.shapes import SHIFT_SUFFIX
 from ..symbolic import MaskedProgram, flatten_args, trace
 from .refine import refine_errors, trace_per_size_or_raise
@@ -73,7 +73,7 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
         live = [c for c in cases if c.program is not None and c.reachable]
         if not live:
             err = next(c for c in cases if c.error is not None and c.reachable)
-            raise ShapeError(
+            raise FailsAsPlainJax(
                 f"the function fails for every logical size within the bounds: "
                 f"{err.error}\n  (for {tree.describe_conditions(err)}, at {err.where})")
         if refine_errors(tree, trace_one, max_cases, explore_splits):

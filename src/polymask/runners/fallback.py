@@ -1,0 +1,135 @@
+"""The per-shape fallback: run a function under plain ``jax.jit`` on its exact
+arrays where its masked trace cannot share one program across a bucket's sizes.
+
+polymask's promise is "never worse than ``jax.jit``" (issue #36): a function
+that ``jax.jit`` runs on the exact arrays, the runners run with the same
+values. Sharing a compiled program across sizes is the gain, never a
+precondition. When a bucket's masked trace fails (a size needed as a Python
+value past the per-size limit, a primitive without a masking rule, sizes JAX
+cannot prove equal, a library's own error under symbolic sizes), the runner
+records why, warns once (``FallbackWarning``), and from then on runs the
+sizes of that bucket here: one ``jax.jit`` compile per distinct exact shape,
+exactly what ``jax.jit`` does. Where plain ``jax.jit`` fails too, the call
+raises ``ShapeError`` with plain JAX's reason (the masked refusal was not
+polymask's to make).
+
+``ExactFallback`` is held by ``polymask.jit`` (``polyjit.py``), ``ragged_map``'s
+padded layout (``ragged.py``, per example) and ``value_and_grad``
+(``training.py``, per example).
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from ..core.diagnostics import user_stacklevel
+from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError
+from .compiling import compile_counter
+
+__all__ = ["ExactFallback", "refusal_text", "falls_back"]
+
+_MAX_REASON = 1500  # characters of a refusal kept (a TooManyCases lists sizes)
+_MAX_SEEN = 1 << 16  # exact shapes remembered as compiled (then forgotten, recounted)
+
+
+def falls_back(error: BaseException) -> bool:
+    """Whether a bucket program's failure sends its sizes to the per-shape
+    fallback: a failure of the masked trace, yes; not where the function fails
+    at every size as plain JAX does (``FailsAsPlainJax``), nor XLA's own
+    compile or run-time errors (a bad compiler option, out of memory)."""
+    return isinstance(error, Exception) and not isinstance(
+        error, (FailsAsPlainJax, jax.errors.JaxRuntimeError))
+
+
+def refusal_text(error: BaseException) -> str:
+    """One refusal, as its message says it (type name for non-polymask errors)."""
+    text = str(error).strip() or type(error).__name__
+    if not isinstance(error, (ShapeError, NotImplementedError)):
+        text = f"{type(error).__name__}: {text}"
+    return text if len(text) <= _MAX_REASON else text[:_MAX_REASON] + " ..."
+
+
+class ExactFallback:
+    """``fun`` under one ``jax.jit`` (JAX caches its programs per exact shape),
+    the refusals that sent calls here, and the counts.
+
+    ``runner``: how messages name the runner (``"polymask.jit(f)"``);
+    ``add_stats(**counts)``: the runner's stats counter (``exact_compiles``,
+    ``xla_compiles``, ``persistent_cache_hits``).
+    """
+
+    def __init__(self, fun: Callable, runner: str, add_stats: Callable[..., None],
+                 compiler_options: dict | None = None):
+        self.fun = fun
+        self.runner = runner
+        self._add = add_stats
+        self._jit = jax.jit(fun, compiler_options=compiler_options or None)
+        self._lock = threading.Lock()
+        self._reasons: dict[str, str] = {}
+        self._seen: set = set()
+        self._warned = False
+
+    # -- refusals ------------------------------------------------------------------
+    def refused(self, where: str, error: BaseException) -> str:
+        """Record that the bucket described by ``where`` (``"n <= 16"``) cannot
+        share a program because of ``error``; warn on the runner's first refusal.
+        Returns the reason."""
+        reason = refusal_text(error)
+        with self._lock:
+            self._reasons.setdefault(where, reason)
+            first, self._warned = not self._warned, True
+        if first:
+            warnings.warn(FallbackWarning(
+                f"{self.runner}: the sizes {where} cannot share one compiled program, so each "
+                f"exact shape there compiles its own, as jax.jit does (counted in "
+                f"stats()['exact_compiles']; .fallbacks() lists every bucket and reason). "
+                f"Why:\n{reason}"), stacklevel=user_stacklevel())
+        return reason
+
+    def fallbacks(self) -> dict[str, str]:
+        """``{bucket: reason}`` of every bucket that runs per exact shape."""
+        with self._lock:
+            return dict(self._reasons)
+
+    # -- calls ---------------------------------------------------------------------
+    def seen(self, shape_key: Any) -> bool:
+        """Whether ``shape_key``'s program is compiled (a call compiles nothing)."""
+        return shape_key in self._seen
+
+    def call(self, shape_key: Any, args: tuple, reason: str | None = None):
+        """``jax.jit(fun)(*args)``: a new ``shape_key`` (the exact shapes and
+        dtypes) counts one exact compile.
+
+        Raises:
+          ShapeError: plain ``jax.jit`` fails on these exact arrays too (its
+            error chained); ``reason`` (the masked refusal) is added to the message.
+        """
+        if shape_key in self._seen:
+            return self._jit(*args)
+        with compile_counter() as cc:
+            try:
+                out = self._jit(*args)
+                jax.block_until_ready(out)
+            except Exception as plain:  # noqa: BLE001 - plain JAX's own failure, reworded
+                raise self.plain_failure(plain, reason) from plain
+        with self._lock:
+            if len(self._seen) >= _MAX_SEEN:
+                self._seen.clear()
+            self._seen.add(shape_key)
+        self._add(exact_compiles=1, xla_compiles=cc.compiles,
+                  persistent_cache_hits=cc.cache_hits)
+        return out
+
+    def plain_failure(self, plain: BaseException, reason: str | None = None) -> ShapeError:
+        """The ``ShapeError`` of a function that plain JAX cannot run on these
+        exact arrays either."""
+        msg = (f"{self.runner} fails on these exact arrays, as plain jax.jit does: "
+               f"{type(plain).__name__}: {str(plain).strip()}")
+        if reason is not None:  # its remedies may still apply
+            msg += "\npolymask's masked trace had stopped first: " + reason
+        return ShapeError(msg)
