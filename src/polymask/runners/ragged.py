@@ -31,10 +31,11 @@ from .. import _jax_compat as compat
 from ..core.buckets import as_policy
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
-from ..core.plan import policy_getter
+from ..core.plan import dtype_key, policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from . import ragged_batches
 from .compiling import background_executor
+from .fallback import ExactFallback, falls_back
 from .hostio import slice_to
 from .layout_choice import LayoutChoice
 from .packed import PackedRunner, default_row_size, row_example
@@ -68,7 +69,7 @@ class RaggedMap:
                  sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
                  compiler_options=None, refined_compiler_options=None, program_id=None,
                  max_cases=DEFAULT_MAX_CASES, layout="auto", row_size=None,
-                 rows_per_call=None, segments_per_row=None):
+                 rows_per_call=None, segments_per_row=None, fallback=True):
         self.layouts = LayoutChoice(fun, constraints, layout, row_size, rows_per_call,
                                     segments_per_row, max_cases, numpy_outputs,
                                     lambda: self.refinement.refined_options)
@@ -83,7 +84,12 @@ class RaggedMap:
         self.cache = ProgramCache(cache_size, self.compiler_options,
                                   build_program=self._stored_or_jit_program,
                                   options_for=self._options_for,
-                                  extra_stats=("refined_compiles", "stored_loads"))
+                                  extra_stats=("refined_compiles", "stored_loads",
+                                               "exact_compiles", "exact_calls"))
+        name = getattr(fun, "__name__", type(fun).__name__)
+        self._fallback = (ExactFallback(fun, f"ragged_map({name})", self.cache.add,
+                                        self.compiler_options) if fallback else None)
+        self._unshared: dict = {}  # bucket signature -> why its trace failed
         self.program_id = None if program_id is None else str(program_id)
         self.refinement = Refinement(refine_buckets, self.compiler_options,
                                      refined_compiler_options, cache=self.cache,
@@ -472,11 +478,21 @@ class RaggedMap:
             dyn.append(buf)
         sizes = np.asarray([(*infos[ex][0].values, r < len(chunk)) for r, ex in enumerate(rows)],
                            np.int32)
+        bucket = (tree, plan0.signature, bcast_key, spec_key)
+        if bucket in self._unshared:
+            return self._run_exact(tree, chunk, infos, results, broadcast, bcast_key, bucket)
         entry = self.cache.entry((tree, plan0.signature, B, bcast_key, spec_key))
-        self.cache.count_call(sum(infos[ex][0].logical for ex in chunk), len(chunk) * plan0.padded)
         make = self._batch_program(tree, plan0, in_specs, len(broadcast), bcast_tree,
                                    len(bcast_leaves), len(static_leaves), len(dyn))
-        out = self.cache.call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
+        try:
+            out = self.cache.call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
+        except Exception as e:
+            if self._fallback is None or not falls_back(e):
+                raise
+            where = ", ".join(f"{v} <= {b}" for v, b in plan0.buckets.items()) or "(static)"
+            self._unshared[bucket] = self._fallback.refused(where, e)
+            return self._run_exact(tree, chunk, infos, results, broadcast, bcast_key, bucket)
+        self.cache.count_call(sum(infos[ex][0].logical for ex in chunk), len(chunk) * plan0.padded)
         for ex in chunk:
             raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values,
                              f"examples[{ex}]: ")
@@ -499,6 +515,29 @@ class RaggedMap:
             results[ex] = jax.tree_util.tree_unflatten(outputs.tree, outs)
 
 
+    def _run_exact(self, tree, chunk, infos, results, broadcast, bcast_key, bucket) -> None:
+        """Each example of ``chunk`` under plain ``jax.jit`` (its bucket cannot
+        share a program: ``fallback.ExactFallback``), one compile per distinct shape."""
+        reason = self._unshared[bucket]
+        for ex in chunk:
+            plan, leaves = infos[ex]
+            args = (*broadcast, *jax.tree_util.tree_unflatten(tree, list(leaves)))
+            key = (tree, bcast_key, tuple((np.shape(x), dtype_key(x)) for x in leaves))
+            try:
+                out = self._fallback.call(key, args, reason)
+            except ShapeError as e:
+                raise ShapeError(f"examples[{ex}]: {e}") from e.__cause__
+            self.cache.count_call(plan.logical, plan.logical)
+            self.cache.add(exact_calls=1)
+            results[ex] = jax.tree_util.tree_map(
+                np.asarray if self.numpy_outputs else (lambda a: a), out)
+
+    def fallbacks(self) -> dict[str, str]:
+        """``{bucket: reason}``: the buckets whose examples run one by one
+        under ``jax.jit`` because their masked trace failed, and why."""
+        return {} if self._fallback is None else self._fallback.fallbacks()
+
+
 def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 32,
                batch_buckets=None, constraints: Sequence[str] = (), cache_size: int = 64,
                progress: bool = False, numpy_outputs: bool = False, sort: bool = True,
@@ -507,7 +546,7 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                refined_compiler_options: dict | None = None,
                max_cases: int = DEFAULT_MAX_CASES, layout: str = "auto",
                row_size: int | None = None, rows_per_call: int | None = None,
-               segments_per_row: int | None = None) -> RaggedMap:
+               segments_per_row: int | None = None, fallback: bool = True) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -583,6 +622,13 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         packed layout cannot run falls back to padded. ``"packed"`` raises
         ``PackedUnsupported`` instead. ``stats()["layout"]`` says what ran
         and why; ``stats()["packed"]`` counts rows and positions.
+      fallback: where a bucket's masked trace fails (a size needed as a Python
+        value past the per-size limit, a primitive without a masking rule),
+        its examples run one by one under plain ``jax.jit`` (one compile per
+        distinct shape, as ``jax.jit``): warned once
+        (``polymask.FallbackWarning``), counted (``stats()["exact_compiles"]``,
+        ``["exact_calls"]``), listed by ``.fallbacks()``. ``False``: raise
+        the trace's error.
       row_size: positions per packed row (default: the power of two that
         holds the first call's longest example, at least 64).
       rows_per_call: rows per call of the packed program (default: about
@@ -595,7 +641,8 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
       calls run).
 
     Raises:
-      ShapeError: an example does not fit the specs (names the example).
+      ShapeError: an example does not fit the specs, or the function fails
+        on it as plain JAX does (names the example).
       PackedUnsupported: ``layout="packed"`` and ``fun`` cannot run packed
         (names the primitive and the line).
     """
@@ -606,7 +653,7 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                      refine_buckets=refine_buckets, compiler_options=compiler_options,
                      refined_compiler_options=refined_compiler_options, max_cases=max_cases,
                      layout=layout, row_size=row_size, rows_per_call=rows_per_call,
-                     segments_per_row=segments_per_row)
+                     segments_per_row=segments_per_row, fallback=fallback)
 
 
 def _as_example_list(examples) -> list:
