@@ -42,6 +42,7 @@ MODULES = (
     "ssm_scans", "user_reports", "rlax_returns", "purejaxrl_ppo",
     "numpyro_models", "lineax_solves", "optimistix_fits",
     "einops_ops", "jax_signal", "hf_flax_transformers",
+    "flaxformer_t5_bias", "haiku_nets", "kalman_by_hand",
 )
 
 

@@ -60,13 +60,16 @@ class ExactFallback:
 
     ``runner``: how messages name the runner (``"polymask.jit(f)"``);
     ``add_stats(**counts)``: the runner's stats counter (``exact_compiles``,
-    ``xla_compiles``, ``persistent_cache_hits``).
+    ``xla_compiles``, ``persistent_cache_hits``); ``counted_in``: where the
+    warning says the user finds that count.
     """
 
     def __init__(self, fun: Callable, runner: str, add_stats: Callable[..., None],
-                 compiler_options: dict | None = None):
+                 compiler_options: dict | None = None,
+                 counted_in: str = "stats()['exact_compiles']"):
         self.fun = fun
         self.runner = runner
+        self.counted_in = counted_in
         self._add = add_stats
         self._jit = jax.jit(fun, compiler_options=compiler_options or None)
         self._lock = threading.Lock()
@@ -87,7 +90,7 @@ class ExactFallback:
             warnings.warn(FallbackWarning(
                 f"{self.runner}: the sizes {where} cannot share one compiled program, so each "
                 f"exact shape there compiles its own, as jax.jit does (counted in "
-                f"stats()['exact_compiles']; .fallbacks() lists every bucket and reason). "
+                f"{self.counted_in}; .fallbacks() lists every bucket and reason). "
                 f"Why:\n{reason}"), stacklevel=user_stacklevel())
         return reason
 

@@ -29,6 +29,7 @@ from ..packing import PackedUnsupported, pack_rows
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import SEGMENT_FIELDS, Segments
 from ..tracing.transform import mask
+from .fallback import ExactFallback, falls_back
 from .packed import PackedRunner, default_row_size, spare_rows
 
 __all__ = ["value_and_grad", "RaggedValueAndGrad"]
@@ -100,7 +101,12 @@ class RaggedValueAndGrad:
         self._policy = as_policy(buckets) if buckets is not None else None
         self._batch_policy = as_policy(batch_buckets) if batch_buckets is not None else None
         self.compiles = 0
+        self.exact_compiles = 0  # per-example programs of the fallback (also in compiles)
         self._jitted = jax.jit(self._value_and_grad)
+        name = getattr(fun, "__name__", type(fun).__name__)
+        self._fallback = ExactFallback(self._example_sum_and_grad, f"value_and_grad({name})",
+                                       self._count_exact, counted_in="vg.exact_compiles")
+        self._unshared: dict = {}  # padded batch signature -> why its trace failed
 
     def _loss(self, weights, *args):
         in_axes = tuple(None if i in self._unbatched else 0 for i in range(len(args)))
@@ -182,22 +188,78 @@ class RaggedValueAndGrad:
             out = self._packed(*args)
             self.compiles = self._packed.compiles + self._packed.compiles_padded
             return out
-        self._check_exact_examples(args)
-        weights, args = self.prepare(*args)
-        return self._jitted(weights, *args)
+        exact = self._check_exact_examples(args)
+        weights, batch = self.prepare(*args)
+        key = tuple((np.shape(x), str(getattr(x, "dtype", "")))
+                    for x in jax.tree_util.tree_leaves(batch))
+        if key in self._unshared and exact:
+            return self._exact_value_and_grad(args, self._unshared[key])
+        try:
+            return self._jitted(weights, *batch)
+        except Exception as e:
+            if not exact or not falls_back(e):
+                raise  # stacked batches: no exact examples to run one by one
+            where = "of examples padded to " + ", ".join(
+                str(np.shape(a.data)[1:]) for i, a in enumerate(batch)
+                if i not in self._unbatched and isinstance(a, Masked))
+            self._unshared[key] = self._fallback.refused(where, e)
+            return self._exact_value_and_grad(args, self._unshared[key])
 
-    def _check_exact_examples(self, args) -> None:
+    # -- the per-example fallback (fallback.py) -----------------------------------
+    def fallbacks(self) -> dict[str, str]:
+        """``{batch: reason}``: padded batches whose program could not be
+        traced, so their examples ran one by one under ``jax.jit`` (as the
+        exact loss would), and why."""
+        return self._fallback.fallbacks()
+
+    def _count_exact(self, exact_compiles=0, **_):
+        self.exact_compiles += exact_compiles
+        self.compiles += exact_compiles
+
+    def _example_sum_and_grad(self, *example):
+        """One exact example: ((sum of its loss elements, their count), grads)."""
+        def loss_sum(*ex):
+            out = jnp.asarray(self.fun(*ex))
+            return jnp.sum(out), jnp.asarray(out.size, jnp.float32)
+
+        return jax.value_and_grad(loss_sum, argnums=self.argnums, has_aux=True)(*example)
+
+    def _exact_value_and_grad(self, args, reason: str):
+        """The batch example by example under plain ``jax.jit`` (its padded
+        program cannot be traced): the sums and counts of every example's loss
+        reduced as the padded program reduces them."""
+        n = len(next(a for i, a in enumerate(args) if i not in self._unbatched))
+        total, count, grads = None, 0.0, None
+        for k in range(n):
+            ex = [a if i in self._unbatched else a[k] for i, a in enumerate(args)]
+            key = tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
+                        for x in jax.tree_util.tree_leaves(ex))
+            try:
+                (s, c), g = self._fallback.call(key, tuple(ex), reason)
+            except ShapeError as e:
+                raise ShapeError(f"examples[{k}]: {e}") from e.__cause__
+            total = s if total is None else total + s
+            count += float(c)
+            grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
+        if self.reduce == "mean":
+            scale = 1.0 / max(count, 1.0)
+            total = total * scale
+            grads = jax.tree_util.tree_map(lambda v: v * jnp.asarray(scale, v.dtype), grads)
+        return total, grads
+
+    def _check_exact_examples(self, args) -> bool:
         """Lists of exact arrays: each example's loss traced by plain JAX (once
         per shape), so an example where the plain loss fails raises
         ``ShapeError`` instead of adding 0 (the compiled program has no
-        host callback to say it)."""
+        host callback to say it). Returns whether the batch is such lists."""
         lists = {i: a for i, a in enumerate(args) if i not in self._unbatched
                  and isinstance(a, (list, tuple)) and a and not isinstance(a[0], (list, dict))}
         if len(lists) != len(args) - len(self._unbatched):
-            return  # stacked batches: their sizes were checked when stacked
+            return False  # stacked batches: their sizes were checked when stacked
         for k in range(len(next(iter(lists.values())))):
             ex = [a[k] if i in lists else a for i, a in enumerate(args)]
             plain_loss_shape(self.fun, ex, self._plain_shapes, f"examples[{k}]")
+        return True
 
 
 def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
@@ -241,7 +303,12 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
       ``vg(params, *batch) -> (loss, grads)``: ``loss`` a scalar array,
       ``grads`` shaped like ``params``; equal to ``jax.value_and_grad`` of the
       same reduction computed example by example on exact arrays.
-      ``vg.compiles`` counts the compiled signatures.
+      ``vg.compiles`` counts the compiled signatures. Where a batch's padded
+      program cannot be traced (a size needed as a Python value, a
+      primitive without a masking rule) and the batch is lists of exact
+      arrays, its examples run one by one under ``jax.jit`` (one compile per
+      distinct shape, as plain JAX; ``vg.exact_compiles``; warned once,
+      ``polymask.FallbackWarning``; ``vg.fallbacks()`` says why).
 
     A batch of no examples (empty lists) gives a loss of 0 and zero
     gradients in either layout and either ``reduce`` (the mean over no
@@ -251,7 +318,8 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
       ShapeError: ``fun`` does not return one array, a spec does not fit,
         examples of one batch disagree in rank or static sizes, or the plain
         loss fails on an example (``examples[k]`` and the line are named).
-      UnsupportedError: a primitive in ``fun`` has no masking rule.
+      UnsupportedError: a primitive in ``fun`` has no masking rule and the
+        batch is stacked (``polymask.stack``: no exact examples to fall back to).
       PackedUnsupported: ``layout="packed"`` and ``fun`` cannot run packed
         (the primitive and line are named); ``layout="padded"`` runs it.
       ValueError: ``layout`` other than ``"padded"``/``"packed"``, or
