@@ -1,0 +1,180 @@
+"""Never worse than jax.jit (#36): where a bucket's masked trace fails, the
+runners run its sizes per exact shape under plain ``jax.jit`` with plain JAX's
+values, warn once, count the compiles and say why; where plain ``jax.jit``
+fails too they raise ``ShapeError`` with its reason.
+
+Each function here is the minimal form of a real program an outside tester
+found refused where ``jax.jit`` ran it (issue #36): a size as a Python value
+past the per-size limit (``np.tril(np.ones((n, n)))``, ``range(n)``), a
+primitive without a masking rule, a library's own ``assert`` on a size.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.interpreters import mlir
+
+import polymask as pm
+
+SIZES = (3, 40, 41, 70, 40, 0, 1)
+
+
+def tril_cumsum(x):
+    """np.tril(np.ones((n, n))) @ x: NumPy needs n as a Python int."""
+    n = x.shape[0]
+    return jnp.asarray(np.tril(np.ones((n, n), np.float32))) @ x
+
+
+def python_range_sum(x):
+    """sum over range(n): a Python loop over the size (a trace per size)."""
+    return sum(x[i] * i for i in range(x.shape[0])) + jnp.zeros((), x.dtype)
+
+
+def library_assert(x):
+    """A library's own check on a size (numpyro's GaussianRandomWalk: num_steps > 0)."""
+    num_steps = x.shape[0]
+    assert num_steps > 0, "num_steps must be positive"
+    return jnp.cumsum(x) / num_steps
+
+
+# a primitive polymask has no masking rule for, which jax.jit compiles
+no_rule_p = jax.extend.core.Primitive("polymask_test_fallback_no_rule")
+no_rule_p.def_impl(lambda x: x * 2.0)
+no_rule_p.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+mlir.register_lowering(no_rule_p, mlir.lower_fun(lambda x: x * 2.0, multiple_results=False))
+
+
+def no_rule(x):
+    return jnp.sum(no_rule_p.bind(x))
+
+
+def _vec(n, seed=0):
+    return np.random.default_rng(seed + n).normal(size=n).astype(np.float32)
+
+
+def _calls(f, sizes=SIZES):
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        outs = [f(_vec(n)) for n in sizes]
+    return outs, [w for w in ws if issubclass(w.category, pm.FallbackWarning)]
+
+
+@pytest.mark.parametrize("fun", [tril_cumsum, python_range_sum, no_rule])
+def test_polymask_jit_runs_what_jax_jit_runs_with_its_values(fun):
+    f = pm.jit(fun, "n")
+    outs, ws = _calls(f)
+    for n, out in zip(SIZES, outs):
+        np.testing.assert_allclose(np.asarray(out), np.asarray(jax.jit(fun)(_vec(n))),
+                                   rtol=1e-5, atol=1e-5)
+    assert len(ws) == 1, [str(w.message) for w in ws]  # once per function
+    assert "as jax.jit does" in str(ws[0].message) and __file__ in ws[0].filename
+    st = f.stats()
+    distinct = len(set(SIZES))
+    # never more compiles than jax.jit (one per distinct shape), fewer where sizes share
+    assert st["compiles"] + st["exact_compiles"] <= distinct
+    assert st["exact_calls"] >= 1 and st["calls"] == len(SIZES)
+    assert f.fallbacks() and all(isinstance(r, str) and r for r in f.fallbacks().values())
+
+
+def test_the_reason_names_the_users_line_and_the_rewrite():
+    f = pm.jit(tril_cumsum, "n")
+    with pytest.warns(pm.FallbackWarning) as ws:
+        f(_vec(40))
+    msg = str(ws[0].message)
+    assert "test_fallback.py" in msg and "(tril_cumsum)" in msg  # the line inside the function
+    assert "jnp.arange(n)" in msg  # the jnp form that takes symbolic sizes
+    assert "numeric.py" not in msg  # NumPy's own frame is not the user's line
+    (reason,) = f.fallbacks().values()
+    assert "Python int" in reason
+
+
+def test_sizes_that_share_still_share():
+    """Small buckets trace per size in one program; only the bucket past the
+    limit falls back, and each of its shapes compiles once."""
+    f = pm.jit(python_range_sum, "n")
+    with pytest.warns(pm.FallbackWarning):
+        for n in (2, 5, 7, 40, 41, 40, 41):
+            np.testing.assert_allclose(f(_vec(n)), python_range_sum(_vec(n)), rtol=1e-5)
+    st = f.stats()
+    assert st["compiles"] == 1  # bucket 8: sizes 2, 5 and 7 in one program
+    assert st["exact_compiles"] == 2 and st["exact_calls"] == 4
+    assert list(f.fallbacks()) == ["n <= 64"]
+
+
+def test_where_plain_jax_fails_too_it_is_a_shape_error_with_plain_jaxs_reason():
+    f = pm.jit(library_assert, "n")
+    np.testing.assert_allclose(f(_vec(3)), library_assert(_vec(3)), rtol=1e-6)
+    with pytest.raises(pm.ShapeError, match="num_steps must be positive"):
+        f(_vec(0))
+    big = pm.jit(library_assert, "n", buckets=pm.buckets.exact())
+    with pytest.raises(pm.ShapeError, match="num_steps must be positive"):
+        big(np.zeros(0, np.float32))
+
+
+def test_fallback_false_keeps_the_refusal():
+    with pytest.raises(pm.UnsupportedError, match="polymask_test_fallback_no_rule"):
+        pm.jit(no_rule, "n", fallback=False)(_vec(3))
+    with pytest.raises(pm.UnsupportedError, match="polymask_test_fallback_no_rule"):
+        pm.ragged_map(no_rule, "n", fallback=False)([_vec(3)])
+
+
+def test_numpy_outputs_and_pytrees_in_the_fallback():
+    def f(x, y):
+        return {"a": tril_cumsum(x), "b": y * len(x)}
+
+    g = pm.jit(f, ("n", "m"), numpy_outputs=True)
+    with pytest.warns(pm.FallbackWarning):
+        out = g(_vec(40), _vec(2))
+    assert isinstance(out["a"], np.ndarray)
+    np.testing.assert_allclose(out["a"], tril_cumsum(_vec(40)), rtol=1e-5)
+    np.testing.assert_allclose(out["b"], _vec(2) * 40)
+
+
+def test_tiered_runner_falls_back_too():
+    f = pm.jit(no_rule, "n", tiered=True)
+    with pytest.warns(pm.FallbackWarning):
+        for n in (3, 9, 3):
+            np.testing.assert_allclose(f(_vec(n)), 2 * _vec(n).sum(), rtol=1e-5)
+    f.wait()
+    assert f.stats()["exact_compiles"] == 2
+
+
+@pytest.mark.parametrize("layout", ["auto", "padded"])
+def test_ragged_map_runs_each_example_as_jax_jit(layout):
+    exs = [_vec(n) for n in SIZES]
+    rm = pm.ragged_map(tril_cumsum, "n", layout=layout)
+    with pytest.warns(pm.FallbackWarning, match="ragged_map"):
+        outs = rm(exs)
+    for x, out in zip(exs, outs):
+        np.testing.assert_allclose(out, tril_cumsum(x), rtol=1e-5, atol=1e-5)
+    st = rm.stats()
+    assert st["exact_compiles"] == len(set(SIZES)) and st["exact_calls"] == len(SIZES)
+    rm(exs)  # again: nothing new to compile
+    assert rm.stats()["exact_compiles"] == len(set(SIZES))
+
+
+def test_ragged_map_plain_failure_names_the_example():
+    rm = pm.ragged_map(library_assert, "n", buckets=pm.buckets.exact(), layout="padded")
+    with pytest.raises(pm.ShapeError, match=r"(?s)examples\[1\].*num_steps must be positive"):
+        rm([_vec(2), np.zeros(0, np.float32)])
+
+
+def test_value_and_grad_falls_back_per_example_with_exact_gradients():
+    def loss(w, x):
+        return jnp.sqrt(jnp.sum(tril_cumsum(x * w) ** 2) + 1.0)
+
+    w = np.float32(0.7)
+    xs = [_vec(n) for n in (3, 40, 70)]
+    vg = pm.value_and_grad(loss, ("n",))
+    with pytest.warns(pm.FallbackWarning, match="value_and_grad"):
+        val, grad = vg(w, xs)
+    ref_val, ref_grad = jax.value_and_grad(
+        lambda w: jnp.mean(jnp.stack([loss(w, x) for x in xs])))(w)
+    np.testing.assert_allclose(val, ref_val, rtol=1e-5)
+    np.testing.assert_allclose(grad, ref_grad, rtol=1e-4)
+    assert vg.exact_compiles == 3 and vg.fallbacks()
+    vg(w, xs)
+    assert vg.exact_compiles == 3
