@@ -45,8 +45,8 @@ def worker():
 
 def test_corpus_size():
     progs = corpus.all_programs()
-    assert len(progs) >= 40
-    assert len(corpus.sources()) >= 15
+    assert len(progs) >= 80
+    assert len(corpus.sources()) >= 30
     for p in progs:
         assert p.source and p.license, p.name
 
