@@ -8,8 +8,9 @@
 Each program runs in a worker subprocess with a per-mode time limit (a hang
 is reported as ``hang``). Columns: program, source, sizes (oracle sizes;
 ``pmjit`` sizes), one result per mode (``pass``, ``wrong``, ``hang``,
-``error-polymask``, ``crash``, ``n/a``), and ``polymask.jit``'s compiles /
-buckets. ``--details`` adds each failure's message below the table.
+``error-polymask``, ``crash``, ``n/a``), ``polymask.jit``'s programs (bucket
+programs + per-shape fallback compiles) / buckets, and ``jax.jit``'s compiles
+(distinct exact shapes). ``--details`` adds each failure's message below the table.
 ``--inline`` runs in this process (no time limit; for debugging). ``--quick``
 runs the test file's profile (fewer sizes for eager / grad / pmjit) and
 ``--write-expected`` writes its results as the expectations of
@@ -37,14 +38,16 @@ SHORT = {"pass": "pass", "wrong": "**wrong**", "hang": "**hang**",
 
 def table(progs, results, modes) -> str:
     lines = ["| program | source | oracle sizes (pmjit sizes) | " + " | ".join(modes)
-             + " | compiles / buckets |",
-             "|---|---|---|" + "---|" * len(modes) + "---|"]
+             + " | polymask.jit programs (bucket + per-shape) / buckets | jax.jit compiles |",
+             "|---|---|---|" + "---|" * len(modes) + "---|---|"]
     for p in progs:
         res = results.get(p.name, {})
         cells = [SHORT.get(res[m]["status"], res[m]["status"]) if m in res else "-"
                  for m in modes]
         pj = res.get("pmjit", {})
-        comp = f"{pj['compiles']}/{pj['buckets']}" if "compiles" in pj else "-"
+        comp = (f"{pj['compiles']} + {pj.get('exact_compiles', 0)} / {pj['buckets']}"
+                if "compiles" in pj else "-")
+        plain = str(pj.get("distinct_shapes", "-"))
         src = p.source.split(" ", 1)
         if len(src) > 1:  # "library URL function": the file and function, not the URL
             rest = src[1].split(" ", 1)
@@ -53,7 +56,8 @@ def table(progs, results, modes) -> str:
         else:
             src = src[0]
         sizes = ",".join(map(str, p.oracle_sizes())) + f" ({','.join(map(str, p.jit_sizes()))})"
-        lines.append(f"| {p.name} | {src} | {sizes} | " + " | ".join(cells) + f" | {comp} |")
+        lines.append(f"| {p.name} | {src} | {sizes} | " + " | ".join(cells)
+                     + f" | {comp} | {plain} |")
     return "\n".join(lines)
 
 
@@ -118,12 +122,14 @@ def write_expected(path, progs, results, quick, rev):
     lines += [f"    {k!r}," for k in na]
     lines.append("}")
     lines.append("")
-    lines.append("# polymask.jit compiles per program (pmjit mode), for the report")
+    lines.append("# polymask.jit per program (pmjit mode), for the report: (bucket programs,")
+    lines.append("# buckets, per-shape fallback compiles, distinct shapes = jax.jit's compiles)")
     lines.append("COMPILES = {")
     for p in progs:
         r = results.get(p.name, {}).get("pmjit", {})
         if "compiles" in r:
-            lines.append(f"    {p.name!r}: ({r['compiles']}, {r['buckets']}),")
+            lines.append(f"    {p.name!r}: ({r['compiles']}, {r['buckets']}, "
+                         f"{r.get('exact_compiles', 0)}, {r.get('distinct_shapes', 0)}),")
     lines.append("}")
     Path(path).write_text("\n".join(lines) + "\n")
 

@@ -12,7 +12,11 @@ For one program and one mode the harness returns a result dict:
 - ``detail``: the assertion or the exception (type, message, and the innermost
   polymask frame for a crash).
 - ``compiles`` / ``buckets`` (``pmjit``): ``polymask.jit``'s ``stats()["compiles"]``
-  over the program's ``jit_sizes`` and the number of distinct buckets they fall in.
+  over the program's ``jit_sizes`` and the number of distinct buckets they fall
+  in; ``exact_compiles`` / ``distinct_shapes``: its per-shape fallback's compiles
+  (buckets whose masked trace failed run as ``jax.jit``) and the distinct exact
+  shapes (``jax.jit``'s compiles). More programs than ``max(buckets, distinct
+  shapes)`` is ``wrong``.
 - ``seconds``: wall time of the mode.
 
 Modes ``eager``, ``jit``, ``vmap`` and ``grad`` are
@@ -22,7 +26,8 @@ unpadded parameters included, and checks the padding of padded arguments is
 zero and finite). At sizes where plain JAX raises, ``eager`` and ``jit`` check
 that the masked function raises a ``ShapeError`` too. ``pmjit`` runs
 ``polymask.jit(fun, in_specs, buckets=pow2(minimum=4))`` on exact inputs of the
-program's ``jit_sizes``, compares with plain JAX and counts compiles.
+program's ``jit_sizes``, compares with plain JAX and counts compiles (the
+per-shape fallback's included: a pass there says "N per-shape compiles").
 
 Every program runs in a worker subprocess (``Worker``): a mode that does not
 answer within ``Program.timeout`` seconds is reported as a hang and the
@@ -352,12 +357,20 @@ def _run_pmjit(prog, quick=False):
                     np.testing.assert_array_equal(g, w, err_msg=f"output {k}")
         except AssertionError as e:
             return {"status": "wrong", "detail": f"n={n}: " + _exc_text(e, 600)}
-    compiles = int(f.stats()["compiles"])
+    st = f.stats()
+    compiles, exact = int(st["compiles"]), int(st["exact_compiles"])
+    distinct = len({tuple(np.shape(a) for a in prog.example(n)) for n in sizes
+                    if plain[n][0] == "ok"})
     r = {"status": "pass", "compiles": compiles, "buckets": len(buckets),
+         "exact_compiles": exact, "distinct_shapes": distinct,
          "detail": f"{compiles} compiles for {len(buckets)} buckets over sizes {list(sizes)}"}
-    if compiles > len(buckets):
+    if exact:
+        reasons = sorted({why.splitlines()[0][:160] for why in f.fallbacks().values()})
+        r["detail"] += (f"; {exact} per-shape compiles (fallback, {distinct} distinct shapes): "
+                        + " | ".join(reasons))
+    if compiles + exact > max(len(buckets), distinct) or (not exact and compiles > len(buckets)):
         r["status"] = "wrong"
-        r["detail"] = "more compiles than buckets: " + r["detail"]
+        r["detail"] = "more compiles than buckets (or than jax.jit): " + r["detail"]
     return r
 
 
