@@ -39,10 +39,8 @@ MODULES = (
     "jraph_gnn", "optax_losses", "flax_examples", "equinox_examples", "dynamax_hmm",
     "dynamax_lgssm", "gp_kernels", "ott_sinkhorn", "distrax_dists", "diffrax_steps",
     "blackjax_mcmc", "jaxmd_energy", "speech_vision", "pointnet", "nanogpt",
-    "ssm_scans", "user_reports", "rlax_returns", "purejaxrl_ppo",
-    "numpyro_models", "lineax_solves", "optimistix_fits",
-    "einops_ops", "jax_signal", "hf_flax_transformers",
-    "flaxformer_t5_bias", "haiku_nets", "kalman_by_hand",
+    "ssm_scans", "user_reports", "lineax_solves", "optimistix_fits",
+    "einops_ops", "jax_signal",
 )
 
 

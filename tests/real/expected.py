@@ -13,9 +13,6 @@ XPASS; regenerate this file after a fix.
 
 # (program, mode) -> (status, message)
 FAILURES = {
-    ('numpyro_ar2_scan_log_density', 'pmjit'): (
-        'wrong',
-        'more compiles than buckets: 3 compiles for 2 buckets over sizes [0, 1, 7, 12]'),
     ('lineax_lu_solve', 'eager'): (
         'error-polymask',
         "sizes [6]: UnsupportedError: polymask has no masking rule for primitive 'linear_solve' (used at tests/real/lineax_solves.py:26 (lu_solve)); see docs/coverage.md for the covered primitives"),
@@ -153,17 +150,6 @@ COMPILES = {
     'report_scan_where_normalize': (2, 2),
     'report_python_inverse_length': (2, 2),
     'report_len_past_16_sizes': (2, 2),
-    'rlax_lambda_returns': (3, 3),
-    'rlax_discounted_returns_scalar_bootstrap': (3, 3),
-    'rlax_truncated_gae': (3, 3),
-    'rlax_vtrace_td_error_and_advantage': (3, 3),
-    'rlax_retrace_general_off_policy_returns': (3, 3),
-    'purejaxrl_calculate_gae': (3, 3),
-    'purejaxrl_ppo_gae_loss': (3, 3),
-    'numpyro_baseball_partially_pooled_potential': (3, 3),
-    'numpyro_gp_mvn_log_density': (3, 3),
-    'numpyro_ar2_scan_log_density': (3, 2),
-    'numpyro_gaussian_random_walk': (3, 3),
     'lineax_lu_solve': (0, 3),
     'lineax_qr_least_squares': (0, 3),
     'lineax_cg_ridge_dual': (0, 3),
@@ -176,11 +162,4 @@ COMPILES = {
     'jax_signal_convolve_same': (2, 2),
     'jax_signal_detrend': (2, 2),
     'jax_signal_stft_spectrogram': (2, 3),
-    'hf_flax_bert_layer': (3, 3),
-    'hf_flax_gpt2_block': (3, 3),
-    'flaxformer_t5_relpos_bias_encoder': (3, 3),
-    'flaxformer_t5_relpos_bias_decoder': (3, 3),
-    'haiku_mlp_regression': (3, 3),
-    'haiku_lstm_dynamic_unroll': (3, 3),
-    'kalman_by_hand_scan_inv': (3, 3),
 }
