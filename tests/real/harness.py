@@ -323,7 +323,6 @@ def _run_pmjit(prog, quick=False):
     policy = pm.buckets.pow2(minimum=4)
     f = pm.jit(prog.fun, prog.specs(), buckets=policy, constraints=prog.constraints)
     buckets = set()
-    varying = _varying_axes(prog, sizes)
     for n in sizes:
         ex = prog.example(n)
         if plain[n][0] == "err":
@@ -337,7 +336,7 @@ def _run_pmjit(prog, quick=False):
             return {"status": "wrong",
                     "detail": f"n={n}: returned {_short(jax.tree_util.tree_leaves(out))} "
                               f"where plain JAX raises {plain[n][1]}"}
-        buckets.add(tuple(policy(int(np.shape(ex[i])[k])) for i, k in varying))
+        buckets.add(tuple(sorted(f.plans.plan(ex)[0].buckets.items())))  # per dim var
         try:
             out = f(*ex)
         except Exception as e:  # noqa: BLE001
@@ -372,20 +371,6 @@ def _run_pmjit(prog, quick=False):
         r["status"] = "wrong"
         r["detail"] = "more compiles than buckets (or than jax.jit): " + r["detail"]
     return r
-
-
-def _varying_axes(prog, sizes):
-    import numpy as np
-
-    shapes = [[np.shape(a) for a in prog.example(n)] for n in sizes]
-    out = []
-    for i, spec in enumerate(prog.specs()):
-        if spec is None:
-            continue
-        for k in range(len(shapes[0][i])):
-            if len({s[i][k] for s in shapes}) > 1:
-                out.append((i, k))
-    return out
 
 
 # -- the worker process ---------------------------------------------------------------------------
