@@ -40,7 +40,7 @@ MODULES = (
     "dynamax_lgssm", "gp_kernels", "ott_sinkhorn", "distrax_dists", "diffrax_steps",
     "blackjax_mcmc", "jaxmd_energy", "speech_vision", "pointnet", "nanogpt",
     "ssm_scans", "user_reports", "lineax_solves", "optimistix_fits",
-    "einops_ops", "jax_signal",
+    "einops_ops", "jax_signal", "numpyro_models",
 )
 
 
