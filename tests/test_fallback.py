@@ -178,3 +178,44 @@ def test_value_and_grad_falls_back_per_example_with_exact_gradients():
     assert vg.exact_compiles == 3 and vg.fallbacks()
     vg(w, xs)
     assert vg.exact_compiles == 3
+
+
+def test_a_single_size_case_left_by_a_constraint_is_traced_at_that_size():
+    """jax.scipy.signal.convolve(mode='full') swaps its operands when the signal
+    is shorter than the kernel; with constraints=['t >= 3'] the case t <= 3 is
+    t = 3 alone, traced at 3 as plain JAX does (was refused as 'plain JAX fails',
+    which it does not)."""
+    from jax.scipy import signal
+
+    k = jnp.array([0.25, 0.5, 0.25])
+    x = jnp.arange(16.0)
+    for mode in ("full", "same", "valid"):
+        f = pm.mask(lambda x, k, mode=mode: signal.convolve(x, k, mode=mode), ("t", None),
+                    constraints=("t >= 3",))
+        for t in (3, 4, 16):
+            np.testing.assert_allclose(f(pm.Masked(x, (t,)), k).unpad(),
+                                       signal.convolve(x[:t], k, mode=mode), rtol=1e-6)
+            np.testing.assert_allclose(jax.jit(f)(pm.Masked(x, (t,)), k).unpad(),
+                                       signal.convolve(x[:t], k, mode=mode), rtol=1e-6)
+
+
+def test_an_error_case_is_checked_against_plain_jax(monkeypatch):
+    """Where the masked trace says "the function fails at these sizes" but plain
+    jax.jit runs them, polymask.jit and ragged_map return plain JAX's values
+    (warned as a polymask bug), never a refusal."""
+    from polymask.runners import polyjit, ragged
+
+    def always_error(entry, names, values, prefix=""):
+        raise pm.ShapeError(prefix + "for these sizes the function fails (a wrong error case)")
+
+    monkeypatch.setattr(polyjit, "raise_case_error", always_error)
+    monkeypatch.setattr(ragged, "raise_case_error", always_error)
+    with pytest.warns(pm.FallbackWarning, match="a polymask bug"):
+        np.testing.assert_allclose(pm.jit(jnp.cumsum, "n")(_vec(5)), np.cumsum(_vec(5)),
+                                   rtol=1e-6)
+    with pytest.warns(pm.FallbackWarning, match="a polymask bug"):
+        outs = pm.ragged_map(jnp.cumsum, "n", layout="padded")([_vec(5), _vec(2)])
+    np.testing.assert_allclose(outs[1], np.cumsum(_vec(2)), rtol=1e-6)
+    # where plain JAX fails too, the trace's own message stays
+    with pytest.raises(pm.ShapeError, match="a wrong error case"):
+        pm.jit(lambda x: jax.lax.top_k(x, 3)[0], "n")(_vec(2))

@@ -149,7 +149,8 @@ def internal_scope(constraints, conditions, internal, var_bounds):
         scope = jax.export.SymbolicScope(tuple(texts))
     except Exception as e:
         raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
-    pins = _pinned(conditions, internal, var_bounds)
+    # the user's constraints count too: "t >= 3" and a case's "t <= 3" leave t = 3
+    pins = _pinned(tuple(texts[:len(constraints)]) + tuple(conditions), internal, var_bounds)
     if pins:  # a case for one size: traced at that size, as plain JAX would
         scope = jax.export.SymbolicScope(tuple(texts + pins))
     return scope, bool(internal) and len(pins) == len(internal)
@@ -165,23 +166,28 @@ def _pinned(conditions, internal, var_bounds) -> list[str]:
     for v, (name, off) in internal.items():
         ok = set(range(off, var_bounds[v] + off + 1))
         for c in conditions:
-            text, op, _ = c.rsplit(" ", 2)
             try:
+                text, op, rhs = c.rsplit(" ", 2)
                 (e,) = jax.export.symbolic_shape(text)
+                rhs = int(rhs)
             except Exception:
                 continue
-            if compat.dim_vars(e) == {name}:
-                ok = {x for x in ok if _holds(e, name, x, op)}
+            if compat.dim_vars(e) == {name} and op in _OPS:
+                ok = {x for x in ok if _holds(e, name, x, op, rhs)}
         if len(ok) == 1:
             out.append(f"{name} == {ok.pop()}")
     return out
 
 
-def _holds(e, name: str, x: int, op: str) -> bool:
-    """``e >= 0`` (op ``>=``) or ``e <= -1`` at ``name = x``; True when undefined (x // 0)."""
+_OPS = {">=": int.__ge__, "<=": int.__le__, "==": int.__eq__, ">": int.__gt__, "<": int.__lt__}
+
+
+def _holds(e, name: str, x: int, op: str, rhs: int) -> bool:
+    """``e <op> rhs`` at ``name = x`` (a case's ``e >= 0`` / ``e <= -1``, a
+    constraint's ``t >= 3``); True when undefined (x // 0)."""
     try:
         with np.errstate(all="raise"):
-            return (int(compat.evaluate_dim(e, {name: x})) >= 0) == (op == ">=")
+            return _OPS[op](int(compat.evaluate_dim(e, {name: x})), rhs)
     except (ArithmeticError, FloatingPointError):
         return True
 

@@ -307,9 +307,27 @@ class PolyJit:
             try:
                 raise_case_error(entry, info.plan.var_names, info.plan.values)
             except ShapeError as e:
+                if self._fallback is not None and self._plain_also_fails(info, args, e) is False:
+                    return self._exact_call(info, args)
                 info.error = str(e)
                 raise at_call_site_error(e) from None
         return self._outputs(info, entry, out)
+
+    def _plain_also_fails(self, info: _CallInfo, args, error: ShapeError) -> bool:
+        """Check an error case of the masked trace (``top_k`` with ``k > n``:
+        "the function fails at these sizes") against plain ``jax.jit`` on the
+        exact arrays, once per shape. False: plain JAX runs them (the error
+        case was the trace's, not the function's), so these sizes fall back
+        to per-shape programs, warned."""
+        try:
+            self._fallback.call(info.shape_key, args)
+        except ShapeError:
+            return True
+        where = ", ".join(f"{v} = {n}" for v, n in zip(info.plan.var_names, info.plan.values))
+        info.unshared = self._fallback.refused(where, ShapeError(
+            f"the masked trace takes these sizes to an error case, but plain jax.jit runs "
+            f"them (a polymask bug; please report it):\n{error}"))
+        return False
 
     def _fall_back(self, info: _CallInfo, args, error: Exception):
         """The bucket of ``info`` cannot share a program (its trace failed now,

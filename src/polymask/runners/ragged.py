@@ -493,9 +493,26 @@ class RaggedMap:
             self._unshared[bucket] = self._fallback.refused(where, e)
             return self._run_exact(tree, chunk, infos, results, broadcast, bcast_key, bucket)
         self.cache.count_call(sum(infos[ex][0].logical for ex in chunk), len(chunk) * plan0.padded)
+        ran_plain = set()
         for ex in chunk:
-            raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values,
-                             f"examples[{ex}]: ")
+            try:
+                raise_case_error(entry, infos[ex][0].var_names, infos[ex][0].values,
+                                 f"examples[{ex}]: ")
+            except ShapeError as e:  # checked against plain jax.jit (once per shape)
+                if self._fallback is None:
+                    raise
+                try:
+                    results[ex] = self._exact_example(tree, ex, infos, broadcast, bcast_key,
+                                                      None)
+                except ShapeError:
+                    raise e from None  # plain JAX fails too: the trace's message says where
+                ran_plain.add(ex)
+                self._fallback.refused(
+                    ", ".join(f"{v} = {n}" for v, n in zip(infos[ex][0].var_names,
+                                                             infos[ex][0].values)),
+                    ShapeError(f"the masked trace takes these sizes to an error case, but "
+                               f"plain jax.jit runs them (a polymask bug; please report "
+                               f"it):\n{e}"))
         outputs = entry.outputs
         if outputs.device_axes:
             datas, out_sizes = out
@@ -505,6 +522,8 @@ class RaggedMap:
         datas = [np.asarray(d) for d in datas]
         bcast_shapes = [np.shape(x) for x in bcast_leaves]
         for r, ex in enumerate(chunk):
+            if ex in ran_plain:
+                continue
             in_shapes = bcast_shapes + [p.shape for p in infos[ex][0].leaves]
             shapes = outputs.shapes(in_shapes, None if out_sizes is None else out_sizes[r])
             outs = []
@@ -518,19 +537,25 @@ class RaggedMap:
     def _run_exact(self, tree, chunk, infos, results, broadcast, bcast_key, bucket) -> None:
         """Each example of ``chunk`` under plain ``jax.jit`` (its bucket cannot
         share a program: ``fallback.ExactFallback``), one compile per distinct shape."""
-        reason = self._unshared[bucket]
         for ex in chunk:
-            plan, leaves = infos[ex]
-            args = (*broadcast, *jax.tree_util.tree_unflatten(tree, list(leaves)))
-            key = (tree, bcast_key, tuple((np.shape(x), dtype_key(x)) for x in leaves))
-            try:
-                out = self._fallback.call(key, args, reason)
-            except ShapeError as e:
-                raise ShapeError(f"examples[{ex}]: {e}") from e.__cause__
-            self.cache.count_call(plan.logical, plan.logical)
-            self.cache.add(exact_calls=1)
-            results[ex] = jax.tree_util.tree_map(
-                np.asarray if self.numpy_outputs else (lambda a: a), out)
+            results[ex] = self._exact_example(tree, ex, infos, broadcast, bcast_key,
+                                              self._unshared[bucket])
+
+    def _exact_example(self, tree, ex, infos, broadcast, bcast_key, reason):
+        """``fun(*broadcast, *example)`` under plain ``jax.jit``.
+
+        Raises:
+          ShapeError: plain JAX fails on it too (naming the example)."""
+        plan, leaves = infos[ex]
+        args = (*broadcast, *jax.tree_util.tree_unflatten(tree, list(leaves)))
+        key = (tree, bcast_key, tuple((np.shape(x), dtype_key(x)) for x in leaves))
+        try:
+            out = self._fallback.call(key, args, reason)
+        except ShapeError as e:
+            raise ShapeError(f"examples[{ex}]: {e}") from e.__cause__
+        self.cache.count_call(plan.logical, plan.logical)
+        self.cache.add(exact_calls=1)
+        return jax.tree_util.tree_map(np.asarray if self.numpy_outputs else (lambda a: a), out)
 
     def fallbacks(self) -> dict[str, str]:
         """``{bucket: reason}``: the buckets whose examples run one by one

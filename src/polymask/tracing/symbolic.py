@@ -318,12 +318,14 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
             err = dimvars.displayed_error(translated, internal)
             err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
             err.polymask_signature = signature
+            err.polymask_pinned = False
             raise err from None
         # A built-in error (JAX's own take arguments to build their text) is
         # shown with the spec's dim var names, not the internal ``n__p1 - 1``.
         raised = shown if type(e).__module__ == "builtins" else e
         try:
             raised.polymask_signature = signature
+            raised.polymask_pinned = static  # at one size: plain JAX's own error
         except AttributeError:  # an exception type without a __dict__
             pass
         if raised is e:

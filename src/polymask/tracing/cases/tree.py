@@ -34,11 +34,14 @@ class Case:
     error: str | None = None
     where: str = ""
     reached_by: list[dict[str, int]] | None = None  # None: not enumerated
+    pinned: bool = False  # traced with every size a Python int (an error is plain JAX's)
 
     @property
     def one_size(self) -> bool:
-        """Reached by one combination of sizes only (an error there is plain JAX's)."""
-        return self.reached_by is not None and len(self.reached_by) == 1
+        """Reached by one combination of sizes only and traced at it (an error
+        there is plain JAX's; a case of one size traced symbolically, e.g.
+        pinned by conditions on several dim vars, is not)."""
+        return self.reached_by is not None and len(self.reached_by) == 1 and self.pinned
 
     @property
     def reachable(self) -> bool:
@@ -176,7 +179,8 @@ def _error_text(e: BaseException, internal) -> str:
 
 def error_case(index: int, conditions, e: BaseException, internal) -> Case:
     where = getattr(e, "polymask_where", None) or user_frame_of_exception(e)
-    return Case(index, conditions, error=_error_text(e, internal), where=where)
+    return Case(index, conditions, error=_error_text(e, internal), where=where,
+                pinned=bool(getattr(e, "polymask_pinned", False)))
 
 
 def enumerate_sizes(tree: CaseTree) -> None:
