@@ -41,6 +41,7 @@ MODULES = (
     "blackjax_mcmc", "jaxmd_energy", "speech_vision", "pointnet", "nanogpt",
     "ssm_scans", "user_reports", "lineax_solves", "optimistix_fits",
     "einops_ops", "jax_signal", "numpyro_models",
+    "jaxopt_solvers", "haiku_nets",
 )
 
 
