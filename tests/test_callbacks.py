@@ -569,16 +569,19 @@ def test_ragged_map_spare_rows_of_a_partial_batch_call_no_host_function(batch_si
     assert sorted(seen, key=key) == sorted(want, key=key)
 
 
-def test_io_callback_with_a_case_split_under_vmap_is_a_clear_refusal():
+def test_io_callback_with_a_case_split_under_vmap_runs_per_example_and_says_why():
     # JAX cannot vmap an IO effect inside a switch ("vmap-of-cond"): the
-    # message names the split and the constraint that removes it
+    # examples run one by one under jax.jit, and the warning names the split
+    # and the constraint that removes it
     def f(x):
         io_callback(lambda a: None, None, x)
         return x[0]  # x[0] raises at n = 0: a case split
 
     xs = [np.ones(2, np.float32), np.ones(3, np.float32)]
+    with pytest.warns(pm.FallbackWarning, match=r"2 cases.*constraints=\['n >= 1'\]"):
+        np.testing.assert_array_equal(pm.ragged_map(f, ("n",))(xs), [1, 1])
     with pytest.raises(pm.UnsupportedError, match=r"2 cases.*constraints=\['n >= 1'\]"):
-        pm.ragged_map(f, ("n",))(xs)
+        pm.ragged_map(f, ("n",), fallback=False)(xs)
     np.testing.assert_array_equal(pm.ragged_map(f, ("n",), constraints=("n >= 1",))(xs), [1, 1])
 
 

@@ -9,6 +9,7 @@ under ``jit`` and ``vmap``) and never returns a value.
 """
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -438,3 +439,28 @@ def test_broadcast_of_a_computed_size_that_is_one_near_zero():
     check_oracle(optax.ctc_loss, [example(n) for n in (0, 1, 4)],
                  [(1, 9, 5), (1, 9), (1, 4), (1, 4)], ("1, t, 5", "1, t", "1, l", "1, l"),
                  modes=("eager", "jit", "vmap", "grad"))
+
+
+def test_a_shift_by_one_next_to_its_input_is_proved_equal_by_a_split():
+    """x - concatenate([0], x[:-1]) (optax's CTC, a first difference): JAX cannot
+    prove max(0, n - 1) + 1 == n for every n >= 0; polymask splits at n >= 1,
+    where it can, and traces n = 0 on its own (no constraint needed, any bound)."""
+    def f(x):
+        prev = jnp.concatenate([jnp.zeros((1,), x.dtype), x[:-1]])
+        return x - prev
+
+    for bound in (8, 40, 300):
+        x = np.arange(bound, dtype=np.float32) ** 2
+        m = pm.mask(f, "n")
+        jm = jax.jit(m)
+        for n in (0, 1, 3, bound):
+            want = f(jnp.asarray(x[:n]))
+            np.testing.assert_allclose(m(pm.Masked(x, (n,))).unpad(), want)
+            np.testing.assert_allclose(jm(pm.Masked(x, (jnp.int32(n),))).unpad(), want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)  # shared, no per-shape fallback
+        g = pm.jit(f, "n")
+        for n in (0, 5, 40, 41):
+            np.testing.assert_allclose(g(np.arange(n, dtype=np.float32)),
+                                       f(jnp.arange(n, dtype=jnp.float32)))
+    assert g.stats()["exact_compiles"] == 0

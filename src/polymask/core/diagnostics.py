@@ -231,8 +231,18 @@ def _dim_vars_in(text: str) -> list[str]:
     return names
 
 
-def _lower_bound_that_fixes(msg: str, var: str) -> int | None:
-    """Smallest ``k`` such that ``var >= k`` makes the shapes in ``msg`` equal."""
+def is_shape_mismatch(e: BaseException, msg: str) -> bool:
+    """Whether ``e`` (its text ``msg``) is JAX refusing two shapes it cannot
+    prove equal (broadcasting, concatenation, ``lax`` binary ops)."""
+    return bool((isinstance(e, TypeError) and re.search(
+        r"incompatible shapes|must have (the )?same shape|same shape|shapes must", msg)) or (
+        isinstance(e, (TypeError, ValueError, AssertionError)) and _SHAPE_MISMATCH.search(msg)))
+
+
+def lower_bound_that_fixes(msg: str, var: str) -> int | None:
+    """Smallest ``k`` (1..8) such that ``var >= k`` makes the shapes in ``msg``
+    equal (``x - concatenate([0], x[:-1])``: ``(n,)`` and ``(max(0, n - 1) + 1,)``
+    are equal for ``n >= 1``)."""
     shapes = re.findall(r"(\([^()]*(?:\([^()]*\)[^()]*)*\))", msg.split(":", 1)[-1])
     if len(shapes) < 2:
         return None
@@ -272,7 +282,7 @@ def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
             "name in in_specs (e.g. ('n', 'n')).")
     if len(user) == 1:
         (v,) = user
-        k = _lower_bound_that_fixes(msg, v)
+        k = lower_bound_that_fixes(msg, v)
         bound = f"'{v} >= {k}'" if k else f"'{v} >= 2'"
         return ShapeError(
             f"{head}\n  Both shapes depend only on {v}{_describe_vars(user, var_where)}, but "
@@ -401,9 +411,7 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
         return api_err
     if isinstance(e, compat.InconclusiveDimensionOperation):
         return _inconclusive_error(msg, where, _api_for_remedy(e))
-    if (isinstance(e, TypeError) and re.search(
-            r"incompatible shapes|must have (the )?same shape|same shape|shapes must", msg)) or (
-            isinstance(e, (TypeError, ValueError, AssertionError)) and _SHAPE_MISMATCH.search(msg)):
+    if is_shape_mismatch(e, msg):
         return _incompatible_shapes_error(msg, where, var_where)
     if (isinstance(e, TypeError) and ("_DimExpr" in msg or _NEEDS_INDEX in msg)) or (
             isinstance(e, ValueError) and "shape polymorphism" in msg.lower()):

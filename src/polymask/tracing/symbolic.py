@@ -14,6 +14,7 @@ data-dependent ops create their fresh dim vars in it.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,7 +24,13 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core import dimvars
-from ..core.diagnostics import is_library_frame, translate_trace_error, user_frame_of_exception
+from ..core.diagnostics import (
+    is_library_frame,
+    is_shape_mismatch,
+    lower_bound_that_fixes,
+    translate_trace_error,
+    user_frame_of_exception,
+)
 from ..core.errors import ShapeError, UnsupportedError
 from ..core.masked import Masked
 from ..core.shapes import DimEnv, is_static
@@ -221,6 +228,36 @@ def split_of(e: BaseException):
     return None
 
 
+def _split_for_unproven_equality(e: BaseException, scope, internal):
+    """A split that lets JAX prove two shapes of one dim var equal, or None.
+
+    ``x - concatenate([0], x[:-1])`` compares ``(n,)`` with ``(max(0, n - 1) +
+    1,)``: equal for ``n >= 1``, which JAX cannot prove for every ``n >= 0``.
+    Splitting at the smallest ``k`` for which ``n >= k`` proves it traces the
+    sizes ``>= k`` as one case, and the few sizes below are traced on their own
+    (as plain JAX traces them; at ``n = 0`` plain JAX fails there too). No
+    split when the scope already implies ``n >= k`` (the mismatch is real).
+    """
+    msg = str(e).split("\n\n")[0].strip()
+    if not is_shape_mismatch(e, msg):
+        return None
+    names = [name for name, _ in internal.values() if re.search(rf"\b{re.escape(name)}\b", msg)]
+    if len(names) != 1:
+        return None
+    (name,) = names
+    k = lower_bound_that_fixes(msg, name)
+    if k is None:
+        return None
+    (var,) = jax.export.symbolic_shape(name, scope=scope)
+    cond = var - k
+    try:
+        if cond >= 0:
+            return None  # already known: the shapes differ for another reason
+    except compat.InconclusiveDimensionOperation:
+        pass
+    return compat.SplitNeeded(f"{name} >= {k} proves the shapes in {msg!r} equal", cond)
+
+
 def trace(fun: Callable, args: Sequence[Any], in_specs=None,
           constraints: Sequence[str] = (), conditions: Sequence[str] = ()
           ) -> tuple[MaskedProgram, list]:
@@ -301,7 +338,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
     except (ShapeError, UnsupportedError):
         raise
     except Exception as e:
-        split = split_of(e)
+        split = split_of(e) or _split_for_unproven_equality(e, scope, internal)
         if split is not None:
             raise split from None
         var_where = {}
