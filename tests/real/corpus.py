@@ -42,6 +42,7 @@ MODULES = (
     "ssm_scans", "user_reports", "lineax_solves", "optimistix_fits",
     "einops_ops", "jax_signal", "numpyro_models",
     "jaxopt_solvers", "haiku_nets",
+    "e3nn_points", "dm_pix_images", "interpax_interp", "quadax_integrals",
 )
 
 
