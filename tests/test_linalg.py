@@ -366,3 +366,22 @@ def test_qr_gradient_with_a_dynamic_column_count():
                  ("m, n",))
     check_oracle(both, [(np.stack([a[:5, :2]] * 2),), (np.stack([a[:2, :4]] * 2),)],
                  [(3, 6, 6)], ("b, m, n",))
+
+
+def test_householder_qr_in_lapack_form_on_dynamic_matrix_axes():
+    """geqrf (reflectors and taus), householder_product (Q) and ormqr (Q applied
+    to a matrix) of the logical block: lineax's QR solver and optimistix's
+    Gauss-Newton / Levenberg-Marquardt call them directly."""
+    from jax._src.lax import linalg as lax_linalg_private  # geqrf has no public alias
+
+    def f(x, c):
+        a, taus = lax_linalg_private.geqrf(x)
+        q = lax.linalg.householder_product(a, taus)
+        qtc = lax_linalg_private.ormqr(a, taus, c, left=True, transpose=True)
+        return a, taus, q, qtc
+
+    rng = np.random.default_rng(0)
+    exs = [(rng.normal(size=(m, k)).astype(np.float32), rng.normal(size=(m, 2)).astype(np.float32))
+           for m, k in ((5, 3), (3, 3), (9, 1), (4, 0), (0, 0), (7, 7))]
+    check_oracle(f, exs, [(9, 7), (9, 2)], ("m, k", "m, 2"), modes=("eager", "jit", "vmap"),
+                 rtol=1e-4, atol=1e-5)

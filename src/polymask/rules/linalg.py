@@ -376,15 +376,12 @@ _MATRIX_REASONS = {
     "hessenberg": "not implemented for a dynamic matrix axis (Householder reflectors "
                   "and taus would need re-laying out)",
     "tridiagonal": "not implemented for a dynamic matrix axis",
-    "geqrf": "raw Householder outputs (taus) are not masked; use jnp.linalg.qr",
     "geqp3": "column pivoting: padding columns would compete with logical columns as pivots",
-    "householder_product": "not implemented for a dynamic matrix axis",
-    "ormqr": "not implemented for a dynamic matrix axis",
 }
 
 
 # Core (non-batch) rank of each operand; the leading axes are batch axes.
-_CORE_RANKS = {"geqp3": (2, 1), "householder_product": (2, 1), "ormqr": (2, 1, 2)}
+_CORE_RANKS = {"geqp3": (2, 1)}
 
 
 def _batch_only_rule(name):
@@ -410,14 +407,53 @@ def _batch_only_rule(name):
     return rule
 
 
-# geqrf and geqp3 have no public primitive object: registered by name.
+# geqp3 has no public primitive object: registered by name.
 _MATRIX_PRIMITIVES = {"eig": lax_linalg.eig_p, "schur": lax_linalg.schur_p,
                       "hessenberg": lax_linalg.hessenberg_p,
-                      "tridiagonal": lax_linalg.tridiagonal_p,
-                      "householder_product": lax_linalg.householder_product_p,
-                      "ormqr": lax_linalg.ormqr_p}
+                      "tridiagonal": lax_linalg.tridiagonal_p}
 for _name in _MATRIX_REASONS:
     register(_MATRIX_PRIMITIVES.get(_name, _name))(_batch_only_rule(_name))
+
+
+# ----------------------------------------------------------------------------
+# Householder QR in LAPACK's form: geqrf, householder_product (orgqr)
+# ----------------------------------------------------------------------------
+@register("geqrf")
+def geqrf_rule(ctx, x, **params):
+    """Householder QR (LAPACK ``geqrf``) of the logical ``m x n`` block.
+
+    The padding is the identity embedding (``_embed``: 1 at ``(k, k)`` of each
+    padding row, 0 elsewhere). Householder QR works column by column, left to
+    right: the reflector of a logical column ``j`` is built from rows
+    ``j..M-1`` of that column, which are 0 in every padding row, so it touches
+    logical rows only and equals the logical one, as does its ``tau``; later
+    reflectors (padding columns) act on rows ``>= m`` alone. So the logical
+    block of the output and the first ``min(m, n)`` taus are ``geqrf`` of the
+    logical matrix (Golub & Van Loan, Matrix Computations, 4th ed., 5.2.2).
+    """
+    lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
+    if not masked_axes(lg, bd):
+        return ctx.bind(x)
+    a, taus = ctx.bind(_embed(x, lg))
+    return [clean_float(a, ctx.out_logical[0]), clean_float(taus, ctx.out_logical[1])]
+
+
+@register(lax_linalg.householder_product_p)
+@register(lax_linalg.ormqr_p)
+def householder_reflectors_rule(ctx, a, taus, *rest, **params):
+    """``Q = H_0 ... H_{k-1}`` from reflectors of a logical ``m x n`` block:
+    its first columns (``householder_product``, LAPACK ``orgqr``) or applied
+    to a matrix ``c`` (``ormqr``: ``Q c``, ``Q^T c``, ``c Q``, ``c Q^T``).
+
+    With the reflectors' padding rows cleaned to 0 and the padding taus 0
+    (``H_j = I``), every reflector acts on logical rows only: the padded ``Q``
+    is the logical one with the identity on the padding, so the logical block
+    of each product is the logical product (``c``'s padding cleaned to 0).
+    """
+    if not any(masked_axes(lo, bd) for lo, bd in zip(ctx.in_logical, ctx.in_bounds)):
+        return ctx.bind(a, taus, *rest)
+    ins = [clean(x, lo) for x, lo in zip((a, taus, *rest), ctx.in_logical)]
+    return clean_float(ctx.bind(*ins), ctx.out_logical[0])
 
 
 # ----------------------------------------------------------------------------
