@@ -6,6 +6,9 @@ and 0.12.0.1, every program passes every mode that applies). The 31 programs of
 issue #36 item 3 (rlax_returns ... kalman_by_hand in corpus.MODULES) were added
 with ``--quick --only <their names>`` runs on jax 0.10.2 (polymask at 6847810
 plus the working tree) and merged in; the entries of the others are unchanged.
+The 19 programs of numpyro_models ... quadax_integrals (pip-installed numpyro,
+jaxopt, dm-haiku, e3nn-jax, dm-pix, interpax, quadax) were added the same way
+(``--quick --only``, jax 0.10.2, polymask at 530bb5d plus the working tree).
 tests/test_real_programs.py marks the entries of FAILURES
 ``xfail(strict=True)`` with the message as the reason, so a fix shows up as an
 XPASS; regenerate this file after a fix.
@@ -88,6 +91,18 @@ FAILURES = {
     ('jax_signal_convolve_full_valid', 'pmjit'): (
         'error-polymask',
         'n=3: ShapeError: for these sizes (t in {3}) the function fails at tests/real/jax_signal.py:30 (full_convolve), as it does on the exact arrays: ValueError: padding argument to conv_general_dilated should be a string or a sequence of (low, high) pairs, got [(t - 1, t - 1)] in the masked call at tests/real/harness.py:337 (_run_pmjit)'),
+    ('quadax_cumulative_simpson', 'eager'): (
+        'error-polymask',
+        "sizes [7]: UnsupportedError: polymask has no masking rule for primitive 'unvmap_any' (used at tests/real/quadax_integrals.py:29 (cumsimpson_program)); see docs/coverage.md for the covered primitives"),
+    ('quadax_cumulative_simpson', 'jit'): (
+        'error-polymask',
+        "sizes [3, 4, 7, 12]: UnsupportedError: polymask has no masking rule for primitive 'unvmap_any' (used at tests/real/quadax_integrals.py:29 (cumsimpson_program)); see docs/coverage.md for the covered primitives"),
+    ('quadax_cumulative_simpson', 'vmap'): (
+        'error-polymask',
+        "sizes [3, 4, 7, 12]: UnsupportedError: polymask has no masking rule for primitive 'unvmap_any' (used at tests/real/quadax_integrals.py:29 (cumsimpson_program)); see docs/coverage.md for the covered primitives"),
+    ('quadax_cumulative_simpson', 'grad'): (
+        'error-polymask',
+        "sizes [3, 7]: UnsupportedError: polymask has no masking rule for primitive 'unvmap_any' (used at tests/real/quadax_integrals.py:29 (cumsimpson_program)); see docs/coverage.md for the covered primitives"),
 }
 
 # modes that do not apply (grad of a program without float output, or
@@ -96,7 +111,10 @@ NOT_APPLICABLE = {
     ('dynamax_hmm_viterbi', 'grad'),
 }
 
-# polymask.jit compiles per program (pmjit mode), for the report
+# polymask.jit compiles per program (pmjit mode), for the report: (bucket programs,
+# buckets) for the older entries; (bucket programs, buckets, per-shape fallback
+# compiles, distinct shapes = jax.jit's compiles) for the 19 programs of
+# numpyro_models ... quadax_integrals (the report tool's current format)
 COMPILES = {
     'jraph_graph_network': (3, 3),
     'jraph_gat': (3, 3),
@@ -162,4 +180,23 @@ COMPILES = {
     'jax_signal_convolve_same': (2, 2),
     'jax_signal_detrend': (2, 2),
     'jax_signal_stft_spectrogram': (2, 3),
+    'numpyro_eight_schools_potential': (3, 3, 0, 3),
+    'numpyro_gp_marginal_likelihood': (3, 3, 0, 3),
+    'numpyro_ar2_scan': (3, 3, 0, 4),
+    'numpyro_gaussian_random_walk': (3, 3, 0, 5),
+    'jaxopt_gradient_descent_ridge': (3, 3, 0, 4),
+    'jaxopt_lbfgs_logistic': (3, 3, 0, 4),
+    'jaxopt_solve_cg_ridge': (3, 3, 0, 4),
+    'haiku_mlp': (3, 3, 0, 4),
+    'haiku_lstm_dynamic_unroll': (3, 3, 0, 4),
+    'e3nn_spherical_harmonics': (3, 3, 0, 4),
+    'e3nn_point_convolution': (3, 3, 0, 4),
+    'pix_gaussian_blur': (3, 3, 0, 4),
+    'pix_ssim': (3, 3, 0, 5),
+    'pix_hsv_adjust_contrast': (2, 2, 0, 4),
+    'interpax_interp1d_queries': (3, 3, 0, 4),
+    'interpax_cubic_spline_knots': (3, 3, 0, 5),
+    'quadax_trapezoid': (3, 3, 0, 4),
+    'quadax_cumulative_simpson': (0, 3, 5, 5),
+    'quadax_quadgk_mixture': (2, 2, 0, 4),
 }
