@@ -219,3 +219,41 @@ def test_an_error_case_is_checked_against_plain_jax(monkeypatch):
     # where plain JAX fails too, the trace's own message stays
     with pytest.raises(pm.ShapeError, match="a wrong error case"):
         pm.jit(lambda x: jax.lax.top_k(x, 3)[0], "n")(_vec(2))
+
+
+# a library primitive whose implementation is Python (equinox's filter_primitive
+# pattern): the impl stops gradients that a JVP rule of its own would supply
+py_impl_p = jax.extend.core.Primitive("polymask_test_python_impl")
+py_impl_p.def_impl(lambda x: jnp.cumsum(jax.lax.stop_gradient(x)) * 2.0)
+py_impl_p.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+jax.interpreters.ad.defjvp(py_impl_p, lambda t, x: jnp.cumsum(t) * 2.0)
+mlir.register_lowering(py_impl_p, mlir.lower_fun(lambda x: jnp.cumsum(x) * 2.0,
+                                                 multiple_results=False))
+
+
+def python_impl(x):
+    return py_impl_p.bind(x)
+
+
+def test_a_primitive_with_a_python_implementation_is_masked_through_it():
+    """Values through the implementation in eager and jit; a derivative (the
+    implementation's own would be wrong: it stops gradients) raises
+    UnsupportedError, never a wrong gradient; the runners fall back there."""
+    m = pm.mask(python_impl, "n")
+    for n in (0, 3, 8):
+        x = np.full(8, np.nan, np.float32)
+        x[:n] = _vec(n)
+        want = 2.0 * np.cumsum(_vec(n))
+        np.testing.assert_allclose(m(pm.Masked(jnp.asarray(x), (n,))).unpad(), want, rtol=1e-5)
+        np.testing.assert_allclose(jax.jit(m)(pm.Masked(jnp.asarray(x), (n,))).unpad(), want,
+                                   rtol=1e-5)
+    with pytest.raises(pm.UnsupportedError, match="cannot differentiate primitive "
+                                                  "'polymask_test_python_impl'"):
+        jax.grad(lambda d: m(pm.Masked(d, (3,))).data.sum())(jnp.ones(8))
+    vg = pm.value_and_grad(lambda w, x: jnp.sum(python_impl(x * w)), "n")
+    with pytest.warns(pm.FallbackWarning):
+        val, grad = vg(np.float32(1.5), [_vec(3), _vec(5)])
+    ref = jax.value_and_grad(lambda w: jnp.mean(jnp.stack(
+        [jnp.sum(python_impl(_vec(n) * w)) for n in (3, 5)])))(np.float32(1.5))
+    np.testing.assert_allclose(val, ref[0], rtol=1e-5)
+    np.testing.assert_allclose(grad, ref[1], rtol=1e-5)

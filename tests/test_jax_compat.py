@@ -383,3 +383,16 @@ def test_every_replacement_of_jax_during_a_trace_is_in_the_table():
 def test_a_replacement_needs_a_row_in_the_table():
     with pytest.raises(KeyError, match="TRACE_PATCHES"):
         compat.replace_during_trace("jnp.not_in_the_table", lambda *a: None)
+
+
+def test_has_python_impl_and_is_batched():
+    from jax import lax
+
+    assert not compat.has_python_impl(lax.add_p)  # XLA's apply_primitive
+    p = jax.extend.core.Primitive("polymask_test_compat_python_impl")
+    p.def_impl(lambda x: x + 1)
+    assert compat.has_python_impl(p)
+    seen = []
+    jax.vmap(lambda x: seen.append(compat.is_batched(x)) or x)(jnp.ones(3))
+    jax.jit(lambda x: seen.append(compat.is_batched(x)) or x)(jnp.ones(3))
+    assert seen == [True, False] and not compat.is_batched(jnp.ones(3))

@@ -14,6 +14,7 @@ from jax._src import dtypes as _dtypes
 from jax._src import source_info_util as _source_info_util
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
+from jax._src.interpreters import batching as _batching_internal
 from jax.extend import core as _xcore
 from jax.interpreters import ad as _ad
 from jax.interpreters import batching as _batching
@@ -237,6 +238,29 @@ _PRIMITIVE_MODULES = (
     "jax._src.custom_partitioning", "jax._src.shard_map", "jax._src.shard_alike",
     "jax._src.compute_on", "jax._src.xla_metadata", "jax._src.state.primitives",
 )
+
+
+def has_python_impl(prim) -> bool:
+    """Whether ``prim``'s eager implementation is a Python function of other
+    JAX operations (equinox's ``filter_primitive``: lineax's ``linear_solve``),
+    not XLA's ``apply_primitive`` of the primitive itself."""
+    impl = getattr(prim, "impl", None)
+    if impl is None:
+        return False
+    func = getattr(impl, "func", impl)
+    return not (getattr(func, "__name__", "") == "apply_primitive"
+                or getattr(func, "__module__", "").startswith("jax._src"))
+
+
+def is_batched(x) -> bool:
+    """Whether ``x`` is a tracer of a ``jax.vmap`` (at any level of nesting)."""
+    seen = 0
+    while isinstance(x, _core.Tracer) and seen < 64:
+        if isinstance(x, _batching_internal.BatchTracer):
+            return True
+        x = getattr(x, "primal", None) if hasattr(x, "primal") else getattr(x, "val", None)
+        seen += 1
+    return False
 
 
 def all_primitives() -> dict[str, str]:

@@ -22,6 +22,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     data_dependent,
     elementwise,
     indexing,
+    inlined,
     layout,
     linalg,
     linalg_lstsq,

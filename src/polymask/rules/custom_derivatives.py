@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.shapes import is_static
@@ -33,8 +34,12 @@ def _dynamic_sizes(state):
     return names, sizes
 
 
+def _is_float(x) -> bool:
+    return jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+
+
 def _all_float(xs) -> bool:
-    return all(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in xs)
+    return all(map(_is_float, xs))
 
 
 @register("custom_jvp_call")
@@ -68,13 +73,18 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
                               f"{type(e).__name__}: {str(e).splitlines()[0]}\n"
                               f"  at {ctx.source_line}")], ctx.source_line)
             primals_out = masked_call(sizes, consts, xs)
-            return primals_out, [jnp.zeros_like(p) for p in primals_out]
+            return primals_out, [jnp.zeros_like(p) if _is_float(p) else
+                                 np.zeros(np.shape(p), jax.dtypes.float0) for p in primals_out]
         env = ctx.state.with_sizes(names, sizes)
         outs = interp.eval_jaxpr(jvp_jaxpr, jvp_consts, [*xs, *txs], env)
         n_out = len(out_zeros)
         primals_out, nz_tangents = outs[:n_out], iter(outs[n_out:])
         tangents_out = [jnp.zeros_like(p) if z else next(nz_tangents)
                         for p, z in zip(primals_out, out_zeros)]
+        # an integer or bool output's tangent is float0, whatever the rule's
+        # jaxpr computed for it (optimistix's solver state carries step counts)
+        tangents_out = [t if _is_float(p) else np.zeros(np.shape(p), jax.dtypes.float0)
+                        for p, t in zip(primals_out, tangents_out)]
         return primals_out, tangents_out
 
     return masked_call(sizes, consts, xs)

@@ -27,6 +27,7 @@ from .registry import (
     RuleContext,
     get_rule,
     has_inner_jaxpr,
+    rule_for,
     runs_at_bound,
     sees_guard,
     substitute_dims,
@@ -125,7 +126,7 @@ class Interpreter:
 
     def _apply_rule(self, eqn, invals, state: RunState):
         prim = eqn.primitive
-        rule = get_rule(prim.name)
+        rule = rule_for(prim)
         if not runs_rule(eqn, state):
             return prim.bind(*invals, **eqn.params)
         if rule is None:

@@ -171,6 +171,33 @@ def get_rule(name: str) -> Callable | None:
     return None if rec is None else rec.rule
 
 
+# Rules for whole families of primitives without a rule of their own:
+# (predicate(primitive) -> bool, rule), tried in registration order.
+_DEFAULT_RULES: list[tuple[Callable, Callable]] = []
+
+
+def register_default(predicate: Callable[[Any], bool]):
+    """Register a rule for every primitive without a registered rule for which
+    ``predicate(primitive)`` holds (``rules/inlined.py``: primitives whose
+    implementation is Python)."""
+    def deco(rule):
+        _DEFAULT_RULES.append((predicate, rule))
+        return rule
+    return deco
+
+
+def rule_for(prim) -> Callable | None:
+    """The masking rule of primitive object ``prim``: its own, else a default
+    rule whose predicate holds (``register_default``), else None."""
+    rule = get_rule(prim.name)
+    if rule is not None:
+        return rule
+    for predicate, default in _DEFAULT_RULES:
+        if predicate(prim):
+            return default
+    return None
+
+
 def sees_guard(name: str) -> bool:
     """The rule of ``name`` was registered with ``sees_guard=True``."""
     rec = _RECORDS.get(name)
