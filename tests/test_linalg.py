@@ -382,6 +382,8 @@ def test_householder_qr_in_lapack_form_on_dynamic_matrix_axes():
 
     rng = np.random.default_rng(0)
     exs = [(rng.normal(size=(m, k)).astype(np.float32), rng.normal(size=(m, 2)).astype(np.float32))
-           for m, k in ((5, 3), (3, 3), (9, 1), (4, 0), (0, 0), (7, 7))]
+           for m, k in ((5, 3), (3, 3), (9, 1), (0, 0), (7, 7))]
+    # (no m x 0 matrix with m > 0: jaxlib 0.12's XLA:CPU aborts compiling the plain
+    # reference's ormqr there, SIGFPE, before polymask runs)
     check_oracle(f, exs, [(9, 7), (9, 2)], ("m, k", "m, 2"), modes=("eager", "jit", "vmap"),
                  rtol=1e-4, atol=1e-5)
