@@ -154,9 +154,11 @@ def test_ragged_map_runs_each_example_as_jax_jit(layout):
     for x, out in zip(exs, outs):
         np.testing.assert_allclose(out, tril_cumsum(x), rtol=1e-5, atol=1e-5)
     st = rm.stats()
-    assert st["exact_compiles"] == len(set(SIZES)) and st["exact_calls"] == len(SIZES)
+    # sizes 0, 1 and 3 share bucket 8's program; 40, 41 and 70 run per shape
+    assert st["exact_compiles"] == 3 and st["exact_calls"] == 4, (st, rm.fallbacks().keys())
+    assert st["compiles"] - st.get("packed", {}).get("compiles", 0) == 1
     rm(exs)  # again: nothing new to compile
-    assert rm.stats()["exact_compiles"] == len(set(SIZES))
+    assert rm.stats()["exact_compiles"] == 3
 
 
 def test_ragged_map_plain_failure_names_the_example():

@@ -480,7 +480,9 @@ class RaggedMap:
                            np.int32)
         bucket = (tree, plan0.signature, bcast_key, spec_key)
         if bucket in self._unshared:
-            return self._run_exact(tree, chunk, infos, results, broadcast, bcast_key, bucket)
+            return self._rerun_in_own_buckets(tree, plan0, chunk, infos, results, broadcast,
+                                              bcast_leaves, bcast_tree, bcast_key, in_specs,
+                                              spec_key, bucket)
         entry = self.cache.entry((tree, plan0.signature, B, bcast_key, spec_key))
         make = self._batch_program(tree, plan0, in_specs, len(broadcast), bcast_tree,
                                    len(bcast_leaves), len(static_leaves), len(dyn))
@@ -491,7 +493,9 @@ class RaggedMap:
                 raise
             where = ", ".join(f"{v} <= {b}" for v, b in plan0.buckets.items()) or "(static)"
             self._unshared[bucket] = self._fallback.refused(where, e)
-            return self._run_exact(tree, chunk, infos, results, broadcast, bcast_key, bucket)
+            return self._rerun_in_own_buckets(tree, plan0, chunk, infos, results, broadcast,
+                                              bcast_leaves, bcast_tree, bcast_key, in_specs,
+                                              spec_key, bucket)
         self.cache.count_call(sum(infos[ex][0].logical for ex in chunk), len(chunk) * plan0.padded)
         ran_plain = set()
         for ex in chunk:
@@ -533,6 +537,24 @@ class RaggedMap:
                             else compat.upload(np.array(a)))
             results[ex] = jax.tree_util.tree_unflatten(outputs.tree, outs)
 
+
+    def _rerun_in_own_buckets(self, tree, plan0, chunk, infos, results, broadcast, bcast_leaves,
+                              bcast_tree, bcast_key, in_specs, spec_key, bucket) -> None:
+        """A batch whose bucket cannot trace: its examples of smaller buckets
+        run as batches of their own bucket (which may still share a program:
+        ``len(x)`` traces per size up to bucket 32), the rest one by one
+        under ``jax.jit``."""
+        own: dict = collections.defaultdict(list)
+        for ex in chunk:
+            own[infos[ex][0].signature].append(ex)
+        for signature, group in own.items():
+            plan = infos[group[0]][0]
+            if signature == plan0.signature:
+                self._run_exact(tree, group, infos, results, broadcast, bcast_key, bucket)
+            else:
+                rows = 1 << max(0, len(group) - 1).bit_length()
+                self._run_batch(tree, plan, group, infos, results, broadcast, bcast_leaves,
+                                bcast_tree, bcast_key, in_specs, spec_key, rows)
 
     def _run_exact(self, tree, chunk, infos, results, broadcast, bcast_key, bucket) -> None:
         """Each example of ``chunk`` under plain ``jax.jit`` (its bucket cannot
