@@ -396,3 +396,31 @@ def test_has_python_impl_and_is_batched():
     jax.vmap(lambda x: seen.append(compat.is_batched(x)) or x)(jnp.ones(3))
     jax.jit(lambda x: seen.append(compat.is_batched(x)) or x)(jnp.ones(3))
     assert seen == [True, False] and not compat.is_batched(jnp.ones(3))
+
+
+def test_custom_vjp_cotangents_through_mask():
+    """A custom_vjp whose bwd returns None for one argument (jaxopt's
+    custom_root): masked gradients equal plain JAX's on every supported JAX
+    (from 0.11 the flattened bwd returns (cotangents, logs))."""
+    @jax.custom_vjp
+    def scaled(x, k):
+        return x * k
+
+    scaled.defvjp(lambda x, k: (x * k, k), lambda k, g: (g * k, None))
+
+    def loss(x):
+        return jnp.sum(scaled(x, 3.0) ** 2)
+
+    m = pm.mask(loss, "n")
+    x = np.arange(6, dtype=np.float32)
+    got = jax.grad(lambda d: m(pm.Masked(d, (4,))).data)(jnp.asarray(x))
+    np.testing.assert_allclose(got[:4], jax.grad(loss)(x[:4]), rtol=1e-6)
+    np.testing.assert_array_equal(got[4:], 0.0)
+
+
+def test_jnp_empty_on_a_dynamic_axis():
+    """jnp.empty binds the `empty` primitive from jax 0.11 (0.10: a broadcast of 0)."""
+    m = pm.mask(lambda x: jnp.empty(x.shape).at[:].set(x) * 2.0, "n")
+    for n in (0, 3, 5):
+        np.testing.assert_array_equal(m(pm.Masked(jnp.arange(5.0), (n,))).unpad(),
+                                      2.0 * np.arange(n))

@@ -17,6 +17,8 @@ from jax.extend import core as _xcore
 
 from .core import ClosedJaxpr, Jaxpr
 
+JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:3])
+
 # True where a ClosedJaxpr is a Jaxpr with attached constants (jax >= 0.11)
 JAXPR_CARRIES_CONSTS = ClosedJaxpr is Jaxpr
 
@@ -34,7 +36,17 @@ VERSIONED_PRIMITIVES: dict[str, tuple[tuple | None, tuple | None]] = {
     "polynomial": ((0, 12), None),    # jnp.polyval's Horner loop
 }
 
-JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:3])
+# From jax 0.11 the flattened bwd of a custom_vjp_call returns (cotangents,
+# logs) (defvjp_with_logs); before, the cotangents alone.
+_BWD_RETURNS_LOGS = JAX_VERSION >= (0, 11)
+
+
+def custom_vjp_cotangents(bwd, *res_and_cts) -> list:
+    """The flat input cotangents of a ``custom_vjp_call``'s ``bwd`` param
+    (a ``linear_util.WrappedFun``) called on residuals and output cotangents."""
+    out = bwd.call_wrapped(*res_and_cts)
+    return list(out[0] if _BWD_RETURNS_LOGS else out)
+
 
 
 def has_primitive(name: str) -> bool:

@@ -127,7 +127,7 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in [*res_avals, *out_avals]]
 
         def bwd_flat(*res_and_cts):
-            outs = compat.call_wrapped(bwd, *res_and_cts)
+            outs = compat.custom_vjp_cotangents(bwd, *res_and_cts)
             return [compat.instantiate_zero(o) for o in outs]
 
         bwd_closed = jax.make_jaxpr(bwd_flat)(*structs)

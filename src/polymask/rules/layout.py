@@ -17,6 +17,13 @@ def dim_as_value_rule(ctx, *, dim):
     return jnp.asarray(ctx.logical(dim), dtype)
 
 
+@register("empty")  # jnp.empty binds it from jax 0.11 (a broadcast of 0 before)
+def empty_rule(ctx, **params):
+    """An array of unspecified contents at the padded shape (``jnp.empty``:
+    its values are not part of its contract, logical or padding)."""
+    return ctx.bind()
+
+
 @register(lax.broadcast_in_dim_p)
 def broadcast_in_dim_rule(ctx, x, *dyn, shape, broadcast_dimensions, sharding):
     """Broadcast at the bound; for float results, zero the padding of new dynamic axes.
