@@ -215,10 +215,10 @@ def test_an_error_case_is_checked_against_plain_jax(monkeypatch):
 
     monkeypatch.setattr(polyjit, "raise_case_error", always_error)
     monkeypatch.setattr(ragged, "raise_case_error", always_error)
-    with pytest.warns(pm.FallbackWarning, match="a polymask bug"):
+    with pytest.warns(pm.FallbackWarning, match="a wrong error case"):
         np.testing.assert_allclose(pm.jit(jnp.cumsum, "n")(_vec(5)), np.cumsum(_vec(5)),
                                    rtol=1e-6)
-    with pytest.warns(pm.FallbackWarning, match="a polymask bug"):
+    with pytest.warns(pm.FallbackWarning, match="a wrong error case"):
         outs = pm.ragged_map(jnp.cumsum, "n", layout="padded")([_vec(5), _vec(2)])
     np.testing.assert_allclose(outs[1], np.cumsum(_vec(2)), rtol=1e-6)
     # where plain JAX fails too, the trace's own message stays
@@ -262,3 +262,56 @@ def test_a_primitive_with_a_python_implementation_is_masked_through_it():
         [jnp.sum(python_impl(_vec(n) * w)) for n in (3, 5)])))(np.float32(1.5))
     np.testing.assert_allclose(val, ref[0], rtol=1e-5)
     np.testing.assert_allclose(grad, ref[1], rtol=1e-5)
+
+
+def test_value_and_grad_never_adds_zero_for_a_case_polymask_could_not_trace():
+    """np.arange(n) past the per-size limit is an error case of the padded
+    program (polymask's limit, not plain JAX's): its examples run per shape
+    with plain JAX's loss and gradients (they added 0 silently before)."""
+    def loss(w, x):
+        pos = jnp.asarray(np.arange(x.shape[0], dtype=np.float32))
+        return (x * w - pos) ** 2
+
+    w = np.float32(0.5)
+    for sizes in ([33], [40], [3, 100]):
+        xs = [np.ones(n, np.float32) for n in sizes]
+        ref = jax.value_and_grad(lambda w: sum(jnp.sum(loss(w, x)) for x in xs) / sum(sizes))(w)
+        vg = pm.value_and_grad(loss, "n")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pm.FallbackWarning)
+            got = vg(w, xs)
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-5)
+        np.testing.assert_allclose(got[1], ref[1], rtol=1e-5)
+    with pytest.raises(pm.ShapeError, match="symbolic sizes"):
+        pm.value_and_grad(loss, "n", fallback=False)(w, [np.ones(40, np.float32)])
+
+
+def test_a_call_that_fails_as_in_plain_jax_is_not_warned_as_a_fallback():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        with pytest.raises(pm.ShapeError, match="as plain jax.jit does"):
+            pm.jit(lambda x, y: x + y, tiered=False)(np.ones(3), np.ones(4))
+
+
+def test_tiered_error_case_of_a_covering_bucket_does_not_stick():
+    """The covering bucket (128) cannot trace TABLE[:n] at even n; the call runs
+    per shape, and once the own bucket (8, traced per size) is compiled that
+    size runs there."""
+    table = np.arange(2000, dtype=np.int32) * 3
+
+    def g(x):
+        n = x.shape[0]
+        if n % 2 == 0:
+            return jnp.asarray(table[:n]) + x
+        return x
+
+    f = pm.jit(g, "n", tiered=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pm.FallbackWarning)
+        for n in (3, 8):
+            np.testing.assert_array_equal(f(np.arange(n, dtype=np.int32)), g(np.arange(n)))
+        f.wait()
+        before = f.stats()["exact_calls"]
+        for n in (8, 6, 4):
+            np.testing.assert_array_equal(f(np.arange(n, dtype=np.int32)), g(np.arange(n)))
+    assert f.stats()["exact_calls"] == before  # all in bucket 8 now

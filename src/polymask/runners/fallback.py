@@ -76,6 +76,7 @@ class ExactFallback:
         self._reasons: dict[str, str] = {}
         self._seen: set = set()
         self._warned = False
+        self._pending: tuple[str, str] | None = None  # a refusal not warned yet
 
     # -- refusals ------------------------------------------------------------------
     def refused(self, where: str, error: BaseException) -> str:
@@ -85,14 +86,24 @@ class ExactFallback:
         reason = refusal_text(error)
         with self._lock:
             self._reasons.setdefault(where, reason)
-            first, self._warned = not self._warned, True
-        if first:
-            warnings.warn(FallbackWarning(
-                f"{self.runner}: the sizes {where} cannot share one compiled program, so each "
-                f"exact shape there compiles its own, as jax.jit does (counted in "
-                f"{self.counted_in}; .fallbacks() lists every bucket and reason). "
-                f"Why:\n{reason}"), stacklevel=user_stacklevel())
+            if not self._warned and self._pending is None:
+                self._pending = (where, reason)
         return reason
+
+    def warn_pending(self) -> None:
+        """Warn of the first refusal, once a call ran per shape (a call that
+        fails as in plain JAX gets its ShapeError, no warning)."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is None or self._warned:
+                return
+            self._warned = True
+        where, reason = pending
+        warnings.warn(FallbackWarning(
+            f"{self.runner}: the sizes {where} cannot share one compiled program, so each "
+            f"exact shape there compiles its own, as jax.jit does (counted in "
+            f"{self.counted_in}; .fallbacks() lists every bucket and reason). "
+            f"Why:\n{reason}"), stacklevel=user_stacklevel())
 
     def fallbacks(self) -> dict[str, str]:
         """``{bucket: reason}`` of every bucket that runs per exact shape."""
@@ -113,6 +124,8 @@ class ExactFallback:
             error chained); ``reason`` (the masked refusal) is added to the message.
         """
         if shape_key in self._seen:
+            if self._pending is not None:
+                self.warn_pending()
             return self._jit(*args)
         with compile_counter() as cc:
             try:
@@ -123,9 +136,11 @@ class ExactFallback:
         with self._lock:
             if len(self._seen) >= _MAX_SEEN:
                 self._seen.clear()
+            new = shape_key not in self._seen  # threads racing on one shape count once
             self._seen.add(shape_key)
-        self._add(exact_compiles=1, xla_compiles=cc.compiles,
+        self._add(exact_compiles=int(new), xla_compiles=cc.compiles,
                   persistent_cache_hits=cc.cache_hits)
+        self.warn_pending()
         return out
 
     def plain_failure(self, plain: BaseException, reason: str | None = None) -> ShapeError:

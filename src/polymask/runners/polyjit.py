@@ -52,6 +52,7 @@ from .programs import (
     ProgramCache,
     at_call_site_error,
     build_inner,
+    case_error_is_plain,
     checked_compiler_options,
     count_value,
     finish_stats,
@@ -307,27 +308,38 @@ class PolyJit:
             try:
                 raise_case_error(entry, info.plan.var_names, info.plan.values)
             except ShapeError as e:
-                if self._fallback is not None and self._plain_also_fails(info, args, e) is False:
-                    return self._exact_call(info, args)
+                if self._fallback is not None:
+                    out = self._error_case_run_plain(info, entry, args, e)
+                    if out is not None:
+                        return out
                 info.error = str(e)
                 raise at_call_site_error(e) from None
         return self._outputs(info, entry, out)
 
-    def _plain_also_fails(self, info: _CallInfo, args, error: ShapeError) -> bool:
-        """Check an error case of the masked trace (``top_k`` with ``k > n``:
-        "the function fails at these sizes") against plain ``jax.jit`` on the
-        exact arrays, once per shape. False: plain JAX runs them (the error
-        case was the trace's, not the function's), so these sizes fall back
-        to per-shape programs, warned."""
+    def _error_case_run_plain(self, info: _CallInfo, entry: Entry, args, error: ShapeError):
+        """An error case of the masked trace, checked against plain ``jax.jit``
+        on the exact arrays (once per shape): plain JAX's outputs where it runs
+        them, None where it fails too (the error stands).
+
+        A case polymask could not trace symbolically (``np.arange(n)`` past the
+        per-size limit) is its own limit; a case traced at these sizes that
+        plain JAX runs is a polymask bug, warned as one. Served by a covering
+        bucket (tiered), the shape is not marked: it runs in its own bucket
+        once compiled."""
         try:
-            self._fallback.call(info.shape_key, args)
+            out = self._fallback.call(info.shape_key, args)
         except ShapeError:
-            return True
-        where = ", ".join(f"{v} = {n}" for v, n in zip(info.plan.var_names, info.plan.values))
-        info.unshared = self._fallback.refused(where, ShapeError(
-            f"the masked trace takes these sizes to an error case, but plain jax.jit runs "
-            f"them (a polymask bug; please report it):\n{error}"))
-        return False
+            return None
+        bug = case_error_is_plain(entry, info.plan.var_names, info.plan.values)
+        reason = (ShapeError("the masked trace takes these sizes to an error case, but plain "
+                             f"jax.jit runs them (a polymask bug; please report it):\n{error}")
+                  if bug else error)
+        where = ", ".join(f"{v} <= {b}" for v, b in (entry.buckets or {}).items()) or "(static)"
+        unshared = self._fallback.refused(where, reason)
+        self._fallback.warn_pending()
+        if entry is info.entry:  # its own bucket: these exact shapes run per shape
+            info.unshared = unshared
+        return jax.tree_util.tree_map(np.asarray, out) if self.numpy_outputs else out
 
     def _fall_back(self, info: _CallInfo, args, error: Exception):
         """The bucket of ``info`` cannot share a program (its trace failed now,

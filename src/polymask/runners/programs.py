@@ -100,6 +100,16 @@ def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:
         raise ShapeError(prefix + msg)
 
 
+def case_error_is_plain(entry: Entry, var_names, values) -> bool:
+    """Whether the error case these sizes reach is plain JAX's own failure (its
+    case was traced at these sizes), not a case polymask could not trace with
+    symbolic sizes (``np.arange(n)`` past the per-size limit)."""
+    tree = entry.tree
+    values = dict(zip(var_names, (int(v) for v in values)))
+    case = tree.cases[int(tree.select(tree.base.internal_values(values)))]
+    return case.pinned
+
+
 def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
                 n_bcast=0, bcast_tree=None, n_bcast_leaves=0, max_cases=DEFAULT_MAX_CASES):
     """The traced function of ``entry`` (see ``build_inner_and_cases``)."""

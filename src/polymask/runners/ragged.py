@@ -45,6 +45,7 @@ from .programs import (
     CallPlans,
     ProgramCache,
     build_inner_and_cases,
+    case_error_is_plain,
     checked_compiler_options,
     finish_stats,
     jit_program,
@@ -511,12 +512,13 @@ class RaggedMap:
                 except ShapeError:
                     raise e from None  # plain JAX fails too: the trace's message says where
                 ran_plain.add(ex)
+                bug = case_error_is_plain(entry, infos[ex][0].var_names, infos[ex][0].values)
                 self._fallback.refused(
-                    ", ".join(f"{v} = {n}" for v, n in zip(infos[ex][0].var_names,
-                                                             infos[ex][0].values)),
+                    ", ".join(f"{v} <= {b}" for v, b in plan0.buckets.items()) or "(static)",
                     ShapeError(f"the masked trace takes these sizes to an error case, but "
                                f"plain jax.jit runs them (a polymask bug; please report "
-                               f"it):\n{e}"))
+                               f"it):\n{e}") if bug else e)
+                self._fallback.warn_pending()
         outputs = entry.outputs
         if outputs.device_axes:
             datas, out_sizes = out

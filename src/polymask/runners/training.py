@@ -82,7 +82,7 @@ class RaggedValueAndGrad:
     def __init__(self, fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
                  reduce: str = "mean", buckets=None, batch_buckets=None, checks: bool = False,
                  layout: str = "padded", row_size: int | None = None,
-                 rows_per_call: int | None = None):
+                 rows_per_call: int | None = None, fallback: bool = True):
         if reduce not in ("mean", "sum"):
             raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}")
         if layout not in ("padded", "packed"):
@@ -107,6 +107,7 @@ class RaggedValueAndGrad:
         self._fallback = ExactFallback(self._example_sum_and_grad, f"value_and_grad({name})",
                                        self._count_exact, counted_in="vg.exact_compiles")
         self._unshared: dict = {}  # padded batch signature -> why its trace failed
+        self._fallback_on = bool(fallback)
 
     def _loss(self, weights, *args):
         in_axes = tuple(None if i in self._unbatched else 0 for i in range(len(args)))
@@ -195,15 +196,38 @@ class RaggedValueAndGrad:
         if key in self._unshared and exact:
             return self._exact_value_and_grad(args, self._unshared[key])
         try:
-            return self._jitted(weights, *batch)
+            out = self._jitted(weights, *batch)
+            # A case the masked trace could not trace symbolically ("polymask
+            # cannot trace the function with symbolic sizes": np.arange(n) past
+            # the per-size limit) is an error case of the program, and the
+            # program has no host check to raise it (checks=False): its examples
+            # would add 0. Plain JAX's own failures were raised above.
+            limit = self._symbolic_limit(batch) if exact and not self._checks else None
+            if limit is not None:
+                raise limit
+            return out
         except Exception as e:
-            if not exact or not falls_back(e):
+            if not exact or not self._fallback_on or not falls_back(e):
                 raise  # stacked batches: no exact examples to run one by one
             where = "of examples padded to " + ", ".join(
                 str(np.shape(a.data)[1:]) for i, a in enumerate(batch)
                 if i not in self._unbatched and isinstance(a, Masked))
             self._unshared[key] = self._fallback.refused(where, e)
             return self._exact_value_and_grad(args, self._unshared[key])
+
+    def _symbolic_limit(self, batch) -> ShapeError | None:
+        """The error of a case of this batch's masked program that polymask
+        could not trace (not one plain JAX fails in), or None."""
+        one = [a if i in self._unbatched else
+               Masked(np.asarray(a.data)[0], tuple(int(np.asarray(s)[0]) for s in a.shape))
+               if isinstance(a, Masked) else jax.tree_util.tree_map(lambda v: np.asarray(v)[0], a)
+               for i, a in enumerate(batch)]
+        tree, _ = self._masked.cases(*one)
+        for c in tree.cases:
+            if c.error is not None and not c.pinned and c.reachable:
+                return ShapeError(f"polymask cannot trace the function with symbolic sizes at "
+                                  f"{c.where}:\n  {c.error}")
+        return None
 
     # -- the per-example fallback (fallback.py) -----------------------------------
     def fallbacks(self) -> dict[str, str]:
@@ -265,7 +289,7 @@ class RaggedValueAndGrad:
 def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
                    reduce: str = "mean", buckets=None, batch_buckets=None,
                    checks: bool = False, layout: str = "padded", row_size: int | None = None,
-                   rows_per_call: int | None = None) -> RaggedValueAndGrad:
+                   rows_per_call: int | None = None, fallback: bool = True) -> RaggedValueAndGrad:
     """Loss and gradients of ``fun`` over a ragged batch, as plain arrays.
 
     Args:
@@ -308,7 +332,8 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
       primitive without a masking rule) and the batch is lists of exact
       arrays, its examples run one by one under ``jax.jit`` (one compile per
       distinct shape, as plain JAX; ``vg.exact_compiles``; warned once,
-      ``polymask.FallbackWarning``; ``vg.fallbacks()`` says why).
+      ``polymask.FallbackWarning``; ``vg.fallbacks()`` says why);
+      ``fallback=False`` raises the trace's error instead.
 
     A batch of no examples (empty lists) gives a loss of 0 and zero
     gradients in either layout and either ``reduce`` (the mean over no
@@ -333,7 +358,7 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
         in_specs = (in_specs,)
     return RaggedValueAndGrad(fun, in_specs, argnums=argnums, reduce=reduce, buckets=buckets,
                               batch_buckets=batch_buckets, checks=checks, layout=layout,
-                              row_size=row_size, rows_per_call=rows_per_call)
+                              row_size=row_size, rows_per_call=rows_per_call, fallback=fallback)
 
 
 def _add_sums(a, b):
