@@ -108,6 +108,12 @@ def _signature(fun) -> inspect.Signature:
     return sig
 
 
+class KeywordWithoutSpec(ShapeError):
+    """A keyword argument with no position in ``in_specs`` (keyword-only, taken
+    by ``**kwargs``, or past the last spec): ``polymask.jit`` runs such a call
+    per exact shape, as ``jax.jit`` (``runners/polyjit.py``)."""
+
+
 def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     """The positional arguments of a call ``fun(*args, **kwargs)`` (``polymask.jit``).
 
@@ -149,12 +155,12 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     for k in kwargs:
         i = names.index(k) if k in names else None
         if i is None:
-            raise ShapeError(
+            raise KeywordWithoutSpec(
                 f"polymask.jit: {name}'s argument '{k}' is keyword-only (or taken by "
                 "**kwargs), and polymask.jit plans positional arguments: bind it first, "
                 f"polymask.jit(functools.partial({name}, {k}=...), ...)")
         if n_specs is not None and i >= n_specs:
-            raise ShapeError(
+            raise KeywordWithoutSpec(
                 f"polymask.jit: {name}'s argument '{k}' (passed by keyword) is argument {i}, "
                 f"and in_specs has {n_specs} entries: give it an entry (None for a static "
                 "argument), or bind it first with functools.partial")

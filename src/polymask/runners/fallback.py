@@ -115,7 +115,8 @@ class ExactFallback:
         """Whether ``shape_key``'s program is compiled (a call compiles nothing)."""
         return shape_key in self._seen
 
-    def call(self, shape_key: Any, args: tuple, reason: str | None = None):
+    def call(self, shape_key: Any, args: tuple, reason: str | None = None,
+             kwargs: dict | None = None):
         """``jax.jit(fun)(*args)``: a new ``shape_key`` (the exact shapes and
         dtypes) counts one exact compile.
 
@@ -123,13 +124,14 @@ class ExactFallback:
           ShapeError: plain ``jax.jit`` fails on these exact arrays too (its
             error chained); ``reason`` (the masked refusal) is added to the message.
         """
+        kwargs = kwargs or {}
         if shape_key in self._seen:
             if self._pending is not None:
                 self.warn_pending()
-            return self._jit(*args)
+            return self._jit(*args, **kwargs)
         with compile_counter() as cc:
             try:
-                out = self._jit(*args)
+                out = self._jit(*args, **kwargs)
                 jax.block_until_ready(out)
             except Exception as plain:  # noqa: BLE001 - plain JAX's own failure, reworded
                 raise self.plain_failure(plain, reason) from plain

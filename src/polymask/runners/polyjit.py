@@ -31,7 +31,7 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.binding import keywords_as_positional
+from ..core.binding import KeywordWithoutSpec, keywords_as_positional
 from ..core.errors import ShapeError
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
@@ -137,6 +137,7 @@ class PolyJit:
         self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
         self._retired = [0, 0, 0]  # calls, logical, padded of dropped infos
         self._retired_exact = 0  # calls run per exact shape, of dropped infos
+        self._keyword_calls = itertools.count()  # calls with keywords no spec covers
         self._fg_compiles_in_calls = 0
         functools.update_wrapper(self, fun)
 
@@ -188,8 +189,9 @@ class PolyJit:
                 else:  # run per exact shape: nothing padded
                     padded += n * info.plan.logical
                     exact += n
-        s["calls"] = calls
-        s["exact_calls"] = exact
+        kw = count_value(self._keyword_calls)
+        s["calls"] = calls + kw
+        s["exact_calls"] = exact + kw
         s["logical_elements"] = logical
         s["padded_elements"] = padded
         s["cache_hits"] = calls - self._fg_compiles_in_calls
@@ -266,7 +268,12 @@ class PolyJit:
     # -- calls ---------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         if kwargs or len(args) < self._n_specs:  # by fun's signature, defaults filled in
-            args = keywords_as_positional(self.fun, self.in_specs, args, kwargs)
+            try:
+                args = keywords_as_positional(self.fun, self.in_specs, args, kwargs)
+            except KeywordWithoutSpec as e:  # no spec position for it: as jax.jit
+                if self._fallback is None:
+                    raise
+                return self._keywords_call(args, kwargs, e)
         if len(args) == 1 and type(args[0]) in FAST_TYPES:  # the common case: one array
             key = (type(args[0]), args[0].shape, args[0].dtype)
         elif all(type(a) in FAST_TYPES for a in args):
@@ -360,6 +367,25 @@ class PolyJit:
             self._count_foreground_compile()
         try:
             out = fb.call(info.shape_key, args, info.unshared)
+        except ShapeError as e:
+            raise at_call_site_error(e) from e.__cause__
+        if self.numpy_outputs:
+            return jax.tree_util.tree_map(np.asarray, out)
+        return out
+
+    def _keywords_call(self, args, kwargs, error: ShapeError):
+        """A call whose keyword arguments have no place in ``in_specs``
+        (keyword-only parameters, ``**kwargs``): ``jax.jit(fun)(*args,
+        **kwargs)`` per exact shape, as ``jax.jit`` runs it, warned once."""
+        next(self._keyword_calls)
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        key = ("keywords", tree, tuple(map(_leaf_key, leaves)))
+        reason = self._fallback.refused("of calls with keyword arguments " + ", ".join(
+            repr(k) for k in sorted(kwargs)), error)
+        if not self._fallback.seen(key):
+            self._count_foreground_compile()
+        try:
+            out = self._fallback.call(key, tuple(args), reason, kwargs=kwargs)
         except ShapeError as e:
             raise at_call_site_error(e) from e.__cause__
         if self.numpy_outputs:
@@ -571,7 +597,9 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     Keyword arguments take their parameter's position in ``fun``'s signature
     (``f(x, mask=m)`` is ``f(x, m)``; ``in_specs`` applies by position), and
     parameters with an in_specs entry left out take their defaults.
-    Keyword-only parameters raise ``ShapeError`` (``functools.partial``).
+    A keyword argument with no position in ``in_specs`` (keyword-only
+    parameters, ``**kwargs``) runs the call per exact shape under ``jax.jit``
+    (the fallback, warned; bind it with ``functools.partial`` to share).
 
     Under ``jax.grad``, ``jax.jit`` or ``jax.vmap`` (traced inputs) the sizes
     are checked the same way and ``fun`` is traced into the caller's program
