@@ -424,6 +424,6 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
             "every size cannot. Use the jnp / lax form, which takes symbolic sizes "
             "(x.shape[0] for len(x), jnp.asarray(table)[:n], jnp.arange(n), lax.slice, "
             "lax.conv_general_dilated), or make that axis static with '_' in the spec "
-            "(polymask.jit then compiles once per size of it, as jax.jit does). "
+            "(the runners then compile once per size of it, as jax.jit does). "
             "See docs/coverage.md.")
     return None
