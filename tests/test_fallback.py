@@ -284,6 +284,10 @@ def test_value_and_grad_never_adds_zero_for_a_case_polymask_could_not_trace():
         np.testing.assert_allclose(got[1], ref[1], rtol=1e-5)
     with pytest.raises(pm.ShapeError, match="symbolic sizes"):
         pm.value_and_grad(loss, "n", fallback=False)(w, [np.ones(40, np.float32)])
+    # a stacked batch has no exact examples to run: the error, never a silent 0
+    stacked = pm.stack([np.ones(3, np.float32), np.ones(40, np.float32)])
+    with pytest.raises(pm.ShapeError, match=r"examples\[\d\]: .*symbolic sizes"):
+        pm.value_and_grad(loss, "n")(w, stacked)
 
 
 def test_a_call_that_fails_as_in_plain_jax_is_not_warned_as_a_fallback():

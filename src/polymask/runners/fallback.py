@@ -31,10 +31,15 @@ from ..core.diagnostics import user_stacklevel
 from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError
 from .compiling import compile_counter
 
-__all__ = ["ExactFallback", "refusal_text", "falls_back"]
+__all__ = ["ExactFallback", "refusal_text", "falls_back", "bucket_text"]
 
 _MAX_REASON = 1500  # characters of a refusal kept (a TooManyCases lists sizes)
 _MAX_SEEN = 1 << 16  # exact shapes remembered as compiled (then forgotten, recounted)
+
+
+def bucket_text(buckets: dict | None) -> str:
+    """A bucket as the messages and ``.fallbacks()`` name it: ``"n <= 64, m <= 8"``."""
+    return ", ".join(f"{v} <= {b}" for v, b in (buckets or {}).items()) or "(static)"
 
 
 def falls_back(error: BaseException) -> bool:
@@ -67,7 +72,6 @@ class ExactFallback:
     def __init__(self, fun: Callable, runner: str, add_stats: Callable[..., None],
                  compiler_options: dict | None = None,
                  counted_in: str = "stats()['exact_compiles']"):
-        self.fun = fun
         self.runner = runner
         self.counted_in = counted_in
         self._add = add_stats
@@ -81,8 +85,9 @@ class ExactFallback:
     # -- refusals ------------------------------------------------------------------
     def refused(self, where: str, error: BaseException) -> str:
         """Record that the bucket described by ``where`` (``"n <= 16"``) cannot
-        share a program because of ``error``; warn on the runner's first refusal.
-        Returns the reason."""
+        share a program because of ``error``. The runner's first refusal is
+        warned once a call has run per shape (``warn_pending``; ``call`` does
+        it). Returns the reason."""
         reason = refusal_text(error)
         with self._lock:
             self._reasons.setdefault(where, reason)

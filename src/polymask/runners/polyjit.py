@@ -37,7 +37,7 @@ from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
-from .fallback import ExactFallback, falls_back
+from .fallback import ExactFallback, bucket_text, falls_back
 from .hostio import (
     FAST_TYPES,
     PAD_DEVICE_PROGRAMS,
@@ -194,7 +194,7 @@ class PolyJit:
         s["exact_calls"] = exact + kw
         s["logical_elements"] = logical
         s["padded_elements"] = padded
-        s["cache_hits"] = calls - self._fg_compiles_in_calls
+        s["cache_hits"] = calls + kw - self._fg_compiles_in_calls
         return finish_stats(s)
 
     stats.__doc__ = STATS_DOC
@@ -341,12 +341,11 @@ class PolyJit:
         reason = (ShapeError("the masked trace takes these sizes to an error case, but plain "
                              f"jax.jit runs them (a polymask bug; please report it):\n{error}")
                   if bug else error)
-        where = ", ".join(f"{v} <= {b}" for v, b in (entry.buckets or {}).items()) or "(static)"
-        unshared = self._fallback.refused(where, reason)
+        unshared = self._fallback.refused(bucket_text(entry.buckets), reason)
         self._fallback.warn_pending()
         if entry is info.entry:  # its own bucket: these exact shapes run per shape
             info.unshared = unshared
-        return jax.tree_util.tree_map(np.asarray, out) if self.numpy_outputs else out
+        return self._user_outputs(out)
 
     def _fall_back(self, info: _CallInfo, args, error: Exception):
         """The bucket of ``info`` cannot share a program (its trace failed now,
@@ -354,8 +353,7 @@ class PolyJit:
         if isinstance(error, _BucketUnshared):
             info.unshared = str(error)
             return self._exact_call(info, args)
-        where = ", ".join(f"{v} <= {b}" for v, b in info.plan.buckets.items()) or "(static)"
-        info.unshared = self._fallback.refused(where, error)
+        info.unshared = self._fallback.refused(bucket_text(info.plan.buckets), error)
         if info.entry is not None:
             info.entry.unshared = info.unshared
         return self._exact_call(info, args, counted=True)  # _slow_call counted the failure
@@ -369,9 +367,11 @@ class PolyJit:
             out = fb.call(info.shape_key, args, info.unshared)
         except ShapeError as e:
             raise at_call_site_error(e) from e.__cause__
-        if self.numpy_outputs:
-            return jax.tree_util.tree_map(np.asarray, out)
-        return out
+        return self._user_outputs(out)
+
+    def _user_outputs(self, out):
+        """Outputs of a per-shape program as the caller asked for them."""
+        return jax.tree_util.tree_map(np.asarray, out) if self.numpy_outputs else out
 
     def _keywords_call(self, args, kwargs, error: ShapeError):
         """A call whose keyword arguments have no place in ``in_specs``
@@ -388,9 +388,7 @@ class PolyJit:
             out = self._fallback.call(key, tuple(args), reason, kwargs=kwargs)
         except ShapeError as e:
             raise at_call_site_error(e) from e.__cause__
-        if self.numpy_outputs:
-            return jax.tree_util.tree_map(np.asarray, out)
-        return out
+        return self._user_outputs(out)
 
     def fallbacks(self) -> dict[str, str]:
         """``{bucket: reason}``: the buckets whose sizes run per exact shape

@@ -35,7 +35,7 @@ from ..core.plan import dtype_key, policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from . import ragged_batches
 from .compiling import background_executor
-from .fallback import ExactFallback, falls_back
+from .fallback import ExactFallback, bucket_text, falls_back
 from .hostio import slice_to
 from .layout_choice import LayoutChoice
 from .packed import PackedRunner, default_row_size, row_example
@@ -492,8 +492,7 @@ class RaggedMap:
         except Exception as e:
             if self._fallback is None or not falls_back(e):
                 raise
-            where = ", ".join(f"{v} <= {b}" for v, b in plan0.buckets.items()) or "(static)"
-            self._unshared[bucket] = self._fallback.refused(where, e)
+            self._unshared[bucket] = self._fallback.refused(bucket_text(plan0.buckets), e)
             return self._rerun_in_own_buckets(tree, plan0, chunk, infos, results, broadcast,
                                               bcast_leaves, bcast_tree, bcast_key, in_specs,
                                               spec_key, bucket)
@@ -514,7 +513,7 @@ class RaggedMap:
                 ran_plain.add(ex)
                 bug = case_error_is_plain(entry, infos[ex][0].var_names, infos[ex][0].values)
                 self._fallback.refused(
-                    ", ".join(f"{v} <= {b}" for v, b in plan0.buckets.items()) or "(static)",
+                    bucket_text(plan0.buckets),
                     ShapeError(f"the masked trace takes these sizes to an error case, but "
                                f"plain jax.jit runs them (a polymask bug; please report "
                                f"it):\n{e}") if bug else e)

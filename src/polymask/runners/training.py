@@ -28,6 +28,7 @@ from ..core.plan import plan_call, policy_getter
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import SEGMENT_FIELDS, Segments
+from ..tracing.prologue import solve_dim_vars
 from ..tracing.transform import mask
 from .fallback import ExactFallback, falls_back
 from .packed import PackedRunner, default_row_size, spare_rows
@@ -202,7 +203,8 @@ class RaggedValueAndGrad:
             # the per-size limit) is an error case of the program, and the
             # program has no host check to raise it (checks=False): its examples
             # would add 0. Plain JAX's own failures were raised above.
-            limit = self._symbolic_limit(batch) if exact and not self._checks else None
+            # Stacked batches get the error itself: never a silent 0.
+            limit = None if self._checks else self._symbolic_limit(weights, batch)
             if limit is not None:
                 raise limit
             return out
@@ -215,18 +217,28 @@ class RaggedValueAndGrad:
             self._unshared[key] = self._fallback.refused(where, e)
             return self._exact_value_and_grad(args, self._unshared[key])
 
-    def _symbolic_limit(self, batch) -> ShapeError | None:
-        """The error of a case of this batch's masked program that polymask
-        could not trace (not one plain JAX fails in), or None."""
-        one = [a if i in self._unbatched else
-               Masked(np.asarray(a.data)[0], tuple(int(np.asarray(s)[0]) for s in a.shape))
-               if isinstance(a, Masked) else jax.tree_util.tree_map(lambda v: np.asarray(v)[0], a)
-               for i, a in enumerate(batch)]
-        tree, _ = self._masked.cases(*one)
-        for c in tree.cases:
-            if c.error is not None and not c.pinned and c.reachable:
-                return ShapeError(f"polymask cannot trace the function with symbolic sizes at "
-                                  f"{c.where}:\n  {c.error}")
+    def _example_args(self, batch, k: int) -> list:
+        """Example ``k`` of a prepared batch, as ``mask`` takes it (concrete sizes)."""
+        return [a if i in self._unbatched else
+                Masked(np.asarray(a.data)[k], tuple(int(np.asarray(s)[k]) for s in a.shape))
+                if isinstance(a, Masked) else jax.tree_util.tree_map(lambda v: np.asarray(v)[k], a)
+                for i, a in enumerate(batch)]
+
+    def _symbolic_limit(self, weights, batch) -> ShapeError | None:
+        """The error of the first example (weight > 0) whose sizes reach a case
+        of the masked program that polymask could not trace symbolically (not
+        one where plain JAX fails), or None. The program itself has no host
+        check for it (``checks=False``): that example would add 0."""
+        tree, _ = self._masked.cases(*self._example_args(batch, 0))
+        if not any(c.error is not None and not c.pinned for c in tree.cases):
+            return None
+        for k in np.flatnonzero(np.asarray(weights) > 0):
+            tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
+            values, _ = solve_dim_vars(tree.base, leaves, checks_on=False)
+            case = tree.cases[int(tree.select(values))]
+            if case.error is not None and not case.pinned:
+                return ShapeError(f"examples[{k}]: polymask cannot trace the function with "
+                                  f"symbolic sizes at {case.where}:\n  {case.error}")
         return None
 
     # -- the per-example fallback (fallback.py) -----------------------------------

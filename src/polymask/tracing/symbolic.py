@@ -234,9 +234,9 @@ def _split_for_unproven_equality(e: BaseException, scope, internal):
     ``x - concatenate([0], x[:-1])`` compares ``(n,)`` with ``(max(0, n - 1) +
     1,)``: equal for ``n >= 1``, which JAX cannot prove for every ``n >= 0``.
     Splitting at the smallest ``k`` for which ``n >= k`` proves it traces the
-    sizes ``>= k`` as one case, and the few sizes below are traced on their own
-    (as plain JAX traces them; at ``n = 0`` plain JAX fails there too). No
-    split when the scope already implies ``n >= k`` (the mismatch is real).
+    sizes ``>= k`` as one case, and the few sizes below are traced on their own,
+    as plain JAX traces them (at ``n = 0`` it broadcasts ``(0,)`` with ``(1,)``).
+    No split when the scope already implies ``n >= k`` (the mismatch is real).
     """
     msg = str(e).split("\n\n")[0].strip()
     if not is_shape_mismatch(e, msg):
