@@ -241,7 +241,9 @@ def batched_bert(jnp, jax, cfg):
 
 
 POLYMASK_MINILM = ("polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache_cold",
-                   "polymask_cache_warm", "polymask_packed", "polymask_padded")
+                   "polymask_cache_warm", "polymask_packed", "polymask_padded", "polymask_bf16")
+# the encoder's precision per contender (polymask: float32)
+MINILM_PRECISION = {"polymask_bf16": "bfloat16"}
 # the encoder's layout per contender (polymask: its default, "auto")
 MINILM_LAYOUT = {"polymask_packed": "packed", "polymask_padded": "padded"}
 ST_BACKENDS = {"sentence_transformers": "torch", "sentence_transformers_onnx": "onnx",
@@ -281,7 +283,8 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
         from polymask.models import load
 
         phases = Phases(counter)
-        enc = load()
+        enc = load(precision=MINILM_PRECISION.get(name, "float32"))
+        res["precision"] = enc.precision
         texts = common_texts(quick, n_texts)
         layout = MINILM_LAYOUT.get(name, "auto")
         if name in POLYMASK_MINILM:  # polymask_coarse: no refined buckets (refining.py)
@@ -404,7 +407,8 @@ CONTENDERS = {
     "attention": ["polymask_jit", "polymask_jit_default", "polymask_jit_numpy", "jax_jit",
                   "handwritten", "torch_eager"],
     "minilm": ["polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache_cold",
-               "polymask_cache_warm", "polymask_packed", "polymask_padded", "jax_jit_sorted",
+               "polymask_cache_warm", "polymask_packed", "polymask_padded", "polymask_bf16",
+               "jax_jit_sorted",
                "sentence_transformers", "sentence_transformers_onnx",
                "sentence_transformers_openvino"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],

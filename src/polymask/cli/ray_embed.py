@@ -17,14 +17,14 @@ class _Embedder:
     """A Ray Data callable class: one ``SentenceEncoder`` per actor."""
 
     def __init__(self, model_dir, min_bucket, batch_size, normalize=True, bucket_steps=2,
-                 reuse_memory=True, max_length=None):
+                 reuse_memory=True, max_length=None, precision="float32"):
         if reuse_memory:  # as the CLI's own process (polymask.runners.hostmem), before JAX runs
             from ..runners.hostmem import reuse_host_memory
 
             reuse_host_memory()
         from ..models.loader import SentenceEncoder, length_buckets
 
-        self.enc = SentenceEncoder(model_dir)
+        self.enc = SentenceEncoder(model_dir, precision)
         if max_length is not None:  # polymask embed --max-length
             self.enc.tokenizer.enable_truncation(max_length=max_length)
         self.buckets = length_buckets(min_bucket, bucket_steps)
@@ -41,7 +41,8 @@ class _Embedder:
 def embed_with_ray(texts: list[str], model_dir=None, *, address: str | None = None,
                    actors: int = 2, batch_size: int = 32, min_bucket: int = 16,
                    bucket_steps: int = 2, block_size: int | None = None, normalize: bool = True,
-                   reuse_memory: bool = True, max_length: int | None = None) -> np.ndarray:
+                   reuse_memory: bool = True, max_length: int | None = None,
+                   precision: str = "float32") -> np.ndarray:
     """Embeddings ``(len(texts), dim)`` in input order, computed by ``actors`` Ray actors.
 
     ``address``: a Ray cluster (``"auto"``, ``"ray://host:10001"``); None starts
@@ -49,6 +50,7 @@ def embed_with_ray(texts: list[str], model_dir=None, *, address: str | None = No
     (default ``4 * batch_size``). ``reuse_memory``: each actor calls
     ``polymask.reuse_host_memory()`` first, as the CLI does. ``max_length``:
     truncate texts to that many tokens (default: the model's ``max_seq_length``).
+    ``precision``: the encoder's (``polymask.models.SentenceEncoder``).
     """
     try:
         import ray
@@ -62,7 +64,7 @@ def embed_with_ray(texts: list[str], model_dir=None, *, address: str | None = No
     ds = ray.data.from_items([{"index": i, "text": t} for i, t in enumerate(texts)])
     out = ds.map_batches(_Embedder, fn_constructor_args=(model_dir, min_bucket, batch_size,
                                                          normalize, bucket_steps, reuse_memory,
-                                                         max_length),
+                                                         max_length, precision),
                          batch_size=block_size or 4 * batch_size, batch_format="numpy",
                          concurrency=actors)
     rows = out.take_all()

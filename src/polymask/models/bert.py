@@ -7,6 +7,16 @@ masking, so the same function runs on padded buckets and ragged batches.
 
 ``embed`` adds sentence-transformers pooling (mean over tokens) and L2
 normalisation, which is what all-MiniLM-L6-v2 ships as its modules 1 and 2.
+
+Precision follows the parameters: with ``load_params(..., precision="bfloat16")``
+the matmul weights and embedding tables are bfloat16, every matmul takes
+bfloat16 operands and accumulates in float32 (``preferred_element_type``, the
+hardware's bfloat16 path: AMX and AVX512-BF16 on CPUs, tensor cores, TPUs),
+and everything that normalises or sums many terms (embedding sums, layer
+norm, softmax, residual stream, pooling, L2 norm) stays float32 — the split
+of ``torch.autocast`` and of mixed-precision training (Micikevicius et al.
+2018, "Mixed Precision Training"). float32 parameters give the float32 model
+unchanged.
 """
 
 from __future__ import annotations
@@ -21,8 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["BertConfig", "load_params", "encode", "embed", "mean_pool", "l2_normalize",
-           "embed_padded_reference"]
+__all__ = ["BertConfig", "PRECISIONS", "load_params", "encode", "embed", "mean_pool",
+           "l2_normalize", "embed_padded_reference"]
+
+#: Precisions ``load_params`` takes: the dtype of the matmul weights and operands.
+PRECISIONS = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,29 +79,45 @@ def _concat_dense(parts: list[dict]) -> dict:
             "b": jnp.concatenate([p["b"] for p in parts])}
 
 
-def load_params(path, cfg: BertConfig, dtype=jnp.float32) -> dict:
-    """Read a Hugging Face ``BertModel`` ``model.safetensors`` into a params pytree."""
+def load_params(path, cfg: BertConfig, precision: str = "float32") -> dict:
+    """Read a Hugging Face ``BertModel`` ``model.safetensors`` into a params pytree.
+
+    Args:
+      path: the ``model.safetensors`` file.
+      cfg: the model's configuration (layer count, ...).
+      precision: ``"float32"`` (every tensor float32) or ``"bfloat16"``
+        (matmul weights and embedding tables bfloat16; biases and layer-norm
+        scales float32, as the computations that use them stay float32).
+
+    Raises:
+      ValueError: an unknown ``precision``.
+      KeyError: a tensor the configuration needs is missing.
+    """
     from safetensors.numpy import load_file
 
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    matmul_dtype = jnp.dtype(precision)
     raw = load_file(str(path))
     # Checkpoints are saved with or without the "bert." prefix.
     t = {k[5:] if k.startswith("bert.") else k: v for k, v in raw.items()}
 
-    def get(name):
+    def get(name, dtype=jnp.float32):
         if name not in t:
             raise KeyError(f"{path}: missing tensor '{name}'")
         return jnp.asarray(t[name], dtype)
 
     def dense(prefix):  # torch Linear stores (out, in): transpose to x @ W
-        return {"w": jnp.asarray(t[prefix + ".weight"].T, dtype), "b": get(prefix + ".bias")}
+        return {"w": jnp.asarray(get(prefix + ".weight").T, matmul_dtype),
+                "b": get(prefix + ".bias")}
 
     def ln(prefix):
         return {"g": get(prefix + ".weight"), "b": get(prefix + ".bias")}
 
     params: dict[str, Any] = {
-        "word": get("embeddings.word_embeddings.weight"),
-        "pos": get("embeddings.position_embeddings.weight"),
-        "type": get("embeddings.token_type_embeddings.weight"),
+        "word": get("embeddings.word_embeddings.weight", matmul_dtype),
+        "pos": get("embeddings.position_embeddings.weight", matmul_dtype),
+        "type": get("embeddings.token_type_embeddings.weight", matmul_dtype),
         "emb_ln": ln("embeddings.LayerNorm"),
         "layers": [],
     }
@@ -121,8 +150,16 @@ def _act(x, name):
     return jax.nn.gelu(x, approximate=(name == "gelu_new"))  # HF "gelu" is the erf form
 
 
+def _matmul(a, b, dtype):
+    """``a @ b`` with ``dtype`` operands; float32 accumulation and result when
+    ``dtype`` is narrower (float32 operands: the plain product, unchanged)."""
+    if dtype == jnp.float32:
+        return a @ b
+    return jnp.matmul(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
 def _dense(x, p):
-    return x @ p["w"] + p["b"]
+    return _matmul(x, p["w"], p["w"].dtype) + p["b"]
 
 
 def _heads(x, p, h: int, dh: int):
@@ -133,7 +170,7 @@ def _heads(x, p, h: int, dh: int):
     return tuple(jax.lax.index_in_dim(qkv, i, keepdims=False) for i in range(3))
 
 
-def _attention(q, k, v, scale: float, bias=None):
+def _attention(q, k, v, scale: float, bias=None, dtype=jnp.float32):
     """``softmax(q k^T * scale + bias) v`` for ``(h, n, dh)`` heads -> ``(n, h * dh)``.
 
     Heads leading makes both products plain batched GEMMs (no transposes
@@ -142,10 +179,10 @@ def _attention(q, k, v, scale: float, bias=None):
     batching (README "Benchmarks"; the length-sorted ``jax.jit`` contender,
     same model code, from 70.8 to 92.0).
     """
-    s = (q * scale) @ jnp.swapaxes(k, -1, -2)
+    s = _matmul(q * scale, jnp.swapaxes(k, -1, -2), dtype)
     if bias is not None:
         s = s + bias
-    ctx = jax.nn.softmax(s, axis=-1) @ v
+    ctx = _matmul(jax.nn.softmax(s, axis=-1), v, dtype)
     h, n, dh = q.shape
     return jnp.swapaxes(ctx, 0, 1).reshape(n, h * dh)
 
@@ -153,17 +190,25 @@ def _attention(q, k, v, scale: float, bias=None):
 def _layer(x, lp, cfg: BertConfig, bias=None):
     """One post-LN BERT encoder layer on ``(n, hidden)``."""
     q, k, v = _heads(x, lp["qkv"], cfg.num_attention_heads, cfg.head_dim)
-    ctx = _attention(q, k, v, 1.0 / math.sqrt(cfg.head_dim), bias)
+    ctx = _attention(q, k, v, 1.0 / math.sqrt(cfg.head_dim), bias, lp["qkv"]["w"].dtype)
     x = _layer_norm(x + _dense(ctx, lp["o"]), lp["attn_ln"], cfg.layer_norm_eps)
     ff = _dense(_act(_dense(x, lp["ff1"]), cfg.hidden_act), lp["ff2"])
     return _layer_norm(x + ff, lp["ff_ln"], cfg.layer_norm_eps)
+
+
+def _embeddings(params: dict, ids, positions):
+    """Word + position + token-type-0 embeddings, summed in float32 (``positions``:
+    an index array or a slice of the position table)."""
+    def rows(table, index):
+        return table[index].astype(jnp.float32)
+    return rows(params["word"], ids) + rows(params["pos"], positions) + rows(params["type"], 0)
 
 
 def encode(params: dict, ids, cfg: BertConfig = BertConfig()):
     """Token ids ``(n,)`` -> hidden states ``(n, hidden_size)`` (token type 0)."""
     n = ids.shape[0]
     positions = jnp.arange(n)
-    x = params["word"][ids] + params["pos"][positions] + params["type"][0]
+    x = _embeddings(params, ids, positions)
     x = _layer_norm(x, params["emb_ln"], cfg.layer_norm_eps)
     for lp in params["layers"]:
         x = _layer(x, lp, cfg)
@@ -196,7 +241,7 @@ def embed_padded_reference(params: dict, ids, length, cfg: BertConfig = BertConf
     """
     T = ids.shape[0]
     valid = jnp.arange(T) < length
-    x = params["word"][ids] + params["pos"][:T] + params["type"][0]
+    x = _embeddings(params, ids, slice(0, T))
     x = _layer_norm(x, params["emb_ln"], cfg.layer_norm_eps)
     bias = jnp.where(valid, 0.0, -1e9)[None, None, :]
     for lp in params["layers"]:

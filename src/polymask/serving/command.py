@@ -104,7 +104,7 @@ def cmd_serve(args) -> int:
     from .embedding import EmbeddingService
 
     try:
-        enc = SentenceEncoder(args.model)
+        enc = SentenceEncoder(args.model, args.precision)
     except FileNotFoundError as e:
         print(f"polymask: {e}", file=sys.stderr)
         if args.model is None:

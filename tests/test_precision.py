@@ -1,0 +1,86 @@
+"""bfloat16: the encoder's precision option, and mixed precision through both layouts.
+
+Oracle: plain JAX per example in the same precision (values within bfloat16's
+rounding, NaN/inf isolation bitwise), and the float32 model (cosine).
+The packed layout's per-family bfloat16 isolation is in test_packed_invariant.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polymask as pm
+
+BF16 = jnp.bfloat16
+SIZES = [3, 5, 2, 4, 1, 0]
+
+
+def _examples(seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(n, 8)).astype(BF16) for n in SIZES]
+
+
+def _mixed_attention(w, x):
+    """bfloat16 operands, float32 accumulation and softmax (the encoder's recipe)."""
+    q = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+    s = jnp.matmul(q.astype(BF16), x.T, preferred_element_type=jnp.float32)
+    p = jax.nn.softmax(s / 8.0, axis=-1)
+    ctx = jnp.matmul(p.astype(BF16), x, preferred_element_type=jnp.float32)
+    return jnp.mean(ctx, axis=0), jnp.sum(x.astype(jnp.float32), axis=0)
+
+
+def _f64(a):
+    return np.asarray(a).astype(np.float64)
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_mixed_precision_attention_matches_plain_per_example_and_isolates_nan(layout):
+    w = jnp.asarray(np.random.default_rng(1).normal(size=(8, 8)), BF16)
+    clean = _examples()
+    dirty = [a.copy() for a in clean]
+    dirty[1][2, 3] = np.nan
+    dirty[3][0, 0] = np.inf
+    rm = pm.ragged_map(_mixed_attention, ("n, 8",), layout=layout, row_size=16,
+                       buckets=pm.buckets.pow2(4) if layout == "padded" else None)
+    got_clean, got_dirty = rm(clean, w), rm(dirty, w)
+    for i, ex in enumerate(clean):
+        want = _mixed_attention(w, jnp.asarray(ex))
+        for u, v in zip(got_clean[i], want):
+            assert u.dtype == v.dtype == jnp.float32
+            np.testing.assert_allclose(_f64(u), _f64(v), rtol=2e-2, atol=2e-2,
+                                       err_msg=f"example {i}")
+        if i in (1, 3):  # the corrupted ones: non-finite where plain JAX is
+            with np.errstate(invalid="ignore"):
+                plain = _mixed_attention(w, jnp.asarray(dirty[i]))
+            for u, v in zip(got_dirty[i], plain):
+                np.testing.assert_array_equal(np.isfinite(_f64(u)), np.isfinite(_f64(v)))
+            continue
+        for u, v in zip(got_dirty[i], got_clean[i]):  # bitwise: the neighbour changed nothing
+            np.testing.assert_array_equal(np.asarray(u), np.asarray(v), err_msg=f"example {i}")
+
+
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_bfloat16_masks_and_segment_sums_ignore_the_padding(layout):
+    """Masked mean, max and softmax over the logical rows only, in bfloat16 itself."""
+    def f(x):
+        return jnp.mean(x, 0), jnp.max(x, 0), jax.nn.softmax(x[:, 0]), x.shape[0] * x[-1:]
+
+    xs = [a for a in _examples(2) if len(a)]
+    rm = pm.ragged_map(f, ("n, 8",), layout=layout, row_size=16)
+    for i, (got, ex) in enumerate(zip(rm(xs), xs)):
+        for u, v in zip(got, f(jnp.asarray(ex))):
+            assert u.dtype == v.dtype == BF16
+            np.testing.assert_allclose(_f64(u), _f64(v), rtol=1e-2, atol=1e-2,
+                                       err_msg=f"example {i}")
+
+
+def test_masked_padding_garbage_in_bfloat16_never_reaches_the_result():
+    f = pm.mask(lambda x: (jnp.sum(x, 0), jnp.cumsum(x, 0)), "n, 4")
+    x = np.random.default_rng(3).normal(size=(6, 4)).astype(BF16)
+    for n in range(7):
+        padded = x.copy()
+        padded[n:] = np.nan
+        total, cum = f(pm.Masked(jnp.asarray(padded), (n, 4)))
+        np.testing.assert_array_equal(np.asarray(total.data), np.asarray(jnp.sum(x[:n], 0)))
+        np.testing.assert_array_equal(np.asarray(cum.data)[:n], np.asarray(jnp.cumsum(x[:n], 0)))
