@@ -621,3 +621,21 @@ def test_argmax_of_a_computed_value_finds_every_segments_extremum():
         out = pm.ragged_map(fn, "n, 4", layout="packed", row_size=8)(xs)
         for o, x in zip(out, xs):
             np.testing.assert_array_equal(o, fn(x))
+
+
+def test_threads_sharing_one_packed_runner_lose_no_count_and_compile_once():
+    """A server's threads call one ragged_map: one packed compile, every example counted."""
+    import concurrent.futures
+
+    rm = pm.ragged_map(lambda x: jnp.cumsum(x, 0), ("n, 2",), layout="packed", row_size=16)
+    rng = np.random.default_rng(0)
+    batches = [[rng.normal(size=(int(n), 2)).astype(np.float32) for n in rng.integers(1, 9, 3)]
+               for _ in range(48)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        outs = list(pool.map(rm, batches))
+    for batch, out in zip(batches, outs):
+        for x, y in zip(batch, out):
+            np.testing.assert_allclose(y, np.cumsum(x, 0), rtol=1e-6, atol=1e-6)
+    st = rm.stats()["packed"]
+    assert st["compiles"] == 1 and st["examples"] == 48 * 3
+    assert st["real_positions"] == sum(len(x) for b in batches for x in b)

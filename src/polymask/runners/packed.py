@@ -180,10 +180,9 @@ class PackedRunner:
         start = time.perf_counter()
         with self._lock, compile_counter() as cc:
             self._aot = self._compiled(len(bcast_leaves)).lower(*avals).compile()
-        self.stats["compiles"] += 1
-        self.stats["xla_compiles"] += cc.compiles
-        self.stats["persistent_cache_hits"] += cc.cache_hits
-        self.stats["compile_time_s"] += time.perf_counter() - start
+        self._count({"compiles": 1, "xla_compiles": cc.compiles,
+                     "persistent_cache_hits": cc.cache_hits,
+                     "compile_time_s": time.perf_counter() - start})
 
     def _compiled(self, n_bcast: int):
         with self._lock:  # one jax.jit function for every thread
@@ -223,21 +222,32 @@ class PackedRunner:
             start = time.perf_counter()
             with compile_counter() as cc:
                 outs = self._call(fn, bcast_leaves, inputs + seg_in)
-            if cc.compiles or cc.cache_hits:  # compiled, or loaded from the persistent cache
-                self.stats["compiles"] += 1
-                self.stats["xla_compiles"] += cc.compiles
-                self.stats["persistent_cache_hits"] += cc.cache_hits
-                self.stats["compile_time_s"] += time.perf_counter() - start
-            self.stats["calls"] += 1
             done = [i for row in rows for i, _ in row]  # counted once they ran
-            self.stats["examples"] += len(done)
-            self.stats["real_positions"] += sum(lengths[i] for i in done)
-            self.stats["logical_elements"] += sum(np.size(infos[i][1][li]) for i in done
-                                                  for li in packed_leaves)
-            self.stats["computed_positions"] += B * R
-            self.stats["padded_elements"] += B * sum(int(np.prod(leaf_specs[li].shape))
-                                                     for li in packed_leaves)
+            counts = {"calls": 1, "examples": len(done),
+                      "real_positions": sum(lengths[i] for i in done),
+                      "logical_elements": sum(np.size(infos[i][1][li]) for i in done
+                                              for li in packed_leaves),
+                      "computed_positions": B * R,
+                      "padded_elements": B * sum(int(np.prod(leaf_specs[li].shape))
+                                                 for li in packed_leaves)}
+            if cc.compiles or cc.cache_hits:  # compiled, or loaded from the persistent cache
+                counts.update(compiles=1, xla_compiles=cc.compiles,
+                              persistent_cache_hits=cc.cache_hits,
+                              compile_time_s=time.perf_counter() - start)
+            self._count(counts)
             self._unpack(rows, seg, outs, lengths, results, out_tree)
+
+    def stats_snapshot(self) -> dict:
+        """A consistent copy of ``stats`` (taken under the lock)."""
+        with self._lock:
+            return dict(self.stats)
+
+    def _count(self, counts: dict) -> None:
+        """Add ``counts`` to ``stats`` under the lock: threads calling one runner
+        (``DynamicBatcher``, a server) never lose an update."""
+        with self._lock:
+            for k, v in counts.items():
+                self.stats[k] += v
 
     def _call(self, fn, bcast_leaves, inputs) -> list[np.ndarray]:
         """``fn(*bcast_leaves, *inputs)`` as NumPy arrays; the first call of a

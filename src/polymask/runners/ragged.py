@@ -235,7 +235,7 @@ class RaggedMap:
     def stats(self) -> dict:
         s = self.cache.stats()
         if self._packed is not None:  # both layouts' programs, calls and padding
-            ps = self._packed.stats
+            ps = self._packed.stats_snapshot()
             for k in ("calls", "compiles", "xla_compiles", "persistent_cache_hits",
                       "compile_time_s", "logical_elements", "padded_elements"):
                 s[k] += ps[k]
