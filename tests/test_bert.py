@@ -182,9 +182,3 @@ def test_tiny_bert_bfloat16_is_plain_jax_in_bfloat16_and_near_float32(tmp_path, 
 def test_unknown_precision_is_a_value_error_naming_the_choices(tmp_path):
     with pytest.raises(ValueError, match="float32.*bfloat16.*'float16'"):
         SentenceEncoder(_tiny_model_dir(tmp_path), precision="float16")
-
-
-def test_the_cli_precision_choices_are_the_models():
-    from polymask.cli import PRECISION_CHOICES
-
-    assert PRECISION_CHOICES == bert.PRECISIONS

@@ -430,3 +430,52 @@ def test_embed_precision_bfloat16_through_the_installed_command(tiny, tmp_path):
                                atol=2e-2)
     r = _polymask("embed", "-", "--out", out, "--precision", "float16", stdin="a\n")
     assert r.returncode == 2 and "invalid choice: 'float16'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("how", ["option", "env", "file"])
+def test_a_cache_directory_that_cannot_be_made_is_a_usage_error_before_any_work(how, tmp_path):
+    import os
+
+    (tmp_path / "t.txt").write_text("a text\n")
+    argv = ["embed", "t.txt", "--out", "e.npy"]
+    env = dict(os.environ)
+    if how == "option":
+        argv += ["--cache-dir", "/proc/polymask-cache"]
+        said = "--cache-dir /proc/polymask-cache: cannot create it"
+    elif how == "env":
+        env["POLYMASK_CACHE_DIR"] = "/proc/polymask-cache"
+        said = "$POLYMASK_CACHE_DIR=/proc/polymask-cache: cannot create it"
+    else:  # an existing file named as the directory
+        argv += ["--cache-dir", "t.txt"]
+        said = "--cache-dir t.txt: cannot create it"
+    r = subprocess.run(_command() + argv, capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=300)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and said in r.stderr and "--no-cache" in r.stderr, r.stderr
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_a_failed_final_write_saves_the_result_elsewhere(tmp_path):
+    """The output's directory removed while the work ran: the result is not lost."""
+    import shutil
+
+    from polymask.cli import CliError, _AtomicOutput
+
+    (tmp_path / "d").mkdir()
+    out = _AtomicOutput(str(tmp_path / "d" / "x.npy"), (".npy",))
+    with out:
+        shutil.rmtree(tmp_path / "d")
+        with pytest.raises(CliError, match="x.npy is unchanged; the result is saved in ") as e:
+            out.write(lambda f: np.save(f, np.arange(3.0)))
+    rescued = str(e.value).rsplit("saved in ", 1)[1]
+    np.testing.assert_array_equal(np.load(rescued), np.arange(3.0))
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--model", "nosuch"], "--model nosuch: cannot load it: model directory nosuch does not exist"),
+    (["--out", ""], "--out : use a .npy or .jsonl file name"),
+])
+def test_embed_model_and_output_mistakes_are_usage_errors(argv, said, tmp_path):
+    (tmp_path / "t.txt").write_text("a text\n")
+    r = _polymask("embed", "t.txt", *argv, cwd=tmp_path)
+    assert r.returncode == 2 and said in r.stderr, r.stderr

@@ -1,4 +1,4 @@
-"""The ``polymask`` command line: ``polymask demo``, ``embed`` and ``warmup``.
+"""The ``polymask`` command line: ``polymask demo``, ``embed``, ``warmup`` and ``serve``.
 
 ``polymask demo`` embeds a corpus of real text that ships with every Python
 install (the docstrings of the standard library, read with ``ast``, nothing is
@@ -49,6 +49,8 @@ import sys
 import sysconfig
 import time
 
+from ..core.errors import install_extra
+
 __all__ = ["main", "stdlib_docstrings", "CliError"]
 
 EXIT_CODES = """exit codes:
@@ -58,9 +60,6 @@ EXIT_CODES = """exit codes:
   2  a usage error (argparse's convention): a bad option, an input that does
      not exist or cannot be opened, an output path that cannot be written
      (checked before any work)"""
-
-# polymask.models.bert.PRECISIONS, spelled out so that parsing (and --help) imports no JAX
-PRECISION_CHOICES = ("float32", "bfloat16")
 
 EMBED_DESCRIPTION = """Embed a text file, one text per line (blank lines skipped and reported).
 
@@ -144,7 +143,7 @@ def _load_encoder(model_dir, precision: str = "float32"):
     try:
         return SentenceEncoder(model_dir, precision)
     except ImportError as e:
-        raise CliError(f"{e}; install the models extra: pip install 'polymask[models]'") from None
+        raise CliError(f"{e}; install the models extra: {install_extra('models')}") from None
     except (OSError, ValueError, KeyError) as e:
         if model_dir is not None:
             raise CliError(f"--model {model_dir}: cannot load it: {e}", USAGE) from None
@@ -395,8 +394,22 @@ class _AtomicOutput:
             os.replace(self.tmp, self.path)
         except OSError as e:
             raise CliError(f"writing {self.path} failed: {e.strerror or e}; "
-                           f"{self.path} is unchanged") from None
+                           f"{self.path} is unchanged{self._rescue(write_to)}") from None
         self.tmp = None
+
+    def _rescue(self, write_to) -> str:
+        """The result written to a new file in the temporary directory (the
+        work is not lost when the output's directory went away or filled up);
+        the words that say where, or why not."""
+        import tempfile
+
+        try:
+            fd, rescued = tempfile.mkstemp(prefix="polymask-", suffix=self.path.suffix)
+            with os.fdopen(fd, "wb") as fh:
+                write_to(fh)
+        except OSError as e:
+            return f"; saving it in the temporary directory failed too ({e.strerror or e})"
+        return f"; the result is saved in {rescued}"
 
     def __enter__(self):
         return self
@@ -478,10 +491,11 @@ def cmd_embed(args) -> int:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            raise CliError("--ray needs Ray Data: pip install 'polymask[ray]'")
+            raise CliError(f"--ray needs Ray Data: {install_extra('ray')}")
     name, fh = _open_input(args.file)
     try:
-        out = args.out or str(pathlib.Path(args.file).with_suffix(".npy"))
+        out = args.out if args.out is not None else str(
+            pathlib.Path(args.file).with_suffix(".npy"))
         output = _AtomicOutput(out, (".npy", ".jsonl"))
     except BaseException:
         fh.close()
@@ -580,11 +594,20 @@ def _enable_cache(args) -> None:
     from ..runners.compile_cache import default_cache_dir, enable_compilation_cache
 
     d = args.cache_dir or default_cache_dir()
-    if d is not None:
+    if d is None:
+        return
+    try:
         enable_compilation_cache(d)
+    except OSError as e:  # before any work: a usage error, as for --out
+        given = f"--cache-dir {d}" if args.cache_dir else (
+            f"$POLYMASK_CACHE_DIR={os.environ['POLYMASK_CACHE_DIR']}"
+            if os.environ.get("POLYMASK_CACHE_DIR") else f"the cache directory {d}")
+        raise CliError(f"{given}: cannot create it ({e.strerror or e}); give a writable "
+                       "directory, or --no-cache", USAGE) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..models.bert import PRECISIONS
     p = argparse.ArgumentParser(prog="polymask",
                                 description=__doc__.split("\n\n")[0].replace("``", ""),
                                 epilog=EXIT_CODES,
@@ -607,7 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "turns it off)")
     # the model's precision: the same option for every command that loads it
     precision = argparse.ArgumentParser(add_help=False)
-    precision.add_argument("--precision", choices=PRECISION_CHOICES, default="float32",
+    precision.add_argument("--precision", choices=PRECISIONS, default="float32",
                            help="float32 (default: the model as trained) or bfloat16 "
                                 "(bfloat16 matmuls with float32 accumulation; layer norm, "
                                 "softmax and pooling in float32): faster where the hardware "

@@ -3,12 +3,14 @@
 Each actor loads the encoder once and embeds the batches it is given with the
 usual ragged runner (one compile per length bucket per actor); rows carry
 their input index, so the result is in input order whatever order the
-actors finish in. Needs the ``ray`` extra (``pip install 'polymask[ray]'``).
+actors finish in. Needs the ``ray`` extra (``pip install -e ".[ray]"``).
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from ..core.errors import install_extra
 
 __all__ = ["embed_with_ray"]
 
@@ -55,7 +57,7 @@ def embed_with_ray(texts: list[str], model_dir=None, *, address: str | None = No
     try:
         import ray
     except ImportError as e:
-        raise ImportError("--ray needs Ray Data: pip install 'polymask[ray]'") from e
+        raise ImportError(f"--ray needs Ray Data: {install_extra('ray')}") from e
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     if model_dir is not None:

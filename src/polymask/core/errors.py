@@ -48,3 +48,10 @@ class FallbackWarning(UserWarning):
     that needs a size as a Python value, the primitive without a rule) and
     the rewrite that gets sharing back. ``runner.fallbacks()`` lists them.
     """
+
+
+def install_extra(extra: str) -> str:
+    """How to install one of polymask's extras, as messages say it: polymask is
+    installed from its checkout (README), so ``pip install -e ".[serve]"``
+    there; ``pip install polymask[...]`` finds no package on PyPI."""
+    return f'pip install -e ".[{extra}]" (in the polymask checkout)'

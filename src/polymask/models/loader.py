@@ -112,6 +112,9 @@ class SentenceEncoder:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         d = pathlib.Path(model_dir) if model_dir is not None else default_model_dir()
+        if not d.is_dir():
+            raise FileNotFoundError(f"model directory {d} "
+                                    f"{'is not a directory' if d.exists() else 'does not exist'}")
         for f in ("config.json", "model.safetensors", "tokenizer.json"):
             if not (d / f).exists():
                 raise FileNotFoundError(f"model directory {d} has no {f}")

