@@ -12,11 +12,13 @@ Modules: ``errors`` (``QueueFull``, ``BatcherClosed``), ``batcher``
 (``DynamicBatcher``), ``embedding`` (``EmbeddingService``: tokenizer, batcher,
 warm-up), ``requests`` (OpenAI and TEI request bodies, checked), ``metrics``
 (Prometheus), ``http`` (the Starlette app and uvicorn), ``command`` (the
-``polymask serve`` subcommand).
+``polymask serve`` subcommand), ``ray_serve`` (that app as Ray Serve
+replicas: ``polymask serve --ray``).
 
 Layer: imports ``runners`` and ``models`` (and what they import); ``cli``
 imports it. ``http`` needs the ``serve`` extra (Starlette, uvicorn,
-prometheus_client); nothing else here does.
+prometheus_client), ``ray_serve`` the ``ray`` extra (Ray Serve); nothing
+else here does.
 """
 
 from .batcher import BatchReport, DynamicBatcher, Timing

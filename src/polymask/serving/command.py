@@ -15,10 +15,9 @@ import argparse
 import sys
 
 from ..core.errors import install_extra
+from .embedding import DEFAULT_MODEL_NAME, served_model_name
 
 __all__ = ["add_parser", "cmd_serve"]
-
-DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def _int_at_least(low: int):
@@ -42,18 +41,6 @@ def _non_negative_float(text: str) -> float:
     if not v >= 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
     return v
-
-
-def _model_name(model_dir) -> str:
-    """The default model's Hub name, else the directory's name."""
-    from ..models.loader import default_model_dir
-
-    try:
-        if model_dir.resolve() == default_model_dir().resolve():
-            return DEFAULT_MODEL_NAME
-    except FileNotFoundError:
-        pass
-    return model_dir.resolve().name
 
 
 def add_parser(sub, parents: list) -> argparse.ArgumentParser:
@@ -126,7 +113,7 @@ def cmd_serve(args) -> int:
         print(f"polymask: {e}; install the models extra: {install_extra('models')}",
               file=sys.stderr)
         return 2
-    name = args.model_name or _model_name(enc.model_dir)
+    name = args.model_name or served_model_name(enc.model_dir)
     service = EmbeddingService(enc, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
                                max_batch_size=args.max_batch_size,
                                max_batch_tokens=args.max_batch_tokens,

@@ -24,7 +24,26 @@ import numpy as np
 from ..runners.compiling import compile_counter
 from .batcher import BatchReport, DynamicBatcher
 
-__all__ = ["EmbeddingService", "Tokenized", "l2_normalize"]
+__all__ = ["EmbeddingService", "Tokenized", "l2_normalize", "served_model_name",
+           "DEFAULT_MODEL_NAME"]
+
+DEFAULT_MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def served_model_name(model_dir) -> str:
+    """The name the servers give ``model_dir`` (``model`` in OpenAI responses):
+    the default model's Hub name, else the directory's name."""
+    import pathlib
+
+    from ..models.loader import default_model_dir
+
+    model_dir = pathlib.Path(model_dir).resolve()
+    try:
+        if model_dir == default_model_dir().resolve():
+            return DEFAULT_MODEL_NAME
+    except FileNotFoundError:
+        pass
+    return model_dir.name
 
 
 def l2_normalize(v: np.ndarray, eps: float = 1e-12) -> np.ndarray:

@@ -40,7 +40,7 @@ from .errors import BatcherClosed, QueueFull
 from .metrics import ServerMetrics
 from .requests import EmbeddingRequest, RequestError, openai_request, parse_json, tei_request
 
-__all__ = ["create_app", "run"]
+__all__ = ["create_app", "server_metrics", "run"]
 
 log = logging.getLogger("polymask.serve")
 
@@ -63,14 +63,47 @@ def _error_body(style: str, status: int, message: str, field: str | None, kind: 
     return {"error": {"message": message, "type": typ, "param": field, "code": None}}
 
 
+class _ResponseHeaders:
+    """ASGI middleware: the same extra headers on every HTTP response."""
+
+    def __init__(self, app, headers: dict[str, str]):
+        self.app = app
+        self.headers = [(k.lower().encode("latin-1"), v.encode("latin-1"))
+                        for k, v in headers.items()]
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=[*message.get("headers", []), *self.headers])
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def server_metrics(service: EmbeddingService) -> ServerMetrics:
+    """A ``ServerMetrics`` fed by ``service``: its queue depth, and its
+    batcher's batches (``on_batch``; compiles counted under ``warmup`` until
+    the service is ready, ``serving`` after)."""
+    metrics = ServerMetrics(lambda: service.batcher.queue_depth)
+
+    def on_batch(report: BatchReport) -> None:
+        metrics.observe_batch(report, "serving" if service.ready else "warmup")
+
+    service.batcher.on_batch = on_batch
+    return metrics
+
+
 def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 256,
                max_body_bytes: int = 8 << 20, metrics: ServerMetrics | None = None,
-               warmup: bool = True):
+               warmup: bool = True, response_headers: dict[str, str] | None = None):
     """The Starlette app of ``polymask serve`` over ``service``.
 
     Args:
       service: the ``EmbeddingService`` (its batcher's ``on_batch`` should feed
-        ``metrics.observe_batch``; ``run`` wires it).
+        ``metrics.observe_batch``: ``server_metrics(service)`` wires it).
       model_name: the model's name in OpenAI responses.
       max_inputs: most texts in one request (413 over it; at most the
         batcher's ``max_queue``).
@@ -78,6 +111,8 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
       metrics: a ``ServerMetrics`` (default: a new one).
       warmup: warm the service on a background thread at startup (the app
         answers ``/health`` with 503 meanwhile); False: the caller warms it.
+      response_headers: extra headers on every response (the Ray Serve
+        deployment names its replica with them).
 
     Returns:
       A ``starlette.applications.Starlette``; ``app.state.service``,
@@ -87,6 +122,7 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
@@ -253,7 +289,9 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
         Route("/health", instrumented("/health", "openai", health), methods=["GET"]),
         Route("/metrics", instrumented("/metrics", "openai", metrics_route), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
+    middleware = ([Middleware(_ResponseHeaders, headers=dict(response_headers))]
+                  if response_headers else [])
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: http_error})
     app.state.service, app.state.metrics, app.state.counts = service, metrics, counts
     return app
@@ -266,12 +304,7 @@ def run(service: EmbeddingService, *, model_name: str, host: str = "127.0.0.1",
     requests in flight finish, new connections are refused)."""
     import uvicorn
 
-    metrics = ServerMetrics(lambda: service.batcher.queue_depth)
-
-    def on_batch(report: BatchReport) -> None:
-        metrics.observe_batch(report, "serving" if service.ready else "warmup")
-
-    service.batcher.on_batch = on_batch
+    metrics = server_metrics(service)
     app = create_app(service, model_name=model_name, max_inputs=max_inputs,
                      max_body_bytes=max_body_bytes, metrics=metrics)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
