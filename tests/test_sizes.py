@@ -464,3 +464,32 @@ def test_a_shift_by_one_next_to_its_input_is_proved_equal_by_a_split():
             np.testing.assert_allclose(g(np.arange(n, dtype=np.float32)),
                                        f(jnp.arange(n, dtype=jnp.float32)))
     assert g.stats()["exact_compiles"] == 0
+
+
+def _compile_time_eval_sizes(x):
+    """A size read as a value and an array of a symbolic shape inside
+    ``jax.ensure_compile_time_eval`` (numpyro's validation does this), next to a
+    constant computation that must still fold to a Python int."""
+    with jax.ensure_compile_time_eval():
+        n = jnp.asarray(x.shape[0])
+        eye = jnp.eye(x.shape[0])
+        k = int(jnp.argmax(jnp.array([1, 3, 2])))
+    return jnp.sum(eye @ x) * n + k
+
+
+def test_sizes_inside_ensure_compile_time_eval_stay_symbolic_at_any_bound():
+    # bound 64: past the per-size limit, so this is one symbolic trace (it was
+    # "Evaluation rule for 'dim_as_value' is not implemented")
+    check_oracle(_compile_time_eval_sizes, [(vec(n),) for n in (0, 1, 7, 64)], [(64,)], ("n",))
+
+
+def test_numpyro_multivariate_normal_log_prob_masks_at_bound_64():
+    dist = pytest.importorskip("numpyro.distributions")
+
+    def gp_log_prob(x):
+        k = jnp.exp(-0.5 * (x[:, None] - x[None, :]) ** 2) + 0.1 * jnp.eye(x.shape[0])
+        return dist.MultivariateNormal(jnp.zeros(x.shape[0]), covariance_matrix=k).log_prob(
+            jnp.sin(x))
+
+    check_oracle(gp_log_prob, [(vec(n),) for n in (1, 5, 64)], [(64,)], ("n",),
+                 modes=("eager", "jit", "grad"), rtol=1e-4, atol=1e-4)

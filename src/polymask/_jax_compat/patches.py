@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax._src.export import shape_poly as _shape_poly
+from jax._src.interpreters import partial_eval as _pe
 
 from . import linalg as _linalg
 from . import numeric as _numeric
@@ -90,6 +91,11 @@ def _splits_rows() -> tuple[TracePatch, ...]:
                    _SPLITS + ", _jax_compat/versions.py (inline_hi_primitive_staging)",
                    "a hijax primitive's expansion is traced in place, so its size "
                    "comparisons split like the user's and the rules see known primitives"),
+        TracePatch("DynamicJaxprTrace.process_primitive",
+                   lambda: (_pe.DynamicJaxprTrace, "process_primitive"),
+                   _SPLITS + " (_stage_symbolic_constants)",
+                   "jax.ensure_compile_time_eval evaluates x.shape[0] as a value and "
+                   "arrays of a symbolic shape eagerly, which cannot be evaluated: staged"),
     ]
     for method in DIVISION_METHODS:
         rows.append(TracePatch(f"DimExpr.{method}", functools.partial(lambda m: (DimExpr, m),

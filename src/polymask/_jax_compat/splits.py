@@ -20,9 +20,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from jax._src import config as _config
 from jax._src import core as _core
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
+from jax._src.interpreters import partial_eval as _pe
 
 from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr
 from .indexing import NDINDEXER, static_slice_of_static_axes
@@ -38,6 +40,7 @@ _HOOK_LOCK = threading.Lock()
 _HOOK_USERS = 0
 _HOOK_ORIG: tuple = ()
 _HOOK_TLS = threading.local()
+_PROCESS_PRIMITIVE: Any = None  # JAX's own staging rule, while the hooks are installed
 
 
 class SplitNeeded(InconclusiveDimensionOperation):
@@ -72,6 +75,38 @@ class _HookFrame:
     everywhere: dict = dataclasses.field(default_factory=dict)
 
 
+def _params_mention_sizes(params: dict) -> bool:
+    """Whether a primitive's params hold a symbolic size (``iota``'s shape,
+    ``broadcast_in_dim``'s, ``dim_as_value``'s ``dim``)."""
+    for v in params.values():
+        if is_dim_expr(v) or (isinstance(v, (tuple, list))
+                              and any(is_dim_expr(d) for d in v)):
+            return True
+    return False
+
+
+def _stage_symbolic_constants(orig):
+    """``DynamicJaxprTrace.process_primitive`` during a masked trace.
+
+    ``jax.ensure_compile_time_eval`` (numpyro's distribution checks,
+    ``MultivariateNormal``'s validation) evaluates operations without tracer
+    operands eagerly. With symbolic sizes some of those build arrays of a
+    symbolic shape or read a size as a value (``jnp.eye(x.shape[0])``,
+    ``jnp.asarray(x.shape[0])``), which cannot be evaluated ("shape
+    polymorphism outside jax.export"), where plain ``jax.jit`` sees Python
+    ints. Those operations are staged instead (eager folding off for that one
+    primitive), as they are outside the block; everything else still folds.
+    """
+    def process_primitive(self, primitive, tracers, params, /):
+        if (_config.eager_constant_folding.value and getattr(_HOOK_TLS, "stack", None)
+                and _params_mention_sizes(params)):
+            with _config.eager_constant_folding(False):
+                return orig(self, primitive, tracers, params)
+        return orig(self, primitive, tracers, params)
+
+    return process_primitive
+
+
 @contextlib.contextmanager
 def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 scope=None) -> Iterator[None]:
@@ -104,6 +139,10 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
             rules, hi_p = _hi_primitive_staging_home()
             rules[hi_p] = _in_masked_trace_call(inline_hi_primitive_staging, rules.get(hi_p))
+            global _PROCESS_PRIMITIVE
+            _PROCESS_PRIMITIVE = _pe.DynamicJaxprTrace.process_primitive
+            _pe.DynamicJaxprTrace.process_primitive = _stage_symbolic_constants(
+                _PROCESS_PRIMITIVE)
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
     stack.append(_HookFrame(dict(split_vars or {}), scope, is_user_frame))
@@ -120,6 +159,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                     setattr(DimExpr, name, orig)
                 rules, hi_p = _hi_primitive_staging_home()
                 rules[hi_p] = hi_staging
+                _pe.DynamicJaxprTrace.process_primitive = _PROCESS_PRIMITIVE
 
 
 def _in_masked_trace(patched, orig):
