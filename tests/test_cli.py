@@ -479,3 +479,9 @@ def test_embed_model_and_output_mistakes_are_usage_errors(argv, said, tmp_path):
     (tmp_path / "t.txt").write_text("a text\n")
     r = _polymask("embed", "t.txt", *argv, cwd=tmp_path)
     assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
+def test_a_misspelled_option_is_reported_by_its_subcommand_with_the_closest_option():
+    r = _polymask("embed", "t.txt", "--outt", "x.npy")
+    assert r.returncode == 2, r.stderr
+    assert "usage: polymask embed" in r.stderr and "--outt: did you mean --out?" in r.stderr

@@ -710,6 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
     from ..serving.command import add_parser as add_serve_parser  # polymask serve (HTTP)
 
     add_serve_parser(sub, [cache, precision])
+    for command in sub.choices.values():  # which parser reports a mistake (_parse)
+        command.set_defaults(_subparser=command)
     return p
 
 
@@ -717,7 +719,7 @@ def main(argv=None) -> int:
     """Run the command line; returns the exit code (see ``EXIT_CODES``)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     try:
         return _run(parser, args)
     except CliError as e:
@@ -730,6 +732,26 @@ def main(argv=None) -> int:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return FAILURE
+
+
+def _parse(parser: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """``parser.parse_args``, except that an unknown option is reported by the
+    subcommand's parser (its usage, not the top level's) with the closest
+    option it has (``--outt``: did you mean ``--out``?)."""
+    import difflib
+
+    args, unknown = parser.parse_known_args(argv)
+    if not unknown:
+        return args
+    sub = getattr(args, "_subparser", parser)
+    known = [o for a in sub._actions for o in a.option_strings]
+    hints = []
+    for word in unknown:
+        close = difflib.get_close_matches(word.split("=")[0], known, n=1)
+        if word.startswith("-") and close:
+            hints.append(f"{word}: did you mean {close[0]}?")
+    sub.error(f"unrecognized arguments: {' '.join(unknown)}"
+              + ("".join(f"\n  {h}" for h in hints)))
 
 
 def _run(parser, args) -> int:
