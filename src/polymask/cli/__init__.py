@@ -122,8 +122,8 @@ def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
         from rich.table import Table
 
         t = Table(title=title, show_header=True, header_style="bold")
-        t.add_column("metric")
-        t.add_column("value", justify="right")
+        t.add_column("metric", no_wrap=True)
+        t.add_column("value")  # left-aligned: long values wrap into readable lines
         for k, v in rows:
             t.add_row(k, v)
         Console().print(t)
