@@ -184,3 +184,25 @@ def st_model(backend: str = "torch", directory=None):
     if not (out / "modules.json").exists():
         SentenceTransformer(src, device="cpu", backend=backend).save(str(out))
     return SentenceTransformer(str(out), device="cpu", backend=backend)
+
+
+def minilm_exact_gflop(texts: list[str], directory=None) -> float:
+    """Matmul GFLOP of all-MiniLM-L6-v2 over ``texts`` at their exact token
+    lengths (no padding; ``roofline.matmul_flops_per_token``): the work every
+    contender must do, whatever it computes beyond it. Tokenized with the
+    model's own tokenizer (truncated at 256, as every contender does),
+    without importing JAX or torch."""
+    import json
+    import pathlib
+    import types
+
+    from roofline import matmul_flops_per_token
+    from tokenizers import Tokenizer
+
+    d = pathlib.Path(directory or model_dir())
+    cfg = types.SimpleNamespace(**json.loads((d / "config.json").read_text()))
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_length=256)
+    lengths = [len(e.ids) for e in tok.encode_batch(list(texts))]
+    return sum(t * matmul_flops_per_token(cfg, t) for t in lengths) / 1e9

@@ -332,6 +332,11 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
                steady_texts_per_s=n / float(np.median(steady)),
                steady_texts_per_s_min=n / max(steady), steady_texts_per_s_max=n / min(steady),
                **steady_summary(steady))
+    # the exact tokens' matmul work over the median steady pass: the achieved rate
+    # that run.py puts next to the matching roofline (benchmarks/roofline.py)
+    res["exact_gflop"] = common.minilm_exact_gflop(texts)
+    res["steady_gflops"] = res["exact_gflop"] / float(np.median(steady))
+    res.setdefault("precision", "float32")
     if name in POLYMASK_MINILM:
         st = enc.runner(None, 32, layout=layout).stats()
         res["polymask_stats"] = st

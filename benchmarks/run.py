@@ -191,6 +191,26 @@ def process_variants(args, tmp: pathlib.Path, text_file: pathlib.Path, have_st: 
     return units
 
 
+def measure_roofline(python: str, tmp: pathlib.Path) -> dict:
+    """``benchmarks/roofline.py``'s matmul rates on this machine, in its own
+    process: ``{"xla": fp32, "numpy": fp32, "xla_bfloat16": bf16 operands}``."""
+    out = tmp / "roofline.json"
+    subprocess.run([python, str(HERE / "roofline.py"), "--texts", "64", "--json", str(out)],
+                   check=True, env=child_env(), stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())["gflops_per_s"]
+
+
+def roofline_fraction(res: dict, peaks: dict | None):
+    """Achieved exact-token GFLOP/s over the matching precision's best rate."""
+    if not peaks or res.get("steady_gflops") is None:
+        return None
+    if res.get("precision") == "bfloat16":
+        peak = peaks.get("xla_bfloat16")
+    else:
+        peak = max(peaks.get("xla", 0), peaks.get("numpy", 0))
+    return res["steady_gflops"] / peak if peak else None
+
+
 def _embeddings_pair(a_path, b_path):
     import numpy as np
 
@@ -234,7 +254,9 @@ METRICS = {
                ("compiles_steady", "XLA compiles, steady", "{:.0f}"),
                ("compiles_total", "XLA compiles, process", "{:.0f}"),
                ("max_abs_dev", "max abs dev vs polymask", "{:.1e}"),
-               ("min_cosine", "min cosine vs polymask", "{:.6f}")],
+               ("min_cosine", "min cosine vs polymask", "{:.6f}"),
+               ("steady_gflops", "steady GFLOP/s (exact tokens)", "{:.1f}"),
+               ("roofline_fraction", "of the roofline", "{:.0%}")],
     "percall": [("us_per_call", "us per call", "{:.1f}"),
                 ("compiles_total", "XLA compiles, process", "{:.0f}")],
     "process": [("wall_s", "process wall [s]", "{:.2f}"),
@@ -483,6 +505,9 @@ def main(argv=None) -> int:
         n = 12 if args.quick else 48
         env["attention_lengths"] = f"({n} in 3..97)"
     env["minilm_texts"] = args.minilm_texts or (64 if args.quick else 384)
+    if "minilm" in only:  # the matmul rates the achieved GFLOP/s are a fraction of
+        env["roofline_gflops_per_s"] = measure_roofline(args.python, tmp)
+        log(f"roofline (GFLOP/s): {env['roofline_gflops_per_s']}")
     runs: list[dict] = []
     t_start = time.perf_counter()
     units = None
@@ -546,6 +571,8 @@ def main(argv=None) -> int:
                             mine = tmp / f"minilm_{x['contender']}_{r}.npy"
                             x["max_abs_dev"] = max_dev(ref, mine)
                             x["min_cosine"] = min_cosine(ref, mine)
+                            x["roofline_fraction"] = roofline_fraction(
+                                x, env.get("roofline_gflops_per_s"))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     env["total_s"] = time.perf_counter() - t_start
