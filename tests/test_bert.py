@@ -68,6 +68,7 @@ TEXTS = ["The cat sat on the mat.", "a dog", "", "Big red dog ran fast, and the 
          "the the the the the the the the the the the the the the the the", "zebra"]
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_tiny_bert_loader_and_masked_embeddings(tmp_path):
     enc = SentenceEncoder(_tiny_model_dir(tmp_path))
     ids = enc.tokenize(TEXTS)
@@ -144,6 +145,7 @@ def _cosines(a, b):
     return np.sum(a * b, 1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @needs_minilm
 def test_minilm_matches_sentence_transformers_reference():
     meta, ref = _reference()
@@ -159,6 +161,7 @@ def test_minilm_matches_sentence_transformers_reference():
     assert enc.runner(B.explicit([16, 64, 256]), 8).stats()["compiles"] <= 4
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @needs_minilm
 def test_minilm_bfloat16_stays_within_1e_4_cosine_of_the_reference():
     """#37's bar: bfloat16 matmuls keep min cosine >= 0.9999 against the fixture."""

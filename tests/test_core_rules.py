@@ -192,6 +192,7 @@ def test_nested_jit_and_remat():
 
 
 # --- property test: random sizes including 0, 1 and the bound --------------------------------
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @given(n=st.integers(0, 7), m=st.integers(0, 5), seed=st.integers(0, 2**16))
 def test_property_mean_center_matmul(n, m, seed):
     rng = np.random.default_rng(seed)

@@ -458,6 +458,7 @@ def test_jnp_trim_zeros_on_a_dynamic_length(trim):
     oracle(f, exs, [(8,)], in_specs=["n"], eager=True, n_grad=3)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_jnp_trim_zeros_2d_per_axis_and_all_axes():
     m = np.zeros((5, 4), np.float32)
     m[1, 2], m[3, 1] = 1.0, 2.0

@@ -37,6 +37,9 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NEEDS = {"ecosystem.md": ("flax", "equinox", "optax"), "training.md": ("flax", "optax"),
          "serving.md": ("flax",)}
 
+# pages whose blocks take >= 4 s on 2 cores (flax models, a server's handlers): the slow tier
+SLOW_PAGES = {"README.md", "serving.md", "ecosystem.md"}
+
 SYBIL = Sybil(parsers=[PythonCodeBlockParser(), ClearNamespaceParser(), SkipParser()])
 
 
@@ -45,7 +48,9 @@ def test_every_page_is_checked():
     assert {p.name for p in PAGES} >= {"README.md", "index.md", "api.md", "explain.md"}
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", [
+    pytest.param(p, id=p.name, marks=[pytest.mark.slow] if p.name in SLOW_PAGES else [])
+    for p in PAGES])
 def test_page_code_blocks(page, monkeypatch):
     for module in NEEDS.get(page.name, ()):
         pytest.importorskip(module)

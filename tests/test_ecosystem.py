@@ -130,6 +130,7 @@ def test_masked_function_is_a_pytree_of_the_module():
     assert isinstance(eqx.combine(dyn, static), type(mf))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_equinox_mlp_filter_jit_filter_grad():
     model = RowMLP(jax.random.PRNGKey(0))
     xs, b = ragged(4)
@@ -191,6 +192,7 @@ def test_equinox_gru_under_scan():
         tree_close(g, ge)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_nnx_multihead_attention_jit_grad():
     mha = nnx.MultiHeadAttention(num_heads=2, in_features=8, qkv_features=8, decode=False,
                                  rngs=nnx.Rngs(0))
@@ -228,6 +230,7 @@ class Block(nn.Module):
         return x + nn.Dense(self.dim)(h)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_linen_transformer_block_via_apply():
     block = Block()
     xs, b = ragged(8, seed=3)

@@ -264,6 +264,7 @@ def test_a_primitive_with_a_python_implementation_is_masked_through_it():
     np.testing.assert_allclose(grad, ref[1], rtol=1e-5)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_value_and_grad_never_adds_zero_for_a_case_polymask_could_not_trace():
     """np.arange(n) past the per-size limit is an error case of the padded
     program (polymask's limit, not plain JAX's): its examples run per shape

@@ -11,6 +11,7 @@ parameters, with NaN in the input padding.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
 import polymask as pm
@@ -102,6 +103,7 @@ def test_reverse_scan_from_the_last_row_with_a_size_constraint():
     check_oracle(smoother, exs, [(6, 2), None], ["t, 2", None], constraints=["t >= 1"])
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_an_empty_graph_in_a_message_passing_layer():
     """jraph's GraphNetwork on an empty graph (N = 0, E = 0) inside a ragged
     batch: segment sums over no edges, a mean by counts clamped to 1."""

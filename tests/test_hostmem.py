@@ -37,6 +37,7 @@ def _probe(mode: str) -> tuple[str, int]:
     return out[0], int(out[1])
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @pytest.mark.skipif(hostmem._glibc() is None, reason="needs Linux with glibc")
 def test_reuse_host_memory_removes_page_faults_of_large_blocks():
     applied, faults_default = _probe("default")

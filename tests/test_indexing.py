@@ -92,6 +92,7 @@ def test_take_modes(mode):
     oracle(lambda x, i: jnp.take(x, i, axis=1, mode=mode), exs, [(7, 8), (6,)])
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_take_fill_int_and_custom_fill():
     xi = np.arange(12, dtype=np.int32).reshape(3, 4)
     exs = [(xi, i32(0, 5, -1, 3)), (xi[:2, :2], i32(1, 2, -3))]
@@ -112,6 +113,7 @@ def test_take_along_axis():
                  ("n, m", "n, k"))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_strided_gather_index_vector():
     # a 2-D point gather: x[i, j] with dynamic-length index vectors
     exs = [(X, i32(0, 4, -1), i32(5, 0, -2)), (X[:3, :2], i32(2, 0), i32(1, -1))]
@@ -238,6 +240,7 @@ def test_scatter_set_partial_windows_unsupported():
         m(x, i, v)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_batching_dims_gather_scatter():
     # vmap inside the user function: gathers / scatters with batching dims
     idx = RNG.integers(0, 5, size=(5, 2)).astype(np.int32)

@@ -171,6 +171,7 @@ def test_current_trace_identifies_the_trace_being_built():
     assert compat.current_trace() is not seen[0]  # outside: the eval trace
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_reset_compilation_cache_rereads_the_directory(tmp_path):
     import polymask as pm
 
@@ -306,6 +307,7 @@ def test_rules_are_registered_only_for_primitives_of_the_installed_jax():
         assert (name in registered) == compat.has_primitive(name), name
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_hijax_primitives_are_traced_as_their_expansion():
     """jax 0.12 binds jnp.searchsorted / jnp.nonzero(size=) (and so tril_indices)
     as hijax primitives; a masked trace inlines their expansion, so their size

@@ -176,6 +176,7 @@ def test_det_of_empty_matrix_is_one():
     assert float(out.data) == 1.0
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_custom_linear_solve_symmetric_transpose_and_aux():
     def f(a, b):
         def solve(_mv, x):

@@ -40,6 +40,7 @@ def lstsq(a, b):
     return jnp.linalg.lstsq(a, b)  # (x, resid, rank, s)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @pytest.mark.parametrize("fun", [pinv, lstsq])
 @pytest.mark.parametrize("tall", [True, False])
 def test_pinv_lstsq_well_conditioned(fun, tall):
@@ -73,6 +74,7 @@ def test_pinv_grad_rank_deficient():
                  static_sizes=False, **TOL)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_lstsq_both_axes_dynamic_matrix_rhs_rcond():
     def f(a, b):
         x, resid, rank, s = jnp.linalg.lstsq(a, b, rcond=1e-3)

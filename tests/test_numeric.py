@@ -60,6 +60,7 @@ def interp_examples(sizes, dynamic_q=False):
     return exs
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @pytest.mark.parametrize("kw", [{}, {"left": -7.0, "right": 9.0},
                                 {"left": "extrapolate", "right": "extrapolate"},
                                 {"period": 3.0}])
@@ -69,6 +70,7 @@ def test_interp(kw):
            ["_", "n", "n"])
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_interp_dynamic_queries_grad():
     exs = interp_examples((1, 5, B), dynamic_q=True)
     oracle(lambda q, xp, fp: jnp.interp(q, xp, fp), exs, [(B,), (B,), (B,)],
@@ -87,6 +89,7 @@ def test_interp_empty_raises_like_jax():
 CONV_PAIRS = [(1, 1), (1, 3), (2, 5), (5, 2), (5, 5), (B, 3), (3, B), (B, B)]
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @pytest.mark.parametrize("op", ["convolve", "correlate"])
 @pytest.mark.parametrize("mode", ["full", "same", "valid"])
 def test_convolve_both_dynamic(op, mode):
@@ -96,6 +99,7 @@ def test_convolve_both_dynamic(op, mode):
     oracle(lambda a, v: fn(a, v, mode=mode), exs, [(B,), (B,)], n_grad=3)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @pytest.mark.parametrize("op", ["convolve", "correlate"])
 def test_convolve_static_kernel_ints(op):
     fn = getattr(jnp, op)
@@ -139,6 +143,7 @@ def test_convolve_empty_raises_shape_error():
     np.testing.assert_allclose(out.unpad(), jnp.convolve(jnp.ones(4), jnp.ones(3)))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_polymask_jit_bound_64_one_compile():
     def f(bins, q, sig, ker):
         return (jnp.searchsorted(bins, q), jnp.digitize(q, bins, right=True),

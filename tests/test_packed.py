@@ -50,6 +50,7 @@ def test_per_position_ops_and_contractions_over_other_axes():
     assert s["packed"]["real_positions"] == sum(SIZES)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_reductions_along_the_packed_axis_are_per_example():
     def f(x):
         return (jnp.sum(x, 0), jnp.max(x, 0), jnp.min(x[:, 1]), jnp.prod(x[:, :2] + 2, 0),
@@ -96,6 +97,7 @@ def test_cumulative_ops_restart_at_every_example():
     _check(f, _examples(SIZES + [0]))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_attention_scores_are_block_diagonal_per_example():
     rng = np.random.default_rng(2)
     Wq, Wk = (rng.normal(size=(4, 8)).astype(np.float32) for _ in range(2))
@@ -146,6 +148,7 @@ def test_a_per_example_feature_tiled_along_the_ragged_axis():
     _check(f, _examples([n for n in SIZES if n >= 1]))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_a_scan_over_positions_reads_packed_tables_within_its_example():
     """dynamax's HMM filter: ``scan`` over ``arange(T)`` whose body reads
     ``log_likelihoods[t]`` (a packed const indexed by the step)."""
@@ -175,6 +178,7 @@ def test_a_scan_over_positions_reads_packed_tables_within_its_example():
     np.testing.assert_allclose(g, gw, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_cond_and_while_with_packed_values_take_each_examples_own_path():
     W = np.random.default_rng(9).normal(size=(4, 4)).astype(np.float32)
 
@@ -203,6 +207,7 @@ def test_cond_and_while_with_packed_values_take_each_examples_own_path():
     np.testing.assert_allclose(g, gw, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_loops_and_branches_that_read_the_ragged_size():
     """Bodies that use sizes (``x.shape[0]``, a mean over tokens, ``c[0]``):
     values computed inside a loop body stay there (no tracer escapes), and
@@ -379,6 +384,7 @@ def test_precompiled_row_program_serves_later_calls_without_a_compile():
         np.testing.assert_allclose(np.asarray(o), np.cumsum(x, 0) * 2, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_gradients_through_every_packed_family_equal_per_example_gradients():
     rng = np.random.default_rng(6)
     params = {"W": jnp.asarray(rng.normal(size=(4, 4)) * 0.5, jnp.float32),
@@ -497,6 +503,7 @@ def test_position_tables_with_attention_stay_finite_in_short_rows():
         np.testing.assert_allclose(np.asarray(out), f(tbl, x), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_the_packed_training_example_trains():
     import importlib.util
     import pathlib

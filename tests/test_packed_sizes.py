@@ -84,6 +84,7 @@ def test_pad_grows_each_example_inside_its_gap():
                                                         print_output=False)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_concatenate_along_the_packed_axis():
     cls = np.arange(8, dtype=np.float32).reshape(2, 4)
 
@@ -95,6 +96,7 @@ def test_concatenate_along_the_packed_axis():
     assert rm._packed.program.gap == 2
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_convolutions_along_the_packed_axis_read_only_their_example():
     rng = np.random.default_rng(3)
     w = jnp.asarray(rng.normal(size=(3, 4, 3)), jnp.float32)  # (out, in, width)
@@ -166,6 +168,7 @@ def test_a_nan_stays_in_its_example_through_shifts_and_windows():
         assert all(np.all(np.isfinite(np.asarray(o))) for o in outs[i])
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_gradients_through_sizes_n_plus_c_equal_per_example_gradients():
     rng = np.random.default_rng(6)
     params = {"W": jnp.asarray(rng.normal(size=(4, 4)) * 0.5, jnp.float32),

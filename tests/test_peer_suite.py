@@ -37,6 +37,7 @@ def _env():
     return env
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_peer_suite_classifies_a_fixed_subset(tmp_path):
     out = tmp_path / "results.json"
     proc = subprocess.run(

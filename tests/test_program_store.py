@@ -56,6 +56,7 @@ def _run(tmp_path, cache, scale):
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_a_later_process_loads_the_programs_and_a_changed_function_compiles(tmp_path):
     cache = tmp_path / "cache"
     first = _run(tmp_path, cache, 2.0)

@@ -31,6 +31,7 @@ def test_samplers_match_plain_jax_at_every_size(fun):
     check_oracle(fun, [(_x(n),) for n in (0, 1, 5, 8)], [(8,)], "n")
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_two_dynamic_axes_use_the_logical_strides():
     ex = [(_x(b, n, seed=b + n),) for b, n in ((1, 3), (2, 5), (3, 0), (4, 7), (4, 8))]
     check_oracle(dropout, ex, [(4, 8)], "b, n")
@@ -102,6 +103,7 @@ def test_split_with_a_dynamic_count_matches_plain_jax(fun):
     check_oracle(fun, _sizes(*SIZES), [(40,)], "n", atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_split_and_bits_over_two_dynamic_axes_use_the_logical_strides():
     split2 = lambda x: _key_bits(jax.random.split(KEY, x.shape)) * x[..., None]
     check_oracle(split2, _ex2(), [(4, 8)], "b, n", atol=0, rtol=0)
@@ -115,6 +117,7 @@ def test_split_and_bits_over_two_dynamic_axes_use_the_logical_strides():
     check_oracle(bits, _ex2(), [(4, 8)], "b, n", modes=("jit", "vmap"))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @pytest.mark.parametrize("fun, modes", [
     (lambda a: jax.random.gamma(KEY, a), ("jit", "vmap", "grad")),  # eager: dropout's
     (lambda a: jax.random.loggamma(KEY, a), ("jit", "grad")),
@@ -158,6 +161,7 @@ def test_permutation_at_large_bounds(fun):
     check_oracle(fun, _sizes(*SIZES), [(40,)], "n", atol=0, rtol=0)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @pytest.mark.parametrize("fun, fails", [
     (lambda x: jax.random.choice(KEY, x, (3, 2)), (0,)),
     (lambda x: jax.random.choice(KEY, x, (3,), replace=False), (0, 2)),

@@ -553,6 +553,7 @@ def test_jit_tiered_off_compiles_in_foreground():
     assert st["compiles"] == 2 and st["tiered_calls"] == 0 and st["background_compiles"] == 0
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_persistent_compilation_cache_writes_files(tmp_path):
     d = tmp_path / "xla"
     prev = pm.enable_compilation_cache(d)

@@ -209,6 +209,7 @@ def test_wrap_pad_and_a_python_int_size_traced_once_per_size():
         pm.mask(lambda x: jnp.ones(int(x.shape[0])), "n")(masked(vec(3), 40))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_python_int_sizes_traced_per_size_up_to_twice_max_cases():
     """len(x) (dynamax, jraph), jnp.diag_indices(n) (gpjax) need a Python int:
     every size up to a bound of 2 x max_cases is traced on its own (plain JAX's
@@ -255,6 +256,7 @@ def test_polymask_jit_and_ragged_map_trace_python_int_sizes_per_size():
     np.testing.assert_allclose(np.asarray(outs), [0.0, 19.5, 31.0], rtol=1e-6)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_only_the_dim_vars_a_python_int_size_needs_are_pinned():
     """jraph's segment_max_or_constant takes len(segment_ids): pinning e alone
     (7 traces; n stays symbolic) covers the 7 x 7 sizes of a graph."""
@@ -367,6 +369,7 @@ def test_explain_shows_the_case_the_example_sizes_reach():
     assert shown(0) == shown(2) == shown(1)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_jit_and_vmap_of_grad_outside_the_mask_with_cases():
     # JAX traces every case's derivative under jit(grad); the det JVP fails at
     # size 0 (as in plain JAX), which must not break the other sizes.
@@ -423,6 +426,7 @@ def test_python_division_by_a_size_raises_where_python_does(f, expect):
     check_all_sizes(f, 4, modes=("eager", "jit", "vmap"), expect_errors=expect)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_broadcast_of_a_computed_size_that_is_one_near_zero():
     """optax's ctc_loss adds shapes (1, l) and (1, max(0, l - 1) + 1) in its scan
     body: equal for l >= 1, and at l = 0 the second is 1, which broadcasts. JAX
@@ -483,6 +487,7 @@ def test_sizes_inside_ensure_compile_time_eval_stay_symbolic_at_any_bound():
     check_oracle(_compile_time_eval_sizes, [(vec(n),) for n in (0, 1, 7, 64)], [(64,)], ("n",))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_numpyro_multivariate_normal_log_prob_masks_at_bound_64():
     dist = pytest.importorskip("numpyro.distributions")
 

@@ -244,6 +244,7 @@ def test_pad_wrap_is_a_jax_tracing_limit():
         pm.mask(f, "n")(masked(X7, (40,)))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_roll_tile_repeat():
     oracle(lambda x: jnp.roll(x, 2), SEQ, [(12,)])
     oracle(lambda x: jnp.roll(x, -3), SEQ[:3], [(12,)])

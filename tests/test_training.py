@@ -39,6 +39,7 @@ def make_data(lengths, seed=0):
     return toks, labels
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_sgd_steps_equal_example_by_example():
     model = TinyLM()
     params = model.init(jax.random.PRNGKey(0), jnp.zeros(4, jnp.int32))

@@ -133,6 +133,7 @@ def test_conv1d_sweep(stride):
     check_oracle(f, [exs[4]], [(BOUND,)], modes=("grad",))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_conv1d_lhs_dilation_sweep():
     """Transposed-conv style lhs dilation, strides 1-3 (sizes >= 1: JAX's symbolic
     shape of a dilated axis assumes size >= 1, see the module docstring of windows.py)."""
@@ -177,6 +178,7 @@ def test_reduce_window_sweep(stride):
     check_oracle(_rw_sweep_fn(stride, 1, True), [exs[3]], [(BOUND,)], modes=("grad",))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_reduce_window_base_dilation_sweep():
     """Base dilation 2, strides 1-3, sizes >= 1 (see test_conv1d_lhs_dilation_sweep)."""
     fs = [_rw_sweep_fn(stride, 2) for stride in (1, 2, 3)]
@@ -479,6 +481,7 @@ def test_reduce_window_dynamic_window_variadic_and_grad():
     check_oracle(g, [(_rand(b, 8),) for b in (3, 1, 6)], [(6, 8)], "b, ...")
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_max_pool_dynamic_window_grad_and_jvp_inside_mask():
     pool = lambda x: lax.reduce_window(x, -jnp.inf, lax.max, (x.shape[0] // 2 + 1,), (2,),
                                        "SAME")
@@ -576,6 +579,7 @@ def _rw_generic_sweep_fn(stride, base_dilation):
     return jax.jit(f)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 @pytest.mark.parametrize("stride", [1, 3])
 def test_reduce_window_generic_non_identity_init_sweep(stride):
     """Every logical size 0..bound; VALID/SAME/SAME_LOWER/explicit (negative too)
@@ -586,6 +590,7 @@ def test_reduce_window_generic_non_identity_init_sweep(stride):
     check_oracle(_rw_generic_sweep_fn(stride, 2), exs[1:], [(BOUND,)], modes=("jit",))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_reduce_window_generic_non_identity_init_2d_dynamic_window_variadic():
     def f2(x):  # two masked axes
         return (lax.reduce_window(x, np.float32(1.), _add, (2, 3), (2, 1), "SAME"),
@@ -633,6 +638,7 @@ def test_reduce_window_generic_non_identity_init_jvp():
             np.testing.assert_allclose(tp[:k], tp0, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_conv_groups_with_dynamic_grouped_axes():
     """feature/batch groups whose grouped axis is dynamic (spec "2*k")."""
     @jax.jit
