@@ -185,6 +185,49 @@ def test_custom_vjp_rule_is_kept_and_masked():
     np.testing.assert_allclose(g, [0.05, -0.05, 0, 0])
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
+def test_implicit_differentiation_by_custom_root_keeps_its_rule():
+    """lax.custom_root (jaxopt's implicit differentiation): the solve is a
+    while_loop, which reverse mode cannot differentiate; the gradient comes from
+    the tangent solve at the root (issue #36: "Reverse-mode differentiation does
+    not work for lax.while_loop" under mask). Masked gradients equal plain JAX's
+    on the logical rows, zero in the padding, eagerly and under jit."""
+    def ridge(X, y):
+        def stationarity(w):
+            return X.T @ (X @ w - y) + w
+
+        def gradient_descent(f, w0):
+            body = lambda c: (c[0] - 0.05 * f(c[0]), c[1] + 1)
+            return lax.while_loop(lambda c: c[1] < 300, body, (w0, 0))[0]
+
+        def tangent_solve(g, v):
+            return jnp.linalg.solve(jax.jacobian(g)(v), v)
+
+        return lax.custom_root(stationarity, jnp.zeros(X.shape[1]), gradient_descent,
+                               tangent_solve)
+
+    rng = np.random.default_rng(5)
+    m = pm.mask(ridge, ("n, 3", "n"))
+    for n in (0, 1, 7, 12):
+        X = rng.normal(size=(n, 3)).astype(np.float32)
+        y = rng.normal(size=n).astype(np.float32)
+        want = jax.grad(lambda X, y: jnp.sum(ridge(X, y) ** 2), argnums=(0, 1))(X, y)
+        Xp = np.full((12, 3), np.nan, np.float32)
+        Xp[:n] = X
+        yp = np.full(12, np.nan, np.float32)
+        yp[:n] = y
+
+        def loss(Xd, yd):
+            return jnp.sum(m(pm.Masked(Xd, (n, 3)), pm.Masked(yd, (n,))).data ** 2)
+
+        for grad in (jax.grad(loss, argnums=(0, 1)), jax.jit(jax.grad(loss, argnums=(0, 1)))):
+            gX, gy = grad(jnp.asarray(Xp), jnp.asarray(yp))
+            np.testing.assert_allclose(gX[:n], want[0], rtol=2e-4, atol=2e-5)
+            np.testing.assert_allclose(gy[:n], want[1], rtol=2e-4, atol=2e-5)
+            np.testing.assert_array_equal(gX[n:], 0.0)
+            np.testing.assert_array_equal(gy[n:], 0.0)
+
+
 def test_nested_jit_and_remat():
     inner = jax.jit(lambda x: jnp.cumsum(x) / x.shape[0])
     f = lambda x: jax.checkpoint(lambda y: jnp.sum(jnp.sin(inner(y))))(x)

@@ -208,6 +208,23 @@ def _satisfies_constraints(prog: MaskedProgram, values: dict[str, int]) -> bool:
     return not any(bool(c.bad) for c in constraint_checks(prog, values))
 
 
+# plain JAX changes an output's rank or structure with the size here (jax.scipy.signal.stft
+# at n = 0); one padded output cannot hold both, so mask refuses and says how to go on
+_ONE_OUTPUT_REMEDY = (
+    "\n  polymask.mask returns one padded output for every size up to the bound, so it "
+    "cannot follow that change: leave those sizes out with constraints=[...] (for example "
+    "constraints=['n >= 1'] where only n = 0 differs), or use polymask.jit / ragged_map, "
+    "which run such sizes per exact shape as jax.jit does")
+
+
+def _case_sizes(tree: CaseTree, case: Case) -> str:
+    """The sizes that reach ``case`` ("n in {0}") where they were enumerated,
+    else its comparisons."""
+    if case.reached_by:
+        return sizes_text(case.reached_by)
+    return tree.describe_conditions(case)
+
+
 def common_outputs(tree: CaseTree, live: list[Case]) -> None:
     """Check the cases agree on outputs; the padded shape is the max over cases."""
     ref = live[0].program
@@ -218,15 +235,16 @@ def common_outputs(tree: CaseTree, live: list[Case]) -> None:
         if p.out_tree != ref.out_tree:
             raise ShapeError(
                 f"the cases of a size comparison return different output structures: "
-                f"{ref.out_tree} for {tree.describe_conditions(live[0])} and {p.out_tree} for "
-                f"{tree.describe_conditions(c)}; every case must return the same pytree")
+                f"{ref.out_tree} for {_case_sizes(tree, live[0])} and {p.out_tree} for "
+                f"{_case_sizes(tree, c)}; every case must return the same pytree"
+                + _ONE_OUTPUT_REMEDY)
         for i, (v, b) in enumerate(zip(p.closed_jaxpr.jaxpr.outvars, p.out_bounds())):
             if v.aval.dtype != dtypes[i] or len(b) != len(bounds[i]):
                 raise ShapeError(
                     f"the cases of a size comparison return different outputs: output {i} "
                     f"is {dtypes[i]}[rank {len(bounds[i])}] for "
-                    f"{tree.describe_conditions(live[0])} but {v.aval.dtype}[rank {len(b)}] "
-                    f"for {tree.describe_conditions(c)}")
+                    f"{_case_sizes(tree, live[0])} but {v.aval.dtype}[rank {len(b)}] "
+                    f"for {_case_sizes(tree, c)}" + _ONE_OUTPUT_REMEDY)
             bounds[i] = [max(x, y) for x, y in zip(bounds[i], b)]
     tree.out_tree = ref.out_tree
     tree.out_bounds = [tuple(b) for b in bounds]
