@@ -94,6 +94,23 @@ def test_the_reason_names_the_users_line_and_the_rewrite():
     assert "Python int" in reason
 
 
+def test_explain_of_a_runner_says_which_sizes_run_per_shape_and_why():
+    """pm.explain(runner): its own specs; at sizes whose masked trace fails it
+    says they run per exact shape and why (the user's line, the jnp form),
+    instead of raising as for mask; at sizes that share, the masked trace plus
+    the buckets that ran per shape so far."""
+    f = pm.jit(tril_cumsum, "n", tiered=False)
+    with pytest.warns(pm.FallbackWarning):
+        f(_vec(40))
+    text = pm.explain(f, None, (64,), print_output=False)
+    assert text.startswith("tril_cumsum: no shared program for these sizes")
+    assert "test_fallback.py" in text and "(tril_cumsum)" in text and "jnp.arange(n)" in text
+    shared = pm.explain(f, None, (8,), print_output=False)
+    assert "dot_general" in shared and "n <= 64: " in shared.split("per exact shape")[-1]
+    with pytest.raises(pm.ShapeError, match="Python int"):  # mask's contract: one program
+        pm.explain(tril_cumsum, "n", (64,), print_output=False)
+
+
 def test_sizes_that_share_still_share():
     """Small buckets trace per size in one program; only the bucket past the
     limit falls back, and each of its shapes compiles once."""

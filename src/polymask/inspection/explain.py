@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.dimvars import describe_conditions, display_text
+from ..core.errors import FailsAsPlainJax, ShapeError, UnsupportedError
 from ..core.masked import Masked
 from ..core.shapes import DimEnv
 from ..core.specs import PLACEHOLDER_BOUND, args_from_specs
@@ -244,8 +245,10 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     """Print and return the masked trace of ``fun``, annotated.
 
     Args:
-      fun: as for ``polymask.mask``.
-      in_specs: as for ``polymask.mask``.
+      fun: as for ``polymask.mask``, or a runner (``polymask.jit``,
+        ``ragged_map``, ``value_and_grad``): its function, specs and
+        constraints are explained.
+      in_specs: as for ``polymask.mask`` (default for a runner: its own).
       constraints: as for ``polymask.mask``.
       *args: example arguments: ``Masked`` values (their logical sizes, when
         concrete, are shown as the "logical" column), arrays,
@@ -276,13 +279,27 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
       An ``Explanation``: a ``str`` with ``.rows``, ``.sizes``,
       ``.masked_jaxpr`` and a rich renderable (``rich.print(explanation)``).
 
+    For a runner (``polymask.jit``, ``ragged_map``, ``value_and_grad``) the
+    text also lists the buckets that have run per exact shape so far
+    (``fun.fallbacks()``); where the masked trace fails at these sizes (a size
+    needed as a Python value, a primitive without a rule), the runner runs
+    them per exact shape as ``jax.jit`` does, and explain returns that, with
+    the failure (the user's line and the ``jnp``/``lax`` form that gets
+    sharing back), instead of raising.
+
     Raises:
       ShapeError: as ``mask`` does for bad specs, constraints or arguments
-        (example ``Masked`` sizes of the wrong rank or type, or where it fails).
-      UnsupportedError: ``fun`` uses a primitive without a masking rule.
+        (example ``Masked`` sizes of the wrong rank or type, or where it fails;
+        for a runner, only where plain JAX fails too).
+      UnsupportedError: ``fun`` uses a primitive without a masking rule (not
+        for a runner: it runs those sizes per exact shape).
     """
     if layout not in ("padded", "packed"):
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
+    runner, fun = (fun, fun.fun) if _is_runner(fun) else (None, fun)  # trace the user's function
+    if runner is not None:  # the runner's own specs and constraints unless given
+        in_specs = getattr(runner, "in_specs", None) if in_specs is None else in_specs
+        constraints = tuple(constraints) or tuple(getattr(runner, "constraints", ()))
     placeholder = not args
     if placeholder:
         args = args_from_specs(in_specs, dtype)
@@ -294,7 +311,15 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         if print_output:
             print(result, file=file)
         return result
-    tree, absleaves = trace_function_cases(fun, absargs, in_specs, constraints)
+    try:
+        tree, absleaves = trace_function_cases(fun, absargs, in_specs, constraints)
+    except (ShapeError, UnsupportedError) as e:
+        if runner is None or isinstance(e, FailsAsPlainJax):
+            raise
+        result = _per_shape_explanation(runner, e)
+        if print_output:
+            print(result, file=file)
+        return result
     prog = tree.base
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: is_masked(v) or
                                           is_shape_tuple(v))
@@ -326,7 +351,8 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     recorder.attribute(masked_jaxpr, n_sizes)
 
     size_table = sizes_table(prog, concrete)
-    header = _header(fun, prog, concrete, masked_jaxpr) + tree.explain_header(prog)
+    header = (_header(fun, prog, concrete, masked_jaxpr) + tree.explain_header(prog)
+              + _fallbacks_so_far(runner))
     if placeholder:
         header += (f"\n(no example arguments: every dim var has the placeholder bound "
                    f"{PLACEHOLDER_BOUND})")
@@ -335,6 +361,31 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if print_output:
         print(text, file=file)
     return result
+
+
+def _is_runner(fun) -> bool:
+    """``polymask.jit``, ``ragged_map`` or ``value_and_grad`` (they list the
+    buckets that run per exact shape; duck-typed: runners are a later layer)."""
+    return callable(getattr(fun, "fallbacks", None)) and callable(getattr(fun, "fun", None))
+
+
+def _fallbacks_so_far(fun) -> str:
+    if fun is None or not fun.fallbacks():
+        return ""
+    return "\nbuckets that run per exact shape, as jax.jit (fun.fallbacks()):\n" + "\n".join(
+        f"  {bucket}: {reason.splitlines()[0]}" for bucket, reason in fun.fallbacks().items())
+
+
+def _per_shape_explanation(fun, error: BaseException) -> Explanation:
+    """A runner whose masked trace fails at these sizes: it runs them per exact
+    shape under ``jax.jit`` (runners/fallback.py), so explain says so and why,
+    instead of raising as ``mask`` does."""
+    text = (f"{getattr(fun.fun, '__name__', type(fun).__name__)}: no shared program for these "
+            "sizes; the runner runs them per exact shape under jax.jit (one compile per "
+            "distinct shape, jax.jit's values; counted in stats()['exact_compiles']), "
+            f"because the masked trace fails:\n  {type(error).__name__}: "
+            + str(error).replace("\n", "\n  ") + _fallbacks_so_far(fun))
+    return Explanation(text, [], {}, None, text)
 
 
 def _header(fun, prog, concrete, masked_jaxpr) -> str:
