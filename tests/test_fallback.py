@@ -281,6 +281,77 @@ def test_a_primitive_with_a_python_implementation_is_masked_through_it():
     np.testing.assert_allclose(grad, ref[1], rtol=1e-5)
 
 
+# its implementation checks its result on the host, as lineax's solves do (equinox's
+# error_if: unvmap_any of the predicate, then a pure_callback without vmap_method)
+checked_impl_p = jax.extend.core.Primitive("polymask_test_checked_python_impl")
+
+
+def _checked_impl(x):
+    import equinox as eqx
+    y = jnp.cumsum(x) * 2.0
+    return eqx.error_if(y, ~jnp.isfinite(y), "non-finite output")
+
+
+checked_impl_p.def_impl(_checked_impl)
+checked_impl_p.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+
+
+def _refuse_batching(args, dims):  # like lineax: its batching rule is not what vmap needs here
+    raise RuntimeError("batched with respect to a closed-over value")
+
+
+jax.interpreters.batching.primitive_batchers[checked_impl_p] = _refuse_batching
+
+
+def test_a_python_implementation_under_vmap_runs_per_example_with_its_checks():
+    """jax.vmap of mask over ragged sizes: the implementation runs one example
+    at a time (it may hold callbacks only its own batching rule could batch),
+    its error_if sees each example's logical data only (unvmap_any reduces per
+    example, then over the batch); a non-finite logical value still raises."""
+    pytest.importorskip("equinox")
+
+    def f(x):
+        z = checked_impl_p.bind(x)
+        return z[1:] - z[:-1]  # a case split at n = 0 (x[1:] of an empty x)
+
+    m = pm.mask(f, "n")
+    ns = np.array([0, 1, 3, 8])
+    xs = np.full((4, 8), np.nan, np.float32)
+    for i, n in enumerate(ns):
+        xs[i, :n] = _vec(int(n))
+    out = jax.vmap(lambda x, n: m(pm.Masked(x, (n,))).data)(jnp.asarray(xs), jnp.asarray(ns))
+    for i, n in enumerate(ns):
+        want = np.diff(2.0 * np.cumsum(_vec(int(n))))
+        np.testing.assert_allclose(out[i, :max(int(n) - 1, 0)], want, rtol=1e-5, atol=1e-6)
+    xs[2, 1] = np.inf  # a logical value: the library's own check fires, as in plain JAX
+    with pytest.raises(Exception, match="non-finite output"):
+        jax.block_until_ready(jax.vmap(lambda x, n: m(pm.Masked(x, (n,))).data)(
+            jnp.asarray(xs), jnp.asarray(ns)))
+
+
+def test_a_python_implementation_applied_to_tangents_is_refused_under_grad():
+    """optimistix's implicit function theorem solves with lineax on the
+    tangents inside its JVP rule: reverse mode would have to transpose the
+    implementation, which only the primitive's own transpose rule can, so
+    jax.grad raises UnsupportedError naming it (was: JAX's bare AssertionError)
+    while jax.jvp, which transposes nothing, gives the values."""
+    @jax.custom_jvp
+    def solve_like(x):
+        return python_impl(x)
+
+    @solve_like.defjvp
+    def _jvp(primals, tangents):
+        return solve_like(primals[0]), python_impl(tangents[0])
+
+    m = pm.mask(lambda x: jnp.sum(solve_like(x)), "n")
+    x = jnp.asarray(np.concatenate([_vec(3), np.full(5, np.nan, np.float32)]))
+    with pytest.raises(pm.UnsupportedError, match="'polymask_test_python_impl'"):
+        jax.grad(lambda d: m(pm.Masked(d, (3,))).data)(x)
+    t = jnp.asarray(np.concatenate([np.ones(3, np.float32), np.zeros(5, np.float32)]))
+    _, tan = jax.jvp(lambda d: m(pm.Masked(d, (3,))).data, (x,), (t,))
+    np.testing.assert_allclose(tan, np.sum(2.0 * np.cumsum(np.ones(3))), rtol=1e-6)
+
+
 @pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_value_and_grad_never_adds_zero_for_a_case_polymask_could_not_trace():
     """np.arange(n) past the per-size limit is an error case of the padded

@@ -15,6 +15,7 @@ from jax._src import source_info_util as _source_info_util
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
 from jax._src.interpreters import batching as _batching_internal
+from jax._src.interpreters import partial_eval as _pe_internal
 from jax.extend import core as _xcore
 from jax.interpreters import ad as _ad
 from jax.interpreters import batching as _batching
@@ -258,6 +259,19 @@ def is_batched(x) -> bool:
     while isinstance(x, _core.Tracer) and seen < 64:
         if isinstance(x, _batching_internal.BatchTracer):
             return True
+        x = getattr(x, "primal", None) if hasattr(x, "primal") else getattr(x, "val", None)
+        seen += 1
+    return False
+
+
+def is_linearized(x) -> bool:
+    """Whether ``x`` is an unknown value of ``jax.linearize``'s partial
+    evaluation (``jax.grad``'s tangents, at any level of ``vmap`` nesting): what
+    is computed from it must be transposed for the backward pass."""
+    seen = 0
+    while isinstance(x, _core.Tracer) and seen < 64:
+        if isinstance(x, _pe_internal.JaxprTracer):
+            return not x.pval.is_known()
         x = getattr(x, "primal", None) if hasattr(x, "primal") else getattr(x, "val", None)
         seen += 1
     return False

@@ -20,7 +20,12 @@ too): equal sizes in every row make one call, a ragged batch one call per row
 (a batch of one, which both methods allow). ``"legacy_vectorized"`` leaves
 unbatched operands without a batch axis, so rows cannot be told apart on the
 host: it is bound as ``"sequential"`` (exact, as a vectorized callback must
-agree with its per-row calls).
+agree with its per-row calls). So is a callback without a ``vmap_method``
+whose own operands are not batched (JAX would refuse to batch it): the sizes
+operand, or the guard of one case of a case split, is batched under ``vmap``
+where the user's operands are not (equinox's ``error_if`` inside
+``lax.cond``), and per row it is exact. With batched operands of its own it
+stays as it is, and ``jax.vmap`` refuses it as plain JAX does.
 
 ``state.guard`` travels with the sizes: the host skips the user's function
 where it is false, i.e. in rows of other cases of a case split (under ``vmap``
@@ -270,7 +275,8 @@ def pure_callback_rule(ctx, *args, callback, vmap_method, **_):
     plan, extra = _plan(ctx, with_results=True, pure=True)
     if plan is None:
         return ctx.bind(*args, vmap_method=vmap_method)
-    if vmap_method == "legacy_vectorized":  # see the module doc
+    if vmap_method == "legacy_vectorized" or (  # see the module doc
+            vmap_method is None and not any(map(compat.is_batched, args))):
         vmap_method = "sequential"
     return ctx.bind(*args, *extra, callback=_host_function(callback, plan),
                     vmap_method=vmap_method)

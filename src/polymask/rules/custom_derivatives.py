@@ -15,23 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.shapes import is_static
 from ..tracing.prologue import Check, run_checks
 from ..tracing.registry import register
-from ..tracing.state import GUARD
-from .util import clean
-
-
-def _dynamic_sizes(state):
-    """The traced sizes (and the case guard, see ``RunState.with_sizes``) that the
-    custom-derivative functions take as explicit arguments."""
-    dims = state.dims
-    names = [v for v, x in dims.logical_values.items() if not is_static(x)]
-    sizes = [jnp.asarray(dims.logical_values[v], jnp.int32) for v in names]
-    if state.guard is not None:
-        names.append(GUARD)
-        sizes.append(jnp.asarray(state.guard, jnp.int32))
-    return names, sizes
+from .util import clean, dynamic_sizes
 
 
 def _is_float(x) -> bool:
@@ -50,7 +36,7 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
         # Integer primals have float0 tangents; JAX's own rule would not use
         # them either, so differentiate the masked primal directly.
         return ctx.eval_jaxpr(call_jaxpr, *args)
-    names, sizes = _dynamic_sizes(ctx.state)
+    names, sizes = dynamic_sizes(ctx.state)
 
     @jax.custom_jvp
     def masked_call(sizes, consts, xs):
@@ -97,7 +83,7 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
     consts, xs = list(args[:num_consts]), list(args[num_consts:])
     if not _all_float(xs):
         return ctx.eval_jaxpr(call_jaxpr, *args)
-    names, sizes = _dynamic_sizes(ctx.state)
+    names, sizes = dynamic_sizes(ctx.state)
     in_avals = call_jaxpr.in_avals[num_consts:]
     out_avals = call_jaxpr.out_avals
 

@@ -12,32 +12,31 @@ What the implementation does not carry is the primitive's own derivative and
 batching rules, and its operations alone need not give the right derivative
 (lineax's solves stop gradients that their JVP rule supplies). So a
 derivative of the inlined primitive raises ``UnsupportedError`` (never a
-wrong gradient), and so does ``jax.vmap`` over it (the implementation may hold
-callbacks or closures that only the primitive's batching rule handles):
-``polymask.jit``, ``ragged_map`` and ``value_and_grad`` then run those sizes
-per exact shape under ``jax.jit`` (``runners/fallback.py``), where the
-primitive's own rules apply. A primitive whose implementation is XLA's own
+wrong gradient): ``polymask.jit``, ``ragged_map`` and ``value_and_grad`` then
+run those sizes per exact shape under ``jax.jit`` (``runners/fallback.py``),
+where the primitive's own rules apply. Under ``jax.vmap`` (ragged batches of
+``mask``) the implementation runs once per example in a loop
+(``jax.custom_batching.sequential_vmap``): it may hold callbacks or
+closed-over values that only the primitive's own batching rule could batch
+(lineax: "Detected batching of lineax.linear_solve with respect to a
+closed-over value"). A primitive whose implementation is XLA's own
 (``apply_primitive``) is never inlined.
 """
 
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from .. import _jax_compat as compat
 from ..core.errors import UnsupportedError
-from ..tracing.registry import register_default
+from ..tracing.registry import register, register_default
+from .util import dynamic_sizes
 
 
 @register_default(compat.has_python_impl)
 def inlined_impl_rule(ctx, *args, **params):
     prim = ctx.primitive
-    sizes = [d for shape in ctx.in_logical for d in shape]
-    if any(compat.is_batched(v) for v in (*args, *sizes)):
-        raise ctx.unsupported(
-            f"'{prim.name}' has no masking rule; its Python implementation is masked "
-            "instead, but not under jax.vmap (only the primitive's own batching rule knows "
-            "how to batch it)")
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
     closed = jax.make_jaxpr(lambda *xs: prim.impl(*xs, **params))(*avals)
     if any(e.primitive is prim for e in closed.jaxpr.eqns):
@@ -47,13 +46,59 @@ def inlined_impl_rule(ctx, *args, **params):
                "masking rule, so its Python implementation was masked, and its own "
                f"derivative rule works at exact shapes only\n  at {ctx.source_line}")
 
+    if any(compat.is_linearized(a) for a in args):
+        # tangents inside a custom JVP rule (optimistix's implicit function theorem
+        # solves with them): reverse mode must transpose what the implementation
+        # does to them, which only the primitive's own transpose rule can
+        raise UnsupportedError(message)
+    # the sizes are explicit arguments: a function JAX traces again (custom_jvp,
+    # sequential_vmap) must not close over the outer trace's values
+    names, sizes = dynamic_sizes(ctx.state)
+    out_bounds = ctx.out_bounds
+
+    @jax.custom_batching.sequential_vmap  # under vmap: one example at a time
+    def masked_impl(sizes, xs):
+        state = ctx.state.with_sizes(names, sizes)
+        run_impl = lambda: tuple(ctx.interpreter.eval_closed(closed, list(xs), state))
+        if state.guard is None:
+            return run_impl()
+        # one case of a case split: under vmap every case runs for every example, and
+        # the implementation's own checks (equinox's error_if: a host callback) must
+        # not fire on the examples whose sizes chose another case
+        skipped = lambda: tuple(jnp.zeros(b, v.aval.dtype)
+                                for b, v in zip(out_bounds, ctx.eqn.outvars))
+        return jax.lax.cond(state.guard, run_impl, skipped)
+
     @jax.custom_jvp
-    def run(*xs):
-        return tuple(ctx.eval_jaxpr(closed, *xs))
+    def run(sizes, xs):
+        return masked_impl(sizes, xs)
 
     @run.defjvp
     def _no_derivative(primals, tangents):
         raise UnsupportedError(message)
 
-    outs = list(run(*args))
+    outs = list(run(sizes, tuple(args)))
     return outs if prim.multiple_results else outs[0]
+
+
+@register("unvmap_any", "unvmap_all", "unvmap_max", sees_guard=True)
+def unvmap_reduction_rule(ctx, x):
+    """equinox's ``unvmap_any`` / ``unvmap_all`` / ``unvmap_max``: ``jnp.any`` /
+    ``all`` / ``max`` over every element and, under ``jax.vmap``, over the batch
+    too (their batching rule reduces the batched operand whole). Each example's
+    logical elements are reduced first (the implementation, masked), then the
+    primitive is bound on that scalar, so its batching rule reduces over the
+    examples and never over padding (equinox's ``error_if`` branches on it).
+    In one case of a case split, the rows whose sizes chose another case give
+    the reduction's neutral value (their data is not the function's)."""
+    prim = ctx.primitive
+    closed = jax.make_jaxpr(prim.impl)(jax.ShapeDtypeStruct(ctx.in_avals[0].shape,
+                                                             ctx.in_avals[0].dtype))
+    (per_example,) = ctx.eval_jaxpr(closed, x)
+    guard = ctx.state.guard
+    if guard is not None:  # rows of another case (under vmap every case runs) do not count
+        neutral = {"unvmap_any": False, "unvmap_all": True}.get(
+            prim.name, jnp.iinfo(per_example.dtype).min if jnp.issubdtype(
+                per_example.dtype, jnp.integer) else -jnp.inf)
+        per_example = jnp.where(guard, per_example, jnp.asarray(neutral, per_example.dtype))
+    return prim.bind(per_example)

@@ -16,7 +16,9 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from ..core.masks import masked_axes, shared_masks, valid_mask  # noqa: F401  (rules import them from here)
+from ..core.shapes import is_static
 from ..core.trace_state import current_scope
+from ..tracing.state import GUARD
 
 
 def fill_padding(x, logical: Sequence, fill, axes=None):
@@ -113,3 +115,16 @@ def in_masked_trace() -> bool:
 def has_symbolic_shape(*arrays) -> bool:
     """Whether any of ``arrays`` has a symbolic size."""
     return any(compat.is_dim_expr(d) for a in arrays for d in np.shape(a))
+
+
+def dynamic_sizes(state):
+    """The traced sizes (and the case guard, see ``RunState.with_sizes``) that
+    functions JAX traces again (custom derivatives, ``sequential_vmap``) take as
+    explicit arguments: ``(names, int32 sizes)``."""
+    dims = state.dims
+    names = [v for v, x in dims.logical_values.items() if not is_static(x)]
+    sizes = [jnp.asarray(dims.logical_values[v], jnp.int32) for v in names]
+    if state.guard is not None:
+        names.append(GUARD)
+        sizes.append(jnp.asarray(state.guard, jnp.int32))
+    return names, sizes
