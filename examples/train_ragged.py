@@ -102,8 +102,8 @@ def main(argv=None) -> list[float]:
         ax.plot(losses)
         ax.set_xlabel("step")
         ax.set_ylabel("mean token cross-entropy")
-        ax.set_title(f"ragged training ({args.layout}), {loss_and_grad.compiles} compiled "
-                     "programs")
+        n = loss_and_grad.compiles
+        ax.set_title(f"ragged training ({args.layout}), {n} compiled program{'s' * (n != 1)}")
         fig.tight_layout()
         fig.savefig(args.out, dpi=100)
         print(f"loss curve: {args.out}")

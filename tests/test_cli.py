@@ -485,3 +485,45 @@ def test_a_misspelled_option_is_reported_by_its_subcommand_with_the_closest_opti
     r = _polymask("embed", "t.txt", "--outt", "x.npy")
     assert r.returncode == 2, r.stderr
     assert "usage: polymask embed" in r.stderr and "--outt: did you mean --out?" in r.stderr
+
+
+@pytest.mark.parametrize("argv, said", [
+    (("in.jsonl", "--out", "in.jsonl"), "--out in.jsonl is the input file"),
+    (("in.npy",), "the default output in.npy (the input's name with .npy) is the input file"),
+])
+def test_embed_never_writes_over_its_input(argv, said, tiny, tmp_path):
+    model, cache = tiny
+    for name in ("in.jsonl", "in.npy"):
+        (tmp_path / name).write_text("the cat sat\n")
+    r = _polymask("embed", *argv, "--model", model, cache=cache, cwd=tmp_path)
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+    assert (tmp_path / argv[0]).read_text() == "the cat sat\n"
+
+
+def test_embed_max_length_is_checked_before_the_input_is_read(tiny, tmp_path):
+    model, cache = tiny
+    (tmp_path / "t.txt").write_text("\nthe cat sat\n")  # a blank line would be reported
+    r = _polymask("embed", "t.txt", "--model", model, "--max-length", "99", cache=cache,
+                  cwd=tmp_path)
+    assert r.returncode == 2 and "--max-length 99" in r.stderr
+    assert "blank line" not in r.stderr and _files(tmp_path) == ["t.txt"]
+
+
+def test_serve_without_the_serve_extra_is_an_install_hint(monkeypatch, capsys):
+    """The serve extra's modules are checked before any work (uvicorn is
+    imported only when the server starts)."""
+    import builtins
+
+    from polymask.cli import main
+
+    real_import = builtins.__import__
+
+    def no_uvicorn(name, *a, **kw):
+        if name == "uvicorn":
+            raise ImportError("No module named 'uvicorn'")
+        return real_import(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_uvicorn)
+    assert main(["serve"]) == 2
+    err = capsys.readouterr().err
+    assert "No module named 'uvicorn'" in err and 'pip install -e ".[serve]"' in err

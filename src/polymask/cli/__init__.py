@@ -230,7 +230,8 @@ def _demo(args, output) -> int:
         ("padding fraction", f"{st['padding_fraction']:.1%}"),
         ("wall time (incl. compiles)", f"{wall:.1f} s"),
         ("throughput", f"{len(texts) / wall:.1f} texts/s"),
-        (f"max |deviation| vs exact run ({len(sample)} texts)", f"{dev:.2e}"),
+        (f"max |deviation| vs exact per-text jax.jit run, same precision ({len(sample)} texts)",
+         f"{dev:.2e}"),
         (f"plain jax.jit per shape, same {len(sample)} texts",
          f"{jax_wall:.1f} s  ({sample_lengths} programs: {cc.compiles} compiled, "
          f"{cc.cache_hits} loaded from the cache; {len(sample) / jax_wall:.1f} texts/s)"),
@@ -483,6 +484,18 @@ def _embed_with_progress(enc, ids, args):
     return np.concatenate(parts)
 
 
+def _never_the_input(file: str, out: str, given: bool) -> None:
+    """The output must not replace the input (``--out in.jsonl`` on ``in.jsonl``,
+    or the default ``FILE.npy`` for an input already named so)."""
+    if file == "-" or not os.path.exists(out):
+        return
+    with contextlib.suppress(OSError):
+        if os.path.samefile(file, out):
+            how = (f"--out {out} is the input file" if given else
+                   f"the default output {out} (the input's name with .npy) is the input file")
+            raise CliError(f"{how}: it would be overwritten; give another --out", USAGE)
+
+
 def cmd_embed(args) -> int:
     # every check of the command line before any work: input, output, options
     if args.file == "-" and not args.out:
@@ -496,20 +509,13 @@ def cmd_embed(args) -> int:
     try:
         out = args.out if args.out is not None else str(
             pathlib.Path(args.file).with_suffix(".npy"))
+        _never_the_input(args.file, out, given=args.out is not None)
         output = _AtomicOutput(out, (".npy", ".jsonl"))
     except BaseException:
         fh.close()
         raise
     with output:
-        lines = _read_lines(name, fh, args.encoding, args.errors)
-        line_numbers = [i + 1 for i, t in enumerate(lines) if t.strip()]
-        texts = [lines[i - 1] for i in line_numbers]
-        blank = len(lines) - len(texts)
-        if blank and texts:
-            shown = [i + 1 for i, t in enumerate(lines) if not t.strip()][:10]
-            print(f"polymask: skipped {blank} blank line{'s' * (blank != 1)} "
-                  f"(line {', '.join(map(str, shown))}{', ...' if blank > 10 else ''})",
-                  file=sys.stderr)
+        # the model first: --max-length is checked against it before the input is read
         enc = _load_encoder(args.model, args.precision)
         limit = enc.max_seq_length
         if args.max_length is not None:
@@ -520,6 +526,15 @@ def cmd_embed(args) -> int:
                                f"is {enc.max_seq_length})", USAGE)
             limit = args.max_length
             enc.tokenizer.enable_truncation(max_length=limit)
+        lines = _read_lines(name, fh, args.encoding, args.errors)
+        line_numbers = [i + 1 for i, t in enumerate(lines) if t.strip()]
+        texts = [lines[i - 1] for i in line_numbers]
+        blank = len(lines) - len(texts)
+        if blank and texts:
+            shown = [i + 1 for i, t in enumerate(lines) if not t.strip()][:10]
+            print(f"polymask: skipped {blank} blank line{'s' * (blank != 1)} "
+                  f"(line {', '.join(map(str, shown))}{', ...' if blank > 10 else ''})",
+                  file=sys.stderr)
         if not texts:
             import numpy as np
 
@@ -552,7 +567,7 @@ def cmd_embed(args) -> int:
             how = _programs_in_words(st)
         wall = time.perf_counter() - t0
         output.write(lambda f: _write_embeddings(f, out, emb, texts, line_numbers))
-    print(f"{len(texts)} texts -> {out} {emb.shape} float32 in {wall:.1f} s, "
+    print(f"{len(texts)} text{'s' * (len(texts) != 1)} -> {out} {emb.shape} float32 in {wall:.1f} s, "
           f"{len(texts) / max(wall, 1e-9):.1f} texts/s; {how}; {_host_memory_in_words(args)}",
           file=sys.stderr)
     return 0

@@ -94,6 +94,11 @@ def cmd_serve(args) -> int:
     if args.ray is not None:
         return _serve_on_ray(args)
     try:
+        # imported where they are used (http.py, metrics.py): check them before any work
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+
         from .http import run
     except ImportError as e:
         print(f"polymask: {e}; install the serve extra: {install_extra('serve')}",

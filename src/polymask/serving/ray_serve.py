@@ -121,7 +121,8 @@ def deployment(model_dir=None, *, num_replicas: int = 2, precision: str = "float
       num_replicas: replicas, each with its encoder, batcher and compiled program.
       precision: the encoder's (``"float32"`` or ``"bfloat16"``).
       model_name: ``model`` in OpenAI responses (default as ``polymask serve``).
-      max_inputs, max_body_bytes: per request, as ``polymask serve``'s options.
+      max_inputs: texts per request, as ``polymask serve --max-inputs``.
+      max_body_bytes: bytes per request body, as ``polymask serve --max-body-bytes``.
       max_ongoing_requests: requests Ray Serve sends one replica at once (its
         default, 5, would cap a replica's batches at 5 requests); the rest
         wait in Serve's queues.
