@@ -233,10 +233,13 @@ def test_embed_input_that_cannot_be_opened_is_a_usage_error(case, message, tmp_p
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/mem"), reason="Linux only")
 def test_embed_input_whose_read_fails(tmp_path):
-    r = _polymask("embed", "/proc/self/mem", "--out", tmp_path / "e.npy")
+    model = _tiny_model_dir(tmp_path / "m")  # not the default model: it may not be installed
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _polymask("embed", "/proc/self/mem", "--out", out / "e.npy", "--model", model)
     assert r.returncode == 1, r.stderr
     assert "polymask: /proc/self/mem: cannot read it: Input/output error" in r.stderr
-    assert _files(tmp_path) == []  # the temporary output is removed
+    assert _files(out) == []  # the temporary output is removed
 
 
 def test_embed_non_utf8_input_names_line_and_byte_and_leaves_the_output_alone(tiny, tmp_path):

@@ -3,7 +3,7 @@
 import pytest
 
 from polymask import _jax_compat as compat
-from polymask.rules import data_dependent, families
+from polymask.rules import data_dependent, families, inlined
 from polymask.tracing.registry import get_rule, register, register_rule, registered_primitives
 
 
@@ -20,10 +20,21 @@ def test_polymask_primitives_are_found():
 def test_every_registered_name_is_a_primitive():
     """A registration under a name JAX never binds is dead code (e.g. ``pjit``
     after the primitive became ``jit``). Rules registered by tests are skipped."""
-    known = set(compat.all_primitives()) | _polymask_primitives()
+    known = set(compat.all_primitives()) | _polymask_primitives() | set(
+        inlined.LIBRARY_PRIMITIVES)
     ours = [n for n in registered_primitives()
             if get_rule(n).__module__.startswith("polymask.")]
     assert [n for n in ours if n not in known] == []
+
+
+@pytest.mark.parametrize("name", sorted(inlined.LIBRARY_PRIMITIVES))
+def test_every_library_primitive_with_a_rule_is_one(name):
+    """A rule for another library's primitive (equinox's ``unvmap_any``) names a
+    primitive that library defines."""
+    module = pytest.importorskip(inlined.LIBRARY_PRIMITIVES[name])
+    names = {v.name for v in vars(module).values()
+             if isinstance(v, compat.Primitive)}
+    assert name in names
 
 
 def test_duplicate_registration_raises_and_names_both_rules():

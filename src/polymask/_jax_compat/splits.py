@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import linecache
 import re
@@ -138,7 +139,9 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             for name, orig in zip(_DIVISIONS, _HOOK_ORIG[5:]):
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
             rules, hi_p = _hi_primitive_staging_home()
-            rules[hi_p] = _in_masked_trace_call(inline_hi_primitive_staging, rules.get(hi_p))
+            rules[hi_p] = _in_masked_trace_call(
+                functools.partial(inline_hi_primitive_staging, orig=rules.get(hi_p)),
+                rules.get(hi_p))
             global _PROCESS_PRIMITIVE
             _PROCESS_PRIMITIVE = _pe.DynamicJaxprTrace.process_primitive
             _pe.DynamicJaxprTrace.process_primitive = _stage_symbolic_constants(

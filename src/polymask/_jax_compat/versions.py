@@ -89,6 +89,40 @@ def hi_primitive_expansion(params):
     return expanded
 
 
+def hi_primitive_jvp(params, float_in):
+    """``fun(*flat primals, *flat tangents of the float operands) -> flat
+    primal results + flat tangents of the float results``: a
+    ``call_hi_primitive`` equation's own JVP rule (``HiPrim.jvp``, for example
+    ``lax.custom_root``'s implicit function theorem on jax 0.12), or ``None``
+    where the hijax primitive defines none (its expansion is differentiated).
+    ``float_in`` marks the operands that have tangents; the others get JAX's
+    symbolic zero. A symbolic-zero result tangent is given as zeros. ``None``
+    also where the derivative is the expansion's anyway
+    (``hi_primitive_keeps_its_linearization``)."""
+    from jax._src import ad_util as _ad_util
+    from jax._src import hijax as _hijax
+
+    prim = params["_prim"]
+    if type(prim).jvp is _hijax.HiPrim.jvp or not hi_primitive_keeps_its_linearization(prim):
+        return None
+    n = len(float_in)
+
+    def jvp(*flat):
+        primals, given = list(flat[:n]), iter(flat[n:])
+        tangents = [next(given) if f else _ad_util.Zero(_xcore.get_aval(p).to_tangent_aval())
+                    for p, f in zip(primals, float_in)]
+        unflat = lambda xs: jax.tree_util.tree_unflatten(prim.in_tree, xs)
+        out, out_dot = prim.jvp(unflat(primals), unflat(tangents))
+        out = prim.out_tree.flatten_up_to(out)
+        out_dot = prim.out_tree.flatten_up_to(out_dot)
+        floats = [(p, t) for p, t in zip(out, out_dot)
+                  if jax.numpy.issubdtype(p.dtype, jax.numpy.inexact)]
+        return [*out, *(jax.numpy.zeros_like(p) if isinstance(t, _ad_util.Zero) else t
+                        for p, t in floats)]
+
+    return jvp
+
+
 # jnp's IndexError for x[a:b] with traced bounds: its wording by JAX version
 _TRACED_SLICE_MESSAGES = (
     "Slice entries must be static integers",   # jax 0.10
@@ -171,15 +205,34 @@ def _hi_primitive_staging_home():
     return _pe.custom_staging_rules, _hijax.call_hi_primitive_p
 
 
-def inline_hi_primitive_staging(trace, source_info, *args_flat, _prim):
+def hi_primitive_keeps_its_linearization(prim) -> bool:
+    """Whether a hijax primitive's derivative is its own, not its expansion's:
+    it has float results and linearizes by a rule of its own (``HiPrim.lin``;
+    ``lax.custom_root``'s implicit function theorem, where the expansion is a
+    solver loop reverse mode cannot differentiate). Not a rule derived from
+    its JVP (``linearize_from_jvp``: ``jnp.searchsorted``, ``jnp.nonzero``)."""
+    from jax._src import hijax as _hijax
+
+    lin = type(prim).lin
+    derived = (_hijax.HiPrim.lin, getattr(_hijax, "_lin_from_jvp", None))
+    return (lin not in derived
+            and any(jax.numpy.issubdtype(a.dtype, jax.numpy.inexact)
+                    for a in prim.out_avals_flat))
+
+
+def inline_hi_primitive_staging(trace, source_info, *args_flat, _prim, orig):
     """A staging rule for ``call_hi_primitive`` that traces the hijax
     primitive's expansion (``HiPrim.expand``) in place, as ordinary
     primitives: inside a masked trace the expansion's size comparisons
     (``jnp.nonzero(size=n * (n + 1) // 2)`` in ``jnp.tril_indices``) then
     split the trace like the user's own, and the masking rules see the
-    primitives they know."""
+    primitives they know. A primitive that keeps its own linearization is
+    staged whole (JAX's rule ``orig``): its masking rule keeps that
+    derivative (``rules/control_flow.py``)."""
     from jax._src import core as _core
 
+    if hi_primitive_keeps_its_linearization(_prim):
+        return orig(trace, source_info, *args_flat, _prim=_prim)
     with _core.set_current_trace(trace):
         args = jax.tree_util.tree_unflatten(_prim.in_tree, args_flat)
         return jax.tree_util.tree_leaves(_prim.expand(*args))

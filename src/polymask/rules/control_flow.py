@@ -29,18 +29,63 @@ def call_rule(ctx, *args, **params):
     return ctx.eval_jaxpr(compat.closed_jaxpr(compat.call_jaxpr_of(params)), *args)
 
 
-@register("call_hi_primitive")
+# at_bound: the primitive object holds functions traced at the symbolic shapes
+# (custom_root's solve and linearization), which JAX's own rules would apply to
+# arrays of the bound shape
+@register("call_hi_primitive", at_bound=True)
 def hi_primitive_rule(ctx, *args, **params):
-    """A hijax primitive (jax 0.12's ``jnp.searchsorted``, ``jnp.nonzero(size=)``):
-    its expansion into ordinary primitives (``HiPrim.expand``, what JAX lowers),
-    traced at the symbolic operand shapes and masked like any inner jaxpr."""
+    """A hijax primitive (jax 0.12's ``jnp.searchsorted``, ``jnp.nonzero(size=)``,
+    ``lax.custom_root``): its expansion into ordinary primitives
+    (``HiPrim.expand``, what JAX lowers), traced at the symbolic operand shapes
+    and masked like any inner jaxpr. Where the primitive has a JVP rule of its
+    own it is kept, masked the same way (as ``custom_jvp_call``'s): reverse
+    mode cannot differentiate ``custom_root``'s solver loop, its rule solves
+    the tangent system at the root instead."""
     import jax
 
     from .. import _jax_compat as compat
 
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
     closed = jax.make_jaxpr(compat.hi_primitive_expansion(params))(*structs)
-    return ctx.eval_jaxpr(closed, *args)
+    float_in = [jnp.issubdtype(a.dtype, jnp.inexact) for a in ctx.in_avals]
+    own_jvp = compat.hi_primitive_jvp(params, float_in)
+    if own_jvp is None or not any(float_in):
+        return ctx.eval_jaxpr(closed, *args)
+    jvp_closed = jax.make_jaxpr(own_jvp)(
+        *structs, *(s for s, f in zip(structs, float_in) if f))
+    return _with_masked_jvp(ctx, closed, jvp_closed, float_in, args)
+
+
+def _with_masked_jvp(ctx, closed, jvp_closed, float_in, args):
+    """``closed`` masked, differentiated by ``jvp_closed`` masked (primals, then
+    the float operands' tangents -> primal results, then the float results'
+    tangents). The sizes are explicit arguments: the custom JVP must not close
+    over the outer trace's values."""
+    import jax
+    import numpy as np
+
+    from .util import dynamic_sizes
+
+    interp = ctx.interpreter
+    names, sizes = dynamic_sizes(ctx.state)
+    n_out = len(closed.jaxpr.outvars)
+
+    @jax.custom_jvp
+    def masked(sizes, xs):
+        return interp.eval_closed(closed, list(xs), ctx.state.with_sizes(names, sizes))
+
+    @masked.defjvp
+    def masked_jvp(primals, tangents):
+        sizes, xs = primals
+        txs = [t for t, f in zip(tangents[1], float_in) if f]
+        outs = interp.eval_closed(jvp_closed, [*xs, *txs], ctx.state.with_sizes(names, sizes))
+        primals_out, float_tangents = outs[:n_out], iter(outs[n_out:])
+        # an integer or bool result's tangent is float0
+        tangents_out = [next(float_tangents) if jnp.issubdtype(p.dtype, jnp.inexact)
+                        else np.zeros(np.shape(p), jax.dtypes.float0) for p in primals_out]
+        return primals_out, tangents_out
+
+    return masked(sizes, tuple(args))
 
 
 @register("remat2")

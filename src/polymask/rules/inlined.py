@@ -81,7 +81,13 @@ def inlined_impl_rule(ctx, *args, **params):
     return outs if prim.multiple_results else outs[0]
 
 
-@register("unvmap_any", "unvmap_all", "unvmap_max", sees_guard=True)
+# primitives of other libraries that have rules here: {name: module that defines
+# them} (tests/test_registry.py checks each is a primitive there)
+LIBRARY_PRIMITIVES = {name: "equinox.internal"
+                      for name in ("unvmap_any", "unvmap_all", "unvmap_max")}
+
+
+@register(*LIBRARY_PRIMITIVES, sees_guard=True)
 def unvmap_reduction_rule(ctx, x):
     """equinox's ``unvmap_any`` / ``unvmap_all`` / ``unvmap_max``: ``jnp.any`` /
     ``all`` / ``max`` over every element and, under ``jax.vmap``, over the batch
