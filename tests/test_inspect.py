@@ -319,3 +319,24 @@ def test_explain_names_the_rule_of_a_guarded_callback_in_a_loop():
     e = pm.explain(f, "n", (8,), print_output=False)
     (row,) = [r for r in e.rows if r.primitive == "debug_callback"]
     assert row.rule == "debug_callback_rule" and row.depth == 1
+
+
+@pytest.mark.parametrize("internal_text, shown", [
+    # a product of two shifted dim vars: once shown as "(p + 1)*q + 2 - q - 1 - p - 1",
+    # which is not even p*q
+    ("p__p1*q__p1 + 1 - q__p1 - p__p1", "p*q"),
+    ("f32[n__p1 - 1,3]", "f32[n,3]"),
+    ("n__p1^2 - 2*n__p1 + 1", "n^2"),
+    ("- n__p1 + 3 >= 0", "- n + 2 >= 0"),
+    ("got (p__p1*q__p1 + 1 - q__p1 - p__p1, m*n__p1 - m).", "got (p*q, m*n)."),
+    ("max(0, n__p1 - 2)", "max(0, n - 1)"),
+    ("n__p1*max(0, n__p1 - 2)", "(n + 1)*max(0, n - 1)"),
+])
+def test_sizes_in_messages_are_written_over_the_spec_dim_vars(internal_text, shown):
+    """Messages and explain write a size traced over internal dim vars (a spec
+    dim var n that may be 0 is traced as n__p1 - 1) back over the user's: a
+    polynomial in JAX's normal form, the same value at every size."""
+    from polymask.core.dimvars import display_text
+
+    internal = {"p": ("p__p1", 1), "q": ("q__p1", 1), "n": ("n__p1", 1), "m": ("m", 0)}
+    assert display_text(internal_text, internal) == shown

@@ -34,8 +34,21 @@ def display_internal_names(text: str) -> str:
     return display_text(text, {v: (v + SHIFT_SUFFIX, 1) for v in names}) if names else text
 
 
+# a polynomial as JAX prints one (``2*n__p1^2 - n__p1*m__p1 + 3``): terms joined by
+# " + " / " - ", not part of a larger product or a function call
+_TERM = r"(?:\d+\*)?[A-Za-z_]\w*(?:\^\d+)?(?:\*[A-Za-z_]\w*(?:\^\d+)?)*|\d+"
+_POLYNOMIAL = re.compile(rf"(?<![\w*^/])(?:- )?(?:{_TERM})(?: [+-] (?:{_TERM}))*(?![\w(*^/])")
+
+
 def display_text(text: str, internal: dict[str, tuple[str, int]]) -> str:
-    """Rewrite internal dim var names in ``text`` (``n__p1 - 1`` -> ``n``)."""
+    """Rewrite internal dim var names in ``text`` (``n__p1 - 1`` -> ``n``).
+
+    Polynomials are rewritten symbolically (``p__p1*q__p1 - p__p1 - q__p1 + 1``
+    -> ``p*q``, by JAX's own normal form); what remains (a product with a
+    ``max(...)``) textually, an internal name as ``(n + 1)``."""
+    shifted = {name: (v, off) for v, (name, off) in internal.items() if off}
+    if shifted and any(name in text for name in shifted):
+        text = _POLYNOMIAL.sub(lambda m: _display_polynomial(m.group(0), shifted), text)
     for v, (name, off) in internal.items():
         if off == 0 or name not in text:
             continue
@@ -57,6 +70,27 @@ def display_text(text: str, internal: dict[str, tuple[str, int]]) -> str:
         text = pat.sub(repl, text)
         text = re.sub(r"\b" + re.escape(name) + r"\b", f"({v} + {off})", text)
     return text
+
+
+def _display_polynomial(text: str, shifted: dict[str, tuple[str, int]]) -> str:
+    """``text``, a polynomial over internal dim vars, in terms of the spec dim
+    vars, in JAX's normal form; ``text`` itself where it names none or does not
+    parse (English around it, an operator JAX does not write)."""
+    if not any(re.search(r"\b" + re.escape(name) + r"\b", text) for name in shifted):
+        return text
+    try:
+        (e,) = jax.export.symbolic_shape(text, scope=jax.export.SymbolicScope())
+        if not compat.is_dim_expr(e):
+            return text
+        plain = jax.export.SymbolicScope()
+        env = {}
+        for name in compat.dim_vars(e):
+            v, off = shifted.get(name, (name, 0))
+            (x,) = jax.export.symbolic_shape(v, scope=plain)
+            env[name] = x + off
+        return str(compat.evaluate_dim(e, env))
+    except Exception:  # noqa: BLE001 - not an expression after all: left as it is
+        return text
 
 
 _COMPARATOR = re.compile(r"\s*(>=|<=|==)\s*")
