@@ -233,6 +233,7 @@ def test_embed_input_that_cannot_be_opened_is_a_usage_error(case, message, tmp_p
 
 @pytest.mark.skipif(not __import__("os").path.exists("/proc/self/mem"), reason="Linux only")
 def test_embed_input_whose_read_fails(tmp_path):
+    (tmp_path / "m").mkdir()
     model = _tiny_model_dir(tmp_path / "m")  # not the default model: it may not be installed
     out = tmp_path / "out"
     out.mkdir()
