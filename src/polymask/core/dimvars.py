@@ -80,17 +80,22 @@ def _display_polynomial(text: str, shifted: dict[str, tuple[str, int]]) -> str:
         return text
     try:
         (e,) = jax.export.symbolic_shape(text, scope=jax.export.SymbolicScope())
-        if not compat.is_dim_expr(e):
-            return text
-        plain = jax.export.SymbolicScope()
-        env = {}
-        for name in compat.dim_vars(e):
-            v, off = shifted.get(name, (name, 0))
-            (x,) = jax.export.symbolic_shape(v, scope=plain)
-            env[name] = x + off
-        return str(compat.evaluate_dim(e, env))
+        return _over_spec_dim_vars(e, shifted) if compat.is_dim_expr(e) else text
     except Exception:  # noqa: BLE001 - not an expression after all: left as it is
         return text
+
+
+def _over_spec_dim_vars(e, shifted: dict[str, tuple[str, int]]) -> str:
+    """A polynomial dimension expression over internal dim vars, with each
+    ``name`` replaced by ``v + off`` in a fresh scope: JAX's normal form
+    over the spec dim vars, as text."""
+    plain = jax.export.SymbolicScope()
+    env = {}
+    for name in compat.dim_vars(e):
+        v, off = shifted.get(name, (name, 0))
+        (x,) = jax.export.symbolic_shape(v, scope=plain)
+        env[name] = x + off
+    return str(compat.evaluate_dim(e, env))
 
 
 _COMPARATOR = re.compile(r"\s*(>=|<=|==)\s*")
@@ -151,13 +156,7 @@ def display_expr(d, internal: dict[str, tuple[str, int]]) -> str:
     if not compat.dim_vars(d) & set(shifted):
         return text
     try:
-        plain = jax.export.SymbolicScope()
-        env = {}
-        for name in compat.dim_vars(d):
-            v, off = shifted.get(name, (name, 0))
-            (x,) = jax.export.symbolic_shape(v, scope=plain)
-            env[name] = x + off
-        return str(compat.evaluate_dim(d, env))
+        return _over_spec_dim_vars(d, shifted)
     except Exception:
         return display_text(text, internal)
 
