@@ -103,3 +103,20 @@ def test_a_spec_string_is_the_one_example_arguments_spec(layout):
     v, g = pm.value_and_grad(loss, "n, 4", layout=layout, reduce="sum")(w, xs)
     np.testing.assert_allclose(v, sum(loss(w, x) for x in xs), rtol=1e-5)
     np.testing.assert_allclose(g, sum(jax.grad(loss)(w, x) for x in xs), rtol=1e-4, atol=1e-6)
+
+
+def test_every_argument_differentiated_leaves_no_batch_and_says_so():
+    """``value_and_grad(loss, specs, argnums=(0, 1))(X, y)`` read as
+    ``jax.value_and_grad``: no argument is a batch of examples. A ShapeError
+    says which arguments are the examples (was a bare StopIteration)."""
+    loss = lambda X, y: jnp.sum((X @ jnp.ones(3) - y) ** 2)  # noqa: E731
+    X, y = np.ones((4, 3), np.float32), np.ones(4, np.float32)
+    vg = pm.value_and_grad(loss, ("n, 3", "n"), argnums=(0, 1))
+    with pytest.raises(pm.ShapeError, match=r"argnums=\(0, 1\) differentiates every one of "
+                       r"the 2 argument\(s\).*vg\(params, examples...\)"):
+        vg(X, y)
+    # the rewrite the message names: one example, sizes shared
+    v, g = pm.jit(jax.value_and_grad(loss, argnums=(0, 1)), ("n, 3", "n"))(X, y)
+    want = jax.value_and_grad(loss, argnums=(0, 1))(X, y)
+    np.testing.assert_allclose(v, want[0], rtol=1e-6)
+    np.testing.assert_allclose(g[0], want[1][0], rtol=1e-6)

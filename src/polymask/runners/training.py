@@ -167,6 +167,19 @@ class RaggedValueAndGrad:
                                    for i in range(n_args))
             self._masked = mask(self.fun, self._in_specs, checks=self._checks)
 
+    def _check_some_argument_is_batched(self, args) -> None:
+        """The examples are the arguments not in ``argnums``: a call where every
+        argument is differentiated has no batch (``vg(X, y)`` with
+        ``argnums=(0, 1)``, meant as ``jax.value_and_grad``)."""
+        if args and all(i in self._unbatched for i in range(len(args))):
+            raise ShapeError(
+                f"value_and_grad: argnums={self.argnums!r} differentiates every one of the "
+                f"{len(args)} argument(s), so there is no batch of examples: the "
+                "arguments in argnums (the parameters) are not batched, every other "
+                "argument is a batch of examples along axis 0; call vg(params, "
+                "examples...) with the examples outside argnums, or use "
+                "polymask.jit(jax.value_and_grad(fun, argnums), specs) for one example")
+
     def _empty_batch(self, args) -> bool:
         """Whether every batched argument is an empty list (no examples)."""
         batched = [a for i, a in enumerate(args) if i not in self._unbatched]
@@ -181,6 +194,7 @@ class RaggedValueAndGrad:
         return jnp.zeros((), jnp.float32), grads
 
     def __call__(self, *args):
+        self._check_some_argument_is_batched(args)
         if self._empty_batch(args):
             if self._packed is not None:
                 self._packed.last_padded = 0
