@@ -358,19 +358,21 @@ def test_every_replacement_of_jax_during_a_trace_is_in_the_table():
     installed while the trace runs and undone after it."""
     before = _jax_state()
     during = {}
+    homes = {}
+    for row in compat.TRACE_PATCHES:
+        container, attr = row.home()
+        homes[(id(container), attr)] = row.name
 
     def f(x):
         now = _jax_state()
-        during.update({k: v for k, v in now.items() if k in before and before[k][0] != v[0]})
+        # changed, or added where a row says so (DimExpr.__bool__: JAX defines none)
+        during.update({k: v for k, v in now.items() if (k in before and before[k][0] != v[0])
+                       or (k not in before and k in homes)})
         during["rows"] = {r.name: r.current() for r in compat.TRACE_PATCHES}
         return x * 2
 
     pm.mask(f, "n")(pm.Masked(jnp.ones(4), (2,)))
     rows_now = during.pop("rows")
-    homes = {}
-    for row in compat.TRACE_PATCHES:
-        container, attr = row.home()
-        homes[(id(container), attr)] = row.name
     changed = {(c_id, attr) for (c_id, attr) in during}
     unlisted = sorted(f"{getattr(v[1], '__name__', type(v[1]).__name__)}.{v[2]}"
                       for k, v in during.items() if k not in homes)
@@ -380,6 +382,7 @@ def test_every_replacement_of_jax_during_a_trace_is_in_the_table():
     assert all(rows_now[r.name] is not r.current() for r in compat.TRACE_PATCHES)
     after = _jax_state()
     assert {k for k in before if k in after and before[k][0] != after[k][0]} == set()
+    assert {k for k in after if k not in before} & set(homes) == set()  # added ones removed
 
 
 def test_a_replacement_needs_a_row_in_the_table():

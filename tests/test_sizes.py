@@ -112,7 +112,23 @@ def py_eq(x):
     return jnp.cumsum(x)
 
 
-@pytest.mark.parametrize("f", [py_if, with_cond, py_eq], ids=["if", "cond", "eq"])
+def py_truth(x):
+    """``if x.shape[0]:`` (a size's truth: != 0). JAX's symbolic size has no
+    ``__bool__``, so this took the true branch at n = 0 (NaN for the mean)."""
+    if x.shape[0]:
+        return jnp.mean(x) * jnp.ones_like(x)
+    return x + 1
+
+
+def py_not_size(x):
+    """``if not x.size`` and the truth of ``n - 1`` (false at n = 1)."""
+    if not x.size:
+        return x
+    return x * 2 if x.shape[0] - 1 else x * 7
+
+
+@pytest.mark.parametrize("f", [py_if, with_cond, py_eq, py_truth, py_not_size],
+                         ids=["if", "cond", "eq", "truth", "not_size"])
 def test_branches_on_sizes(f):
     check_all_sizes(f, 4)
     assert n_cases(f, 4) in (2, 3)

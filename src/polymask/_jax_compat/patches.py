@@ -67,7 +67,7 @@ class TracePatch:
         container, attr = self.home()
         if isinstance(container, dict):
             return container.get(attr)
-        return getattr(container, attr)
+        return getattr(container, attr, None)  # None: an attribute JAX does not define
 
 
 _SPLITS = "_jax_compat/splits.py (trace_hooks)"
@@ -80,6 +80,9 @@ def _splits_rows() -> tuple[TracePatch, ...]:
                    "that may be equal): decided with the trace's bounds, or a case split"),
         TracePatch("DimExpr.__ne__", lambda: (DimExpr, "__ne__"), _SPLITS,
                    "the negation of the split __eq__"),
+        TracePatch("DimExpr.__bool__", lambda: (DimExpr, "__bool__"), _SPLITS,
+                   "JAX's class has no __bool__, so `if x.shape[0]:` is always true: "
+                   "truth is the split `!= 0` (added during the trace, removed after)"),
         TracePatch("shape_poly._geq_decision", lambda: (_shape_poly, "_geq_decision"),
                    _SPLITS, "JAX raises InconclusiveDimensionOperation for an undecidable "
                    ">= / > / <= / <: a case split instead (SplitNeeded)"),

@@ -133,6 +133,9 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             eq = _split_eq(_HOOK_ORIG[0])
             DimExpr.__eq__ = eq
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
+            # Python's default truth of an object is True: `if x.shape[0]:` took the
+            # true branch at n = 0. Truth is `!= 0`, decided or split like __eq__
+            DimExpr.__bool__ = lambda a: not eq(a, 0)
             _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
             NDINDEXER.to_static_slice = _in_masked_trace(
                 static_slice_of_static_axes(_HOOK_ORIG[3]), _HOOK_ORIG[3])
@@ -158,6 +161,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             if _HOOK_USERS == 0:
                 (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                  NDINDEXER.to_static_slice, hi_staging) = _HOOK_ORIG[:5]
+                del DimExpr.__bool__  # JAX's class has none
                 for name, orig in zip(_DIVISIONS, _HOOK_ORIG[5:]):
                     setattr(DimExpr, name, orig)
                 rules, hi_p = _hi_primitive_staging_home()
