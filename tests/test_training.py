@@ -120,3 +120,19 @@ def test_every_argument_differentiated_leaves_no_batch_and_says_so():
     want = jax.value_and_grad(loss, argnums=(0, 1))(X, y)
     np.testing.assert_allclose(v, want[0], rtol=1e-6)
     np.testing.assert_allclose(g[0], want[1][0], rtol=1e-6)
+
+
+def test_batch_mistakes_are_shape_errors_not_fallbacks():
+    """A spec key ``fun`` does not take and lists of different lengths are the
+    user's mistakes: ShapeError (were: the per-example fallback, silently
+    taking the typo; a bare IndexError)."""
+    loss = lambda p, x, y: jnp.sum((x @ p - y) ** 2)  # noqa: E731
+    p = jnp.ones(2)
+    xs = [np.ones((3, 2), np.float32), np.ones((2, 2), np.float32)]
+    ys = [np.ones(3, np.float32), np.ones(2, np.float32)]
+    with pytest.raises(pm.ShapeError, match="names argument 'xx', which <lambda> does not take"):
+        pm.value_and_grad(loss, {"xx": "n, 2", "y": "n"})(p, xs, ys)
+    with pytest.raises(pm.ShapeError, match=r"different batch sizes \[1, 2\]"):
+        pm.value_and_grad(loss, {"x": "n, 2", "y": "n"})(p, xs, ys[:1])
+    v, g = pm.value_and_grad(loss, {"x": "n, 2", "y": "n"}, reduce="sum")(p, xs, ys)
+    np.testing.assert_allclose(v, sum(loss(p, x, y) for x, y in zip(xs, ys)), rtol=1e-6)

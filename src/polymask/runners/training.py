@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..core.binding import split_specs
 from ..core.buckets import as_policy
 from ..core.diagnostics import user_frame_of_exception
 from ..core.errors import ShapeError
@@ -170,7 +171,11 @@ class RaggedValueAndGrad:
     def _check_some_argument_is_batched(self, args) -> None:
         """The examples are the arguments not in ``argnums``: a call where every
         argument is differentiated has no batch (``vg(X, y)`` with
-        ``argnums=(0, 1)``, meant as ``jax.value_and_grad``)."""
+        ``argnums=(0, 1)``, meant as ``jax.value_and_grad``). A dict of specs
+        names parameters ``fun`` takes (checked here: inside the trace, the
+        error would send the batch to the per-example fallback)."""
+        if isinstance(self._in_specs, dict):
+            split_specs(self.fun, self._in_specs, len(args), {})
         if args and all(i in self._unbatched for i in range(len(args))):
             raise ShapeError(
                 f"value_and_grad: argnums={self.argnums!r} differentiates every one of the "
@@ -306,6 +311,9 @@ class RaggedValueAndGrad:
                  and isinstance(a, (list, tuple)) and a and not isinstance(a[0], (list, dict))}
         if len(lists) != len(args) - len(self._unbatched):
             return False  # stacked batches: their sizes were checked when stacked
+        if len({len(a) for a in lists.values()}) != 1:
+            raise ShapeError("value_and_grad: batched arguments have different batch sizes "
+                             f"{sorted({len(a) for a in lists.values()})} (examples per list)")
         for k in range(len(next(iter(lists.values())))):
             ex = [a[k] if i in lists else a for i, a in enumerate(args)]
             plain_loss_shape(self.fun, ex, self._plain_shapes, f"examples[{k}]")
