@@ -136,3 +136,19 @@ def test_batch_mistakes_are_shape_errors_not_fallbacks():
         pm.value_and_grad(loss, {"x": "n, 2", "y": "n"})(p, xs, ys[:1])
     v, g = pm.value_and_grad(loss, {"x": "n, 2", "y": "n"}, reduce="sum")(p, xs, ys)
     np.testing.assert_allclose(v, sum(loss(p, x, y) for x, y in zip(xs, ys)), rtol=1e-6)
+
+
+def test_buckets_round_up_the_dim_vars_only():
+    """``buckets=`` pads an example's dim var axes, not its static ones
+    (``"n, 3"`` padded to (8, 3), as ``ragged_map`` pads; it was (8, 8), which
+    the spec refuses, so every batch ran per example shape)."""
+    loss = lambda w, x: jnp.sum((x @ w) ** 2)  # noqa: E731
+    vg = pm.value_and_grad(loss, (None, "n, 3"), buckets=pm.buckets.pow2())
+    w = jnp.ones(3)
+    for ns in ((2, 5, 7), (1, 6, 3), (0, 4, 8)):
+        xs = [np.random.default_rng(n).normal(size=(n, 3)).astype(np.float32) for n in ns]
+        v, g = vg(w, xs)
+        want = jax.value_and_grad(lambda w: sum(loss(w, jnp.asarray(x)) for x in xs) / 3)(w)
+        np.testing.assert_allclose(v, want[0], rtol=1e-5)
+        np.testing.assert_allclose(g, want[1], rtol=1e-5)
+    assert vg.exact_compiles == 0 and vg.compiles == 1  # all pad to (8, 3)

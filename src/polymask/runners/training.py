@@ -25,7 +25,8 @@ from ..core.buckets import as_policy
 from ..core.diagnostics import user_frame_of_exception
 from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
-from ..core.plan import plan_call, policy_getter
+from ..core.plan import bucket_bound, plan_call, policy_getter
+from ..core.specs import parse_leaf_spec
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import SEGMENT_FIELDS, Segments
@@ -139,7 +140,8 @@ class RaggedValueAndGrad:
                     not isinstance(a[0], (list, tuple, dict)):
                 # without a policy the bound is the longest example, at least 1
                 # (a batch of empty examples still needs a padded size)
-                args[i] = stack(list(a), buckets=self._policy or _at_least_one)
+                args[i] = stack(list(a), bound=self._bucketed_bound(i, a, len(args)),
+                                buckets=self._policy or _at_least_one)
         sizes = {_batch_size(a) for i, a in enumerate(args) if i not in self._unbatched}
         if len(sizes) != 1:
             raise ShapeError(f"value_and_grad: batched arguments have different batch sizes "
@@ -150,6 +152,29 @@ class RaggedValueAndGrad:
         args = [a if i in self._unbatched else _take_pad(a, b, total)
                 for i, a in enumerate(args)]
         return weights, tuple(args)
+
+    def _bucketed_bound(self, i: int, examples, n_args: int) -> tuple[int, ...] | None:
+        """The padded shape of argument ``i``'s examples: ``buckets`` rounds up
+        the dim vars of its spec (``"n, 3"``: ``n`` only; the static 3 stays 3,
+        as ``ragged_map`` pads). None (``stack`` rounds every axis) without a
+        policy or a spec string: the masked trace then reports the spec."""
+        if self._policy is None:
+            return None
+        specs, _ = split_specs(self.fun, self._in_specs, n_args, {})
+        spec = specs[i] if isinstance(specs, (tuple, list)) and i < len(specs) else None
+        shapes = {np.shape(x) for x in examples}
+        if not isinstance(spec, str) or len({len(sh) for sh in shapes}) != 1:
+            return None
+        longest = tuple(int(m) for m in np.max(np.array(sorted(shapes)), axis=0))
+        try:
+            axes = parse_leaf_spec(spec, f"args[{i}]", longest, jax.export.SymbolicScope(),
+                                   False, None)
+        except ShapeError:
+            return None
+        # a dim var's bucket, then the axis' affine size of it ('2*k + 1': k is bucketed)
+        return tuple(n if a.var is None else
+                     a.coeff * bucket_bound(self._policy, -(-(n - a.offset) // a.coeff))
+                     + a.offset for a, n in zip(axes, longest))
 
     @property
     def last_padded(self) -> int:
