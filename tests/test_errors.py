@@ -511,3 +511,16 @@ def test_a_symbolic_trace_failure_is_not_reported_as_plain_jax_failing():
     assert "test_errors.py" in msg and "jnp.arange(x.shape[1])" in msg
     assert "under jax.jit on the exact arrays" not in msg
     assert "(n in {0}: plain JAX fails too" in msg
+
+
+def test_polymask_jit_raises_a_check_that_fails_inside_the_program_as_shape_error():
+    """A size check that only the run can decide (pairs of an odd length) fails
+    in a host callback; polymask.jit raises its ShapeError at the user's line,
+    not JAX's 'CpuCallback error calling callback' wall of frames (plain jax.jit
+    raises there too), on the first call and on a cached program."""
+    f = pm.jit(lambda x: x.reshape(x.shape[0] // 2, 2).sum(1), "m")
+    np.testing.assert_array_equal(f(np.ones(6, np.float32)), [2.0, 2.0, 2.0])
+    for n in (7, 7, 5):
+        with pytest.raises(pm.ShapeError, match=r"changes the number of logical elements") as e:
+            f(np.ones(n, np.float32))
+        assert "CpuCallback" not in str(e.value) and "test_errors.py" in str(e.value)
