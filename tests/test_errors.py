@@ -524,3 +524,12 @@ def test_polymask_jit_raises_a_check_that_fails_inside_the_program_as_shape_erro
         with pytest.raises(pm.ShapeError, match=r"changes the number of logical elements") as e:
             f(np.ones(n, np.float32))
         assert "CpuCallback" not in str(e.value) and "test_errors.py" in str(e.value)
+
+
+def test_ragged_map_raises_a_check_that_fails_inside_the_program_naming_the_example():
+    """As polymask.jit: the ShapeError, and it names the failing example by
+    its index in the user's list (rows of a batch are sorted by size)."""
+    f = pm.ragged_map(lambda x: x.reshape(x.shape[0] // 2, 2).sum(1), "m")
+    with pytest.raises(pm.ShapeError, match=r"changes the number of logical elements") as e:
+        f([np.ones(6, np.float32), np.ones(7, np.float32), np.ones(2, np.float32)])
+    assert "(examples[1])" in str(e.value) and "CpuCallback" not in str(e.value)

@@ -35,7 +35,6 @@ from ..core.binding import KeywordWithoutSpec, keywords_as_positional
 from ..core.errors import ShapeError
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
-from ..tracing.prologue import shape_error_of
 from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
 from .fallback import ExactFallback, bucket_text, falls_back
@@ -57,6 +56,7 @@ from .programs import (
     checked_compiler_options,
     count_value,
     finish_stats,
+    raise_callback_shape_error,
     raise_case_error,
 )
 from .tiering import Tiering, cover_key
@@ -306,7 +306,7 @@ class PolyJit:
             try:
                 out = entry.fn(*(build(leaves) if build is not None else self._flat(info, leaves)))
             except jax.errors.JaxRuntimeError as e:
-                _raise_callback_shape_error(e)
+                raise_callback_shape_error(e)
                 raise
             if info.out_entry is entry and info.single_out:
                 return out[0]  # one exact output (the steady state of most functions)
@@ -315,7 +315,7 @@ class PolyJit:
                 entry, out = self._slow_call(info, leaves)
             except Exception as e:
                 if isinstance(e, jax.errors.JaxRuntimeError):
-                    _raise_callback_shape_error(e)
+                    raise_callback_shape_error(e)
                 if self._fallback is None or not falls_back(e):
                     raise
                 return self._fall_back(info, args, e)
@@ -615,13 +615,3 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
                    cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
                    compiler_options=compiler_options, max_cases=max_cases, fallback=fallback)
 
-
-def _raise_callback_shape_error(e: Exception) -> None:
-    """A size check that failed inside the program (a host callback: ``x``
-    split into pairs at an odd length) raised as its ``ShapeError``, not JAX's
-    ``CpuCallback error`` wall of frames; any other run-time error returns."""
-    err = shape_error_of(e)
-    if err is not None:
-        new = at_call_site_error(err)
-        new.jax_error = e  # JAX's JaxRuntimeError, kept for inspection
-        raise new from None

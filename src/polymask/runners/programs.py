@@ -21,6 +21,7 @@ from ..core.plan import CallPlan, dtype_key, plan_call
 from ..core.trace_state import mapped_per_example
 from ..tracing.cases.dispatch import host_error
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
+from ..tracing.prologue import shape_error_of
 from ..tracing.transform import mask
 from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners
 from .outputs import OutputPlan, output_plan
@@ -85,6 +86,17 @@ class Entry:
 def at_call_site_error(e: ShapeError | str) -> ShapeError:
     """``e`` (or a ``ShapeError`` of this message) naming the user's call site."""
     return at_call_site(ShapeError(e) if isinstance(e, str) else e, user_call_site())
+
+
+def raise_callback_shape_error(e: Exception) -> None:
+    """A size check that failed inside the program (a host callback: ``x``
+    split into pairs at an odd length) raised as its ``ShapeError``, not JAX's
+    ``CpuCallback error`` wall of frames; any other run-time error returns."""
+    err = shape_error_of(e)
+    if err is not None:
+        new = at_call_site_error(err)
+        new.jax_error = e  # JAX's JaxRuntimeError, kept for inspection
+        raise new from None
 
 
 def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:

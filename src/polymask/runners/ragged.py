@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,6 +50,7 @@ from .programs import (
     checked_compiler_options,
     finish_stats,
     jit_program,
+    raise_callback_shape_error,
     raise_case_error,
 )
 from .refining import Refinement
@@ -490,6 +492,11 @@ class RaggedMap:
         try:
             out = self.cache.call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
         except Exception as e:
+            if isinstance(e, jax.errors.JaxRuntimeError):
+                try:
+                    raise_callback_shape_error(e)
+                except ShapeError as err:  # the batch's row, as the user's example index
+                    raise _named_example(err, rows) from None
             if self._fallback is None or not falls_back(e):
                 raise
             self._unshared[bucket] = self._fallback.refused(bucket_text(plan0.buckets), e)
@@ -720,3 +727,16 @@ def _as_example_list(examples) -> list:
             f"example's argument, or a tuple of its arguments), got {what}; for one "
             "example, pass [x]"), user_call_site())
     return list(examples)
+
+
+def _named_example(err: ShapeError, rows) -> ShapeError:
+    """A check that failed in row ``r`` of a batch program (``(batch element
+    r)``) names the example of that row (``examples[k]``): rows are sorted and
+    bucketed, so ``r`` is not the user's index."""
+    def name(m):
+        r = int(m.group(1))
+        return f"(examples[{rows[r]}])" if r < len(rows) else m.group(0)
+
+    new = ShapeError(re.sub(r"\(batch element (\d+)\)", name, str(err)))
+    new.jax_error = getattr(err, "jax_error", None)
+    return new
