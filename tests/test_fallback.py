@@ -408,3 +408,28 @@ def test_tiered_error_case_of_a_covering_bucket_does_not_stick():
         for n in (8, 6, 4):
             np.testing.assert_array_equal(f(np.arange(n, dtype=np.int32)), g(np.arange(n)))
     assert f.stats()["exact_calls"] == before  # all in bucket 8 now
+
+
+def test_tiered_first_pass_never_compiles_more_than_jax_jit():
+    """The tiered runner's first call compiles a covering bucket (128) that cannot
+    trace np.arange(n) past the per-size limit; sizes whose own bucket can (8,
+    32) compile it instead of running per exact shape, so every XLA compile,
+    background ones included, is at most jax.jit's one per shape (was 11 for 8
+    shapes; newcomer pass)."""
+    def pos_weighted(x):
+        n = x.shape[0]
+        w = np.arange(n, dtype=np.float32) / max(n, 1)
+        return jnp.sum(x * w), x * jnp.asarray(w)
+
+    sizes = (0, 1, 5, 17, 40, 100, 33, 70)
+    f = pm.jit(pos_weighted, "n", tiered=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pm.FallbackWarning)
+        for n in sizes:
+            got, want = f(_vec(n)), jax.jit(pos_weighted)(_vec(n))
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-6)
+    f.wait()
+    st = f.stats()
+    assert st["xla_compiles"] <= len(sizes), st
+    assert st["compiles"] + st["exact_compiles"] <= len(sizes), st

@@ -58,6 +58,7 @@ from .programs import (
     finish_stats,
     raise_callback_shape_error,
     raise_case_error,
+    reaches_untraced_case,
 )
 from .tiering import Tiering, cover_key
 
@@ -467,7 +468,12 @@ class PolyJit:
                     self._count_foreground_compile()
                 if compiled is not None:
                     cover = tiering.find_cover(plan, ckey, entry)
-            if cover is not None:
+            if cover is not None and reaches_untraced_case(cover, plan.var_names, plan.values):
+                # the covering bucket could not trace these sizes (np.arange(n) past its
+                # per-size limit): their own bucket may, so it compiles now rather than
+                # the call running per exact shape (more compiles than jax.jit)
+                cover = None
+            elif cover is not None:
                 if entry.unshared is None:
                     tiering.compile_in_background(info.key, entry, make,
                                                   lambda: self._flat(info, leaves), info.covered)

@@ -122,6 +122,17 @@ def case_error_is_plain(entry: Entry, var_names, values) -> bool:
     return case.pinned
 
 
+def reaches_untraced_case(entry: Entry, var_names, values) -> bool:
+    """Whether these sizes reach an error case of ``entry`` that polymask could
+    not trace symbolically (not plain JAX's failure): a smaller bucket, traced
+    size by size under the per-size limit, may still share a program."""
+    if entry.tree is None:
+        return False
+    sizes = dict(zip(var_names, (int(v) for v in values)))
+    return (host_error(entry.tree, sizes) is not None
+            and not case_error_is_plain(entry, var_names, values))
+
+
 def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
                 n_bcast=0, bcast_tree=None, n_bcast_leaves=0, max_cases=DEFAULT_MAX_CASES):
     """The traced function of ``entry`` (see ``build_inner_and_cases``)."""
