@@ -481,6 +481,11 @@ STATS_DOC = """Calls, compiles, cache hits, evictions, compile time and padding 
           ``jax.Array`` inputs; one per input shape).
         - ``padding_fraction``: share of the padded input elements that are
           padding, over all calls so far.
+        - ``exact_compiles``, ``exact_calls``: the per-shape fallback (sizes a
+          bucket program cannot share, ``fallbacks()`` says why): programs
+          compiled per exact shape under ``jax.jit`` (not in ``compiles``;
+          in ``xla_compiles``) and calls run in them (a call first served by
+          a covering bucket counts in ``tiered_calls`` instead).
         - ``ragged_map`` only: ``refined_compiles`` (tighter programs made
           ready in the background after a call, ``refine_buckets``; not in
           ``background_compiles``) and ``stored_loads`` (programs loaded from
