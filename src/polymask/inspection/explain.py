@@ -380,9 +380,11 @@ def _per_shape_explanation(fun, error: BaseException) -> Explanation:
     """A runner whose masked trace fails at these sizes: it runs them per exact
     shape under ``jax.jit`` (runners/fallback.py), so explain says so and why,
     instead of raising as ``mask`` does."""
+    counted = ("stats()['exact_compiles']" if callable(getattr(fun, "stats", None))
+               else "exact_compiles")  # value_and_grad: vg.exact_compiles, no stats()
     text = (f"{getattr(fun.fun, '__name__', type(fun).__name__)}: no shared program for these "
             "sizes; the runner runs them per exact shape under jax.jit (one compile per "
-            "distinct shape, jax.jit's values; counted in stats()['exact_compiles']), "
+            f"distinct shape, jax.jit's values; counted in {counted}), "
             f"because the masked trace fails:\n  {type(error).__name__}: "
             + str(error).replace("\n", "\n  ") + _fallbacks_so_far(fun))
     return Explanation(text, [], {}, None, text)
