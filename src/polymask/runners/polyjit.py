@@ -620,4 +620,3 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
                    cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
                    compiler_options=compiler_options, max_cases=max_cases, fallback=fallback)
-

@@ -25,7 +25,7 @@ from ..core.buckets import as_policy
 from ..core.diagnostics import user_frame_of_exception
 from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
-from ..core.plan import bucket_bound, plan_call, policy_getter
+from ..core.plan import bucket_bound, padded_shape, plan_call, policy_getter, solve_axis
 from ..core.specs import parse_leaf_spec
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.interpreter import ROWS_AXIS
@@ -171,10 +171,10 @@ class RaggedValueAndGrad:
                                    False, None)
         except ShapeError:
             return None
-        # a dim var's bucket, then the axis' affine size of it ('2*k + 1': k is bucketed)
-        return tuple(n if a.var is None else
-                     a.coeff * bucket_bound(self._policy, -(-(n - a.offset) // a.coeff))
-                     + a.offset for a, n in zip(axes, longest))
+        # each dim var's bucket, then the axis' affine size of it ('2*k + 1': k is bucketed)
+        buckets = {a.var: bucket_bound(self._policy, solve_axis(n, a))
+                   for a, n in zip(axes, longest) if a.var is not None}
+        return padded_shape(axes, buckets)
 
     @property
     def last_padded(self) -> int:
@@ -193,7 +193,7 @@ class RaggedValueAndGrad:
                                    for i in range(n_args))
             self._masked = mask(self.fun, self._in_specs, checks=self._checks)
 
-    def _check_some_argument_is_batched(self, args) -> None:
+    def _check_arguments(self, args) -> None:
         """The examples are the arguments not in ``argnums``: a call where every
         argument is differentiated has no batch (``vg(X, y)`` with
         ``argnums=(0, 1)``, meant as ``jax.value_and_grad``). A dict of specs
@@ -224,7 +224,7 @@ class RaggedValueAndGrad:
         return jnp.zeros((), jnp.float32), grads
 
     def __call__(self, *args):
-        self._check_some_argument_is_batched(args)
+        self._check_arguments(args)
         if self._empty_batch(args):
             if self._packed is not None:
                 self._packed.last_padded = 0
