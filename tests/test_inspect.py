@@ -340,3 +340,18 @@ def test_sizes_in_messages_are_written_over_the_spec_dim_vars(internal_text, sho
 
     internal = {"p": ("p__p1", 1), "q": ("q__p1", 1), "n": ("n__p1", 1), "m": ("m", 0)}
     assert display_text(internal_text, internal) == shown
+
+
+def test_explain_of_a_runner_takes_example_arguments_without_a_spec_slot():
+    """``pm.explain(runner, params, x)``: a runner has its specs, so an argument
+    in the in_specs slot that is no spec (arrays, a shape tuple) is the first
+    example argument, as a user calling the runner passes it."""
+    f = pm.jit(lambda p, x: jnp.tanh(x @ p["w"]), (None, "n, 4"))
+    p = {"w": jnp.ones((4, 3))}
+    x = np.ones((5, 4), np.float32)
+    text = pm.explain(f, p, x, print_output=False)
+    assert "args[0]['w']: f32[4,3]" in text and "args[1]: f32[n,4]" in text
+    assert text == pm.explain(f, None, p, x, print_output=False)
+    g = pm.jit(jnp.cumsum, "n")
+    assert "i32[n]" in pm.explain(g, np.arange(6, dtype=np.int32), print_output=False)
+    assert "f32[n]" in pm.explain(g, (6,), print_output=False)

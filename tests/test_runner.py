@@ -155,6 +155,23 @@ def test_jit_cache_size_limit_evicts():
     assert st["compiles"] == 4 and st["evictions"] == 2 and st["cache_size"] == 2
 
 
+def test_jit_steady_path_counts_calls_and_follows_eviction():
+    # the steady path (one array in, one exact output) must see new values every
+    # call, count its calls, and stop using an evicted program
+    pf = pm.jit(lambda x: jnp.sum(x * x), "n", buckets=B.exact(), cache_size=1)
+    rng = np.random.default_rng(0)
+    for kind in (np.asarray, jnp.asarray):
+        for _ in range(5):
+            x = kind(rng.normal(size=7).astype(np.float32))
+            np.testing.assert_allclose(pf(x), np.sum(np.asarray(x) ** 2), rtol=1e-5)
+    assert pf.stats()["calls"] == 10 and pf.stats()["compiles"] == 1
+    pf(np.ones(3, np.float32))  # evicts the n = 7 program (cache_size=1)
+    x = rng.normal(size=7).astype(np.float32)
+    np.testing.assert_allclose(pf(x), np.sum(x ** 2), rtol=1e-5)
+    st = pf.stats()
+    assert st["calls"] == 12 and st["compiles"] == 3 and st["evictions"] == 2
+
+
 def test_jit_thread_safe_single_compile():
     pf = pm.jit(jnp.cumsum)
     errors, results = [], {}

@@ -240,6 +240,12 @@ def _aval_str(aval) -> str:
     return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else str(aval)
 
 
+def _is_spec_tree(x) -> bool:
+    """Whether ``x`` can be ``in_specs``: its leaves are spec strings (None
+    is no leaf); an array or a shape tuple of ints is an example argument."""
+    return all(isinstance(leaf, str) for leaf in jax.tree_util.tree_leaves(x))
+
+
 def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=None,
             print_output: bool = True, layout: str = "padded"):
     """Print and return the masked trace of ``fun``, annotated.
@@ -248,7 +254,9 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
       fun: as for ``polymask.mask``, or a runner (``polymask.jit``,
         ``ragged_map``, ``value_and_grad``): its function, specs and
         constraints are explained.
-      in_specs: as for ``polymask.mask`` (default for a runner: its own).
+      in_specs: as for ``polymask.mask`` (default for a runner: its own; for a
+        runner, an argument here that is no spec, an array or a pytree of
+        them, is taken as the first example argument: ``explain(f, params, x)``).
       constraints: as for ``polymask.mask``.
       *args: example arguments: ``Masked`` values (their logical sizes, when
         concrete, are shown as the "logical" column), arrays,
@@ -298,6 +306,10 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
     runner, fun = (fun, fun.fun) if _is_runner(fun) else (None, fun)  # trace the user's function
     if runner is not None:  # the runner's own specs and constraints unless given
+        if in_specs is not None and not _is_spec_tree(in_specs):
+            # ``explain(runner, params, x)``: the runner has its specs, so the
+            # second argument is its first example argument, not a spec
+            args, in_specs = (in_specs, *args), None
         in_specs = getattr(runner, "in_specs", None) if in_specs is None else in_specs
         constraints = tuple(constraints) or tuple(getattr(runner, "constraints", ()))
     placeholder = not args
