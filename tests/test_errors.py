@@ -533,3 +533,11 @@ def test_ragged_map_raises_a_check_that_fails_inside_the_program_naming_the_exam
     with pytest.raises(pm.ShapeError, match=r"changes the number of logical elements") as e:
         f([np.ones(6, np.float32), np.ones(7, np.float32), np.ones(2, np.float32)])
     assert "(examples[1])" in str(e.value) and "CpuCallback" not in str(e.value)
+
+
+def test_a_list_of_numbers_for_one_spec_is_told_to_be_one_array():
+    with pytest.raises(pm.ShapeError, match=r"2 array leaves \(a list of numbers .*"
+                                            r"np\.asarray\(args\[0\]\)"):
+        pm.jit(jnp.sum, "n")([1.0, 2.0])
+    with pytest.raises(pm.ShapeError, match="give a pytree of specs"):  # arrays: not numbers
+        pm.jit(lambda xs: xs[0].sum(), "n")([jnp.ones(2), jnp.ones(3)])

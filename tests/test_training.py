@@ -152,3 +152,29 @@ def test_buckets_round_up_the_dim_vars_only():
         np.testing.assert_allclose(v, want[0], rtol=1e-5)
         np.testing.assert_allclose(g, want[1], rtol=1e-5)
     assert vg.exact_compiles == 0 and vg.compiles == 1  # all pad to (8, 3)
+
+
+def test_buckets_by_dim_var_as_polymask_jit_takes_them():
+    """``buckets={"n": policy, None: default}`` (polymask.jit's form) was a raw
+    TypeError; each dim var gets its policy."""
+    loss = lambda w, x, y: jnp.sum((x @ w) ** 2) + jnp.sum(y)  # noqa: E731
+    vg = pm.value_and_grad(loss, (None, "n, 3", "m"),
+                           buckets={"n": pm.buckets.pow2(), None: pm.buckets.fixed(16)})
+    w = jnp.ones(3)
+    for ns, ms in (((2, 5), (1, 9)), ((7, 3), (16, 0))):
+        xs = [np.random.default_rng(n).normal(size=(n, 3)).astype(np.float32) for n in ns]
+        ys = [np.arange(m, dtype=np.float32) for m in ms]
+        v, g = vg(w, xs, ys)
+        want = jax.value_and_grad(lambda w: sum(loss(w, jnp.asarray(x), jnp.asarray(y))
+                                                for x, y in zip(xs, ys)) / 2)(w)
+        np.testing.assert_allclose(v, want[0], rtol=1e-5)
+        np.testing.assert_allclose(g, want[1], rtol=1e-5)
+    assert vg.exact_compiles == 0 and vg.compiles == 1  # n to 8, m to 16 both times
+
+
+def test_a_loss_with_auxiliary_outputs_is_named_at_its_definition():
+    loss = lambda w, x: (jnp.sum(x @ w), jnp.max(x))  # noqa: E731
+    vg = pm.value_and_grad(loss, (None, "n, 3"))
+    with pytest.raises(pm.ShapeError, match=r"must return one array.*test_training\.py:\d+.*"
+                                            r"return the loss alone"):
+        vg(jnp.ones(3), [np.ones((2, 3), np.float32)])

@@ -150,6 +150,13 @@ def _split_top_level(s: str) -> list[str]:
     return parts
 
 
+
+def _is_list_of_numbers(x) -> bool:
+    """A list or tuple of Python numbers (``[1., 2.]``): meant as one array."""
+    return (isinstance(x, (list, tuple)) and len(x) > 0
+            and all(isinstance(v, (int, float, complex, bool)) for v in x))
+
+
 def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list:
     """One spec (or None) per array leaf of ``args``.
 
@@ -175,9 +182,12 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list
     for (spec, arg, leaves, (sname, aname)) in zip(in_specs, args, leaves_per_arg, labels):
         if spec is None or isinstance(spec, str):
             if isinstance(spec, str) and len(leaves) != 1:
+                hint = ("; give a pytree of specs" if not _is_list_of_numbers(arg) else
+                        f" (a {type(arg).__name__} of numbers is a pytree of scalars to "
+                        f"JAX): pass one array, np.asarray({aname})")
                 raise ShapeError(
                     f"{sname} is one spec '{spec}' but {aname} has {len(leaves)} "
-                    "array leaves; give a pytree of specs")
+                    f"array leaves{hint}")
             out.extend([spec] * len(leaves))
             continue
         try:

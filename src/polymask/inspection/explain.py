@@ -262,8 +262,10 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         concrete, are shown as the "logical" column), arrays,
         ``jax.ShapeDtypeStruct``s or padded shapes (tuples of ints of dtype
         ``dtype``, default float32). Only shapes and dtypes are used; nothing
-        is computed on the data. Without them, every input is built from its
-        spec string with a placeholder bound per dim var.
+        is computed on the data. Without them: for a ``polymask.jit`` runner
+        that has run, the shapes and dtypes of its most recent call with new
+        shapes (``runner.example_arguments()``); else every input is built
+        from its spec string with a placeholder bound per dim var (float32).
       file: where to print (default stdout); ``print_output=False`` only returns.
       layout: ``"padded"`` (default: the masked program below) or
         ``"packed"``: how ``ragged_map`` would run ``fun`` in the packed layout
@@ -312,6 +314,8 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
             args, in_specs = (in_specs, *args), None
         in_specs = getattr(runner, "in_specs", None) if in_specs is None else in_specs
         constraints = tuple(constraints) or tuple(getattr(runner, "constraints", ()))
+    if not args and runner is not None and hasattr(runner, "example_arguments"):
+        args = runner.example_arguments() or ()  # what the runner last compiled for
     placeholder = not args
     if placeholder:
         args = args_from_specs(in_specs, dtype)

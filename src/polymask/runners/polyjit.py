@@ -140,6 +140,7 @@ class PolyJit:
                         if tiered else None)
         self._infos: dict = {}
         self._fast: dict = {}
+        self._last_new = None  # (tree, leaf structs) of the last call with new shapes
         self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
         self._retired = [0, 0, 0]  # calls, logical, padded of dropped infos
         self._retired_exact = 0  # calls run per exact shape, of dropped infos
@@ -158,6 +159,8 @@ class PolyJit:
     # -- call infos ----------------------------------------------------------------
     def _info(self, args, tree, key, fast: bool) -> _CallInfo:
         plan, leaves, _ = self.plans.plan(args)
+        self._last_new = (tree, [jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+                                 if hasattr(x, "dtype") else x for x in leaves])
         device_pad = not host_backend()
         dyn = tuple((i, plan.leaves[i].padded, plan.leaves[i].shape == plan.leaves[i].padded,
                      device_pad and isinstance(leaves[i], jax.Array))
@@ -180,6 +183,16 @@ class PolyJit:
                         self._retired_exact += n
                 table.clear()
             return table.setdefault(key, info)  # two threads: one info, one counter
+
+    def example_arguments(self) -> tuple | None:
+        """The shapes and dtypes (``jax.ShapeDtypeStruct``s; other leaves as
+        given) of the most recent call whose shapes were new, as a tuple of
+        positional arguments; None before the first call. ``polymask.explain``
+        of this runner without example arguments explains them."""
+        if self._last_new is None:
+            return None
+        tree, leaves = self._last_new
+        return tuple(jax.tree_util.tree_unflatten(tree, leaves))
 
     def stats(self) -> dict:
         s = self.cache.stats()

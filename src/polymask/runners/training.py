@@ -68,7 +68,15 @@ def plain_loss_shape(fun: Callable, args: Sequence[Any], cache: dict, where: str
                 for x in jax.tree_util.tree_leaves(args))
     if key not in cache:
         try:
-            cache[key] = jax.eval_shape(fun, *args).shape
+            out = jax.eval_shape(fun, *args)
+            if not hasattr(out, "shape"):  # a tuple (loss, aux), a dict, None
+                raise ShapeError(
+                    f"value_and_grad: fun must return one array (its loss), got "
+                    f"{jax.tree_util.tree_structure(out)} from {_defined_at(fun)}; return the "
+                    "loss alone (auxiliary outputs are not supported)")
+            cache[key] = out.shape
+        except ShapeError:
+            raise
         except Exception as e:  # noqa: BLE001 - plain JAX's own error, reworded
             cache[key] = ShapeError(
                 f"{where}: the loss fails on this example at {user_frame_of_exception(e)}, "
@@ -77,6 +85,15 @@ def plain_loss_shape(fun: Callable, args: Sequence[Any], cache: dict, where: str
     if isinstance(cache[key], ShapeError):
         raise cache[key]
     return cache[key]
+
+
+def _defined_at(fun: Callable) -> str:
+    """``fun``'s name and the file:line of its definition (as far as known)."""
+    code = getattr(inspect.unwrap(fun), "__code__", None)
+    name = getattr(fun, "__qualname__", getattr(fun, "__name__", type(fun).__name__))
+    if code is None:
+        return name
+    return f"{name} defined at {code.co_filename}:{code.co_firstlineno}"
 
 
 class RaggedValueAndGrad:
@@ -101,7 +118,9 @@ class RaggedValueAndGrad:
         self._checks = checks
         self._plain_shapes: dict = {}
         self._masked = mask(fun, in_specs, checks=checks)
-        self._policy = as_policy(buckets) if buckets is not None else None
+        # a policy, or a {dim var: policy} dict as polymask.jit takes (None: the default)
+        self._policy_for = policy_getter(buckets) if buckets is not None else None
+        self._policy = self._policy_for(None) if buckets is not None else None
         self._batch_policy = as_policy(batch_buckets) if batch_buckets is not None else None
         self.compiles = 0
         self.exact_compiles = 0  # per-example programs of the fallback (also in compiles)
@@ -172,7 +191,7 @@ class RaggedValueAndGrad:
         except ShapeError:
             return None
         # each dim var's bucket, then the axis' affine size of it ('2*k + 1': k is bucketed)
-        buckets = {a.var: bucket_bound(self._policy, solve_axis(n, a))
+        buckets = {a.var: bucket_bound(self._policy_for(a.var), solve_axis(n, a))
                    for a, n in zip(axes, longest) if a.var is not None}
         return padded_shape(axes, buckets)
 
@@ -366,7 +385,9 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
       reduce: ``"mean"``: the mean over all logical elements of all examples
         (per-token losses: the mean over the batch's tokens; scalar losses:
         over examples); ``"sum"``: their sum.
-      buckets: policy for the per-example bounds of lists of exact arrays.
+      buckets: policy for the per-example bounds of lists of exact arrays: one
+        policy, or a dict by dim var name as ``polymask.jit`` takes
+        (``{"n": pow2(), None: exact()}``; ``None``: the others' policy).
       batch_buckets: policy for the batch size (padded with zero-weight
         copies of example 0), so a short last batch does not compile again.
       checks: run the masked prologue checks (sizes from ``stack`` are valid
