@@ -1,5 +1,6 @@
 """The command line: `polymask embed` and `polymask demo` (tiny random model, fast)."""
 
+import re
 import subprocess
 import sys
 
@@ -80,6 +81,10 @@ def test_demo_command_prints_table(tmp_path, capsys):
     for word in ("texts", "distinct token lengths", "compiles", "wall time", "throughput",
                  "deviation", "plain jax.jit"):
         assert word in text
+    # captured output is no terminal: plain rows with their values (a rich table
+    # assumed 80 columns there and printed every value as '…')
+    assert re.search(r"^  texts +40$", text, re.M) and "…" not in text
+    assert re.search(r"^  throughput +[\d.]+ texts/s$", text, re.M)
     assert np.load(out).shape == (40, 16)
 
 

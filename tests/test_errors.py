@@ -539,5 +539,19 @@ def test_a_list_of_numbers_for_one_spec_is_told_to_be_one_array():
     with pytest.raises(pm.ShapeError, match=r"2 array leaves \(a list of numbers .*"
                                             r"np\.asarray\(args\[0\]\)"):
         pm.jit(jnp.sum, "n")([1.0, 2.0])
+    for spec, x in (("n, 2", [[1.0, 2.0]]), ("n", [np.float32(1), np.float32(2)]),
+                    ("n", []), ("n", (1, 2))):
+        with pytest.raises(pm.ShapeError, match=r"of numbers is a pytree .* np\.asarray"):
+            pm.jit(jnp.sum, spec)(x)
     with pytest.raises(pm.ShapeError, match="give a pytree of specs"):  # arrays: not numbers
         pm.jit(lambda xs: xs[0].sum(), "n")([jnp.ones(2), jnp.ones(3)])
+
+
+def test_a_python_scalar_under_an_axis_spec_is_a_shape_error_as_an_array_is():
+    """``pm.jit(jnp.sum, "n")(3.0)`` ran per shape with a FallbackWarning while
+    ``np.float32(3.0)`` raised: a spec with an axis on a rank-0 argument is
+    the user's mistake either way."""
+    for x in (3.0, 3, np.float32(3.0), np.array(3.0)):
+        with pytest.raises(pm.ShapeError, match=r"spec 'n' has 1 axes but .* rank 0"):
+            pm.jit(jnp.sum, "n")(x)
+    assert float(pm.jit(lambda x, s: jnp.sum(x) * s, ("n", ""))(np.ones(3), 2.0)) == 6.0

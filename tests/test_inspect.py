@@ -370,3 +370,10 @@ def test_explain_of_a_runner_without_arguments_uses_its_last_new_call():
     assert ids == jax.ShapeDtypeStruct((3,), jnp.int32) and table["table"].shape == (10, 4)
     text = pm.explain(f, print_output=False)
     assert "args[1]: i32[n]" in text and "args[0]['table']: f32[10,4]" in text
+
+
+def test_explain_names_rank_0_inputs_by_their_path():
+    f = pm.jit(lambda p, x: x @ p["w"] + p["b"], (None, "n, 3"))
+    p = {"w": jnp.ones((3,)), "b": jnp.float32(1.0)}
+    text = pm.explain(f, p, np.ones((4, 3), np.float32), print_output=False)
+    assert "  args[0]['b']: f32[]  bound []" in text and "  arg:" not in text

@@ -1013,3 +1013,20 @@ def test_ragged_map_takes_a_numpy_object_array_of_examples():
     out = pm.ragged_map(lambda x: x.sum(0), "n, 4")(arr)
     for o, x in zip(out, xs):
         np.testing.assert_allclose(o, x.sum(0))
+
+
+def test_64_bit_numpy_inputs_warn_no_more_than_jax_jit():
+    """A tiered first call with int64/float64 NumPy inputs (x64 off) printed
+    JAX's 'Explicitly requested dtype int64 ... truncated' UserWarning from
+    polymask's own abstract arguments; ``jax.jit`` prints none."""
+    table = np.ones((10, 3), np.float32)
+    ids = np.array([1, 2, 3])  # int64
+    x = np.random.default_rng(0).normal(size=5)  # float64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        out = pm.jit(lambda t, i: t[i].sum(-1), (None, "n"))(table, ids)
+        np.testing.assert_allclose(out, [3.0, 3.0, 3.0])
+        f = pm.jit(jnp.cumsum, "n")
+        np.testing.assert_allclose(f(x), np.cumsum(x), rtol=1e-5)
+        f.precompile(jax.ShapeDtypeStruct((9,), np.float64))
+        assert f.example_arguments()[0].dtype == jnp.float32

@@ -170,6 +170,9 @@ def test_buckets_by_dim_var_as_polymask_jit_takes_them():
         np.testing.assert_allclose(v, want[0], rtol=1e-5)
         np.testing.assert_allclose(g, want[1], rtol=1e-5)
     assert vg.exact_compiles == 0 and vg.compiles == 1  # n to 8, m to 16 both times
+    with pytest.raises(pm.ShapeError, match=r"dim var 'm' = 17 \(from args\[2\]\.shape\[0\]"
+                                            r".*larger than the largest bucket 16"):
+        vg(w, [np.ones((3, 3), np.float32)], [np.ones(17, np.float32)])
 
 
 def test_a_loss_with_auxiliary_outputs_is_named_at_its_definition():
@@ -178,3 +181,30 @@ def test_a_loss_with_auxiliary_outputs_is_named_at_its_definition():
     with pytest.raises(pm.ShapeError, match=r"must return one array.*test_training\.py:\d+.*"
                                             r"return the loss alone"):
         vg(jnp.ones(3), [np.ones((2, 3), np.float32)])
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_a_stacked_batch_runs_in_either_layout(layout):
+    """``polymask.stack`` batches in ``layout="packed"`` were a raw TypeError
+    ('Masked' object is not iterable): their exact examples are packed."""
+    loss = lambda w, x: jnp.sum(jnp.tanh(x @ w))  # noqa: E731
+    rng = np.random.default_rng(4)
+    xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (2, 0, 5)]
+    w = jnp.asarray(rng.normal(size=3).astype(np.float32))
+    v, g = pm.value_and_grad(loss, "n, 3", layout=layout)(w, pm.stack(xs))
+    want = jax.value_and_grad(lambda w: sum(loss(w, jnp.asarray(x)) for x in xs) / 3)(w)
+    np.testing.assert_allclose(v, want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g, want[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("batch", ["list", "stack", "array"])
+def test_auxiliary_outputs_are_named_in_every_path(layout, batch):
+    def loss_aux(w, x):
+        return jnp.sum(x @ w), jnp.max(x)
+
+    xs = [np.ones((2, 3), np.float32), np.ones((4, 3), np.float32)]
+    data = {"list": xs, "stack": pm.stack(xs), "array": np.ones((2, 4, 3), np.float32)}[batch]
+    with pytest.raises(pm.ShapeError, match=r"got a tuple of 2 from .*loss_aux defined at "
+                                            r".*test_training\.py:\d+; return the loss alone"):
+        pm.value_and_grad(loss_aux, "n, 3", layout=layout)(jnp.ones(3), data)

@@ -117,21 +117,29 @@ def stdlib_docstrings(limit: int | None = None, seed: int = 0, per_file: int = 6
 # output helpers
 # ----------------------------------------------------------------------------
 def _print_table(title: str, rows: list[tuple[str, str]]) -> None:
+    """A rich table on a terminal; aligned plain text when the output is a
+    file or a pipe (rich then assumes 80 columns and cut every value to '…')."""
     try:
         from rich.console import Console
         from rich.table import Table
-
-        t = Table(title=title, show_header=True, header_style="bold")
-        t.add_column("metric", no_wrap=True)
-        t.add_column("value")  # left-aligned: long values wrap into readable lines
-        for k, v in rows:
-            t.add_row(k, v)
-        Console().print(t)
     except ImportError:  # pragma: no cover - rich is in the models extra
+        Console = None  # noqa: N806
+    console = Console() if Console is not None else None
+    if console is None or not console.is_terminal:
         w = max(len(k) for k, _ in rows)
         print(title)
         for k, v in rows:
-            print(f"  {k.ljust(w)}  {v}")
+            lines = str(v).splitlines() or [""]
+            print(f"  {k.ljust(w)}  {lines[0]}".rstrip())
+            for more in lines[1:]:
+                print(f"  {'':{w}}  {more}".rstrip())
+        return
+    t = Table(title=title, show_header=True, header_style="bold")
+    t.add_column("metric", ratio=1, overflow="fold")
+    t.add_column("value", ratio=2, overflow="fold")  # long values wrap into readable lines
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
 
 
 def _load_encoder(model_dir, precision: str = "float32"):

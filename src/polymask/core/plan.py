@@ -318,10 +318,12 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         is_scalar_py = isinstance(leaf, (bool, int, float, complex))
         check_program_input(leaf, path)
         axes = None
-        if not is_scalar_py and (spec is not None or (in_specs is None and shape)):
+        # a Python scalar's spec is checked too ('n' on 3.0 is a rank error, as on
+        # np.float32(3.0)), but the scalar stays static
+        if spec is not None or (in_specs is None and shape and not is_scalar_py):
             axes = parse_leaf_spec(spec, path, shape, scope, default_dynamic=True,
                                    name_gen=gen_name)
-            if all(a.var is None for a in axes):
+            if is_scalar_py or all(a.var is None for a in axes):
                 axes = None
         parsed.append((path, shape, dtype_key(leaf), axes))
     sol = solve_sizes([axes or () for _, _, _, axes in parsed],

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from .. import _jax_compat as compat
 from .errors import ShapeError
@@ -150,11 +151,13 @@ def _split_top_level(s: str) -> list[str]:
     return parts
 
 
-
 def _is_list_of_numbers(x) -> bool:
-    """A list or tuple of Python numbers (``[1., 2.]``): meant as one array."""
-    return (isinstance(x, (list, tuple)) and len(x) > 0
-            and all(isinstance(v, (int, float, complex, bool)) for v in x))
+    """A list or tuple of numbers, nested or empty (``[1., 2.]``, ``[[1, 2]]``,
+    ``[np.float32(1)]``, ``[]``): meant as one array."""
+    if not isinstance(x, (list, tuple)):
+        return False
+    return all(isinstance(v, (int, float, complex, bool, np.number, np.bool_))
+               or _is_list_of_numbers(v) for v in x)
 
 
 def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list:

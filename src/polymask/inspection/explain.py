@@ -21,11 +21,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
+from ..core.binding import split_specs
 from ..core.dimvars import describe_conditions, display_text
 from ..core.errors import FailsAsPlainJax, ShapeError, UnsupportedError
 from ..core.masked import Masked
 from ..core.shapes import DimEnv
-from ..core.specs import PLACEHOLDER_BOUND, args_from_specs
+from ..core.specs import PLACEHOLDER_BOUND, args_from_specs, broadcast_specs
 from ..tracing.cases.dispatch import case_program
 from ..tracing.cases.splitting import trace_function_cases
 from ..tracing.interpreter import Interpreter, run_program, runs_rule
@@ -312,14 +313,29 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
             # ``explain(runner, params, x)``: the runner has its specs, so the
             # second argument is its first example argument, not a spec
             args, in_specs = (in_specs, *args), None
-        in_specs = getattr(runner, "in_specs", None) if in_specs is None else in_specs
+        if not args and hasattr(runner, "example_arguments"):
+            args = runner.example_arguments() or ()  # what the runner last compiled for
+        if in_specs is None:
+            in_specs = (runner.specs_for(len(args)) if hasattr(runner, "specs_for")
+                        else getattr(runner, "in_specs", None))
         constraints = tuple(constraints) or tuple(getattr(runner, "constraints", ()))
-    if not args and runner is not None and hasattr(runner, "example_arguments"):
-        args = runner.example_arguments() or ()  # what the runner last compiled for
     placeholder = not args
     if placeholder:
-        args = args_from_specs(in_specs, dtype)
+        try:
+            args = args_from_specs(in_specs, dtype)
+        except ShapeError as e:
+            if runner is None:
+                raise
+            reason = str(e).split("; pass example")[0]
+            raise ShapeError(
+                f"explain({type(runner).__name__}) without example arguments: {reason}. Pass "
+                "them as you call the runner, explain(runner, *args) (arrays or "
+                "jax.ShapeDtypeStructs), or call the runner first: polymask.jit runners "
+                "are then explained at their last new call's shapes") from None
     absargs = abstractify(args, in_specs, dtype)
+    if runner is not None:  # specs that do not fit the arguments: the user's call, no fallback
+        broadcast_specs(split_specs(fun, in_specs, len(absargs), {})[0], list(absargs),
+                        is_masked)
     if layout == "packed":
         plain = jax.tree_util.tree_map(lambda v: v.data if is_masked(v) else v, absargs,
                                        is_leaf=is_masked)
@@ -367,7 +383,9 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     recorder.attribute(masked_jaxpr, n_sizes)
 
     size_table = sizes_table(prog, concrete)
-    header = (_header(fun, prog, concrete, masked_jaxpr) + tree.explain_header(prog)
+    paths = ["args" + jax.tree_util.keystr(kp) for kp, _ in jax.tree_util.tree_flatten_with_path(
+        tuple(args), is_leaf=lambda v: is_masked(v) or is_shape_tuple(v))[0]]
+    header = (_header(fun, prog, concrete, masked_jaxpr, paths) + tree.explain_header(prog)
               + _fallbacks_so_far(runner))
     if placeholder:
         header += (f"\n(no example arguments: every dim var has the placeholder bound "
@@ -406,13 +424,15 @@ def _per_shape_explanation(fun, error: BaseException) -> Explanation:
     return Explanation(text, [], {}, None, text)
 
 
-def _header(fun, prog, concrete, masked_jaxpr) -> str:
+def _header(fun, prog, concrete, masked_jaxpr, paths) -> str:
     name = getattr(fun, "__name__", repr(fun))
     lines = [f"polymask.explain: {name}"]
     ins = []
-    for axes, lb, aval in zip(prog.axis_specs, prog.leaf_bounds,
-                              prog.closed_jaxpr.in_avals):
-        path = axes[0].path if axes else "arg"
+    if len(paths) != len(prog.axis_specs):  # not one program input per argument leaf
+        paths = [None] * len(prog.axis_specs)
+    for axes, lb, aval, leaf_path in zip(prog.axis_specs, prog.leaf_bounds,
+                                         prog.closed_jaxpr.in_avals, paths):
+        path = axes[0].path if axes else (leaf_path or "arg")
         ins.append(f"  {path}: {_aval_str(aval)}  bound {_bound_str(lb)}")
     lines.append("inputs:")
     lines.extend(ins)

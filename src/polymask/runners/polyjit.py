@@ -159,7 +159,8 @@ class PolyJit:
     # -- call infos ----------------------------------------------------------------
     def _info(self, args, tree, key, fast: bool) -> _CallInfo:
         plan, leaves, _ = self.plans.plan(args)
-        self._last_new = (tree, [jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+        self._last_new = (tree, [jax.ShapeDtypeStruct(np.shape(x),
+                                                      jax.dtypes.canonicalize_dtype(x.dtype))
                                  if hasattr(x, "dtype") else x for x in leaves])
         device_pad = not host_backend()
         dyn = tuple((i, plan.leaves[i].padded, plan.leaves[i].shape == plan.leaves[i].padded,
@@ -561,7 +562,8 @@ class PolyJit:
             entry.cover_key, entry.buckets = cover_key(tree, plan), dict(plan.buckets)
             entry.padded = plan.padded
         avals = [x for x, p in zip(leaves, plan.leaves) if p.static]
-        avals += [jax.ShapeDtypeStruct(p.padded, p.dtype) for p in plan.leaves if not p.static]
+        avals += [jax.ShapeDtypeStruct(p.padded, jax.dtypes.canonicalize_dtype(p.dtype))
+                  for p in plan.leaves if not p.static]
         avals.append(jax.ShapeDtypeStruct((len(plan.values),), np.int32))
         return self.cache.precompile_entry(entry, functools.partial(self._make, tree, plan),
                                            avals, kind)

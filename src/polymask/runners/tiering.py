@@ -191,7 +191,8 @@ class Tiering:
         args = list(leaves)
         for i, p in enumerate(plan.leaves):
             if not p.static:
-                args[i] = jax.ShapeDtypeStruct(padded_shape(p.axes, sizes), p.dtype)
+                args[i] = jax.ShapeDtypeStruct(padded_shape(p.axes, sizes),
+                                                jax.dtypes.canonicalize_dtype(p.dtype))
         try:
             return self.compile_ahead(jax.tree_util.tree_unflatten(tree, args))
         except Exception:  # noqa: BLE001 - the call's own bucket raises (or falls back)

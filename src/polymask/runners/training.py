@@ -25,7 +25,7 @@ from ..core.buckets import as_policy
 from ..core.diagnostics import user_frame_of_exception
 from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
-from ..core.plan import bucket_bound, padded_shape, plan_call, policy_getter, solve_axis
+from ..core.plan import bucket_values, padded_shape, plan_call, policy_getter, solve_axis
 from ..core.specs import parse_leaf_spec
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.interpreter import ROWS_AXIS
@@ -70,10 +70,7 @@ def plain_loss_shape(fun: Callable, args: Sequence[Any], cache: dict, where: str
         try:
             out = jax.eval_shape(fun, *args)
             if not hasattr(out, "shape"):  # a tuple (loss, aux), a dict, None
-                raise ShapeError(
-                    f"value_and_grad: fun must return one array (its loss), got "
-                    f"{jax.tree_util.tree_structure(out)} from {_defined_at(fun)}; return the "
-                    "loss alone (auxiliary outputs are not supported)")
+                raise not_one_loss(fun, out)
             cache[key] = out.shape
         except ShapeError:
             raise
@@ -85,6 +82,16 @@ def plain_loss_shape(fun: Callable, args: Sequence[Any], cache: dict, where: str
     if isinstance(cache[key], ShapeError):
         raise cache[key]
     return cache[key]
+
+
+def not_one_loss(fun: Callable, out) -> ShapeError:
+    """The error for a ``fun`` whose result is not one array (``(loss, aux)``)."""
+    leaves = jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, Masked))
+    what = (f"{type(out).__name__} of {len(leaves)}" if isinstance(out, (tuple, list, dict))
+            else type(out).__name__)
+    return ShapeError(f"value_and_grad: fun must return one array (its loss), got a {what} "
+                      f"from {_defined_at(fun)}; return the loss alone (auxiliary outputs "
+                      "are not supported)")
 
 
 def _defined_at(fun: Callable) -> str:
@@ -135,8 +142,7 @@ class RaggedValueAndGrad:
         in_axes = tuple(None if i in self._unbatched else 0 for i in range(len(args)))
         out = jax.vmap(self._masked, in_axes=in_axes)(*args)
         if not isinstance(out, Masked):
-            raise ShapeError("value_and_grad: fun must return one array (its loss), got "
-                             f"{jax.tree_util.tree_structure(out)}")
+            raise not_one_loss(self.fun, out)
         w = weights.reshape(weights.shape + (1,) * (out.data.ndim - 1))
         keep = out.valid() & (w > 0)
         total = jnp.sum(jnp.where(keep, out.data, 0))
@@ -191,8 +197,9 @@ class RaggedValueAndGrad:
         except ShapeError:
             return None
         # each dim var's bucket, then the axis' affine size of it ('2*k + 1': k is bucketed)
-        buckets = {a.var: bucket_bound(self._policy_for(a.var), solve_axis(n, a))
-                   for a, n in zip(axes, longest) if a.var is not None}
+        values = {a.var: solve_axis(n, a) for a, n in zip(axes, longest) if a.var is not None}
+        where = {a.var: f"{a.where}, the longest of the batch" for a in axes if a.var is not None}
+        buckets = bucket_values(self._policy_for, values, where)
         return padded_shape(axes, buckets)
 
     @property
@@ -200,16 +207,22 @@ class RaggedValueAndGrad:
         """Examples of the last packed call that ran in the padded layout."""
         return self._packed.last_padded if self._packed is not None else 0
 
-    def _fit_specs(self, n_args: int) -> None:
-        """Specs of the batched arguments only (``("n, 4",)`` for
-        ``fun(params, x)``, as the packed layout takes them): the
-        differentiated arguments take None."""
+    def specs_for(self, n_args: int):
+        """``fun``'s specs for a call with ``n_args`` arguments, as
+        ``polymask.mask`` takes them: specs of the batched arguments only
+        (``("n, 4",)`` for ``fun(params, x)``, as the packed layout takes
+        them) get None for the differentiated ones (``explain`` uses this)."""
         specs = self._in_specs
         if (isinstance(specs, (tuple, list)) and len(specs) == n_args - len(self._unbatched)
                 and self._unbatched):
             it = iter(specs)
-            self._in_specs = tuple(None if i in self._unbatched else next(it)
-                                   for i in range(n_args))
+            return tuple(None if i in self._unbatched else next(it) for i in range(n_args))
+        return specs
+
+    def _fit_specs(self, n_args: int) -> None:
+        specs = self.specs_for(n_args)
+        if specs is not self._in_specs:
+            self._in_specs = specs
             self._masked = mask(self.fun, self._in_specs, checks=self._checks)
 
     def _check_arguments(self, args) -> None:
@@ -478,6 +491,9 @@ class PackedTraining:
         return tuple(specs)
 
     def __call__(self, *args):
+        # a stacked batch (``polymask.stack``) is packed from its exact examples
+        args = tuple(a.unpad() if isinstance(a, Masked) and j != self.argnums else a
+                     for j, a in enumerate(args))
         params = args[self.argnums]
         batched = [a for j, a in enumerate(args) if j != self.argnums]
         examples = list(zip(*batched))
@@ -574,7 +590,7 @@ class PackedTraining:
             outs = jax.vmap(row, in_axes=(None,) * n_params + (0,) * n_in,
                             axis_name=ROWS_AXIS)(*p_leaves, *inputs)
             if len(outs) != 1:
-                raise ShapeError("value_and_grad: fun must return one array (its loss)")
+                raise not_one_loss(self.fun, tuple(outs))
             out, kind = outs[0], prog.out_kinds[0]
             if kind == "packed":  # the live positions of real rows' examples
                 seg = jax.vmap(lambda *a: Segments.from_arrays(a, prog.gap)
