@@ -555,3 +555,16 @@ def test_a_python_scalar_under_an_axis_spec_is_a_shape_error_as_an_array_is():
         with pytest.raises(pm.ShapeError, match=r"spec 'n' has 1 axes but .* rank 0"):
             pm.jit(jnp.sum, "n")(x)
     assert float(pm.jit(lambda x, s: jnp.sum(x) * s, ("n", ""))(np.ones(3), 2.0)) == 6.0
+
+
+def test_ragged_map_argument_order_mistakes_are_named():
+    f = lambda p, x: jnp.sum(x @ p["w"])  # noqa: E731
+    p = {"w": jnp.ones(3)}
+    xs = [np.ones((n, 3), np.float32) for n in (2, 5)]
+    rm = pm.ragged_map(f, "n, 3")
+    with pytest.raises(pm.ShapeError, match=r"got a value of type dict; a dict \(parameters\?\) "
+                                            r"is a broadcast argument, passed after the examples"):
+        rm(p, xs)  # the parameters passed first
+    with pytest.raises(pm.ShapeError, match=r"ragged_map calls fun\(\*broadcast, \*example\)"):
+        pm.ragged_map(lambda x, p: f(p, x), "n, 3")(xs, p)  # fun takes them last
+    np.testing.assert_allclose(rm(xs, p), [6.0, 15.0])

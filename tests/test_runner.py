@@ -172,6 +172,24 @@ def test_jit_steady_path_counts_calls_and_follows_eviction():
     assert st["calls"] == 12 and st["compiles"] == 3 and st["evictions"] == 2
 
 
+@pytest.mark.parametrize("tiered", [True, False])
+def test_evictions_count_programs_and_the_cache_keeps_its_size(tiered):
+    """Every compiled program is either in the cache or counted as evicted
+    (a bucket evicted while it compiled in the background was counted at
+    eviction and then installed anyway, outside the cache: 23 evictions for
+    21 compiles with cache_size=1)."""
+    f = pm.jit(lambda x: jnp.cumsum(x) * 2, "n", cache_size=1, tiered=tiered)
+    for _ in range(2):
+        for n in (0, 1, 2, 5, 9, 17, 20, 33):
+            x = np.arange(n, dtype=np.float32)
+            np.testing.assert_allclose(f(x), np.cumsum(x) * 2)
+    f.wait()
+    st = f.stats()
+    assert st["cache_size"] == 1
+    assert st["evictions"] == st["compiles"] - 1
+    assert sum(e.live for e in f.cache.entries()) == 1
+
+
 def test_jit_thread_safe_single_compile():
     pf = pm.jit(jnp.cumsum)
     errors, results = [], {}

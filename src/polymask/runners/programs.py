@@ -81,6 +81,7 @@ class Entry:
     prepared: Any = None  # (program, avals, key) once program_store keyed it
     compiler_options: dict = dataclasses.field(default_factory=dict)  # XLA's, per program
     unshared: str | None = None  # its trace failed: why (the runner runs per exact shape)
+    evicted: bool = False  # dropped from the cache (a compile finishing later is dropped too)
 
 
 def at_call_site_error(e: ShapeError | str) -> ShapeError:
@@ -313,8 +314,9 @@ class ProgramCache:
             while len(self._entries) > self.cache_size:
                 old_key = min(self._entries, key=lambda k: self._entries[k].tick)
                 old = self._entries.pop(old_key)
-                old.live = False
-                self._stats["evictions"] += 1
+                old.live, old.evicted = False, True
+                if old.fn is not None:  # a program dropped (not a bucket still compiling)
+                    self._stats["evictions"] += 1
             return e
 
     def compile_run(self, entry: Entry, make_fn, flat_args, *, background=False):
@@ -364,9 +366,10 @@ class ProgramCache:
         an extra counter, e.g. ``"precompiles"``)."""
         entry.compile_s = seconds
         entry.fn = fn
-        entry.live = True
         with self.lock:
+            entry.live = not entry.evicted  # evicted while compiling: dropped at once
             st = self._stats
+            st["evictions"] += entry.evicted
             st["compiles"] += 1
             st["compile_time_s"] += seconds
             st["xla_compiles"] += cc.compiles

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -31,7 +31,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.buckets import as_policy
 from ..core.diagnostics import at_call_site, user_call_site
-from ..core.errors import ShapeError
+from ..core.errors import FailsAsPlainJax, ShapeError
 from ..core.plan import dtype_key, policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from . import ragged_batches
@@ -177,6 +177,12 @@ class RaggedMap:
                                 bcast_leaves, bcast_tree, bcast_key, in_specs, spec_key, rows)
                 if bar is not None:
                     bar.update(len(chunk))
+        except FailsAsPlainJax as e:
+            if not broadcast:
+                raise
+            e.args = (f"{e}\n  (if the argument order is the cause: ragged_map calls "
+                      "fun(*broadcast, *example), the broadcast arguments first)",)
+            raise
         finally:
             if bar is not None:
                 bar.close()
@@ -718,14 +724,17 @@ def _as_example_list(examples) -> list:
     ``ragged_map`` never means: its examples differ in size)."""
     if isinstance(examples, np.ndarray) and examples.dtype == object and examples.ndim == 1:
         return list(examples)  # a NumPy object array holds examples of any shapes
-    if (isinstance(examples, (str, bytes)) or hasattr(examples, "shape")
+    if (isinstance(examples, (str, bytes, Mapping)) or hasattr(examples, "shape")
             or not hasattr(examples, "__iter__")):
         what = (f"an array of shape {tuple(np.shape(examples))}" if hasattr(examples, "shape")
                 else f"a value of type {type(examples).__name__}")
+        hint = ("; a dict (parameters?) is a broadcast argument, passed after the "
+                "examples: ragged_map(...)(examples, *broadcast)"
+                if isinstance(examples, Mapping) else "; for one example, pass [x]")
         raise at_call_site(ShapeError(
             f"ragged_map(...)(examples): examples must be a list of examples (each one "
-            f"example's argument, or a tuple of its arguments), got {what}; for one "
-            "example, pass [x]"), user_call_site())
+            f"example's argument, or a tuple of its arguments), got {what}{hint}"),
+            user_call_site())
     return list(examples)
 
 
