@@ -377,3 +377,45 @@ def test_explain_names_rank_0_inputs_by_their_path():
     p = {"w": jnp.ones((3,)), "b": jnp.float32(1.0)}
     text = pm.explain(f, p, np.ones((4, 3), np.float32), print_output=False)
     assert "  args[0]['b']: f32[]  bound []" in text and "  arg:" not in text
+
+
+def test_explain_of_ragged_map_and_value_and_grad_takes_their_call_arguments():
+    """``explain(rm, w, x)``: broadcast arguments first, one example after
+    (it was an in_specs count error); ``explain(vg, params, x)``; without
+    arguments both say what to pass; a forgotten argument is named as the
+    user's mistake (it was 'fails for every size at <unknown location>')."""
+    pool = lambda w, x: jnp.max(x @ w, axis=0)  # noqa: E731
+    w, x = jnp.ones((4, 2)), np.ones((5, 4), np.float32)
+    rm = pm.ragged_map(pool, "n, 4")
+    text = pm.explain(rm, w, x, print_output=False)
+    assert "args[0]: f32[4,2]" in text and "args[1]: f32[n,4]" in text
+    assert text == pm.explain(rm, None, w, x, print_output=False)
+    vg = pm.value_and_grad(lambda p, x: jnp.sum(x @ p), "n, 4")
+    assert "args[1]: f32[n,4]" in pm.explain(vg, jnp.ones(4), x, print_output=False)
+    for runner in (rm, vg):
+        with pytest.raises(pm.ShapeError, match=r"without example arguments: it needs them"):
+            pm.explain(runner, print_output=False)
+        with pytest.raises(pm.ShapeError, match=r"do not fit <lambda>\(\w, x\): missing a "
+                                                r"required argument: 'x'"):
+            pm.explain(runner, x, print_output=False)
+
+
+def test_explain_takes_python_scalars_and_0_d_shapes():
+    j = pm.jit(lambda s, x: jnp.sum(x * s), (None, "n"))
+    x = np.ones(5, np.float32)
+    assert float(j(2.0, x)) == 10.0
+    for args in ((2.0, x), (), ((), (5,))):  # () : the runner's last new call
+        text = pm.explain(j, *args, print_output=False)
+        assert "args[0]: f32[]" in text and "args[1]: f32[n]" in text
+
+
+def test_explain_of_polymask_jit_shows_the_program_it_compiles():
+    """Forward only, zero-padded inputs, at the runner's bucket with the
+    example's sizes (it showed mask's differentiable program, 3 selects
+    instead of 1, at the example's exact shape)."""
+    f = lambda s, x: jnp.sum(jnp.log(x) * s)  # noqa: E731
+    text = pm.explain(pm.jit(f, (None, "n")), jnp.float32(2), jnp.ones(5), print_output=False)
+    assert "args[1]: f32[n]  bound [8]" in text and "from args[1].shape[0] = 5" in text
+    assert "(1 select_n)" in text
+    assert "(3 select_n)" in pm.explain(f, (None, "n"), jnp.float32(2), jnp.ones(5),
+                                        print_output=False)

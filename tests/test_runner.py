@@ -1048,3 +1048,17 @@ def test_64_bit_numpy_inputs_warn_no_more_than_jax_jit():
         np.testing.assert_allclose(f(x), np.cumsum(x), rtol=1e-5)
         f.precompile(jax.ShapeDtypeStruct((9,), np.float64))
         assert f.example_arguments()[0].dtype == jnp.float32
+        loss = lambda p, t: jnp.sum(p["e"][t])  # noqa: E731
+        p = {"e": jnp.ones((10, 2))}
+        for layout in ("padded", "packed"):
+            v, _ = pm.value_and_grad(loss, "n", layout=layout)(p, [ids, np.array([4])])
+            assert float(v) == 4.0
+        out = pm.mask(lambda t: jnp.sum(t), "n")(pm.Masked(np.array([1, 2, 3, 9]), (3,)))
+        assert int(out.data) == 6
+
+
+def test_tiered_is_off_by_default_when_the_cache_cannot_hold_a_cover(monkeypatch):
+    monkeypatch.setenv("POLYMASK_TIERED", "1")
+    assert not pm.jit(jnp.sum, "n", cache_size=3).tiered
+    assert pm.jit(jnp.sum, "n", cache_size=4).tiered
+    assert pm.jit(jnp.sum, "n", cache_size=1, tiered=True).tiered  # asked for: kept

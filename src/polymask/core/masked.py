@@ -317,8 +317,10 @@ def stack(arrays: Sequence[Any], bound: Sequence[int] | None = None,
       arrays: ``B`` arrays of equal rank and dtype, shapes ``S_i``.
       bound: padded per-example shape; default: the elementwise max of the
         ``S_i``, rounded up by ``buckets`` when given.
-      buckets: a bucketing policy (see ``polymask.buckets``) applied to each
-        dynamic axis of the default bound.
+      buckets: a bucketing policy (see ``polymask.buckets``) applied to every
+        axis of the default bound (``stack`` knows no specs: an axis of a
+        constant size is rounded up too, ``(n, 4)`` to ``(8, 8)``; give
+        ``bound`` to keep it, as ``value_and_grad(buckets=...)`` does).
       fill: value of the padding; must fit the dtype (no NaN for ints).
 
     The result has the dtype of ``arrays[0]``; every other array must cast to

@@ -27,6 +27,15 @@ Size = Any
 SHIFT_SUFFIX = "__p1"
 
 
+def canonical_dtype(dtype):
+    """``dtype`` as JAX computes with it (``int64`` is ``int32`` without x64),
+    so abstract arguments made from host arrays do not raise JAX's truncation
+    warning; extended dtypes (PRNG keys) unchanged."""
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+        return dtype
+    return jax.dtypes.canonicalize_dtype(dtype)
+
+
 def is_static(s) -> bool:
     """A size known in Python (not a tracer or array)."""
     return isinstance(s, (int, np.integer)) and not isinstance(s, bool)

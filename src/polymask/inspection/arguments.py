@@ -4,6 +4,7 @@ values, ``ShapeDtypeStruct``s or bare padded shapes, made abstract."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
@@ -37,6 +38,8 @@ def abstractify(args, in_specs, dtype):
         if isinstance(x, jax.ShapeDtypeStruct) or hasattr(x, "shape"):
             sds = jax.ShapeDtypeStruct(tuple(np.shape(x)), x.dtype)
             return Masked(sds) if in_specs is None else sds
+        if isinstance(x, (bool, int, float, complex)):  # weakly typed, as jax.jit takes it
+            return jax.ShapeDtypeStruct((), jnp.asarray(x).dtype, weak_type=True)
         return x
 
     return tuple(jax.tree_util.tree_map(one, a, is_leaf=lambda v: is_masked(v) or

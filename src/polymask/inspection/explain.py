@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import linecache
 import re
 from typing import Any
@@ -25,7 +26,7 @@ from ..core.binding import split_specs
 from ..core.dimvars import describe_conditions, display_text
 from ..core.errors import FailsAsPlainJax, ShapeError, UnsupportedError
 from ..core.masked import Masked
-from ..core.shapes import DimEnv
+from ..core.shapes import DimEnv, canonical_dtype
 from ..core.specs import PLACEHOLDER_BOUND, args_from_specs, broadcast_specs
 from ..tracing.cases.dispatch import case_program
 from ..tracing.cases.splitting import trace_function_cases
@@ -241,9 +242,44 @@ def _aval_str(aval) -> str:
     return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else str(aval)
 
 
+def _at_runner_buckets(runner, args) -> tuple:
+    """Example arrays as ``polymask.jit`` pads them: each dynamic leaf a
+    ``Masked`` of its bucket's padded shape with the example's logical shape
+    (explained with the runner's bound and the example's sizes). Arguments
+    given as padded shapes or ``Masked`` values are explained as given."""
+    given = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: is_masked(v) or
+                                      is_shape_tuple(v))
+    if any(is_masked(v) or is_shape_tuple(v) for v in given):
+        return tuple(args)
+    try:
+        plan, leaves, tree = runner.plans.plan(tuple(args))
+    except ShapeError:
+        return tuple(args)  # explain reports it
+    out = [leaf if p.static else Masked(jax.ShapeDtypeStruct(p.padded, canonical_dtype(
+        leaf.dtype)), tuple(p.shape)) for p, leaf in zip(plan.leaves, leaves)]
+    return tuple(jax.tree_util.tree_unflatten(tree, out))
+
+
+def _check_signature(fun, args) -> None:
+    """Example arguments that ``fun`` cannot take (a forgotten ``params``)
+    are the user's call, said as such (a trace would report it as a function
+    that fails at every size)."""
+    try:
+        sig = inspect.signature(fun)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*args)
+    except TypeError as e:
+        raise ShapeError(f"explain: the example arguments do not fit "
+                         f"{getattr(fun, '__name__', 'fun')}{sig}: {e} (pass them as you "
+                         "would call the function or runner)") from None
+
+
 def _is_spec_tree(x) -> bool:
     """Whether ``x`` can be ``in_specs``: its leaves are spec strings (None
-    is no leaf); an array or a shape tuple of ints is an example argument."""
+    is no leaf); an array or a shape tuple of ints is an example argument
+    (so is ``()`` followed by more arguments: a 0-d padded shape)."""
     return all(isinstance(leaf, str) for leaf in jax.tree_util.tree_leaves(x))
 
 
@@ -254,7 +290,9 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     Args:
       fun: as for ``polymask.mask``, or a runner (``polymask.jit``,
         ``ragged_map``, ``value_and_grad``): its function, specs and
-        constraints are explained.
+        constraints are explained; for ``polymask.jit`` and ``ragged_map``
+        the program they compile (forward only, zero-padded inputs; for
+        ``polymask.jit`` example arrays padded to the runner's bucket).
       in_specs: as for ``polymask.mask`` (default for a runner: its own; for a
         runner, an argument here that is no spec, an array or a pytree of
         them, is taken as the first example argument: ``explain(f, params, x)``).
@@ -309,7 +347,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
     runner, fun = (fun, fun.fun) if _is_runner(fun) else (None, fun)  # trace the user's function
     if runner is not None:  # the runner's own specs and constraints unless given
-        if in_specs is not None and not _is_spec_tree(in_specs):
+        if in_specs is not None and (not _is_spec_tree(in_specs) or (in_specs == () and args)):
             # ``explain(runner, params, x)``: the runner has its specs, so the
             # second argument is its first example argument, not a spec
             args, in_specs = (in_specs, *args), None
@@ -322,16 +360,28 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     placeholder = not args
     if placeholder:
         try:
+            if runner is not None and not hasattr(runner, "example_arguments"):
+                raise ShapeError("it needs them (its specs leave out parameters and "
+                                 "broadcast arguments)")
             args = args_from_specs(in_specs, dtype)
         except ShapeError as e:
             if runner is None:
                 raise
             reason = str(e).split("; pass example")[0]
+            later = ("; or call the runner first: it is then explained at its last new "
+                     "call's shapes" if hasattr(runner, "example_arguments") else
+                     " (for value_and_grad: params and one example's arguments; for "
+                     "ragged_map: the broadcast arguments, then one example's)")
             raise ShapeError(
                 f"explain({type(runner).__name__}) without example arguments: {reason}. Pass "
                 "them as you call the runner, explain(runner, *args) (arrays or "
-                "jax.ShapeDtypeStructs), or call the runner first: polymask.jit runners "
-                "are then explained at their last new call's shapes") from None
+                f"jax.ShapeDtypeStructs){later}") from None
+    _check_signature(fun, args)
+    # polymask.jit and ragged_map compile forward-only programs of zero-padded
+    # inputs (mask(zero_padded=True, differentiable=False)): explain that program
+    forward_only = runner is not None and getattr(runner, "FORWARD_ONLY", False)
+    if forward_only and hasattr(runner, "plans") and not placeholder:
+        args = _at_runner_buckets(runner, args)
     absargs = abstractify(args, in_specs, dtype)
     if runner is not None:  # specs that do not fit the arguments: the user's call, no fallback
         broadcast_specs(split_specs(fun, in_specs, len(absargs), {})[0], list(absargs),
@@ -373,7 +423,8 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
             shape = [int(np.shape(d)[a.axis]) if a.var is None else next(it) for a in axes]
             leaves.append(Masked(d, tuple(shape)))
         values, _ = solve_dim_vars(prog, leaves, checks_on=False)
-        outs = run_program(prog, leaves, values, interpreter=interp)
+        outs = run_program(prog, leaves, values, interpreter=interp,
+                           zero_padded=forward_only, forward_only=forward_only)
         return [o.data for o in outs], [o.shape for o in outs]
 
     datas = [jax.ShapeDtypeStruct(tuple(np.shape(leaf.data if is_masked(leaf) else leaf)),

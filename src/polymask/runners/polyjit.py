@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,6 +35,7 @@ from .. import _jax_compat as compat
 from ..core.binding import KeywordWithoutSpec, keywords_as_positional
 from ..core.errors import ShapeError
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
+from ..core.shapes import canonical_dtype
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
@@ -109,12 +111,17 @@ class _BucketUnshared(Exception):
 _LEAF_TREE = jax.tree_util.tree_structure(0)
 
 
+TIERED_MIN_CACHE = 4  # the smallest cache_size that keeps tiered buckets on by default
+
+
 class PolyJit:
     """The callable returned by ``polymask.jit`` (see there).
 
     ``cache``: its compiled programs and stats (``ProgramCache``); ``plans``:
     its call plans; ``tiering``: the covering-bucket strategy (None when
     ``tiered`` is off)."""
+
+    FORWARD_ONLY = True  # its programs are never differentiated (explain shows that program)
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
                  numpy_outputs=False, tiered=None, compiler_options=None,
@@ -135,7 +142,9 @@ class PolyJit:
         name = getattr(fun, "__name__", type(fun).__name__)
         self._fallback = (ExactFallback(fun, f"polymask.jit({name})", self.cache.add,
                                         self.compiler_options) if fallback else None)
-        tiered = env_switch("POLYMASK_TIERED") if tiered is None else bool(tiered)
+        if tiered is None:  # a covering bucket and those it serves must fit the cache
+            tiered = env_switch("POLYMASK_TIERED") and cache_size >= TIERED_MIN_CACHE
+        tiered = bool(tiered)
         self.tiering = (Tiering(self.cache, policy_for, self._compile_first_ahead, self.constraints)
                         if tiered else None)
         self._infos: dict = {}
@@ -146,6 +155,7 @@ class PolyJit:
         self._retired_exact = 0  # calls run per exact shape, of dropped infos
         self._keyword_calls = itertools.count()  # calls with keywords no spec covers
         self._fg_compiles_in_calls = 0
+        self._cover_extra_padded = 0  # padded elements tiered calls ran beyond their own bucket's
         functools.update_wrapper(self, fun)
 
     @property
@@ -160,7 +170,7 @@ class PolyJit:
     def _info(self, args, tree, key, fast: bool) -> _CallInfo:
         plan, leaves, _ = self.plans.plan(args)
         self._last_new = (tree, [jax.ShapeDtypeStruct(np.shape(x),
-                                                      jax.dtypes.canonicalize_dtype(x.dtype))
+                                                      canonical_dtype(x.dtype))
                                  if hasattr(x, "dtype") else x for x in leaves])
         device_pad = not host_backend()
         dyn = tuple((i, plan.leaves[i].padded, plan.leaves[i].shape == plan.leaves[i].padded,
@@ -213,7 +223,7 @@ class PolyJit:
         s["calls"] = calls + kw
         s["exact_calls"] = exact + kw
         s["logical_elements"] = logical
-        s["padded_elements"] = padded
+        s["padded_elements"] = padded + self._cover_extra_padded
         s["cache_hits"] = calls + kw - self._fg_compiles_in_calls
         return finish_stats(s)
 
@@ -515,6 +525,11 @@ class PolyJit:
                 dyn = tuple((i, b2, np.shape(leaves[i]) == b2, od) for (i, _, _, od), b2 in zip(
                     info.dyn, [padded_shape(plan.leaves[i].axes, cover.buckets)
                                for i, *_ in info.dyn]))
+                # padding_fraction counts what ran: the covering bucket's padded elements
+                extra = (sum(math.prod(b2) for _, b2, _, _ in dyn)
+                         - sum(math.prod(plan.leaves[i].padded) for i, *_ in info.dyn))
+                with self.cache.lock:
+                    self._cover_extra_padded += extra
                 self.cache.add(tiered_calls=1)
                 cover.tick = next(COMPILE_TICK)
                 return cover, cover.fn(*self._flat(info, leaves, dyn))
@@ -562,7 +577,7 @@ class PolyJit:
             entry.cover_key, entry.buckets = cover_key(tree, plan), dict(plan.buckets)
             entry.padded = plan.padded
         avals = [x for x, p in zip(leaves, plan.leaves) if p.static]
-        avals += [jax.ShapeDtypeStruct(p.padded, jax.dtypes.canonicalize_dtype(p.dtype))
+        avals += [jax.ShapeDtypeStruct(p.padded, canonical_dtype(p.dtype))
                   for p in plan.leaves if not p.static]
         avals.append(jax.ShapeDtypeStruct((len(plan.values),), np.int32))
         return self.cache.precompile_entry(entry, functools.partial(self._make, tree, plan),
@@ -609,7 +624,10 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
         the latest 1 s after it was requested, at once under ``f.wait()``,
         and at once when a shape that waits for it is called again.
         Default: on, unless the environment variable ``POLYMASK_TIERED=0``
-        (the test suite sets it, so compile counts are deterministic there).
+        (the test suite sets it, so compile counts are deterministic there)
+        or ``cache_size`` is below 4 (a covering bucket and the buckets it
+        serves would evict each other: twice the compiles, measured with
+        ``cache_size=1``).
       compiler_options: XLA options for every bucket program, as for
         ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names; an
         unknown name raises at the first compile). Traced calls (under

@@ -67,6 +67,8 @@ class RaggedMap:
     that determines ``fun``, so the program store loads its programs by name
     without a trace (``program_store.py``)."""
 
+    FORWARD_ONLY = True  # its programs are never differentiated (explain shows that program)
+
     def __init__(self, fun, in_specs=None, *, buckets=None, batch_size=32, batch_buckets=None,
                  constraints=(), cache_size=64, progress=False, numpy_outputs=False,
                  sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
@@ -188,6 +190,14 @@ class RaggedMap:
                 bar.close()
         self.refinement.queue_refined(wanted, infos, *call)
         return results
+
+    def specs_for(self, n_args: int):
+        """``fun``'s specs for ``n_args`` arguments as ``polymask.mask`` takes
+        them: the broadcast arguments (first) get None, then ``in_specs``
+        (``polymask.explain(rm, *broadcast, example)`` uses this)."""
+        if self.in_specs is None or n_args <= len(self.in_specs):
+            return self.in_specs
+        return (None,) * (n_args - len(self.in_specs)) + tuple(self.in_specs)
 
     def explain(self, example, *broadcast, print_output: bool = True, file=None):
         """How this map runs ``example`` (one example, as passed in the list)

@@ -42,6 +42,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.errors import ShapeError
 from ..core.plan import padded_shape
+from ..core.shapes import canonical_dtype
 from .fallback import refusal_text
 from .hostio import host_backend
 from .programs import Entry, ProgramCache
@@ -192,7 +193,7 @@ class Tiering:
         for i, p in enumerate(plan.leaves):
             if not p.static:
                 args[i] = jax.ShapeDtypeStruct(padded_shape(p.axes, sizes),
-                                                jax.dtypes.canonicalize_dtype(p.dtype))
+                                                canonical_dtype(p.dtype))
         try:
             return self.compile_ahead(jax.tree_util.tree_unflatten(tree, args))
         except Exception:  # noqa: BLE001 - the call's own bucket raises (or falls back)

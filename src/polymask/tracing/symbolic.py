@@ -33,7 +33,7 @@ from ..core.diagnostics import (
 )
 from ..core.errors import ShapeError, UnsupportedError
 from ..core.masked import Masked
-from ..core.shapes import DimEnv, is_static
+from ..core.shapes import DimEnv, canonical_dtype, is_static
 from ..core.specs import (
     AxisSpec,
     broadcast_specs,
@@ -314,8 +314,11 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
 
     env = DimEnv(scope, dim_bounds, {})
     leaf_bounds = [tuple(env.padded(a.expr) for a in axes) for axes in axis_specs]
-    # weak types kept: a Python scalar argument promotes as in plain JAX
-    avals = [jax.ShapeDtypeStruct(tuple(a.expr for a in axes), dtype_of(_leaf_data(leaf)),
+    # weak types kept: a Python scalar argument promotes as in plain JAX; 64-bit
+    # host dtypes canonical (int64 -> int32 without x64), as jax.jit takes them,
+    # without JAX's truncation warning
+    avals = [jax.ShapeDtypeStruct(tuple(a.expr for a in axes),
+                                  canonical_dtype(dtype_of(_leaf_data(leaf))),
                                   weak_type=compat.is_weakly_typed(_leaf_data(leaf)))
              for leaf, axes in zip(leaves, axis_specs)]
 
