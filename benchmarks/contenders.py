@@ -241,11 +241,14 @@ def batched_bert(jnp, jax, cfg):
 
 
 POLYMASK_MINILM = ("polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache_cold",
-                   "polymask_cache_warm", "polymask_packed", "polymask_padded", "polymask_bf16")
+                   "polymask_cache_warm", "polymask_packed", "polymask_padded", "polymask_bf16",
+                   "polymask_bf16_packed", "polymask_bf16_padded")
 # the encoder's precision per contender (polymask: float32)
-MINILM_PRECISION = {"polymask_bf16": "bfloat16"}
+MINILM_PRECISION = {"polymask_bf16": "bfloat16", "polymask_bf16_packed": "bfloat16",
+                    "polymask_bf16_padded": "bfloat16"}
 # the encoder's layout per contender (polymask: its default, "auto")
-MINILM_LAYOUT = {"polymask_packed": "packed", "polymask_padded": "padded"}
+MINILM_LAYOUT = {"polymask_packed": "packed", "polymask_padded": "padded",
+                 "polymask_bf16_packed": "packed", "polymask_bf16_padded": "padded"}
 ST_BACKENDS = {"sentence_transformers": "torch", "sentence_transformers_onnx": "onnx",
                "sentence_transformers_openvino": "openvino"}
 
@@ -413,7 +416,7 @@ CONTENDERS = {
                   "handwritten", "torch_eager"],
     "minilm": ["polymask", "polymask_no_reuse", "polymask_coarse", "polymask_cache_cold",
                "polymask_cache_warm", "polymask_packed", "polymask_padded", "polymask_bf16",
-               "jax_jit_sorted",
+               "polymask_bf16_packed", "polymask_bf16_padded", "jax_jit_sorted",
                "sentence_transformers", "sentence_transformers_onnx",
                "sentence_transformers_openvino"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],

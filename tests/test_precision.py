@@ -84,3 +84,46 @@ def test_masked_padding_garbage_in_bfloat16_never_reaches_the_result():
         total, cum = f(pm.Masked(jnp.asarray(padded), (n, 4)))
         np.testing.assert_array_equal(np.asarray(total.data), np.asarray(jnp.sum(x[:n], 0)))
         np.testing.assert_array_equal(np.asarray(cum.data)[:n], np.asarray(jnp.cumsum(x[:n], 0)))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_layout_cost_weighs_bfloat16_dots_by_the_backends_rate(monkeypatch, native):
+    """Where bfloat16 is native (AMX: ~4x float32's dot rate) a bfloat16 dot
+    weighs a quarter of a float32 one in the layout cost, so elementwise work
+    (a packed row's R^2 softmax) decides more; emulated, three times more."""
+    from polymask import _jax_compat as compat
+    from polymask.packing import cost
+    from polymask.tracing.symbolic import trace
+
+    monkeypatch.setattr(compat, "native_bfloat16", lambda: native)
+    w = jnp.ones((64, 64))
+
+    def f(x, w):
+        return jnp.matmul(x.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+    costs = {}
+    for dt in (jnp.float32, jnp.bfloat16):
+        prog, _ = trace(f, (jax.ShapeDtypeStruct((32, 64), jnp.float32), w.astype(dt)),
+                        ("n, 64", None))
+        costs[dt] = cost.program_cost(prog, "n", 32)
+    dot = 2.0 * 32 * 64 * 64
+    elems = costs[jnp.float32] - dot
+    weight = cost.BF16_DOT_WEIGHT_NATIVE if native else cost.BF16_DOT_WEIGHT_EMULATED
+    assert costs[jnp.bfloat16] == pytest.approx(elems + 32 * 64 + weight * dot)  # + the convert
+
+
+def test_bfloat16_encoder_keeps_xlas_library_fusions_for_its_refined_programs(tmp_path):
+    """XLA:CPU's YNNPACK fusions are what run bfloat16 dots on AMX: the
+    run-speed options (fusions off) apply to float32 encoders only."""
+    pytest.importorskip("safetensors")
+    from test_bert import _tiny_model_dir
+
+    from polymask.models.loader import SentenceEncoder
+
+    d = str(tmp_path)
+    _tiny_model_dir(tmp_path)
+    opts = {p: SentenceEncoder(d, precision=p).runner().refinement.refined_options
+            for p in ("float32", "bfloat16")}
+    assert opts["bfloat16"] in ({}, None)
+    if jax.default_backend() == "cpu":
+        assert opts["float32"] == {"xla_cpu_experimental_ynn_fusion_type": ""}

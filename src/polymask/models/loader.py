@@ -162,10 +162,11 @@ class SentenceEncoder:
         padding) when the cost model says packing computes less, as it does
         for a corpus of short and long texts; else (a few short texts) they
         run in length buckets. Repeated calls run in refined programs
-        (``refine_buckets()``) compiled in the background; on CPU these are
-        compiled for run speed (XLA:CPU's YNNPACK fusions off: slower to
-        compile, no first-run setup), so a later process that loads them from
-        the program store runs its first pass at full speed."""
+        (``refine_buckets()``) compiled in the background; on CPU, in
+        float32, these are compiled for run speed (XLA:CPU's YNNPACK fusions
+        off: slower to compile, no first-run setup), so a later process that
+        loads them from the program store runs its first pass at full speed
+        (in bfloat16 the fusions stay: they run its dots on AMX)."""
         from ..runners.ragged import RaggedMap
 
         buckets = length_buckets() if buckets is None else buckets
@@ -176,7 +177,10 @@ class SentenceEncoder:
                 r = RaggedMap(self.embed_fn(normalize), ("n",), buckets=buckets,
                                batch_size=batch_size, numpy_outputs=True,
                                refine_buckets=refine_buckets(),
-                               refined_compiler_options=compat.xla_cpu_run_speed_options(),
+                               # float32 only: YNNPACK's fusions run bfloat16 dots on AMX
+                               refined_compiler_options=(compat.xla_cpu_run_speed_options()
+                                                         if self.precision == "float32"
+                                                         else None),
                                program_id=self._program_id(normalize), layout=layout,
                                row_size=self.max_seq_length,
                                rows_per_call=self.rows_per_call)

@@ -5,7 +5,8 @@ row of ``n`` packed positions), the elements every equation produces, and
 ``2 * m * k * n`` multiply-adds for a ``dot_general`` (its FLOPs). A
 padded example of bucket ``T`` costs ``program_cost(T)``; a row of ``R``
 positions costs ``program_cost(R)`` (attention over a row is ``R^2``,
-not the sum of its examples' ``n^2``). Inner jaxprs (``jit`` bodies, loop
+not the sum of its examples' ``n^2``). A dot of bfloat16 operands is
+weighted by the backend's bfloat16 rate (``BF16_DOT_WEIGHT_*``). Inner jaxprs (``jit`` bodies, loop
 bodies) count once per call site. The model ranks layouts; it does not
 predict seconds (``benchmarks/run.py`` measures those).
 """
@@ -13,6 +14,8 @@ predict seconds (``benchmarks/run.py`` measures those).
 from __future__ import annotations
 
 import math
+
+import jax.numpy as jnp
 
 from .. import _jax_compat as compat
 
@@ -40,10 +43,26 @@ def _jaxpr_cost(jaxpr, values) -> float:
             (lc, _), _ = eqn.params["dimension_numbers"]
             shape = eqn.invars[0].aval.shape
             k = math.prod(_size((shape[a],), values) for a in lc)
-            total += 2.0 * outs * k
+            total += 2.0 * outs * k * _dot_weight(eqn)
         else:
             total += outs
     return total
+
+
+# bfloat16 dots against float32 ones, per FLOP: where the backend multiplies
+# bfloat16 natively (AMX, AVX512-BF16, accelerators) about 4x faster (XLA:CPU
+# on a 2-core AMX Xeon: 1,250 against 300 GFLOP/s), so elementwise work
+# (softmax over a packed row's R^2 scores) weighs more: the bfloat16 MiniLM ran
+# 109 texts/s packed, 237 in length buckets; emulated, about 3x slower
+BF16_DOT_WEIGHT_NATIVE = 0.25
+BF16_DOT_WEIGHT_EMULATED = 3.0
+
+
+def _dot_weight(eqn) -> float:
+    narrow = all(getattr(v.aval, "dtype", None) == jnp.bfloat16 for v in eqn.invars)
+    if not narrow:
+        return 1.0
+    return BF16_DOT_WEIGHT_NATIVE if compat.native_bfloat16() else BF16_DOT_WEIGHT_EMULATED
 
 
 def program_cost(prog, var: str, n: int) -> float:
