@@ -123,10 +123,12 @@ def xla_cpu_run_speed_options() -> dict:
     for repeated use, not a first pass that waits for its compiles.
 
     Not for bfloat16 programs: YNNPACK's fusions are how XLA:CPU runs
-    bfloat16 dots on AMX / AVX512-BF16 (measured on such a Xeon, 2 cores:
-    the bfloat16 MiniLM's refined length buckets ran 133 texts/s with these
-    options, 237 without; a masked 32 x 64 bucket 212 ms against 79 ms;
-    float32 unchanged), so ``SentenceEncoder`` uses them for float32 only.
+    bfloat16 dots on AMX / AVX512-BF16. Informal, one process each on such a
+    2-core Xeon, not benchmark-suite figures: the bfloat16 MiniLM's refined
+    length buckets ran 133 texts/s steady with these options, 237 without; a
+    masked 32 x 64 bucket 212 ms against 79 ms (median of 20 runs); float32
+    unchanged. The suite's 2-round figures are README's (bfloat16 239 texts/s
+    against float32's 123). So ``SentenceEncoder`` uses them for float32 only.
     """
     if jax.default_backend() != "cpu":
         return {}

@@ -39,7 +39,7 @@ def abstractify(args, in_specs, dtype):
             sds = jax.ShapeDtypeStruct(tuple(np.shape(x)), x.dtype)
             return Masked(sds) if in_specs is None else sds
         if isinstance(x, (bool, int, float, complex)):  # weakly typed, as jax.jit takes it
-            return jax.ShapeDtypeStruct((), jnp.asarray(x).dtype, weak_type=True)
+            return jax.ShapeDtypeStruct((), jnp.result_type(x), weak_type=True)
         return x
 
     return tuple(jax.tree_util.tree_map(one, a, is_leaf=lambda v: is_masked(v) or

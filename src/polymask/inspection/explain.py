@@ -26,7 +26,7 @@ from ..core.binding import split_specs
 from ..core.dimvars import describe_conditions, display_text
 from ..core.errors import FailsAsPlainJax, ShapeError, UnsupportedError
 from ..core.masked import Masked
-from ..core.shapes import DimEnv, canonical_dtype
+from ..core.shapes import DimEnv
 from ..core.specs import PLACEHOLDER_BOUND, args_from_specs, broadcast_specs
 from ..tracing.cases.dispatch import case_program
 from ..tracing.cases.splitting import trace_function_cases
@@ -242,22 +242,62 @@ def _aval_str(aval) -> str:
     return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else str(aval)
 
 
+def _runner_arguments(runner, in_specs, args, constraints):
+    """``(in_specs, args, constraints)`` for explaining ``runner``: its own
+    specs (fitted to the arguments: parameters and broadcast arguments get
+    None) and constraints unless given; an argument in the spec slot that is
+    no spec is the first example argument (``explain(f, params, x)``);
+    without arguments, a ``polymask.jit`` runner's last new call."""
+    if in_specs is not None and (not _is_spec_tree(in_specs) or (in_specs == () and args)):
+        args, in_specs = (in_specs, *args), None
+    if not args and hasattr(runner, "example_arguments"):
+        args = runner.example_arguments() or ()  # what the runner last compiled for
+    if in_specs is None:
+        in_specs = (runner.specs_for(len(args)) if hasattr(runner, "specs_for")
+                    else getattr(runner, "in_specs", None))
+    constraints = tuple(constraints) or tuple(getattr(runner, "constraints", ()))
+    return in_specs, tuple(args), constraints
+
+
+def _placeholder_arguments(runner, in_specs, dtype) -> tuple:
+    """Arguments built from spec strings (a placeholder bound per dim var).
+
+    Raises:
+      ShapeError: a spec that is not a string; for a runner, what to pass
+        instead (``value_and_grad`` and ``ragged_map`` always need arguments:
+        their specs leave out parameters and broadcast arguments).
+    """
+    try:
+        if runner is not None and not hasattr(runner, "example_arguments"):
+            raise ShapeError("it needs them (its specs leave out parameters and "
+                             "broadcast arguments)")
+        return args_from_specs(in_specs, dtype)
+    except ShapeError as e:
+        if runner is None:
+            raise
+        reason = str(e).split("; pass example")[0]
+        later = ("; or call the runner first: it is then explained at its last new "
+                 "call's shapes" if hasattr(runner, "example_arguments") else
+                 " (for value_and_grad: params and one example's arguments; for "
+                 "ragged_map: the broadcast arguments, then one example's)")
+        raise ShapeError(
+            f"explain({type(runner).__name__}) without example arguments: {reason}. Pass "
+            "them as you call the runner, explain(runner, *args) (arrays or "
+            f"jax.ShapeDtypeStructs){later}") from None
+
+
 def _at_runner_buckets(runner, args) -> tuple:
-    """Example arrays as ``polymask.jit`` pads them: each dynamic leaf a
-    ``Masked`` of its bucket's padded shape with the example's logical shape
-    (explained with the runner's bound and the example's sizes). Arguments
-    given as padded shapes or ``Masked`` values are explained as given."""
+    """Example arrays at the runner's bucket (``PolyJit.padded_example``);
+    arguments given as padded shapes or ``Masked`` values, or that do not fit
+    the specs (reported below, as a call would), are explained as given."""
     given = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: is_masked(v) or
                                       is_shape_tuple(v))
     if any(is_masked(v) or is_shape_tuple(v) for v in given):
         return tuple(args)
     try:
-        plan, leaves, tree = runner.plans.plan(tuple(args))
+        return runner.padded_example(args)
     except ShapeError:
-        return tuple(args)  # explain reports it
-    out = [leaf if p.static else Masked(jax.ShapeDtypeStruct(p.padded, canonical_dtype(
-        leaf.dtype)), tuple(p.shape)) for p, leaf in zip(plan.leaves, leaves)]
-    return tuple(jax.tree_util.tree_unflatten(tree, out))
+        return tuple(args)
 
 
 def _check_signature(fun, args) -> None:
@@ -346,41 +386,16 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if layout not in ("padded", "packed"):
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
     runner, fun = (fun, fun.fun) if _is_runner(fun) else (None, fun)  # trace the user's function
-    if runner is not None:  # the runner's own specs and constraints unless given
-        if in_specs is not None and (not _is_spec_tree(in_specs) or (in_specs == () and args)):
-            # ``explain(runner, params, x)``: the runner has its specs, so the
-            # second argument is its first example argument, not a spec
-            args, in_specs = (in_specs, *args), None
-        if not args and hasattr(runner, "example_arguments"):
-            args = runner.example_arguments() or ()  # what the runner last compiled for
-        if in_specs is None:
-            in_specs = (runner.specs_for(len(args)) if hasattr(runner, "specs_for")
-                        else getattr(runner, "in_specs", None))
-        constraints = tuple(constraints) or tuple(getattr(runner, "constraints", ()))
+    if runner is not None:
+        in_specs, args, constraints = _runner_arguments(runner, in_specs, args, constraints)
     placeholder = not args
     if placeholder:
-        try:
-            if runner is not None and not hasattr(runner, "example_arguments"):
-                raise ShapeError("it needs them (its specs leave out parameters and "
-                                 "broadcast arguments)")
-            args = args_from_specs(in_specs, dtype)
-        except ShapeError as e:
-            if runner is None:
-                raise
-            reason = str(e).split("; pass example")[0]
-            later = ("; or call the runner first: it is then explained at its last new "
-                     "call's shapes" if hasattr(runner, "example_arguments") else
-                     " (for value_and_grad: params and one example's arguments; for "
-                     "ragged_map: the broadcast arguments, then one example's)")
-            raise ShapeError(
-                f"explain({type(runner).__name__}) without example arguments: {reason}. Pass "
-                "them as you call the runner, explain(runner, *args) (arrays or "
-                f"jax.ShapeDtypeStructs){later}") from None
+        args = _placeholder_arguments(runner, in_specs, dtype)
     _check_signature(fun, args)
     # polymask.jit and ragged_map compile forward-only programs of zero-padded
     # inputs (mask(zero_padded=True, differentiable=False)): explain that program
     forward_only = runner is not None and getattr(runner, "FORWARD_ONLY", False)
-    if forward_only and hasattr(runner, "plans") and not placeholder:
+    if forward_only and hasattr(runner, "padded_example") and not placeholder:
         args = _at_runner_buckets(runner, args)
     absargs = abstractify(args, in_specs, dtype)
     if runner is not None:  # specs that do not fit the arguments: the user's call, no fallback

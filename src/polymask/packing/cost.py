@@ -50,11 +50,12 @@ def _jaxpr_cost(jaxpr, values) -> float:
 
 
 # bfloat16 dots against float32 ones, per FLOP: where the backend multiplies
-# bfloat16 natively (AMX, AVX512-BF16, accelerators) about 4x faster (XLA:CPU
-# on a 2-core AMX Xeon: 1,250 against 300 GFLOP/s for the MiniLM GEMMs), so
-# elementwise work (softmax over a packed row's R^2 scores) weighs more: at 8
-# rows of 256, attention is 41% of the bfloat16 encoder's time, 34% in
-# float32; emulated, bfloat16 dots are about 3x slower than float32
+# bfloat16 natively (AMX, AVX512-BF16, accelerators) about 4x faster
+# (benchmarks/roofline.py on a 2-core AMX Xeon: 1,252-1,542 against 266-356
+# GFLOP/s), so elementwise work (softmax over a packed row's R^2 scores)
+# weighs more (an informal one-process ablation of the hand-written encoder at
+# 8 rows of 256: attention 41% of the bfloat16 time); emulated (roofline.py on
+# AMD EPYC: 27 against 80 GFLOP/s), bfloat16 dots are about 3x slower
 BF16_DOT_WEIGHT_NATIVE = 0.25
 BF16_DOT_WEIGHT_EMULATED = 3.0
 

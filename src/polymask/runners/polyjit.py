@@ -34,6 +34,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import KeywordWithoutSpec, keywords_as_positional
 from ..core.errors import ShapeError
+from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
@@ -204,6 +205,20 @@ class PolyJit:
             return None
         tree, leaves = self._last_new
         return tuple(jax.tree_util.tree_unflatten(tree, leaves))
+
+    def padded_example(self, args) -> tuple:
+        """``args`` as this runner pads them, abstract: each dynamic array leaf a
+        ``Masked`` of a ``jax.ShapeDtypeStruct`` of its bucket's padded shape
+        with the leaf's logical shape; other leaves as given
+        (``polymask.explain`` shows the bucket's program at these sizes).
+
+        Raises:
+          ShapeError: ``args`` do not fit the specs (as a call would).
+        """
+        plan, leaves, tree = self.plans.plan(tuple(args))
+        out = [leaf if p.static else Masked(jax.ShapeDtypeStruct(p.padded, canonical_dtype(
+            leaf.dtype)), tuple(p.shape)) for p, leaf in zip(plan.leaves, leaves)]
+        return tuple(jax.tree_util.tree_unflatten(tree, out))
 
     def stats(self) -> dict:
         s = self.cache.stats()
