@@ -1,6 +1,6 @@
 """Where MiniLM's packed steady state goes (issue #28): one configuration per process.
 
-    python benchmarks/packed_profile.py CONFIG [--texts N]
+    python benchmarks/packed_profile.py CONFIG [--texts N] [--precision bfloat16]
 
 CONFIG (the stdlib-docstring corpus of ``benchmarks/run.py --only minilm``):
   packed:R:B          ``ragged_map(layout="packed")``, rows of R, B rows per call
@@ -38,12 +38,11 @@ def _timeit(run, passes=3):
 
 
 def _ragged(enc, R, B):
-    from polymask import _jax_compat as compat
     from polymask.runners.ragged import RaggedMap
 
     return RaggedMap(enc.embed_fn(True), ("n",), batch_size=32, numpy_outputs=True,
                      layout="packed", row_size=R, rows_per_call=B,
-                     compiler_options=compat.xla_cpu_run_speed_options())
+                     compiler_options=enc.run_speed_options())
 
 
 def _hand_row(enc, R, S, attention: bool):
@@ -78,12 +77,11 @@ def _hand_row(enc, R, S, attention: bool):
 def _hand(enc, ids, R, B, attention: bool):
     import jax
 
-    from polymask import _jax_compat as compat
     from polymask.packing import pack_rows
 
     S = 64
     f = jax.jit(jax.vmap(_hand_row(enc, R, S, attention), in_axes=(None, 0, 0, 0)),
-                compiler_options=compat.xla_cpu_run_speed_options())
+                compiler_options=enc.run_speed_options())
     lengths = [len(x) for x in ids]
     rows = pack_rows(lengths, R, S).rows
 
@@ -114,14 +112,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
     ap.add_argument("--texts", type=int, default=1400)
+    ap.add_argument("--precision", default="float32", help="float32 (default) or bfloat16")
     args = ap.parse_args(argv)
     from polymask.cli import stdlib_docstrings
     from polymask.models import load
 
-    enc = load()
+    enc = load(precision=args.precision)
     ids = enc.tokenize(stdlib_docstrings(args.texts))
     kind, *rest = args.config.split(":")
-    res: dict = {"config": args.config, "texts": len(ids), "tokens": sum(map(len, ids))}
+    res: dict = {"config": args.config, "precision": args.precision, "texts": len(ids), "tokens": sum(map(len, ids))}
     if kind == "packed":
         r = _ragged(enc, int(rest[0]), int(rest[1]))
         med, times = _timeit(lambda: r(ids, enc.params, refine=False))

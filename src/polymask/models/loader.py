@@ -177,15 +177,18 @@ class SentenceEncoder:
                 r = RaggedMap(self.embed_fn(normalize), ("n",), buckets=buckets,
                                batch_size=batch_size, numpy_outputs=True,
                                refine_buckets=refine_buckets(),
-                               # float32 only: YNNPACK's fusions run bfloat16 dots on AMX
-                               refined_compiler_options=(compat.xla_cpu_run_speed_options()
-                                                         if self.precision == "float32"
-                                                         else None),
+                               refined_compiler_options=self.run_speed_options(),
                                program_id=self._program_id(normalize), layout=layout,
                                row_size=self.max_seq_length,
                                rows_per_call=self.rows_per_call)
                 self._runners[key] = r
         return r
+
+    def run_speed_options(self) -> dict | None:
+        """XLA compile options of the refined and packed programs: on CPU in
+        float32, YNNPACK's fusions off (``compat.xla_cpu_run_speed_options``);
+        ``None`` in bfloat16, where those fusions run its dots on AMX."""
+        return compat.xla_cpu_run_speed_options() if self.precision == "float32" else None
 
     def _program_id(self, normalize: bool) -> str:
         """What ``embed_fn`` computes, as a name for the program store: the

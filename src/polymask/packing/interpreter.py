@@ -28,6 +28,7 @@ from .. import _jax_compat as compat
 from ..core.diagnostics import relocate
 from ..core.errors import ShapeError, TooManyCases, UnsupportedError
 from ..core.shapes import DimEnv
+from ..rules.families import family_of
 from ..tracing.cases.splitting import trace_function_cases
 from ..tracing.interpreter import walk_jaxpr
 from ..tracing.registry import has_inner_jaxpr
@@ -36,7 +37,7 @@ from .registry import PackedContext, PackedUnsupported, PerSegment, packed_rule
 from .segments import SEGMENT_FIELDS, Segments
 from .sizes import RaggedSizes, check_sizes, not_n, param_dims
 
-__all__ = ["PackedRun", "PackedProgram", "packed_program", "ROWS_AXIS"]
+__all__ = ["PackedRun", "PackedProgram", "RarePaths", "packed_program", "ROWS_AXIS"]
 
 # the axis name runners give ``jax.vmap`` over rows: a rule can ask whether
 # any row of the call needs a rare path (``PackedRun.any_row``) and keep that
@@ -50,7 +51,7 @@ class PackedRun:
 
     def __init__(self, prog: MaskedProgram, var: str, seg: Segments, forward_only: bool,
                  observe: Callable | None = None, sizes: RaggedSizes | None = None,
-                 rows_axis: str | None = None):
+                 rows_axis: str | None = None, rare: RarePaths | None = None):
         self.prog = prog
         self.var = var
         self.n = prog.spec_var_expr(var)
@@ -61,12 +62,14 @@ class PackedRun:
         # equation ran (its packed rule, bound on shared values, or vmapped)
         self.observe = observe
         self.rows_axis = rows_axis  # the vmap axis over rows, when the caller names it
+        self.rare = rare  # speculative row programs: the rare paths' flags (``rare_path``)
         self._dims = DimEnv(prog.scope, prog.dim_bounds, prog.internal_values({var: seg.lengths}))
 
     def with_segments(self, arrays) -> PackedRun:
         """This run on other segment arrays (``Segments.arrays()``)."""
         return PackedRun(self.prog, self.var, Segments.from_arrays(arrays, self.seg.gap),
-                         self.forward_only, self.observe, self.sizes, self.rows_axis)
+                         self.forward_only, self.observe, self.sizes, self.rows_axis,
+                         self.rare)
 
     def any_row(self, flag):
         """Whether ``flag`` (a boolean scalar of this row) holds in any row of
@@ -76,6 +79,25 @@ class PackedRun:
         if self.rows_axis is None:
             return flag
         return lax.psum(flag.astype(jnp.int32), self.rows_axis) > 0
+
+    def rare_path(self, flag, exact: Callable, usual: Callable):
+        """``exact()`` where ``flag`` (a boolean of this row) holds in any row
+        of the call, else ``usual()``: a rule's slow path for data it rarely
+        meets (a NaN or inf of one example before a block-diagonal product).
+
+        In a speculative row program (``RarePaths``) the program computes
+        ``usual()`` only and reports ``flag``; the runner reruns the call in
+        the exact program where any row's flag holds. A ``lax.cond`` keeps
+        both branches' operands alive, and XLA:CPU then materialises them
+        between fusions: the cond around the attention product cost the
+        bfloat16 MiniLM row program 11 of its 126 ms per call untaken (one
+        process). Inside a loop body (another trace than the row's) it stays
+        a ``lax.cond``."""
+        rare = self.rare
+        if rare is not None and rare.trace is not None and compat.current_trace() is rare.trace:
+            rare.flags.append(jnp.any(flag))
+            return usual()
+        return lax.cond(self.any_row(flag), exact, usual)
 
     # -- sizes ------------------------------------------------------------------
     def is_n(self, d) -> bool:
@@ -130,7 +152,10 @@ class PackedRun:
         return self.eval_jaxpr(closed.jaxpr, closed.consts, args)
 
     def eval_jaxpr(self, jaxpr, consts, args) -> list:
-        return walk_jaxpr(jaxpr, consts, args, self._apply_at_user_line)
+        """Outputs settled (``Unmasked`` values masked): rules and the row
+        function receive values that keep the invariant."""
+        outs = walk_jaxpr(jaxpr, consts, args, self._apply_at_user_line)
+        return [self.settle(o, v) for o, v in zip(outs, jaxpr.outvars)]
 
     def _apply_at_user_line(self, eqn, invals) -> list:
         with compat.user_context(eqn.source_info):
@@ -149,6 +174,9 @@ class PackedRun:
             ) from None
         rule = packed_rule(name)
         touches = any(in_packed) or any(out_packed) or _params_have_dims(eqn.params)
+        local = self.forward_only and family_of(name)[0] == "elementwise"
+        invals = [x.data if local and isinstance(x, Unmasked) else self.settle(x, v)
+                  for x, v in zip(invals, eqn.invars)]
         try:
             if rule is not None and (touches or has_inner_jaxpr(eqn.params)):
                 how = f"{rule.__module__.rsplit('.', 1)[-1]}.{rule.__qualname__}"
@@ -175,7 +203,7 @@ class PackedRun:
         outs = [self.live_only(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
         if self.observe is not None:
-            self.observe(eqn, how, outs)
+            self.observe(eqn, how, [o.data if isinstance(o, Unmasked) else o for o in outs])
         return outs
 
     def unpacked(self, eqn, invals):
@@ -247,13 +275,59 @@ class PackedRun:
         contractions sum over): every rule computes a live result from live
         entries only, so a dead entry cannot reach a live one there, and a
         select per equation would cost the MiniLM row program a fifth of its
-        time. Where JAX differentiates the row program (``value_and_grad``),
-        its transposes of the rules' gathers would carry a dead result's
-        cotangent to the live entry it read: every packed value is gated."""
+        time. There, the select of a value with two or more packed axes is
+        deferred to where it is read (``Unmasked``, ``settle``): elementwise
+        equations read each entry at its own position, so they run on the
+        unmasked data, and the select lands in the fusion of the reduction
+        or product that reads across positions. A softmax over attention
+        scores then masks once per reduction and once before the product,
+        not after each of its seven equations, each select a pass over the
+        rows' R x R scores that XLA materialised (bfloat16 MiniLM: 130 ->
+        NN ms per call of 8 rows). Where JAX differentiates the row program
+        (``value_and_grad``), its transposes of the rules' gathers would
+        carry a dead result's cotangent to the live entry it read: every
+        packed value is gated."""
         if not axes or isinstance(x, PerSegment) or (self.forward_only and len(axes) < 2):
             return x
+        if self.forward_only:
+            return Unmasked(x)
+        return self._select_live(x, aval, axes)
+
+    def settle(self, x, var):
+        """``x`` with the invariant kept: an ``Unmasked`` value's dead entries
+        selected to 0 (``var``: its jaxpr variable or literal)."""
+        if not isinstance(x, Unmasked):
+            return x
+        return self._select_live(x.data, var.aval, self.packed_axes(var.aval))
+
+    def _select_live(self, x, aval, axes):
         ok = self.live_mask(aval, axes, x.shape)
         return lax.select(ok, x, jnp.zeros_like(x))
+
+
+@dataclasses.dataclass
+class RarePaths:
+    """A speculative row program's record: the trace of its row function
+    (flags from loop bodies, other traces, cannot leave them) and the flags
+    of the rare paths it did not take (``PackedRun.rare_path``)."""
+
+    trace: Any
+    flags: list = dataclasses.field(default_factory=list)
+
+    def any(self):
+        """Whether any rare path's flag holds (a boolean of the row)."""
+        if not self.flags:
+            return jnp.zeros((), bool)
+        return jnp.any(jnp.stack(self.flags))
+
+
+@dataclasses.dataclass(frozen=True)
+class Unmasked:
+    """A packed value with two or more packed axes whose dead entries are
+    not yet selected to 0 (forward-only runs): only elementwise equations
+    read it as is; every other reader gets ``PackedRun.settle``'s select."""
+
+    data: Any
 
 
 def _params_have_dims(params) -> bool:
@@ -352,19 +426,25 @@ class PackedProgram:
         return self.program.out_shapes
 
     def row_fn(self, n_broadcast: int, forward_only: bool = True,
-               observe: Callable | None = None, rows_axis: str | None = None) -> Callable:
+               observe: Callable | None = None, rows_axis: str | None = None,
+               speculative: bool = False) -> Callable:
         """``fn(*broadcast, *example_leaves, *segment_arrays) -> outputs`` for
         one row (``vmap`` it over rows). Example leaves are row data (packed
         axes of length R) or per-segment ``(S, ...)`` stacks. ``observe``:
         see ``PackedRun``. ``rows_axis``: the ``axis_name`` of the caller's
         ``vmap`` over rows (``ROWS_AXIS``), None when the row is not vmapped
-        under a name."""
+        under a name. ``speculative``: the rules' rare paths are left out
+        and one more output, a boolean, says whether the row needed one
+        (``PackedRun.rare_path``): the caller then reruns the call in the
+        program made without ``speculative``."""
         prog, var = self.program, self.var
 
         def fn(*args):
             k = len(SEGMENT_FIELDS)
             leaves, segs = args[:-k], Segments.from_arrays(args[-k:], self.gap)
-            run = PackedRun(prog, var, segs, forward_only, observe, self.sizes, rows_axis)
+            rare = RarePaths(compat.current_trace()) if speculative else None
+            run = PackedRun(prog, var, segs, forward_only, observe, self.sizes, rows_axis,
+                            rare)
             wrapped = list(leaves[:n_broadcast])
             invars = prog.closed_jaxpr.jaxpr.invars[n_broadcast:]
             for x, axes, v in zip(leaves[n_broadcast:], self.packed_axes, invars):
@@ -374,7 +454,8 @@ class PackedProgram:
                      ("packed" if run.packed_axes(v.aval) else "shared")
                      for o, v in zip(outs, prog.closed_jaxpr.jaxpr.outvars)]
             self.out_kinds = kinds
-            return [o.data if isinstance(o, PerSegment) else jnp.asarray(o) for o in outs]
+            outs = [o.data if isinstance(o, PerSegment) else jnp.asarray(o) for o in outs]
+            return outs + [rare.any()] if speculative else outs
 
         return fn
 

@@ -87,7 +87,9 @@ class PackedRunner:
 
     ``program``: the ``PackedProgram`` (traced at bound ``row_size``);
     ``stats``: ``calls``, ``compiles``, ``xla_compiles``, ``real_positions``
-    and ``computed_positions`` (rows x row size, empty rows included).
+    and ``computed_positions`` (rows x row size, empty rows included),
+    ``exact_reruns`` (calls rerun in the exact program: a row met a rule's
+    rare path, ``PackedRun.rare_path``).
     """
 
     def __init__(self, fun: Callable, constraints: Sequence[str], row_size: int,
@@ -104,6 +106,7 @@ class PackedRunner:
         self.program: PackedProgram | None = None
         self._fn = None
         self._aot = None  # the precompiled row program
+        self._exact = None  # the row program with the rules' rare paths (``_exact_program``)
         self._key = None
         # Threads calling one ragged_map at once (a server's callers) share this
         # runner. Without a lock each traced the packed program, reset ``_fn`` and
@@ -118,7 +121,7 @@ class PackedRunner:
         self.stats = {"calls": 0, "compiles": 0, "xla_compiles": 0,
                       "persistent_cache_hits": 0, "compile_time_s": 0.0,
                       "real_positions": 0, "computed_positions": 0, "examples": 0,
-                      "logical_elements": 0, "padded_elements": 0}
+                      "logical_elements": 0, "padded_elements": 0, "exact_reruns": 0}
 
     # -- tracing ---------------------------------------------------------------
     def choose_rows_per_call(self, rows: int) -> int:
@@ -159,7 +162,7 @@ class PackedRunner:
         specs = (None,) * n_bcast + tuple(in_specs)
         prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,
                               len(jax.tree_util.tree_leaves(broadcast)), self.max_cases)
-        self.program, self._key, self._fn, self._aot = prog, key, None, None
+        self.program, self._key, self._fn, self._aot, self._exact = prog, key, None, None, None
         self._warm.clear()
         return prog
 
@@ -192,12 +195,28 @@ class PackedRunner:
         if self._aot is not None:
             return self._aot
         if self._fn is None:
-            row = self.program.row_fn(n_bcast, forward_only=True, rows_axis=ROWS_AXIS)
-            n_in = len(self.program.packed_axes) + len(SEGMENT_FIELDS)
-            self._fn = jax.jit(jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in,
-                                        axis_name=ROWS_AXIS),
-                               compiler_options=self.compiler_options or None)
+            self._fn = self._jit_rows(n_bcast, speculative=True)
         return self._fn
+
+    def _jit_rows(self, n_bcast: int, speculative: bool):
+        """``jit(vmap(row program))`` over the call's rows. The speculative one
+        (every call's) leaves the rules' rare paths out and returns one more
+        output, whether a row needed one; the exact one (``_exact_program``)
+        reruns those calls."""
+        row = self.program.row_fn(n_bcast, forward_only=True, rows_axis=ROWS_AXIS,
+                                  speculative=speculative)
+        n_in = len(self.program.packed_axes) + len(SEGMENT_FIELDS)
+        return jax.jit(jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in,
+                                axis_name=ROWS_AXIS),
+                       compiler_options=self.compiler_options or None)
+
+    def _exact_program(self, n_bcast: int):
+        """The row program with its rare paths (a NaN or inf of one example
+        before an attention product): made on the first call that needs it."""
+        with self._lock:
+            if self._exact is None:
+                self._exact = self._jit_rows(n_bcast, speculative=False)
+            return self._exact
 
     # -- running -----------------------------------------------------------------
     def run(self, idxs: Sequence[int], infos, bcast_leaves, results: list, out_tree) -> None:
@@ -221,13 +240,16 @@ class PackedRunner:
             seg_in = [np.stack([s[f] for s in seg]) for f in SEGMENT_FIELDS]
             start = time.perf_counter()
             with compile_counter() as cc:
-                outs = self._call(fn, bcast_leaves, inputs + seg_in)
+                *outs, rare = self._call(fn, bcast_leaves, inputs + seg_in)
+                if rare.any():  # a row met a rule's rare path: the exact program
+                    outs = self._call(self._exact_program(len(bcast_leaves)), bcast_leaves,
+                                      inputs + seg_in)
             done = [i for row in rows for i, _ in row]  # counted once they ran
             counts = {"calls": 1, "examples": len(done),
                       "real_positions": sum(lengths[i] for i in done),
                       "logical_elements": sum(np.size(infos[i][1][li]) for i in done
                                               for li in packed_leaves),
-                      "computed_positions": B * R,
+                      "computed_positions": B * R, "exact_reruns": int(rare.any()),
                       "padded_elements": B * sum(int(np.prod(leaf_specs[li].shape))
                                                  for li in packed_leaves)}
             if cc.compiles or cc.cache_hits:  # compiled, or loaded from the persistent cache

@@ -492,7 +492,11 @@ STATS_DOC = """Calls, compiles, cache hits, evictions, compile time and padding 
         - ``ragged_map`` only: ``refined_compiles`` (tighter programs made
           ready in the background after a call, ``refine_buckets``; not in
           ``background_compiles``) and ``stored_loads`` (programs loaded from
-          the program store).
+          the program store). ``packed``: the packed layout's own counts
+          (``real_positions``, ``computed_positions``, ``exact_reruns``:
+          calls rerun in the exact row program because a row met a rule's
+          rare path, a NaN or inf before an attention product; its compile
+          is in ``compiles``).
         - ``polymask.jit`` only: ``traced_calls``, calls under ``jax.grad``,
           ``jax.jit`` or ``jax.vmap`` (sizes checked, ``fun`` traced into the
           caller's program; not in ``calls``).

@@ -58,8 +58,8 @@ def _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb):
     attention's ``(K, G)`` heads). ``D`` enters the product with its
     non-finite entries as 0, so no ``0 * nan`` meets another example; where
     any row of the call holds one, its terms are added back exactly
-    (``_with_nonfinite_terms``) behind a ``lax.cond`` that finite data never
-    takes."""
+    (``_with_nonfinite_terms``) on a rare path that finite data never takes
+    (``PackedRun.rare_path``: a ``lax.cond``, or a rerun of the call)."""
     lp, rp = ctx.in_packed
     if len(lp) >= 2 and len(rp) == 1:
         dense_is_lhs = False
@@ -90,7 +90,7 @@ def _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb):
         fin = ctx.bind(clean, fin_block) if dense_is_lhs else ctx.bind(fin_block, clean)
         return _with_nonfinite_terms(fin, _Classes(block, in_block), _Classes(dense), product)
 
-    return lax.cond(ctx.run.any_row(~jnp.all(finite)), exact, lambda: out)
+    return ctx.run.rare_path(~jnp.all(finite), exact, lambda: out)
 
 
 class _Classes:
