@@ -167,11 +167,12 @@ def now() -> float:
     return time.perf_counter()
 
 
-def st_model(backend: str = "torch", directory=None):
+def st_model(backend: str = "torch", directory=None, ov_config: dict | None = None):
     """sentence-transformers on the installed model (or ``directory``), back end
     ``torch``, ``onnx`` or ``openvino``. ONNX/OpenVINO: exported once into a
     directory (``POLYMASK_BENCH_ST_EXPORT``, default /tmp) and loaded from
-    there, so no timed pass pays for the export."""
+    there, so no timed pass pays for the export. ``ov_config``: OpenVINO
+    properties (``{"INFERENCE_PRECISION_HINT": "f32"}``)."""
     import os
     import pathlib
 
@@ -183,7 +184,8 @@ def st_model(backend: str = "torch", directory=None):
     out = pathlib.Path(os.environ.get("POLYMASK_BENCH_ST_EXPORT", "/tmp")) / f"st-{backend}"
     if not (out / "modules.json").exists():
         SentenceTransformer(src, device="cpu", backend=backend).save(str(out))
-    return SentenceTransformer(str(out), device="cpu", backend=backend)
+    kwargs = {"model_kwargs": {"ov_config": ov_config}} if ov_config else {}
+    return SentenceTransformer(str(out), device="cpu", backend=backend, **kwargs)
 
 
 def minilm_exact_gflop(texts: list[str], directory=None) -> float:

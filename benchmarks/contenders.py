@@ -12,6 +12,7 @@ pass) and ``steady`` (all steady-state passes together).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -250,7 +251,11 @@ MINILM_PRECISION = {"polymask_bf16": "bfloat16", "polymask_bf16_packed": "bfloat
 MINILM_LAYOUT = {"polymask_packed": "packed", "polymask_padded": "padded",
                  "polymask_bf16_packed": "packed", "polymask_bf16_padded": "padded"}
 ST_BACKENDS = {"sentence_transformers": "torch", "sentence_transformers_onnx": "onnx",
-               "sentence_transformers_openvino": "openvino"}
+               "sentence_transformers_openvino": "openvino",
+               "sentence_transformers_openvino_f32": "openvino"}
+# OpenVINO's CPU plugin runs bfloat16 by default where the CPU has AMX; its
+# float32 hint is the like-for-like baseline of polymask's float32
+ST_OV_CONFIG = {"sentence_transformers_openvino_f32": {"INFERENCE_PRECISION_HINT": "f32"}}
 
 
 st_model = common.st_model
@@ -267,7 +272,7 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
         import torch
 
         texts = common_texts(quick, n_texts)
-        model = st_model(ST_BACKENDS[name])
+        model = st_model(ST_BACKENDS[name], ov_config=ST_OV_CONFIG.get(name))
         run = lambda: model.encode(texts, batch_size=32, convert_to_numpy=True)
         res.update(torch_threads=torch.get_num_threads(), torch=torch.__version__,
                    backend=ST_BACKENDS[name])
@@ -331,6 +336,9 @@ def minilm(name: str, quick: bool, steady_passes: int, emb_out: str | None,
     if emb_out:
         np.save(emb_out, emb.astype(np.float32))
     n = len(texts)
+    # the corpus is the interpreter's stdlib docstrings: run.py compares
+    # embeddings only between processes that embedded the same texts
+    res["texts_sha256"] = hashlib.sha256("\x00".join(texts).encode()).hexdigest()
     res.update(texts=n, first_pass_s=first, first_texts_per_s=n / first,
                steady_texts_per_s=n / float(np.median(steady)),
                steady_texts_per_s_min=n / max(steady), steady_texts_per_s_max=n / min(steady),
@@ -418,12 +426,13 @@ CONTENDERS = {
                "polymask_cache_warm", "polymask_packed", "polymask_padded", "polymask_bf16",
                "polymask_bf16_packed", "polymask_bf16_padded", "jax_jit_sorted",
                "sentence_transformers", "sentence_transformers_onnx",
-               "sentence_transformers_openvino"],
+               "sentence_transformers_openvino", "sentence_transformers_openvino_f32"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
 }
 OPTIONAL = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers",
             "sentence_transformers_onnx": "onnxruntime",
-            "sentence_transformers_openvino": "openvino"}
+            "sentence_transformers_openvino": "openvino",
+            "sentence_transformers_openvino_f32": "openvino"}
 
 
 def main(argv=None) -> int:

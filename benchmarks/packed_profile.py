@@ -14,7 +14,10 @@ CONFIG (the stdlib-docstring corpus of ``benchmarks/run.py --only minilm``):
                       it, one packed program per class
 
 Prints one JSON line: steady seconds per pass (median of 3 after a first pass),
-texts/s, compiles. ``drive`` order and rounds are the caller's (results of
+texts/s, compiles. ``--fusions`` (``packed`` and ``hand``): also where one call
+of the row program goes, per XLA:CPU fusion (thunk trace events of
+``jax.profiler``, grouped by fusion kind, result shape and the JAX primitive
+it came from), printed as a table before the JSON line. ``drive`` order and rounds are the caller's (results of
 session 27: ``benchmarks/results/packed_profile.jsonl``).
 """
 
@@ -85,6 +88,8 @@ def _hand(enc, ids, R, B, attention: bool):
     lengths = [len(x) for x in ids]
     rows = pack_rows(lengths, R, S).rows
 
+    last: dict = {}
+
     def run():
         out = np.zeros((len(ids), enc.config.hidden_size), np.float32)
         for b0 in range(0, len(rows), B):
@@ -100,12 +105,70 @@ def _hand(enc, ids, R, B, attention: bool):
                     seg[bi, st:st + n] = s
                     pos[bi, st:st + n] = np.arange(n)
             o = np.asarray(f(enc.params, tokens, seg, pos))
+            last["call"] = (f, [enc.params, tokens, seg, pos])
             for bi, row in enumerate(rows[b0:b0 + B]):
                 for s, (i, _) in enumerate(row):
                     out[i] = o[bi, s]
         return out
 
-    return run, {"rows": len(rows)}
+    return run, {"rows": len(rows), "last_call": lambda: last["call"]}
+
+
+def _capture_packed_call(r) -> dict:
+    """The packed row program and the arguments of its next call (for
+    ``--fusions``), by wrapping the runner's call (benchmark-only)."""
+    pr, seen = r._packed, {}
+    call = pr._call
+
+    def capture(fn, bcast, inputs):
+        seen.setdefault("call", (fn, [*bcast, *inputs]))
+        return call(fn, bcast, inputs)
+
+    pr._call = capture
+    return seen
+
+
+def fusion_profile(fn, args, calls: int = 3) -> list[dict]:
+    """Milliseconds per call in each group of fusions of the compiled ``fn``
+    (same kind, result shape and primitive), from the thunk trace events of
+    ``jax.profiler`` (XLA:CPU with ``--xla_cpu_enable_xprof_traceme``)."""
+    import collections
+    import glob
+    import gzip
+    import re
+    import tempfile
+
+    import jax
+
+    hlo = fn.lower(*args).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]
+    info = {m.group(1): (m.group(2), m.group(3).split("/")[-1]) for m in re.finditer(
+        r'^\s+%(\S+) = (\S+?\[[0-9,]*\])\S* \w+\(.*?op_name="([^"]*)"', entry, re.M)}
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(calls):
+                jax.block_until_ready(fn(*args))
+        trace = json.load(gzip.open(glob.glob(d + "/**/*.trace.json.gz", recursive=True)[0]))
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    ms, count = collections.Counter(), collections.Counter()
+    for e in events:
+        name = e.get("args", {}).get("hlo_op")
+        if e.get("ph") == "X" and name in info:
+            shape, prim = info[name]
+            key = (re.sub(r"\.[0-9]+$", "", name), shape, prim)
+            ms[key] += e["dur"] / 1e3 / calls
+            count[key] += 1
+    return [dict(fusion=k[0], shape=k[1], primitive=k[2], ms=round(t, 3),
+                 count=count[k] // calls) for k, t in ms.most_common()]
+
+
+def _print_fusions(rows: list[dict], top: int = 25) -> None:
+    total = sum(r["ms"] for r in rows)
+    print(f"# row program: {total:.1f} ms per call in fusions; the {top} largest groups")
+    for r in rows[:top]:
+        print(f"# {r['ms']:8.2f} ms  x{r['count']:3d}  {r['fusion']:28s} {r['shape']:22s} "
+              f"{r['primitive']}")
 
 
 def main(argv=None) -> int:
@@ -113,7 +176,14 @@ def main(argv=None) -> int:
     ap.add_argument("config")
     ap.add_argument("--texts", type=int, default=1400)
     ap.add_argument("--precision", default="float32", help="float32 (default) or bfloat16")
+    ap.add_argument("--fusions", action="store_true",
+                    help="packed, hand: also print the row program's time per fusion")
     args = ap.parse_args(argv)
+    if args.fusions:  # XLA:CPU's thunk trace events: set before JAX starts
+        import os
+
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                                   + " --xla_cpu_enable_xprof_traceme=true").strip()
     from polymask.cli import stdlib_docstrings
     from polymask.models import load
 
@@ -125,6 +195,10 @@ def main(argv=None) -> int:
         r = _ragged(enc, int(rest[0]), int(rest[1]))
         med, times = _timeit(lambda: r(ids, enc.params, refine=False))
         res.update(compiles=r.stats()["xla_compiles"], layout=r.stats()["layout"])
+        if args.fusions:
+            seen = _capture_packed_call(r)
+            r(ids[:64], enc.params, refine=False)
+            res["fusions"] = fusion_profile(*seen["call"])
     elif kind == "padded":
         r = enc.runner(None, 32, layout="padded")
         r(ids, enc.params, refine=True)
@@ -134,6 +208,9 @@ def main(argv=None) -> int:
     elif kind in ("hand", "noattn"):
         run, extra = _hand(enc, ids, int(rest[0]), int(rest[1]), kind == "hand")
         med, times = _timeit(run)
+        last_call = extra.pop("last_call")
+        if args.fusions:
+            res["fusions"] = fusion_profile(*last_call())
         res.update(extra)
     elif kind == "classes":
         sizes = sorted(int(v) for v in rest)
@@ -153,6 +230,8 @@ def main(argv=None) -> int:
     else:
         raise SystemExit(f"unknown config {args.config!r}")
     res.update(steady_s=med, texts_per_s=len(ids) / med, times=times)
+    if args.fusions:
+        _print_fusions(res["fusions"])
     print(json.dumps(res))
     return 0
 

@@ -44,13 +44,15 @@ CONTENDERS = {
                "polymask_packed", "polymask_padded", "polymask_bf16", "polymask_bf16_packed",
                "polymask_bf16_padded", "jax_jit_sorted",
                "sentence_transformers",
-               "sentence_transformers_onnx", "sentence_transformers_openvino"],
+               "sentence_transformers_onnx", "sentence_transformers_openvino",
+               "sentence_transformers_openvino_f32"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
 }
 NEEDS = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers",
          "sentence_transformers_run1": "sentence_transformers",
          "sentence_transformers_onnx": "onnxruntime",
-         "sentence_transformers_openvino": "openvino"}
+         "sentence_transformers_openvino": "openvino",
+         "sentence_transformers_openvino_f32": "openvino"}
 # The CLI's persistent cache is on by default (~/.cache/polymask/xla): every
 # variant names its cache explicitly, or "off", so no run sees another's cache.
 PM_CACHE_ENV = "POLYMASK_CACHE_DIR={cache}"
@@ -567,11 +569,21 @@ def main(argv=None) -> int:
                             f"{res['loadavg_start']:.1f})")
                 if w == "minilm":
                     ref = tmp / f"minilm_polymask_{r}.npy"
+                    ref_sha = next((x.get("texts_sha256") for x in runs
+                                    if x["workload"] == w and x["round"] == r
+                                    and x["contender"] == "polymask"), None)
                     for x in runs:
                         if x["workload"] == w and x["round"] == r and "error" not in x:
-                            mine = tmp / f"minilm_{x['contender']}_{r}.npy"
-                            x["max_abs_dev"] = max_dev(ref, mine)
-                            x["min_cosine"] = min_cosine(ref, mine)
+                            if x.get("texts_sha256") != ref_sha:  # another Python's stdlib
+                                log(f"    {x['contender']}: not compared, it embedded other "
+                                    "texts than polymask (the corpus is the interpreter's "
+                                    "stdlib docstrings: give --python and --torch-python "
+                                    "one Python version)")
+                                x["max_abs_dev"] = x["min_cosine"] = None
+                            else:
+                                mine = tmp / f"minilm_{x['contender']}_{r}.npy"
+                                x["max_abs_dev"] = max_dev(ref, mine)
+                                x["min_cosine"] = min_cosine(ref, mine)
                             x["roofline_fraction"] = roofline_fraction(
                                 x, env.get("roofline_gflops_per_s"))
     finally:

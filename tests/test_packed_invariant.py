@@ -347,3 +347,52 @@ def test_a_convolution_whose_kernel_is_the_data_keeps_nan_where_plain_jax_does()
             want = np.asarray(f(x))
             np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{x}")
             np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], rtol=1e-6)
+
+
+def _cross_scores(x):  # another example's first half meets this one's second half
+    return x[:, :2] @ x[:, 2:].T
+
+
+GARBAGE_READERS = {
+    "sum": lambda x: jnp.sum(jnp.exp(_cross_scores(x)), -1),
+    "max": lambda x: jnp.max(-jnp.exp(_cross_scores(x)), -1),
+    "product": lambda x: jnp.exp(_cross_scores(x)) @ x,
+    "softmax": lambda x: jax.nn.softmax(jnp.exp(_cross_scores(x)), -1) @ x,
+}
+
+
+@pytest.mark.parametrize("reader", list(GARBAGE_READERS))
+def test_elementwise_garbage_between_examples_never_reaches_a_reader(reader):
+    """Forward-only runs defer the select of a block-diagonal value to its
+    first reader that is not elementwise (``PackedRun.settle``): ``exp`` runs
+    on the unmasked scores, whose cross-example entries here are
+    ``exp(200) = inf`` while each example's own are ``exp(0) = 1``; the
+    reduction or product after it must see 0 there, as plain JAX per
+    example does (one example's scores have no such entries)."""
+    fun = GARBAGE_READERS[reader]
+    ex = [np.array([[10, 10, 0, 0]] * n, np.float32) if i % 2 else
+          np.array([[0, 0, 10, 10]] * n, np.float32) for i, n in enumerate(SIZES)]
+    rm = pm.ragged_map(fun, ("n, 4",), layout="packed", row_size=R)
+    got = rm(ex)
+    assert rm.stats()["packed"]["calls"] == 1  # one row: neighbours meet
+    for i, (x, g) in enumerate(zip(ex, got)):
+        _assert_close(g, fun(jnp.asarray(x)), 2e-5, f"example {i}")
+
+
+def test_a_rare_path_inside_a_loop_body_stays_a_cond():
+    """Speculative row programs leave a rule's rare path out and report it,
+    but a loop body is another trace: there it stays a ``lax.cond`` (a flag
+    from the body could not leave it), and a NaN of one example still
+    changes no other."""
+    fun = lambda x: lax.fori_loop(0, 2, lambda i, v: jax.nn.softmax(v @ v.T, -1) @ v, x)
+    clean = _examples()
+    dirty = [a.copy() for a in clean]
+    dirty[1][0, 2] = np.nan
+    rm = pm.ragged_map(fun, ("n, 4",), layout="packed", row_size=R)
+    got_clean, got_dirty = rm(clean), rm(dirty)
+    assert rm.stats()["packed"]["exact_reruns"] == 0  # the body's cond took it
+    for i, (x, a, b) in enumerate(zip(dirty, got_clean, got_dirty)):
+        with np.errstate(invalid="ignore"):
+            _assert_same_nonfinite(b, fun(jnp.asarray(x)), f"example {i}")
+        if i != 1:
+            np.testing.assert_array_equal(b, a, err_msg=f"example {i}")

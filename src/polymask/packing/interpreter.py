@@ -282,9 +282,9 @@ class PackedRun:
         or product that reads across positions. A softmax over attention
         scores then masks once per reduction and once before the product,
         not after each of its seven equations, each select a pass over the
-        rows' R x R scores that XLA materialised (bfloat16 MiniLM: 130 ->
-        NN ms per call of 8 rows). Where JAX differentiates the row program
-        (``value_and_grad``), its transposes of the rules' gathers would
+        rows' R x R scores that XLA materialised (bfloat16 MiniLM, 8 rows of
+        256 per call, one process: 130 -> 124 ms). Where JAX differentiates
+        the row program (``value_and_grad``), its transposes of the rules' gathers would
         carry a dead result's cotangent to the live entry it read: every
         packed value is gated."""
         if not axes or isinstance(x, PerSegment) or (self.forward_only and len(axes) < 2):

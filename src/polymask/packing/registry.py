@@ -14,7 +14,10 @@ its aval and its Python type:
   after every equation, whatever the rule computed there
   (``PackedRun.live_only``): a rule may assume its operands are 0 there and
   need not clean its results; it must compute each live result from live
-  operand entries only.
+  operand entries only. (In forward-only runs the select of a value with
+  two or more packed axes waits for its first reader that is not
+  elementwise, ``PackedRun.settle``: elementwise rules get the unmasked
+  data, every other rule the masked one.)
 - *per segment* (``PerSegment``): no packed axis but a value per example,
   e.g. a reduction over the packed axis; data ``(S, *shape)``.
 - *shared*: the same for every example (parameters, constants): plain data.
