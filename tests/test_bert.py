@@ -97,20 +97,26 @@ def test_tiny_bert_loader_and_masked_embeddings(tmp_path):
     assert single.shape == (16,)
     np.testing.assert_allclose(single, emb[0], atol=1e-6)
     # repeated calls refine: the batch of 3 and 2 tokens runs in 8 instead of 16, and
-    # on XLA:CPU every batch gets a program compiled for run speed (other XLA options)
+    # on XLA:CPU with jax 0.10 every batch gets a program compiled for run speed
+    # (other XLA options; none from jax 0.11: compat.xla_cpu_run_speed_options)
+    # (without options of their own, only the batch whose bucket shrinks gets one)
     runner = enc.runner(None, 4, layout="padded")
     runner.wait()
-    assert runner.stats()["refined_compiles"] == 2
-    assert sorted(e.compiler_options == compat.xla_cpu_run_speed_options() != {}
-                  for e in runner.cache.entries()) == [False, True, True]
+    speed = compat.xla_cpu_run_speed_options()
+    refined = 2 if speed else 1
+    assert runner.stats()["refined_compiles"] == refined
+    assert sorted(e.compiler_options == speed != {} for e in runner.cache.entries()) \
+        == ([False, True, True] if speed else [False, False])
     again = enc.embed(TEXTS, batch_size=4, layout="padded")
     np.testing.assert_allclose(again, emb, atol=1e-6)
-    assert runner.stats()["compiles"] == 3  # 16 (coarse), 16 and 8 (refined)
+    # 16 (coarse), then refined: 16 (its own options) and 8
+    assert runner.stats()["compiles"] == 1 + refined
     # refine=False (a one-shot pass): the coarse program again, nothing new compiled
     np.testing.assert_allclose(enc.embed(TEXTS, batch_size=4, refine=False, layout="padded"),
                                emb, atol=1e-6)
     runner.wait()
-    assert runner.stats()["compiles"] == 3 and runner.stats()["refined_compiles"] == 2
+    assert runner.stats()["compiles"] == 1 + refined
+    assert runner.stats()["refined_compiles"] == refined
 
 
 def test_tiny_bert_polymask_jit_one_compile(tmp_path):

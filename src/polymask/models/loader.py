@@ -163,10 +163,12 @@ class SentenceEncoder:
         for a corpus of short and long texts; else (a few short texts) they
         run in length buckets. Repeated calls run in refined programs
         (``refine_buckets()``) compiled in the background; on CPU, in
-        float32, these are compiled for run speed (XLA:CPU's YNNPACK fusions
-        off: slower to compile, no first-run setup), so a later process that
-        loads them from the program store runs its first pass at full speed
-        (in bfloat16 the fusions stay: they run its dots on AMX)."""
+        float32 with jax 0.10, these are compiled for run speed (XLA:CPU's
+        YNNPACK fusions off: slower to compile, no first-run setup), so a
+        later process that loads them from the program store runs its first
+        pass at full speed (in bfloat16 and from jax 0.11 the fusions stay:
+        they run bfloat16 dots on AMX, and jaxlib 0.11's run float32 faster:
+        ``compat.xla_cpu_run_speed_options``)."""
         from ..runners.ragged import RaggedMap
 
         buckets = length_buckets() if buckets is None else buckets
@@ -186,8 +188,9 @@ class SentenceEncoder:
 
     def run_speed_options(self) -> dict | None:
         """XLA compile options of the refined and packed programs: on CPU in
-        float32, YNNPACK's fusions off (``compat.xla_cpu_run_speed_options``);
-        ``None`` in bfloat16, where those fusions run its dots on AMX."""
+        float32 with jax 0.10, YNNPACK's fusions off
+        (``compat.xla_cpu_run_speed_options``, none from jax 0.11); ``None``
+        in bfloat16, where those fusions run its dots on AMX."""
         return compat.xla_cpu_run_speed_options() if self.precision == "float32" else None
 
     def _program_id(self, normalize: bool) -> str:
