@@ -284,9 +284,9 @@ class PackedRun:
         not after each of its seven equations, each select a pass over the
         rows' R x R scores that XLA materialised (bfloat16 MiniLM, 8 rows of
         256 per call, one process: 130 -> 124 ms). Where JAX differentiates
-        the row program (``value_and_grad``), its transposes of the rules' gathers would
-        carry a dead result's cotangent to the live entry it read: every
-        packed value is gated."""
+        the row program (``value_and_grad``), its transposes of the rules'
+        gathers would carry a dead result's cotangent to the live entry it
+        read: every packed value is gated."""
         if not axes or isinstance(x, PerSegment) or (self.forward_only and len(axes) < 2):
             return x
         if self.forward_only:

@@ -239,22 +239,27 @@ class PackedRunner:
             seg = self.segment_arrays(run_rows, lengths)
             seg_in = [np.stack([s[f] for s in seg]) for f in SEGMENT_FIELDS]
             start = time.perf_counter()
+            programs = []  # per program run: (XLA compiles, persistent-cache hits)
             with compile_counter() as cc:
                 *outs, rare = self._call(fn, bcast_leaves, inputs + seg_in)
-                if rare.any():  # a row met a rule's rare path: the exact program
+            programs.append((cc.compiles, cc.cache_hits))
+            if rare.any():  # a row met a rule's rare path: the exact program
+                with compile_counter() as cc:
                     outs = self._call(self._exact_program(len(bcast_leaves)), bcast_leaves,
                                       inputs + seg_in)
+                programs.append((cc.compiles, cc.cache_hits))
             done = [i for row in rows for i, _ in row]  # counted once they ran
             counts = {"calls": 1, "examples": len(done),
                       "real_positions": sum(lengths[i] for i in done),
                       "logical_elements": sum(np.size(infos[i][1][li]) for i in done
                                               for li in packed_leaves),
-                      "computed_positions": B * R, "exact_reruns": int(rare.any()),
+                      "computed_positions": B * R, "exact_reruns": len(programs) - 1,
                       "padded_elements": B * sum(int(np.prod(leaf_specs[li].shape))
                                                  for li in packed_leaves)}
-            if cc.compiles or cc.cache_hits:  # compiled, or loaded from the persistent cache
-                counts.update(compiles=1, xla_compiles=cc.compiles,
-                              persistent_cache_hits=cc.cache_hits,
+            made = [p for p in programs if p[0] or p[1]]  # compiled, or loaded from the cache
+            if made:
+                counts.update(compiles=len(made), xla_compiles=sum(p[0] for p in made),
+                              persistent_cache_hits=sum(p[1] for p in made),
                               compile_time_s=time.perf_counter() - start)
             self._count(counts)
             self._unpack(rows, seg, outs, lengths, results, out_tree)
