@@ -14,11 +14,12 @@ CONFIG (the stdlib-docstring corpus of ``benchmarks/run.py --only minilm``):
                       it, one packed program per class
 
 Prints one JSON line: steady seconds per pass (median of 3 after a first pass),
-texts/s, compiles. ``--fusions`` (``packed`` and ``hand``): also where one call
-of the row program goes, per XLA:CPU fusion (thunk trace events of
+texts/s, compiles. ``--fusions`` (``packed``, ``hand``, ``noattn``): where one
+call of the row program goes, per XLA:CPU fusion (thunk trace events of
 ``jax.profiler``, grouped by fusion kind, result shape and the JAX primitive
-it came from), printed as a table before the JSON line. ``drive`` order and rounds are the caller's (results of
-session 27: ``benchmarks/results/packed_profile.jsonl``).
+it came from), printed as a table before the JSON line. ``drive`` order and
+rounds are the caller's (results of session 27:
+``benchmarks/results/packed_profile.jsonl``).
 """
 
 from __future__ import annotations
@@ -177,8 +178,11 @@ def main(argv=None) -> int:
     ap.add_argument("--texts", type=int, default=1400)
     ap.add_argument("--precision", default="float32", help="float32 (default) or bfloat16")
     ap.add_argument("--fusions", action="store_true",
-                    help="packed, hand: also print the row program's time per fusion")
+                    help="packed, hand, noattn: also print the row program's time per fusion")
     args = ap.parse_args(argv)
+    if args.fusions and args.config.split(":")[0] not in ("packed", "hand", "noattn"):
+        ap.error(f"--fusions profiles one row program: configs packed, hand or noattn, "
+                 f"not {args.config!r}")
     if args.fusions:  # XLA:CPU's thunk trace events: set before JAX starts
         import os
 

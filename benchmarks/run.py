@@ -574,7 +574,7 @@ def main(argv=None) -> int:
                                     and x["contender"] == "polymask"), None)
                     for x in runs:
                         if x["workload"] == w and x["round"] == r and "error" not in x:
-                            if x.get("texts_sha256") != ref_sha:  # another Python's stdlib
+                            if ref_sha and x.get("texts_sha256") != ref_sha:  # other stdlib
                                 log(f"    {x['contender']}: not compared, it embedded other "
                                     "texts than polymask (the corpus is the interpreter's "
                                     "stdlib docstrings: give --python and --torch-python "

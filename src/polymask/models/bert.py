@@ -150,22 +150,27 @@ def _act(x, name):
     return jax.nn.gelu(x, approximate=(name == "gelu_new"))  # HF "gelu" is the erf form
 
 
-def _matmul(a, b, dtype):
-    """``a @ b`` with ``dtype`` operands; float32 accumulation and result when
-    ``dtype`` is narrower (float32 operands: the plain product, unchanged)."""
+def _in_precision(product, a, b, dtype):
+    """``product(a, b)`` with ``dtype`` operands; float32 accumulation and
+    result when ``dtype`` is narrower (float32 operands: the plain product,
+    unchanged)."""
     if dtype == jnp.float32:
-        return a @ b
-    return jnp.matmul(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+        return product(a, b)
+    return product(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _matmul(a, b, dtype):
+    """``a @ b`` in ``dtype`` (``_in_precision``)."""
+    return _in_precision(jnp.matmul, a, b, dtype)
 
 
 def _matmul_nt(a, b, dtype):
-    """``a @ swapaxes(b, -1, -2)`` for ``(h, n, d)`` operands as one ``dot_general``
-    contracting both last axes (no transpose of ``b`` materialised)."""
+    """``a @ swapaxes(b, -1, -2)`` for ``(h, n, d)`` operands in ``dtype``, as one
+    ``dot_general`` contracting both last axes (no transpose of ``b``
+    materialised; XLA:CPU's YNNPACK fusions take this form)."""
     dims = (((2,), (2,)), ((0,), (0,)))
-    if dtype == jnp.float32:
-        return jax.lax.dot_general(a, b, dims)
-    return jax.lax.dot_general(a.astype(dtype), b.astype(dtype), dims,
-                               preferred_element_type=jnp.float32)
+    return _in_precision(lambda x, y, **kw: jax.lax.dot_general(x, y, dims, **kw),
+                         a, b, dtype)
 
 
 def _dense(x, p):
