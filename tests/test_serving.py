@@ -492,9 +492,13 @@ def test_concurrency_32_gets_exact_embeddings_and_compiles_nothing(server, corpu
 
 
 def test_full_queue_is_503_with_retry_after_and_warm_start_compiles_nothing(
-        model_dir, cache_dir, corpus, tmp_path):
+        server, model_dir, cache_dir, corpus, tmp_path):
     """A second server on the same cache: warm from it (0 compiles), and a
-    queue of 4 inputs answers a burst with 503 + Retry-After."""
+    queue of 4 inputs answers a burst with 503 + Retry-After.
+
+    ``server`` is requested so the first server fills ``cache_dir`` in this
+    worker: pytest-xdist may run this test in another worker than the tests
+    that use ``server``, whose module fixtures (the cache) are its own."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
