@@ -146,6 +146,11 @@ def fusion_profile(fn, args, calls: int = 3) -> list[dict]:
     info = {m.group(1): (m.group(2), m.group(3).split("/")[-1]) for m in re.finditer(
         r'^\s+%(\S+) = (\S+?\[[0-9,]*\])\S* \w+\(.*?op_name="([^"]*)"', entry, re.M)}
     jax.block_until_ready(fn(*args))
+    walls = []
+    for _ in range(5):  # the call's wall time, outside the profiler
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        walls.append((time.perf_counter() - t0) * 1e3)
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
             for _ in range(calls):
@@ -160,13 +165,16 @@ def fusion_profile(fn, args, calls: int = 3) -> list[dict]:
             key = (re.sub(r"\.[0-9]+$", "", name), shape, prim)
             ms[key] += e["dur"] / 1e3 / calls
             count[key] += 1
-    return [dict(fusion=k[0], shape=k[1], primitive=k[2], ms=round(t, 3),
+    rows = [dict(fusion=k[0], shape=k[1], primitive=k[2], ms=round(t, 3),
                  count=count[k] // calls) for k, t in ms.most_common()]
+    return {"wall_ms": round(float(np.median(walls)), 2), "fusions": rows}
 
 
-def _print_fusions(rows: list[dict], top: int = 25) -> None:
+def _print_fusions(profile: dict, top: int = 25) -> None:
+    rows = profile["fusions"]
     total = sum(r["ms"] for r in rows)
-    print(f"# row program: {total:.1f} ms per call in fusions; the {top} largest groups")
+    print(f"# row program: {profile['wall_ms']:.1f} ms per call (median of 5), {total:.1f} ms "
+          f"in fusions; the {top} largest groups")
     for r in rows[:top]:
         print(f"# {r['ms']:8.2f} ms  x{r['count']:3d}  {r['fusion']:28s} {r['shape']:22s} "
               f"{r['primitive']}")
@@ -198,7 +206,9 @@ def main(argv=None) -> int:
     if kind == "packed":
         r = _ragged(enc, int(rest[0]), int(rest[1]))
         med, times = _timeit(lambda: r(ids, enc.params, refine=False))
-        res.update(compiles=r.stats()["xla_compiles"], layout=r.stats()["layout"])
+        st = r.stats()
+        res.update(compiles=st["xla_compiles"], layout=st["layout"],
+                   calls=st["packed"]["calls"], exact_reruns=st["packed"]["exact_reruns"])
         if args.fusions:
             seen = _capture_packed_call(r)
             r(ids[:64], enc.params, refine=False)

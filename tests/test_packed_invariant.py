@@ -374,9 +374,53 @@ def test_elementwise_garbage_between_examples_never_reaches_a_reader(reader):
           np.array([[0, 0, 10, 10]] * n, np.float32) for i, n in enumerate(SIZES)]
     rm = pm.ragged_map(fun, ("n, 4",), layout="packed", row_size=R)
     got = rm(ex)
-    assert rm.stats()["packed"]["calls"] == 1  # one row: neighbours meet
+    # one row: neighbours meet. The speculative program masks each reader by
+    # arithmetic (x * 0, x - inf): inf * 0 is NaN there, so the call reran
+    # exactly; the max's -inf - inf is -inf, the max's own identity: no rerun
+    assert rm.stats()["packed"]["calls"] == 1
+    assert rm.stats()["packed"]["exact_reruns"] == (reader != "max")
     for i, (x, g) in enumerate(zip(ex, got)):
         _assert_close(g, fun(jnp.asarray(x)), 2e-5, f"example {i}")
+
+
+def _spread_scores(x):  # exp of differences: 1-ish within an example, inf between two
+    return jnp.exp(x[:, None, 0] - x[None, :, 0])
+
+
+# the max of the scores (NaN in the speculative program where a cross-example
+# entry is inf) read by a compare, which drops a NaN: the NaN check must be
+# made there, not after the compare
+NAN_DROPPING_READERS = {
+    "compare": lambda x: jnp.where(jnp.max(_spread_scores(x), -1) < 10.0, 1.0, -1.0),
+    "compare after exp": lambda x: jnp.exp(jnp.max(_spread_scores(x), -1)) > 0,
+    "inside jit": lambda x: jax.jit(lambda s: jnp.max(s, -1) < 10.0)(_spread_scores(x)),
+    "attention then compare": lambda x: jax.nn.softmax(_spread_scores(x), -1) @ x > 50.0,
+}
+
+
+@pytest.mark.parametrize("reader", list(NAN_DROPPING_READERS))
+def test_a_nan_check_is_made_before_a_reader_that_drops_nan(reader):
+    """Speculative row programs check a masked reduction's result for NaN
+    only once a reader would drop the NaN (a compare, an argmax): while
+    readers propagate it (exp, a sum, a product) the check waits, so XLA can
+    fuse the whole attention. Here one example's scores against its
+    neighbour's are ``exp(100) = inf``: the max reads ``inf - inf = NaN``
+    there, and only the check before the compare makes the call rerun in the
+    exact program; without it the compare turns NaN into a wrong False."""
+    fun = NAN_DROPPING_READERS[reader]
+    ex = [np.full((n, 1), 100.0 if i % 2 else 0.0, np.float32) + 0.1 * np.arange(n)[:, None]
+          for i, n in enumerate(SIZES)]
+    rm = pm.ragged_map(fun, ("n, 1",), layout="packed", row_size=R)
+    got = rm(ex)
+    assert rm.stats()["packed"]["calls"] == 1
+    assert rm.stats()["packed"]["exact_reruns"] == 1
+    for i, (x, g) in enumerate(zip(ex, got)):
+        np.testing.assert_array_equal(g, fun(jnp.asarray(x)), err_msg=f"example {i}")
+    same = [np.full_like(x, 3.0) + 0.1 * np.arange(len(x))[:, None] for x in ex]
+    got = rm(same)  # finite everywhere: the speculative program's values, no rerun
+    assert rm.stats()["packed"]["exact_reruns"] == 1
+    for i, (x, g) in enumerate(zip(same, got)):
+        np.testing.assert_array_equal(g, fun(jnp.asarray(x)), err_msg=f"example {i}")
 
 
 def test_a_rare_path_inside_a_loop_body_stays_a_cond():

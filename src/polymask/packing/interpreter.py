@@ -33,7 +33,14 @@ from ..tracing.cases.splitting import trace_function_cases
 from ..tracing.interpreter import walk_jaxpr
 from ..tracing.registry import has_inner_jaxpr
 from ..tracing.symbolic import MaskedProgram
-from .registry import PackedContext, PackedUnsupported, PerSegment, packed_rule
+from .registry import (
+    PackedContext,
+    PackedUnsupported,
+    PerSegment,
+    packed_rule,
+    propagates_nan,
+    reads_unmasked,
+)
 from .segments import SEGMENT_FIELDS, Segments
 from .sizes import RaggedSizes, check_sizes, not_n, param_dims
 
@@ -63,6 +70,8 @@ class PackedRun:
         self.observe = observe
         self.rows_axis = rows_axis  # the vmap axis over rows, when the caller names it
         self.rare = rare  # speculative row programs: the rare paths' flags (``rare_path``)
+        # NaN checks not yet made: id(data) -> (data, aval, packed axes) (``rerun_if_nan``)
+        self._pending: dict[int, tuple] = {}
         self._dims = DimEnv(prog.scope, prog.dim_bounds, prog.internal_values({var: seg.lengths}))
 
     def with_segments(self, arrays) -> PackedRun:
@@ -93,11 +102,107 @@ class PackedRun:
         bfloat16 MiniLM row program 11 of its 126 ms per call untaken (one
         process). Inside a loop body (another trace than the row's) it stays
         a ``lax.cond``."""
-        rare = self.rare
-        if rare is not None and rare.trace is not None and compat.current_trace() is rare.trace:
-            rare.flags.append(jnp.any(flag))
+        if self.speculates():
+            self.rare.flags.append(jnp.any(flag))
             return usual()
         return lax.cond(self.any_row(flag), exact, usual)
+
+    def speculates(self) -> bool:
+        """Whether this is a speculative row program evaluated at the row's own
+        trace (not inside a loop body or branch): a rule may then leave its
+        rare cases to the exact program (``rare_path``, ``rerun_if_nan``)."""
+        rare = self.rare
+        return rare is not None and rare.trace is not None and \
+            compat.current_trace() is rare.trace
+
+    def arithmetic_mask(self, x, aval, kind: str):
+        """The data of ``Unmasked`` block-diagonal ``x`` for a reader that
+        reduces with ``kind``: entries whose packed axes lie in different
+        segments made the identity by arithmetic, ``x * M`` for a sum
+        (``M``: 1 within a block, else 0) and ``x + B`` for a max or min
+        (``B``: -0.0 within a block, the exact identity of addition, else -inf
+        or +inf). None where ``x`` is not ``Unmasked``, not floating, or
+        this run does not speculate.
+
+        Why: XLA:CPU's YNNPACK fusions take a dot, a reduction and arithmetic
+        into one kernel but no select or compare (xla/backends/cpu/ynn_support.cc),
+        so the exact mask, a select, split each softmax of attention into
+        pieces with the R x R scores materialised between them (bfloat16
+        MiniLM: the selects were 25 of 148 ms per call of 8 rows of 256).
+
+        Exact where the cross entries are finite (``x * 0 = 0``,
+        ``x - inf = -inf``); a non-finite one (another example's NaN or
+        inf, ``exp`` overflowing between examples) makes the reader's result
+        NaN, which ``rerun_if_nan`` reports: the call then reruns in the exact
+        program. The row's dead positions have segment id ``S``: they form
+        one more block, so a dead query row of attention reduces over dead
+        keys (the host's copies of real data, finite) and stays finite, never
+        ``max = -inf`` and ``exp(inf)`` flowing into the next layer."""
+        if not (isinstance(x, Unmasked) and self.speculates()
+                and jnp.issubdtype(x.data.dtype, jnp.floating)):
+            return None
+        axes = self.packed_axes(aval)
+        data = x.data
+        views = [self.axis_segments(aval, a) for a in axes]
+        ids = [self.seg.along(v.seg, a, data.ndim) for a, v in zip(axes, views)]
+        same = ids[0] == ids[1]
+        for other in ids[2:]:
+            same = same & (ids[0] == other)
+        if kind == "min":
+            return data + jnp.where(same, -0.0, jnp.inf).astype(data.dtype)
+        # one bias for the max and both products (XLA materialises a mask
+        # broadcast over the heads once per call: one instead of three)
+        bias = jnp.where(same, -0.0, -jnp.inf).astype(jnp.float32)
+        if kind == "max":
+            return data + bias.astype(data.dtype)
+        keep = jnp.exp(bias)  # exp(-0) = 1, exp(-inf) = 0
+        if data.dtype.itemsize < 4:  # bfloat16 operands: one float32 mask (exact: 0 or x)
+            return (data.astype(jnp.float32) * keep).astype(data.dtype)
+        return data * keep.astype(data.dtype)
+
+    def rerun_if_nan(self, out, aval, axes) -> None:
+        """In a speculative run, a NaN at a live entry of ``out`` (a reader's
+        result of an ``arithmetic_mask``-ed operand; packed ``axes``) reruns
+        the call in the exact program. A NaN that plain JAX has too (an
+        example's own NaN) reruns as well and gets the exact program's value.
+
+        The check waits (``_pending``) while ``out``'s readers propagate NaN
+        (``registry.propagates_nan``: ``exp(s - max)``, a sum, a product):
+        their results carry it, and it is made on the first value read
+        otherwise (a compare, a select, a loop, a row output). Checked at once,
+        the softmax's max and sum would be outputs of their fusions, and
+        XLA:CPU's YNNPACK fusion of attention (dot, softmax, dot: one kernel)
+        would split at each."""
+        if self.speculates():
+            self._pending[id(out)] = (out, aval, axes)
+
+    def _data(self, x):
+        return x.data if isinstance(x, (Unmasked, PerSegment)) else x
+
+    def _is_pending(self, x) -> bool:
+        return bool(self._pending) and id(self._data(x)) in self._pending
+
+    def _carry_pending(self, outs, avals, axes) -> None:
+        """``outs`` carry their operands' pending checks (a NaN in an operand
+        is a NaN at a live position of each result)."""
+        for o, aval, ax in zip(outs, avals, axes):
+            data = self._data(o)
+            if hasattr(data, "dtype") and jnp.issubdtype(data.dtype, jnp.inexact):
+                self._pending.setdefault(id(data), (data, aval, ax))
+
+    def check_pending(self, x) -> None:
+        """Make ``x``'s pending NaN check now (a flag of the speculative row
+        program: ``rerun_if_nan``)."""
+        if not self._pending:
+            return
+        entry = self._pending.pop(id(self._data(x)), None)
+        if entry is None:
+            return
+        data, aval, axes = entry
+        bad = jnp.isnan(data)
+        if axes and not isinstance(x, PerSegment):
+            bad = bad & self.live_mask(aval, axes, data.shape)
+        self.rare.flags.append(jnp.any(bad))
 
     # -- sizes ------------------------------------------------------------------
     def is_n(self, d) -> bool:
@@ -155,7 +260,16 @@ class PackedRun:
         """Outputs settled (``Unmasked`` values masked): rules and the row
         function receive values that keep the invariant."""
         outs = walk_jaxpr(jaxpr, consts, args, self._apply_at_user_line)
+        for o in outs:
+            self.check_pending(o)
         return [self.settle(o, v) for o, v in zip(outs, jaxpr.outvars)]
+
+    def eval_inline(self, closed, args) -> list:
+        """A call's body evaluated where it is called (``jit``, ``custom_jvp``
+        in forward-only runs): ``Unmasked`` values pass in and out unsettled,
+        so a softmax inside ``jax.nn.softmax``'s ``custom_jvp`` is masked by
+        its readers as if it were written inline."""
+        return walk_jaxpr(closed.jaxpr, closed.consts, args, self._apply_at_user_line)
 
     def _apply_at_user_line(self, eqn, invals) -> list:
         with compat.user_context(eqn.source_info):
@@ -175,13 +289,18 @@ class PackedRun:
         rule = packed_rule(name)
         touches = any(in_packed) or any(out_packed) or _params_have_dims(eqn.params)
         local = self.forward_only and family_of(name)[0] == "elementwise"
-        invals = [x.data if local and isinstance(x, Unmasked) else self.settle(x, v)
+        # a rule that reads unmasked operands masks them itself (or inlines a call)
+        passed = self.forward_only and rule is not None and reads_unmasked(name)
+        pending = [x for x in invals if self._is_pending(x)]
+        invals = [x.data if local and isinstance(x, Unmasked)
+                  else x if passed else self.settle(x, v)
                   for x, v in zip(invals, eqn.invars)]
+        ctx = None
         try:
             if rule is not None and (touches or has_inner_jaxpr(eqn.params)):
                 how = f"{rule.__module__.rsplit('.', 1)[-1]}.{rule.__qualname__}"
-                out = rule(PackedContext(eqn, self, in_packed, out_packed), *invals,
-                           **eqn.params)
+                ctx = PackedContext(eqn, self, in_packed, out_packed)
+                out = rule(ctx, *invals, **eqn.params)
             elif touches:
                 raise PackedUnsupported(
                     f"the packed layout has no rule for primitive '{name}' "
@@ -200,11 +319,24 @@ class PackedRun:
                 f"run packed: its packed rule failed with {type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''}") from e
         outs = list(out) if eqn.primitive.multiple_results else [out]
+        if pending:
+            self._pass_pending(eqn, ctx, pending, outs, out_packed)
         outs = [self.live_only(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
         if self.observe is not None:
             self.observe(eqn, how, [o.data if isinstance(o, Unmasked) else o for o in outs])
         return outs
+
+    def _pass_pending(self, eqn, ctx, pending, outs, out_packed) -> None:
+        """Operands' pending NaN checks after ``eqn``: carried by its results
+        where it propagates NaN, else made now."""
+        if ctx is not None and ctx.carries_nan_checks:
+            return  # an inlined body or an arithmetic mask's reader handled them
+        if propagates_nan(eqn):
+            self._carry_pending(outs, [v.aval for v in eqn.outvars], out_packed)
+            return
+        for x in pending:
+            self.check_pending(x)
 
     def unpacked(self, eqn, invals):
         """An equation with no packed operand or result, as the interpreter
@@ -287,7 +419,8 @@ class PackedRun:
         the row program (``value_and_grad``), its transposes of the rules'
         gathers would carry a dead result's cotangent to the live entry it
         read: every packed value is gated."""
-        if not axes or isinstance(x, PerSegment) or (self.forward_only and len(axes) < 2):
+        if not axes or isinstance(x, (PerSegment, Unmasked)) or \
+                (self.forward_only and len(axes) < 2):
             return x
         if self.forward_only:
             return Unmasked(x)
@@ -298,6 +431,7 @@ class PackedRun:
         selected to 0 (``var``: its jaxpr variable or literal)."""
         if not isinstance(x, Unmasked):
             return x
+        self.check_pending(x)
         return self._select_live(x.data, var.aval, self.packed_axes(var.aval))
 
     def _select_live(self, x, aval, axes):

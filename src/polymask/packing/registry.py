@@ -44,7 +44,7 @@ from ..tracing.registry import substitute_dims
 from .segments import Segments
 
 __all__ = ["PerSegment", "PackedUnsupported", "PackedContext", "register_packed",
-           "packed_rule", "packed_primitives", "register_packed_halo", "packed_halo"]
+           "packed_rule", "reads_unmasked", "propagates_nan", "packed_primitives", "register_packed_halo", "packed_halo"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -68,12 +68,26 @@ class PackedUnsupported(UnsupportedError):
 
 
 _RULES: dict[str, Callable] = {}
+_READS_UNMASKED: set[str] = set()
+_NAN_PROPAGATING: dict[str, Callable[[dict], bool]] = {}
 _HALOS: dict[str, Callable] = {}
 
 
-def register_packed(*prims):
+def register_packed(*prims, reads_unmasked: bool = False,
+                    nan_propagating: bool | Callable[[dict], bool] = False):
     """Decorator: the packed rule of these primitives (objects or names; a name
-    the installed JAX lacks is skipped). A second rule is an error."""
+    the installed JAX lacks is skipped). A second rule is an error.
+
+    ``reads_unmasked``: in forward-only runs the rule receives a
+    block-diagonal operand whose cross-segment entries are not yet selected
+    to 0 as ``Unmasked``, and masks it itself (``masked_by_arithmetic`` in a
+    speculative program, else ``settled``) or passes it to an inlined body
+    (``eval_inline``).
+
+    ``nan_propagating``: the primitive's result is NaN at every position an
+    operand is NaN at (True, or a predicate of the equation's params), so a
+    NaN check pending on an operand may wait for the result
+    (``PackedRun.rerun_if_nan``)."""
 
     def deco(fn):
         for p in prims:
@@ -84,6 +98,11 @@ def register_packed(*prims):
                 raise ValueError(f"a packed rule for primitive '{name}' is already registered "
                                  f"({_RULES[name].__module__}.{_RULES[name].__qualname__})")
             _RULES[name] = fn
+            if reads_unmasked:
+                _READS_UNMASKED.add(name)
+            if nan_propagating:
+                _NAN_PROPAGATING[name] = (nan_propagating if callable(nan_propagating)
+                                          else lambda params: True)
         return fn
 
     return deco
@@ -91,6 +110,18 @@ def register_packed(*prims):
 
 def packed_rule(name: str) -> Callable | None:
     return _RULES.get(name)
+
+
+def reads_unmasked(name: str) -> bool:
+    """Whether primitive ``name``'s packed rule takes ``Unmasked`` operands."""
+    return name in _READS_UNMASKED
+
+
+def propagates_nan(eqn) -> bool:
+    """Whether ``eqn``'s result is NaN wherever an operand is NaN
+    (``register_packed(nan_propagating=...)``)."""
+    pred = _NAN_PROPAGATING.get(eqn.primitive.name)
+    return pred is not None and pred(eqn.params)
 
 
 def register_packed_halo(*prims):
@@ -135,6 +166,9 @@ class PackedContext:
 
     def __init__(self, eqn, run, in_packed, out_packed):
         self.eqn = eqn
+        # the rule's results carry its operands' pending NaN checks (an
+        # arithmetic mask's reader, an inlined call): ``PackedRun.apply``
+        self.carries_nan_checks = False
         self.primitive = eqn.primitive
         self.run = run
         self.in_avals = [v.aval for v in eqn.invars]
@@ -178,6 +212,12 @@ class PackedContext:
     def eval_jaxpr(self, closed_jaxpr, *args) -> list:
         return self.run.eval_closed(closed_jaxpr, list(args))
 
+    def eval_inline(self, closed_jaxpr, *args) -> list:
+        """A call's body at the call site; ``Unmasked`` values and pending NaN
+        checks pass through (forward-only runs; ``PackedRun.eval_inline``)."""
+        self.carries_nan_checks = True
+        return self.run.eval_inline(closed_jaxpr, list(args))
+
     def lift(self, x, out_aval, out_axes, operand_dims=None):
         """A per-segment operand at the positions of a packed result: gathered at
         the first packed axis of ``out_axes`` and broadcast to ``out_aval``'s
@@ -192,6 +232,28 @@ class PackedContext:
         dims = (tuple(range(len(shape) - rank, len(shape))) if operand_dims is None
                 else tuple(operand_dims))
         return broadcast_with_new_axis(g, k, dims, shape)
+
+    def settled(self, i: int, x):
+        """Operand ``i`` with its cross-segment and dead entries selected to 0
+        (a rule that ``reads_unmasked`` calls this where it needs the invariant)."""
+        return self.run.settle(x, self.eqn.invars[i])
+
+    def masked_by_arithmetic(self, i: int, x, kind: str):
+        """Operand ``i``'s data for a reader that reduces with ``kind`` (sum,
+        max, min), entries outside its segment blocks made the reduction's
+        identity by arithmetic (``PackedRun.arithmetic_mask``); None where the
+        operand is not ``Unmasked`` in a speculative program, or not floating."""
+        return self.run.arithmetic_mask(x, self.in_avals[i], kind)
+
+    def rerun_if_nan(self, out, j: int = 0):
+        """Result ``j`` of a reader of ``masked_by_arithmetic`` operands: a NaN
+        at a live entry of it (the sign that the mask met a non-finite entry)
+        reruns the call in the exact program (``PackedRun.rerun_if_nan``).
+        The operands' pending checks pass to it: the reduction or product of
+        a NaN is NaN."""
+        self.carries_nan_checks = True
+        self.run.rerun_if_nan(out, self.out_avals[j], self.out_packed[j])
+        return out
 
     def unsupported(self, reason: str) -> PackedUnsupported:
         return PackedUnsupported(

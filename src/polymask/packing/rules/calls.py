@@ -17,19 +17,19 @@ from ... import _jax_compat as compat
 from ..registry import PerSegment, register_packed
 
 
-@register_packed("jit")
+@register_packed("jit", reads_unmasked=True)
 def jit_rule(ctx, *args, jaxpr, **params):
-    return ctx.eval_jaxpr(jaxpr, *args)
+    return ctx.eval_inline(jaxpr, *args)
 
 
-@register_packed("closed_call", "eval_jaxpr")
+@register_packed("closed_call", "eval_jaxpr", reads_unmasked=True)
 def call_rule(ctx, *args, **params):
-    return ctx.eval_jaxpr(compat.closed_jaxpr(compat.call_jaxpr_of(params)), *args)
+    return ctx.eval_inline(compat.closed_jaxpr(compat.call_jaxpr_of(params)), *args)
 
 
-@register_packed("remat2")
+@register_packed("remat2", reads_unmasked=True)
 def remat_rule(ctx, *args, jaxpr, **params):
-    return ctx.run.eval_jaxpr(jaxpr, [], list(args))
+    return ctx.eval_inline(compat.closed_jaxpr(jaxpr), *args)
 
 
 def _float(x) -> bool:
@@ -37,11 +37,13 @@ def _float(x) -> bool:
     return jnp.issubdtype(jnp.result_type(d), jnp.inexact)
 
 
-@register_packed("custom_jvp_call")
+@register_packed("custom_jvp_call", reads_unmasked=True)
 def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_zeros):
     run = ctx.run
+    if run.forward_only:  # nothing differentiates the program: its body inline
+        return ctx.eval_inline(call_jaxpr, *args)
     consts, xs = list(args[:num_consts]), list(args[num_consts:])
-    if run.forward_only or not all(_float(x) for x in xs):
+    if not all(_float(x) for x in xs):
         return ctx.eval_jaxpr(call_jaxpr, *args)
 
     # the row's segment arrays are arguments, not closed over (custom_jvp
@@ -66,8 +68,8 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
     return packed_call(run.seg.arrays(), consts, xs)
 
 
-@register_packed("custom_vjp_call")
+@register_packed("custom_vjp_call", reads_unmasked=True)
 def custom_vjp_rule(ctx, *args, call_jaxpr, num_consts, **params):
     if not ctx.run.forward_only and (any(ctx.in_packed) or any(ctx.out_packed)):
         raise ctx.unsupported("a custom VJP over packed values under differentiation")
-    return ctx.eval_jaxpr(call_jaxpr, *args)
+    return ctx.eval_inline(call_jaxpr, *args)

@@ -34,10 +34,14 @@ def _dims(dimension_numbers):
     return tuple(lc), tuple(rc), tuple(lb), tuple(rb)
 
 
-@register_packed(lax.dot_general_p)
+@register_packed(lax.dot_general_p, reads_unmasked=True)
 def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
     lc, rc, lb, rb = _dims(dimension_numbers)
     lp, rp = ctx.in_packed
+    masked = _arithmetic_block(ctx, lhs, rhs, lc, rc)
+    if masked is not None:
+        return ctx.rerun_if_nan(masked)
+    lhs, rhs = ctx.settled(0, lhs), ctx.settled(1, rhs)
     ls, rs = isinstance(lhs, PerSegment), isinstance(rhs, PerSegment)
     if ls or rs:
         return _segment_against_packed(ctx, lhs, rhs, lc, rc, lb, rb, ls)
@@ -47,6 +51,30 @@ def dot_general_rule(ctx, lhs, rhs, *, dimension_numbers, **params):
     if ctx.out_packed[0]:
         return _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb)
     return _per_segment_contraction(ctx, lhs, rhs, lc, rc, lb, rb, contracted[0])
+
+
+def _arithmetic_block(ctx, lhs, rhs, lc, rc):
+    """A speculative run's block-diagonal product (attention's ``P V``): the
+    block operand, not yet masked (``Unmasked``), times its same-segment 0/1
+    mask (``PackedRun.arithmetic_mask``), against the dense operand as it is.
+    A cross-segment term is then ``0 * d``: 0 for finite entries, NaN for a
+    NaN or inf of either operand, which ``rerun_if_nan`` reports (the call
+    reruns in the exact program). None where this form does not apply."""
+    lp, rp = ctx.in_packed
+    if len(lp) >= 2 and len(rp) == 1:
+        block_i, dense_c, dense_p = 0, rc, rp
+    elif len(rp) >= 2 and len(lp) == 1:
+        block_i, dense_c, dense_p = 1, lc, lp
+    else:
+        return None
+    dense = (lhs, rhs)[1 - block_i]
+    if dense_p[0] not in dense_c or isinstance(dense, PerSegment) or \
+            not jnp.issubdtype(dense.dtype, jnp.inexact):
+        return None
+    block = ctx.masked_by_arithmetic(block_i, (lhs, rhs)[block_i], "sum")
+    if block is None:
+        return None
+    return ctx.bind(lhs if block_i else block, block if block_i else rhs)
 
 
 def _block_diagonal_contraction(ctx, lhs, rhs, lc, rc, lb, rb):

@@ -34,7 +34,7 @@ def iota_rule(ctx, *, dtype, shape, dimension, sharding):
     return lax.broadcasted_iota(dtype, out_shape, dimension)
 
 
-@register_packed(lax.broadcast_in_dim_p)
+@register_packed(lax.broadcast_in_dim_p, nan_propagating=True)
 def broadcast_in_dim_rule(ctx, x, *dyn, shape, broadcast_dimensions, sharding):
     if dyn:
         raise ctx.unsupported("dynamic-shape broadcast operands")
@@ -69,7 +69,7 @@ def tile_rule(ctx, x, *, reps):
     return jnp.broadcast_to(jnp.tile(x, rest), shape)
 
 
-@register_packed(lax.transpose_p, lax.squeeze_p)
+@register_packed(lax.transpose_p, lax.squeeze_p, nan_propagating=True)
 def relayout_rule(ctx, x, **params):
     if isinstance(x, PerSegment):
         raise ctx.unsupported("a per-segment operand")

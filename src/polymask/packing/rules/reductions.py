@@ -41,6 +41,11 @@ def _reducer(kind: str):
         packed = ctx.in_packed[0]
         reduced = [a for a in axes if a in packed]
         kept = [a for a in packed if a not in axes]
+        arithmetic = (ctx.masked_by_arithmetic(0, x, kind)
+                      if reduced and kept and kind in ("sum", "max", "min") else None)
+        if arithmetic is not None:  # a speculative run's softmax: no select (interpreter)
+            return ctx.rerun_if_nan(ctx.bind(arithmetic))
+        x = ctx.settled(0, x)
         if not reduced:
             return ctx.bind(x)
         x = _mask_other_segments(ctx, x, reduced, kept, kind)
@@ -65,7 +70,7 @@ def _reducer(kind: str):
 
 for _name, (_family, _kind) in list(FAMILIES.items()):
     if _family == "reduction" and _name not in ("argmax", "argmin", "reduce_xor"):
-        register_packed(_name)(_reducer(_kind))
+        register_packed(_name, reads_unmasked=True)(_reducer(_kind))
 
 
 def _arg_extremum(kind: str):
