@@ -6,7 +6,10 @@ its packed rule (``registry.py``, filled by ``rules/``); one that does not is
 bound unchanged (shared operands) or ``vmap``-ed over the segment slots
 (per-segment operands). After each equation, results with two or more
 packed axes get their cross-segment entries selected to 0 (the
-block-diagonal invariant every rule may assume).
+block-diagonal invariant every rule may assume); forward-only runs defer
+that select to the value's first reader that is not elementwise, and
+speculative ones let reductions and products mask by arithmetic with a
+NaN check (``PackedRun.arithmetic_mask``, ``rerun_if_nan``).
 
 ``packed_program`` traces the user's function once (the symbolic trace of
 ``mask``, bound ``R``) and checks that it can run packed: one ragged dim var,
@@ -458,8 +461,10 @@ class RarePaths:
 @dataclasses.dataclass(frozen=True)
 class Unmasked:
     """A packed value with two or more packed axes whose dead entries are
-    not yet selected to 0 (forward-only runs): only elementwise equations
-    read it as is; every other reader gets ``PackedRun.settle``'s select."""
+    not yet selected to 0 (forward-only runs): elementwise equations read its
+    data as is, a rule that ``reads_unmasked`` masks it itself (by arithmetic
+    in a speculative program: ``PackedRun.arithmetic_mask``), every other
+    reader gets ``PackedRun.settle``'s select."""
 
     data: Any
 
