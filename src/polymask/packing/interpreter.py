@@ -137,7 +137,9 @@ class PackedRun:
         ``x - inf = -inf``); a non-finite one (another example's NaN or
         inf, ``exp`` overflowing between examples) makes the reader's result
         NaN, which ``rerun_if_nan`` reports: the call then reruns in the exact
-        program. The row's dead positions have segment id ``S``: they form
+        program. (XLA's simplifier may turn the product with a 0/1 mask back
+        into a select, as jaxlib 0.10's does: exact too, without the NaN.)
+        The row's dead positions have segment id ``S``: they form
         one more block, so a dead query row of attention reduces over dead
         keys (the host's copies of real data, finite) and stays finite, never
         ``max = -inf`` and ``exp(inf)`` flowing into the next layer."""
