@@ -199,3 +199,20 @@ def test_tiny_bert_bfloat16_is_plain_jax_in_bfloat16_and_near_float32(tmp_path, 
 def test_unknown_precision_is_a_value_error_naming_the_choices(tmp_path):
     with pytest.raises(ValueError, match="float32.*bfloat16.*'float16'"):
         SentenceEncoder(_tiny_model_dir(tmp_path), precision="float16")
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_loading_the_model_compiles_nothing_and_rounds_like_xla(tmp_path, precision):
+    """The weights are arranged in NumPy and uploaded as they are: no XLA
+    compile (each transpose, cast or jnp.asarray of the loader was one: 11 per
+    process). Its bfloat16 rounding is XLA's (round to nearest even)."""
+    import polymask as pm
+
+    d = _tiny_model_dir(tmp_path)
+    with pm.compile_counter() as cc:
+        enc = SentenceEncoder(d, precision=precision)
+    assert cc.compiles == 0
+    ref = SentenceEncoder(d)  # float32: the checkpoint's values
+    w, w32 = enc.params["layers"][0]["qkv"]["w"], ref.params["layers"][0]["qkv"]["w"]
+    assert w.dtype == jnp.dtype(precision) and isinstance(w, jax.Array)
+    np.testing.assert_array_equal(np.asarray(w), np.asarray(w32.astype(precision)))

@@ -31,6 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _jax_compat as compat
+
 __all__ = ["BertConfig", "PRECISIONS", "load_params", "encode", "embed", "mean_pool",
            "l2_normalize", "embed_padded_reference"]
 
@@ -75,8 +77,8 @@ def _concat_dense(parts: list[dict]) -> dict:
     One wide GEMM instead of three narrow ones (the fused-QKV layout of
     Megatron-LM and FlashAttention's ``Wqkv``).
     """
-    return {"w": jnp.concatenate([p["w"] for p in parts], axis=1),
-            "b": jnp.concatenate([p["b"] for p in parts])}
+    return {"w": np.concatenate([p["w"] for p in parts], axis=1),
+            "b": np.concatenate([p["b"] for p in parts])}
 
 
 def load_params(path, cfg: BertConfig, precision: str = "float32") -> dict:
@@ -102,13 +104,17 @@ def load_params(path, cfg: BertConfig, precision: str = "float32") -> dict:
     # Checkpoints are saved with or without the "bert." prefix.
     t = {k[5:] if k.startswith("bert.") else k: v for k, v in raw.items()}
 
-    def get(name, dtype=jnp.float32):
+    # the tensors are arranged in NumPy (ml_dtypes' bfloat16 rounds to nearest
+    # even as XLA's convert does) and uploaded as they are: a transpose, cast or
+    # concatenation of jax.Arrays is an XLA compile each, and so is
+    # jnp.asarray of a NumPy array per shape from jax 0.12 (11 per process)
+    def get(name, dtype=np.float32):
         if name not in t:
             raise KeyError(f"{path}: missing tensor '{name}'")
-        return jnp.asarray(t[name], dtype)
+        return np.asarray(t[name]).astype(dtype)
 
     def dense(prefix):  # torch Linear stores (out, in): transpose to x @ W
-        return {"w": jnp.asarray(get(prefix + ".weight").T, matmul_dtype),
+        return {"w": np.ascontiguousarray(get(prefix + ".weight").T.astype(matmul_dtype)),
                 "b": get(prefix + ".bias")}
 
     def ln(prefix):
@@ -132,7 +138,7 @@ def load_params(path, cfg: BertConfig, precision: str = "float32") -> dict:
             "ff2": dense(p + "output.dense"),
             "ff_ln": ln(p + "output.LayerNorm"),
         })
-    return params
+    return jax.tree_util.tree_map(compat.upload, params)
 
 
 # ----------------------------------------------------------------------------
