@@ -441,3 +441,34 @@ def test_a_rare_path_inside_a_loop_body_stays_a_cond():
             _assert_same_nonfinite(b, fun(jnp.asarray(x)), f"example {i}")
         if i != 1:
             np.testing.assert_array_equal(b, a, err_msg=f"example {i}")
+
+
+def _row_max_of_spread(x):  # the new-user check's repro A: no NaN or inf in the inputs
+    a = x[:, 0]
+    return jnp.max(jnp.exp(a[:, None] - a[None, :]), axis=-1)
+
+
+def _max_weight_compared(x):  # repro B: a NaN in one example, a compare in the other
+    w = jax.nn.softmax(x @ x.T, axis=-1)
+    return jnp.where(jnp.max(w, axis=-1) > 0.5, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("fun, examples", [
+    (_row_max_of_spread, [np.array([[0.0, 0.0], [0.5, 0.0]], np.float32),
+                          np.array([[100.0, 0.0], [100.2, 0.0]], np.float32)]),
+    (_max_weight_compared, [np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0]], np.float32),
+                            np.array([[np.nan, 0.0], [1.0, 1.0]], np.float32)]),
+])
+def test_a_masked_max_in_a_wide_row_never_drops_another_examples_nan(fun, examples):
+    """XLA:CPU's max reductions over rows of 64 may drop a NaN (plain
+    ``jax.jit`` of ``jnp.max`` too), so the speculative program's masked max
+    (``x + B``, NaN where another example's entry is inf or NaN) reported
+    nothing and returned -inf: a wrong value in the clean example. The max
+    now adds a sum of ``x * 0`` (NaN for any non-finite entry) and the call
+    reruns in the exact program."""
+    rm = pm.ragged_map(fun, ("n, 2",), layout="packed", row_size=64)
+    got = rm(examples)
+    assert rm.stats()["packed"]["exact_reruns"] == 1
+    np.testing.assert_array_equal(got[0], fun(jnp.asarray(examples[0])))
+    if not np.isnan(examples[1]).any():
+        np.testing.assert_array_equal(got[1], fun(jnp.asarray(examples[1])))

@@ -325,23 +325,42 @@ class PackedRun:
                 f"{str(e).splitlines()[0] if str(e) else ''}") from e
         outs = list(out) if eqn.primitive.multiple_results else [out]
         if pending:
-            self._pass_pending(eqn, ctx, pending, outs, out_packed)
+            outs = self._pass_pending(eqn, ctx, pending, outs, out_packed)
         outs = [self.live_only(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
         if self.observe is not None:
             self.observe(eqn, how, [o.data if isinstance(o, Unmasked) else o for o in outs])
         return outs
 
-    def _pass_pending(self, eqn, ctx, pending, outs, out_packed) -> None:
+    def _pass_pending(self, eqn, ctx, pending, outs, out_packed) -> list:
         """Operands' pending NaN checks after ``eqn``: carried by its results
-        where it propagates NaN, else made now."""
+        where it propagates NaN (after a poison term where it may drop one),
+        else made now. Returns the results."""
         if ctx is not None and ctx.carries_nan_checks:
-            return  # an inlined body or an arithmetic mask's reader handled them
-        if propagates_nan(eqn):
-            self._carry_pending(outs, [v.aval for v in eqn.outvars], out_packed)
-            return
+            return outs  # an inlined body or an arithmetic mask's reader handled them
+        how = propagates_nan(eqn)
+        if how == "poison" and len(outs) == 1:
+            outs = [self.poisoned(outs[0], pending)]
+        elif not how or how == "poison":
+            for x in pending:
+                self.check_pending(x)
+            return outs
+        self._carry_pending(outs, [v.aval for v in eqn.outvars], out_packed)
+        return outs
+
+    def poisoned(self, out, pending):
+        """``out`` plus ``x * 0 * -0.0`` of each pending operand ``x`` of its
+        shape: ``-0.0`` (the exact identity of addition) where ``x`` is finite,
+        NaN where it is not, whatever ``out``'s primitive did with the NaN."""
+        data = self._data(out)
         for x in pending:
-            self.check_pending(x)
+            xd = self._data(x)
+            if getattr(xd, "shape", None) == getattr(data, "shape", None):
+                data = data + (xd * jnp.zeros((), xd.dtype) * jnp.asarray(-0.0, xd.dtype)
+                               ).astype(data.dtype)
+            else:
+                self.check_pending(x)
+        return data
 
     def unpacked(self, eqn, invals):
         """An equation with no packed operand or result, as the interpreter

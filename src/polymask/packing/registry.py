@@ -87,7 +87,9 @@ def register_packed(*prims, reads_unmasked: bool = False,
     ``nan_propagating``: the primitive's result is NaN at every position an
     operand is NaN at (True, or a predicate of the equation's params), so a
     NaN check pending on an operand may wait for the result
-    (``PackedRun.rerun_if_nan``)."""
+    (``PackedRun.rerun_if_nan``); a predicate returning ``"poison"``: the
+    result carries it once the operand's ``x * 0 * -0.0`` is added
+    (``PackedRun.poisoned``: XLA:CPU's max and min may drop a NaN)."""
 
     def deco(fn):
         for p in prims:
@@ -117,11 +119,12 @@ def reads_unmasked(name: str) -> bool:
     return name in _READS_UNMASKED
 
 
-def propagates_nan(eqn) -> bool:
+def propagates_nan(eqn) -> bool | str:
     """Whether ``eqn``'s result is NaN wherever an operand is NaN
-    (``register_packed(nan_propagating=...)``)."""
+    (``register_packed(nan_propagating=...)``): True, False, or ``"poison"``
+    (once a poison term of the operand is added)."""
     pred = _NAN_PROPAGATING.get(eqn.primitive.name)
-    return pred is not None and pred(eqn.params)
+    return False if pred is None else pred(eqn.params)
 
 
 def register_packed_halo(*prims):

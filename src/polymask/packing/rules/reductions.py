@@ -34,6 +34,21 @@ def _mask_other_segments(ctx, x, reduced, kept, kind):
     return lax.select(ok, x, jnp.full_like(x, identity_of(x.dtype, kind)))
 
 
+def _nan_poison(ctx, data, axes):
+    """``-0.0`` where every reduced entry of ``data`` is finite, else NaN: a
+    sum of ``x * 0``. XLA:CPU's max and min reductions may drop a NaN (a
+    row of 64 with a NaN reduces to a number, even in plain ``jax.jit``), so
+    a masked max or min reports a non-finite entry between examples through
+    this term (``+ -0.0`` is the exact identity), never through its own NaN."""
+    return lax.reduce_sum_p.bind(data * jnp.zeros((), data.dtype), axes=tuple(axes),
+                                 **_sum_params(ctx)) * jnp.asarray(-0.0, data.dtype)
+
+
+def _sum_params(ctx) -> dict:
+    """``reduce_sum``'s params besides ``axes`` (``out_sharding`` from jax 0.11)."""
+    return {k: v for k, v in ctx.params().items() if k not in ("axes",)}
+
+
 def _reducer(kind: str):
     def rule(ctx, x, *, axes, **params):
         if isinstance(x, PerSegment):
@@ -44,7 +59,10 @@ def _reducer(kind: str):
         arithmetic = (ctx.masked_by_arithmetic(0, x, kind)
                       if reduced and kept and kind in ("sum", "max", "min") else None)
         if arithmetic is not None:  # a speculative run's softmax: no select (interpreter)
-            return ctx.rerun_if_nan(ctx.bind(arithmetic))
+            out = ctx.bind(arithmetic)
+            if kind != "sum":
+                out = out + _nan_poison(ctx, x.data, axes)
+            return ctx.rerun_if_nan(out)
         x = ctx.settled(0, x)
         if not reduced:
             return ctx.bind(x)
