@@ -139,6 +139,8 @@ class PackedRun:
         NaN, which ``rerun_if_nan`` reports: the call then reruns in the exact
         program. (XLA's simplifier may turn the product with a 0/1 mask back
         into a select, as jaxlib 0.10's does: exact too, without the NaN.)
+        XLA:CPU's max reductions may drop a NaN, so the max and min readers
+        add a sum of ``x * 0`` to report it (``reductions._nan_poison``).
         The row's dead positions have segment id ``S``: they form
         one more block, so a dead query row of attention reduces over dead
         keys (the host's copies of real data, finite) and stays finite, never
