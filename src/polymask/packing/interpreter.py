@@ -40,6 +40,7 @@ from .registry import (
     PackedContext,
     PackedUnsupported,
     PerSegment,
+    nan_poison,
     packed_rule,
     propagates_nan,
     reads_unmasked,
@@ -358,8 +359,7 @@ class PackedRun:
         for x in pending:
             xd = self._data(x)
             if getattr(xd, "shape", None) == getattr(data, "shape", None):
-                data = data + (xd * jnp.zeros((), xd.dtype) * jnp.asarray(-0.0, xd.dtype)
-                               ).astype(data.dtype)
+                data = data + nan_poison(xd).astype(data.dtype)
             else:
                 self.check_pending(x)
         return data

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 from .. import _jax_compat as compat
@@ -44,7 +45,8 @@ from ..tracing.registry import substitute_dims
 from .segments import Segments
 
 __all__ = ["PerSegment", "PackedUnsupported", "PackedContext", "register_packed",
-           "packed_rule", "reads_unmasked", "propagates_nan", "packed_primitives", "register_packed_halo", "packed_halo"]
+           "packed_rule", "reads_unmasked", "propagates_nan", "nan_poison", "packed_primitives",
+           "register_packed_halo", "packed_halo"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -117,6 +119,14 @@ def packed_rule(name: str) -> Callable | None:
 def reads_unmasked(name: str) -> bool:
     """Whether primitive ``name``'s packed rule takes ``Unmasked`` operands."""
     return name in _READS_UNMASKED
+
+
+def nan_poison(x):
+    """``x * 0 * -0.0``: ``-0.0`` (the exact identity of addition) where ``x``
+    is finite, NaN where it is not; added to a result (or summed first), it
+    reports a non-finite ``x`` through arithmetic alone (XLA:CPU's max and
+    min may drop a NaN)."""
+    return x * jnp.zeros((), x.dtype) * jnp.asarray(-0.0, x.dtype)
 
 
 def propagates_nan(eqn) -> bool | str:

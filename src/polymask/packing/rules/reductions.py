@@ -17,7 +17,7 @@ from jax import lax
 
 from ...rules.families import FAMILIES
 from ...rules.util import identity_of
-from ..registry import PerSegment, register_packed
+from ..registry import PerSegment, nan_poison, register_packed
 
 _SEGMENT_KIND = {"sum": "sum", "max": "max", "min": "min", "prod": "prod",
                  "or": "max", "and": "min"}
@@ -40,8 +40,7 @@ def _nan_poison(ctx, data, axes):
     row of 64 with a NaN reduces to a number, even in plain ``jax.jit``), so
     a masked max or min reports a non-finite entry between examples through
     this term (``+ -0.0`` is the exact identity), never through its own NaN."""
-    return lax.reduce_sum_p.bind(data * jnp.zeros((), data.dtype), axes=tuple(axes),
-                                 **_sum_params(ctx)) * jnp.asarray(-0.0, data.dtype)
+    return lax.reduce_sum_p.bind(nan_poison(data), axes=tuple(axes), **_sum_params(ctx))
 
 
 def _sum_params(ctx) -> dict:
