@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from .. import _jax_compat as compat
 from ..tracing.registry import register
-from .util import clean, fill_padding, identity_of, is_inexact, masked_axes
+from .util import clean, fill_padding, identity_of, is_inexact, keep_nan, masked_axes
 
 # primitive name -> (family, kind): what the packed layout (``packing/``) reads
 # to give each family member its packed interpretation without a second list.
@@ -142,7 +142,10 @@ def _reducer_rule(kind: str):
     def reducer_rule(ctx, x, *, axes, **params):
         if not (kind in ("sum", "or", "xor") and ctx.has_zero_padding(x)):  # 0 is the identity
             x = fill_padding(x, ctx.in_logical[0], identity_of(x.dtype, kind), axes)
-        return ctx.bind(x)
+        out = ctx.bind(x)
+        if kind in ("max", "min") and out.dtype == x.dtype:  # a value, not argmax's index
+            out = keep_nan(out, x, lambda v: jnp.sum(v, axis=tuple(axes)))
+        return out
 
     return reducer_rule
 

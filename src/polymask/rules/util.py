@@ -71,6 +71,24 @@ def clean_float(x, logical: Sequence, axes=None):
     return clean(x, logical, axes)
 
 
+def keep_nan(out, x, reduce_sum):
+    """``out``, a max or min reduction of ``x``, made NaN wherever the
+    entries it reduced hold a NaN: ``reduce_sum`` (the same reduction as a
+    sum: same axes or windows) of ``x``'s NaNs, selected in where it is NaN.
+
+    Why: XLA:CPU's ``reduce_max``/``reduce_min`` and its max/min windows may
+    drop a NaN (openxla/xla#21461): over a row of 64 with one NaN they return
+    a number, in plain ``jax.jit`` too, while 3 wide they return NaN
+    (``jnp.max`` follows NumPy: NaN). A masked reduction runs at the bound's
+    width, so without this a size whose exact ``jax.jit`` program gives NaN
+    would get a number. A sum never drops a NaN. Finite data: ``out``
+    unchanged (a select). Integer and bool ``x``: ``out`` as is."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        return out
+    nans = reduce_sum(lax.select(jnp.isnan(x), x, jnp.zeros_like(x)))
+    return lax.select(jnp.isnan(nans), nans.astype(out.dtype), out)
+
+
 def identity_of(dtype, kind: str):
     """Identity element of a reduction for ``dtype``: ints use dtype min/max, not inf."""
     dtype = np.dtype(dtype)

@@ -62,6 +62,7 @@ from .util import (
     fill_padding,
     identity_of,
     is_inexact,
+    keep_nan,
     masked_axes,
     same_dim,
     valid_mask,
@@ -406,15 +407,20 @@ def reduce_window_monoid_rule(ctx, x, *, window_dimensions, window_strides, padd
                               base_dilation, window_dilation):
     if 0 in ctx.out_bounds[0]:
         return _zeros_out(ctx)
-    fill = identity_of(x.dtype, _RW_KIND[ctx.primitive.name])
+    kind = _RW_KIND[ctx.primitive.name]
+    fill = identity_of(x.dtype, kind)
     x = fill_padding(x, ctx.in_logical[0], fill)
 
     def run(wd):
         plans = _window_plans(ctx, ctx.in_bounds[0], ctx.out_bounds[0], wd,
                               window_strides, padding, base_dilation, window_dilation)
         pad, dil = _phys(plans)
-        return ctx.bind(_shift_input(x, fill, plans), padding=pad, base_dilation=dil,
-                        window_dimensions=wd)
+        shifted = _shift_input(x, fill, plans)
+        out = ctx.bind(shifted, padding=pad, base_dilation=dil, window_dimensions=wd)
+        if kind == "sum":
+            return out
+        return keep_nan(out, shifted, lambda v: lax.reduce_window_sum_p.bind(
+            v, **ctx.concrete_params(padding=pad, base_dilation=dil, window_dimensions=wd)))
 
     whole = _whole_axis_windows(ctx, 0, window_dimensions, padding, base_dilation,
                                 window_dilation)

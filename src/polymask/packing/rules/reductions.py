@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ...rules.families import FAMILIES
-from ...rules.util import identity_of
+from ...rules.util import identity_of, keep_nan
 from ..registry import PerSegment, nan_poison, register_packed
 
 _SEGMENT_KIND = {"sum": "sum", "max": "max", "min": "min", "prod": "prod",
@@ -48,6 +48,16 @@ def _sum_params(ctx) -> dict:
     return {k: v for k, v in ctx.params().items() if k not in ("axes",)}
 
 
+def _bind_keeping_nan(ctx, x, axes, kind):
+    """The reduction on row data; a max or min keeps its NaNs (``keep_nan``:
+    XLA:CPU's may drop one)."""
+    out = ctx.bind(x)
+    if kind in ("max", "min"):
+        out = keep_nan(out, x, lambda v: lax.reduce_sum_p.bind(v, axes=tuple(axes),
+                                                               **_sum_params(ctx)))
+    return out
+
+
 def _reducer(kind: str):
     def rule(ctx, x, *, axes, **params):
         if isinstance(x, PerSegment):
@@ -64,10 +74,10 @@ def _reducer(kind: str):
             return ctx.rerun_if_nan(out)
         x = ctx.settled(0, x)
         if not reduced:
-            return ctx.bind(x)
+            return _bind_keeping_nan(ctx, x, axes, kind)
         x = _mask_other_segments(ctx, x, reduced, kept, kind)
         if kept:
-            return ctx.bind(x)
+            return _bind_keeping_nan(ctx, x, axes, kind)
         # every packed axis reduced: the others first, then one segment reduction
         a0 = reduced[0]
         seg = ctx.axis_segments(ctx.in_avals[0], a0)

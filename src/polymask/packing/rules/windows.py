@@ -28,7 +28,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ...rules.util import identity_of
+from ...rules.util import identity_of, keep_nan
 from ..registry import PerSegment, register_packed, register_packed_halo
 from ..segments import shift_along
 
@@ -159,6 +159,7 @@ def reduce_window_rule(ctx, x, *, window_dimensions, window_strides, padding, ba
     out = ctx.bind(x, padding=pad)
     if kind == "sum":
         return out
+    out = keep_nan(out, x, lambda v: lax.reduce_window_sum_p.bind(v, **ctx.params(padding=pad)))
     # a window of dead positions only is +-inf: its place is dead, but a later
     # ``x - max`` would make it NaN, and a gradient's 0 * NaN reaches the weights
     for a in ctx.out_packed[0]:

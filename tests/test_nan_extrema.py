@@ -1,0 +1,123 @@
+"""A NaN reaches every max and min that reads it, at any bound.
+
+XLA:CPU's ``reduce_max``/``reduce_min`` and max/min windows may drop a NaN
+(openxla/xla#21461): a row of 64 with one NaN reduces to a number, in plain
+``jax.jit`` too, while the same row 3 wide gives NaN. polymask reduces at the
+bound's width, so without ``rules.util.keep_nan`` an example whose exact
+``jax.jit`` program returns NaN got a number (the padded layout, ``polymask.jit``
+and the packed layout's exact program). The reference here is NumPy
+(``np.max`` propagates NaN, as ``jnp.max`` documents), on the exact arrays,
+at sizes below the bound: at the bound itself, with static sizes, polymask
+runs the function unchanged and gets XLA's value, as ``jax.jit`` does.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import polymask as pm
+
+BOUND = 64
+
+
+def _data(n, width=4, nan_at=(1, 0), seed=0):
+    x = np.random.default_rng(seed).normal(size=(n, width)).astype(np.float32)
+    if nan_at is not None and n > nan_at[0]:
+        x[nan_at] = np.nan
+    return x
+
+
+def _padded(x, bound=BOUND, seed=1):
+    """``x`` padded along axis 0 with finite garbage (the drop needs finite
+    neighbours: XLA's vector max keeps the other operand of a NaN)."""
+    out = np.random.default_rng(seed).normal(size=(bound, *x.shape[1:])).astype(x.dtype)
+    out[: x.shape[0]] = x
+    return out
+
+
+def _scores_max(x):
+    return jnp.max(x @ x.T, axis=-1)
+
+
+def _scores_min(x):
+    return jnp.min(x @ x.T, axis=-1)
+
+
+def _reference(fun, x):
+    s = x.astype(np.float64) @ x.T.astype(np.float64)
+    return (np.max if fun is _scores_max else np.min)(s, axis=-1)
+
+
+def _same(out, ref):
+    out = np.asarray(out, np.float64)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_allclose(out[~np.isnan(ref)], ref[~np.isnan(ref)], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fun", [_scores_max, _scores_min])
+def test_a_masked_max_keeps_a_nan_at_the_bounds_width(fun):
+    f = pm.mask(fun, "n, 4")
+    jf = jax.jit(f)
+    with pytest.raises(pm.ShapeError, match="zero-size"):  # as plain JAX raises at n = 0
+        f(pm.Masked(_padded(_data(0)), (0, 4)))
+    for n in (1, 3, 17, 40):
+        x = _data(n)
+        ref = _reference(fun, x)
+        eager = f(pm.Masked(_padded(x), (n, 4)))
+        jitted = jf(pm.Masked(_padded(x), (jnp.int32(n), 4)))
+        for out in (eager, jitted):
+            _same(out.data[:n], ref)
+    sizes = np.array([1, 3, 17, 40], np.int32)
+    batch = np.stack([_padded(_data(int(n))) for n in sizes])
+    out = jax.vmap(f)(pm.Masked(batch, (sizes, np.full(4, 4, np.int32))))
+    for i, n in enumerate(sizes):
+        _same(out.data[i, :n], _reference(fun, _data(int(n))))
+
+
+def test_a_masked_max_over_a_static_axis_keeps_a_nan():
+    # XLA:CPU drops the NaN from 4,096 entries up (64 x 64), not from 8 x 64
+    f = pm.mask(lambda a: jnp.max(a, axis=-1), "n, 64")
+    x = _data(40, width=64, nan_at=(2, 5))
+    out = f(pm.Masked(_padded(x), (40, 64)))
+    _same(out.data[:40], np.max(x.astype(np.float64), axis=-1))
+
+
+def test_max_pooling_keeps_a_nan():
+    def pool(a):  # windows of 8 along the static axis, 64 rows along the ragged one
+        return lax.reduce_window(a, -jnp.inf, lax.max, (1, 8), (1, 8), "VALID")
+
+    f = pm.mask(pool, "n, 64")
+    x = _data(40, width=64, nan_at=(2, 5))
+    out = jax.jit(f)(pm.Masked(_padded(x), (jnp.int32(40), 64))).data[:40]
+    _same(out, x.reshape(40, 8, 8).astype(np.float64).max(-1))
+
+
+def test_polymask_jit_keeps_a_nan_that_plain_jit_keeps():
+    x = _data(3)
+    plain = jax.jit(_scores_max)(x)
+    assert np.isnan(np.asarray(plain)).all()  # 3 wide, XLA propagates it
+    out = pm.jit(_scores_max, "n, 4", buckets=[BOUND], tiered=False)(x)
+    _same(out, _reference(_scores_max, x))
+
+
+@pytest.mark.parametrize("fun", [_scores_max, _scores_min])
+def test_the_packed_layout_keeps_a_nan_in_its_example_only(fun):
+    rm = pm.ragged_map(fun, "n, 4", layout="packed", row_size=BOUND)
+    xs = [_data(3), _data(2, seed=1, nan_at=None), _data(40, seed=2, nan_at=(7, 2)),
+          _data(5, seed=3, nan_at=None)]
+    for out, x in zip(rm(xs), xs):
+        _same(out, _reference(fun, x))
+
+
+def test_packed_max_pooling_keeps_a_nan():
+    def pool(a):  # windows of 8 along the static axis of each position
+        return lax.reduce_window(a, -jnp.inf, lax.max, (1, 8), (1, 8), "VALID")
+
+    rm = pm.ragged_map(pool, "n, 64", layout="packed", row_size=BOUND)
+    xs = [_data(30, width=64, nan_at=(11, 1)), _data(20, width=64, seed=4, nan_at=None)]
+    for out, x in zip(rm(xs), xs):
+        _same(out, x.reshape(-1, 8, 8).astype(np.float64).max(-1))
