@@ -162,7 +162,7 @@ CASES = [
     Case("constraint does not parse", mk(f_sum, "n", constraints=["n >>= 2"]),
          (M(X5, (3,)),), None, pm.ShapeError, ("cannot parse constraints", "n >>= 2")),
     Case("static spec size differs", mk(f_sum, "4"), (M(X5, (3,)),), None, pm.ShapeError,
-         ("args[0].shape[0]", "says 4", "padded size is 5")),
+         ("args[0].shape[0]", "says 4", "array's size there is 5")),
     Case("spec axis in two vars", mk(f_sum, "n*m"), (M(X5, (3,)),), None, pm.ShapeError,
          ("args[0].shape[0]", "affine", "['m', 'n']")),
     Case("spec axis negative coefficient", mk(f_sum, "5 - n"), (M(X5, (3,)),), None,

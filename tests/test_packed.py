@@ -80,6 +80,20 @@ def test_argmax_argmin_and_first_last_elements():
     _check(f, ex)
 
 
+def test_argmax_over_one_axis_of_attention_scores_indexes_within_the_example():
+    """The best key of each query (``argmax`` over one packed axis of a
+    block-diagonal value): its index in the query's own example; a NaN wins,
+    a block of ``-inf`` gives 0, as in ``lax.argmax``."""
+    def f(x):
+        s = x @ x.T
+        return (jnp.argmax(s, -1), jnp.argmin(s, 0),
+                jnp.argmax(jnp.full_like(s, -jnp.inf), -1))
+
+    ex = _examples([n for n in SIZES if n >= 1])
+    ex[2][1, 2] = np.nan
+    _check(f, ex)
+
+
 def test_sizes_where_the_plain_function_raises_run_padded_and_raise():
     def f(x):
         return x[0]

@@ -91,8 +91,8 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
     for i, part in enumerate(parts):
         if part.isdigit() and int(part) != padded_shape[i]:
             raise ShapeError(
-                f"{path}.shape[{i}]: spec '{spec}' says {int(part)} but the padded size is "
-                f"{padded_shape[i]}")
+                f"{path}.shape[{i}]: spec '{spec}' says {int(part)}, but the array's size "
+                f"there is {padded_shape[i]}")
     try:
         # '...' expands to the padded sizes of the remaining axes (static), as
         # symbolic_shape(like=...) reads it; we do not pass `like` otherwise, so
@@ -115,7 +115,7 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
                     f"exactly {int(e)}, or drop the equality constraint.")
             if int(e) != padded_shape[i]:
                 raise ShapeError(
-                    f"{where}: spec '{spec}' says {int(e)} but the padded size is "
+                    f"{where}: spec '{spec}' says {int(e)}, but the array's size there is "
                     f"{padded_shape[i]}")
             axes.append(AxisSpec(path, i, int(e)))
             continue

@@ -106,13 +106,32 @@ def _arg_extremum(kind: str):
         if axis not in ctx.in_packed[0]:
             return ctx.bind(x)
         if len(ctx.in_packed[0]) > 1:
-            raise ctx.unsupported("an arg-extremum over one packed axis of several")
+            return _block_arg_extremum(ctx, x, axis, kind, index_dtype)
         seg = ctx.axis_segments(ctx.in_avals[0], axis)
         x = jnp.moveaxis(x, axis, 0)  # (R, ...)
         first = _first_extremum(seg, x, kind)
         return PerSegment(first.astype(index_dtype))
 
     return rule
+
+
+def _block_arg_extremum(ctx, x, axis: int, kind: str, index_dtype):
+    """``argmax`` over one packed axis of a block-diagonal value (the best key
+    of each attention query): the row's other segments take the worst value
+    (``identity_of``), the row's ``argmax`` gives a position, and its place in
+    its example (``Segments.pos``) is the index. Where that position lies in
+    another segment, every entry of the query's own block ties with the
+    worst value (all ``-inf``), and the first, index 0, is ``lax.argmax``'s."""
+    aval = ctx.in_avals[0]
+    kept = [a for a in ctx.in_packed[0] if a != axis]
+    ok = ctx.run.same_segment(aval, [kept[0], axis], x.shape)
+    x = lax.select(ok, x, jnp.full_like(x, identity_of(x.dtype, kind)))
+    at = ctx.bind(x)  # a position in the row, per query
+    seg = ctx.axis_segments(aval, axis)
+    q = kept[0] - (kept[0] > axis)  # the kept axis's place in the result
+    qseg = ctx.axis_segments(aval, kept[0])
+    own = jnp.take(seg.seg, at) == seg.along(qseg.seg, q, at.ndim)
+    return jnp.where(own, jnp.take(seg.pos, at), 0).astype(index_dtype)
 
 
 def _first_extremum(seg, x, kind: str):
