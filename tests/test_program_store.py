@@ -45,9 +45,39 @@ def _reference(scale):
     return [np.cumsum(x) * scale + (x.sum() if len(x) >= 3 else -x.sum()) for x in xs]
 
 
-def _run(tmp_path, cache, scale):
+PACKED_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, jax, jax.numpy as jnp
+    import polymask as pm
+    pm.enable_compilation_cache(sys.argv[1])
+    scale = float(sys.argv[2])
+
+    def f(x):  # attention-like: a block-diagonal softmax, then a per-example mean
+        w = jax.nn.softmax(x @ x.T * scale, axis=-1)
+        return jnp.mean(w @ x, axis=0)
+
+    rm = pm.ragged_map(f, "n, 4", layout="packed", row_size=16, rows_per_call=2,
+                       numpy_outputs=True)
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n, 4)).astype(np.float32) for n in (3, 16, 1, 7, 9, 2)]
+    outs = rm(xs)
+    st = rm.stats()
+    print(json.dumps(dict(outs=[o.tolist() for o in outs], xla=st["xla_compiles"],
+                          loads=st["stored_loads"], compiles=st["compiles"])))
+""")
+
+
+def _packed_reference(scale):
+    import jax
+
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n, 4)).astype(np.float32) for n in (3, 16, 1, 7, 9, 2)]
+    return [np.asarray(jnp.mean(jax.nn.softmax(x @ x.T * scale, -1) @ x, 0)) for x in xs]
+
+
+def _run(tmp_path, cache, scale, script_text=SCRIPT):
     script = tmp_path / "store_script.py"
-    script.write_text(SCRIPT)
+    script.write_text(script_text)
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     env.pop("XLA_FLAGS", None)  # one device: the store's condition
     p = subprocess.run([sys.executable, str(script), str(cache), str(scale)],
@@ -82,6 +112,25 @@ def test_a_later_process_loads_the_programs_and_a_changed_function_compiles(tmp_
     for o, r in zip(again["outs"], _reference(2.0)):
         np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
     assert _run(tmp_path, cache, 2.0)["loads"] == programs
+
+
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
+def test_a_later_process_loads_the_packed_row_program(tmp_path):
+    """The packed layout's row program from the store: a later process neither
+    traces it through the packed interpreter nor lowers it (0 XLA compiles),
+    with the same values; a changed constant misses."""
+    cache = tmp_path / "cache"
+    first = _run(tmp_path, cache, 0.5, PACKED_SCRIPT)
+    assert first["compiles"] == 1 and first["xla"] == 1 and first["loads"] == 0
+    second = _run(tmp_path, cache, 0.5, PACKED_SCRIPT)
+    assert second["compiles"] == 1 and second["xla"] == 0 and second["loads"] == 1
+    assert second["outs"] == first["outs"]  # bitwise: one executable
+    for o, r in zip(second["outs"], _packed_reference(0.5)):
+        np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
+    changed = _run(tmp_path, cache, 0.25, PACKED_SCRIPT)
+    assert changed["loads"] == 0 and changed["xla"] == 1
+    for o, r in zip(changed["outs"], _packed_reference(0.25)):
+        np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
 
 
 def test_keys_depend_on_constants_avals_and_parts(tmp_path):

@@ -6,6 +6,12 @@ rows per call of one compiled program ``jit(vmap(packed row function))``;
 each example's outputs are cut out of its row (packed outputs) or its
 segment slot (per-example outputs) and returned in input order. Examples
 longer than a row are left to the caller (the padded layout).
+
+With the persistent compilation cache on, the row program comes from the
+program store (``program_store.py``), keyed by the packed trace's case tree
+and the row shape: a warm process skips tracing the row program through the
+packed interpreter, lowering it and JAX's cache lookup (about 0.3 s of a
+warm MiniLM ``polymask embed``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS, phantom_source, row_arrays
 from .compiling import compile_counter
+from .program_store import StoredProgram, active_store, tree_fingerprint
 
 __all__ = ["PackedRunner", "default_row_size", "row_example", "spare_rows"]
 
@@ -121,7 +128,8 @@ class PackedRunner:
         self.stats = {"calls": 0, "compiles": 0, "xla_compiles": 0,
                       "persistent_cache_hits": 0, "compile_time_s": 0.0,
                       "real_positions": 0, "computed_positions": 0, "examples": 0,
-                      "logical_elements": 0, "padded_elements": 0, "exact_reruns": 0}
+                      "logical_elements": 0, "padded_elements": 0, "exact_reruns": 0,
+                      "stored_loads": 0}
 
     # -- tracing ---------------------------------------------------------------
     def choose_rows_per_call(self, rows: int) -> int:
@@ -172,20 +180,67 @@ class PackedRunner:
         of that shape then run in it."""
         if self.rows_per_call is None:
             raise ValueError("precompiling the packed program needs rows_per_call")
+        avals = self._avals(info, bcast_leaves)
+        with self._lock:
+            if active_store() is not None:
+                self._aot = None
+                self._from_store(avals, len(bcast_leaves))
+                return
+            start = time.perf_counter()
+            with compile_counter() as cc:
+                self._aot = self._compiled(len(bcast_leaves)).lower(*avals).compile()
+        self._count({"compiles": 1, "xla_compiles": cc.compiles,
+                     "persistent_cache_hits": cc.cache_hits,
+                     "compile_time_s": time.perf_counter() - start})
+
+    def _avals(self, info, bcast_leaves) -> list:
+        """The row program's abstract arguments for calls like ``info``'s example
+        (``rows_per_call`` rows): broadcast leaves, example leaves, segment arrays."""
         B, R, S = self.rows_per_call, self.program.positions, self.slots
-        specs = self._leaf_specs(info)
         avals = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x)) for x in bcast_leaves]
-        for sp in specs:
+        for sp in self._leaf_specs(info):
             avals.append(jax.ShapeDtypeStruct((B,) + (sp.shape if sp.packed_axes
                                                       else (S,) + sp.shape), sp.dtype))
         avals += [jax.ShapeDtypeStruct((B, R if f in POSITION_FIELDS else S), np.int32)
                   for f in SEGMENT_FIELDS]
+        return avals
+
+    def _from_store(self, avals, n_bcast: int) -> None:
+        """Set the speculative row program from the program store: loaded, or
+        compiled now and written there (under the lock). The key is the packed
+        trace's case tree (every case's jaxpr and constants) with the row
+        layout (packed axes, gap, row size, compile options); the batch's
+        shapes and polymask's source are in every key (``ProgramStore.key``)."""
+        prog, store = self.program, active_store()
+        fn = self._rows_fn(n_bcast, speculative=True)
+        key = store.key((*tree_fingerprint(prog.tree), "packed row program", "speculative",
+                         prog.var, prog.case_index, prog.row_size, prog.gap,
+                         repr(prog.packed_axes), repr(self.constraints), n_bcast,
+                         repr(sorted(self.compiler_options.items()))), avals)
         start = time.perf_counter()
-        with self._lock, compile_counter() as cc:
-            self._aot = self._compiled(len(bcast_leaves)).lower(*avals).compile()
-        self._count({"compiles": 1, "xla_compiles": cc.compiles,
-                     "persistent_cache_hits": cc.cache_hits,
+        hit = store.load(key)
+        loaded = hit is not None and isinstance(hit[1], list)
+        with compile_counter() as cc:
+            if loaded:  # the row program's output kinds come with it (no row trace)
+                compiled, prog.out_kinds = hit
+            else:  # a fresh XLA compile (one loaded from JAX's cache cannot be stored)
+                compiled = jax.jit(fn).lower(*avals).compile(compiler_options={
+                    **self.compiler_options, **compat.fresh_compile_options()})
+                if cc.compiles:
+                    store.save(key, compiled, list(prog.out_kinds))
+        self._aot = StoredProgram(compiled, fn, self.compiler_options,
+                                  lambda c: self._count({"xla_compiles": c.compiles}))
+        self._count({"compiles": 1, "xla_compiles": cc.compiles, "stored_loads": int(loaded),
                      "compile_time_s": time.perf_counter() - start})
+
+    def _program(self, info, bcast_leaves):
+        """The speculative row program for calls like ``info``'s: precompiled,
+        else from the program store where the persistent cache is on (first
+        call of this traced program), else ``jax.jit``'s."""
+        with self._lock:
+            if self._aot is None and self._fn is None and active_store() is not None:
+                self._from_store(self._avals(info, bcast_leaves), len(bcast_leaves))
+            return self._make_compiled(len(bcast_leaves))
 
     def _compiled(self, n_bcast: int):
         with self._lock:  # one jax.jit function for every thread
@@ -203,12 +258,15 @@ class PackedRunner:
         (every call's) leaves the rules' rare paths out and returns one more
         output, whether a row needed one; the exact one (``_exact_program``)
         reruns those calls."""
+        return jax.jit(self._rows_fn(n_bcast, speculative),
+                       compiler_options=self.compiler_options or None)
+
+    def _rows_fn(self, n_bcast: int, speculative: bool):
+        """``vmap(row program)`` over the call's rows (not jitted)."""
         row = self.program.row_fn(n_bcast, forward_only=True, rows_axis=ROWS_AXIS,
                                   speculative=speculative)
         n_in = len(self.program.packed_axes) + len(SEGMENT_FIELDS)
-        return jax.jit(jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in,
-                                axis_name=ROWS_AXIS),
-                       compiler_options=self.compiler_options or None)
+        return jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in, axis_name=ROWS_AXIS)
 
     def _exact_program(self, n_bcast: int):
         """The row program with its rare paths (a NaN or inf of one example
@@ -229,7 +287,7 @@ class PackedRunner:
         R = self.program.positions
         B = self.choose_rows_per_call(len(packing.rows))
         leaf_specs = self._leaf_specs(infos[order[0]])
-        fn = self._compiled(len(bcast_leaves))
+        fn = self._program(infos[order[0]], bcast_leaves)
         packed_leaves = [li for li, sp in enumerate(leaf_specs) if sp.packed_axes]
         for b0 in range(0, len(packing.rows), B):
             rows = packing.rows[b0:b0 + B]

@@ -255,7 +255,7 @@ class RaggedMap:
         if self._packed is not None:  # both layouts' programs, calls and padding
             ps = self._packed.stats_snapshot()
             for k in ("calls", "compiles", "xla_compiles", "persistent_cache_hits",
-                      "compile_time_s", "logical_elements", "padded_elements"):
+                      "stored_loads", "compile_time_s", "logical_elements", "padded_elements"):
                 s[k] += ps[k]
             s["packed"] = dict(ps, row_size=self._packed.row_size,
                                rows_per_call=self._packed.rows_per_call)
