@@ -121,3 +121,22 @@ def test_packed_max_pooling_keeps_a_nan():
     xs = [_data(30, width=64, nan_at=(11, 1)), _data(20, width=64, seed=4, nan_at=None)]
     for out, x in zip(rm(xs), xs):
         _same(out, x.reshape(-1, 8, 8).astype(np.float64).max(-1))
+
+
+@pytest.mark.parametrize("fun", [lambda x: jnp.max(x), lambda x: jnp.min(x),
+                                 lambda x: jnp.max(jnp.mean(x, 0)), lambda x: jnp.max(x[0])])
+def test_a_batch_of_per_example_extrema_keeps_each_nan(fun):
+    """A max of a per-example value (no ragged axis left) is reduced for a whole
+    call of examples at once, ``(examples, 4)``: at 1,024 or more entries
+    XLA:CPU drops the NaN (found by the new-user check: 16 examples of 40
+    packed, or padded batches of 1,024)."""
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(int(n), 4)).astype(np.float32) for n in rng.integers(20, 40, 1024)]
+    for k in range(0, len(xs), 2):
+        xs[k][0, k % 4] = np.nan
+    refs = [np.asarray(jax.jit(fun)(x)) for x in xs]  # 4 to 160 entries: XLA keeps the NaN
+    assert all(np.isnan(r).all() for r in refs[::2])
+    for layout, kw in (("packed", dict(row_size=64)), ("padded", dict(batch_size=1024))):
+        outs = pm.ragged_map(fun, "n, 4", layout=layout, **kw)(xs)
+        for o, r in zip(outs, refs):
+            _same(o, r.astype(np.float64))

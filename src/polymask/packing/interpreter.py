@@ -40,6 +40,7 @@ from .registry import (
     PackedContext,
     PackedUnsupported,
     PerSegment,
+    nan_keeper,
     nan_poison,
     packed_rule,
     propagates_nan,
@@ -519,7 +520,13 @@ def _per_segment_or_shared(eqn, invals):
         return prim.bind(*invals, **params)
     axes = [0 if isinstance(x, PerSegment) else None for x in invals]
     datas = [x.data if isinstance(x, PerSegment) else x for x in invals]
-    out = jax.vmap(lambda *a: prim.bind(*a, **params), in_axes=axes)(*datas)
+    keeper = nan_keeper(prim.name)
+
+    def one(*a):
+        out = prim.bind(*a, **params)
+        return out if keeper is None else keeper(out, a[0], params)
+
+    out = jax.vmap(one, in_axes=axes)(*datas)
     if prim.multiple_results:
         return [PerSegment(o) for o in out]
     return PerSegment(out)

@@ -46,7 +46,7 @@ from .segments import Segments
 
 __all__ = ["PerSegment", "PackedUnsupported", "PackedContext", "register_packed",
            "packed_rule", "reads_unmasked", "propagates_nan", "nan_poison", "packed_primitives",
-           "register_packed_halo", "packed_halo"]
+           "register_packed_halo", "packed_halo", "register_nan_keeper", "nan_keeper"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -73,6 +73,7 @@ _RULES: dict[str, Callable] = {}
 _READS_UNMASKED: set[str] = set()
 _NAN_PROPAGATING: dict[str, Callable[[dict], bool]] = {}
 _HALOS: dict[str, Callable] = {}
+_NAN_KEEPERS: dict[str, Callable] = {}
 
 
 def register_packed(*prims, reads_unmasked: bool = False,
@@ -157,6 +158,24 @@ def register_packed_halo(*prims):
 
 def packed_halo(name: str) -> Callable | None:
     return _HALOS.get(name)
+
+
+def register_nan_keeper(*prims):
+    """Decorator: ``keeper(out, operand, params) -> out``, applied where the
+    interpreter binds the primitive itself on per-segment values (``vmap``
+    over the segment slots): a max or min there reduces a batch of examples,
+    wide enough for XLA:CPU to drop a NaN (``rules.util.keep_nan``)."""
+
+    def deco(fn):
+        for p in prims:
+            _NAN_KEEPERS[p if isinstance(p, str) else p.name] = fn
+        return fn
+
+    return deco
+
+
+def nan_keeper(name: str) -> Callable | None:
+    return _NAN_KEEPERS.get(name)
 
 
 def packed_primitives() -> list[str]:

@@ -132,9 +132,11 @@ def defreducer(*prims, kind: str, module: str | None = None) -> None:
     the identity of ``kind`` before the physical reduction.
 
     For ``argmax``/``argmin`` the identity is the worst value, so the first
-    logical extremum wins.
+    logical extremum wins. A max or min runs its rule at the bound too
+    (``keep_nan``): batched over examples (``vmap``, ``ragged_map``), a
+    reduction of static size grows past the width where XLA:CPU drops a NaN.
     """
-    register(*prims)(_declared_in(_reducer_rule(kind), module))
+    register(*prims, at_bound=kind in ("max", "min"))(_declared_in(_reducer_rule(kind), module))
     _note_family(prims, "reduction", kind)
 
 

@@ -402,7 +402,8 @@ _RW_KIND = {"reduce_window_sum": "sum", "reduce_window_max": "max",
             "reduce_window_min": "min"}
 
 
-@register(lax.reduce_window_sum_p, lax.reduce_window_max_p, lax.reduce_window_min_p)
+@register(lax.reduce_window_sum_p)
+@register(lax.reduce_window_max_p, lax.reduce_window_min_p, at_bound=True)  # keep_nan
 def reduce_window_monoid_rule(ctx, x, *, window_dimensions, window_strides, padding,
                               base_dilation, window_dilation):
     if 0 in ctx.out_bounds[0]:

@@ -17,7 +17,7 @@ from jax import lax
 
 from ...rules.families import FAMILIES
 from ...rules.util import identity_of, keep_nan
-from ..registry import PerSegment, nan_poison, register_packed
+from ..registry import PerSegment, nan_poison, register_nan_keeper, register_packed
 
 _SEGMENT_KIND = {"sum": "sum", "max": "max", "min": "min", "prod": "prod",
                  "or": "max", "and": "min"}
@@ -51,11 +51,17 @@ def _sum_params(ctx) -> dict:
 def _bind_keeping_nan(ctx, x, axes, kind):
     """The reduction on row data; a max or min keeps its NaNs (``keep_nan``:
     XLA:CPU's may drop one)."""
-    out = ctx.bind(x)
+    out = ctx.bind(x, axes=tuple(axes))
     if kind in ("max", "min"):
         out = keep_nan(out, x, lambda v: lax.reduce_sum_p.bind(v, axes=tuple(axes),
                                                                **_sum_params(ctx)))
     return out
+
+
+@register_nan_keeper(lax.reduce_max_p, lax.reduce_min_p)
+def _keep_nan_of_per_segment_extremum(out, x, params):
+    rest = {k: v for k, v in params.items() if k != "axes"}
+    return keep_nan(out, x, lambda v: lax.reduce_sum_p.bind(v, axes=params["axes"], **rest))
 
 
 def _reducer(kind: str):
@@ -83,7 +89,7 @@ def _reducer(kind: str):
         seg = ctx.axis_segments(ctx.in_avals[0], a0)
         rest = tuple(a for a in axes if a != a0)
         if rest:
-            x = ctx.bind(x, axes=rest)
+            x = _bind_keeping_nan(ctx, x, rest, kind)
             a0 -= sum(1 for a in rest if a < a0)
         x = jnp.moveaxis(x, a0, 0)
         if x.dtype == jnp.bool_:

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ...rules.util import identity_of, keep_nan
-from ..registry import PerSegment, register_packed, register_packed_halo
+from ..registry import PerSegment, register_nan_keeper, register_packed, register_packed_halo
 from ..segments import shift_along
 
 
@@ -166,6 +166,11 @@ def reduce_window_rule(ctx, x, *, window_dimensions, window_strides, padding, ba
         seg = ctx.axis_segments(ctx.out_avals[0], a)
         out = jnp.where(_along(seg, seg.live, a, out), out, jnp.zeros((), out.dtype))
     return out
+
+
+@register_nan_keeper(lax.reduce_window_max_p, lax.reduce_window_min_p)
+def _keep_nan_of_per_segment_window(out, x, params):
+    return keep_nan(out, x, lambda v: lax.reduce_window_sum_p.bind(v, **params))
 
 
 def _whole_example_window(ctx, x, kind, window, strides, padding, base_dilation, dilation):
