@@ -6,9 +6,7 @@ XLA:CPU's ``reduce_max``/``reduce_min`` and max/min windows may drop a NaN
 bound's width, so without ``rules.util.keep_nan`` an example whose exact
 ``jax.jit`` program returns NaN got a number (the padded layout, ``polymask.jit``
 and the packed layout's exact program). The reference here is NumPy
-(``np.max`` propagates NaN, as ``jnp.max`` documents), on the exact arrays,
-at sizes below the bound: at the bound itself, with static sizes, polymask
-runs the function unchanged and gets XLA's value, as ``jax.jit`` does.
+(``np.max`` propagates NaN, as ``jnp.max`` documents), on the exact arrays.
 """
 
 from __future__ import annotations
