@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import weakref
 
-from .errors import ShapeError
+from .errors import ShapeError, counted
 
 __all__ = ["split_specs", "keywords_as_positional"]
 
@@ -150,8 +150,8 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     n_specs = None if in_specs is None else len(in_specs)
     if n_specs is not None and n_specs > len(names) and not any(
             p.kind is p.VAR_POSITIONAL for p in params):
-        raise ShapeError(f"in_specs has {n_specs} entries but {name} takes "
-                         f"{len(names)} positional parameters ({', '.join(names)})")
+        raise ShapeError(f"in_specs has {counted(n_specs, 'entry')} but {name} takes "
+                         f"{counted(len(names), 'positional parameter')} ({', '.join(names)})")
     for k in kwargs:
         i = names.index(k) if k in names else None
         if i is None:
@@ -162,7 +162,7 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
         if n_specs is not None and i >= n_specs:
             raise KeywordWithoutSpec(
                 f"polymask.jit: {name}'s argument '{k}' (passed by keyword) is argument {i}, "
-                f"and in_specs has {n_specs} entries: give it an entry (None for a static "
+                f"and in_specs has {counted(n_specs, 'entry')}: give it an entry (None for a static "
                 "argument), or bind it first with functools.partial")
     last = max([names.index(k) for k in kwargs] + [(n_specs or 0) - 1])
     out = list(args)

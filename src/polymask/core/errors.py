@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ShapeError", "UnsupportedError", "TooManyCases", "FallbackWarning"]
+__all__ = ["ShapeError", "UnsupportedError", "TooManyCases", "FallbackWarning", "counted"]
 
 
 class ShapeError(ValueError):
@@ -55,3 +55,13 @@ def install_extra(extra: str) -> str:
     installed from its checkout (README), so ``pip install -e ".[serve]"``
     there; ``pip install polymask[...]`` finds no package on PyPI."""
     return f'pip install -e ".[{extra}]" (in the polymask checkout)'
+
+
+def counted(n: int, noun: str) -> str:
+    """``'1 axis'``, ``'2 axes'``: a count with its noun for messages (the
+    nouns messages count: axis, entry, and regular plurals)."""
+    if n == 1:
+        return f"{n} {noun}"
+    irregular = {"axis": "axes", "entry": "entries"}
+    return f"{n} {irregular.get(noun, noun + 's')}"
+

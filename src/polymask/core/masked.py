@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import ShapeError
+from .errors import ShapeError, counted
 from .plan import bucket_shape
 
 __all__ = ["Masked", "pad", "stack", "logical_shape", "Size"]
@@ -54,7 +54,7 @@ def _validate_sizes(sizes: tuple, bound: tuple, what: str) -> None:
     """
     k = len(bound) - len(sizes)
     if k < 0:
-        raise ShapeError(f"{what}: logical shape {sizes} has {len(sizes)} axes but the data "
+        raise ShapeError(f"{what}: logical shape {sizes} has {counted(len(sizes), 'axis')} but the data "
                          f"has shape {bound} (rank {len(bound)})")
     per_axis = bound[k:]
     for axis, (s, b) in enumerate(zip(sizes, per_axis)):

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from .errors import ShapeError
+from .errors import ShapeError, counted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +85,7 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
     if n_axes != rank and not (ellipsis and n_axes <= rank):
         _raise_unparsable_axis(path, spec, parts, scope)  # 'n k' is a typo, not a rank
         raise ShapeError(
-            f"{path}: spec '{spec}' has {n_axes} axes but the array has rank {rank} "
+            f"{path}: spec '{spec}' has {counted(n_axes, 'axis')} but the array has rank {rank} "
             f"(shape {tuple(padded_shape)})"
             + (" ('...' stands for the remaining axes)" if ellipsis else ""))
     for i, part in enumerate(parts):
@@ -101,7 +101,9 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
         text = ", ".join(given + [str(int(d)) for d in padded_shape[len(parts):]])
         exprs = jax.export.symbolic_shape(f"({text})" if text else "()", scope=scope)
     except Exception as e:  # jax raises ValueError with its own parse message
-        raise ShapeError(f"{path}: cannot parse shape spec '{spec}': {e}") from None
+        hint = next((h for h in map(_typo_hint, parts) if h), "")
+        raise ShapeError(f"{path}: cannot parse shape spec '{spec}'.{hint} JAX's parser "
+                         f"says: {e}") from None
     axes = []
     for i, e in enumerate(exprs):
         where = f"{path}.shape[{i}]"
@@ -130,8 +132,20 @@ def _raise_unparsable_axis(path: str, spec: str, parts: list[str], scope) -> Non
         try:
             jax.export.symbolic_shape(f"({part},)", scope=scope)
         except Exception as e:
-            raise ShapeError(f"{path}: cannot parse shape spec '{spec}' (axis '{part}'): "
-                             f"{e}") from None
+            raise ShapeError(f"{path}: cannot parse shape spec '{spec}' (axis '{part}')."
+                             f"{_typo_hint(part)} JAX's parser says: {e}") from None
+
+
+def _typo_hint(part: str) -> str:
+    """The likely intent of an axis that does not parse, for the message
+    ('' when none is clear): a missing comma or a missing '*'."""
+    words = part.split()
+    if len(words) > 1 and all(re.fullmatch(r"\w+", w) for w in words):
+        return f" Axes are separated by commas: did you mean '{', '.join(words)}'?"
+    product = re.fullmatch(r"(\d+)\s*([A-Za-z_]\w*)", part)
+    if product:
+        return f" A product needs '*': did you mean '{product[1]}*{product[2]}'?"
+    return ""
 
 
 def _split_top_level(s: str) -> list[str]:
@@ -179,8 +193,8 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list
     in_specs = tuple(in_specs)
     if len(in_specs) != len(args):
         raise ShapeError(
-            f"in_specs has {len(in_specs)} entries but the function was called with "
-            f"{len(args)} positional argument{'' if len(args) == 1 else 's'}")
+            f"in_specs has {counted(len(in_specs), 'entry')} but the function was called "
+            f"with {counted(len(args), 'positional argument')}")
     out = []
     for (spec, arg, leaves, (sname, aname)) in zip(in_specs, args, leaves_per_arg, labels):
         if spec is None or isinstance(spec, str):

@@ -31,7 +31,7 @@ from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS, phantom_source, row_arrays
 from .compiling import compile_counter
-from .program_store import StoredProgram, active_store, tree_fingerprint
+from .program_store import StoredProgram, active_store, compile_to_store, tree_fingerprint
 
 __all__ = ["PackedRunner", "default_row_size", "row_example", "spare_rows"]
 
@@ -223,11 +223,9 @@ class PackedRunner:
         with compile_counter() as cc:
             if loaded:  # the row program's output kinds come with it (no row trace)
                 compiled, prog.out_kinds = hit
-            else:  # a fresh XLA compile (one loaded from JAX's cache cannot be stored)
-                compiled = jax.jit(fn).lower(*avals).compile(compiler_options={
-                    **self.compiler_options, **compat.fresh_compile_options()})
-                if cc.compiles:
-                    store.save(key, compiled, list(prog.out_kinds))
+            else:
+                compiled, _ = compile_to_store(store, key, fn, avals, self.compiler_options,
+                                               lambda: list(prog.out_kinds))  # set by the trace
         self._aot = StoredProgram(compiled, fn, self.compiler_options,
                                   lambda c: self._count({"xla_compiles": c.compiles}))
         self._count({"compiles": 1, "xla_compiles": cc.compiles, "stored_loads": int(loaded),

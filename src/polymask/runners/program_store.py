@@ -52,7 +52,7 @@ from .. import _jax_compat as compat
 from .compiling import compile_counter
 
 __all__ = ["ProgramStore", "StorableProgram", "StoredProgram", "active_store", "program_key",
-           "stored_program", "tree_fingerprint"]
+           "compile_to_store", "stored_program", "tree_fingerprint"]
 
 SUBDIR = "polymask-programs"
 
@@ -275,15 +275,28 @@ def stored_program(store: ProgramStore, prog: StorableProgram, key: str, avals, 
         if program_id is not None and portable is not None:  # next time, by name
             store.copy(key, named_key, portable)
         return StoredProgram(hit[0], prog.fn, entry.compiler_options, on_compile), True
-    with compile_counter() as cc:  # counts into the caller's counter too
-        compiled = jax.jit(prog.fn).lower(*avals).compile(
-            compiler_options={**entry.compiler_options, **compat.fresh_compile_options()})
-    if cc.compiles:  # XLA compiled it here (not loaded: see the module doc)
-        store.save(key, compiled)
+    compiled, fresh = compile_to_store(store, key, prog.fn, avals, entry.compiler_options)
+    if fresh:
         portable = _portable_outputs(entry)
         if program_id is not None and portable is not None:
             store.save(named_key, compiled, portable)
     return StoredProgram(compiled, prog.fn, entry.compiler_options, on_compile), False
+
+
+def compile_to_store(store: ProgramStore, key: str, fn: Callable, avals,
+                     compiler_options: dict, meta: Callable | None = None):
+    """Compile ``fn`` for ``avals`` fresh (never from JAX's persistent cache,
+    whose executables cannot be stored: module doc) and write it to ``store``
+    under ``key`` with ``meta()`` (called after the trace, which may be what
+    fills it in). Returns ``(compiled, fresh)``: ``fresh`` is whether XLA
+    compiled it here (only then is it stored). Compiles count into the
+    caller's ``compile_counter`` too."""
+    with compile_counter() as cc:
+        compiled = jax.jit(fn).lower(*avals).compile(
+            compiler_options={**compiler_options, **compat.fresh_compile_options()})
+    if cc.compiles:
+        store.save(key, compiled, None if meta is None else meta())
+    return compiled, bool(cc.compiles)
 
 
 def _portable_outputs(entry):

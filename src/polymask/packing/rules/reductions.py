@@ -13,6 +13,7 @@ the index within the segment, the first extremum (NaN first) like ``lax``.
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ...rules.families import FAMILIES
@@ -34,18 +35,21 @@ def _mask_other_segments(ctx, x, reduced, kept, kind):
     return lax.select(ok, x, jnp.full_like(x, identity_of(x.dtype, kind)))
 
 
-def _nan_poison(ctx, data, axes):
+def _nan_poison(data, axes):
     """``-0.0`` where every reduced entry of ``data`` is finite, else NaN: a
     sum of ``x * 0``. XLA:CPU's max and min reductions may drop a NaN (a
     row of 64 with a NaN reduces to a number, even in plain ``jax.jit``), so
     a masked max or min reports a non-finite entry between examples through
     this term (``+ -0.0`` is the exact identity), never through its own NaN."""
-    return lax.reduce_sum_p.bind(nan_poison(data), axes=tuple(axes), **_sum_params(ctx))
+    return _reduce_sum(nan_poison(data), axes)
 
 
-def _sum_params(ctx) -> dict:
-    """``reduce_sum``'s params besides ``axes`` (``out_sharding`` from jax 0.11)."""
-    return {k: v for k, v in ctx.params().items() if k not in ("axes",)}
+def _reduce_sum(x, axes):
+    """``reduce_sum`` of ``x`` over ``axes`` in ``x``'s dtype. Bound through
+    ``lax.reduce`` (which picks the primitive and its params) rather than with
+    a max's params: jax 0.10's ``reduce_max`` has no ``out_sharding``, which
+    its ``reduce_sum`` transpose requires."""
+    return lax.reduce(x, np.zeros((), x.dtype), lax.add, tuple(axes))
 
 
 def _bind_keeping_nan(ctx, x, axes, kind):
@@ -53,15 +57,13 @@ def _bind_keeping_nan(ctx, x, axes, kind):
     XLA:CPU's may drop one)."""
     out = ctx.bind(x, axes=tuple(axes))
     if kind in ("max", "min"):
-        out = keep_nan(out, x, lambda v: lax.reduce_sum_p.bind(v, axes=tuple(axes),
-                                                               **_sum_params(ctx)))
+        out = keep_nan(out, x, lambda v: _reduce_sum(v, axes))
     return out
 
 
 @register_nan_keeper(lax.reduce_max_p, lax.reduce_min_p)
 def _keep_nan_of_per_segment_extremum(out, x, params):
-    rest = {k: v for k, v in params.items() if k != "axes"}
-    return keep_nan(out, x, lambda v: lax.reduce_sum_p.bind(v, axes=params["axes"], **rest))
+    return keep_nan(out, x, lambda v: _reduce_sum(v, params["axes"]))
 
 
 def _reducer(kind: str):
@@ -76,7 +78,7 @@ def _reducer(kind: str):
         if arithmetic is not None:  # a speculative run's softmax: no select (interpreter)
             out = ctx.bind(arithmetic)
             if kind != "sum":
-                out = out + _nan_poison(ctx, x.data, axes)
+                out = out + _nan_poison(x.data, axes)
             return ctx.rerun_if_nan(out)
         x = ctx.settled(0, x)
         if not reduced:
