@@ -429,3 +429,24 @@ def test_jnp_empty_on_a_dynamic_axis():
     for n in (0, 3, 5):
         np.testing.assert_array_equal(m(pm.Masked(jnp.arange(5.0), (n,))).unpad(),
                                       2.0 * np.arange(n))
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_gradients_through_max_min_and_pooling_on_this_jax(layout):
+    """The NaN keepers of max and min bind a sum beside them: its params must be
+    the sum's own on every JAX (0.10's reduce_max has no out_sharding, which its
+    reduce_sum transpose requires), forward and backward, in both layouts."""
+    rng = np.random.default_rng(0)
+    W = jnp.asarray(rng.normal(size=(4, 4)), jnp.float32)
+
+    def loss(w, x):
+        h = jnp.tanh(x @ w)
+        pooled = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (2, 1), (1, 1), "SAME")
+        return jnp.max(h) + jnp.sum(jnp.min(h, 0)) + jnp.mean(pooled) + jnp.max(h @ h.T)
+
+    xs = [np.asarray(rng.normal(size=(n, 4)), np.float32) for n in (3, 1, 7, 5)]
+    got_loss, got = pm.value_and_grad(loss, (None, "n, 4"), layout=layout,
+                                      row_size=16 if layout == "packed" else None)(W, xs)
+    want = [jax.value_and_grad(loss)(W, x) for x in xs]
+    np.testing.assert_allclose(got_loss, np.mean([v for v, _ in want]), rtol=1e-5)
+    np.testing.assert_allclose(got, np.mean([g for _, g in want], 0), rtol=1e-4, atol=1e-6)
