@@ -472,3 +472,44 @@ def test_a_masked_max_in_a_wide_row_never_drops_another_examples_nan(fun, exampl
     np.testing.assert_array_equal(got[0], fun(jnp.asarray(examples[0])))
     if not np.isnan(examples[1]).any():
         np.testing.assert_array_equal(got[1], fun(jnp.asarray(examples[1])))
+
+
+def _scores(x):
+    return x @ x.T
+
+
+def _shifted(x):  # the scores minus their max: -inf between examples once masked
+    s = _scores(x)
+    return s - jnp.max(s, -1, keepdims=True)
+
+
+# Readers of scores whose max's arithmetic mask replaced their data (the
+# speculative program's softmax: ``Unmasked.cross``, -inf between examples,
+# then 0 after exp): what each later equation holds between examples is
+# followed, a reader of its own identity reads the data as is, any other
+# reader selects (``inf * 0`` would be NaN and a rerun).
+AFTER_THE_MAX = {
+    "softmax attention": lambda x: jax.nn.softmax(_scores(x), -1) @ x,
+    "softmax twice": lambda x: jax.nn.softmax(jax.nn.softmax(_scores(x), -1), -1) @ x,
+    "entropy (0 * log 0 between examples)": lambda x: -jnp.sum(
+        jax.nn.softmax(_scores(x), -1) * jax.nn.log_softmax(_scores(x), -1), -1),
+    "max then min of the same scores": lambda x: (
+        lambda s: jnp.max(s, -1) - jnp.min(s, -1))(_scores(x)),
+    "exp of the negated shift (inf between examples)": lambda x: jnp.sum(
+        jnp.exp(-_shifted(x) * 0.1), -1),
+    "square of the shift": lambda x: jnp.sum(_shifted(x) ** 2, -1),
+    "shift times a per-query factor": lambda x: jnp.sum(
+        jnp.exp(_shifted(x) * jnp.sum(x, -1, keepdims=True)), -1),
+}
+
+
+@pytest.mark.parametrize("reader", list(AFTER_THE_MAX))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_readers_after_a_masked_max_get_plain_values_without_a_rerun(reader, dtype):
+    fun = AFTER_THE_MAX[reader]
+    ex = [0.5 * a.astype(dtype) for a in _examples()]
+    rm = pm.ragged_map(fun, ("n, 4",), layout="packed", row_size=R)
+    got = rm(ex)
+    assert rm.stats()["packed"]["exact_reruns"] == 0  # finite data: the speculative program
+    for i, (x, g) in enumerate(zip(ex, got)):
+        _assert_close(g, fun(jnp.asarray(x)), TOLERANCE[dtype], f"example {i}")

@@ -46,7 +46,8 @@ from .segments import Segments
 
 __all__ = ["PerSegment", "PackedUnsupported", "PackedContext", "register_packed",
            "packed_rule", "reads_unmasked", "propagates_nan", "nan_poison", "packed_primitives",
-           "register_packed_halo", "packed_halo", "register_nan_keeper", "nan_keeper"]
+           "register_packed_halo", "packed_halo", "register_nan_keeper", "nan_keeper",
+           "register_cross_value", "cross_value"]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -74,6 +75,7 @@ _READS_UNMASKED: set[str] = set()
 _NAN_PROPAGATING: dict[str, Callable[[dict], bool]] = {}
 _HALOS: dict[str, Callable] = {}
 _NAN_KEEPERS: dict[str, Callable] = {}
+_CROSS_VALUES: dict[str, Callable] = {}
 
 
 def register_packed(*prims, reads_unmasked: bool = False,
@@ -304,3 +306,32 @@ def broadcast_with_new_axis(g, k: int, dims, shape):
     order = sorted(range(len(dims) + 1), key=lambda j: ([k] + dims)[j])
     g = lax.transpose(g, tuple(order))
     return lax.broadcast_in_dim(g, tuple(shape), tuple(sorted([k] + dims)))
+
+
+def register_cross_value(*prims):
+    """Decorator: ``fn(crosses, params) -> float | None`` for elementwise primitives.
+    ``crosses[i]`` is what operand ``i`` holds at every cross-segment entry of
+    a block-diagonal value (``Unmasked.cross``), or None where that is not
+    known (a plain operand, another example's data): ``fn`` gives what the
+    result holds there whatever the unknown operands are, NaN aside (a NaN
+    between examples reaches a reader's live result and reruns the call:
+    ``PackedRun.rerun_if_nan``), or None. ``-inf - m`` is ``-inf`` for every
+    finite ``m`` and NaN otherwise, so a softmax's ``exp(s + B - m)`` is known
+    to hold 0 between examples and its sum and product read it unmasked."""
+
+    def deco(fn):
+        for p in prims:
+            name = p if isinstance(p, str) else p.name
+            if isinstance(p, str) and not compat.has_primitive(p):
+                continue
+            _CROSS_VALUES[name] = fn
+        return fn
+
+    return deco
+
+
+def cross_value(eqn, crosses) -> float | None:
+    """The result's value between examples (``register_cross_value``), or None."""
+    fn = _CROSS_VALUES.get(eqn.primitive.name)
+    return None if fn is None else fn(crosses, eqn.params)
+

@@ -73,12 +73,15 @@ def _reducer(kind: str):
         packed = ctx.in_packed[0]
         reduced = [a for a in axes if a in packed]
         kept = [a for a in packed if a not in axes]
+        raw = getattr(x, "data", x)  # before the mask replaces it (``Unmasked``)
         arithmetic = (ctx.masked_by_arithmetic(0, x, kind)
                       if reduced and kept and kind in ("sum", "max", "min") else None)
         if arithmetic is not None:  # a speculative run's softmax: no select (interpreter)
             out = ctx.bind(arithmetic)
             if kind != "sum":
-                out = out + _nan_poison(x.data, axes)
+                # data that already held the identity between examples keeps its
+                # infinities there: only a NaN must poison (sign(inf) is finite)
+                out = out + _nan_poison(jnp.sign(raw) if arithmetic is raw else raw, axes)
             return ctx.rerun_if_nan(out)
         x = ctx.settled(0, x)
         if not reduced:
