@@ -500,6 +500,12 @@ AFTER_THE_MAX = {
     "square of the shift": lambda x: jnp.sum(_shifted(x) ** 2, -1),
     "shift times a per-query factor": lambda x: jnp.sum(
         jnp.exp(_shifted(x) * jnp.sum(x, -1, keepdims=True)), -1),
+    # a value that may be infinite between examples (s / T after the mask: no
+    # rule) times one known to hold 0 there: unknown, not 0 (0 * inf is NaN)
+    "distillation (0 times an unknown infinity)": lambda x: -jnp.sum(
+        jax.nn.softmax(_scores(x), -1) * jax.nn.log_softmax(_scores(x) / 2.0, -1), -1),
+    "p times 1 / p": lambda x: (lambda p: jnp.sum(p * (1.0 / p), -1))(
+        jax.nn.softmax(_scores(x), -1)),
 }
 
 

@@ -366,8 +366,10 @@ class PackedRun:
         outs = [self.live_only(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
         if any(c is not None for c in crosses) and isinstance(outs[0], Unmasked):
-            known = [None if c is None or math.isnan(c) else c for c in crosses]
-            cross = cross_value(eqn, known)
+            # an operand that may be infinite between examples makes the result
+            # unknown too (``0 * inf``); None is another example's (finite) data
+            maybe_inf = any(c is not None and math.isnan(c) for c in crosses)
+            cross = None if maybe_inf else cross_value(eqn, crosses)
             outs[0].cross = math.nan if cross is None else cross
         if self.observe is not None:
             self.observe(eqn, how, [o.data if isinstance(o, Unmasked) else o for o in outs])
