@@ -660,3 +660,13 @@ def test_threads_sharing_one_packed_runner_lose_no_count_and_compile_once():
     st = rm.stats()["packed"]
     assert st["compiles"] == 1 and st["examples"] == 48 * 3
     assert st["real_positions"] == sum(len(x) for b in batches for x in b)
+
+
+def test_packed_stats_have_their_keys_before_the_first_call():
+    rm = pm.ragged_map(lambda x: jnp.sum(x), ("n",), layout="packed", row_size=8)
+    before = rm.stats()["packed"]
+    assert before["calls"] == 0 and before["exact_reruns"] == 0 and before["row_size"] == 8
+    rm([np.ones(3, np.float32), np.ones(5, np.float32)])
+    after = rm.stats()["packed"]
+    assert set(after) == set(before) and after["calls"] == 1 and after["examples"] == 2
+    assert "packed" not in pm.ragged_map(lambda x: jnp.sum(x), ("n",), layout="padded").stats()

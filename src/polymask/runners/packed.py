@@ -89,6 +89,15 @@ class _Leaf:
     shape: tuple  # an example's shape with the ragged axes at row size
 
 
+def empty_packed_stats() -> dict:
+    """A packed runner's counters before its first call
+    (``ragged_map(...).stats()["packed"]``)."""
+    return {"calls": 0, "compiles": 0, "xla_compiles": 0, "persistent_cache_hits": 0,
+            "compile_time_s": 0.0, "real_positions": 0, "computed_positions": 0,
+            "examples": 0, "logical_elements": 0, "padded_elements": 0, "exact_reruns": 0,
+            "stored_loads": 0}
+
+
 class PackedRunner:
     """One traced packed program per row shape, and the host packing around it.
 
@@ -125,11 +134,7 @@ class PackedRunner:
         self._warm: set = set()  # (program, broadcast signature) already compiled
         # compiles: programs made ready, compiled by XLA (xla_compiles) or
         # loaded from the persistent compilation cache (persistent_cache_hits)
-        self.stats = {"calls": 0, "compiles": 0, "xla_compiles": 0,
-                      "persistent_cache_hits": 0, "compile_time_s": 0.0,
-                      "real_positions": 0, "computed_positions": 0, "examples": 0,
-                      "logical_elements": 0, "padded_elements": 0, "exact_reruns": 0,
-                      "stored_loads": 0}
+        self.stats = empty_packed_stats()
 
     # -- tracing ---------------------------------------------------------------
     def choose_rows_per_call(self, rows: int) -> int:

@@ -39,7 +39,7 @@ from .compiling import background_executor
 from .fallback import ExactFallback, bucket_text, falls_back
 from .hostio import slice_to
 from .layout_choice import LayoutChoice
-from .packed import PackedRunner, default_row_size, row_example
+from .packed import PackedRunner, default_row_size, empty_packed_stats, row_example
 from .program_store import StorableProgram, active_store, program_key, stored_program
 from .programs import (
     STATS_DOC,
@@ -259,6 +259,9 @@ class RaggedMap:
                 s[k] += ps[k]
             s["packed"] = dict(ps, row_size=self._packed.row_size,
                                rows_per_call=self._packed.rows_per_call)
+        elif self.layout != "padded":  # the same keys before the first call
+            s["packed"] = dict(empty_packed_stats(), row_size=self.layouts.row_size,
+                               rows_per_call=self.layouts.rows_per_call)
         s = finish_stats(s)
         s["layout"] = dict(self.last_layout)
         return s
