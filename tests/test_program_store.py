@@ -16,14 +16,26 @@ import polymask as pm
 from polymask import buckets as B
 from polymask.runners import program_store
 
-SCRIPT = textwrap.dedent("""
-    import json, sys
-    import numpy as np, jax.numpy as jnp
-    import polymask as pm
-    from polymask import buckets as B
-    pm.enable_compilation_cache(sys.argv[1])
-    scale = float(sys.argv[2])
 
+def _script(body: str) -> str:
+    """A script run in a fresh process: the store at argv[1], ``scale`` from
+    argv[2], ``body`` making ``rm`` and ``xs``; prints outputs and counts."""
+    return textwrap.dedent("""
+        import json, sys
+        import numpy as np, jax, jax.numpy as jnp
+        import polymask as pm
+        from polymask import buckets as B
+        pm.enable_compilation_cache(sys.argv[1])
+        scale = float(sys.argv[2])
+    """) + textwrap.dedent(body) + textwrap.dedent("""
+        outs = rm(xs)
+        st = rm.stats()
+        print(json.dumps(dict(outs=[o.tolist() for o in outs], xla=st["xla_compiles"],
+                              loads=st["stored_loads"], compiles=st["compiles"])))
+    """)
+
+
+SCRIPT = _script("""
     def f(x):  # a size comparison: two cases in one program
         s = jnp.sum(x) if x.shape[0] >= 3 else -jnp.sum(x)
         return jnp.cumsum(x) * scale + s
@@ -32,10 +44,6 @@ SCRIPT = textwrap.dedent("""
                        compile_ahead=False, layout="padded")
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=n).astype(np.float32) for n in (0, 1, 2, 3, 5, 9, 16, 4)]
-    outs = rm(xs)
-    st = rm.stats()
-    print(json.dumps(dict(outs=[o.tolist() for o in outs], xla=st["xla_compiles"],
-                          loads=st["stored_loads"], compiles=st["compiles"])))
 """)
 
 
@@ -45,13 +53,7 @@ def _reference(scale):
     return [np.cumsum(x) * scale + (x.sum() if len(x) >= 3 else -x.sum()) for x in xs]
 
 
-PACKED_SCRIPT = textwrap.dedent("""
-    import json, sys
-    import numpy as np, jax, jax.numpy as jnp
-    import polymask as pm
-    pm.enable_compilation_cache(sys.argv[1])
-    scale = float(sys.argv[2])
-
+PACKED_SCRIPT = _script("""
     def f(x):  # attention-like: a block-diagonal softmax, then a per-example mean
         w = jax.nn.softmax(x @ x.T * scale, axis=-1)
         return jnp.mean(w @ x, axis=0)
@@ -60,10 +62,6 @@ PACKED_SCRIPT = textwrap.dedent("""
                        numpy_outputs=True)
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=(n, 4)).astype(np.float32) for n in (3, 16, 1, 7, 9, 2)]
-    outs = rm(xs)
-    st = rm.stats()
-    print(json.dumps(dict(outs=[o.tolist() for o in outs], xla=st["xla_compiles"],
-                          loads=st["stored_loads"], compiles=st["compiles"])))
 """)
 
 

@@ -78,6 +78,17 @@ _NAN_KEEPERS: dict[str, Callable] = {}
 _CROSS_VALUES: dict[str, Callable] = {}
 
 
+def _installed(prims):
+    """The names of ``prims`` (primitive objects or names) that the installed
+    JAX has: a registration by name of a primitive it lacks is skipped."""
+    for p in prims:
+        if isinstance(p, str):
+            if compat.has_primitive(p):
+                yield p
+        else:
+            yield p.name
+
+
 def register_packed(*prims, reads_unmasked: bool = False,
                     nan_propagating: bool | Callable[[dict], bool] = False):
     """Decorator: the packed rule of these primitives (objects or names; a name
@@ -97,10 +108,7 @@ def register_packed(*prims, reads_unmasked: bool = False,
     (``PackedRun.poisoned``: XLA:CPU's max and min may drop a NaN)."""
 
     def deco(fn):
-        for p in prims:
-            name = p if isinstance(p, str) else p.name
-            if isinstance(p, str) and not compat.has_primitive(p):
-                continue
+        for name in _installed(prims):
             if name in _RULES:
                 raise ValueError(f"a packed rule for primitive '{name}' is already registered "
                                  f"({_RULES[name].__module__}.{_RULES[name].__qualname__})")
@@ -148,10 +156,7 @@ def register_packed_halo(*prims):
     that gap after every example."""
 
     def deco(fn):
-        for p in prims:
-            name = p if isinstance(p, str) else p.name
-            if isinstance(p, str) and not compat.has_primitive(p):
-                continue
+        for name in _installed(prims):
             _HALOS[name] = fn
         return fn
 
@@ -169,8 +174,8 @@ def register_nan_keeper(*prims):
     wide enough for XLA:CPU to drop a NaN (``rules.util.keep_nan``)."""
 
     def deco(fn):
-        for p in prims:
-            _NAN_KEEPERS[p if isinstance(p, str) else p.name] = fn
+        for name in _installed(prims):
+            _NAN_KEEPERS[name] = fn
         return fn
 
     return deco
@@ -320,10 +325,7 @@ def register_cross_value(*prims):
     to hold 0 between examples and its sum and product read it unmasked."""
 
     def deco(fn):
-        for p in prims:
-            name = p if isinstance(p, str) else p.name
-            if isinstance(p, str) and not compat.has_primitive(p):
-                continue
+        for name in _installed(prims):
             _CROSS_VALUES[name] = fn
         return fn
 

@@ -46,9 +46,10 @@ def _nan_poison(data, axes, infinities_fine: bool = False):
     ``infinities_fine``: only a NaN poisons, through ``y * 0`` for
     ``y = 1 / (x * x + 1)`` (finite for every ``x`` but NaN), for data that
     already holds an infinity between examples (``Unmasked.cross``). Not the
-    default: in the attention fusion it costs a fifth of bfloat16 MiniLM's
-    steady state (330 -> 265 texts/s), so scores with a ``-inf`` mask of
-    their own rerun each call in the exact program (docs/packing.md)."""
+    default: in the attention fusion it cost about a fifth of bfloat16
+    MiniLM's steady state (one run: 265 texts/s against 315-335), so scores
+    with a ``-inf`` mask of their own rerun each call in the exact program
+    (docs/packing.md)."""
     if infinities_fine:
         one = jnp.ones((), data.dtype)
         data = one / (data * data + one)
