@@ -55,6 +55,30 @@ def _gqa_causal(x):  # grouped-query: 4 query heads share 2 key/value heads
     return jax.nn.dot_product_attention(q, kv, kv, is_causal=True)
 
 
+def _causal(s):
+    n = s.shape[-1]
+    return jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]
+
+
+def _causal_inf_attention(x):  # the mask written with -inf (GPT-style decoders)
+    s = x @ x.T
+    return jax.nn.softmax(jnp.where(_causal(s), s, -jnp.inf), -1) @ x
+
+
+def _inf_masked_max_alone(x):  # a masked max no sum follows: it reports a NaN itself
+    s = x @ x.T
+    return jnp.max(jnp.where(_causal(s), s, -jnp.inf), -1)
+
+
+def _max_beside_an_unread_sum(x):
+    """The softmax's sum (the max's witness) is computed but never reaches a
+    result: the max's report is made on the sum's own check."""
+    s = x @ x.T
+    m = jnp.max(s, -1, keepdims=True)
+    _unread = jnp.sum(jnp.exp(s - m), -1)
+    return m[:, 0] * 2.0
+
+
 # One function per packed rule family (packing/rules/*.py), each mixing
 # positions of its example in the way that family does.
 FAMILIES = {
@@ -68,6 +92,9 @@ FAMILIES = {
     "heads summed": _mha_values_summed_over_heads,
     "dot_product_attention": _dpa,
     "grouped-query causal": _gqa_causal,
+    "causal attention masked with -inf": _causal_inf_attention,
+    "a -inf-masked max, no sum": _inf_masked_max_alone,
+    "a max beside an unread sum": _max_beside_an_unread_sum,
     "indexing": lambda x: (x[0], x[-1], x[1:] - x[:-1], jnp.take(x, jnp.array([0, 2]), 0,
                                                                  mode="clip")),
     "windows": lambda x: (jnp.pad(x, ((1, 2), (0, 0))), jnp.roll(x, 1, 0),
@@ -110,7 +137,9 @@ def test_a_nan_or_inf_in_one_example_never_changes_another(family, dtype):
     # a NaN or inf before a block-diagonal product is a rule's rare path: that
     # call reran in the exact row program, compiled then (and only then)
     rare = family in ("contractions", "multi-head attention", "heads summed",
-                      "dot_product_attention", "grouped-query causal")
+                      "dot_product_attention", "grouped-query causal",
+                      "causal attention masked with -inf", "a -inf-masked max, no sum",
+                      "a max beside an unread sum")
     assert packed["exact_reruns"] == int(rare), packed
     assert packed["compiles"] == 1 + int(rare), packed
     for i, (ex, a, b) in enumerate(zip(clean, got_clean, got_dirty)):
@@ -453,9 +482,23 @@ def _max_weight_compared(x):  # repro B: a NaN in one example, a compare in the 
     return jnp.where(jnp.max(w, axis=-1) > 0.5, 1.0, 0.0)
 
 
+def _row_max_of_spread_beside_an_unread_sum(x):
+    """Repro A's max with a softmax sum that reaches no result: the sum is the
+    max's witness (``OwedReport``), so the max's report is made on the sum."""
+    a = x[:, 0]
+    e = jnp.exp(a[:, None] - a[None, :])
+    m = jnp.max(e, axis=-1, keepdims=True)
+    _unread = jnp.sum(jnp.exp(e - m), axis=-1)
+    return m[:, 0]
+
+
+SPREAD = [np.array([[0.0, 0.0], [0.5, 0.0]], np.float32),
+          np.array([[100.0, 0.0], [100.2, 0.0]], np.float32)]
+
+
 @pytest.mark.parametrize("fun, examples", [
-    (_row_max_of_spread, [np.array([[0.0, 0.0], [0.5, 0.0]], np.float32),
-                          np.array([[100.0, 0.0], [100.2, 0.0]], np.float32)]),
+    (_row_max_of_spread, SPREAD),
+    (_row_max_of_spread_beside_an_unread_sum, SPREAD),
     (_max_weight_compared, [np.array([[1.0, 0.0], [0.0, 1.0], [2.0, 2.0]], np.float32),
                             np.array([[np.nan, 0.0], [1.0, 1.0]], np.float32)]),
 ])
@@ -464,8 +507,9 @@ def test_a_masked_max_in_a_wide_row_never_drops_another_examples_nan(fun, exampl
     ``jax.jit`` of ``jnp.max`` too), so the speculative program's masked max
     (``x + B``, NaN where another example's entry is inf or NaN) reported
     nothing and returned -inf: a wrong value in the clean example. The max
-    now adds a sum of ``x * 0`` (NaN for any non-finite entry) and the call
-    reruns in the exact program."""
+    owes a NaN report (``OwedReport``): the check of its result makes it,
+    or the check of the softmax sum that witnessed it, and the call reruns in
+    the exact program."""
     rm = pm.ragged_map(fun, ("n, 2",), layout="packed", row_size=64)
     got = rm(examples)
     assert rm.stats()["packed"]["exact_reruns"] == 1
@@ -506,6 +550,15 @@ AFTER_THE_MAX = {
         jax.nn.softmax(_scores(x), -1) * jax.nn.log_softmax(_scores(x) / 2.0, -1), -1),
     "p times 1 / p": lambda x: (lambda p: jnp.sum(p * (1.0 / p), -1))(
         jax.nn.softmax(_scores(x), -1)),
+    # scores with a -inf mask of their own: the max reads -inf as plain JAX
+    # does, and its NaN report waits for the softmax's sum (``OwedReport``)
+    "causal softmax masked with -inf": _causal_inf_attention,
+    "softmax(where=causal)": lambda x: jax.nn.softmax(
+        _scores(x), -1, where=_causal(_scores(x))) @ x,
+    "logsumexp of -inf-masked scores": lambda x: jax.nn.logsumexp(
+        jnp.where(_causal(_scores(x)), _scores(x), -jnp.inf), -1),
+    "a -inf-masked max with no sum after it": _inf_masked_max_alone,
+    "a max beside an unread sum": _max_beside_an_unread_sum,
 }
 
 

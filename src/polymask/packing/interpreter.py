@@ -38,6 +38,7 @@ from ..tracing.interpreter import walk_jaxpr
 from ..tracing.registry import has_inner_jaxpr
 from ..tracing.symbolic import MaskedProgram
 from .registry import (
+    OwedReport,
     PackedContext,
     PackedUnsupported,
     PerSegment,
@@ -59,6 +60,20 @@ __all__ = ["PackedRun", "PackedProgram", "RarePaths", "packed_program", "ROWS_AX
 ROWS_AXIS = "polymask_rows"
 
 
+@dataclasses.dataclass(eq=False)
+class _Check:
+    """A NaN check not yet made (``PackedRun.rerun_if_nan``): NaN at a live
+    entry of ``data`` reruns the call. ``owed``: reports of masked maxes this
+    value depends on that no value it was computed from carried; ``covers``:
+    those it carries itself (computed from their witness sum)."""
+
+    data: Any
+    aval: Any
+    axes: tuple[int, ...]
+    owed: frozenset = frozenset()
+    covers: frozenset = frozenset()
+
+
 class PackedRun:
     """One evaluation of a program on one row: the ragged size ``n`` as a
     dimension expression, the row's ``Segments`` and the per-segment sizes."""
@@ -77,8 +92,11 @@ class PackedRun:
         self.observe = observe
         self.rows_axis = rows_axis  # the vmap axis over rows, when the caller names it
         self.rare = rare  # speculative row programs: the rare paths' flags (``rare_path``)
-        # NaN checks not yet made: id(data) -> (data, aval, packed axes) (``rerun_if_nan``)
-        self._pending: dict[int, tuple] = {}
+        # NaN checks not yet made: id(data) -> _Check (``rerun_if_nan``)
+        self._pending: dict[int, _Check] = {}
+        # values NaN wherever a masked max's operand was: id(data) -> (data, the
+        # max's OwedReports); a sum of one over the max's axes is their witness
+        self._holds: dict[int, tuple[Any, frozenset]] = {}
         self._dims = DimEnv(prog.scope, prog.dim_bounds, prog.internal_values({var: seg.lengths}))
 
     def with_segments(self, arrays) -> PackedRun:
@@ -153,7 +171,8 @@ class PackedRun:
         program. (XLA's simplifier may turn the product with a 0/1 mask back
         into a select, as jaxlib 0.10's does: exact too, without the NaN.)
         XLA:CPU's max reductions may drop a NaN, so the max and min readers
-        add a sum of ``x * 0`` to report it (``reductions._nan_poison``).
+        owe a report of it (``OwedReport``), witnessed by the softmax's sum
+        or made by ``reductions._nan_poison`` where no sum follows.
         The row's dead positions have segment id ``S``: they form
         one more block, so a dead query row of attention reduces over dead
         keys (the host's copies of real data, finite) and stays finite, never
@@ -177,7 +196,8 @@ class PackedRun:
         their own. A pending NaN check of the old data moves with it."""
         entry = self._pending.pop(id(x.data), None)
         if entry is not None:
-            self._pending[id(data)] = (data, *entry[1:])
+            entry.data = data
+            self._pending[id(data)] = entry
         x.data, x.cross = data, cross
 
     def _masked_by_arithmetic(self, data, aval, kind: str):
@@ -201,7 +221,8 @@ class PackedRun:
             return (data.astype(jnp.float32) * keep).astype(data.dtype)
         return data * keep.astype(data.dtype)
 
-    def rerun_if_nan(self, out, aval, axes) -> None:
+    def rerun_if_nan(self, out, aval, axes, owes: tuple[Any, OwedReport] | None = None,
+                     sums: tuple[Any, tuple[int, ...]] | None = None) -> None:
         """In a speculative run, a NaN at a live entry of ``out`` (a reader's
         result of an ``arithmetic_mask``-ed operand; packed ``axes``) reruns
         the call in the exact program. A NaN that plain JAX has too (an
@@ -213,9 +234,27 @@ class PackedRun:
         otherwise (a compare, a select, a loop, a row output). Checked at once,
         the softmax's max and sum would be outputs of their fusions, and
         XLA:CPU's YNNPACK fusion of attention (dot, softmax, dot: one kernel)
-        would split at each."""
-        if self.speculates():
-            self._pending[id(out)] = (out, aval, axes)
+        would split at each.
+
+        ``owes``: ``(operand, report)``, ``out`` is a masked max or min that
+        may have dropped a NaN of its masked ``operand`` (``OwedReport``).
+        ``sums``: ``(operand, axes)``, ``out`` is a sum of ``operand`` over
+        ``axes``: the witness of the reports ``operand`` holds over them."""
+        if not self.speculates():
+            return
+        check = _Check(out, aval, tuple(axes))
+        if owes is not None:
+            operand, owed = owes
+            check.owed = frozenset({owed})
+            self._holds[id(operand)] = (operand, check.owed)
+        if sums is not None:
+            operand, reduced = sums
+            held = self._holds.get(id(operand))
+            for owed in held[1] if held is not None else ():
+                if owed.witness is None and owed.reduced == tuple(reduced):
+                    owed.witness = check
+                    check.covers |= {owed}
+        self._pending[id(out)] = check
 
     def _data(self, x):
         return x.data if isinstance(x, (Unmasked, PerSegment)) else x
@@ -229,19 +268,64 @@ class PackedRun:
         for o, aval, ax in zip(outs, avals, axes):
             data = self._data(o)
             if hasattr(data, "dtype") and jnp.issubdtype(data.dtype, jnp.inexact):
-                self._pending.setdefault(id(data), (data, aval, ax))
+                self._pending.setdefault(id(data), _Check(data, aval, tuple(ax)))
+
+    def _owed_of(self, pending) -> tuple[frozenset, frozenset]:
+        """The reports owed and covered by ``pending`` operands' checks."""
+        owed, covers = frozenset(), frozenset()
+        for x in pending:
+            entry = self._pending.get(id(self._data(x)))
+            if entry is not None:
+                owed, covers = owed | entry.owed, covers | entry.covers
+        return owed, covers
+
+    def _pass_owed(self, outs, owed: frozenset, covers: frozenset) -> None:
+        """Results' checks take their operands' owed reports, less those
+        they carry (a value divided by a softmax's sum carries its max's)."""
+        if not (owed or covers):
+            return
+        for o in outs:
+            entry = self._pending.get(id(self._data(o)))
+            if entry is not None:
+                entry.covers |= covers
+                entry.owed = (entry.owed | owed) - entry.covers
+
+    def _hold_nan_of(self, invals, outs) -> None:
+        """An elementwise result that propagates NaN, of its operands' shape,
+        is NaN wherever they were: it holds their masked maxes' operands'
+        NaN (``_holds``)."""
+        held = frozenset()
+        for x in invals:
+            entry = self._holds.get(id(x))
+            if entry is not None:
+                held |= entry[1]
+        if not held or len(outs) != 1:
+            return
+        out = self._data(outs[0])
+        if any(getattr(out, "shape", None) == getattr(x, "shape", ()) for x in invals
+               if id(x) in self._holds):
+            self._holds[id(out)] = (out, held)
 
     def check_pending(self, x) -> None:
         """Make ``x``'s pending NaN check now (a flag of the speculative row
-        program: ``rerun_if_nan``)."""
+        program: ``rerun_if_nan``), with the reports it owes: its witness's
+        check where a sum witnessed one, else the report itself."""
         if not self._pending:
             return
         entry = self._pending.pop(id(self._data(x)), None)
         if entry is None:
             return
-        data, aval, axes = entry
+        self._flag_nan(entry.data, entry.aval, entry.axes, isinstance(x, PerSegment))
+        for owed in entry.owed:
+            w = owed.witness
+            if w is not None:
+                self._flag_nan(w.data, w.aval, w.axes)
+            else:
+                self._flag_nan(owed.report(), owed.aval, owed.axes)
+
+    def _flag_nan(self, data, aval, axes, per_segment: bool = False) -> None:
         bad = jnp.isnan(data)
-        if axes and not isinstance(x, PerSegment):
+        if axes and not per_segment:
             bad = bad & self.live_mask(aval, axes, data.shape)
         self.rare.flags.append(jnp.any(bad))
 
@@ -361,8 +445,12 @@ class PackedRun:
                 f"run packed: its packed rule failed with {type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''}") from e
         outs = list(out) if eqn.primitive.multiple_results else [out]
+        if self._holds and local and propagates_nan(eqn) is True:
+            self._hold_nan_of(invals, outs)
         if pending:
+            owed, covers = self._owed_of(pending)
             outs = self._pass_pending(eqn, ctx, pending, outs, out_packed)
+            self._pass_owed(outs, owed, covers)
         outs = [self.live_only(o, v.aval, axes)
                 for o, v, axes in zip(outs, eqn.outvars, out_packed)]
         if any(c is not None for c in crosses) and isinstance(outs[0], Unmasked):

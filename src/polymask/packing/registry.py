@@ -190,6 +190,25 @@ def packed_primitives() -> list[str]:
     return sorted(_RULES)
 
 
+@dataclasses.dataclass(eq=False)
+class OwedReport:
+    """The NaN report a masked max or min owes (XLA:CPU's max and min
+    reductions may drop a NaN, so their own result cannot carry it), made
+    only where nothing carried it instead: a softmax's sum over the same axes
+    of a value computed elementwise from the max's masked operand (its
+    ``witness``) is NaN wherever that operand held a NaN, and the value that
+    divides by it carries the report for free. ``report()``: an array of the
+    max's result shape, NaN where the operand held a NaN (or an infinity that
+    met the mask's opposite one), computed only where the report is made
+    without a witness (``reductions._nan_poison``)."""
+
+    report: Callable[[], Any]
+    aval: Any  # the max's or min's result
+    axes: tuple[int, ...]  # its packed axes
+    reduced: tuple[int, ...]  # the axes it reduced (the witness sum's too)
+    witness: Any = None  # the witness sum's pending check (the interpreter's)
+
+
 class PackedContext:
     """What a packed rule may ask about its equation.
 
@@ -284,15 +303,24 @@ class PackedContext:
         operand is not ``Unmasked`` in a speculative program, or not floating."""
         return self.run.arithmetic_mask(x, self.in_avals[i], kind)
 
-    def rerun_if_nan(self, out, j: int = 0):
+    def rerun_if_nan(self, out, j: int = 0, *, owes=None, sums=None):
         """Result ``j`` of a reader of ``masked_by_arithmetic`` operands: a NaN
         at a live entry of it (the sign that the mask met a non-finite entry)
         reruns the call in the exact program (``PackedRun.rerun_if_nan``).
         The operands' pending checks pass to it: the reduction or product of
-        a NaN is NaN."""
+        a NaN is NaN. ``owes`` ``(operand, report)``: a max or min, whose own
+        result may drop a NaN of its masked ``operand``, owes ``report()``
+        (NaN where it did) unless a sum witnesses it; ``sums`` ``(operand,
+        axes)``: a sum, the witness of the maxes over ``axes`` whose operand's
+        NaN ``operand`` holds (``interpreter.OwedReport``)."""
         self.carries_nan_checks = True
-        self.run.rerun_if_nan(out, self.out_avals[j], self.out_packed[j])
+        self.run.rerun_if_nan(out, self.out_avals[j], self.out_packed[j], owes=owes, sums=sums)
         return out
+
+    def owed_report(self, report, reduced) -> Any:
+        """An ``OwedReport`` of result 0: ``report()`` computed only where no
+        sum over ``reduced`` witnessed it."""
+        return OwedReport(report, self.out_avals[0], tuple(self.out_packed[0]), tuple(reduced))
 
     def unsupported(self, reason: str) -> PackedUnsupported:
         return PackedUnsupported(

@@ -35,25 +35,26 @@ def _mask_other_segments(ctx, x, reduced, kept, kind):
     return lax.select(ok, x, jnp.full_like(x, identity_of(x.dtype, kind)))
 
 
-def _nan_poison(data, axes, infinities_fine: bool = False):
-    """``-0.0`` where every reduced entry of ``data`` (a masked max's or min's
-    operand, before its mask) is finite, else NaN: a sum of ``x * 0``.
-    XLA:CPU's max and min reductions may drop a NaN (a row of 64 with a NaN
-    reduces to a number, even in plain ``jax.jit``), so a masked max or min
-    reports a non-finite entry through this term (``+ -0.0`` is the exact
-    identity), never through its own result.
+def _nan_poison(data, axes, kind: str):
+    """The report a masked max or min owes (``registry.OwedReport``), made
+    where no softmax sum witnessed it: ``-0.0`` where no reduced entry of
+    ``data`` (the operand, before its mask) is NaN or the infinity opposite
+    to the reduction's identity, else NaN; a sum of ``y * 0`` for
+    ``y = exp(x * 2**-120)`` (``exp(-x * 2**-120)`` for a min). XLA:CPU's max
+    and min reductions may drop a NaN (a row of 64 with a NaN reduces to a
+    number, even in plain ``jax.jit``), so the report never comes from their
+    own result.
 
-    ``infinities_fine``: only a NaN poisons, through ``y * 0`` for
-    ``y = 1 / (x * x + 1)`` (finite for every ``x`` but NaN), for data that
-    already holds an infinity between examples (``Unmasked.cross``). Not the
-    default: in the attention fusion it cost about a fifth of bfloat16
-    MiniLM's steady state (one run: 265 texts/s against 315-335), so scores
-    with a ``-inf`` mask of their own rerun each call in the exact program
-    (docs/packing.md)."""
-    if infinities_fine:
-        one = jnp.ones((), data.dtype)
-        data = one / (data * data + one)
-    return _reduce_sum(nan_poison(data), axes)
+    The ``exp`` lets the reduction's own identity through: a max's ``-inf``
+    (a causal mask written ``where(causal, s, -inf)``, or the mask's own
+    ``-inf`` between examples) is a value the max reads as plain JAX does,
+    where ``-inf * 0`` would be NaN and rerun every call in the exact
+    program. A ``+inf`` (it meets the mask's ``-inf``: NaN) is reported. The
+    scale keeps every finite float below ``exp``'s overflow (float32 and
+    bfloat16 share the exponent range). Not a clamp: ``max(x, 0)`` drops the
+    NaN itself on jaxlib 0.10's XLA:CPU."""
+    scale = jnp.asarray(2.0 ** -120 if kind == "max" else -(2.0 ** -120), data.dtype)
+    return _reduce_sum(nan_poison(jnp.exp(data * scale)), axes)
 
 
 def _reduce_sum(x, axes):
@@ -90,9 +91,11 @@ def _reducer(kind: str):
                       if reduced and kept and kind in ("sum", "max", "min") else None)
         if arithmetic is not None:  # a speculative run's softmax: no select (interpreter)
             out = ctx.bind(arithmetic)
-            if kind != "sum":
-                out = out + _nan_poison(raw, axes, infinities_fine=arithmetic is raw)
-            return ctx.rerun_if_nan(out)
+            if kind == "sum":
+                return ctx.rerun_if_nan(out, sums=(raw, tuple(axes)))
+            # the NaN report waits for the softmax's sum (``OwedReport``)
+            report = ctx.owed_report(lambda: _nan_poison(raw, axes, kind), axes)
+            return ctx.rerun_if_nan(out, owes=(arithmetic, report))
         x = ctx.settled(0, x)
         if not reduced:
             return _bind_keeping_nan(ctx, x, axes, kind)
