@@ -79,6 +79,17 @@ def _max_beside_an_unread_sum(x):
     return m[:, 0] * 2.0
 
 
+def _max_then_a_sum_in_a_loop(x):
+    """A max read again inside a loop body (another trace): its NaN check is
+    made at the row's trace, after the body (``RarePaths.deferred``); made
+    inside, its flag escaped the body (UnexpectedTracerError)."""
+    s = x @ x.T
+    m = jnp.max(s, -1, keepdims=True)
+    z = lax.fori_loop(0, 2, lambda i, a: a + jnp.sum(jnp.exp(s - m), -1),
+                      jnp.zeros(x.shape[0], x.dtype))
+    return m[:, 0], z
+
+
 # One function per packed rule family (packing/rules/*.py), each mixing
 # positions of its example in the way that family does.
 FAMILIES = {
@@ -95,6 +106,7 @@ FAMILIES = {
     "causal attention masked with -inf": _causal_inf_attention,
     "a -inf-masked max, no sum": _inf_masked_max_alone,
     "a max beside an unread sum": _max_beside_an_unread_sum,
+    "a max read in a loop body": _max_then_a_sum_in_a_loop,
     "indexing": lambda x: (x[0], x[-1], x[1:] - x[:-1], jnp.take(x, jnp.array([0, 2]), 0,
                                                                  mode="clip")),
     "windows": lambda x: (jnp.pad(x, ((1, 2), (0, 0))), jnp.roll(x, 1, 0),
@@ -139,7 +151,7 @@ def test_a_nan_or_inf_in_one_example_never_changes_another(family, dtype):
     rare = family in ("contractions", "multi-head attention", "heads summed",
                       "dot_product_attention", "grouped-query causal",
                       "causal attention masked with -inf", "a -inf-masked max, no sum",
-                      "a max beside an unread sum")
+                      "a max beside an unread sum", "a max read in a loop body")
     assert packed["exact_reruns"] == int(rare), packed
     assert packed["compiles"] == 1 + int(rare), packed
     for i, (ex, a, b) in enumerate(zip(clean, got_clean, got_dirty)):
@@ -516,6 +528,26 @@ def test_a_masked_max_in_a_wide_row_never_drops_another_examples_nan(fun, exampl
     np.testing.assert_array_equal(got[0], fun(jnp.asarray(examples[0])))
     if not np.isnan(examples[1]).any():
         np.testing.assert_array_equal(got[1], fun(jnp.asarray(examples[1])))
+
+
+@pytest.mark.parametrize("dtype, fill", [("float32", 7e18), ("bfloat16", 7e18),
+                                         ("float16", 1.0), ("float16", 60.0)])
+def test_a_masked_max_reports_nothing_for_finite_scores_of_any_size(dtype, fill):
+    """The report a max makes where no sum witnesses it (``_nan_poison``,
+    ``exp(x * c) * 0``) is finite for every finite score, the dtype's largest
+    (scores of 1.96e38 in float32 and bfloat16, 60 * 60 * 4 = 14400 in
+    float16, whose own 2**-120 is 0) and its ``-inf`` mask included: no
+    rerun. The first form (``c = 2**-120``, in the data's dtype) reran each
+    call of these."""
+    rm = pm.ragged_map(_inf_masked_max_alone, ("n, 4",), layout="packed", row_size=64)
+    ex = [np.full((n, 4), fill, np.float32).astype(dtype) for n in (3, 5, 9)]
+    for _ in range(2):
+        got = rm(ex)
+    assert rm.stats()["packed"]["exact_reruns"] == 0
+    for x, g in zip(ex, got):
+        want = _inf_masked_max_alone(jnp.asarray(x))
+        assert np.isfinite(np.asarray(want, np.float32)).all()
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(want, np.float32))
 
 
 def _scores(x):

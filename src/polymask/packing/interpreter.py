@@ -315,7 +315,14 @@ class PackedRun:
         entry = self._pending.pop(id(self._data(x)), None)
         if entry is None:
             return
-        self._flag_nan(entry.data, entry.aval, entry.axes, isinstance(x, PerSegment))
+        per_segment = isinstance(x, PerSegment)
+        if not self.speculates():  # read inside a body: its tracers cannot leave it
+            self.rare.deferred.append(lambda: self._make_check(entry, per_segment))
+            return
+        self._make_check(entry, per_segment)
+
+    def _make_check(self, entry: _Check, per_segment: bool) -> None:
+        self._flag_nan(entry.data, entry.aval, entry.axes, per_segment)
         for owed in entry.owed:
             w = owed.witness
             if w is not None:
@@ -417,6 +424,10 @@ class PackedRun:
         # a rule that reads unmasked operands masks them itself (or inlines a call)
         passed = self.forward_only and rule is not None and reads_unmasked(name)
         pending = [x for x in invals if self._is_pending(x)]
+        if pending and not self.speculates():  # a row value read inside a body
+            for x in pending:
+                self.check_pending(x)
+            pending = []
         crosses = [x.cross if local and isinstance(x, Unmasked) else None for x in invals]
         invals = [x.data if local and isinstance(x, Unmasked)
                   else x if passed else self.settle(x, v)
@@ -601,6 +612,14 @@ class RarePaths:
 
     trace: Any
     flags: list = dataclasses.field(default_factory=list)
+    # NaN checks of row values first read inside a loop body or branch (another
+    # trace, whose tracers cannot leave it): made at the row's trace, last
+    deferred: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+
+    def make_deferred_checks(self) -> None:
+        deferred, self.deferred = self.deferred, []
+        for check in deferred:
+            check()
 
     def any(self):
         """Whether any rare path's flag holds (a boolean of the row)."""
@@ -762,7 +781,10 @@ class PackedProgram:
                      for o, v in zip(outs, prog.closed_jaxpr.jaxpr.outvars)]
             self.out_kinds = kinds
             outs = [o.data if isinstance(o, PerSegment) else jnp.asarray(o) for o in outs]
-            return outs + [rare.any()] if speculative else outs
+            if not speculative:
+                return outs
+            rare.make_deferred_checks()
+            return outs + [rare.any()]
 
         return fn
 

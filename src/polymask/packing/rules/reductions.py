@@ -40,7 +40,7 @@ def _nan_poison(data, axes, kind: str):
     where no softmax sum witnessed it: ``-0.0`` where no reduced entry of
     ``data`` (the operand, before its mask) is NaN or the infinity opposite
     to the reduction's identity, else NaN; a sum of ``y * 0`` for
-    ``y = exp(x * 2**-120)`` (``exp(-x * 2**-120)`` for a min). XLA:CPU's max
+    ``y = exp(x * c)`` (``exp(-x * c)`` for a min). XLA:CPU's max
     and min reductions may drop a NaN (a row of 64 with a NaN reduces to a
     number, even in plain ``jax.jit``), so the report never comes from their
     own result.
@@ -49,12 +49,15 @@ def _nan_poison(data, axes, kind: str):
     (a causal mask written ``where(causal, s, -inf)``, or the mask's own
     ``-inf`` between examples) is a value the max reads as plain JAX does,
     where ``-inf * 0`` would be NaN and rerun every call in the exact
-    program. A ``+inf`` (it meets the mask's ``-inf``: NaN) is reported. The
-    scale keeps every finite float below ``exp``'s overflow (float32 and
-    bfloat16 share the exponent range). Not a clamp: ``max(x, 0)`` drops the
-    NaN itself on jaxlib 0.10's XLA:CPU."""
-    scale = jnp.asarray(2.0 ** -120 if kind == "max" else -(2.0 ** -120), data.dtype)
-    return _reduce_sum(nan_poison(jnp.exp(data * scale)), axes)
+    program. A ``+inf`` (it meets the mask's ``-inf``: NaN) is reported.
+    Computed in float32 or wider, ``c`` a power of two that puts the dtype's
+    largest finite value at 64 (``exp(64)`` is finite): ``2**-122`` for
+    float32 and bfloat16, ``2**-10`` for float16, whose own ``2**-120`` is 0.
+    Not a clamp: ``max(x, 0)`` drops the NaN itself on jaxlib 0.10's XLA:CPU."""
+    wide = data.astype(jnp.promote_types(data.dtype, jnp.float32))
+    c = 2.0 ** (6 - jnp.finfo(data.dtype).maxexp)
+    scaled = wide * jnp.asarray(c if kind == "max" else -c, wide.dtype)
+    return _reduce_sum(nan_poison(jnp.exp(scaled)), axes).astype(data.dtype)
 
 
 def _reduce_sum(x, axes):
