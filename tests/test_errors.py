@@ -575,3 +575,17 @@ def test_ragged_map_argument_order_mistakes_are_named():
     with pytest.raises(pm.ShapeError, match=r"ragged_map calls fun\(\*broadcast, \*example\)"):
         pm.ragged_map(lambda x, p: f(p, x), "n, 3")(xs, p)  # fun takes them last
     np.testing.assert_allclose(rm(xs, p), [6.0, 15.0])
+
+
+@pytest.mark.parametrize("name", ["row_size", "rows_per_call", "segments_per_row"])
+def test_ragged_map_packing_counts_are_ints_never_truncated(name):
+    """``row_size=100.5`` ran in rows of 100 and ``"256"`` was accepted (the
+    new-user check): a count that is not an int raises, naming what it got."""
+    f = lambda x: x * 2  # noqa: E731
+    for bad in (100.5, "256", True):
+        with pytest.raises(TypeError, match=rf"{name} must be an int, got {bad!r}"):
+            pm.ragged_map(f, "n, 4", layout="packed", **{name: bad})
+    with pytest.raises(ValueError, match=rf"{name} must be >= 1, got 0"):
+        pm.ragged_map(f, "n, 4", layout="packed", **{name: 0})
+    rm = pm.ragged_map(f, "n, 4", layout="packed", **{name: np.int64(16)})
+    np.testing.assert_array_equal(rm([np.ones((3, 4), np.float32)])[0], np.full((3, 4), 2.0))

@@ -65,6 +65,14 @@ def _causal_inf_attention(x):  # the mask written with -inf (GPT-style decoders)
     return jax.nn.softmax(jnp.where(_causal(s), s, -jnp.inf), -1) @ x
 
 
+def _causal_heads(x):  # two heads of two, tril(...)[None] broadcast over them
+    n = x.shape[0]
+    q = x.reshape(n, 2, 2).transpose(1, 0, 2)
+    s = jnp.einsum("hnd,hmd->hnm", q, q)
+    s = jnp.where(jnp.tril(jnp.ones((n, n), bool))[None], s, -jnp.inf)
+    return jnp.einsum("hnm,hmd->nhd", jax.nn.softmax(s, -1), q).reshape(n, 4)
+
+
 def _inf_masked_max_alone(x):  # a masked max no sum follows: it reports a NaN itself
     s = x @ x.T
     return jnp.max(jnp.where(_causal(s), s, -jnp.inf), -1)
@@ -590,6 +598,10 @@ AFTER_THE_MAX = {
     "logsumexp of -inf-masked scores": lambda x: jax.nn.logsumexp(
         jnp.where(_causal(_scores(x)), _scores(x), -jnp.inf), -1),
     "a -inf-masked max with no sum after it": _inf_masked_max_alone,
+    # the mask broadcast over heads (settled): dead query rows must not turn
+    # all -inf, or their NaN reaches the second layer's live rows
+    "two causal layers, a -inf mask broadcast over heads":
+        lambda x: _causal_heads(_causal_heads(x)),
     "a max beside an unread sum": _max_beside_an_unread_sum,
 }
 

@@ -592,12 +592,24 @@ class PackedRun:
         return self._select_live(x, aval, axes)
 
     def settle(self, x, var):
-        """``x`` with the invariant kept: an ``Unmasked`` value's dead entries
-        selected to 0 (``var``: its jaxpr variable or literal)."""
+        """``x`` with the invariant kept: an ``Unmasked`` value's entries
+        between blocks selected to 0 (``var``: its jaxpr variable or literal).
+
+        The row's dead positions (id ``S``) form one more block, and its
+        entries stay as computed: a function of the host's copies of real
+        positions, like an example's. Selected to 0 as well, a causal mask
+        (``tril(ones((n, n), bool))[None]``, settled by its broadcast) was
+        False on every dead query row, the next ``where(mask, s, -inf)`` made
+        those rows ``-inf``, their softmax NaN, and the next layer's masks
+        (``x + B``: ``NaN - inf``) carried that NaN into live rows: every call
+        of a two-layer ``-inf``-masked decoder reran in the exact program.
+        Nothing reads a dead row into a live result (another block)."""
         if not isinstance(x, Unmasked):
             return x
         self.check_pending(x)
-        return self._select_live(x.data, var.aval, self.packed_axes(var.aval))
+        aval = var.aval
+        same = self.same_segment(aval, self.packed_axes(aval), x.data.shape)
+        return lax.select(same, x.data, jnp.zeros_like(x.data))
 
     def _select_live(self, x, aval, axes):
         ok = self.live_mask(aval, axes, x.shape)

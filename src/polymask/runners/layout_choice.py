@@ -12,6 +12,7 @@ serve (another traced case, ``x[1:]`` at ``n = 0``), run padded either way.
 
 from __future__ import annotations
 
+import numbers
 import threading
 from collections.abc import Callable
 
@@ -43,13 +44,11 @@ class LayoutChoice:
                  numpy_outputs: bool, compiler_options: Callable[[], dict | None]):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if row_size is not None and int(row_size) < 1:
-            raise ValueError("row_size must be >= 1")
         self.fun, self.constraints = fun, tuple(constraints)
         self.layout = layout
-        self.row_size = None if row_size is None else int(row_size)
-        self.rows_per_call = None if rows_per_call is None else int(rows_per_call)
-        self.segments_per_row = None if segments_per_row is None else int(segments_per_row)
+        self.row_size = _count_or_none("row_size", row_size)
+        self.rows_per_call = _count_or_none("rows_per_call", rows_per_call)
+        self.segments_per_row = _count_or_none("segments_per_row", segments_per_row)
         self.max_cases, self.numpy_outputs = max_cases, numpy_outputs
         self._compiler_options = compiler_options
         self.runner: PackedRunner | None = None
@@ -179,3 +178,20 @@ def _several_kinds(kinds, infos) -> str:
             f"examples[{a}] has {leaves(a)}, examples[{b}] has {leaves(b)}; one packed "
             "program takes one kind (cast them to one dtype, or use layout='padded', which "
             "runs each kind in its own batches)")
+
+
+def _count_or_none(name: str, value) -> int | None:
+    """``ragged_map``'s ``row_size``, ``rows_per_call`` or ``segments_per_row``:
+    None, or an int >= 1 (a float or a string is a mistake, never truncated).
+
+    Raises:
+      TypeError: not an integer.
+      ValueError: below 1.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)

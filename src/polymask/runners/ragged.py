@@ -719,6 +719,9 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         on it as plain JAX does (names the example).
       PackedUnsupported: ``layout="packed"`` and ``fun`` cannot run packed
         (names the primitive and the line).
+      TypeError / ValueError: here, ``row_size``, ``rows_per_call`` or
+        ``segments_per_row`` is not an int / is below 1; ``layout`` is not
+        one of ``"auto"``, ``"padded"``, ``"packed"``.
     """
     return RaggedMap(fun, in_specs, buckets=buckets, batch_size=batch_size,
                      batch_buckets=batch_buckets, constraints=constraints,
