@@ -69,8 +69,9 @@ def child_env(extra: dict | None = None) -> dict:
     # compiles a package's at install, and an editable checkout writes its own
     # on first import; a PYTHONDONTWRITEBYTECODE of the shell running the suite
     # (this sandbox sets it) made every polymask process compile its sources
-    # (~0.3 s of a 3.4 s process, measured 2026-12-05) while site-packages
-    # contenders had bytecode from their install
+    # while site-packages contenders had bytecode from their install (warm
+    # bfloat16 `polymask embed`, `--only process --rounds 2`, 2026-12-05:
+    # 3.39 s before, 3.15 s after, torch 9.31 and 9.66 s in the same runs)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -36,12 +36,18 @@ from .errors import ShapeError
 __all__ = ["Policy", "pow2", "multiple", "explicit", "fixed", "exact", "as_policy"]
 
 
-def _int_arg(v, what: str, minimum: int) -> int:
-    """``v`` as an int >= ``minimum``; TypeError for floats/bools, ValueError below."""
+def int_arg(v, what: str, minimum: int) -> int:
+    """``v`` as an int >= ``minimum`` (a Python or NumPy integer; a float, a
+    bool or a string is a mistake, never truncated).
+
+    Raises:
+      TypeError: ``v`` is not an integer.
+      ValueError: ``v`` is below ``minimum``.
+    """
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"{what} must be an int; got {v!r}")
+        raise TypeError(f"{what} must be an int, got {v!r}")
     if v < minimum:
-        raise ValueError(f"{what} must be >= {minimum}; got {int(v)}")
+        raise ValueError(f"{what} must be >= {minimum}, got {int(v)}")
     return int(v)
 
 
@@ -62,7 +68,7 @@ class Policy:
         self._fn = fn
         self.name = name
         self.largest = largest
-        self.headroom = _int_arg(headroom, f"{name}: headroom", 1)
+        self.headroom = int_arg(headroom, f"{name}: headroom", 1)
 
     def __call__(self, size: int) -> int:
         if isinstance(size, (bool, np.bool_)) or not (
@@ -126,11 +132,11 @@ def pow2(minimum: int = 8, maximum: int | None = None, steps: int = 1,
         below ``minimum``.
       ShapeError (when applied): a size above ``maximum``.
     """
-    minimum = _int_arg(minimum, "pow2: minimum", 1)
+    minimum = int_arg(minimum, "pow2: minimum", 1)
     if maximum is not None:
-        maximum = _int_arg(maximum, "pow2: maximum", minimum)
-    steps = _int_arg(steps, "pow2: steps", 1)
-    headroom = _int_arg(headroom, "pow2: headroom", 1)
+        maximum = int_arg(maximum, "pow2: maximum", minimum)
+    steps = int_arg(steps, "pow2: steps", 1)
+    headroom = int_arg(headroom, "pow2: headroom", 1)
     name = (f"pow2(minimum={minimum}" + ("" if maximum is None else f", maximum={maximum}")
             + ("" if steps == 1 else f", steps={steps}")
             + ("" if headroom == 16 else f", headroom={headroom}") + ")")
@@ -151,11 +157,11 @@ def multiple(k: int, minimum: int | None = None, maximum: int | None = None,
     """Next multiple of ``k`` (at least ``minimum``, default ``k``); sizes above
     ``maximum`` (optional, the largest bucket) raise ``ShapeError``.
     ``headroom``: as for ``pow2`` (without ``maximum``)."""
-    k = _int_arg(k, "multiple: k", 1)
-    lo = k if minimum is None else _int_arg(minimum, "multiple: minimum", 1)
+    k = int_arg(k, "multiple: k", 1)
+    lo = k if minimum is None else int_arg(minimum, "multiple: minimum", 1)
     if maximum is not None:
-        maximum = _int_arg(maximum, "multiple: maximum", lo)
-    headroom = _int_arg(headroom, "multiple: headroom", 1)
+        maximum = int_arg(maximum, "multiple: maximum", lo)
+    headroom = int_arg(headroom, "multiple: headroom", 1)
     name = (f"multiple({k}" + ("" if maximum is None else f", maximum={maximum}")
             + ("" if headroom == 16 else f", headroom={headroom}") + ")")
 
@@ -167,7 +173,7 @@ def multiple(k: int, minimum: int | None = None, maximum: int | None = None,
 
 def explicit(bounds: Sequence[int]) -> Policy:
     """Smallest bound in ``bounds`` that is ``>= size``; ShapeError above the largest."""
-    bs = sorted({_int_arg(b, "explicit: each bound", 1) for b in bounds})
+    bs = sorted({int_arg(b, "explicit: each bound", 1) for b in bounds})
     if not bs:
         raise ValueError("explicit: needs at least one bound >= 1")
 

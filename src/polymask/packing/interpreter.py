@@ -629,6 +629,8 @@ class RarePaths:
     deferred: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
     def make_deferred_checks(self) -> None:
+        """Make the deferred NaN checks (their flags join ``flags``); the row
+        function calls this at its own trace, after the last equation."""
         deferred, self.deferred = self.deferred, []
         for check in deferred:
             check()

@@ -12,10 +12,10 @@ serve (another traced case, ``x[1:]`` at ``n = 0``), run padded either way.
 
 from __future__ import annotations
 
-import numbers
 import threading
 from collections.abc import Callable
 
+from ..core.buckets import int_arg
 from ..core.errors import ShapeError, UnsupportedError
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.cost import packed_cost, padded_cost
@@ -46,9 +46,11 @@ class LayoutChoice:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
         self.fun, self.constraints = fun, tuple(constraints)
         self.layout = layout
-        self.row_size = _count_or_none("row_size", row_size)
-        self.rows_per_call = _count_or_none("rows_per_call", rows_per_call)
-        self.segments_per_row = _count_or_none("segments_per_row", segments_per_row)
+        # a float or a string is a mistake, never truncated (100.5 ran rows of 100)
+        self.row_size, self.rows_per_call, self.segments_per_row = (
+            None if v is None else int_arg(v, name, 1)
+            for v, name in ((row_size, "row_size"), (rows_per_call, "rows_per_call"),
+                            (segments_per_row, "segments_per_row")))
         self.max_cases, self.numpy_outputs = max_cases, numpy_outputs
         self._compiler_options = compiler_options
         self.runner: PackedRunner | None = None
@@ -179,19 +181,3 @@ def _several_kinds(kinds, infos) -> str:
             "program takes one kind (cast them to one dtype, or use layout='padded', which "
             "runs each kind in its own batches)")
 
-
-def _count_or_none(name: str, value) -> int | None:
-    """``ragged_map``'s ``row_size``, ``rows_per_call`` or ``segments_per_row``:
-    None, or an int >= 1 (a float or a string is a mistake, never truncated).
-
-    Raises:
-      TypeError: not an integer.
-      ValueError: below 1.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
