@@ -9,7 +9,7 @@ Workloads (``benchmarks/README.md`` describes the contenders):
   attention  causal attention T x 64, 48 distinct T in 3..97: first pass incl. compiles
              and steady state (the same 48 calls again, several passes)
   minilm     all-MiniLM-L6-v2 on the 384 demo texts: first pass (incl. compiles), steady
-  percall    polymask.jit(lambda x: jnp.sum(x*x), "n") on 100 floats vs jax.jit, NumPy
+  percall    polymask.jit(lambda x: jnp.sum(x*x), "n") on 100 floats (and 300,000) vs jax.jit, NumPy
              and jax.Array inputs, us per call
   process    the whole ``polymask embed FILE`` process on ~1,400 short texts vs a
              sentence-transformers script; no / cold / warm persistent compilation cache
@@ -46,7 +46,8 @@ CONTENDERS = {
                "sentence_transformers",
                "sentence_transformers_onnx", "sentence_transformers_openvino",
                "sentence_transformers_openvino_f32"],
-    "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array"],
+    "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array",
+                "polymask_jit/numpy-300k", "jax_jit/numpy-300k"],
 }
 NEEDS = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers",
          "sentence_transformers_run1": "sentence_transformers",
@@ -339,7 +340,7 @@ def markdown(agg: dict, env: dict) -> str:
     titles = {"attention": "attention: causal attention T x 64, distinct T "
                            f"{env.get('attention_lengths', '')}",
               "minilm": f"minilm: all-MiniLM-L6-v2 on {env.get('minilm_texts', '?')} demo texts",
-              "percall": "percall: `jnp.sum(x*x)` on 100 float32, steady state",
+              "percall": "percall: `jnp.sum(x*x)` on 100 float32 (`-300k`: 300,000), steady state",
               "process": f"process: `polymask embed FILE` on {env.get('process_texts', '?')} short "
                          "texts vs sentence-transformers, whole process wall time"}
     for w, per in agg.items():
@@ -424,7 +425,7 @@ def plots(agg: dict, out: pathlib.Path) -> list[str]:
         fig.savefig(out / "minilm_texts_per_s.png", dpi=110)
         plt.close(fig)
         files.append("minilm_texts_per_s.png")
-    for w, key, ylabel, title in (("percall", "us_per_call", "us per call", "percall: sum(x*x), 100 floats"),
+    for w, key, ylabel, title in (("percall", "us_per_call", "us per call", "percall: sum(x*x), 100 / 300,000 floats"),
                                   ("process", "wall_s", "process wall time [s]", "process: embed a file")):
         if w in agg:
             fig, ax = plt.subplots(figsize=(7, 4))

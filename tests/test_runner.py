@@ -222,6 +222,72 @@ def test_jit_accepts_jax_arrays_and_scalars():
     assert pf.stats()["compiles"] == 1
 
 
+# Large inputs (64 KiB and up) are padded into host buffers the runner reuses
+# (runners.hostio.HostPadBuffers): these shapes all fall in one bucket, so each
+# call reuses a buffer that held another shape's values.
+_LARGE_SHAPES = [(300, 200), (180, 240), (300, 250), (90, 60), (256, 256), (300, 200)]
+
+
+def _integer_valued(rng, shape):  # exact float32 sums: any stale value shows
+    return rng.integers(-3, 4, size=shape).astype(np.float32)
+
+
+def test_jit_reused_padding_buffers_hold_no_earlier_values():
+    rng = np.random.default_rng(5)
+    total = pm.jit(lambda x: jnp.sum(x, axis=0), "n, m", buckets=[320], tiered=False)  # relies on 0 padding
+    for shape in _LARGE_SHAPES * 2:
+        x = _integer_valued(rng, shape)
+        np.testing.assert_array_equal(total(x), x.sum(axis=0))
+    assert total.stats()["compiles"] == 1
+
+
+def test_jit_outputs_that_share_memory_with_a_padded_input_are_never_overwritten():
+    rng = np.random.default_rng(6)
+    for numpy_outputs in (False, True):
+        ident = pm.jit(lambda x: x, "n", buckets=[32768], tiered=False, numpy_outputs=numpy_outputs)
+        pairs = []
+        for n in (20000, 30000, 25000, 32000, 20000):
+            x = _integer_valued(rng, (n,))
+            pairs.append((x.copy(), ident(x)))
+        for x, y in pairs:
+            np.testing.assert_array_equal(np.asarray(y), x)
+
+
+def test_jit_never_refills_a_padding_buffer_a_dispatched_program_still_reads():
+    rng = np.random.default_rng(7)
+    # slow enough that the next calls are made while it runs (asynchronous dispatch)
+    gram = pm.jit(lambda x: jnp.sum(jnp.tanh(x @ x.T) @ x, axis=0), "n, m", buckets=[384],
+                  tiered=False)
+    xs = [rng.normal(size=(380, 300)).astype(np.float32) for _ in range(4)]
+    for x in xs:
+        gram(x)  # compile, warm
+    outs = [gram(x) for x in xs]  # not waited for between calls
+    for x, y in zip(xs, outs):
+        np.testing.assert_allclose(y, np.sum(np.tanh(x @ x.T) @ x, axis=0), rtol=2e-3, atol=2e-2)
+
+
+def test_jit_reused_padding_buffers_across_threads():
+    total = pm.jit(lambda x: jnp.sum(x, axis=0), "n, m", buckets=[320], tiered=False)
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(15):
+                shape = _LARGE_SHAPES[rng.integers(len(_LARGE_SHAPES))]
+                x = _integer_valued(rng, shape)
+                np.testing.assert_array_equal(total(x), x.sum(axis=0))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
 # ----------------------------------------------------------------------------
 # ragged_map
 # ----------------------------------------------------------------------------

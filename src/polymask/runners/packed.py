@@ -31,6 +31,7 @@ from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS, phantom_source, row_arrays
 from .compiling import compile_counter
+from .hostio import host_zeros
 from .program_store import StoredProgram, active_store, compile_to_store, tree_fingerprint
 
 __all__ = ["PackedRunner", "default_row_size", "row_example", "spare_rows"]
@@ -378,7 +379,7 @@ class PackedRunner:
         out = []
         for li, spec in enumerate(leaf_specs):
             if not spec.packed_axes:  # one value per example: stacked per slot
-                buf = np.zeros((len(rows), S) + spec.shape, spec.dtype)
+                buf = host_zeros((len(rows), S) + spec.shape, spec.dtype)
                 for r, row in enumerate(rows):
                     for s, (i, _) in enumerate(row):
                         buf[r, s] = np.asarray(infos[i][1][li])
@@ -386,7 +387,7 @@ class PackedRunner:
                         buf[r, len(row):] = buf[r, 0]
                 out.append(buf)
                 continue
-            buf = np.zeros((len(rows),) + spec.shape, spec.dtype)
+            buf = host_zeros((len(rows),) + spec.shape, spec.dtype)
             for r, row in enumerate(rows):
                 end = 0
                 src = phantom_source(row, lengths, call_first)

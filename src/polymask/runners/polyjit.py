@@ -44,6 +44,7 @@ from .fallback import ExactFallback, bucket_text, falls_back
 from .hostio import (
     FAST_TYPES,
     PAD_DEVICE_PROGRAMS,
+    HostPadBuffers,
     device_pad_fn,
     host_backend,
     unpad_output,
@@ -99,10 +100,24 @@ class _CallInfo:
     covered: bool = False  # served by a covering bucket before (tiered)
     shape_key: Any = None  # the exact shapes and dtypes (the fallback's cache key)
     unshared: str | None = None  # the bucket cannot share a program: why (per-shape fallback)
-    # (entry, build) once a call ran the steady state: one array in, ``build``
-    # pads it, one exact output back; ``__call__`` takes it first while
+    # (entry, run) once a call ran the steady state: one array in, padded by
+    # ``build``, one exact output back; ``__call__`` takes ``run`` first while
     # ``entry`` is still this info's live program (fewer checks per call)
     steady: tuple | None = None
+
+
+def _steady_call(info: _CallInfo, entry: Entry, build: Callable) -> Callable:
+    """``args -> output`` of the steady state: the per-call work only (count the
+    call, mark the program used for the eviction order, pad, run), with every
+    attribute it needs bound once."""
+    fn, calls, ticks = entry.fn, info.calls, COMPILE_TICK
+
+    def run(args):
+        next(calls)
+        entry.tick = next(ticks)
+        return fn(*build(args))[0]
+
+    return run
 
 
 class _BucketUnshared(Exception):
@@ -150,6 +165,7 @@ class PolyJit:
                         if tiered else None)
         self._infos: dict = {}
         self._fast: dict = {}
+        self._pads = HostPadBuffers()  # large inputs' padded host buffers, reused
         self._last_new = None  # (tree, leaf structs) of the last call with new shapes
         self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
         self._retired = [0, 0, 0]  # calls, logical, padded of dropped infos
@@ -252,33 +268,32 @@ class PolyJit:
         """Drop every compiled program (stats are kept)."""
         self.cache.clear()
         self.plans.clear()
+        self._pads.clear()
 
     def _flat(self, info: _CallInfo, leaves, dyn=None):
         """The compiled program's arguments: static leaves, padded dynamic leaves, sizes."""
         if dyn is None:
             build = info.build
             if build is None:
-                build = info.build = self._builder(info.static_idx, info.dyn, info.sizes)
+                build = info.build = self._builder(info.static_idx, info.dyn, info.sizes, leaves)
             return build(leaves)
-        return self._builder(info.static_idx, dyn, info.sizes)(leaves)
+        return self._builder(info.static_idx, dyn, info.sizes, leaves)(leaves)
 
-    def _builder(self, static_idx, dyn, sizes):
-        """A function ``leaves -> flat arguments`` specialised to one call signature."""
+    def _builder(self, static_idx, dyn, sizes, leaves):
+        """A function ``leaves -> flat arguments`` specialised to one call
+        signature: the shapes and dtypes of ``leaves``."""
         if not static_idx and len(dyn) == 1 and not dyn[0][3]:
             i, bound, exact, _ = dyn[0]
             if exact:
                 return lambda leaves: [leaves[i], sizes]
-
-            cache: dict = {}
+            index = tuple(slice(0, s) for s in np.shape(leaves[i]))
+            pad = self._pads.padder(bound, dtype_key(leaves[i]))
 
             def one(leaves):  # the common case: one dynamic array, padded with NumPy
-                a = np.asarray(leaves[i])
-                out = np.zeros(bound, a.dtype)
-                idx = cache.get(a.shape)
-                if idx is None:
-                    idx = cache[a.shape] = tuple(slice(0, s) for s in a.shape)
-                out[idx] = a
-                return [out, sizes]
+                a = leaves[i]
+                if type(a) is not np.ndarray:
+                    a = np.asarray(a)
+                return pad(a, index), sizes
 
             return one
 
@@ -292,9 +307,8 @@ class PolyJit:
                     flat.append(self._pad_device(x, bound))
                 else:
                     a = np.asarray(x)
-                    out = np.zeros(bound, a.dtype)
-                    out[tuple([slice(0, s) for s in a.shape])] = a
-                    flat.append(out)
+                    pad = self._pads.padder(bound, a.dtype)
+                    flat.append(pad(a, tuple([slice(0, s) for s in a.shape])))
             flat.append(sizes)
             return flat
 
@@ -315,14 +329,11 @@ class PolyJit:
         if not kwargs and len(args) == 1 and type(args[0]) in FAST_TYPES:
             a = args[0]
             info = self._fast.get((type(a), a.shape, a.dtype))
-            steady = None if info is None else info.steady
-            if steady is not None:
-                entry = steady[0]
-                if entry.live and entry is info.entry:
-                    next(info.calls)
-                    entry.tick = next(COMPILE_TICK)
+            if info is not None:
+                steady = info.steady
+                if steady is not None and steady[0] is info.entry and steady[0].live:
                     try:
-                        return entry.fn(*steady[1](args))[0]
+                        return steady[1](args)
                     except jax.errors.JaxRuntimeError as e:
                         raise_callback_shape_error(e)
                         raise
@@ -368,7 +379,7 @@ class PolyJit:
                 raise
             if info.out_entry is entry and info.single_out:
                 if build is not None and len(args) == 1 and self._n_specs <= 1:
-                    info.steady = (entry, build)
+                    info.steady = (entry, _steady_call(info, entry, build))
                 return out[0]  # one exact output (the steady state of most functions)
         else:
             try:

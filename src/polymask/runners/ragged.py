@@ -37,7 +37,7 @@ from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from . import ragged_batches
 from .compiling import background_executor
 from .fallback import ExactFallback, bucket_text, falls_back
-from .hostio import slice_to
+from .hostio import host_zeros, slice_to
 from .layout_choice import LayoutChoice
 from .packed import PackedRunner, default_row_size, empty_packed_stats, row_example
 from .program_store import StorableProgram, active_store, program_key, stored_program
@@ -493,7 +493,7 @@ class RaggedMap:
         for li, p in enumerate(plan0.leaves):
             if p.static:
                 continue
-            buf = np.zeros((B,) + p.padded, dtype=p.dtype)
+            buf = host_zeros((B,) + p.padded, p.dtype)
             for r, ex in enumerate(chunk):
                 x = np.asarray(infos[ex][1][li])
                 buf[(r,) + tuple(slice(0, n) for n in x.shape)] = x
