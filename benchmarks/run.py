@@ -64,6 +64,12 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def version_of(python: str, module: str) -> str:
+    """``module.__version__`` in interpreter ``python`` ('' when it has none)."""
+    return subprocess.run([python, "-c", f"import {module}; print({module}.__version__)"],
+                          capture_output=True, text=True, env=child_env()).stdout.strip()
+
+
 def child_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     # a contender's modules load from bytecode, as on a user's machine: pip
@@ -333,7 +339,8 @@ def fmt(s: dict | None, f: str) -> str:
 
 def markdown(agg: dict, env: dict) -> str:
     lines = [f"Measured {env['date']} on {env['machine']} ({env['cpus']} CPUs), python "
-             f"{env['python']}, jax {env['jax']}, `{env['command']}`: {env['rounds']} round(s), "
+             f"{env['python']}, jax {env['jax']}, numpy {env.get('numpy', '?')} (sentence-transformers' "
+             f"interpreter: numpy {env.get('numpy_torch', '?')}), `{env['command']}`: {env['rounds']} round(s), "
              "each contender in a fresh process, order rotated per round. Figures: median "
              "over rounds (min..max); load = 1-minute load average when each process started.",
              ""]
@@ -510,8 +517,10 @@ def main(argv=None) -> int:
     env = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                machine=f"{platform.machine()} {platform.system()} {platform.node()}",
                cpus=os.cpu_count(), python=sys.version.split()[0], rounds=rounds,
-               jax=subprocess.run([args.python, "-c", "import jax; print(jax.__version__)"],
-                                  capture_output=True, text=True).stdout.strip(),
+               jax=version_of(args.python, "jax"), numpy=version_of(args.python, "numpy"),
+               # numpy 2.4 with ml_dtypes 0.7 makes `import jax` 0.6 s slower than
+               # numpy 2.5 (benchmarks/README.md): each interpreter's is recorded
+               numpy_torch=version_of(args.torch_python or args.python, "numpy"),
                loadavg_at_start=os.getloadavg(), command=shlex.join(
                    ["python", "benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])]),
                skipped=skipped, python_jax=args.python, python_torch=args.torch_python)
