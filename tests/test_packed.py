@@ -6,6 +6,8 @@ than the row (it runs in the padded layout) and rows holding several
 examples. One test per packed rule family; each runs one compiled program.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -278,10 +280,20 @@ def test_per_example_values_without_the_ragged_axis():
     _check(f, ex, specs=("n, 4", None, None))
 
 
-def test_an_example_longer_than_a_row_runs_padded():
-    rm = _check(lambda x: jnp.cumsum(x, 0), _examples([3, 40, 5]))
+def test_an_example_longer_than_a_row_runs_padded_with_one_warning():
+    with pytest.warns(pm.PackedLayoutWarning, match=r"1 example .* longer than row_size=16 "
+                      r"\(the longest: 40") as record:
+        rm = _check(lambda x: jnp.cumsum(x, 0), _examples([3, 40, 5]))
+    assert record[0].filename == __file__  # at the user's line
     lay = rm.stats()["layout"]
     assert lay["packed"] == 2 and lay["padded"] == 1 and "ran padded" in lay["reason"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per runner
+        rm(_examples([50, 2]))
+    auto = pm.ragged_map(lambda x: jnp.cumsum(x, 0), "n, 4", layout="auto", row_size=R)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "auto" chooses per call: nothing to warn of
+        auto(_examples([3, 40, 5]))
 
 
 def test_scans_along_the_packed_axis_restart_per_example():

@@ -23,6 +23,8 @@ import polymask as pm
 
 R = 16
 SIZES = [5, 0, 1, 16, 3, 9, 2, 7, 4, 11, 6, 20]  # 16: one example of exactly R; 20: padded
+# the example of 20 runs padded by design here (test_packed tests the warning)
+pytestmark = pytest.mark.filterwarnings("ignore::polymask.PackedLayoutWarning")
 
 
 def _examples(sizes, d=4, seed=0):

@@ -11,7 +11,7 @@ import sys as _sys
 
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
 from .core import buckets
-from .core.errors import FallbackWarning, ShapeError, UnsupportedError
+from .core.errors import FallbackWarning, PackedLayoutWarning, ShapeError, UnsupportedError
 from .core.masked import Masked, logical_shape, pad, stack
 from .inspection.explain import explain
 from .inspection.formula import shape_formula
@@ -51,6 +51,6 @@ __all__ = [
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
     "buckets", "value_and_grad", "enable_compilation_cache", "disable_compilation_cache",
     "default_cache_dir", "compile_counter", "reuse_host_memory", "shape_errors",
-    "PackedUnsupported", "FallbackWarning",
+    "PackedUnsupported", "FallbackWarning", "PackedLayoutWarning",
 ]
 __version__ = "0.1.0"

@@ -50,6 +50,15 @@ class FallbackWarning(UserWarning):
     """
 
 
+class PackedLayoutWarning(UserWarning):
+    """``ragged_map(layout="packed")`` ran examples longer than ``row_size``
+    padded, in length buckets. Their values are right; each bucket is one more
+    compile. Warned once per runner; ``runner.stats()["layout"]["reason"]``
+    says it for every call (and names the other sizes that run padded: those
+    where the trace takes another case, such as ``x[1:]`` at ``n = 0``). A
+    larger ``row_size`` packs longer examples."""
+
+
 def install_extra(extra: str) -> str:
     """How to install one of polymask's extras, as messages say it: polymask is
     installed from its checkout (README), so ``pip install -e ".[serve]"``

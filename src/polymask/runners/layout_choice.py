@@ -13,10 +13,12 @@ serve (another traced case, ``x[1:]`` at ``n = 0``), run padded either way.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable
 
 from ..core.buckets import int_arg
-from ..core.errors import ShapeError, UnsupportedError
+from ..core.diagnostics import user_stacklevel
+from ..core.errors import PackedLayoutWarning, ShapeError, UnsupportedError, counted
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.cost import packed_cost, padded_cost
 from .packed import PackedRunner, default_row_size
@@ -57,6 +59,7 @@ class LayoutChoice:
         self._lock = threading.Lock()
         self.refusal: str | None = None
         self.last: dict = {}
+        self._warned_padded = False
 
     def runner_for(self, longest: int) -> PackedRunner:
         """The packed runner (made at the first call: rows of ``row_size``,
@@ -112,6 +115,7 @@ class LayoutChoice:
                 f"padded: no example of this call runs packed (sizes "
                 f"{sorted(set(lengths.values()))}: longer than row_size={runner.row_size}, "
                 f"or sizes the row program does not serve: {_few(prog, runner.row_size)})")
+            self._warn_padded(every, lengths, runner.row_size)
             return every
         rows = len(pack_rows([lengths[i] for i in fits], runner.row_size, runner.slots,
                              prog.gap).rows)
@@ -146,8 +150,24 @@ class LayoutChoice:
                        f"{runner.row_size}, or sizes the row program does not serve: "
                        "where the function raises or takes another case, or jnp's clamps "
                        "like x[1:] at n = 0)")
+            self._warn_padded(left, lengths, runner.row_size)
         self.last["reason"] = reason
         return left
+
+    def _warn_padded(self, left: list[int], lengths: dict, row_size: int) -> None:
+        """``layout="packed"`` asked for rows: say once that examples longer than
+        a row ran padded (``"auto"`` chooses per call and says it in ``last``;
+        the few sizes of another traced case, such as ``n = 0``, are said there)."""
+        longer = [lengths[i] for i in left if lengths.get(i, 0) > row_size]
+        if self.layout != "packed" or self._warned_padded or not longer:
+            return
+        self._warned_padded = True
+        warnings.warn(PackedLayoutWarning(
+            f"ragged_map(layout='packed'): {counted(len(longer), 'example')} of this call "
+            f"ran padded, in length buckets: longer than row_size={row_size} (the longest: "
+            f"{max(longer)}; a larger row_size packs them). Their values are right; each "
+            "bucket compiles once. Warned once; stats()['layout']['reason'] says it per "
+            "call."), stacklevel=user_stacklevel())
 
     def _refuse(self, reason: str, idxs: list[int], permanent: bool = False) -> list[int]:
         if self.layout == "packed":
