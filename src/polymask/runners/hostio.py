@@ -43,9 +43,19 @@ def _aligned_zeros(shape, dtype) -> tuple[np.ndarray, np.ndarray]:
     return raw, raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def _refs_when_free() -> tuple[int, int]:
+def _refs_when_free() -> tuple[int, int] | None:
+    """The reference counts of a free pooled buffer's owner and view, as
+    ``HostPadBuffers._take`` reads them; None where a count does not show one
+    more reference (no reuse there)."""
     slot = [*_aligned_zeros((1,), np.dtype(np.float32)), (1,)]
-    return sys.getrefcount(slot[0]), sys.getrefcount(slot[1])
+    free = sys.getrefcount(slot[0]), sys.getrefcount(slot[1])
+    held = slot[1]  # noqa: F841 - one more reference to the view (and one to the owner)
+    if (sys.getrefcount(slot[0]), sys.getrefcount(slot[1])) != (free[0], free[1] + 1):
+        return None
+    view_of_owner = slot[0][:]  # noqa: F841
+    if sys.getrefcount(slot[0]) != free[0] + 1:
+        return None
+    return free
 
 
 # A pooled buffer referenced by its slot alone (its owner also by the view's
@@ -73,7 +83,8 @@ class HostPadBuffers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._slots: dict = {}  # (bound, dtype) -> [[buffer, shape written], ...]
-        self._reuse = getattr(sys, "_is_gil_enabled", lambda: True)()
+        self._reuse = (getattr(sys, "_is_gil_enabled", lambda: True)()
+                       and _FREE_REFS is not None)
 
     def clear(self) -> None:
         with self._lock:

@@ -297,6 +297,10 @@ class PolyJit:
 
             return one
 
+        host_pads = {i: (self._pads.padder(bound, dtype_key(leaves[i])),
+                         tuple(slice(0, s) for s in np.shape(leaves[i])))
+                     for i, bound, exact, on_device in dyn if not (exact or on_device)}
+
         def general(leaves):
             flat = [leaves[i] for i in static_idx]
             for i, bound, exact, on_device in dyn:
@@ -306,9 +310,8 @@ class PolyJit:
                 elif on_device:
                     flat.append(self._pad_device(x, bound))
                 else:
-                    a = np.asarray(x)
-                    pad = self._pads.padder(bound, a.dtype)
-                    flat.append(pad(a, tuple([slice(0, s) for s in a.shape])))
+                    pad, index = host_pads[i]
+                    flat.append(pad(np.asarray(x), index))
             flat.append(sizes)
             return flat
 
