@@ -94,6 +94,23 @@ def test_the_reason_names_the_users_line_and_the_rewrite():
     assert "Python int" in reason
 
 
+def test_with_warnings_as_errors_every_call_that_falls_back_raises():
+    """The runner marks the warning given only once it went out: where the
+    user's filter turns it into an error, later calls raise it too instead of
+    returning silently."""
+    f = pm.jit(tril_cumsum, "n", tiered=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            with pytest.raises(pm.FallbackWarning, match="cannot share one compiled program"):
+                f(_vec(40))
+    with pytest.warns(pm.FallbackWarning):  # and once more, as a warning, with the value
+        np.testing.assert_allclose(f(_vec(40)), tril_cumsum(_vec(40)), rtol=1e-5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # given once: the next call is silent
+        np.testing.assert_allclose(f(_vec(41)), tril_cumsum(_vec(41)), rtol=1e-5)
+
+
 def test_explain_of_a_runner_says_which_sizes_run_per_shape_and_why():
     """pm.explain(runner): its own specs; at sizes whose masked trace fails it
     says they run per exact shape and why (the user's line, the jnp form),

@@ -296,6 +296,24 @@ def test_an_example_longer_than_a_row_runs_padded_with_one_warning():
         auto(_examples([3, 40, 5]))
 
 
+def test_with_warnings_as_errors_every_call_with_a_too_long_example_raises_before_running():
+    rm = pm.ragged_map(lambda x: jnp.cumsum(x, 0), "n, 4", layout="packed", row_size=R)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            with pytest.raises(pm.PackedLayoutWarning, match="run padded"):
+                rm(_examples([3, 40, 5]))
+        assert rm.stats()["packed"]["calls"] == 0  # nothing ran
+        outs = rm(_examples([3, 5]))  # all fit: runs, silently
+    np.testing.assert_allclose(outs[1], np.cumsum(_examples([3, 5])[1], 0), rtol=1e-6)
+    default = pm.ragged_map(lambda x: jnp.cumsum(x, 0), "n, 4", layout="packed")
+    default(_examples([3, 5]))  # rows of 64, from this first call's longest example
+    with pytest.warns(pm.PackedLayoutWarning, match=r"row_size was chosen from the first "
+                      r"call's longest example; pass row_size=128 or more"):
+        default(_examples([3, 100]))
+    assert "longer than row_size=64: sizes 100" in default.stats()["layout"]["reason"]
+
+
 def test_scans_along_the_packed_axis_restart_per_example():
     W = np.random.default_rng(4).normal(size=(4, 4)).astype(np.float32) * 0.5
 

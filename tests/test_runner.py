@@ -222,6 +222,22 @@ def test_jit_accepts_jax_arrays_and_scalars():
     assert pf.stats()["compiles"] == 1
 
 
+def test_jit_dict_in_specs_are_keyed_by_parameter_never_read_as_their_keys():
+    x, w = np.ones((3, 4), np.float32), np.ones((4, 2), np.float32)
+    f = pm.jit(lambda x, w: x @ w, {"x": "n, 4"})  # w: None, static
+    assert f.in_specs == ("n, 4", None)
+    np.testing.assert_array_equal(f(x, w), x @ w)
+    assert pm.jit(lambda x, w: x @ w, {1: "4, m"}).in_specs == (None, "4, m")
+    # a user's dict of specs for one dict argument: said how to write it
+    with pytest.raises(pm.ShapeError, match=r"names 'a', which is not a positional parameter "
+                       r".*in a tuple of one: in_specs=\(\{'a': 'n', 'b': 'm'\},\)"):
+        pm.jit(lambda d: d["a"].sum() + d["b"].sum(), {"a": "n", "b": "m"})
+    g = pm.jit(lambda d: d["a"].sum() + d["b"].sum(), ({"a": "n", "b": "m"},))
+    assert float(g({"a": np.ones(3), "b": np.ones(5)})) == 8.0
+    with pytest.raises(pm.ShapeError, match="ragged_map: in_specs is a dict"):
+        pm.ragged_map(lambda d: d, {"a": "n"})
+
+
 # Large inputs (64 KiB and up) are padded into host buffers the runner reuses
 # (runners.hostio.HostPadBuffers): these shapes all fall in one bucket, so each
 # call reuses a buffer that held another shape's values.
@@ -264,6 +280,26 @@ def test_jit_never_refills_a_padding_buffer_a_dispatched_program_still_reads():
     outs = [gram(x) for x in xs]  # not waited for between calls
     for x, y in zip(xs, outs):
         np.testing.assert_allclose(y, np.sum(np.tanh(x @ x.T) @ x, axis=0), rtol=2e-3, atol=2e-2)
+
+
+def test_padding_buffer_pool_keeps_its_byte_bound_least_recent_shapes_first():
+    from polymask.runners.hostio import HostPadBuffers
+
+    rng = np.random.default_rng(8)
+    pool = HostPadBuffers(max_bytes=3 * 2**20)
+    bounds = [(512, 512 + 8 * k) for k in range(4)]  # float32: 1 MiB and a little more
+    for rounds in range(3):
+        for bound in bounds:
+            x = _integer_valued(rng, (500 - rounds, 500))
+            out = pool.padder(bound, np.float32)(x, (slice(0, x.shape[0]), slice(0, 500)))
+            np.testing.assert_array_equal(out[:x.shape[0], :500], x)
+            assert not out[x.shape[0]:].any() and not out[:, 500:].any()
+            assert pool.pooled_bytes <= pool.max_bytes
+    # the two most recent shapes (a third would pass 3 MiB)
+    assert [b for b, _ in pool._slots] == [(512, 528), (512, 536)]
+    huge = pool.padder((1024, 1024), np.float32)  # larger than the bound: fresh each call
+    huge(np.ones((3, 3), np.float32), (slice(0, 3), slice(0, 3)))
+    assert pool.pooled_bytes <= pool.max_bytes
 
 
 def test_jit_reused_padding_buffers_across_threads():

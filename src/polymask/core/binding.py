@@ -32,6 +32,43 @@ def _parameters(fun):
     return index, {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
 
 
+def runner_specs(fun, in_specs, runner: str, keyed_by_name: bool = True) -> tuple | None:
+    """A runner's ``in_specs`` as a tuple by position (None stays None).
+
+    A string is the spec of the one argument. A dict is keyed by parameter
+    name or position, as ``mask``'s (``keyed_by_name=False``: the runner's
+    specs cover only some parameters, so a dict is refused): entries of
+    ``fun``'s positional parameters, the others None. A dict is never read as
+    a sequence of its keys.
+
+    Raises:
+      ShapeError: a dict names a parameter ``fun`` does not take as a
+        positional one, or the runner takes no dict.
+    """
+    if in_specs is None:
+        return None
+    if isinstance(in_specs, str):
+        return (in_specs,)
+    if not isinstance(in_specs, dict):
+        return tuple(in_specs)
+    one_pytree = (f"; the specs of one pytree argument go in a tuple of one: "
+                  f"in_specs=({in_specs!r},)")
+    if not keyed_by_name:
+        raise ShapeError(f"{runner}: in_specs is a dict; give a tuple with one spec per "
+                         f"example argument{one_pytree}")
+    index, _ = _parameters(fun)
+    pos = {}
+    for key, spec in in_specs.items():
+        i = key if isinstance(key, int) else index.get(key)
+        if i is None or not 0 <= i < max(len(index), 1 if isinstance(key, int) else 0):
+            name = getattr(fun, "__name__", "fun")
+            raise ShapeError(
+                f"{runner}: in_specs names {key!r}, which is not a positional parameter of "
+                f"{name} (positional parameters: {list(index)}){one_pytree}")
+        pos[i] = spec
+    return tuple(pos.get(i) for i in range(max(len(index), max(pos, default=-1) + 1)))
+
+
 def split_specs(fun, in_specs, n_args: int, kwargs: dict):
     """``in_specs`` -> (positional specs or None, {kwarg name: spec}).
 

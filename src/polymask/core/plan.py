@@ -289,11 +289,14 @@ def check_program_input(leaf, path: str) -> None:
         except Exception:  # noqa: BLE001 - any object NumPy cannot hold
             dt = np.dtype(object)
     if isinstance(dt, np.dtype) and dt.kind not in "biufcV":  # V: bfloat16 and kin
+        shown = repr(leaf)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
         raise ShapeError(
-            f"{path} is a {type(leaf).__name__} ({leaf!r}), which a compiled program cannot "
-            "take as an input: every argument of polymask.jit / ragged_map is one, as with "
-            "jax.jit. Bind it with functools.partial(f, <its parameter>=...) and give "
-            "in_specs for the other arguments.")
+            f"{path} is a {type(leaf).__name__} of dtype {dt} ({shown}), which a compiled "
+            "program cannot take as an input: every argument of polymask.jit / ragged_map "
+            "becomes an input of the compiled program, as with jax.jit. Bind it with "
+            "functools.partial(f, <its parameter>=...) and give in_specs for the other "
+            "arguments.")
 
 
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],

@@ -99,16 +99,19 @@ class ExactFallback:
         """Warn of the first refusal, once a call ran per shape (a call that
         fails as in plain JAX gets its ShapeError, no warning)."""
         with self._lock:
-            pending, self._pending = self._pending, None
+            pending = self._pending
             if pending is None or self._warned:
                 return
-            self._warned = True
         where, reason = pending
+        # where warnings are errors this raises, and so does every later call
+        # that meets it: the flag is set only once the warning went out
         warnings.warn(FallbackWarning(
             f"{self.runner}: the sizes {where} cannot share one compiled program, so each "
             f"exact shape there compiles its own, as jax.jit does (counted in "
             f"{self.counted_in}; .fallbacks() lists every bucket and reason). "
             f"Why:\n{reason}"), stacklevel=user_stacklevel())
+        with self._lock:
+            self._warned, self._pending = True, None
 
     def fallbacks(self) -> dict[str, str]:
         """``{bucket: reason}`` of every bucket that runs per exact shape."""

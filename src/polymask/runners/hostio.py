@@ -3,6 +3,7 @@ the host path)."""
 
 from __future__ import annotations
 
+import collections
 import math
 import sys
 import threading
@@ -76,53 +77,81 @@ class HostPadBuffers:
     references it (``sys.getrefcount``): a program still reading it, or an
     output that aliases it, keeps it out of the pool's hands. Where reference
     counts cannot tell (free-threaded Python), every call gets a fresh buffer.
-    Thread-safe. Padded arrays under ``LARGE_BYTES`` are fresh each call. The
-    runner keeps up to two buffers per (bucket shape, dtype) of large inputs.
+    Thread-safe. Padded arrays under ``LARGE_BYTES`` are fresh each call.
+
+    Memory: up to two buffers per (bucket shape, dtype), at most
+    ``max_bytes`` (256 MiB) in all; the bucket shapes used least recently
+    give theirs up first.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = 1 << 28) -> None:
         self._lock = threading.Lock()
-        self._slots: dict = {}  # (bound, dtype) -> [[buffer, shape written], ...]
+        # (bound, dtype) -> [[owner, view, shape written], ...], least recently used first
+        self._slots: collections.OrderedDict = collections.OrderedDict()
+        self._bytes = 0
+        self.max_bytes = max_bytes
         self._reuse = (getattr(sys, "_is_gil_enabled", lambda: True)()
                        and _FREE_REFS is not None)
+
+    @property
+    def pooled_bytes(self) -> int:
+        return self._bytes
 
     def clear(self) -> None:
         with self._lock:
             self._slots.clear()
+            self._bytes = 0
 
     def padder(self, bound: tuple[int, ...], dtype) -> Callable:
         """``pad(a, index)``: ``a`` (of ``dtype``) zero-padded to ``bound``, where
         ``index`` is ``a``'s box in it; pooled when the padded array is large."""
         dtype = np.dtype(dtype)
-        if not self._reuse or math.prod(bound) * dtype.itemsize < LARGE_BYTES:
+        nbytes = math.prod(bound) * dtype.itemsize
+        if not self._reuse or nbytes < LARGE_BYTES or nbytes > self.max_bytes:
             def fresh(a, index):
-                out = np.zeros(bound, dtype)
+                out = host_zeros(bound, dtype)
                 out[index] = a
                 return out
 
             return fresh
-        with self._lock:
-            slots = self._slots.setdefault((bound, dtype), [])
+        key = (bound, dtype)
 
         def pooled(a, index):
-            out = self._take(slots, bound, dtype, a.shape)
+            out = self._take(key, nbytes, a.shape)
             out[index] = a
             return out
 
         return pooled
 
-    def _take(self, slots: list, bound, dtype, shape) -> np.ndarray:
+    def _take(self, key, nbytes: int, shape) -> np.ndarray:
         with self._lock:
-            for slot in slots:
-                if (sys.getrefcount(slot[0]), sys.getrefcount(slot[1])) == _FREE_REFS:
-                    buf, written = slot[1], slot[2]
-                    slot[2] = shape
-                    zero_outside(buf, written, shape)
-                    return buf
-            raw, buf = _aligned_zeros(bound, dtype)
+            slots = self._slots.get(key)
+            if slots is None:
+                slots = self._slots[key] = []
+            else:
+                self._slots.move_to_end(key)
+                for slot in slots:
+                    if (sys.getrefcount(slot[0]), sys.getrefcount(slot[1])) == _FREE_REFS:
+                        buf, written = slot[1], slot[2]
+                        slot[2] = shape
+                        zero_outside(buf, written, shape)
+                        return buf
+            raw, buf = _aligned_zeros(*key)
             if len(slots) < _POOL_SLOTS:
                 slots.append([raw, buf, shape])
+                self._bytes += nbytes
+                self._give_up_least_recent(keep=key)
             return buf
+
+    def _give_up_least_recent(self, keep) -> None:
+        """Forget the least recently used bucket shapes' buffers until the pool
+        fits ``max_bytes`` (a buffer still read keeps living with its reader)."""
+        while self._bytes > self.max_bytes:
+            key = next(iter(self._slots))
+            if key == keep:
+                break
+            slots = self._slots.pop(key)
+            self._bytes -= sum(slot[1].nbytes for slot in slots)
 
 
 def zero_outside(buf: np.ndarray, written: tuple[int, ...], shape: tuple[int, ...]) -> None:

@@ -111,10 +111,8 @@ class LayoutChoice:
             return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
         fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
         if not fits:  # the function packs; these sizes do not: padded, in any layout
-            self.last["reason"] = (
-                f"padded: no example of this call runs packed (sizes "
-                f"{sorted(set(lengths.values()))}: longer than row_size={runner.row_size}, "
-                f"or sizes the row program does not serve: {_few(prog, runner.row_size)})")
+            self.last["reason"] = ("padded: no example of this call runs packed ("
+                                   f"{_why_padded(every, lengths, runner.row_size)})")
             self._warn_padded(every, lengths, runner.row_size)
             return every
         rows = len(pack_rows([lengths[i] for i in fits], runner.row_size, runner.slots,
@@ -134,6 +132,8 @@ class LayoutChoice:
             reason = f"cost model: packed {packed:.3g} <= padded {padded:.3g}"
         else:
             reason = "layout='packed'"
+        left = [i for i in every if i not in set(fits)]
+        self._warn_padded(left, lengths, runner.row_size)  # before running: it may raise
         try:
             runner.run(fits, infos, bcast_leaves, results, prog.program.out_tree)
         except PackedUnsupported as e:  # met while tracing the row program
@@ -143,31 +143,33 @@ class LayoutChoice:
                                          and isinstance(e, (ShapeError, UnsupportedError))):
                 raise  # a failure after packed rows ran is not a layout question
             return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
-        left = [i for i in every if i not in set(fits)]
         if left:
-            reason += (f"; {len(left)} example{'s' if len(left) > 1 else ''} ran padded "
-                       f"(longer than row_size="
-                       f"{runner.row_size}, or sizes the row program does not serve: "
-                       "where the function raises or takes another case, or jnp's clamps "
-                       "like x[1:] at n = 0)")
-            self._warn_padded(left, lengths, runner.row_size)
+            reason += (f"; {counted(len(left), 'example')} ran padded "
+                       f"({_why_padded(left, lengths, runner.row_size)})")
         self.last["reason"] = reason
         return left
 
     def _warn_padded(self, left: list[int], lengths: dict, row_size: int) -> None:
-        """``layout="packed"`` asked for rows: say once that examples longer than
-        a row ran padded (``"auto"`` chooses per call and says it in ``last``;
-        the few sizes of another traced case, such as ``n = 0``, are said there)."""
-        longer = [lengths[i] for i in left if lengths.get(i, 0) > row_size]
+        """``layout="packed"`` asked for rows: say once, before the call runs, that
+        examples longer than a row run padded (``"auto"`` chooses per call and
+        says it in ``last``; the few sizes of another traced case, such as
+        ``n = 0``, are said there). Where warnings are errors, every such call
+        raises, and none runs."""
+        longer = [lengths[i] for i in left if lengths[i] > row_size]
         if self.layout != "packed" or self._warned_padded or not longer:
             return
-        self._warned_padded = True
+        if self.row_size is None:
+            advice = (f"row_size was chosen from the first call's longest example; pass "
+                      f"row_size={default_row_size(max(longer))} or more to pack them")
+        else:
+            advice = "a larger row_size packs them"
         warnings.warn(PackedLayoutWarning(
             f"ragged_map(layout='packed'): {counted(len(longer), 'example')} of this call "
-            f"ran padded, in length buckets: longer than row_size={row_size} (the longest: "
-            f"{max(longer)}; a larger row_size packs them). Their values are right; each "
-            "bucket compiles once. Warned once; stats()['layout']['reason'] says it per "
-            "call."), stacklevel=user_stacklevel())
+            f"run padded, in length buckets: longer than row_size={row_size} (the longest: "
+            f"{max(longer)}; {advice}). Their values are right; each bucket compiles once. "
+            "Warned once; stats()['layout']['reason'] says it per call."),
+            stacklevel=user_stacklevel())
+        self._warned_padded = True
 
     def _refuse(self, reason: str, idxs: list[int], permanent: bool = False) -> list[int]:
         if self.layout == "packed":
@@ -178,9 +180,23 @@ class LayoutChoice:
         return idxs
 
 
-def _few(prog, R: int) -> str:
-    sizes = [n for n in range(R + 1) if not prog.runs(n)]
-    return (", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")) or "none"
+def _why_padded(left: list[int], lengths: dict, R: int) -> str:
+    """Which of the examples ``left`` are longer than a row and which are of a
+    size the row program does not serve, with their sizes."""
+    longer = sorted({lengths[i] for i in left if lengths[i] > R})
+    other = sorted({lengths[i] for i in left if lengths[i] <= R})
+    parts = []
+    if longer:
+        parts.append(f"longer than row_size={R}: sizes {_listed(longer)}")
+    if other:
+        parts.append(f"sizes the row program does not serve: {_listed(other)} (where the "
+                     "function raises or takes another case, or jnp's clamps like x[1:] "
+                     "at n = 0)")
+    return "; ".join(parts)
+
+
+def _listed(sizes: list[int]) -> str:
+    return ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
 
 
 def _first_line(e: Exception, what: str) -> str:

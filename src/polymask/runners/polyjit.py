@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.binding import KeywordWithoutSpec, keywords_as_positional
+from ..core.binding import KeywordWithoutSpec, keywords_as_positional, runner_specs
 from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
@@ -142,10 +142,8 @@ class PolyJit:
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
                  numpy_outputs=False, tiered=None, compiler_options=None,
                  max_cases=DEFAULT_MAX_CASES, fallback=True):
-        if isinstance(in_specs, str):
-            in_specs = (in_specs,)
         self.fun = fun
-        self.in_specs = None if in_specs is None else tuple(in_specs)
+        self.in_specs = runner_specs(fun, in_specs, "polymask.jit")
         self.constraints = tuple(constraints)
         self.max_cases = max_cases
         self.compiler_options = checked_compiler_options(compiler_options)
@@ -626,7 +624,10 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
         ``jax.export.symbolic_shape`` spec string (``"n, 64"``; same name =
         equal sizes; ``"_"``/constants = static), a pytree of specs, or None
         (that argument is static: its exact shape is part of the cache key,
-        e.g. model parameters).
+        e.g. model parameters). A string alone is the spec of the one
+        argument; a dict is keyed by parameter name or position, as
+        ``mask``'s (the specs of one pytree argument go in a tuple of one:
+        ``({"a": "n", "b": "m"},)``).
       buckets: bucketing policy for every dynamic dim var (default
         ``polymask.buckets.pow2()``: 8, 16, 32, ... with ``headroom=16``), or
         a dict ``{dim var: policy}`` (key ``None`` = the default). See

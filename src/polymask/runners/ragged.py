@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
+from ..core.binding import runner_specs
 from ..core.buckets import as_policy
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import FailsAsPlainJax, ShapeError
@@ -78,10 +79,8 @@ class RaggedMap:
         self.layouts = LayoutChoice(fun, constraints, layout, row_size, rows_per_call,
                                     segments_per_row, max_cases, numpy_outputs,
                                     lambda: self.refinement.refined_options)
-        if isinstance(in_specs, str):
-            in_specs = (in_specs,)
         self.fun = fun
-        self.in_specs = None if in_specs is None else tuple(in_specs)
+        self.in_specs = runner_specs(fun, in_specs, "ragged_map", keyed_by_name=False)
         self.constraints = tuple(constraints)
         self.max_cases = max_cases
         self.compiler_options = checked_compiler_options(compiler_options)

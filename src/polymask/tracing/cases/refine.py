@@ -100,7 +100,12 @@ def per_size_remedy(max_cases: int, count: int) -> str:
     """Why a case of many sizes that fails symbolically is polymask's limit, and
     what the user can change (``count``: the sizes reaching it, 0 = unknown)."""
     limit = per_size_limit(max_cases)
-    need = f" (here {count}: max_cases={count // 2} traces them)" if count else ""
+    if not count:
+        need = ""
+    elif count // 2 <= 4096:
+        need = f" (here {count}: max_cases={count // 2} traces them)"
+    else:  # no max_cases is a remedy there
+        need = f" (here {count}: too many to trace one by one)"
     return (
         "jax.jit on the exact arrays traces each size with Python ints; polymask traces "
         f"the sizes one by one only when at most {limit} reach a case (a bound of "
