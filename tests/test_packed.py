@@ -301,7 +301,7 @@ def test_with_warnings_as_errors_every_call_with_a_too_long_example_raises_befor
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(2):
-            with pytest.raises(pm.PackedLayoutWarning, match="run padded"):
+            with pytest.raises(pm.PackedLayoutWarning, match="runs padded"):
                 rm(_examples([3, 40, 5]))
         assert rm.stats()["packed"]["calls"] == 0  # nothing ran
         outs = rm(_examples([3, 5]))  # all fit: runs, silently

@@ -165,7 +165,7 @@ class LayoutChoice:
             advice = "a larger row_size packs them"
         warnings.warn(PackedLayoutWarning(
             f"ragged_map(layout='packed'): {counted(len(longer), 'example')} of this call "
-            f"run padded, in length buckets: longer than row_size={row_size} (the longest: "
+            f"{'runs' if len(longer) == 1 else 'run'} padded, in length buckets: longer than row_size={row_size} (the longest: "
             f"{max(longer)}; {advice}). Their values are right; each bucket compiles once. "
             "Warned once; stats()['layout']['reason'] says it per call."),
             stacklevel=user_stacklevel())

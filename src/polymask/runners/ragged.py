@@ -140,7 +140,10 @@ class RaggedMap:
             kinds[(tree, ragged_batches.kind_key(plan), ragged_batches.static_values_key(plan, leaves))].append(i)
             infos.append((plan, leaves))
         results: list[Any] = [None] * len(examples)
-        self.layouts.last = {"padded": len(examples), "packed": 0, "reason": "layout='padded'"}
+        self.layouts.last = ({"padded": len(examples), "packed": 0, "reason": "layout='padded'"}
+                             if self.layout == "padded" else  # said by run_packed
+                             {"padded": 0, "packed": 0, "reason": "the call raised before "
+                              "its examples ran"})
         if self.layout != "padded":
             left = set(self.layouts.run_packed(kinds, infos, in_specs, broadcast, bcast_leaves,
                                                results, self.plans.policy_for, self.batch_size))
