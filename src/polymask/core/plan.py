@@ -292,7 +292,7 @@ def check_program_input(leaf, path: str) -> None:
         shown = repr(leaf)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         raise ShapeError(
-            f"{path} is a {type(leaf).__name__} of dtype {dt} ({shown}), which a compiled "
+            f"{path} is a {type(leaf).__name__} ({shown}), which a compiled "
             "program cannot take as an input: every argument of polymask.jit / ragged_map "
             "becomes an input of the compiled program, as with jax.jit. Bind it with "
             "functools.partial(f, <its parameter>=...) and give in_specs for the other "
