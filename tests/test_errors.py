@@ -589,3 +589,11 @@ def test_ragged_map_packing_counts_are_ints_never_truncated(name):
         pm.ragged_map(f, "n, 4", layout="packed", **{name: 0})
     rm = pm.ragged_map(f, "n, 4", layout="packed", **{name: np.int64(16)})
     np.testing.assert_array_equal(rm([np.ones((3, 4), np.float32)])[0], np.full((3, 4), 2.0))
+
+
+def test_the_per_size_remedy_names_max_cases_only_where_it_is_one():
+    from polymask.tracing.cases.refine import per_size_remedy
+
+    assert "max_cases=32 traces them" in per_size_remedy(16, 65)
+    far = per_size_remedy(16, 4_370_924_673)  # two large dims: no max_cases traces that
+    assert "too many to trace one by one" in far and "max_cases=2185462336" not in far
