@@ -69,6 +69,7 @@ import sys
 import textwrap
 import time
 import traceback
+import warnings
 
 import numpy as np
 
@@ -539,7 +540,9 @@ def _packed_outputs(prog, env, w, examples):
                                    compile_ahead=False)
     rm = env["_rm"]
     try:
-        return [np.asarray(o) for o in rm(examples, w)]
+        with warnings.catch_warnings():  # the batches hold an example of R + 1 by design
+            warnings.simplefilter("ignore", pm.PackedLayoutWarning)
+            return [np.asarray(o) for o in rm(examples, w)]
     except pm.PackedUnsupported as e:
         raise _refusal(e) from None
 
