@@ -32,14 +32,14 @@ def _parameters(fun):
     return index, {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
 
 
-def runner_specs(fun, in_specs, runner: str, keyed_by_name: bool = True) -> tuple | None:
+def runner_specs(fun, in_specs, runner: str, accepts_dict: bool = True) -> tuple | None:
     """A runner's ``in_specs`` as a tuple by position (None stays None).
 
     A string is the spec of the one argument. A dict is keyed by parameter
-    name or position, as ``mask``'s (``keyed_by_name=False``: the runner's
-    specs cover only some parameters, so a dict is refused): entries of
-    ``fun``'s positional parameters, the others None. A dict is never read as
-    a sequence of its keys.
+    name or position, as ``mask``'s: entries of ``fun``'s positional
+    parameters, the others None (``accepts_dict=False``: the runner's specs
+    cover only some of ``fun``'s parameters, so a dict is refused). A dict is
+    never read as the sequence of its keys.
 
     Raises:
       ShapeError: a dict names a parameter ``fun`` does not take as a
@@ -53,20 +53,23 @@ def runner_specs(fun, in_specs, runner: str, keyed_by_name: bool = True) -> tupl
         return tuple(in_specs)
     one_pytree = (f"; the specs of one pytree argument go in a tuple of one: "
                   f"in_specs=({in_specs!r},)")
-    if not keyed_by_name:
+    if not accepts_dict:
         raise ShapeError(f"{runner}: in_specs is a dict; give a tuple with one spec per "
                          f"example argument{one_pytree}")
     index, _ = _parameters(fun)
     pos = {}
     for key, spec in in_specs.items():
-        i = key if isinstance(key, int) else index.get(key)
-        if i is None or not 0 <= i < max(len(index), 1 if isinstance(key, int) else 0):
-            name = getattr(fun, "__name__", "fun")
+        if isinstance(key, int):  # a position (any, where the signature is unknown)
+            i = key if key >= 0 and (not index or key < len(index)) else None
+        else:
+            i = index.get(key)
+        if i is None:
             raise ShapeError(
                 f"{runner}: in_specs names {key!r}, which is not a positional parameter of "
-                f"{name} (positional parameters: {list(index)}){one_pytree}")
+                f"{getattr(fun, '__name__', 'fun')} (positional parameters: {list(index)})"
+                f"{one_pytree}")
         pos[i] = spec
-    return tuple(pos.get(i) for i in range(max(len(index), max(pos, default=-1) + 1)))
+    return tuple(pos.get(i) for i in range(max(len(index), max(pos) + 1 if pos else 0)))
 
 
 def split_specs(fun, in_specs, n_args: int, kwargs: dict):

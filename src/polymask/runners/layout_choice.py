@@ -163,11 +163,12 @@ class LayoutChoice:
                       f"row_size={default_row_size(max(longer))} or more to pack them")
         else:
             advice = "a larger row_size packs them"
+        verb = "runs" if len(longer) == 1 else "run"
         warnings.warn(PackedLayoutWarning(
             f"ragged_map(layout='packed'): {counted(len(longer), 'example')} of this call "
-            f"{'runs' if len(longer) == 1 else 'run'} padded, in length buckets: longer than row_size={row_size} (the longest: "
-            f"{max(longer)}; {advice}). Their values are right; each bucket compiles once. "
-            "Warned once; stats()['layout']['reason'] says it per call."),
+            f"{verb} padded, in length buckets: longer than row_size={row_size} (the "
+            f"longest: {max(longer)}; {advice}). Their values are right; each bucket "
+            "compiles once. Warned once; stats()['layout']['reason'] says it per call."),
             stacklevel=user_stacklevel())
         self._warned_padded = True
 

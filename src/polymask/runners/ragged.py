@@ -80,7 +80,7 @@ class RaggedMap:
                                     segments_per_row, max_cases, numpy_outputs,
                                     lambda: self.refinement.refined_options)
         self.fun = fun
-        self.in_specs = runner_specs(fun, in_specs, "ragged_map", keyed_by_name=False)
+        self.in_specs = runner_specs(fun, in_specs, "ragged_map", accepts_dict=False)
         self.constraints = tuple(constraints)
         self.max_cases = max_cases
         self.compiler_options = checked_compiler_options(compiler_options)
