@@ -47,7 +47,8 @@ CONTENDERS = {
                "sentence_transformers_onnx", "sentence_transformers_openvino",
                "sentence_transformers_openvino_f32"],
     "percall": ["polymask_jit/numpy", "jax_jit/numpy", "polymask_jit/array", "jax_jit/array",
-                "polymask_jit/numpy-300k", "jax_jit/numpy-300k"],
+                "polymask_jit/numpy-300k", "jax_jit/numpy-300k", "polymask_jit/array-300k",
+                "jax_jit/array-300k"],
 }
 NEEDS = {"torch_eager": "torch", "sentence_transformers": "sentence_transformers",
          "sentence_transformers_run1": "sentence_transformers",

@@ -19,9 +19,10 @@ from .. import _jax_compat as compat
 # Padding and unpadding (nothing compiled per shape on the host path)
 # ----------------------------------------------------------------------------
 # XLA:CPU reads a host array in place, without a copy, when its data starts on
-# a 64-byte boundary (NumPy's allocator gives 16). Finding the boundary costs
-# about 1 us and a fresh buffer's first writes fault its pages in, so small
-# arrays are allocated plainly and large ones are aligned and reused.
+# a 64-byte boundary (NumPy's allocator gives 16). Finding the boundary
+# (``ctypes.data``) costs more than copying a small array, and a fresh buffer's
+# first writes fault its pages in, so small arrays are allocated plainly and
+# large ones are aligned and reused (docs/benchmarks.md, the per-call rows).
 _ALIGN = 64
 LARGE_BYTES = 1 << 16
 
@@ -71,9 +72,10 @@ class HostPadBuffers:
     """Zero-padded host copies of large inputs, in buffers reused across calls.
 
     A fresh ``np.zeros`` of a large bucket costs more than the copy into it
-    (``sum(x * x)`` of 300,000 float32 padded to 524,288 on the 2-core Xeon:
-    zeros + copy 121 us, copy into a reused buffer 49 us), and an unaligned one
-    is copied again by XLA:CPU. A buffer is reused only while nothing else
+    (its pages fault in on the first writes), and an unaligned one is copied
+    again by XLA:CPU: ``sum(x * x)`` of 300,000 float32 went from 333 to
+    167-233 us per call (``benchmarks/run.py --only percall``, fresh
+    processes, 3 rounds; ``jax.jit`` 189-207 us). A buffer is reused only while nothing else
     references it (``sys.getrefcount``): a program still reading it, or an
     output that aliases it, keeps it out of the pool's hands. Where reference
     counts cannot tell (free-threaded Python), every call gets a fresh buffer.
