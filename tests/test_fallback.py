@@ -311,6 +311,7 @@ def _checked_impl(x):
 
 checked_impl_p.def_impl(_checked_impl)
 checked_impl_p.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
+mlir.register_lowering(checked_impl_p, mlir.lower_fun(_checked_impl, multiple_results=False))
 
 
 def _refuse_batching(args, dims):  # like lineax: its batching rule is not what vmap needs here
@@ -344,6 +345,51 @@ def test_a_python_implementation_under_vmap_runs_per_example_with_its_checks():
     with pytest.raises(Exception, match="non-finite output"):
         jax.block_until_ready(jax.vmap(lambda x, n: m(pm.Masked(x, (n,))).data)(
             jnp.asarray(xs), jnp.asarray(ns)))
+
+
+def test_a_python_implementation_at_its_exact_shapes_runs_only_where_its_case_is_taken():
+    """Under jax.vmap every case of a case split runs for every example: the
+    case n == 2 binds the primitive at its exact shape (nothing to mask) and
+    would see a 2-element corner of the other examples' NaN padding, on which
+    its own error_if raised (lineax's LU solve with n = 0 in the batch did)
+    and its batching rule refuses. It now runs per example behind the case's
+    guard: plain JAX's values for every size, and its check still fires on a
+    logical non-finite value. Without vmap (one case runs) and under grad
+    (its own derivative) it is bound unchanged."""
+    pytest.importorskip("equinox")
+
+    def f(x):
+        if x.shape[0] == 2:  # polymask splits the trace on the comparison
+            return checked_impl_p.bind(x)
+        return x * 3.0
+
+    def plain(n):
+        x = _vec(n)
+        return 2.0 * np.cumsum(x) if n == 2 else 3.0 * x
+
+    m = pm.mask(f, "n")
+    ns = np.array([0, 1, 2, 5, 8])
+    xs = np.full((len(ns), 8), np.nan, np.float32)
+    for i, n in enumerate(ns):
+        xs[i, :n] = _vec(int(n))
+    batched = jax.jit(jax.vmap(lambda x, n: m(pm.Masked(x, (n,))).data))
+    out = batched(jnp.asarray(xs), jnp.asarray(ns))
+    for i, n in enumerate(ns):
+        np.testing.assert_allclose(out[i, :n], plain(int(n)), rtol=1e-5)
+        got = jax.jit(m)(pm.Masked(jnp.asarray(xs[i]), (jnp.int32(n),)))
+        np.testing.assert_allclose(got.unpad(), plain(int(n)), rtol=1e-5)
+    xs[2, 1] = np.inf  # a logical value of the n == 2 example: its check fires
+    with pytest.raises(Exception, match="non-finite output"):
+        jax.block_until_ready(batched(jnp.asarray(xs), jnp.asarray(ns)))
+
+    def g(x):  # its own derivative at the exact shape, through the case's guard
+        return jnp.sum(python_impl(x) ** 2) if x.shape[0] == 2 else jnp.sum(x)
+
+    x2 = jnp.asarray(np.concatenate([_vec(2), np.zeros(6, np.float32)]))
+    grad = jax.grad(lambda d: pm.mask(g, "n")(pm.Masked(d, (jnp.int32(2),))).data)(x2)
+    want = jax.grad(g)(jnp.asarray(_vec(2)))
+    np.testing.assert_allclose(grad[:2], want, rtol=1e-5)
+    np.testing.assert_array_equal(grad[2:], 0.0)
 
 
 def test_a_python_implementation_applied_to_tangents_is_refused_under_grad():

@@ -30,13 +30,16 @@ import jax.numpy as jnp
 
 from .. import _jax_compat as compat
 from ..core.errors import UnsupportedError
+from ..tracing.interpreter import all_sizes_at_bound
 from ..tracing.registry import register, register_default
 from .util import dynamic_sizes
 
 
-@register_default(compat.has_python_impl)
+@register_default(compat.has_python_impl, sees_guard=True)
 def inlined_impl_rule(ctx, *args, **params):
     prim = ctx.primitive
+    if all_sizes_at_bound(ctx.eqn, ctx.dims):  # here only under a case's guard
+        return _bound_where_guarded(ctx, args, params)
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
     closed = jax.make_jaxpr(lambda *xs: prim.impl(*xs, **params))(*avals)
     if any(e.primitive is prim for e in closed.jaxpr.eqns):
@@ -78,6 +81,45 @@ def inlined_impl_rule(ctx, *args, **params):
         raise UnsupportedError(message)
 
     outs = list(run(sizes, tuple(args)))
+    return outs if prim.multiple_results else outs[0]
+
+
+def _bound_where_guarded(ctx, args, params):
+    """The primitive at its exact shapes (every size static, at its bound)
+    under a guard: one case of a case split, or a loop's steps past the
+    logical length. Only where the guard holds is it bound, unchanged.
+
+    Under ``jax.vmap`` every case runs for every example (the switch between
+    them becomes a select), so an example whose sizes chose another case hands
+    this one garbage: the n = 1 case of a solve sees a 1 x 1 corner of an
+    n = 0 example's padding, and the implementation's own checks (equinox's
+    ``error_if``, a host callback) raise on it. Each example therefore runs
+    alone behind its own guard (``sequential_vmap`` of a ``lax.cond``), as
+    plain JAX runs it per example; without ``vmap`` that is one ``cond``. The
+    derivative is the primitive's own (``custom_vmap`` cannot be transposed),
+    so under ``jax.grad`` its batched bind runs unguarded, as before."""
+    prim = ctx.primitive
+    out_bounds = ctx.out_bounds
+
+    def bind(*xs):
+        outs = prim.bind(*xs, **params)
+        return tuple(outs) if prim.multiple_results else (outs,)
+
+    @jax.custom_batching.sequential_vmap
+    def per_example(guard, xs):
+        skipped = lambda: tuple(jnp.zeros(b, v.aval.dtype)
+                                for b, v in zip(out_bounds, ctx.eqn.outvars))
+        return jax.lax.cond(guard, lambda: bind(*xs), skipped)
+
+    @jax.custom_jvp
+    def run(guard, xs):
+        return per_example(guard, xs)
+
+    @run.defjvp
+    def _own_derivative(primals, tangents):
+        return jax.jvp(bind, primals[1], tangents[1])
+
+    outs = list(run(ctx.state.guard, tuple(args)))
     return outs if prim.multiple_results else outs[0]
 
 

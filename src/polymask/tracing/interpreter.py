@@ -25,7 +25,6 @@ from ..core.shapes import DimEnv, is_static, needs_mask
 from .registry import (
     COVERAGE_DOC,
     RuleContext,
-    get_rule,
     has_inner_jaxpr,
     rule_for,
     runs_at_bound,
@@ -54,10 +53,10 @@ def runs_rule(eqn, state: RunState) -> bool:
     (vmap runs every case; loops run to the bound) an effect or a host
     callback goes through its rule even at the bound: the rule skips the
     guarded-off calls."""
-    name = eqn.primitive.name
-    guarded_effect = (state.guard is not None and get_rule(name) is not None
-                      and (bool(eqn.effects) or sees_guard(name)))
-    return not all_sizes_at_bound(eqn, state.dims) or guarded_effect or runs_at_bound(name)
+    prim = eqn.primitive
+    guarded_effect = (state.guard is not None and rule_for(prim) is not None
+                      and (bool(eqn.effects) or sees_guard(prim)))
+    return not all_sizes_at_bound(eqn, state.dims) or guarded_effect or runs_at_bound(prim.name)
 
 
 def all_sizes_at_bound(eqn, dims: DimEnv) -> bool:

@@ -173,15 +173,15 @@ def get_rule(name: str) -> Callable | None:
 
 # Rules for whole families of primitives without a rule of their own:
 # (predicate(primitive) -> bool, rule), tried in registration order.
-_DEFAULT_RULES: list[tuple[Callable, Callable]] = []
+_DEFAULT_RULES: list[tuple[Callable, Callable, bool]] = []
 
 
-def register_default(predicate: Callable[[Any], bool]):
+def register_default(predicate: Callable[[Any], bool], sees_guard: bool = False):
     """Register a rule for every primitive without a registered rule for which
     ``predicate(primitive)`` holds (``rules/inlined.py``: primitives whose
-    implementation is Python)."""
+    implementation is Python); ``sees_guard`` as for ``register``."""
     def deco(rule):
-        _DEFAULT_RULES.append((predicate, rule))
+        _DEFAULT_RULES.append((predicate, rule, sees_guard))
         return rule
     return deco
 
@@ -192,16 +192,19 @@ def rule_for(prim) -> Callable | None:
     rule = get_rule(prim.name)
     if rule is not None:
         return rule
-    for predicate, default in _DEFAULT_RULES:
+    for predicate, default, _ in _DEFAULT_RULES:
         if predicate(prim):
             return default
     return None
 
 
-def sees_guard(name: str) -> bool:
-    """The rule of ``name`` was registered with ``sees_guard=True``."""
-    rec = _RECORDS.get(name)
-    return rec is not None and rec.sees_guard
+def sees_guard(prim) -> bool:
+    """The masking rule of primitive object ``prim`` (its own, else its default
+    rule) was registered with ``sees_guard=True``."""
+    rec = _RECORDS.get(prim.name)
+    if rec is not None and rec.rule is not None:
+        return rec.sees_guard
+    return any(guarded and predicate(prim) for predicate, _, guarded in _DEFAULT_RULES)
 
 
 def runs_at_bound(name: str) -> bool:
