@@ -111,7 +111,7 @@ def load_params(path, cfg: BertConfig, precision: str = "float32") -> dict:
     def get(name, dtype=np.float32):
         if name not in t:
             raise KeyError(f"{path}: missing tensor '{name}'")
-        return np.asarray(t[name]).astype(dtype)
+        return np.asarray(t[name]).astype(dtype, copy=False)
 
     def dense(prefix):  # torch Linear stores (out, in): transpose to x @ W
         return {"w": np.ascontiguousarray(get(prefix + ".weight").T.astype(matmul_dtype)),
