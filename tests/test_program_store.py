@@ -131,6 +131,32 @@ def test_a_later_process_loads_the_packed_row_program(tmp_path):
         np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)
 
 
+PACKED_NAN_SCRIPT = PACKED_SCRIPT.replace(
+    "outs = rm(xs)", "xs[3][2, 1] = np.nan  # a row's rare path: the call reruns exactly\nouts = rm(xs)")
+
+
+@pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
+def test_a_later_process_loads_the_packed_exact_program_too(tmp_path):
+    """A NaN in one example sends its call to the exact row program, which the
+    store keeps as well: a later process loads both programs (0 XLA compiles),
+    the NaN stays in its own example, the others equal plain JAX."""
+    cache = tmp_path / "cache"
+    first = _run(tmp_path, cache, 0.5, PACKED_NAN_SCRIPT)
+    assert first["compiles"] == 2 and first["xla"] == 2 and first["loads"] == 0
+    second = _run(tmp_path, cache, 0.5, PACKED_NAN_SCRIPT)
+    assert second["compiles"] == 2 and second["xla"] == 0 and second["loads"] == 2
+    ref = _packed_reference(0.5)
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n, 4)).astype(np.float32) for n in (3, 16, 1, 7, 9, 2)]
+    xs[3][2, 1] = np.nan
+    ref[3] = np.asarray(jnp.mean(jax.nn.softmax(xs[3] @ xs[3].T * 0.5, -1) @ xs[3], 0))
+    assert np.isnan(ref[3]).any()
+    for out in (first, second):
+        outs = [np.asarray(o, np.float32) for o in out["outs"]]
+        for o, r in zip(outs, ref):
+            np.testing.assert_allclose(o, r, rtol=1e-5, atol=1e-5)  # NaN where plain JAX's is
+
+
 def test_keys_depend_on_constants_avals_and_parts(tmp_path):
     store = program_store.ProgramStore(tmp_path)
 

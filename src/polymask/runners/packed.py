@@ -189,8 +189,7 @@ class PackedRunner:
         avals = self._avals(info, bcast_leaves)
         with self._lock:
             if active_store() is not None:
-                self._aot = None
-                self._from_store(avals, len(bcast_leaves))
+                self._aot = self._from_store(avals, len(bcast_leaves))
                 return
             start = time.perf_counter()
             with compile_counter() as cc:
@@ -211,15 +210,16 @@ class PackedRunner:
                   for f in SEGMENT_FIELDS]
         return avals
 
-    def _from_store(self, avals, n_bcast: int) -> None:
-        """Set the speculative row program from the program store: loaded, or
-        compiled now and written there (under the lock). The key is the packed
-        trace's case tree (every case's jaxpr and constants) with the row
-        layout (packed axes, gap, row size, compile options); the batch's
+    def _from_store(self, avals, n_bcast: int, speculative: bool = True) -> StoredProgram:
+        """The speculative (or the exact) row program from the program store:
+        loaded, or compiled now and written there (under the lock). The key is
+        the packed trace's case tree (every case's jaxpr and constants) with the
+        row layout (packed axes, gap, row size, compile options); the batch's
         shapes and polymask's source are in every key (``ProgramStore.key``)."""
         prog, store = self.program, active_store()
-        fn = self._rows_fn(n_bcast, speculative=True)
-        key = store.key((*tree_fingerprint(prog.tree), "packed row program", "speculative",
+        fn = self._rows_fn(n_bcast, speculative=speculative)
+        kind = "speculative" if speculative else "exact"
+        key = store.key((*tree_fingerprint(prog.tree), "packed row program", kind,
                          prog.var, prog.case_index, prog.row_size, prog.gap,
                          repr(prog.packed_axes), repr(self.constraints), n_bcast,
                          repr(sorted(self.compiler_options.items()))), avals)
@@ -232,10 +232,10 @@ class PackedRunner:
             else:
                 compiled, _ = compile_to_store(store, key, fn, avals, self.compiler_options,
                                                lambda: list(prog.out_kinds))  # set by the trace
-        self._aot = StoredProgram(compiled, fn, self.compiler_options,
-                                  lambda c: self._count({"xla_compiles": c.compiles}))
         self._count({"compiles": 1, "xla_compiles": cc.compiles, "stored_loads": int(loaded),
                      "compile_time_s": time.perf_counter() - start})
+        return StoredProgram(compiled, fn, self.compiler_options,
+                             lambda c: self._count({"xla_compiles": c.compiles}))
 
     def _program(self, info, bcast_leaves):
         """The speculative row program for calls like ``info``'s: precompiled,
@@ -243,7 +243,7 @@ class PackedRunner:
         call of this traced program), else ``jax.jit``'s."""
         with self._lock:
             if self._aot is None and self._fn is None and active_store() is not None:
-                self._from_store(self._avals(info, bcast_leaves), len(bcast_leaves))
+                self._aot = self._from_store(self._avals(info, bcast_leaves), len(bcast_leaves))
             return self._make_compiled(len(bcast_leaves))
 
     def _compiled(self, n_bcast: int):
@@ -272,12 +272,20 @@ class PackedRunner:
         n_in = len(self.program.packed_axes) + len(SEGMENT_FIELDS)
         return jax.vmap(row, in_axes=(None,) * n_bcast + (0,) * n_in, axis_name=ROWS_AXIS)
 
-    def _exact_program(self, n_bcast: int):
+    def _exact_program(self, bcast_leaves, inputs):
         """The row program with its rare paths (a NaN or inf of one example
-        before an attention product): made on the first call that needs it."""
+        before an attention product): made on the first call that needs it,
+        from the program store where it is on (a later process then loads it
+        instead of compiling it)."""
         with self._lock:
             if self._exact is None:
-                self._exact = self._jit_rows(n_bcast, speculative=False)
+                n_bcast = len(bcast_leaves)
+                if active_store() is not None:
+                    avals = [jax.ShapeDtypeStruct(np.shape(x), _dtype(x))
+                             for x in (*bcast_leaves, *inputs)]
+                    self._exact = self._from_store(avals, n_bcast, speculative=False)
+                else:
+                    self._exact = self._jit_rows(n_bcast, speculative=False)
             return self._exact
 
     # -- running -----------------------------------------------------------------
@@ -306,9 +314,9 @@ class PackedRunner:
                 *outs, rare = self._call(fn, bcast_leaves, inputs + seg_in)
             programs.append((cc.compiles, cc.cache_hits))
             if rare.any():  # a row met a rule's rare path: the exact program
+                exact = self._exact_program(bcast_leaves, inputs + seg_in)  # (counts a store's)
                 with compile_counter() as cc:
-                    outs = self._call(self._exact_program(len(bcast_leaves)), bcast_leaves,
-                                      inputs + seg_in)
+                    outs = self._call(exact, bcast_leaves, inputs + seg_in)
                 programs.append((cc.compiles, cc.cache_hits))
             done = [i for row in rows for i, _ in row]  # counted once they ran
             counts = {"calls": 1, "examples": len(done),
