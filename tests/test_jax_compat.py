@@ -450,3 +450,18 @@ def test_gradients_through_max_min_and_pooling_on_this_jax(layout):
     want = [jax.value_and_grad(loss)(W, x) for x in xs]
     np.testing.assert_allclose(got_loss, np.mean([v for v, _ in want]), rtol=1e-5)
     np.testing.assert_allclose(got, np.mean([g for _, g in want], 0), rtol=1e-4, atol=1e-6)
+
+
+def test_check_operands_where_gates_checkify_checks_failure_predicates():
+    """The ``check`` primitive's operands are a flattened ``checkify.Error``."""
+    from jax.experimental import checkify
+
+    def f(x):
+        checkify.check(x > 0, "x is {x}", x=x)
+
+    err, _ = checkify.checkify(f)(jnp.float32(-2.0))
+    leaves, tree = jax.tree_util.tree_flatten(err)
+    gated = lambda where: jax.tree_util.tree_unflatten(
+        tree, compat.check_operands_where(leaves, tree, jnp.bool_(where))).get()
+    assert gated(True) == err.get() and "x is -2.0" in err.get()
+    assert gated(False) is None

@@ -92,6 +92,8 @@ NOTES: dict[str, str] = {
     "eigh": "sorted, full spectrum on dynamic axes",
     "qr": "no column pivoting on dynamic axes",
     "fft": "dynamic transformed axes via Bluestein (bound <= 23170)",
+    "check": "checkify.check: fails only where its case of a case split runs; formatting "
+             "arguments of dynamic size refused",
     "debug_callback": "the callback sees the logical arrays (sliced on the host); "
                       "partitioned=True on dynamic operands refused",
     "debug_print": "prints the logical arrays (sliced on the host); partitioned=True on "
@@ -140,14 +142,18 @@ def table() -> list[dict]:
             "rules": _rule_family(name) if ok else "",
             "note": NOTES.get(name, "") if ok else reason_for(name),
         })
+    from polymask.rules.inlined import LIBRARY_PRIMITIVES
+
     for name in sorted(covered - set(prims)):
+        library = LIBRARY_PRIMITIVES.get(name)
         rows.append({
             "primitive": name,
-            "module": "(polymask / other JAX versions)",
+            "module": library or "(polymask / other JAX versions)",
             "status": "covered",
             "rules": _rule_family(name),
-            "note": NOTES.get(name, "not defined by this JAX: polymask's own primitive, "
-                                   "an alias or another JAX version's name"),
+            "note": NOTES.get(name, "another library's primitive" if library else
+                              "not defined by this JAX: polymask's own primitive, "
+                              "an alias or another JAX version's name"),
         })
     return rows
 

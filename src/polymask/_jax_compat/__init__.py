@@ -20,12 +20,14 @@ package; ``tests/test_jax_compat.py`` covers each function. Import it as
 - ``hooks``: ``patched_attr``, ``quiet_callback_errors``
 - ``runtime``: ``upload`` (host -> device without a program)
 - ``callbacks``: ``jax.debug.print``'s host formatting, the debug effects
+- ``checks``: ``checkify.check``'s error value (its failure predicates)
 - ``lowering``: lowering / transposition helpers of polymask's own primitives
 
 Layer: the lowest; imports JAX only (no other polymask package).
 """
 
 from .callbacks import *  # noqa: F401,F403
+from .checks import *  # noqa: F401,F403
 from .core import *  # noqa: F401,F403
 from .core import (  # noqa: F401  (private names used by polymask modules)
     _POLYMASK_DIR,

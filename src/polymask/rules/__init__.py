@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (imported for their registrations)
     approx_topk,
     array_equality,
     callbacks,
+    checks,
     comparisons,
     contractions,
     control_flow,

@@ -1,0 +1,109 @@
+"""``checkify.check`` inside a masked function (rules/checks.py): it fails
+exactly where plain JAX's check fails on the exact arrays, never on padding,
+on another case's garbage under ``jax.vmap``, or on a loop's steps past the
+logical length."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+import polymask as pm
+
+BOUND = 8
+
+
+def _padded(values, fill=np.nan):
+    x = np.full(BOUND, fill, np.float32)
+    x[:len(values)] = values
+    return x
+
+
+def _positive(x):
+    checkify.check(jnp.all(x > 0), "x must be positive, min {m}", m=jnp.min(x))
+    return jnp.log(x)
+
+
+@pytest.mark.parametrize("fill", [np.nan, -1.0])
+def test_a_check_sees_the_logical_values_eagerly_and_under_jit(fill):
+    checked = checkify.checkify(pm.mask(_positive, "n"))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="zero-size array"):  # as plain JAX
+        jax.jit(checked)(pm.Masked(_padded([], fill), (jnp.int32(0),)))
+    for n in (1, 3, BOUND):
+        values = np.arange(1, n + 1, dtype=np.float32)
+        for size in (n, jnp.int32(n)):
+            err, out = jax.jit(checked)(pm.Masked(_padded(values, fill), (size,)))
+            assert err.get() is None
+            np.testing.assert_allclose(out.unpad(), np.log(values), rtol=1e-6)
+    values = np.array([1.0, -5.0, 3.0], np.float32)
+    err, _ = jax.jit(checked)(pm.Masked(_padded(values, fill), (jnp.int32(3),)))
+    plain, _ = checkify.checkify(_positive)(values)
+    assert err.get() == plain.get() and "min -5.0" in err.get()
+
+
+def _split(x):
+    checkify.check(jnp.all(x > 0), "x must be positive")
+    if x.shape[0] == 2:  # polymask splits the trace on the comparison
+        return x * 10.0
+    return x[1:] - x[:-1] if x.shape[0] > 0 else x
+
+
+def test_under_vmap_a_check_of_one_case_ignores_examples_of_other_cases():
+    """Every case runs for every example under vmap: the n == 2 case reads two
+    entries of the others' padding (NaN, -1), which failed the check before."""
+    ns = np.array([0, 1, 2, 5, BOUND])
+    xs = np.stack([_padded(np.arange(1, n + 1), fill=-1.0) for n in ns])
+    checked = jax.jit(checkify.checkify(jax.vmap(pm.mask(_split, "n"))))
+    err, out = checked(pm.Masked(jnp.asarray(xs), (jnp.asarray(ns),)))
+    assert err.get() is None
+    for i, n in enumerate(ns):
+        want = _split(jnp.arange(1, n + 1, dtype=jnp.float32))
+        np.testing.assert_allclose(out.data[i, :want.shape[0]], want)
+    xs[3, 4] = -2.0  # a logical value of the n = 5 example: its check fails, as in plain JAX
+    err, _ = checked(pm.Masked(jnp.asarray(xs), (jnp.asarray(ns),)))
+    assert err.get() is not None and "x must be positive" in err.get()
+
+
+@pytest.mark.parametrize("loop", ["scan", "fori_loop"])
+def test_a_check_in_a_loop_body_ignores_the_steps_past_the_logical_length(loop):
+    """Steps past an example's length (a scan over a dynamic axis; a fori_loop
+    under vmap runs to the longest example) read its padding, -1 here: the
+    check fails only on a logical entry."""
+    def f(x):
+        def check(xi, i):
+            checkify.check(xi > 0, "entry {i} is not positive", i=i)
+            return jnp.log(xi)
+
+        if loop == "scan":
+            def step(acc, xi_i):
+                return acc + check(*xi_i), None
+            return jax.lax.scan(step, jnp.float32(0), (x, jnp.arange(x.shape[0])))[0]
+        return jax.lax.fori_loop(0, x.shape[0], lambda i, acc: acc + check(x[i], i),
+                                 jnp.float32(0))
+
+    def want(n):
+        return np.sum(np.log(np.arange(1, n + 1, dtype=np.float32)))
+
+    checked = jax.jit(checkify.checkify(pm.mask(f, "n")))
+    for n in (1, 3, BOUND):  # (x[i] of an empty x fails in plain JAX too)
+        err, out = checked(pm.Masked(_padded(np.arange(1, n + 1), -1.0), (jnp.int32(n),)))
+        assert err.get() is None
+        np.testing.assert_allclose(out.data, want(n), rtol=1e-6)
+    err, _ = checked(pm.Masked(_padded([1.0, 2.0, -1.0], -1.0), (jnp.int32(3),)))
+    assert err.get() is not None and "entry 2 is not positive" in err.get()
+    ns = np.array([1, 3, BOUND])
+    xs = np.stack([_padded(np.arange(1, n + 1), -1.0) for n in ns])
+    batched = jax.jit(checkify.checkify(jax.vmap(pm.mask(f, "n"))))
+    err, out = batched(pm.Masked(jnp.asarray(xs), (jnp.asarray(ns),)))
+    assert err.get() is None
+    np.testing.assert_allclose(out.data, [want(n) for n in ns], rtol=1e-6)
+
+
+def test_formatting_an_array_of_dynamic_size_is_refused_naming_the_check():
+    def f(x):
+        checkify.check(jnp.all(x > 0), "bad x {x}", x=x)
+        return x
+
+    with pytest.raises(pm.UnsupportedError, match="'check'.*print its padding"):
+        checkify.checkify(pm.mask(f, "n"))(pm.Masked(_padded([1.0, 2.0]), (jnp.int32(2),)))
