@@ -3,6 +3,8 @@ exactly where plain JAX's check fails on the exact arrays, never on padding,
 on another case's garbage under ``jax.vmap``, or on a loop's steps past the
 logical length."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -107,3 +109,34 @@ def test_formatting_an_array_of_dynamic_size_is_refused_naming_the_check():
 
     with pytest.raises(pm.UnsupportedError, match="'check'.*print its padding"):
         checkify.checkify(pm.mask(f, "n"))(pm.Masked(_padded([1.0, 2.0]), (jnp.int32(2),)))
+
+
+@pytest.mark.parametrize("runner", ["jit", "ragged_padded", "ragged_packed", "mask"])
+def test_checkify_inside_a_runner_checks_the_logical_values_only(runner):
+    """``checkify.checkify(f, errors=float_checks)`` inside polymask: the NaN
+    checks are reductions over the values, which polymask masks, so NaN
+    padding (and the NaN a padded sqrt makes) is never reported; a NaN made
+    from a logical value is, with plain JAX's message."""
+    def f(x):
+        checkify.check(jnp.all(x < 100), "too large")
+        return jnp.sum(jnp.sqrt(x - 1.0))
+
+    cf = checkify.checkify(f, errors=checkify.all_checks)
+    examples = [np.array(v, np.float32) for v in
+                ([1.0, 2.0, 3.0], [2.0], [], [1.0, 0.5, 3.0], [5.0, 200.0])]
+    if runner == "jit":
+        got = [pm.jit(cf, "n")(x) for x in examples]
+    elif runner == "mask":
+        masked = jax.jit(pm.mask(cf, "n"))
+        unpad = lambda t: jax.tree.map(lambda m: m.unpad(), t,
+                                       is_leaf=lambda v: isinstance(v, pm.Masked))
+        got = [unpad(masked(pm.Masked(_padded(x), (jnp.int32(len(x)),)))) for x in examples]
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", pm.PackedLayoutWarning)
+            got = pm.ragged_map(cf, "n", layout=runner.split("_")[1])(examples)
+    for x, (err, out) in zip(examples, got):
+        plain_err, plain_out = cf(x)
+        assert err.get() == plain_err.get(), (x, err.get(), plain_err.get())
+        np.testing.assert_allclose(out, plain_out, rtol=1e-6)
+    assert [e.get() is None for e, _ in got] == [True, True, True, False, False]
