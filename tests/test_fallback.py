@@ -392,6 +392,60 @@ def test_a_python_implementation_at_its_exact_shapes_runs_only_where_its_case_is
     np.testing.assert_array_equal(grad[2:], 0.0)
 
 
+def _lu_solve(A, b):
+    import lineax as lx
+    return lx.linear_solve(lx.MatrixLinearOperator(A), b, solver=lx.LU()).value
+
+
+def _system(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return ((rng.normal(size=(n, n)) + 3 * np.eye(n)).astype(np.float32),
+            rng.normal(size=n).astype(np.float32))
+
+
+def test_lineax_at_every_size_up_to_the_bound_eagerly():
+    """Every size at its bound with static sizes (plain arrays, ``pm.pad`` to
+    the exact shape): lineax's params hold the traced operator's symbolic
+    structure, so binding it unchanged raised "pytree does not match
+    out_structure"; its implementation runs instead."""
+    pytest.importorskip("lineax")
+    m = pm.mask(_lu_solve, ("n, n", "n"))
+    for n, bound in ((3, 3), (8, 8), (3, 8)):
+        A, b = _system(n)
+        want = _lu_solve(jnp.asarray(A), jnp.asarray(b))
+        got = m(pm.pad(A, (bound, bound)), pm.pad(b, (bound,)))
+        np.testing.assert_allclose(got.unpad(), want, rtol=1e-4, atol=1e-5)
+    A, b = _system(4)
+    np.testing.assert_allclose(m(A, b).unpad(), _lu_solve(jnp.asarray(A), jnp.asarray(b)),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_lineax_in_a_case_of_its_own_differentiates_under_jit():
+    """lineax bound at the exact shapes of the n == 2 case: its own JVP rule,
+    which asserts that its state, options and solver operands have symbolic
+    zero tangents (they were materialised zeros: AssertionError under jit)."""
+    pytest.importorskip("lineax")
+
+    def g(A, b):
+        if A.shape[0] == 2:
+            return jnp.sum(_lu_solve(A, b) ** 2)
+        return jnp.sum(b ** 2) + jnp.sum(A)
+
+    m = pm.mask(g, ("n, n", "n"))
+    for n in (0, 2, 3):
+        A, b = _system(n, seed=n)
+        Ap = np.zeros((8, 8), np.float32)
+        Ap[:n, :n] = A
+        bp = np.zeros(8, np.float32)
+        bp[:n] = b
+        size = jnp.int32(n)
+        loss = lambda A, b: m(pm.Masked(A, (size, size)), pm.Masked(b, (size,))).data
+        got = jax.jit(jax.grad(loss, (0, 1)))(Ap, bp)
+        want = jax.grad(g, (0, 1))(jnp.asarray(A), jnp.asarray(b))
+        np.testing.assert_allclose(got[0][:n, :n], want[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got[1][:n], want[1], rtol=1e-4, atol=1e-5)
+
+
 def test_a_python_implementation_applied_to_tangents_is_refused_under_grad():
     """optimistix's implicit function theorem solves with lineax on the
     tangents inside its JVP rule: reverse mode would have to transpose the

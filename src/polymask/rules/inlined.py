@@ -27,19 +27,21 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
 
 from .. import _jax_compat as compat
 from ..core.errors import UnsupportedError
-from ..tracing.interpreter import all_sizes_at_bound
 from ..tracing.registry import register, register_default
 from .util import dynamic_sizes
 
 
-@register_default(compat.has_python_impl, sees_guard=True)
+@register_default(compat.has_python_impl, sees_guard=True, at_bound=True)
 def inlined_impl_rule(ctx, *args, **params):
     prim = ctx.primitive
-    if all_sizes_at_bound(ctx.eqn, ctx.dims):  # here only under a case's guard
-        return _bound_where_guarded(ctx, args, params)
+    if not _traced_at_symbolic_shapes(ctx):  # bound unchanged (dims in params substituted)
+        if ctx.state.guard is None:
+            return ctx.bind(*args)
+        return _bound_where_guarded(ctx, args, ctx.concrete_params())
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
     closed = jax.make_jaxpr(lambda *xs: prim.impl(*xs, **params))(*avals)
     if any(e.primitive is prim for e in closed.jaxpr.eqns):
@@ -84,10 +86,22 @@ def inlined_impl_rule(ctx, *args, **params):
     return outs if prim.multiple_results else outs[0]
 
 
+def _traced_at_symbolic_shapes(ctx) -> bool:
+    """Whether the equation's shapes hold dim vars. Its params may then hold
+    them too, where ``substitute_dims`` cannot reach (lineax keeps the
+    operator's ``ShapeDtypeStruct`` structure in an equinox ``Static`` inside
+    a treedef), so even with every size at its bound it is never bound as it
+    is: its implementation is masked, and runs on the padded arrays' shapes
+    (binding it eagerly compared ``(n,)`` with ``(8,)`` and raised "pytree does
+    not match out_structure")."""
+    return any(compat.is_dim_expr(d) for a in (*ctx.in_avals, *ctx.out_avals)
+               for d in getattr(a, "shape", ()))
+
+
 def _bound_where_guarded(ctx, args, params):
-    """The primitive at its exact shapes (every size static, at its bound)
-    under a guard: one case of a case split, or a loop's steps past the
-    logical length. Only where the guard holds is it bound, unchanged.
+    """The primitive traced at exact shapes (a case of a case split that fixes
+    its sizes) under a guard: that case, or a loop's steps past the logical
+    length. Only where the guard holds is it bound, unchanged.
 
     Under ``jax.vmap`` every case runs for every example (the switch between
     them becomes a select), so an example whose sizes chose another case hands
@@ -115,9 +129,21 @@ def _bound_where_guarded(ctx, args, params):
     def run(guard, xs):
         return per_example(guard, xs)
 
-    @run.defjvp
     def _own_derivative(primals, tangents):
-        return jax.jvp(bind, primals[1], tangents[1])
+        # only the differentiated operands get tangents: the others stay JAX's
+        # symbolic zeros, as the primitive's JVP rule expects (lineax asserts it)
+        xs, txs = primals[1], tangents[1]
+        live = [i for i, t in enumerate(txs) if not isinstance(t, SymbolicZero)]
+
+        def of_live(*live_xs):
+            full = list(xs)
+            for i, x in zip(live, live_xs):
+                full[i] = x
+            return bind(*full)
+
+        return jax.jvp(of_live, [xs[i] for i in live], [txs[i] for i in live])
+
+    run.defjvp(_own_derivative, symbolic_zeros=True)
 
     outs = list(run(ctx.state.guard, tuple(args)))
     return outs if prim.multiple_results else outs[0]

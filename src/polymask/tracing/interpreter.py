@@ -56,7 +56,7 @@ def runs_rule(eqn, state: RunState) -> bool:
     prim = eqn.primitive
     guarded_effect = (state.guard is not None and rule_for(prim) is not None
                       and (bool(eqn.effects) or sees_guard(prim)))
-    return not all_sizes_at_bound(eqn, state.dims) or guarded_effect or runs_at_bound(prim.name)
+    return not all_sizes_at_bound(eqn, state.dims) or guarded_effect or runs_at_bound(prim)
 
 
 def all_sizes_at_bound(eqn, dims: DimEnv) -> bool:

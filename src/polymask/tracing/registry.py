@@ -173,15 +173,18 @@ def get_rule(name: str) -> Callable | None:
 
 # Rules for whole families of primitives without a rule of their own:
 # (predicate(primitive) -> bool, rule), tried in registration order.
-_DEFAULT_RULES: list[tuple[Callable, Callable, bool]] = []
+_DEFAULT_RULES: list[tuple[Callable, Callable, dict]] = []
 
 
-def register_default(predicate: Callable[[Any], bool], sees_guard: bool = False):
+def register_default(predicate: Callable[[Any], bool], sees_guard: bool = False,
+                     at_bound: bool = False):
     """Register a rule for every primitive without a registered rule for which
     ``predicate(primitive)`` holds (``rules/inlined.py``: primitives whose
-    implementation is Python); ``sees_guard`` as for ``register``."""
+    implementation is Python); ``sees_guard`` and ``at_bound`` as for
+    ``register``."""
     def deco(rule):
-        _DEFAULT_RULES.append((predicate, rule, sees_guard))
+        _DEFAULT_RULES.append((predicate, rule, {"sees_guard": sees_guard,
+                                                 "at_bound": at_bound}))
         return rule
     return deco
 
@@ -192,25 +195,31 @@ def rule_for(prim) -> Callable | None:
     rule = get_rule(prim.name)
     if rule is not None:
         return rule
-    for predicate, default, _ in _DEFAULT_RULES:
+    for predicate, default, _flags in _DEFAULT_RULES:
         if predicate(prim):
             return default
     return None
 
 
-def sees_guard(prim) -> bool:
-    """The masking rule of primitive object ``prim`` (its own, else its default
-    rule) was registered with ``sees_guard=True``."""
+def _rule_flag(prim, flag: str) -> bool:
+    """``flag`` of the masking rule of primitive object ``prim``: its own
+    rule's, else its default rule's."""
     rec = _RECORDS.get(prim.name)
     if rec is not None and rec.rule is not None:
-        return rec.sees_guard
-    return any(guarded and predicate(prim) for predicate, _, guarded in _DEFAULT_RULES)
+        return getattr(rec, flag)
+    return any(flags[flag] and predicate(prim) for predicate, _, flags in _DEFAULT_RULES)
 
 
-def runs_at_bound(name: str) -> bool:
-    """The rule of ``name`` was registered with ``at_bound=True``."""
-    rec = _RECORDS.get(name)
-    return rec is not None and rec.at_bound
+def sees_guard(prim) -> bool:
+    """The masking rule of primitive object ``prim`` was registered with
+    ``sees_guard=True``."""
+    return _rule_flag(prim, "sees_guard")
+
+
+def runs_at_bound(prim) -> bool:
+    """The masking rule of primitive object ``prim`` was registered with
+    ``at_bound=True``."""
+    return _rule_flag(prim, "at_bound")
 
 
 def registered_primitives() -> list[str]:
