@@ -550,3 +550,36 @@ def test_tiered_first_pass_never_compiles_more_than_jax_jit():
     st = f.stats()
     assert st["xla_compiles"] <= len(sizes), st
     assert st["compiles"] + st["exact_compiles"] <= len(sizes), st
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_a_run_time_error_of_the_function_never_sends_its_bucket_per_shape(tiered):
+    """An equinox error_if that fails on the data (a host callback raising while
+    the bucket program runs) is plain jax.jit's JaxRuntimeError, raised as is,
+    on the first call of a shape and on later ones. It was read as a failure to
+    trace when jaxlib reported it as a ValueError: the bucket then ran every
+    later call per exact shape (fallbacks() listed it)."""
+    eqx = pytest.importorskip("equinox")
+
+    def f(x):
+        x = eqx.error_if(x, ~jnp.isfinite(x), "non-finite logical value")
+        return jnp.cumsum(x)
+
+    bad = np.array([1.0, np.nan], np.float32)
+    for first in (bad, np.ones(2, np.float32)):
+        pj = pm.jit(f, "n", tiered=tiered)
+        if first is not bad:
+            pj(first)
+        for _ in range(2):
+            with pytest.raises(jax.errors.JaxRuntimeError, match="non-finite logical value"):
+                jax.block_until_ready(pj(bad))
+        assert pj.fallbacks() == {}
+        for n in (1, 2, 3):
+            np.testing.assert_allclose(pj(_vec(n)), np.cumsum(_vec(n)), rtol=1e-6)
+        assert pj.stats()["exact_calls"] == 0
+    rm = pm.ragged_map(f, "n", layout="padded")
+    rm([np.ones(2, np.float32)])
+    with pytest.raises(jax.errors.JaxRuntimeError, match="non-finite logical value"):
+        rm([np.ones(1, np.float32), bad])
+    outs = rm([_vec(1), _vec(3)])
+    np.testing.assert_allclose(outs[1], np.cumsum(_vec(3)), rtol=1e-6)

@@ -465,3 +465,21 @@ def test_check_operands_where_gates_checkify_checks_failure_predicates():
         tree, compat.check_operands_where(leaves, tree, jnp.bool_(where))).get()
     assert gated(True) == err.get() and "x is -2.0" in err.get()
     assert gated(False) is None
+
+
+def test_run_time_errors_are_told_from_trace_failures():
+    from polymask.core.errors import ShapeError
+
+    def boom(x):
+        raise RuntimeError("from the host")
+
+    f = jax.jit(lambda x: jax.pure_callback(boom, jax.ShapeDtypeStruct((), jnp.float32), x))
+    with pytest.raises(Exception) as info:
+        jax.block_until_ready(f(jnp.float32(1)))
+    assert compat.is_runtime_error(info.value)
+    as_value_error = ValueError(str(info.value))  # as jaxlib reports some of them
+    assert compat.is_runtime_error(as_value_error)
+    again = compat.as_jax_runtime_error(as_value_error)
+    assert isinstance(again, jax.errors.JaxRuntimeError) and str(again) == str(info.value)
+    for other in (ValueError("bad spec: n"), ShapeError("INTERNAL: x"), TypeError("INTERNAL: x")):
+        assert not compat.is_runtime_error(other)

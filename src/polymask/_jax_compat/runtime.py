@@ -159,3 +159,34 @@ def native_bfloat16() -> bool:
     except OSError:
         return False
     return any(flag in flags.split() for flag in ("amx_bf16", "avx512_bf16"))
+
+
+# ----------------------------------------------------------------------------
+# Failures of a compiled program while it runs
+# ----------------------------------------------------------------------------
+# absl status codes, the prefix jaxlib writes on a run-time failure's message
+_STATUS_CODES = frozenset((
+    "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
+    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+    "UNAUTHENTICATED"))
+
+
+def is_runtime_error(e: BaseException) -> bool:
+    """Whether ``e`` is XLA's failure of a program while it runs (a host
+    callback that raised: equinox's ``error_if``, a failed size check), not a
+    failure to trace or lower it. jaxlib reports it as ``JaxRuntimeError``,
+    and for some calls with NumPy arguments (``polymask.jit``'s programs, jax
+    0.10.2 and 0.12) as a plain ``ValueError`` whose message starts with the
+    status code (``INTERNAL: CpuCallback error calling callback: ...``)."""
+    if isinstance(e, jax.errors.JaxRuntimeError):
+        return True
+    return type(e) is ValueError and str(e).split(":", 1)[0] in _STATUS_CODES
+
+
+def as_jax_runtime_error(e: BaseException) -> BaseException:
+    """A run-time failure (``is_runtime_error``) as the ``JaxRuntimeError``
+    ``jax.jit`` raises for it (same message and traceback)."""
+    if isinstance(e, jax.errors.JaxRuntimeError):
+        return e
+    return jax.errors.JaxRuntimeError(str(e)).with_traceback(e.__traceback__)

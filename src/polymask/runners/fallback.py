@@ -27,6 +27,7 @@ from typing import Any
 
 import jax
 
+from .. import _jax_compat as compat
 from ..core.diagnostics import user_stacklevel
 from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError
 from .compiling import compile_counter
@@ -46,9 +47,10 @@ def falls_back(error: BaseException) -> bool:
     """Whether a bucket program's failure sends its sizes to the per-shape
     fallback: a failure of the masked trace, yes; not where the function fails
     at every size as plain JAX does (``FailsAsPlainJax``), nor XLA's own
-    compile or run-time errors (a bad compiler option, out of memory)."""
-    return isinstance(error, Exception) and not isinstance(
-        error, (FailsAsPlainJax, jax.errors.JaxRuntimeError))
+    compile or run-time errors (a bad compiler option, out of memory, a host
+    callback that raised: ``compat.is_runtime_error``)."""
+    return (isinstance(error, Exception) and not isinstance(error, FailsAsPlainJax)
+            and not compat.is_runtime_error(error))
 
 
 def refusal_text(error: BaseException) -> str:

@@ -335,8 +335,10 @@ class PolyJit:
                 if steady is not None and steady[0] is info.entry and steady[0].live:
                     try:
                         return steady[1](args)
-                    except jax.errors.JaxRuntimeError as e:
-                        raise_callback_shape_error(e)
+                    except Exception as e:
+                        if compat.is_runtime_error(e):
+                            raise_callback_shape_error(e)
+                            raise compat.as_jax_runtime_error(e) from None
                         raise
         if kwargs or len(args) < self._n_specs:  # by fun's signature, defaults filled in
             try:
@@ -375,8 +377,10 @@ class PolyJit:
             build = info.build
             try:
                 out = entry.fn(*(build(leaves) if build is not None else self._flat(info, leaves)))
-            except jax.errors.JaxRuntimeError as e:
-                raise_callback_shape_error(e)
+            except Exception as e:
+                if compat.is_runtime_error(e):
+                    raise_callback_shape_error(e)
+                    raise compat.as_jax_runtime_error(e) from None
                 raise
             if info.out_entry is entry and info.single_out:
                 if build is not None and len(args) == 1 and self._n_specs <= 1:
@@ -386,8 +390,9 @@ class PolyJit:
             try:
                 entry, out = self._slow_call(info, leaves)
             except Exception as e:
-                if isinstance(e, jax.errors.JaxRuntimeError):
+                if compat.is_runtime_error(e):
                     raise_callback_shape_error(e)
+                    raise compat.as_jax_runtime_error(e) from None
                 if self._fallback is None or not falls_back(e):
                     raise
                 return self._fall_back(info, args, e)
