@@ -140,3 +140,27 @@ def test_checkify_inside_a_runner_checks_the_logical_values_only(runner):
         assert err.get() == plain_err.get(), (x, err.get(), plain_err.get())
         np.testing.assert_allclose(out, plain_out, rtol=1e-6)
     assert [e.get() is None for e, _ in got] == [True, True, True, False, False]
+
+
+def test_checkify_inside_with_a_size_comparison_runs_per_shape_and_says_why():
+    """checkify's Error records each check's source traceback in its static
+    data, so the cases of a size comparison return different structures: mask
+    says so (never a wrong error value), the runners run those sizes per exact
+    shape with plain JAX's errors."""
+    def f(x):
+        if x.shape[0] == 2:
+            return jnp.log(x[::-1])
+        return jnp.log(x)
+
+    cf = checkify.checkify(f, errors=checkify.float_checks)
+    with pytest.raises(pm.ShapeError, match="static data differs.*checkify"):
+        pm.mask(cf, "n")(pm.pad(np.ones(3, np.float32), BOUND))
+    runner = pm.jit(cf, "n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", pm.FallbackWarning)
+        for values in ([1.0, 2.0], [1.0, -2.0], [1.0, 2.0, 3.0], [-1.0, 2.0, 3.0]):
+            x = np.array(values, np.float32)
+            err, out = runner(x)
+            plain_err, plain_out = cf(x)
+            assert err.get() == plain_err.get()
+            np.testing.assert_allclose(out, plain_out, rtol=1e-6)

@@ -640,6 +640,26 @@ def test_a_case_per_size_past_max_cases_is_a_packed_refusal():
     assert rm.stats()["layout"]["packed"] == 0
 
 
+def test_a_host_call_inside_a_branch_is_a_packed_refusal():
+    """equinox's error_if calls the host inside a lax.cond branch: the packed
+    layout refuses it (the host would see rows: a packed row's empty segment
+    made the mean NaN and the check raised on valid examples), auto pads
+    without ever running it packed."""
+    eqx = pytest.importorskip("equinox")
+
+    def f(x):
+        m = jnp.mean(x)
+        return eqx.error_if(m, jnp.isnan(m), "empty")
+
+    ex = [np.array([1.0, 2.0], np.float32), np.array([3.0], np.float32)]
+    with pytest.raises(pm.PackedUnsupported, match="'pure_callback'.*calls the host"):
+        pm.ragged_map(f, "n", layout="packed")(ex)
+    rm = pm.ragged_map(f, "n")
+    np.testing.assert_allclose([float(o) for o in rm(ex)], [1.5, 3.0])
+    assert rm.stats()["layout"]["packed"] == 0
+    assert "calls the host" in rm.stats()["layout"]["reason"]
+
+
 def test_ragged_map_explain_uses_its_own_specs_and_row_size():
     """RaggedMap.explain: the packed view with the map's specs (broadcast
     arguments take none) and row size (newcomer check: explain and ragged_map

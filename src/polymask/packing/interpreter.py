@@ -892,10 +892,8 @@ def _refuse_host_calls(jaxpr) -> None:
                 f"primitive '{eqn.primitive.name}' (used at "
                 f"{compat.source_line(eqn.source_info)}) calls the host, which would see "
                 "packed rows, not examples")
-        for p in eqn.params.values():
-            inner = getattr(p, "jaxpr", p)
-            if hasattr(inner, "eqns"):
-                _refuse_host_calls(inner)
+        for inner, _ in compat.inner_jaxprs(eqn.params):  # cond branches too (error_if's)
+            _refuse_host_calls(inner)
 
 
 # re-exported for rules that need to refuse a case with the standard error

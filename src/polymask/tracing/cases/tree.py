@@ -225,6 +225,22 @@ def _case_sizes(tree: CaseTree, case: Case) -> str:
     return tree.describe_conditions(case)
 
 
+def _short(treedef, limit: int = 300) -> str:
+    text = str(treedef)
+    return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def _static_data_note(a, b) -> str:
+    """Where two output structures have the same leaves, what differs is the
+    static data of a node (a size or a source location recorded in it)."""
+    if a.num_leaves != b.num_leaves or a.num_nodes != b.num_nodes:
+        return ""
+    return ("\n  Both have the same leaves: a node's static data differs between the "
+            "cases (checkify's Error records each check's source traceback, and an index "
+            "check the indexed shape: put checkify outside polymask.mask for those, "
+            "docs/ecosystem.md)")
+
+
 def common_outputs(tree: CaseTree, live: list[Case]) -> None:
     """Check the cases agree on outputs; the padded shape is the max over cases."""
     ref = live[0].program
@@ -235,8 +251,9 @@ def common_outputs(tree: CaseTree, live: list[Case]) -> None:
         if p.out_tree != ref.out_tree:
             raise ShapeError(
                 f"the cases of a size comparison return different output structures: "
-                f"{ref.out_tree} for {_case_sizes(tree, live[0])} and {p.out_tree} for "
-                f"{_case_sizes(tree, c)}; every case must return the same pytree"
+                f"{_short(ref.out_tree)} for {_case_sizes(tree, live[0])} and "
+                f"{_short(p.out_tree)} for {_case_sizes(tree, c)}; every case must return "
+                "the same pytree" + _static_data_note(ref.out_tree, p.out_tree)
                 + _ONE_OUTPUT_REMEDY)
         for i, (v, b) in enumerate(zip(p.closed_jaxpr.jaxpr.outvars, p.out_bounds())):
             if v.aval.dtype != dtypes[i] or len(b) != len(bounds[i]):
