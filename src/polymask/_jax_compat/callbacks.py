@@ -13,7 +13,9 @@ from collections.abc import Callable
 
 from jax._src import debugging as _debugging
 
-__all__ = ["debug_callback_p", "debug_effect", "debug_print_host_function"]
+from .versions import inner_jaxprs
+
+__all__ = ["debug_callback_p", "debug_effect", "debug_print_host_function", "host_call_in"]
 
 debug_callback_p = _debugging.debug_callback_p
 
@@ -30,3 +32,17 @@ def debug_print_host_function(*, fmt, in_tree, static_args, np_printoptions,
     fn = functools.partial(_debugging._format_print_callback, fmt, dict(np_printoptions),
                            has_placeholders, logging_record)
     return _debugging._make_flat_callback(in_tree, fn, static_args)
+
+
+def host_call_in(jaxpr):
+    """The first equation of ``jaxpr`` (a ``Jaxpr``), at any depth (``cond``
+    branches, loop bodies, nested calls), whose primitive calls the host (a
+    callback), else None."""
+    for eqn in jaxpr.eqns:
+        if "callback" in eqn.primitive.name:
+            return eqn
+        for inner, _ in inner_jaxprs(eqn.params):
+            found = host_call_in(inner)
+            if found is not None:
+                return found
+    return None

@@ -886,14 +886,12 @@ def _refuse_host_calls(jaxpr) -> None:
     if jaxpr.effects:
         raise PackedUnsupported(f"the function has effects ({jaxpr.effects}): host calls "
                                 "would see packed rows, not examples")
-    for eqn in jaxpr.eqns:
-        if "callback" in eqn.primitive.name:
-            raise PackedUnsupported(
-                f"primitive '{eqn.primitive.name}' (used at "
-                f"{compat.source_line(eqn.source_info)}) calls the host, which would see "
-                "packed rows, not examples")
-        for inner, _ in compat.inner_jaxprs(eqn.params):  # cond branches too (error_if's)
-            _refuse_host_calls(inner)
+    eqn = compat.host_call_in(jaxpr)  # cond branches too (equinox's error_if)
+    if eqn is not None:
+        raise PackedUnsupported(
+            f"primitive '{eqn.primitive.name}' (used at "
+            f"{compat.source_line(eqn.source_info)}) calls the host, which would see "
+            "packed rows, not examples")
 
 
 # re-exported for rules that need to refuse a case with the standard error

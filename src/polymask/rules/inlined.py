@@ -39,7 +39,7 @@ from .util import dynamic_sizes
 def inlined_impl_rule(ctx, *args, **params):
     prim = ctx.primitive
     if not _traced_at_symbolic_shapes(ctx):  # bound unchanged (dims in params substituted)
-        if ctx.state.guard is None:
+        if ctx.state.guard is None or not _may_call_the_host(ctx):
             return ctx.bind(*args)
         return _bound_where_guarded(ctx, args, ctx.concrete_params())
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
@@ -98,6 +98,19 @@ def _traced_at_symbolic_shapes(ctx) -> bool:
                for d in getattr(a, "shape", ()))
 
 
+def _may_call_the_host(ctx) -> bool:
+    """Whether the implementation (traced at the equation's exact shapes) calls
+    the host, directly or through another primitive implemented in Python.
+    Only those need guarding per example; the others keep their own batching
+    rule, which may differ from running the implementation per example on
+    purpose (equinox's ``select_if_vmap`` is ``x`` alone and a select batched)."""
+    prim, params = ctx.primitive, ctx.concrete_params()
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
+    jaxpr = jax.make_jaxpr(lambda *xs: prim.impl(*xs, **params))(*avals).jaxpr
+    return (bool(jaxpr.effects) or compat.host_call_in(jaxpr) is not None
+            or any(compat.has_python_impl(e.primitive) for e in jaxpr.eqns))
+
+
 def _bound_where_guarded(ctx, args, params):
     """The primitive traced at exact shapes (a case of a case split that fixes
     its sizes) under a guard: that case, or a loop's steps past the logical
@@ -151,11 +164,11 @@ def _bound_where_guarded(ctx, args, params):
 
 # primitives of other libraries that have rules here: {name: module that defines
 # them} (tests/test_registry.py checks each is a primitive there)
-LIBRARY_PRIMITIVES = {name: "equinox.internal"
-                      for name in ("unvmap_any", "unvmap_all", "unvmap_max")}
+_UNVMAP = ("unvmap_any", "unvmap_all", "unvmap_max")
+LIBRARY_PRIMITIVES = {name: "equinox.internal" for name in _UNVMAP}
 
 
-@register(*LIBRARY_PRIMITIVES, sees_guard=True)
+@register(*_UNVMAP, sees_guard=True)
 def unvmap_reduction_rule(ctx, x):
     """equinox's ``unvmap_any`` / ``unvmap_all`` / ``unvmap_max``: ``jnp.any`` /
     ``all`` / ``max`` over every element and, under ``jax.vmap``, over the batch
