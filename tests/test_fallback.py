@@ -553,7 +553,7 @@ def test_tiered_first_pass_never_compiles_more_than_jax_jit():
 
 
 @pytest.mark.parametrize("tiered", [False, True])
-def test_a_run_time_error_of_the_function_never_sends_its_bucket_per_shape(tiered):
+def test_a_check_failing_on_the_data_never_sends_its_bucket_per_shape(tiered):
     """An equinox error_if that fails on the data (a host callback raising while
     the bucket program runs) is plain jax.jit's JaxRuntimeError, raised as is,
     on the first call of a shape and on later ones. It was read as a failure to

@@ -467,7 +467,7 @@ def test_check_operands_where_gates_checkify_checks_failure_predicates():
     assert gated(False) is None
 
 
-def test_run_time_errors_are_told_from_trace_failures():
+def test_failures_of_a_running_program_are_told_from_trace_failures():
     from polymask.core.errors import ShapeError
 
     def boom(x):

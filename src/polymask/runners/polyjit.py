@@ -60,8 +60,8 @@ from .programs import (
     checked_compiler_options,
     count_value,
     finish_stats,
-    raise_callback_shape_error,
     raise_case_error,
+    raise_run_failure,
     reaches_untraced_case,
 )
 from .tiering import Tiering, cover_key
@@ -336,9 +336,7 @@ class PolyJit:
                     try:
                         return steady[1](args)
                     except Exception as e:
-                        if compat.is_runtime_error(e):
-                            raise_callback_shape_error(e)
-                            raise compat.as_jax_runtime_error(e) from None
+                        raise_run_failure(e)
                         raise
         if kwargs or len(args) < self._n_specs:  # by fun's signature, defaults filled in
             try:
@@ -378,9 +376,7 @@ class PolyJit:
             try:
                 out = entry.fn(*(build(leaves) if build is not None else self._flat(info, leaves)))
             except Exception as e:
-                if compat.is_runtime_error(e):
-                    raise_callback_shape_error(e)
-                    raise compat.as_jax_runtime_error(e) from None
+                raise_run_failure(e)
                 raise
             if info.out_entry is entry and info.single_out:
                 if build is not None and len(args) == 1 and self._n_specs <= 1:
@@ -390,9 +386,7 @@ class PolyJit:
             try:
                 entry, out = self._slow_call(info, leaves)
             except Exception as e:
-                if compat.is_runtime_error(e):
-                    raise_callback_shape_error(e)
-                    raise compat.as_jax_runtime_error(e) from None
+                raise_run_failure(e)
                 if self._fallback is None or not falls_back(e):
                     raise
                 return self._fall_back(info, args, e)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _jax_compat as compat
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
@@ -89,15 +90,22 @@ def at_call_site_error(e: ShapeError | str) -> ShapeError:
     return at_call_site(ShapeError(e) if isinstance(e, str) else e, user_call_site())
 
 
-def raise_callback_shape_error(e: Exception) -> None:
-    """A size check that failed inside the program (a host callback: ``x``
-    split into pairs at an odd length) raised as its ``ShapeError``, not JAX's
-    ``CpuCallback error`` wall of frames; any other run-time error returns."""
+def raise_run_failure(e: Exception) -> None:
+    """Raise a failure of a compiled program while it ran
+    (``compat.is_runtime_error``) as the user reads it: a size check that
+    failed inside the program (a host callback: ``x`` split into pairs at an
+    odd length) as its ``ShapeError``, not JAX's ``CpuCallback error`` wall of
+    frames; any other as ``jax.jit``'s ``JaxRuntimeError`` (jaxlib reports
+    some as a plain ``ValueError``). Returns for an error raised before the
+    program ran (a failed trace)."""
+    if not compat.is_runtime_error(e):
+        return
     err = shape_error_of(e)
     if err is not None:
         new = at_call_site_error(err)
         new.jax_error = e  # JAX's JaxRuntimeError, kept for inspection
         raise new from None
+    raise compat.as_jax_runtime_error(e) from None
 
 
 def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:

@@ -51,8 +51,8 @@ from .programs import (
     checked_compiler_options,
     finish_stats,
     jit_program,
-    raise_callback_shape_error,
     raise_case_error,
+    raise_run_failure,
 )
 from .refining import Refinement
 
@@ -513,12 +513,10 @@ class RaggedMap:
         try:
             out = self.cache.call_entry(entry, make, [*bcast_leaves, *static_leaves, *dyn, sizes])
         except Exception as e:
-            if compat.is_runtime_error(e):
-                try:
-                    raise_callback_shape_error(e)
-                except ShapeError as err:  # the batch's row, as the user's example index
-                    raise _named_example(err, rows) from None
-                raise compat.as_jax_runtime_error(e) from None
+            try:
+                raise_run_failure(e)
+            except ShapeError as err:  # the batch's row, as the user's example index
+                raise _named_example(err, rows) from None
             if self._fallback is None or not falls_back(e):
                 raise
             self._unshared[bucket] = self._fallback.refused(bucket_text(plan0.buckets), e)
