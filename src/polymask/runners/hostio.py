@@ -110,8 +110,10 @@ class HostPadBuffers:
         dtype = np.dtype(dtype)
         nbytes = math.prod(bound) * dtype.itemsize
         if not self._reuse or nbytes < LARGE_BYTES or nbytes > self.max_bytes:
+            zeros = np.zeros if nbytes < LARGE_BYTES else host_zeros
+
             def fresh(a, index):
-                out = host_zeros(bound, dtype)
+                out = zeros(bound, dtype)
                 out[index] = a
                 return out
 

@@ -100,22 +100,36 @@ class _CallInfo:
     covered: bool = False  # served by a covering bucket before (tiered)
     shape_key: Any = None  # the exact shapes and dtypes (the fallback's cache key)
     unshared: str | None = None  # the bucket cannot share a program: why (per-shape fallback)
-    # (entry, run) once a call ran the steady state: one array in, padded by
-    # ``build``, one exact output back; ``__call__`` takes ``run`` first while
-    # ``entry`` is still this info's live program (fewer checks per call)
-    steady: tuple | None = None
+    # ``leaf -> padded array`` where the program's arguments are one padded
+    # array and the sizes (the common case), else None; set with ``build``
+    pad_one: Callable | None = None
 
 
-def _steady_call(info: _CallInfo, entry: Entry, build: Callable) -> Callable:
-    """``args -> output`` of the steady state: the per-call work only (count the
-    call, mark the program used for the eviction order, pad, run), with every
-    attribute it needs bound once."""
-    fn, calls, ticks = entry.fn, info.calls, COMPILE_TICK
+_STALE = object()  # a steady-state call found its program evicted or replaced
 
-    def run(args):
-        next(calls)
-        entry.tick = next(ticks)
-        return fn(*build(args))[0]
+
+def _steady_call(info: _CallInfo, entry: Entry) -> Callable:
+    """``leaf -> output`` of the steady state (one array in, one exact output
+    back): the per-call work only (count the call, mark the program used for
+    the eviction order, pad, run), with every attribute it needs bound once;
+    ``_STALE`` once ``entry`` is evicted or no longer the info's program."""
+    fn, calls, ticks, sizes = entry.fn, info.calls, COMPILE_TICK, info.sizes
+    pad_one, build = info.pad_one, info.build
+
+    if pad_one is not None:
+        def run(a):
+            if entry.live and info.entry is entry:
+                next(calls)
+                entry.tick = next(ticks)
+                return fn(pad_one(a), sizes)[0]
+            return _STALE
+    else:
+        def run(a):
+            if entry.live and info.entry is entry:
+                next(calls)
+                entry.tick = next(ticks)
+                return fn(*build((a,)))[0]
+            return _STALE
 
     return run
 
@@ -163,6 +177,7 @@ class PolyJit:
                         if tiered else None)
         self._infos: dict = {}
         self._fast: dict = {}
+        self._steady: dict = {}  # _fast's key -> its steady-state call (_steady_call)
         self._pads = HostPadBuffers()  # large inputs' padded host buffers, reused
         self._last_new = None  # (tree, leaf structs) of the last call with new shapes
         self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
@@ -208,6 +223,8 @@ class PolyJit:
                         self._retired[2] += n * old.plan.logical
                         self._retired_exact += n
                 table.clear()
+                if fast:  # its steady calls would count into retired infos
+                    self._steady.clear()
             return table.setdefault(key, info)  # two threads: one info, one counter
 
     def example_arguments(self) -> tuple | None:
@@ -273,27 +290,36 @@ class PolyJit:
         if dyn is None:
             build = info.build
             if build is None:
-                build = info.build = self._builder(info.static_idx, info.dyn, info.sizes, leaves)
+                info.pad_one = self._one_padder(info.static_idx, info.dyn, leaves)
+                build = info.build = self._builder(info.static_idx, info.dyn, info.sizes, leaves,
+                                                   info.pad_one)
             return build(leaves)
-        return self._builder(info.static_idx, dyn, info.sizes, leaves)(leaves)
+        return self._builder(info.static_idx, dyn, info.sizes, leaves,
+                             self._one_padder(info.static_idx, dyn, leaves))(leaves)
 
-    def _builder(self, static_idx, dyn, sizes, leaves):
+    def _one_padder(self, static_idx, dyn, leaves) -> Callable | None:
+        """``leaf -> padded array`` where the program's arguments are one
+        dynamic array, padded on the host, and the sizes; else None."""
+        if static_idx or len(dyn) != 1 or dyn[0][3]:
+            return None
+        i, bound, exact, _ = dyn[0]
+        if exact:
+            return lambda a: a
+        index = tuple(slice(0, s) for s in np.shape(leaves[i]))
+        pad, ndarray, asarray = self._pads.padder(bound, dtype_key(leaves[i])), np.ndarray, np.asarray
+
+        def pad_one(a):
+            return pad(a if type(a) is ndarray else asarray(a), index)
+
+        return pad_one
+
+    def _builder(self, static_idx, dyn, sizes, leaves, pad_one):
         """A function ``leaves -> flat arguments`` specialised to one call
-        signature: the shapes and dtypes of ``leaves``."""
-        if not static_idx and len(dyn) == 1 and not dyn[0][3]:
-            i, bound, exact, _ = dyn[0]
-            if exact:
-                return lambda leaves: [leaves[i], sizes]
-            index = tuple(slice(0, s) for s in np.shape(leaves[i]))
-            pad = self._pads.padder(bound, dtype_key(leaves[i]))
-
-            def one(leaves):  # the common case: one dynamic array, padded with NumPy
-                a = leaves[i]
-                if type(a) is not np.ndarray:
-                    a = np.asarray(a)
-                return pad(a, index), sizes
-
-            return one
+        signature: the shapes and dtypes of ``leaves``; ``pad_one`` is
+        ``_one_padder``'s."""
+        if pad_one is not None:  # the common case: one dynamic array
+            i = dyn[0][0]
+            return lambda leaves: (pad_one(leaves[i]), sizes)
 
         host_pads = {i: (self._pads.padder(bound, dtype_key(leaves[i])),
                          tuple(slice(0, s) for s in np.shape(leaves[i])))
@@ -327,17 +353,18 @@ class PolyJit:
 
     # -- calls ---------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        if not kwargs and len(args) == 1 and type(args[0]) in FAST_TYPES:
+        if not kwargs and len(args) == 1:
             a = args[0]
-            info = self._fast.get((type(a), a.shape, a.dtype))
-            if info is not None:
-                steady = info.steady
-                if steady is not None and steady[0] is info.entry and steady[0].live:
+            if type(a) in FAST_TYPES:
+                run = self._steady.get((type(a), a.shape, a.dtype))
+                if run is not None:
                     try:
-                        return steady[1](args)
+                        out = run(a)
                     except Exception as e:
                         raise_run_failure(e)
                         raise
+                    if out is not _STALE:
+                        return out
         if kwargs or len(args) < self._n_specs:  # by fun's signature, defaults filled in
             try:
                 args = keywords_as_positional(self.fun, self.in_specs, args, kwargs)
@@ -379,8 +406,8 @@ class PolyJit:
                 raise_run_failure(e)
                 raise
             if info.out_entry is entry and info.single_out:
-                if build is not None and len(args) == 1 and self._n_specs <= 1:
-                    info.steady = (entry, _steady_call(info, entry, build))
+                if build is not None and leaves is args and len(args) == 1 and self._n_specs <= 1:
+                    self._steady[key] = _steady_call(info, entry)  # the next call takes it
                 return out[0]  # one exact output (the steady state of most functions)
         else:
             try:
