@@ -16,6 +16,26 @@ def test_masked_pytree_static_and_dynamic_sizes():
     assert m2.shape[0] == 2 and int(m2.shape[1]) == 1 and m2.bound == (4, 3)
 
 
+def test_a_logical_shape_given_as_one_array_runs_over_the_data_axes():
+    # an (r,) array is one example's shape; a (B, r) array a batch's, which
+    # jax.vmap maps (it used to become r 0-d leaves and vmap's rank error)
+    f = pm.mask(lambda x: jnp.sum(x, axis=1), "n, m")
+    rng = np.random.default_rng(0)
+    xs = rng.normal(size=(3, 4, 5)).astype(np.float32)
+    xs[:, 3:, :] = np.nan  # padding of every example (n <= 3)
+    ns = np.array([[2, 3], [3, 5], [0, 1]], np.int32)
+    for sizes in (ns, jnp.asarray(ns)):
+        out = jax.vmap(f)(pm.Masked(jnp.asarray(xs), sizes))
+        for b, (n, m) in enumerate(ns):
+            np.testing.assert_allclose(out.data[b, :n], xs[b, :n, :m].sum(1), rtol=1e-6)
+            assert int(out.shape[0][b]) == n
+        one = f(pm.Masked(xs[1], sizes[1]))
+        np.testing.assert_allclose(one.data[:3], xs[1, :3, :5].sum(1), rtol=1e-6)
+    assert pm.Masked(jnp.zeros(4), jnp.int32(2)).shape == (2,)
+    with pytest.raises(pm.ShapeError, match=r"array of shape \(3,\), read as 3 sizes.*rank 2"):
+        pm.Masked(xs[:, 0], ns[:, 0])  # meant as a batch: sizes go in a tuple
+
+
 def test_pad_unpad_valid():
     m = pm.pad(np.arange(3.0), 5, fill=np.nan)
     assert m.bound == (5,)

@@ -72,6 +72,26 @@ def _validate_sizes(sizes: tuple, bound: tuple, what: str) -> None:
                                 "failed (mask(..., checks='functional'))" if bad == -1 else ""))
 
 
+def _sizes_of_array(sizes, data) -> tuple:
+    """A logical shape given as one integer array: its last axis runs over the
+    data's axes (``(r,)`` for one example of rank ``r``, ``(B, r)`` for a
+    batch of ``B``: one ``(B,)`` size array per axis, which ``jax.vmap``
+    maps); a 0-d array is the size of a rank-1 example."""
+    if sizes.ndim == 0:
+        return (sizes,)
+    rank = len(np.shape(data)) if not hasattr(data, "ndim") else data.ndim
+    r = sizes.shape[-1]
+    if r > rank:
+        raise ShapeError(
+            f"Masked: the logical shape is an array of shape {tuple(sizes.shape)}, read as "
+            f"{r} sizes (its last axis, one per axis of the data), but the data has rank "
+            f"{rank}; a ragged batch takes its sizes as a tuple with one array per axis, "
+            f"e.g. Masked(data, (sizes,)) for a batch of rank-1 examples")
+    if sizes.ndim == 1:
+        return tuple(sizes[i] for i in range(r))
+    return tuple(sizes[..., i] for i in range(r))
+
+
 class Masked:
     """A padded array plus its logical shape.
 
@@ -80,7 +100,12 @@ class Masked:
       shape: the logical size of each axis, ``0 <= shape[i] <= data.shape[i]``.
         A Python int is a static size; a JAX/NumPy integer array is dynamic
         (a pytree leaf, so ``jax.jit`` does not retrace when it changes and
-        ``jax.vmap`` can batch it: data ``(B, ...)``, sizes ``(B,)``).
+        ``jax.vmap`` can batch it: data ``(B, ...)``, sizes ``(B,)``). The
+        shape may also be given as one integer array whose last axis runs over
+        the data's axes: ``(r,)``, or ``(B, r)`` for a batch.
+
+    Raises:
+      ShapeError: an array-valued shape has more sizes than the data has axes.
 
     The logical data is the leading corner ``data[:shape[0], :shape[1], ...]``;
     everything else is padding with unspecified content.
@@ -94,6 +119,8 @@ class Masked:
             shape = tuple(int(d) for d in np.shape(data))
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
             shape = (shape,)
+        elif hasattr(shape, "ndim") and hasattr(shape, "shape"):  # NumPy/JAX array, traced too
+            shape = _sizes_of_array(shape, data)
         self.shape = tuple(shape)
         # Sizes are validated where they are used: ``unpad`` here, and the
         # prologue of ``mask`` (which names the argument and the dim var).
