@@ -41,8 +41,12 @@ def test_pad_unpad_valid():
     assert m.bound == (5,)
     np.testing.assert_array_equal(m.unpad(), [0, 1, 2])
     np.testing.assert_array_equal(m.valid(), [1, 1, 1, 0, 0])
-    with pytest.raises(pm.ShapeError, match="larger than its bound"):
-        pm.pad(np.arange(6.0), 5)
+    with pytest.raises(pm.ShapeError, match=r"larger than its bound(.|\n)*called at .*test_masked.py"):
+        pm.pad(np.arange(6.0), 5)  # the user's line is named
+    with pytest.raises(pm.ShapeError, match=r"different ranks(.|\n)*called at .*test_masked.py"):
+        pm.stack([np.ones(3), np.ones((2, 2))])
+    with pytest.raises(pm.ShapeError, match=r"outside \[0, 3\](.|\n)*called at .*test_masked.py"):
+        pm.Masked(np.ones(3), (5,)).unpad()
     with pytest.raises(pm.ShapeError, match="rank"):
         pm.pad(np.zeros((2, 2)), (3,) * 3)
 

@@ -7,6 +7,7 @@ implementation (and import nothing from each other for it).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -107,6 +108,28 @@ def at_call_site(e: BaseException, call_site: str) -> BaseException:
     if "in the masked call at" in text or call_site in text:
         return e
     return _same_type(e, f"{text}\n  in the masked call at {call_site}")
+
+
+def at_user_line(e: BaseException) -> BaseException:
+    """``e`` with the user's line (``called at <file:line (function)>``)
+    appended, for errors of polymask's own helpers (``pad``, ``stack``, ...)."""
+    site = user_call_site()
+    text = str(e)
+    if site.startswith(UNKNOWN_LOCATION) or site in text:
+        return e
+    return _same_type(e, f"{text}\n  called at {site}")
+
+
+def names_the_user_line(fun):
+    """Decorator: a ``ShapeError`` raised by ``fun`` names the user's line."""
+    @functools.wraps(fun)
+    def wrapper(*args, **kwargs):
+        try:
+            return fun(*args, **kwargs)
+        except ShapeError as e:
+            raise at_user_line(e) from None
+
+    return wrapper
 
 
 def relocate(e: BaseException, where: str) -> BaseException:

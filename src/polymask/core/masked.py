@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .diagnostics import at_user_line, names_the_user_line
 from .errors import ShapeError, counted
 from .plan import bucket_shape
 
@@ -82,11 +83,11 @@ def _sizes_of_array(sizes, data) -> tuple:
     rank = len(np.shape(data)) if not hasattr(data, "ndim") else data.ndim
     r = sizes.shape[-1]
     if r > rank:
-        raise ShapeError(
+        raise at_user_line(ShapeError(
             f"Masked: the logical shape is an array of shape {tuple(sizes.shape)}, read as "
             f"{r} sizes (its last axis, one per axis of the data), but the data has rank "
             f"{rank}; a ragged batch takes its sizes as a tuple with one array per axis, "
-            f"e.g. Masked(data, (sizes,)) for a batch of rank-1 examples")
+            f"e.g. Masked(data, (sizes,)) for a batch of rank-1 examples"))
     if sizes.ndim == 1:
         return tuple(sizes[i] for i in range(r))
     return tuple(sizes[..., i] for i in range(r))
@@ -138,6 +139,7 @@ class Masked:
     def ndim(self) -> int:
         return len(self.shape)
 
+    @names_the_user_line
     def unpad(self) -> jax.Array | np.ndarray | list:
         """The logical data ``data[:n0, :n1, ...]`` (needs concrete sizes).
 
@@ -289,6 +291,7 @@ def check_fill(fill, dtype, what: str):
     return np.asarray(fill).astype(dtype)[()]
 
 
+@names_the_user_line
 def pad(x, bound: Sequence[int] | int, *, fill: Any = 0, dynamic: bool = True) -> Masked:
     """Embed ``x`` in a buffer of shape ``bound``: ``Masked(buffer, x.shape)``.
 
@@ -336,6 +339,7 @@ def pad(x, bound: Sequence[int] | int, *, fill: Any = 0, dynamic: bool = True) -
     return Masked(data, sizes)
 
 
+@names_the_user_line
 def stack(arrays: Sequence[Any], bound: Sequence[int] | None = None,
           buckets=None, *, fill: Any = 0) -> Masked:
     """Stack examples of different shapes into a ragged batch.
