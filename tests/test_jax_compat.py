@@ -403,6 +403,18 @@ def test_has_python_impl_and_is_batched():
     assert seen == [True, False] and not compat.is_batched(jnp.ones(3))
 
 
+def test_is_eager_batched_only_under_vmaps_with_nothing_around():
+    seen = []
+    probe = lambda x: seen.append(compat.is_eager_batched(x)) or x  # noqa: E731
+    jax.vmap(probe)(jnp.ones(3))
+    jax.vmap(jax.vmap(probe))(jnp.ones((2, 3)))
+    jax.jit(jax.vmap(probe))(jnp.ones(3))
+    jax.grad(lambda x: jnp.sum(jax.vmap(probe)(x)))(jnp.ones(3))
+    jax.vmap(jax.jit(probe))(jnp.ones(3))
+    assert seen == [True, True, False, False, False]
+    assert not compat.is_eager_batched(jnp.ones(3))
+
+
 def test_custom_vjp_cotangents_through_mask():
     """A custom_vjp whose bwd returns None for one argument (jaxopt's
     custom_root): masked gradients equal plain JAX's on every supported JAX

@@ -264,6 +264,17 @@ def is_batched(x) -> bool:
     return False
 
 
+def is_eager_batched(x) -> bool:
+    """Whether ``x`` is a tracer of eager ``jax.vmap``s only (nested or not; no
+    ``jax.jit``, ``jax.grad`` or other trace around them)."""
+    trace = getattr(x, "_trace", None) if isinstance(x, _batching_internal.BatchTracer) else None
+    for _ in range(64):
+        if not isinstance(trace, _batching_internal.BatchTrace):
+            return isinstance(trace, _core.EvalTrace)
+        trace = getattr(trace, "parent_trace", None)
+    return False
+
+
 def is_linearized(x) -> bool:
     """Whether ``x`` is an unknown value of ``jax.linearize``'s partial
     evaluation (``jax.grad``'s tangents, at any level of ``vmap`` nesting): what

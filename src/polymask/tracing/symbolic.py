@@ -130,6 +130,9 @@ class MaskedProgram:
     internal: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
     user_scope: Any = None
     conditions: tuple[str, ...] = ()
+    # tracing/eager.py's per-call-structure state (calls, its compiled form)
+    eager_states: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
 
     @property
     def out_shapes(self) -> list[tuple]:

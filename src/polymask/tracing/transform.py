@@ -24,6 +24,7 @@ from ..core.masked import Masked
 from ..core.specs import broadcast_specs
 from .cases.dispatch import run_cases
 from .cases.splitting import DEFAULT_MAX_CASES, CaseTree, trace_cases
+from .eager import run_program_eagerly, runs_eagerly
 from .interpreter import run_program
 from .prologue import functional_checks, poison_outputs, run_checks, solve_dim_vars
 from .symbolic import MaskedProgram, arg_paths, dtype_of, flatten_args, is_masked, trace_flat
@@ -302,8 +303,13 @@ class MaskedFunction:
     def _run(self, tree: CaseTree, leaves, values, checks, call_site, guard=None):
         meta = self._meta
         run_checks(checks, call_site)
-        run = functools.partial(run_program, zero_padded=meta.zero_padded,
-                                forward_only=not meta.differentiable, guard=guard)
+        if guard is None and self.checks != "functional" and runs_eagerly(leaves, values):
+            # an eager call: compiled from the program's second call on (tracing/eager.py)
+            run = functools.partial(run_program_eagerly, zero_padded=meta.zero_padded,
+                                    forward_only=not meta.differentiable)
+        else:
+            run = functools.partial(run_program, zero_padded=meta.zero_padded,
+                                    forward_only=not meta.differentiable, guard=guard)
         if tree.single:
             return run(tree.base, leaves, values)
         return run_cases(tree, leaves, values, call_site, run, checks_on=bool(self.checks),

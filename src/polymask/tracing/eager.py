@@ -1,0 +1,122 @@
+"""Eager calls of a masked program: interpreted once, then compiled.
+
+A masked program called on concrete arrays (no ``jax.jit`` around it), or
+under eager ``jax.vmap`` only, is interpreted equation by equation, every
+rule's operations dispatched one at a time: 3.5 ms per call for a softmax
+attention over 40 x 16 (21 ms for a ``jax.vmap`` of 8 of them) where
+``jax.jit`` of the same masked function takes 0.19 ms. So from its second eager call with
+the same arguments' structure it runs as one ``jax.jit`` program whose
+arguments are the padded data and the dim var values (int32 scalars): one
+compile serves every logical size under the bound, as under the user's own
+``jax.jit``. The first call stays interpreted, so a one-off call compiles
+nothing.
+
+What the caller sees does not change: output logical sizes that follow from
+the input sizes are evaluated on the host as the interpreter does (a static
+size stays a Python int), only data-dependent ones (``nonzero``'s count) come
+out of the program; a size check that fails inside the program raises its
+``ShapeError``; a program the compiled path cannot trace (a rule that needs
+a concrete value) stays interpreted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _jax_compat as compat
+from ..core.masked import Masked
+from ..core.shapes import DimEnv
+from .interpreter import run_program
+from .prologue import shape_error_of
+from .symbolic import MaskedProgram, is_masked
+
+__all__ = ["run_program_eagerly", "runs_eagerly"]
+
+HOT_CALLS = 2  # the eager call of a program (per argument structure) that compiles it
+
+
+@dataclasses.dataclass
+class _EagerState:
+    calls: int = 0
+    compiled: Callable | None = None
+    interpreted_only: bool = False  # the compiled path failed to trace: why not again
+
+
+def runs_eagerly(leaves, values: dict) -> bool:
+    """Whether the call is eager: its leaf data and dim var values are
+    concrete, or tracers of eager ``jax.vmap``s only (no ``jax.jit`` or
+    ``jax.grad`` around, which trace the interpretation once anyway)."""
+    def eager(x):
+        return not compat.is_tracer(x) or compat.is_eager_batched(x)
+
+    return (all(eager(leaf.data if is_masked(leaf) else leaf) for leaf in leaves)
+            and all(eager(v) for v in values.values()))
+
+
+def run_program_eagerly(prog: MaskedProgram, leaves, values: dict, zero_padded: bool = False,
+                        forward_only: bool = False, guard=None) -> list[Masked]:
+    """``run_program`` for an eager call (``runs_eagerly``; see the module doc).
+    With a ``guard`` (a case's branch of ``lax.switch``, traced into a jaxpr
+    once per call anyway) it is ``run_program``."""
+    if guard is not None:
+        return run_program(prog, leaves, values, zero_padded=zero_padded,
+                           forward_only=forward_only, guard=guard)
+    masked = tuple(is_masked(leaf) for leaf in leaves)
+    key = (zero_padded, forward_only, masked, tuple(sorted(values)))
+    state = prog.eager_states.get(key)
+    if state is None:
+        state = prog.eager_states.setdefault(key, _EagerState())
+    state.calls += 1
+    if state.interpreted_only or state.calls < HOT_CALLS:
+        return run_program(prog, leaves, values, zero_padded=zero_padded,
+                           forward_only=forward_only)
+    if state.compiled is None:
+        state.compiled = jax.jit(_flat_program(prog, zero_padded, forward_only, masked))
+    datas = [leaf.data if m else leaf for leaf, m in zip(leaves, masked)]
+    dyn_values = {k: v if isinstance(v, jax.Array) or compat.is_tracer(v) else np.int32(v)
+                  for k, v in values.items()}
+    try:
+        out_datas, out_sizes = state.compiled(datas, dyn_values)
+    except Exception as e:
+        if compat.is_runtime_error(e):  # it traced and ran: its own failure
+            err = shape_error_of(e)
+            if err is not None:
+                raise err from None
+            raise compat.as_jax_runtime_error(e) from None
+        state.interpreted_only = True
+        return run_program(prog, leaves, values, zero_padded=zero_padded,
+                           forward_only=forward_only)
+    return _outputs(prog, values, out_datas, out_sizes)
+
+
+def _flat_program(prog: MaskedProgram, zero_padded: bool, forward_only: bool,
+                  masked: tuple[bool, ...]) -> Callable:
+    """``(datas, values) -> (output datas, output logical sizes as int32)``."""
+    def program(datas, values):
+        # run_program reads a leaf's data, and whether it is Masked (its padding)
+        leaves = [Masked(d, ()) if m else d for d, m in zip(datas, masked)]
+        outs = run_program(prog, leaves, values, zero_padded=zero_padded,
+                           forward_only=forward_only)
+        return ([o.data for o in outs],
+                [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
+
+    return program
+
+
+def _outputs(prog: MaskedProgram, values: dict, datas, sizes) -> list[Masked]:
+    """Masked outputs whose logical sizes over the input dim vars are evaluated
+    here as the interpreter would (a static size a Python int); the others
+    (data-dependent) are the program's."""
+    dims = DimEnv(prog.scope, prog.dim_bounds, values)
+    known = set(values)
+    outs = []
+    for data, shape, got in zip(datas, prog.out_shapes, sizes):
+        outs.append(Masked(data, tuple(
+            dims.logical(d) if not compat.is_dim_expr(d) or compat.dim_vars(d) <= known else s
+            for d, s in zip(shape, got))))
+    return outs

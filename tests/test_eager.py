@@ -1,0 +1,113 @@
+"""Eager calls of mask: the first interpreted, later ones one compiled program
+(tracing/eager.py), with the same values, sizes and errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import polymask as pm
+from polymask.core.errors import UnsupportedError
+from polymask.tracing import eager
+
+
+def attention_sum(x):
+    s = x @ x.T / jnp.sqrt(x.shape[1])
+    return jnp.sum(jax.nn.softmax(s, axis=-1) @ x, axis=0)
+
+
+def _states(mf):
+    return [s for p in mf.programs for s in p.eager_states.values()]
+
+
+def test_eager_calls_share_one_compiled_program_for_every_size():
+    mf = pm.mask(attention_sum, "n, 16")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(12, 16)).astype(np.float32)
+    padded = np.full((12, 16), np.nan, np.float32)
+    outs = {}
+    with pm.compile_counter() as warm:
+        for n in (12, 1):  # the first call interprets, the second compiles
+            padded[:n] = x[:n]
+            outs[n] = mf(pm.Masked(padded.copy(), (n, 16)))
+    (state,) = _states(mf)
+    assert state.compiled is not None and not state.interpreted_only
+    with pm.compile_counter() as later:
+        for n in (0, 5, 11):
+            padded[:] = np.nan
+            padded[:n] = x[:n]
+            outs[n] = mf(pm.Masked(padded.copy(), (n, 16)))
+    assert later.compiles == 0, (warm.compiles, later.compiles)
+    assert state.calls == 5
+    for n, out in outs.items():
+        assert out.shape == (16,)
+        want = attention_sum(jnp.asarray(x[:n]))  # NaN at n = 0, as plain JAX
+        np.testing.assert_allclose(out.data, want, rtol=2e-5, atol=1e-6)
+
+
+def test_eager_outputs_keep_the_types_of_their_sizes():
+    # a static size stays a Python int, an array size an array, a count the program's
+    f = pm.mask(lambda x: jnp.cumsum(x), "n")
+    g = pm.mask(lambda x: pm.nonzero(x > 1)[0], "n")
+    x = jnp.arange(6.0)
+    for _ in range(3):
+        assert f(pm.Masked(x, (3,))).shape == (3,)
+        assert type(f(pm.Masked(x, (3,))).shape[0]) is int
+        out = f(pm.Masked(x, (jnp.int32(4),)))
+        assert isinstance(out.shape[0], jax.Array) and int(out.shape[0]) == 4
+        np.testing.assert_allclose(out.data[:4], [0, 1, 3, 6])
+        nz = g(pm.Masked(x, (5,)))
+        assert int(nz.shape[0]) == 3
+        np.testing.assert_array_equal(nz.data[:3], [2, 3, 4])
+    assert all(s.compiled is not None for s in _states(f) + _states(g))
+
+
+def test_eager_vmap_runs_the_compiled_program_batched():
+    mf = pm.mask(attention_sum, "n, 16")
+    rng = np.random.default_rng(1)
+    xs = rng.normal(size=(4, 10, 16)).astype(np.float32)
+    for ns in ([0, 3, 10, 7], [1, 2, 5, 9], [10, 10, 4, 0]):
+        ns = np.asarray(ns, np.int32)
+        out = jax.vmap(mf)(pm.Masked(jnp.asarray(xs), (ns, 16)))
+        for b, n in enumerate(ns):
+            np.testing.assert_allclose(out.data[b], attention_sum(jnp.asarray(xs[b, :n])),
+                                       rtol=2e-5, atol=1e-6)
+    (state,) = _states(mf)
+    assert state.calls == 3 and state.compiled is not None
+
+
+def test_a_size_check_failing_in_the_compiled_program_raises_its_shape_error():
+    f = pm.mask(lambda x: pm.arange(jnp.sum(x).astype(jnp.int32), max_size=4) * 2, "n")
+    x = jnp.ones(8)
+    for n in (2, 3):
+        np.testing.assert_array_equal(f(pm.Masked(x, (n,))).data[:n], np.arange(n) * 2)
+    assert _states(f)[0].compiled is not None
+    for _ in range(2):
+        with pytest.raises(pm.ShapeError, match="larger than max_size=4"):
+            f(pm.Masked(x, (6,)))
+    np.testing.assert_array_equal(f(pm.Masked(x, (4,))).data, [0, 2, 4, 6])
+
+
+def test_a_program_the_compiled_path_cannot_trace_stays_interpreted(monkeypatch):
+    def untraceable(prog, zero_padded, forward_only, masked):
+        def program(datas, values):
+            raise UnsupportedError("needs a concrete value")
+        return program
+
+    monkeypatch.setattr(eager, "_flat_program", untraceable)
+    f = pm.mask(lambda x: jnp.sum(x * x), "n")
+    x = jnp.arange(5.0)
+    for n in (5, 3, 0, 2):
+        assert float(f(pm.Masked(x, (n,))).data) == float(np.sum(np.arange(n) ** 2))
+    (state,) = _states(f)
+    assert state.interpreted_only and state.calls == 4
+
+
+def test_calls_under_jit_or_grad_are_not_eager():
+    f = pm.mask(lambda x: jnp.sum(x * x), "n")
+    x = jnp.arange(5.0)
+    for _ in range(3):
+        assert float(jax.jit(f)(pm.Masked(x, (jnp.int32(3),))).data) == 5.0
+        g = jax.grad(lambda d: f(pm.Masked(d, (3,))).data)(x)
+        np.testing.assert_array_equal(g, [0, 2, 4, 0, 0])
+    assert _states(f) == []
