@@ -284,6 +284,7 @@ class PolyJit:
         self.cache.clear()
         self.plans.clear()
         self._pads.clear()
+        self._steady.clear()
 
     def _flat(self, info: _CallInfo, leaves, dyn=None):
         """The compiled program's arguments: static leaves, padded dynamic leaves, sizes."""
