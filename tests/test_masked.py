@@ -34,6 +34,11 @@ def test_a_logical_shape_given_as_one_array_runs_over_the_data_axes():
     assert pm.Masked(jnp.zeros(4), jnp.int32(2)).shape == (2,)
     with pytest.raises(pm.ShapeError, match=r"array of shape \(3,\), read as 3 sizes.*rank 2"):
         pm.Masked(xs[:, 0], ns[:, 0])  # meant as a batch: sizes go in a tuple
+    with pytest.raises(pm.ShapeError, match=r"array of shape \(1,\), read as 1 sizes.*rank 2"):
+        pm.Masked(xs[:1, 0], ns[:1, 0])  # a batch of one: the same mistake
+    np.testing.assert_array_equal(pm.pad([1.0, 2.0], 4).data, [1, 2, 0, 0])  # a list, as NumPy
+    with pytest.raises(TypeError, match=r"called at .*test_masked.py"):
+        pm.pad(np.ones(3), 3.7)
 
 
 def test_pad_unpad_valid():

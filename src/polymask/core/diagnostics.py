@@ -121,12 +121,13 @@ def at_user_line(e: BaseException) -> BaseException:
 
 
 def names_the_user_line(fun):
-    """Decorator: a ``ShapeError`` raised by ``fun`` names the user's line."""
+    """Decorator: a ``ShapeError`` or ``TypeError`` (bad input) raised by
+    ``fun`` names the user's line."""
     @functools.wraps(fun)
     def wrapper(*args, **kwargs):
         try:
             return fun(*args, **kwargs)
-        except ShapeError as e:
+        except (ShapeError, TypeError) as e:
             raise at_user_line(e) from None
 
     return wrapper

@@ -82,12 +82,16 @@ def _sizes_of_array(sizes, data) -> tuple:
         return (sizes,)
     rank = len(np.shape(data)) if not hasattr(data, "ndim") else data.ndim
     r = sizes.shape[-1]
-    if r > rank:
+    # (r,) is one example's shape: all its axes. Fewer sizes would be a batch
+    # sharing them, which vmap cannot map: most likely a batch's sizes meant
+    # as (sizes,).
+    if r > rank or (sizes.ndim == 1 and r != rank):
         raise at_user_line(ShapeError(
             f"Masked: the logical shape is an array of shape {tuple(sizes.shape)}, read as "
-            f"{r} sizes (its last axis, one per axis of the data), but the data has rank "
+            f"{r} sizes (its last axis, one per axis of the example), but the data has rank "
             f"{rank}; a ragged batch takes its sizes as a tuple with one array per axis, "
-            f"e.g. Masked(data, (sizes,)) for a batch of rank-1 examples"))
+            f"e.g. Masked(data, (sizes,)) for a batch of rank-1 examples, or as one "
+            f"(B, r) array for examples of rank r"))
     if sizes.ndim == 1:
         return tuple(sizes[i] for i in range(r))
     return tuple(sizes[..., i] for i in range(r))
@@ -106,7 +110,9 @@ class Masked:
         the data's axes: ``(r,)``, or ``(B, r)`` for a batch.
 
     Raises:
-      ShapeError: an array-valued shape has more sizes than the data has axes.
+      ShapeError: an array-valued shape has more sizes than the data has
+        axes, or is one-dimensional with fewer (a batch's sizes belong in a
+        tuple: ``Masked(data, (sizes,))``).
 
     The logical data is the leading corner ``data[:shape[0], :shape[1], ...]``;
     everything else is padding with unspecified content.
@@ -312,6 +318,8 @@ def pad(x, bound: Sequence[int] | int, *, fill: Any = 0, dynamic: bool = True) -
       TypeError: a bound that is not an int (``3.7``, ``True``), or a ``fill``
         that the dtype of ``x`` cannot hold (NaN for an integer array).
     """
+    if isinstance(x, (list, tuple)):  # an array-like, as NumPy reads it
+        x = np.asarray(x)
     shape = tuple(np.shape(x))
     if not isinstance(bound, (tuple, list)):
         b0 = _as_bound_entry(bound, "pad(bound=...)")
