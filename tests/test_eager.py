@@ -1,5 +1,5 @@
-"""Eager calls of mask: the first interpreted, later ones one compiled program
-(tracing/eager.py), with the same values, sizes and errors."""
+"""Eager calls of mask run as one compiled program (tracing/eager.py), with the
+interpreter's values, sizes and errors."""
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ def test_eager_calls_share_one_compiled_program_for_every_size():
     padded = np.full((12, 16), np.nan, np.float32)
     outs = {}
     with pm.compile_counter() as warm:
-        for n in (12, 1):  # the first call interprets, the second compiles
+        for n in (12, 1):  # the first call compiles
             padded[:n] = x[:n]
             outs[n] = mf(pm.Masked(padded.copy(), (n, 16)))
     (state,) = _states(mf)

@@ -304,7 +304,7 @@ class MaskedFunction:
         meta = self._meta
         run_checks(checks, call_site)
         if guard is None and self.checks != "functional" and runs_eagerly(leaves, values):
-            # an eager call: compiled from the program's second call on (tracing/eager.py)
+            # an eager call: one compiled program, not an interpretation (tracing/eager.py)
             run = functools.partial(run_program_eagerly, zero_padded=meta.zero_padded,
                                     forward_only=not meta.differentiable)
         else:
