@@ -111,3 +111,45 @@ def test_calls_under_jit_or_grad_are_not_eager():
         g = jax.grad(lambda d: f(pm.Masked(d, (3,))).data)(x)
         np.testing.assert_array_equal(g, [0, 2, 4, 0, 0])
     assert _states(f) == []
+
+
+def test_eager_vmap_of_a_case_split_compiles_the_switch_once():
+    # each example picks its case; the switch is one compiled program, batched once
+    mf = pm.mask(lambda v: v.sum() if v.shape[0] > 5 else v.prod(), "n")
+    xs = jnp.asarray(np.random.default_rng(2).uniform(0.5, 1.5, size=(4, 12)).astype(np.float32))
+    for i, ns in enumerate(([3, 7, 0, 12], [6, 5, 1, 9], [12, 12, 4, 2])):
+        ns = np.asarray(ns, np.int32)
+        with pm.compile_counter() as cc:
+            out = jax.vmap(mf)(pm.Masked(xs, (ns,)))
+        for b, n in enumerate(ns):
+            v = xs[b, :n]
+            np.testing.assert_allclose(out.data[b], v.sum() if n > 5 else v.prod(), rtol=1e-5)
+        if i:
+            assert cc.compiles == 0
+    (tree,) = mf._meta.cache.values()
+    (state,) = tree.eager_states.values()
+    assert state.calls == 3 and state.compiled is not None
+
+
+def test_a_function_masked_afresh_per_call_reuses_its_trace_and_program():
+    def twice_cumsum(v):
+        return jnp.cumsum(v) * 2
+
+    x = jnp.arange(10.0)
+    first = pm.mask(twice_cumsum, "n")(pm.Masked(x, (3,)))
+    with pm.compile_counter() as cc:
+        again = [pm.mask(twice_cumsum, "n")(pm.Masked(x, (n,))) for n in (0, 4, 10)]
+    assert cc.compiles == 0
+    np.testing.assert_array_equal(first.data[:3], [0, 2, 6])
+    for n, out in zip((0, 4, 10), again):
+        np.testing.assert_array_equal(out.data[:n], np.cumsum(np.arange(n)) * 2)
+
+    class Unhashable:  # a callee that does not hash is traced per mask() instead
+        __hash__ = None
+
+        def __call__(self, v):
+            return v * 3
+
+    for n in (2, 5):
+        out = pm.mask(Unhashable(), "n")(pm.Masked(x, (n,)))
+        np.testing.assert_array_equal(out.data[:n], np.arange(n) * 3)

@@ -21,6 +21,7 @@ a concrete value) is interpreted, that call and the later ones.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -30,11 +31,12 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.masked import Masked
 from ..core.shapes import DimEnv
+from .cases.dispatch import run_cases, static_out_sizes
 from .interpreter import run_program
 from .prologue import shape_error_of
 from .symbolic import MaskedProgram, is_masked
 
-__all__ = ["run_program_eagerly", "runs_eagerly"]
+__all__ = ["run_program_eagerly", "run_cases_eagerly", "runs_eagerly"]
 
 
 
@@ -75,21 +77,66 @@ def run_program_eagerly(prog: MaskedProgram, leaves, values: dict, zero_padded: 
                            forward_only=forward_only)
     if state.compiled is None:
         state.compiled = jax.jit(_flat_program(prog, zero_padded, forward_only, masked))
+    try:
+        out_datas, out_sizes = _call_compiled(state.compiled, leaves, masked, values)
+    except _TraceFailed:
+        state.interpreted_only = True
+        return run_program(prog, leaves, values, zero_padded=zero_padded,
+                           forward_only=forward_only)
+    return _outputs(prog, values, out_datas, out_sizes)
+
+
+def run_cases_eagerly(tree, leaves, values: dict, call_site: str, checks_on: bool,
+                      zero_padded: bool = False, forward_only: bool = False) -> list[Masked]:
+    """``run_cases`` for an eager ``jax.vmap`` call of a case split (``values``
+    batched): the switch between the cases in one compiled program, batched
+    once, instead of the cases' branches traced again on every call."""
+    masked = tuple(is_masked(leaf) for leaf in leaves)
+    key = (zero_padded, forward_only, masked, tuple(sorted(values)), call_site, checks_on)
+    state = tree.eager_states.get(key)
+    if state is None:
+        state = tree.eager_states.setdefault(key, _EagerState())
+    state.calls += 1
+    run = functools.partial(run_program, zero_padded=zero_padded, forward_only=forward_only)
+    if state.interpreted_only:
+        return run_cases(tree, leaves, values, call_site, run, checks_on=checks_on)
+    if state.compiled is None:
+        def program(datas, values):
+            inner = [Masked(d, ()) if m else d for d, m in zip(datas, masked)]
+            outs = run_cases(tree, inner, values, call_site, run, checks_on=checks_on)
+            return ([o.data for o in outs],
+                    [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
+
+        state.compiled = jax.jit(program)
+    try:
+        datas, sizes = _call_compiled(state.compiled, leaves, masked, values)
+    except _TraceFailed:
+        state.interpreted_only = True
+        return run_cases(tree, leaves, values, call_site, run, checks_on=checks_on)
+    return [Masked(d, tuple(st if st is not None else sz for sz, st in zip(ss, sts)))
+            for d, ss, sts in zip(datas, sizes, static_out_sizes(tree))]
+
+
+class _TraceFailed(Exception):
+    """The compiled path failed before it ran (a trace failure)."""
+
+
+def _call_compiled(compiled, leaves, masked, values):
+    """``compiled(datas, values)``; a failure while it ran raised as the user
+    reads it (its ``ShapeError``, else JAX's ``JaxRuntimeError``), one before
+    it ran as ``_TraceFailed``."""
     datas = [leaf.data if m else leaf for leaf, m in zip(leaves, masked)]
     dyn_values = {k: v if isinstance(v, jax.Array) or compat.is_tracer(v) else np.int32(v)
                   for k, v in values.items()}
     try:
-        out_datas, out_sizes = state.compiled(datas, dyn_values)
+        return compiled(datas, dyn_values)
     except Exception as e:
         if compat.is_runtime_error(e):  # it traced and ran: its own failure
             err = shape_error_of(e)
             if err is not None:
                 raise err from None
             raise compat.as_jax_runtime_error(e) from None
-        state.interpreted_only = True
-        return run_program(prog, leaves, values, zero_padded=zero_padded,
-                           forward_only=forward_only)
-    return _outputs(prog, values, out_datas, out_sizes)
+        raise _TraceFailed() from e
 
 
 def _flat_program(prog: MaskedProgram, zero_padded: bool, forward_only: bool,

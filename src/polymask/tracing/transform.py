@@ -24,7 +24,7 @@ from ..core.masked import Masked
 from ..core.specs import broadcast_specs
 from .cases.dispatch import run_cases
 from .cases.splitting import DEFAULT_MAX_CASES, CaseTree, trace_cases
-from .eager import run_program_eagerly, runs_eagerly
+from .eager import run_cases_eagerly, run_program_eagerly, runs_eagerly
 from .interpreter import run_program
 from .prologue import functional_checks, poison_outputs, run_checks, solve_dim_vars
 from .symbolic import MaskedProgram, arg_paths, dtype_of, flatten_args, is_masked, trace_flat
@@ -157,8 +157,9 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
     return c
 
 
-# Programs of pytree callees, shared by every ``mask(module, ...)`` with the same
-# module structure (``mask`` is often called afresh inside a grad/jit'd function).
+# Case trees shared by every ``mask(fun, ...)`` of the same callee (a pytree
+# callee: the same module structure) and options: ``mask`` is often called afresh
+# per call or inside a grad/jit'd function. Least recently used first.
 _SHARED: collections.OrderedDict = collections.OrderedDict()
 _SHARED_SIZE = 128
 _SHARED_LOCK = threading.Lock()
@@ -215,22 +216,31 @@ class MaskedFunction:
     checks = property(lambda self: self._meta.checks)
 
     def _key(self, call: _Call):
+        """``(key, shared)``: the case tree's cache key (None: not cacheable)
+        and whether ``_SHARED`` keeps it too. Shared between ``mask()``s of the
+        same callee, which is often wrapped afresh per call (``jax.jit`` too
+        caches by the function): a pytree callee by its type (its leaves are
+        in the key), any other by itself where it hashes."""
         m = self._meta
         if m.spec_key is None:
-            return None
+            return None, False
         key = (tuple(_leaf_sig(x) for x in call.leaves), call.static_key, m.spec_key,
-               m.constraints)
-        if self._pytree_callee:
-            key = (key, type(self.fun))
-        return _hashable(key)
+               m.constraints, m.max_cases)
+        callee = type(self.fun) if self._pytree_callee else self.fun
+        try:
+            hash(callee)
+        except TypeError:
+            return _hashable(key), False
+        key = _hashable((key, callee))
+        return key, key is not None
 
     def _tree_for(self, call: _Call) -> CaseTree:
         m = self._meta
-        key = self._key(call)
+        key, shared = self._key(call)
         if key is not None:
             with m.lock:
                 tree = m.cache.get(key)
-            if tree is None and self._pytree_callee:
+            if tree is None and shared:
                 with _SHARED_LOCK:
                     tree = _SHARED.get(key)
                     if tree is not None:
@@ -244,7 +254,7 @@ class MaskedFunction:
         if key is not None:
             with m.lock:
                 m.cache.setdefault(key, tree)
-            if self._pytree_callee:
+            if shared:
                 with _SHARED_LOCK:
                     _SHARED[key] = tree
                     while len(_SHARED) > _SHARED_SIZE:
@@ -305,6 +315,9 @@ class MaskedFunction:
         run_checks(checks, call_site)
         if guard is None and self.checks != "functional" and runs_eagerly(leaves, values):
             # an eager call: one compiled program, not an interpretation (tracing/eager.py)
+            if not tree.single and any(map(compat.is_tracer, values.values())):
+                return run_cases_eagerly(tree, leaves, values, call_site, bool(self.checks),
+                                         meta.zero_padded, not meta.differentiable)
             run = functools.partial(run_program_eagerly, zero_padded=meta.zero_padded,
                                     forward_only=not meta.differentiable)
         else:

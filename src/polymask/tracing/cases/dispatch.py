@@ -119,12 +119,12 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
             "A constraint that decides the comparison (constraints=['n >= 1']) removes the "
             f"split; jax.debug.callback is not an IO effect.\n  in the masked call at {call_site}"
         ) from None
-    static = _static_out_sizes(tree)
+    static = static_out_sizes(tree)
     return [Masked(d, tuple(st if st is not None else s for s, st in zip(ss, sts)))
             for d, ss, sts in zip(datas, sizes, static)]
 
 
-def _static_out_sizes(tree: CaseTree) -> list[list[int | None]]:
+def static_out_sizes(tree: CaseTree) -> list[list[int | None]]:
     """Per output axis, its size when it is the same int in every live case (else None):
     such an axis stays a Python int, as in a single-case program."""
     live = [c.program for c in tree.cases if c.program is not None and c.reachable]

@@ -72,6 +72,9 @@ class CaseTree:
     out_tree: Any = None
     out_bounds: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     max_cases: int = 16  # mask(..., max_cases=): the limit its errors name
+    # tracing/eager.py's state for eager jax.vmap calls that switch between cases
+    eager_states: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
+                                           compare=False)
 
     @property
     def single(self) -> bool:
