@@ -118,3 +118,20 @@ def test_mask_sequence_specs_reach_keyword_and_defaulted_parameters():
     np.testing.assert_array_equal(pm.mask(f, specs)(m, w=w).unpad(), exact.sum(0) * 5.0)
     with pytest.raises(pm.ShapeError, match=r"called with 1 positional argument\b(?!s)"):
         pm.mask(lambda x, y: x, ("n", "k"))(m)
+
+
+def test_out_of_range_sizes_are_caught_where_the_shape_is_an_array_and_by_valid():
+    # (2, 8) data with sizes [3, 5]: read as one example's shape, 3 is past the
+    # bound 2, most likely a batch's sizes meant as (sizes,)
+    with pytest.raises(pm.ShapeError, match=r"outside \[0, 2\].*Masked\(data, \(sizes,\)\)"):
+        pm.Masked(jnp.ones((2, 8)), jnp.array([3, 5]))
+    with pytest.raises(pm.ShapeError, match=r"outside \[0, 4\](.|\n)*called at .*test_masked.py"):
+        pm.Masked(jnp.ones(4), (9,)).valid()
+    np.testing.assert_array_equal(pm.Masked(jnp.ones(4), (jnp.int32(2),)).valid(),
+                                  [True, True, False, False])
+    assert issubclass(pm.TooManyCases, pm.ShapeError)
+
+
+def test_a_library_function_masked_as_it_is_names_where_it_fails():
+    with pytest.raises(pm.ShapeError, match=r"fails at .*reductions.py:\d+ \(max\)"):
+        pm.mask(jnp.max, "n")(pm.Masked(jnp.ones(4), (0,)))

@@ -11,7 +11,13 @@ import sys as _sys
 
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
 from .core import buckets
-from .core.errors import FallbackWarning, PackedLayoutWarning, ShapeError, UnsupportedError
+from .core.errors import (
+    FallbackWarning,
+    PackedLayoutWarning,
+    ShapeError,
+    TooManyCases,
+    UnsupportedError,
+)
 from .core.masked import Masked, logical_shape, pad, stack
 from .inspection.explain import explain
 from .inspection.formula import shape_formula
@@ -46,7 +52,8 @@ from .tracing.transform import mask
 _sys.modules[__name__ + ".buckets"] = buckets
 
 __all__ = [
-    "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "UnsupportedError",
+    "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "TooManyCases",
+    "UnsupportedError",
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
     "buckets", "value_and_grad", "enable_compilation_cache", "disable_compilation_cache",

@@ -76,8 +76,12 @@ def user_frame_of_exception(e: BaseException) -> str:
     where = getattr(e, "polymask_where", None)
     if where:
         return where
-    for fr in reversed(traceback.extract_tb(e.__traceback__)):
+    frames = traceback.extract_tb(e.__traceback__)
+    for fr in reversed(frames):
         if not is_library_frame(fr.filename):
+            return _fmt_frame(fr.filename, fr.lineno, fr.name)
+    for fr in frames:  # a library function masked as it is (jnp.max): where it was entered
+        if not os.path.abspath(fr.filename).startswith(_PKG_DIR):
             return _fmt_frame(fr.filename, fr.lineno, fr.name)
     return UNKNOWN_LOCATION
 
@@ -177,7 +181,9 @@ def _data_dependent_error(e: BaseException, where: str) -> ShapeError | None:
         return ShapeError(
             f"a slice with traced bounds has a data-dependent size (at {where}); inside "
             "polymask.mask use polymask.dynamic_slice(x, start, size, max_size=...) "
-            f"instead.\n  JAX said: {said}")
+            "instead; a bound that is a Python number given as an argument is a traced "
+            "array as under jax.jit: pass it as a keyword argument (static) instead"
+            f".\n  JAX said: {said}")
     if isinstance(e, jax.errors.ConcretizationTypeError) and api in _DATA_DEPENDENT_REPLACEMENTS:
         return ShapeError(
             f"jnp.{api} has a data-dependent output size (at {where}); inside polymask.mask "

@@ -92,9 +92,16 @@ def _sizes_of_array(sizes, data) -> tuple:
             f"{rank}; a ragged batch takes its sizes as a tuple with one array per axis, "
             f"e.g. Masked(data, (sizes,)) for a batch of rank-1 examples, or as one "
             f"(B, r) array for examples of rank r"))
-    if sizes.ndim == 1:
-        return tuple(sizes[i] for i in range(r))
-    return tuple(sizes[..., i] for i in range(r))
+    out = (tuple(sizes[i] for i in range(r)) if sizes.ndim == 1
+           else tuple(sizes[..., i] for i in range(r)))
+    try:  # concrete sizes are checked here: an out-of-range one is likely a batch's sizes
+        _validate_sizes(out, tuple(np.shape(data)), "Masked")
+    except ShapeError as e:
+        raise at_user_line(ShapeError(
+            f"{e}; the logical shape is an array of shape {tuple(sizes.shape)}, read as one "
+            f"size per axis of the example on its last axis: a ragged batch of rank-1 "
+            f"examples takes its sizes as a tuple, Masked(data, (sizes,))")) from None
+    return out
 
 
 class Masked:
@@ -202,10 +209,17 @@ class Masked:
         """
         return jnp.where(self.valid(), self.data, jnp.asarray(value, self.data.dtype))
 
+    @names_the_user_line
     def valid(self) -> jax.Array:
         """Boolean array of ``data.shape``: True on the logical corner (of each
-        example, for a batch)."""
+        example, for a batch).
+
+        Raises:
+          ShapeError: a concrete size outside ``[0, bound]``, or more sizes
+            than axes (traced sizes are not checked).
+        """
         bound = self.bound
+        _validate_sizes(self.shape, bound, "Masked.valid()")
         k = len(bound) - len(self.shape)  # leading batch axes (a ragged batch)
         ok = jnp.ones(bound, dtype=bool)
         for axis, (s, b) in enumerate(zip(self.shape, bound[k:]), start=k):
