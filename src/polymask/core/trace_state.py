@@ -11,6 +11,9 @@ context managers that open the scope of one masked trace or run:
   (``tracing/prologue.py``);
 - ``per_example``: ``ragged_map`` masks its function, so a ``pure_callback``
   is called per example (``rules/callbacks.py``);
+- ``batched_outside``: an eager ``jax.vmap`` batches the compiled program
+  being traced from outside (``tracing/eager.py``), so its operands count as
+  batched where a rule asks (``rules/callbacks.py``);
 - ``masks``: validity masks shared within one masked run (``core/masks.py``).
 
 (The DimExpr hooks' own frames stay in ``_jax_compat/splits.py``: they belong
@@ -25,7 +28,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["TraceState", "trace_state", "current_scope", "scope_active", "mapped_per_example"]
+__all__ = ["TraceState", "trace_state", "current_scope", "scope_active", "mapped_per_example",
+           "batched_outside"]
 
 
 class TraceState(threading.local):
@@ -35,6 +39,7 @@ class TraceState(threading.local):
         self.scopes: list[Any] = []
         self.functional_checks: list | None = None
         self.per_example: bool = False
+        self.batched_outside: bool = False
         self.masks: dict | None = None
 
 
@@ -80,3 +85,10 @@ def mapped_per_example():
     example with that example's arrays, as ``fun(example)`` calls it (any
     ``vmap_method``; without one JAX would refuse to batch it)."""
     return replaced("per_example", True)
+
+
+def batched_outside(batched: bool):
+    """While ``tracing/eager.py`` traces the program an eager ``jax.vmap`` will
+    batch (``jax.vmap`` of a ``jax.jit``): its operands look unbatched to the
+    rules, but are batched as under ``jax.jit(jax.vmap(...))``."""
+    return replaced("batched_outside", batched)

@@ -276,7 +276,8 @@ def pure_callback_rule(ctx, *args, callback, vmap_method, **_):
     if plan is None:
         return ctx.bind(*args, vmap_method=vmap_method)
     if vmap_method == "legacy_vectorized" or (  # see the module doc
-            vmap_method is None and not any(map(compat.is_batched, args))):
+            vmap_method is None and not trace_state().batched_outside
+            and not any(map(compat.is_batched, args))):
         vmap_method = "sequential"
     return ctx.bind(*args, *extra, callback=_host_function(callback, plan),
                     vmap_method=vmap_method)

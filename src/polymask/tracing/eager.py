@@ -31,6 +31,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.masked import Masked
 from ..core.shapes import DimEnv
+from ..core.trace_state import batched_outside
 from .cases.dispatch import run_cases, static_out_sizes
 from .interpreter import run_program
 from .prologue import shape_error_of
@@ -67,7 +68,7 @@ def run_program_eagerly(prog: MaskedProgram, leaves, values: dict, zero_padded: 
         return run_program(prog, leaves, values, zero_padded=zero_padded,
                            forward_only=forward_only, guard=guard)
     masked = tuple(is_masked(leaf) for leaf in leaves)
-    key = (zero_padded, forward_only, masked, tuple(sorted(values)))
+    key = (zero_padded, forward_only, masked, tuple(sorted(values)), _under_vmap(leaves, values))
     state = prog.eager_states.get(key)
     if state is None:
         state = prog.eager_states.setdefault(key, _EagerState())
@@ -92,7 +93,8 @@ def run_cases_eagerly(tree, leaves, values: dict, call_site: str, checks_on: boo
     batched): the switch between the cases in one compiled program, batched
     once, instead of the cases' branches traced again on every call."""
     masked = tuple(is_masked(leaf) for leaf in leaves)
-    key = (zero_padded, forward_only, masked, tuple(sorted(values)), call_site, checks_on)
+    key = (zero_padded, forward_only, masked, tuple(sorted(values)), call_site, checks_on,
+           _under_vmap(leaves, values))
     state = tree.eager_states.get(key)
     if state is None:
         state = tree.eager_states.setdefault(key, _EagerState())
@@ -129,7 +131,8 @@ def _call_compiled(compiled, leaves, masked, values):
     dyn_values = {k: v if isinstance(v, jax.Array) or compat.is_tracer(v) else np.int32(v)
                   for k, v in values.items()}
     try:
-        return compiled(datas, dyn_values)
+        with batched_outside(_under_vmap(leaves, values)):  # as jit(vmap(...)) would see it
+            return compiled(datas, dyn_values)
     except Exception as e:
         if compat.is_runtime_error(e):  # it traced and ran: its own failure
             err = shape_error_of(e)
@@ -137,6 +140,12 @@ def _call_compiled(compiled, leaves, masked, values):
                 raise err from None
             raise compat.as_jax_runtime_error(e) from None
         raise _TraceFailed() from e
+
+
+def _under_vmap(leaves, values: dict) -> bool:
+    """Whether the eager call is under ``jax.vmap`` (its values are tracers)."""
+    return any(compat.is_tracer(leaf.data if is_masked(leaf) else leaf) for leaf in leaves) \
+        or any(compat.is_tracer(v) for v in values.values())
 
 
 def _flat_program(prog: MaskedProgram, zero_padded: bool, forward_only: bool,
