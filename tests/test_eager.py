@@ -153,3 +153,50 @@ def test_a_function_masked_afresh_per_call_reuses_its_trace_and_program():
     for n in (2, 5):
         out = pm.mask(Unhashable(), "n")(pm.Masked(x, (n,)))
         np.testing.assert_array_equal(out.data[:n], np.arange(n) * 3)
+
+
+def test_eager_vmap_of_a_case_split_compiles_once_for_every_call_line():
+    def f(x):
+        if x.shape[0] > 2:
+            return jnp.sum(x.reshape(-1, 2) ** 2)
+        return jnp.sum(x) + 100.0
+
+    g = jax.vmap(pm.mask(f, "n"))
+    xs = jnp.ones((5, 8))
+    ok = jnp.array([0, 1, 4, 8, 6], jnp.int32)
+    g(pm.Masked(xs, (ok,)))
+    with pm.compile_counter() as cc:
+        np.testing.assert_array_equal(g(pm.Masked(xs, (ok,))).data, [100, 101, 4, 8, 6])
+        np.testing.assert_array_equal(g(pm.Masked(xs, (ok,))).data, [100, 101, 4, 8, 6])
+    assert cc.compiles == 0
+    bad = jnp.array([0, 1, 4, 7, 6], jnp.int32)  # odd n = 7 cannot reshape to pairs
+    lines = []
+    for _ in range(2):
+        with pytest.raises(pm.ShapeError, match=r"batch element 3") as e:
+            g(pm.Masked(xs, (bad,)))
+        lines.append(str(e.value).rsplit("test_eager.py:", 1)[1])
+    assert lines[0] == lines[1]  # the same line in the loop...
+    with pytest.raises(pm.ShapeError) as e:
+        g(pm.Masked(xs, (bad,)))  # ...and this one named here
+    assert str(e.value).rsplit("test_eager.py:", 1)[1] != lines[0]
+
+
+def test_a_masked_callee_is_not_kept_alive():
+    import gc
+    import weakref
+
+    class Scaled:
+        def __init__(self):
+            self.w = jnp.ones(3)
+
+        def __call__(self, x):
+            return jnp.sum(x) * self.w[0]
+
+    refs = []
+    for n in (2, 3):
+        fun = Scaled()
+        refs.append(weakref.ref(fun))
+        assert float(pm.mask(fun, "n")(pm.Masked(jnp.ones(6), (n,))).data) == n
+        del fun
+    gc.collect()
+    assert all(r() is None for r in refs)

@@ -41,11 +41,26 @@ __all__ = ["run_program_eagerly", "run_cases_eagerly", "runs_eagerly"]
 
 
 
+class _CallSite:
+    """The call site a compiled program's run-time size checks name: the
+    current call's (its checks format it when they fail), so one program
+    serves calls from every line."""
+
+    now = ""
+
+    def __str__(self) -> str:
+        return self.now
+
+    def __format__(self, spec: str) -> str:
+        return format(self.now, spec)
+
+
 @dataclasses.dataclass
 class _EagerState:
     calls: int = 0  # eager calls, compiled or interpreted
     compiled: Callable | None = None
     interpreted_only: bool = False  # the compiled path failed to trace: why not again
+    call_site: _CallSite = dataclasses.field(default_factory=_CallSite)
 
 
 def runs_eagerly(leaves, values: dict) -> bool:
@@ -93,7 +108,7 @@ def run_cases_eagerly(tree, leaves, values: dict, call_site: str, checks_on: boo
     batched): the switch between the cases in one compiled program, batched
     once, instead of the cases' branches traced again on every call."""
     masked = tuple(is_masked(leaf) for leaf in leaves)
-    key = (zero_padded, forward_only, masked, tuple(sorted(values)), call_site, checks_on,
+    key = (zero_padded, forward_only, masked, tuple(sorted(values)), checks_on,
            _under_vmap(leaves, values))
     state = tree.eager_states.get(key)
     if state is None:
@@ -102,10 +117,11 @@ def run_cases_eagerly(tree, leaves, values: dict, call_site: str, checks_on: boo
     run = functools.partial(run_program, zero_padded=zero_padded, forward_only=forward_only)
     if state.interpreted_only:
         return run_cases(tree, leaves, values, call_site, run, checks_on=checks_on)
+    state.call_site.now = call_site  # the failing size check's message names this call
     if state.compiled is None:
         def program(datas, values):
             inner = [Masked(d, ()) if m else d for d, m in zip(datas, masked)]
-            outs = run_cases(tree, inner, values, call_site, run, checks_on=checks_on)
+            outs = run_cases(tree, inner, values, state.call_site, run, checks_on=checks_on)
             return ([o.data for o in outs],
                     [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -165,6 +167,20 @@ _SHARED_SIZE = 128
 _SHARED_LOCK = threading.Lock()
 
 
+def _weak_callee(fun):
+    """``fun`` as a ``_SHARED`` key that does not keep it alive where it can be
+    weakly referenced (as ``jax.jit``'s cache): a weak reference equals another
+    to the same live callee, a bound method's (new on every attribute access)
+    while its object and function are alive. A dead one equals nothing, and
+    its entry leaves with the least recently used."""
+    try:
+        if inspect.ismethod(fun):
+            return weakref.WeakMethod(fun)
+        return weakref.ref(fun)
+    except TypeError:
+        return fun
+
+
 class _Meta:
     """What a ``MaskedFunction`` keeps besides its callee: specs, options, cache.
 
@@ -226,7 +242,7 @@ class MaskedFunction:
             return None, False
         key = (tuple(_leaf_sig(x) for x in call.leaves), call.static_key, m.spec_key,
                m.constraints, m.max_cases)
-        callee = type(self.fun) if self._pytree_callee else self.fun
+        callee = type(self.fun) if self._pytree_callee else _weak_callee(self.fun)
         try:
             hash(callee)
         except TypeError:
