@@ -40,7 +40,6 @@ from .symbolic import MaskedProgram, is_masked
 __all__ = ["run_program_eagerly", "run_cases_eagerly", "runs_eagerly"]
 
 
-
 class _CallSite:
     """The call site a compiled program's run-time size checks name: the
     current call's (its checks format it when they fail), so one program
@@ -83,11 +82,8 @@ def run_program_eagerly(prog: MaskedProgram, leaves, values: dict, zero_padded: 
         return run_program(prog, leaves, values, zero_padded=zero_padded,
                            forward_only=forward_only, guard=guard)
     masked = tuple(is_masked(leaf) for leaf in leaves)
-    key = (zero_padded, forward_only, masked, tuple(sorted(values)), _under_vmap(leaves, values))
-    state = prog.eager_states.get(key)
-    if state is None:
-        state = prog.eager_states.setdefault(key, _EagerState())
-    state.calls += 1
+    state = _state_of(prog.eager_states, (zero_padded, forward_only, masked, tuple(sorted(values)),
+                                          _under_vmap(leaves, values)))
     if state.interpreted_only:
         return run_program(prog, leaves, values, zero_padded=zero_padded,
                            forward_only=forward_only)
@@ -108,12 +104,9 @@ def run_cases_eagerly(tree, leaves, values: dict, call_site: str, checks_on: boo
     batched): the switch between the cases in one compiled program, batched
     once, instead of the cases' branches traced again on every call."""
     masked = tuple(is_masked(leaf) for leaf in leaves)
-    key = (zero_padded, forward_only, masked, tuple(sorted(values)), checks_on,
-           _under_vmap(leaves, values))
-    state = tree.eager_states.get(key)
-    if state is None:
-        state = tree.eager_states.setdefault(key, _EagerState())
-    state.calls += 1
+    state = _state_of(tree.eager_states, (zero_padded, forward_only, masked,
+                                          tuple(sorted(values)), checks_on,
+                                          _under_vmap(leaves, values)))
     run = functools.partial(run_program, zero_padded=zero_padded, forward_only=forward_only)
     if state.interpreted_only:
         return run_cases(tree, leaves, values, call_site, run, checks_on=checks_on)
@@ -121,9 +114,8 @@ def run_cases_eagerly(tree, leaves, values: dict, call_site: str, checks_on: boo
     if state.compiled is None:
         def program(datas, values):
             inner = [Masked(d, ()) if m else d for d, m in zip(datas, masked)]
-            outs = run_cases(tree, inner, values, state.call_site, run, checks_on=checks_on)
-            return ([o.data for o in outs],
-                    [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
+            return _as_arrays(run_cases(tree, inner, values, state.call_site, run,
+                                        checks_on=checks_on))
 
         state.compiled = jax.jit(program)
     try:
@@ -133,6 +125,22 @@ def run_cases_eagerly(tree, leaves, values: dict, call_site: str, checks_on: boo
         return run_cases(tree, leaves, values, call_site, run, checks_on=checks_on)
     return [Masked(d, tuple(st if st is not None else sz for sz, st in zip(ss, sts)))
             for d, ss, sts in zip(datas, sizes, static_out_sizes(tree))]
+
+
+def _state_of(states: dict, key) -> _EagerState:
+    """The eager state of one call structure, its call counted."""
+    state = states.get(key)
+    if state is None:
+        state = states.setdefault(key, _EagerState())
+    state.calls += 1
+    return state
+
+
+def _as_arrays(outs: list[Masked]) -> tuple[list, list]:
+    """A compiled program's results: the outputs' data and their logical
+    sizes as int32 arrays."""
+    return ([o.data for o in outs],
+            [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
 
 
 class _TraceFailed(Exception):
@@ -170,10 +178,8 @@ def _flat_program(prog: MaskedProgram, zero_padded: bool, forward_only: bool,
     def program(datas, values):
         # run_program reads a leaf's data, and whether it is Masked (its padding)
         leaves = [Masked(d, ()) if m else d for d, m in zip(datas, masked)]
-        outs = run_program(prog, leaves, values, zero_padded=zero_padded,
-                           forward_only=forward_only)
-        return ([o.data for o in outs],
-                [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
+        return _as_arrays(run_program(prog, leaves, values, zero_padded=zero_padded,
+                                      forward_only=forward_only))
 
     return program
 
