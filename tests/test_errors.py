@@ -597,3 +597,24 @@ def test_the_per_size_remedy_names_max_cases_only_where_it_is_one():
     assert "max_cases=32 traces them" in per_size_remedy(16, 65)
     far = per_size_remedy(16, 4_370_924_673)  # two large dims: no max_cases traces that
     assert "too many to trace one by one" in far and "max_cases=2185462336" not in far
+
+
+def test_a_slice_bound_passed_positionally_fails_as_under_jax_jit_with_its_remedy():
+    # a Python number passed positionally is traced, as by jax.jit: x[:k] fails
+    # there, not eagerly; a keyword argument is static and works
+    f = pm.mask(lambda v, k=1: v[:k], ("n", None))
+    x = jnp.arange(6.0)
+    with pytest.raises(pm.ShapeError, match=r"jax\.jit(.|\n)*(keyword argument|functools\.partial)"):
+        f(pm.Masked(x, (5,)), 2)
+    out = f(pm.Masked(x, (5,)), k=2)
+    np.testing.assert_array_equal(out.data[:2], [0, 1])
+    # where the masked trace reports it as a failure of every size (a lambda the
+    # traceback cannot place, e.g. from exec), it is jax.jit's failure, with the remedy
+    from polymask.tracing.cases.tree import plain_failure
+
+    try:
+        jax.jit(lambda v, k: v[:k])(jnp.arange(3.0), 2)
+    except IndexError as e:
+        phrase, remedy = plain_failure(f"IndexError: {e}")
+    assert phrase == "as it does under jax.jit on the exact arrays" and "functools.partial" in remedy
+    assert plain_failure("IndexError: index 5 is out of bounds")[0] == "as it does on the exact arrays"

@@ -495,3 +495,15 @@ def test_failures_of_a_running_program_are_told_from_trace_failures():
     assert isinstance(again, jax.errors.JaxRuntimeError) and str(again) == str(info.value)
     for other in (ValueError("bad spec: n"), ShapeError("INTERNAL: x"), TypeError("INTERNAL: x")):
         assert not compat.is_runtime_error(other)
+
+
+def test_traced_slice_bounds_error_and_message():
+    try:
+        jax.jit(lambda v, k: v[:k])(jnp.arange(3.0), 2)
+    except IndexError as e:
+        err = e
+    else:
+        raise AssertionError("plain jax.jit sliced with a traced bound")
+    assert compat.is_traced_slice_bounds_error(err)
+    assert compat.is_traced_slice_bounds_message(f"IndexError: {err}")
+    assert not compat.is_traced_slice_bounds_message("IndexError: index 5 is out of bounds")

@@ -132,7 +132,12 @@ _TRACED_SLICE_MESSAGES = (
 
 def is_traced_slice_bounds_error(e: BaseException) -> bool:
     """jnp's ``IndexError`` for a slice ``x[a:b]`` whose bounds are traced values."""
-    return isinstance(e, IndexError) and any(m in str(e) for m in _TRACED_SLICE_MESSAGES)
+    return isinstance(e, IndexError) and is_traced_slice_bounds_message(str(e))
+
+
+def is_traced_slice_bounds_message(text: str) -> bool:
+    """Whether ``text`` holds that ``IndexError``'s message (as JAX words it)."""
+    return any(m in text for m in _TRACED_SLICE_MESSAGES)
 
 
 def is_jaxpr(x) -> bool:

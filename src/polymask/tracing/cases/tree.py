@@ -11,6 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from ... import _jax_compat as compat
 from ...core.diagnostics import user_frame_of_exception
 from ...core.dimvars import describe_conditions, display_text, pretty_condition, sizes_text
 from ...core.errors import ShapeError
@@ -161,7 +162,8 @@ def plain_failure(error: str) -> tuple[str, str]:
     A traced value used as a Python value fails under ``jax.jit`` on the exact
     arrays but not eagerly; polymask traces like ``jax.jit``, so the remedy
     is to keep the value traced (or to make a Python constant static)."""
-    if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error):
+    if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error
+            or (error.startswith("IndexError") and compat.is_traced_slice_bounds_message(error))):
         return "as it does on the exact arrays", ""
     return ("as it does under jax.jit on the exact arrays",
             "\n  polymask traces the function as jax.jit does: a value computed from the "
