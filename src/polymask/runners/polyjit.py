@@ -38,6 +38,7 @@ from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
+from ..tracing.prologue import raise_run_failure
 from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
 from .fallback import ExactFallback, bucket_text, falls_back
@@ -61,7 +62,6 @@ from .programs import (
     count_value,
     finish_stats,
     raise_case_error,
-    raise_run_failure,
     reaches_untraced_case,
 )
 from .tiering import Tiering, cover_key

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _jax_compat as compat
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
@@ -22,7 +21,6 @@ from ..core.plan import CallPlan, dtype_key, plan_call
 from ..core.trace_state import mapped_per_example
 from ..tracing.cases.dispatch import host_error
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
-from ..tracing.prologue import shape_error_of
 from ..tracing.transform import mask
 from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners
 from .outputs import OutputPlan, output_plan
@@ -88,24 +86,6 @@ class Entry:
 def at_call_site_error(e: ShapeError | str) -> ShapeError:
     """``e`` (or a ``ShapeError`` of this message) naming the user's call site."""
     return at_call_site(ShapeError(e) if isinstance(e, str) else e, user_call_site())
-
-
-def raise_run_failure(e: Exception) -> None:
-    """Raise a failure of a compiled program while it ran
-    (``compat.is_runtime_error``) as the user reads it: a size check that
-    failed inside the program (a host callback: ``x`` split into pairs at an
-    odd length) as its ``ShapeError``, not JAX's ``CpuCallback error`` wall of
-    frames; any other as ``jax.jit``'s ``JaxRuntimeError`` (jaxlib reports
-    some as a plain ``ValueError``). Returns for an error raised before the
-    program ran (a failed trace)."""
-    if not compat.is_runtime_error(e):
-        return
-    err = shape_error_of(e)
-    if err is not None:
-        new = at_call_site_error(err)
-        new.jax_error = e  # JAX's JaxRuntimeError, kept for inspection
-        raise new from None
-    raise compat.as_jax_runtime_error(e) from None
 
 
 def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:

@@ -35,6 +35,7 @@ from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import FailsAsPlainJax, ShapeError
 from ..core.plan import dtype_key, policy_getter
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
+from ..tracing.prologue import raise_run_failure
 from . import ragged_batches
 from .compiling import background_executor
 from .fallback import ExactFallback, bucket_text, falls_back
@@ -52,7 +53,6 @@ from .programs import (
     finish_stats,
     jit_program,
     raise_case_error,
-    raise_run_failure,
 )
 from .refining import Refinement
 

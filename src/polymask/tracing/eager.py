@@ -34,7 +34,7 @@ from ..core.shapes import DimEnv
 from ..core.trace_state import batched_outside
 from .cases.dispatch import run_cases, static_out_sizes
 from .interpreter import run_program
-from .prologue import shape_error_of
+from .prologue import raise_run_failure
 from .symbolic import MaskedProgram, is_masked
 
 __all__ = ["run_program_eagerly", "run_cases_eagerly", "runs_eagerly"]
@@ -158,11 +158,7 @@ def _call_compiled(compiled, leaves, masked, values):
         with batched_outside(_under_vmap(leaves, values)):  # as jit(vmap(...)) would see it
             return compiled(datas, dyn_values)
     except Exception as e:
-        if compat.is_runtime_error(e):  # it traced and ran: its own failure
-            err = shape_error_of(e)
-            if err is not None:
-                raise err from None
-            raise compat.as_jax_runtime_error(e) from None
+        raise_run_failure(e)  # it traced and ran: its own failure
         raise _TraceFailed() from e
 
 

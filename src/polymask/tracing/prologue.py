@@ -28,6 +28,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
+from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.plan import not_affine, solve_sizes
@@ -201,6 +202,24 @@ def shape_error_of(exc: BaseException) -> ShapeError | None:
         if str(err) in text:
             return err
     return None
+
+
+def raise_run_failure(e: Exception) -> None:
+    """Raise a failure of a compiled program while it ran
+    (``compat.is_runtime_error``) as the user reads it: a size check that
+    failed inside the program (a host callback: ``x`` split into pairs at an
+    odd length) as its ``ShapeError``, not JAX's ``CpuCallback error`` wall of
+    frames; any other as ``jax.jit``'s ``JaxRuntimeError`` (jaxlib reports
+    some as a plain ``ValueError``). Returns for an error raised before the
+    program ran (a failed trace)."""
+    if not compat.is_runtime_error(e):
+        return
+    err = shape_error_of(e)
+    if err is not None:
+        new = at_call_site(err, user_call_site())
+        new.jax_error = e  # JAX's JaxRuntimeError, kept for inspection
+        raise new from None
+    raise compat.as_jax_runtime_error(e) from None
 
 
 class shape_errors(contextlib.ContextDecorator):
