@@ -275,9 +275,10 @@ def python_impl(x):
 
 
 def test_a_primitive_with_a_python_implementation_is_masked_through_it():
-    """Values through the implementation in eager and jit; a derivative (the
-    implementation's own would be wrong: it stops gradients) raises
-    UnsupportedError, never a wrong gradient; the runners fall back there."""
+    """Values through the implementation in eager and jit; a derivative is the
+    primitive's own JVP rule, masked (the implementation's own would be
+    wrong: it stops gradients), with zeros in the padding; the runners'
+    value_and_grad agrees."""
     m = pm.mask(python_impl, "n")
     for n in (0, 3, 8):
         x = np.full(8, np.nan, np.float32)
@@ -286,11 +287,18 @@ def test_a_primitive_with_a_python_implementation_is_masked_through_it():
         np.testing.assert_allclose(m(pm.Masked(jnp.asarray(x), (n,))).unpad(), want, rtol=1e-5)
         np.testing.assert_allclose(jax.jit(m)(pm.Masked(jnp.asarray(x), (n,))).unpad(), want,
                                    rtol=1e-5)
-    with pytest.raises(pm.UnsupportedError, match="cannot differentiate primitive "
-                                                  "'polymask_test_python_impl'"):
-        jax.grad(lambda d: m(pm.Masked(d, (3,))).data.sum())(jnp.ones(8))
+    for n in (0, 1, 3, 8):
+        x = np.full(8, np.nan, np.float32)
+        x[:n] = _vec(n)
+        loss = lambda d, n=n: jnp.sum(m(pm.Masked(d, (n,))).data[:n] * jnp.arange(1., n + 1))
+        want = jax.grad(lambda d: jnp.sum(python_impl(d) * jnp.arange(1., n + 1)))(_vec(n))
+        for grad_fn in (jax.grad(loss), jax.jit(jax.grad(loss))):
+            got = np.asarray(grad_fn(jnp.asarray(x)))
+            np.testing.assert_allclose(got[:n], want, rtol=1e-5)
+            np.testing.assert_array_equal(got[n:], 0.0)
     vg = pm.value_and_grad(lambda w, x: jnp.sum(python_impl(x * w)), "n")
-    with pytest.warns(pm.FallbackWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)  # one program, no fallback
         val, grad = vg(np.float32(1.5), [_vec(3), _vec(5)])
     ref = jax.value_and_grad(lambda w: jnp.mean(jnp.stack(
         [jnp.sum(python_impl(_vec(n) * w)) for n in (3, 5)])))(np.float32(1.5))
@@ -448,10 +456,10 @@ def test_lineax_in_a_case_of_its_own_differentiates_under_jit():
 
 def test_a_python_implementation_applied_to_tangents_is_refused_under_grad():
     """optimistix's implicit function theorem solves with lineax on the
-    tangents inside its JVP rule: reverse mode would have to transpose the
-    implementation, which only the primitive's own transpose rule can, so
-    jax.grad raises UnsupportedError naming it (was: JAX's bare AssertionError)
-    while jax.jvp, which transposes nothing, gives the values."""
+    tangents inside its JVP rule: reverse mode transposes them with the
+    primitive's own transpose rule, and this one has none, so jax.grad raises
+    UnsupportedError naming it (was: JAX's bare AssertionError) while jax.jvp,
+    which transposes nothing, gives the values."""
     @jax.custom_jvp
     def solve_like(x):
         return python_impl(x)
@@ -586,3 +594,153 @@ def test_a_check_failing_on_the_data_never_sends_its_bucket_per_shape(tiered):
         outs = rm([_vec(1), _vec(3)])
         np.testing.assert_allclose(outs[1], np.cumsum(_vec(3)), rtol=1e-6)
         assert rm.fallbacks() == {}
+
+
+# a linear solve of the lineax kind (equinox's filter_primitive pattern): a
+# Python implementation that reverse mode cannot transpose (a while loop, and a
+# check of its result), a JVP rule that binds the primitive again on tangents,
+# and a transpose rule that binds it with the transposed operator
+tri_solve_p = jax.extend.core.Primitive("polymask_test_tri_solve")
+
+
+def _tri_solve_impl(L, b, *, lower):
+    """Jacobi sweeps until the iterate stops changing (a triangular matrix's
+    off-diagonal part is nilpotent: exact after at most n sweeps), in a while
+    loop; NaN where the result is not finite (a check of the lineax kind)."""
+    T = jnp.tril(L) if lower else jnp.triu(L)
+    eye = jnp.eye(b.shape[0], dtype=bool)  # (jnp.diagonal compares sizes: no symbolic n)
+    d = jnp.sum(jnp.where(eye, T, 0.0), axis=1)
+    off = jnp.where(eye, 0.0, T)
+
+    def sweep(c):
+        t, x, _ = c
+        new = (b - off @ x) / d
+        return t + 1, new, jnp.all(new == x)
+
+    x = jax.lax.while_loop(lambda c: (c[0] < 64) & ~c[2], sweep,
+                           (0, jnp.zeros_like(b), False))[1]
+    return jnp.where(jnp.all(jnp.isfinite(x)), x, jnp.nan)
+
+
+def _tri_solve_jvp(primals, tangents, *, lower):
+    L, b = primals
+    tL, tb = tangents
+    x = tri_solve_p.bind(L, b, lower=lower)
+    rhs = jnp.zeros_like(b) if type(tb) is jax.interpreters.ad.Zero else tb
+    if type(tL) is not jax.interpreters.ad.Zero:
+        rhs = rhs - tL @ x
+    return x, tri_solve_p.bind(L, rhs, lower=lower)
+
+
+def _tri_solve_transpose(ct, L, b, *, lower):
+    assert jax.interpreters.ad.is_undefined_primal(b)
+    return None, tri_solve_p.bind(L.T, ct, lower=not lower)
+
+
+tri_solve_p.def_impl(_tri_solve_impl)
+tri_solve_p.def_abstract_eval(lambda L, b, *, lower: b)
+jax.interpreters.ad.primitive_jvps[tri_solve_p] = _tri_solve_jvp
+jax.interpreters.ad.primitive_transposes[tri_solve_p] = _tri_solve_transpose
+mlir.register_lowering(tri_solve_p, mlir.lower_fun(_tri_solve_impl, multiple_results=False))
+
+
+def _tri_loss(L, b):
+    n = b.shape[0]
+    L = jnp.tril(L) + 4.0 * jnp.eye(n)
+    return jnp.sum(jnp.sin(tri_solve_p.bind(L, b, lower=True)) * (jnp.arange(n) + 1.0))
+
+
+def test_a_python_primitive_differentiates_through_its_own_jvp_and_transpose_rules():
+    """jax.grad of mask of a solve whose implementation cannot be transposed
+    (a while loop): its JVP rule binds it on tangents, which run linearly with
+    its own transpose rule, each masked (rules/inlined.py). Gradients equal
+    plain JAX's on the exact arrays at n = 0, 1, a middle size and the bound,
+    NaN padding, eager and under jit; zeros in the padding; jax.jvp too; and
+    jax.vmap of jax.grad over the ragged sizes."""
+    m = pm.mask(_tri_loss, ("n, n", "n"))
+    rng = np.random.default_rng(3)
+    batch = []
+    for n in (0, 1, 5, 8):
+        L = rng.normal(size=(n, n)).astype(np.float32)
+        b = rng.normal(size=n).astype(np.float32)
+        want = jax.grad(_tri_loss, (0, 1))(jnp.asarray(L), jnp.asarray(b))
+        Lp = np.full((8, 8), np.nan, np.float32)
+        Lp[:n, :n] = L
+        bp = np.full(8, np.nan, np.float32)
+        bp[:n] = b
+        loss = lambda L, b, n: m(pm.Masked(L, (n, n)), pm.Masked(b, (n,))).data
+        for got in (jax.grad(loss, (0, 1))(jnp.asarray(Lp), jnp.asarray(bp), n),
+                    jax.jit(jax.grad(loss, (0, 1)))(Lp, bp, jnp.int32(n))):
+            np.testing.assert_allclose(got[0][:n, :n], want[0], rtol=2e-4, atol=1e-5)
+            np.testing.assert_allclose(got[1][:n], want[1], rtol=2e-4, atol=1e-5)
+            assert np.all(np.asarray(got[0])[n:] == 0) and np.all(np.asarray(got[0])[:, n:] == 0)
+            np.testing.assert_array_equal(np.asarray(got[1])[n:], 0.0)
+        tb = np.zeros(8, np.float32)
+        tb[:n] = 1.0
+        _, tan = jax.jvp(lambda b: loss(jnp.asarray(Lp), b, n), (jnp.asarray(bp),),
+                         (jnp.asarray(tb),))
+        _, want_tan = jax.jvp(lambda b: _tri_loss(jnp.asarray(L), b), (jnp.asarray(b),),
+                              (jnp.ones(n, np.float32),))
+        np.testing.assert_allclose(tan, want_tan, rtol=2e-4, atol=1e-5)
+        batch.append((n, Lp, bp, want))
+    # ragged sizes under vmap: one program, the solves of tangents batched
+    got = jax.jit(jax.vmap(jax.grad(loss, (0, 1))))(
+        np.stack([c[1] for c in batch]), np.stack([c[2] for c in batch]),
+        jnp.asarray([c[0] for c in batch], jnp.int32))
+    for k, (n, _, _, want) in enumerate(batch):
+        np.testing.assert_allclose(got[0][k, :n, :n], want[0], rtol=2e-4, atol=1e-5)
+        np.testing.assert_allclose(got[1][k, :n], want[1], rtol=2e-4, atol=1e-5)
+        np.testing.assert_array_equal(np.asarray(got[1][k])[n:], 0.0)
+
+
+def test_lineax_gradients_at_every_size():
+    """jax.grad of lineax's LU and CG solves through mask equals plain JAX's at
+    n = 0, 1, a middle size and the bound with NaN padding (was: UnsupportedError,
+    "its own derivative rule works at exact shapes only"); under jax.vmap over
+    ragged sizes with a constraint that leaves one case; without it the split
+    between cases is refused under vmap with the remedy, never a wrong value."""
+    lx = pytest.importorskip("lineax")
+
+    def cg_solve(A, b):
+        K = A @ A.T + jnp.eye(A.shape[0])
+        op = lx.MatrixLinearOperator(K, lx.positive_semidefinite_tag)
+        return lx.linear_solve(op, b, solver=lx.CG(rtol=1e-7, atol=1e-7, max_steps=100)).value
+
+    B = 6
+    for solve, tol in ((_lu_solve, 1e-4), (cg_solve, 2e-3)):
+        loss = lambda A, b, solve=solve: jnp.sum(jnp.sin(solve(A, b)))
+        m = pm.mask(loss, ("n, n", "n"))
+        masked = lambda A, b, n, m=m: m(pm.Masked(A, (n, n)), pm.Masked(b, (n,))).data
+        cases = []
+        for n in (0, 1, 4, B):
+            A, b = _system(n, seed=n)
+            Ap = np.full((B, B), np.nan, np.float32)
+            Ap[:n, :n] = A
+            bp = np.full(B, np.nan, np.float32)
+            bp[:n] = b
+            want = jax.grad(loss, (0, 1))(jnp.asarray(A), jnp.asarray(b))
+            got = jax.jit(jax.grad(masked, (0, 1)))(Ap, bp, jnp.int32(n))
+            np.testing.assert_allclose(got[0][:n, :n], want[0], rtol=tol, atol=tol)
+            np.testing.assert_allclose(got[1][:n], want[1], rtol=tol, atol=tol)
+            assert np.isfinite(np.asarray(got[0])).all()
+            cases.append((n, Ap, bp, want))
+        with pytest.raises(pm.UnsupportedError, match="case split"):
+            jax.jit(jax.vmap(jax.grad(masked, (0, 1))))(
+                np.stack([c[1] for c in cases]), np.stack([c[2] for c in cases]),
+                jnp.asarray([c[0] for c in cases], jnp.int32))
+    m2 = pm.mask(lambda A, b: jnp.sum(jnp.sin(_lu_solve(A, b))), ("n, n", "n"),
+                 constraints=["n >= 2"])
+    ns = (2, 4, B)
+    systems = [_system(n, seed=n) for n in ns]
+    Ap = np.full((len(ns), B, B), np.nan, np.float32)
+    bp = np.full((len(ns), B), np.nan, np.float32)
+    for k, (n, (A, b)) in enumerate(zip(ns, systems)):
+        Ap[k, :n, :n] = A
+        bp[k, :n] = b
+    got = jax.jit(jax.vmap(jax.grad(
+        lambda A, b, n: m2(pm.Masked(A, (n, n)), pm.Masked(b, (n,))).data, (0, 1))))(
+        Ap, bp, jnp.asarray(ns, jnp.int32))
+    for k, (n, (A, b)) in enumerate(zip(ns, systems)):
+        want = jax.grad(lambda A, b: jnp.sum(jnp.sin(_lu_solve(A, b))), (0, 1))(A, b)
+        np.testing.assert_allclose(got[0][k, :n, :n], want[0], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got[1][k, :n], want[1], rtol=1e-4, atol=1e-5)

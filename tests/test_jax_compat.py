@@ -403,6 +403,36 @@ def test_has_python_impl_and_is_batched():
     assert seen == [True, False] and not compat.is_batched(jnp.ones(3))
 
 
+def test_rule_tables_and_linear_call_under_vmap_of_grad():
+    """A primitive's own JVP and transpose rules with JAX's symbolic zeros and
+    undefined primals (rules/inlined.py masks them), and linear_call batched
+    (JAX has no batching rule for it): vmap of grad, with the residual
+    batched, the linear operand batched, or both, equals the plain gradient."""
+    from jax import lax
+
+    aval = jax.core.ShapedArray((3,), jnp.float32)
+    primal, tangent = compat.jvp_rule(lax.mul_p)([jnp.ones(3), 2 * jnp.ones(3)],
+                                                  [jnp.ones(3), compat.zero_tangent(aval)])
+    np.testing.assert_allclose(tangent, 2 * np.ones(3))
+    assert compat.is_zero_tangent(compat.zero_tangent(aval))
+    assert not compat.is_zero_tangent(jnp.zeros(3))
+    (ct,) = compat.transpose_rule(lax.neg_p)(jnp.ones(3), compat.undefined_primal(aval))
+    np.testing.assert_array_equal(ct, -np.ones(3))
+    assert compat.jvp_rule(jax.extend.core.Primitive("polymask_test_no_rules")) is None
+
+    def divided(x, r):
+        out = compat.linear_call(lambda r, x: (x[0] / r,), lambda r, ct: [ct[0] / r], r, [x])
+        return jnp.sum(jnp.sin(out[0]))
+
+    plain = lambda x, r: jnp.sum(jnp.sin(x / r))  # noqa: E731
+    x = jnp.arange(1.0, 7.0).reshape(2, 3)
+    r = jnp.array([[2.0, 3.0, 4.0], [5.0, 6.0, 7.0]])
+    for axes, args in (((0, 0), (x, r)), ((0, None), (x, r[0])), ((None, 0), (x[0], r))):
+        got = jax.jit(jax.vmap(jax.grad(divided), in_axes=axes))(*args)
+        want = jax.vmap(jax.grad(plain), in_axes=axes)(*args)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_is_eager_batched_only_under_vmaps_with_nothing_around():
     seen = []
     probe = lambda x: seen.append(compat.is_eager_batched(x)) or x  # noqa: E731

@@ -195,6 +195,35 @@ def def_jvp(prim: Primitive, jvp) -> None:
     _ad.primitive_jvps[prim] = jvp
 
 
+def jvp_rule(prim: Primitive):
+    """``prim``'s own JVP rule, ``rule(primals, tangents, **params) ->
+    (primal_out, tangent_out)`` with ``zero_tangent`` for zero tangents; None
+    where it has none."""
+    return _ad.primitive_jvps.get(prim)
+
+
+def zero_tangent(aval) -> Any:
+    """JAX's symbolic zero tangent for a value of ``aval`` (what a primitive's
+    JVP rule receives for an operand that is not differentiated)."""
+    return _ad.Zero(aval.to_tangent_aval())
+
+
+def is_zero_tangent(t) -> bool:
+    return isinstance(t, _ad.Zero)
+
+
+def transpose_rule(prim: Primitive):
+    """``prim``'s own transpose rule, ``rule(cts, *operands, **params) ->
+    cotangent per operand`` (``undefined_primal`` marks the linear operands;
+    None or a symbolic zero: no cotangent); None where it has none."""
+    return _ad.primitive_transposes.get(prim)
+
+
+def undefined_primal(aval) -> Any:
+    """A linear operand of a transpose rule: known by its ``aval`` only."""
+    return _ad.UndefinedPrimal(aval)
+
+
 def def_transpose(prim: Primitive, transpose) -> None:
     """``transpose(ct, *operands, **params) -> cotangent per operand (None: none)``."""
     _ad.primitive_transposes[prim] = transpose
@@ -331,3 +360,51 @@ def threefry2x32(k1, k2, counts_hi, counts_lo):
     from jax._src.random import threefry2x32 as _threefry
 
     return _threefry.threefry2x32_p.bind(k1, k2, counts_hi, counts_lo)
+
+
+def linear_call(fun, fun_transpose, residual_args, linear_args):
+    """``jax.custom_derivatives.linear_call`` (a linear function with its own
+    transpose), batchable: JAX has no batching rule for it (through jax 0.12),
+    so one is registered on first use where none is. ``jax.vmap`` of
+    ``jax.grad`` then batches it: operands moved or broadcast to axis 0, the
+    function and, when transposed, its transpose batched alike."""
+    from jax._src import custom_derivatives as _cd
+
+    prim = _cd.linear_call_p
+    if prim not in _batching_internal.fancy_primitive_batchers:
+        _batching_internal.fancy_primitive_batchers[prim] = _batch_linear_call
+    return _cd.linear_call(fun, fun_transpose, residual_args, linear_args)
+
+
+def _batch_linear_call(axis_data, args, dims, *, callee, transpose_thunk,
+                       num_callee_consts, num_res):
+    """Batching rule of ``linear_call``: the linear operands and the outputs are
+    batched at axis 0 (a linear operand not batched is broadcast), the consts
+    and residuals where they are; the transpose (traced lazily, as JAX does)
+    takes the residuals as batched as here and batched cotangents."""
+    from jax._src import custom_derivatives as _cd
+
+    bi = _batching_internal
+    n_fixed = num_callee_consts + num_res
+    mesh_axis = getattr(axis_data, "explicit_mesh_axis", None)
+    ops, batched = [], []
+    for k, (x, d) in enumerate(zip(args, dims)):
+        if k >= n_fixed or d is not None:
+            ops.append(bi.bdim_at_front(x, d, axis_data.size, mesh_axis))
+            batched.append(True)
+        else:
+            ops.append(x)
+            batched.append(False)
+    callee_b, _ = bi.batch_jaxpr(callee, axis_data, batched, True)
+    res_batched = batched[num_callee_consts:n_fixed]
+    n_out = len(callee.out_avals)
+
+    @_pe_internal._memoize
+    def transpose_b():
+        transpose, t_consts = transpose_thunk()
+        in_batched = [False] * len(t_consts) + res_batched + [True] * n_out
+        return bi.batch_jaxpr(transpose, axis_data, in_batched, True)[0], t_consts
+
+    outs = _cd.linear_call_p.bind(*ops, callee=callee_b, transpose_thunk=transpose_b,
+                                  num_callee_consts=num_callee_consts, num_res=num_res)
+    return outs, [0] * len(outs)

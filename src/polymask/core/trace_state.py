@@ -15,6 +15,13 @@ context managers that open the scope of one masked trace or run:
   being traced from outside (``tracing/eager.py``), so its operands count as
   batched where a rule asks (``rules/callbacks.py``);
 - ``masks``: validity masks shared within one masked run (``core/masks.py``).
+- ``cases_batched``: the switch between the cases of a case split is being
+  traced with a batched index (``jax.vmap``): JAX will run every case on
+  every example (``tracing/cases/dispatch.py``; read by ``rules/inlined.py``).
+- ``tangent_operands``: while a primitive's own JVP rule runs masked, its
+  equations that take tangents, by ``id``, with the operands that are
+  tangents (``rules/inlined.py``): inside ``cond`` or ``vmap`` JAX linearizes
+  by tracing the rule first, so those tangents do not look like tangents yet.
 
 (The DimExpr hooks' own frames stay in ``_jax_compat/splits.py``: they belong
 to the private-JAX layer; compile counters in ``runners/compiling.py`` are
@@ -29,7 +36,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["TraceState", "trace_state", "current_scope", "scope_active", "mapped_per_example",
-           "batched_outside"]
+           "batched_outside", "tangent_operands", "cases_batched"]
 
 
 class TraceState(threading.local):
@@ -41,6 +48,8 @@ class TraceState(threading.local):
         self.per_example: bool = False
         self.batched_outside: bool = False
         self.masks: dict | None = None
+        self.tangent_operands: dict[int, tuple[int, ...]] = {}
+        self.cases_batched: bool = False
 
 
 _STATE = TraceState()
@@ -92,3 +101,16 @@ def batched_outside(batched: bool):
     batch (``jax.vmap`` of a ``jax.jit``): its operands look unbatched to the
     rules, but are batched as under ``jax.jit(jax.vmap(...))``."""
     return replaced("batched_outside", batched)
+
+
+def tangent_operands(by_equation: dict[int, tuple[int, ...]]):
+    """While a JVP rule's jaxpr is evaluated masked: the equations (by ``id``)
+    that take tangents, each with the positions of those operands."""
+    return replaced("tangent_operands", by_equation)
+
+
+def cases_batched(batched: bool):
+    """While the switch between a case split's cases is traced: whether its
+    index is batched, so that every case runs on every example (nested
+    switches: batched if any is)."""
+    return replaced("cases_batched", batched or _STATE.cases_batched)

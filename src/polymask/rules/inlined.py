@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _jax_compat as compat
 from ..core.errors import UnsupportedError
+from ..core.trace_state import tangent_operands, trace_state
 from ..tracing.registry import register, register_default
 from .util import dynamic_sizes
 
@@ -38,52 +40,260 @@ from .util import dynamic_sizes
 @register_default(compat.has_python_impl, sees_guard=True, at_bound=True)
 def inlined_impl_rule(ctx, *args, **params):
     prim = ctx.primitive
-    if not _traced_at_symbolic_shapes(ctx):  # bound unchanged (dims in params substituted)
+    symbolic = _traced_at_symbolic_shapes(ctx)
+    if not symbolic:  # bound unchanged (dims in params substituted)
         if ctx.state.guard is None or not _may_call_the_host(ctx):
             return ctx.bind(*args)
-        return _bound_where_guarded(ctx, args, ctx.concrete_params())
+        params = ctx.concrete_params()  # one case of a case split: bound where it holds
     avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
     closed = jax.make_jaxpr(lambda *xs: prim.impl(*xs, **params))(*avals)
-    if any(e.primitive is prim for e in closed.jaxpr.eqns):
+    if symbolic and any(e.primitive is prim for e in closed.jaxpr.eqns):
         raise ctx.unsupported(f"'{prim.name}' has no masking rule and its implementation "
                               "binds itself")
     message = (f"polymask cannot differentiate primitive '{prim.name}' here: it has no "
-               "masking rule, so its Python implementation was masked, and its own "
-               f"derivative rule works at exact shapes only\n  at {ctx.source_line}")
+               "masking rule, so its Python implementation was masked\n  at "
+               f"{ctx.source_line}")
 
-    if any(compat.is_linearized(a) for a in args):
-        # tangents inside a custom JVP rule (optimistix's implicit function theorem
-        # solves with them): reverse mode must transpose what the implementation
-        # does to them, which only the primitive's own transpose rule can
-        raise UnsupportedError(message)
+    linear = _tangent_positions(ctx, args)
+    if linear:
+        # tangents that the primitive's own JVP rule, or a custom JVP rule
+        # (optimistix's implicit function theorem), solves with
+        return _linear_in_tangents(ctx, closed, args, params, message, linear)
+
+    if symbolic:
+        primal = lambda state, xs: tuple(ctx.interpreter.eval_closed(closed, list(xs), state))
+    else:
+        primal = lambda state, xs: _bind(prim, xs, params)
     # the sizes are explicit arguments: a function JAX traces again (custom_jvp,
     # sequential_vmap) must not close over the outer trace's values
     names, sizes = dynamic_sizes(ctx.state)
-    out_bounds = ctx.out_bounds
-
-    @jax.custom_batching.sequential_vmap  # under vmap: one example at a time
-    def masked_impl(sizes, xs):
-        state = ctx.state.with_sizes(names, sizes)
-        run_impl = lambda: tuple(ctx.interpreter.eval_closed(closed, list(xs), state))
-        if state.guard is None:
-            return run_impl()
-        # one case of a case split: under vmap every case runs for every example, and
-        # the implementation's own checks (equinox's error_if: a host callback) must
-        # not fire on the examples whose sizes chose another case
-        skipped = lambda: tuple(jnp.zeros(b, v.aval.dtype)
-                                for b, v in zip(out_bounds, ctx.eqn.outvars))
-        return jax.lax.cond(state.guard, run_impl, skipped)
+    per_example = _per_example(ctx, names, primal, [
+        (b, v.aval.dtype) for b, v in zip(ctx.out_bounds, ctx.eqn.outvars)])
 
     @jax.custom_jvp
     def run(sizes, xs):
-        return masked_impl(sizes, xs)
+        return per_example(sizes, (xs,))
 
-    @run.defjvp
-    def _no_derivative(primals, tangents):
-        raise UnsupportedError(message)
-
+    run.defjvp(_masked_derivative(ctx, params, names, message), symbolic_zeros=True)
     outs = list(run(sizes, tuple(args)))
     return outs if prim.multiple_results else outs[0]
+
+
+def _bind(prim, xs, params) -> tuple:
+    outs = prim.bind(*xs, **params)
+    return tuple(outs) if prim.multiple_results else (outs,)
+
+
+def _masked_derivative(ctx, params, names, message: str):
+    """The JVP rule of ``run(sizes, operands)``: the primitive's own JVP rule,
+    traced at the equation's shapes and masked. The primitives it binds on
+    primal values are masked as this one; those it binds on tangents are
+    marked so (``tangent_operands``) and run linearly with their own transpose
+    (``_linear_in_tangents``), so that reverse mode transposes them."""
+    out_bounds = ctx.out_bounds
+    float_outs = [i for i, v in enumerate(ctx.eqn.outvars) if _differentiable(v.aval)]
+
+    def masked_derivative(primals, tangents):
+        sizes, xs = primals
+        live = [i for i, t in enumerate(tangents[1]) if not isinstance(t, SymbolicZero)]
+        jvp = _jvp_of(ctx, params, tuple(live), message)
+        state = ctx.state.with_sizes(names, sizes)
+        live_tangents = [tangents[1][i] for i in live]
+        marked = _tangent_equations(jvp.jaxpr, jvp.jaxpr.invars[len(xs):])
+
+        def run_jvp():
+            with tangent_operands(marked):
+                return tuple(ctx.interpreter.eval_closed(jvp, [*xs, *live_tangents], state))
+        # one case of a case split: the primitives it binds run where the case's
+        # guard holds (``_per_example``), the rest computes on their zeros
+        flat = run_jvp()
+        n_out = len(out_bounds)
+        tangents_out = [_float0_zeros(b) for b in out_bounds]
+        for i, t in zip(float_outs, flat[n_out:]):
+            tangents_out[i] = t
+        return tuple(flat[:n_out]), tuple(tangents_out)
+
+    return masked_derivative
+
+
+def _per_example(ctx, names, run, out_shapes):
+    """``run(state, *operands)`` as a function of ``(sizes, operands)`` (the
+    sizes explicit: JAX traces it again, so it must not close over the outer
+    trace's values). Under ``jax.vmap`` it runs one example at a time
+    (``sequential_vmap``): the implementation may hold callbacks or
+    closed-over values that only the primitive's own batching rule could
+    batch (lineax: "Detected batching of lineax.linear_solve with respect to a
+    closed-over value"). In one case of a case split it runs only where the
+    case's guard holds, zeros of ``out_shapes`` elsewhere: under vmap every
+    case runs for every example, and the implementation's own checks
+    (equinox's ``error_if``: a host callback) must not fire on the examples
+    whose sizes chose another case."""
+    @jax.custom_batching.sequential_vmap
+    def call(sizes, operands):
+        state = ctx.state.with_sizes(names, sizes)
+        if state.guard is None:
+            return run(state, *operands)
+        skipped = lambda: tuple(jnp.zeros(shape, dtype) for shape, dtype in out_shapes)
+        return jax.lax.cond(state.guard, lambda: run(state, *operands), skipped)
+    return call
+
+
+def _tangent_positions(ctx, args) -> tuple[int, ...]:
+    """The operands that are tangents: marked so by the JVP rule being
+    evaluated (``masked_derivative``), or unknown values of ``jax.grad``'s
+    linearization."""
+    marked = trace_state().tangent_operands.get(id(ctx.eqn))
+    if marked:
+        return marked
+    return tuple(i for i, a in enumerate(args) if compat.is_linearized(a))
+
+
+def _tangent_equations(jaxpr, tangent_invars) -> dict[int, tuple[int, ...]]:
+    """``{id(eqn): positions of its operands computed from tangent_invars}`` for
+    the equations of ``jaxpr`` (top level) that bind a primitive implemented in
+    Python (those this rule masks)."""
+    derived = set(tangent_invars)
+    found = {}
+    for e in jaxpr.eqns:
+        positions = tuple(i for i, v in enumerate(e.invars)
+                          if not compat.is_jaxpr_literal(v) and v in derived)
+        if positions:
+            derived.update(e.outvars)
+            if compat.has_python_impl(e.primitive):
+                found[id(e)] = positions
+    return found
+
+
+def _linear_in_tangents(ctx, closed, args, params, message: str, linear):
+    """The primitive bound on tangents under ``jax.grad``: its masked
+    implementation, linear in the tangents, with the primitive's own transpose
+    rule, masked, as its transpose (``jax.custom_derivatives.linear_call``).
+    Reverse mode cannot transpose the implementation itself: lineax's solves
+    check their result for non-finite values, and an iterative solve loops.
+    The floating outputs are the tangents; the others (a solve's status) are
+    zeros, and the implementation's checks of its result do not run on the
+    tangents."""
+    prim = ctx.primitive
+    guard = ctx.state.guard
+    if guard is not None and trace_state().cases_batched:
+        # the transpose runs in jax.grad's backward pass, where JAX's cond between
+        # the cases, batched, runs every case on every example with residuals that
+        # may be another case's: the guard among them cannot be trusted there
+        raise UnsupportedError(
+            f"{message.rstrip()}\n  under jax.vmap, in one case of a case split (a size "
+            "comparison splits the function; polymask.explain lists it), reverse mode "
+            "would transpose it on other cases' examples. A constraint that decides the "
+            "comparison (mask(..., constraints=[...])) removes the split")
+    rest = [i for i in range(len(args)) if i not in linear]
+    names, sizes = dynamic_sizes(ctx.state)
+    float_outs = [i for i, v in enumerate(ctx.eqn.outvars) if _differentiable(v.aval)]
+    transpose = _transpose_of(ctx, params, linear, rest, float_outs, message)
+    out_bounds = ctx.out_bounds
+
+    def operands(residuals, linears):
+        full = [None] * len(args)
+        for i, x in zip(rest, residuals):
+            full[i] = x
+        for i, x in zip(linear, linears):
+            full[i] = x
+        return full
+
+    apply_per_example = _per_example(
+        ctx, names, lambda state, residuals, linears: tuple(ctx.interpreter.eval_closed(
+            closed, operands(residuals, linears), state)[i] for i in float_outs),
+        [(out_bounds[i], ctx.eqn.outvars[i].aval.dtype) for i in float_outs])
+    transpose_per_example = _per_example(
+        ctx, names, lambda state, residuals, cts: tuple(ctx.interpreter.eval_closed(
+            transpose, [*residuals, *cts], state)),
+        [(args[i].shape, args[i].dtype) for i in linear])
+
+    def apply(res, linears):
+        sizes, residuals = res
+        return apply_per_example(sizes, (residuals, linears))
+
+    def apply_transpose(res, cts):
+        sizes, residuals = res
+        return list(transpose_per_example(sizes, (residuals, cts)))
+
+    tangents = compat.linear_call(
+        apply, apply_transpose, (sizes, [args[i] for i in rest]),
+        [args[i] for i in linear])
+    outs = [jnp.zeros(b, v.aval.dtype) for b, v in zip(out_bounds, ctx.eqn.outvars)]
+    for i, t in zip(float_outs, tangents):
+        outs[i] = t
+    return outs if prim.multiple_results else outs[0]
+
+
+def _transpose_of(ctx, params, linear, rest, float_outs, message: str):
+    """The primitive's own transpose rule at the equation's symbolic shapes, as
+    a closed jaxpr ``(*operands not in linear, *cotangents of the floating
+    outputs) -> cotangents of the linear operands``."""
+    prim = ctx.primitive
+    rule = compat.transpose_rule(prim)
+    if rule is None:
+        raise UnsupportedError(f"{message}; it has no transpose rule")
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
+    out_avals = ctx.out_avals
+
+    def transpose(residuals, float_cts):
+        operands = [compat.undefined_primal(ctx.in_avals[i]) for i in range(len(avals))]
+        for i, x in zip(rest, residuals):
+            operands[i] = x
+        cts = [compat.zero_tangent(a) for a in out_avals]
+        for i, ct in zip(float_outs, float_cts):
+            cts[i] = ct
+        cts_in = rule(cts if prim.multiple_results else cts[0], *operands, **params)
+        return [jnp.zeros(avals[i].shape, avals[i].dtype)
+                if cts_in[i] is None or compat.is_zero_tangent(cts_in[i]) else cts_in[i]
+                for i in linear]
+
+    return jax.make_jaxpr(transpose)([avals[i] for i in rest],
+                                     [jax.ShapeDtypeStruct(out_avals[i].shape,
+                                                           out_avals[i].dtype)
+                                      for i in float_outs])
+
+
+def _jvp_of(ctx, params, live: tuple[int, ...], message: str):
+    """The primitive's own JVP rule at the equation's symbolic shapes, as a
+    closed jaxpr ``(*operands, *tangents of live) -> (*outputs, *tangents of
+    the floating outputs)``; the other operands' tangents are JAX's symbolic
+    zeros, as the rule expects (lineax asserts them)."""
+    prim = ctx.primitive
+    rule = compat.jvp_rule(prim)
+    if rule is None:
+        raise UnsupportedError(f"{message}; it has no JVP rule")
+    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
+
+    def jvp(primals, live_tangents):
+        tangents = [compat.zero_tangent(a) for a in ctx.in_avals]
+        for i, t in zip(live, live_tangents):
+            tangents[i] = t
+        outs, touts = rule(list(primals), tangents, **params)
+        if not prim.multiple_results:
+            outs, touts = [outs], [touts]
+        touts = [jnp.zeros(o.shape, o.dtype) if compat.is_zero_tangent(t) else t
+                 for o, t in zip(outs, touts)]
+        return [*outs, *(t for o, t in zip(outs, touts) if _differentiable(o))]
+
+    try:
+        return jax.make_jaxpr(jvp)(avals, [avals[i] for i in live])
+    except compat.InconclusiveDimensionOperation as e:
+        # the rule decides on the sizes in Python (lineax: a tall or a wide
+        # operator), which at symbolic sizes is a case split polymask's own
+        # trace never saw
+        raise UnsupportedError(
+            f"{message.rstrip()}\n  its JVP rule compares sizes, which polymask cannot "
+            f"decide for every size at once ({str(e).splitlines()[0]}); jax.jit, and "
+            "polymask.jit / ragged_map, differentiate it per exact shape") from None
+
+
+def _differentiable(aval) -> bool:
+    return jnp.issubdtype(aval.dtype, jnp.inexact)
+
+
+def _float0_zeros(shape):
+    """The tangent of an integer output (JAX's ``float0``)."""
+    return np.zeros(shape, jax.dtypes.float0)
 
 
 def _traced_at_symbolic_shapes(ctx) -> bool:
@@ -109,57 +319,6 @@ def _may_call_the_host(ctx) -> bool:
     jaxpr = jax.make_jaxpr(lambda *xs: prim.impl(*xs, **params))(*avals).jaxpr
     return (bool(jaxpr.effects) or compat.host_call_in(jaxpr) is not None
             or any(compat.has_python_impl(e.primitive) for e in jaxpr.eqns))
-
-
-def _bound_where_guarded(ctx, args, params):
-    """The primitive traced at exact shapes (a case of a case split that fixes
-    its sizes) under a guard: that case, or a loop's steps past the logical
-    length. Only where the guard holds is it bound, unchanged.
-
-    Under ``jax.vmap`` every case runs for every example (the switch between
-    them becomes a select), so an example whose sizes chose another case hands
-    this one garbage: the n = 1 case of a solve sees a 1 x 1 corner of an
-    n = 0 example's padding, and the implementation's own checks (equinox's
-    ``error_if``, a host callback) raise on it. Each example therefore runs
-    alone behind its own guard (``sequential_vmap`` of a ``lax.cond``), as
-    plain JAX runs it per example; without ``vmap`` that is one ``cond``. The
-    derivative is the primitive's own (``custom_vmap`` cannot be transposed),
-    so under ``jax.grad`` its batched bind runs unguarded, as before."""
-    prim = ctx.primitive
-    out_bounds = ctx.out_bounds
-
-    def bind(*xs):
-        outs = prim.bind(*xs, **params)
-        return tuple(outs) if prim.multiple_results else (outs,)
-
-    @jax.custom_batching.sequential_vmap
-    def per_example(guard, xs):
-        skipped = lambda: tuple(jnp.zeros(b, v.aval.dtype)
-                                for b, v in zip(out_bounds, ctx.eqn.outvars))
-        return jax.lax.cond(guard, lambda: bind(*xs), skipped)
-
-    @jax.custom_jvp
-    def run(guard, xs):
-        return per_example(guard, xs)
-
-    def _own_derivative(primals, tangents):
-        # only the differentiated operands get tangents: the others stay JAX's
-        # symbolic zeros, as the primitive's JVP rule expects (lineax asserts it)
-        xs, txs = primals[1], tangents[1]
-        live = [i for i, t in enumerate(txs) if not isinstance(t, SymbolicZero)]
-
-        def of_live(*live_xs):
-            full = list(xs)
-            for i, x in zip(live, live_xs):
-                full[i] = x
-            return bind(*full)
-
-        return jax.jvp(of_live, [xs[i] for i in live], [txs[i] for i in live])
-
-    run.defjvp(_own_derivative, symbolic_zeros=True)
-
-    outs = list(run(ctx.state.guard, tuple(args)))
-    return outs if prim.multiple_results else outs[0]
 
 
 # primitives of other libraries that have rules here: {name: module that defines

@@ -21,6 +21,7 @@ from ... import _jax_compat as compat
 from ...core.dimvars import sizes_text
 from ...core.errors import ShapeError, UnsupportedError
 from ...core.masked import Masked
+from ...core.trace_state import cases_batched, trace_state
 from ..prologue import Check, concrete_value, run_checks
 from .refine import per_size_remedy
 from .splitting import Case, CaseTree
@@ -105,9 +106,11 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
                     [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
         return run
 
+    batched = compat.is_batched(idx) or trace_state().batched_outside
     try:
-        datas, sizes = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
-                                  [branch(c) for c in tree.cases])
+        with cases_batched(batched):
+            datas, sizes = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
+                                      [branch(c) for c in tree.cases])
     except NotImplementedError as e:  # JAX: "IO effect not supported in vmap-of-cond"
         if "effect" not in str(e):
             raise
