@@ -10,16 +10,26 @@ implementation's.
 
 What the implementation does not carry is the primitive's own derivative and
 batching rules, and its operations alone need not give the right derivative
-(lineax's solves stop gradients that their JVP rule supplies). So a
-derivative of the inlined primitive raises ``UnsupportedError`` (never a
-wrong gradient): ``polymask.jit``, ``ragged_map`` and ``value_and_grad`` then
-run those sizes per exact shape under ``jax.jit`` (``runners/fallback.py``),
-where the primitive's own rules apply. Under ``jax.vmap`` (ragged batches of
-``mask``) the implementation runs once per example in a loop
-(``jax.custom_batching.sequential_vmap``): it may hold callbacks or
-closed-over values that only the primitive's own batching rule could batch
-(lineax: "Detected batching of lineax.linear_solve with respect to a
-closed-over value"). A primitive whose implementation is XLA's own
+(lineax's solves stop gradients that their JVP rule supplies; an iterative
+solve's loop cannot be transposed). So a derivative is the primitive's own
+JVP rule, traced at the equation's shapes and masked like the implementation
+(``_masked_derivative``). The solves it binds on primal values are masked as
+this one; those it binds on tangents (and those a custom JVP rule binds on
+tangents, as optimistix's implicit function theorem does) are linear maps
+whose transpose is the primitive's own transpose rule, masked
+(``_linear_in_tangents``: ``jax.custom_derivatives.linear_call``), so
+``jax.grad`` never transposes the implementation. Where the JVP rule decides
+on sizes in Python (lineax's least squares: is the matrix tall?), or under
+``jax.vmap`` inside one case of a case split (the batched switch transposes
+every case on every example, with residuals that may be another case's),
+the derivative raises ``UnsupportedError`` (never a wrong gradient):
+``polymask.jit``, ``ragged_map`` and ``value_and_grad`` then run those
+sizes per exact shape under ``jax.jit`` (``runners/fallback.py``). Under
+``jax.vmap`` (ragged batches of ``mask``) the implementation runs once per
+example in a loop (``jax.custom_batching.sequential_vmap``): it may hold
+callbacks or closed-over values that only the primitive's own batching rule
+could batch (lineax: "Detected batching of lineax.linear_solve with respect
+to a closed-over value"). A primitive whose implementation is XLA's own
 (``apply_primitive``) is never inlined.
 """
 
@@ -101,12 +111,10 @@ def _masked_derivative(ctx, params, names, message: str):
         live_tangents = [tangents[1][i] for i in live]
         marked = _tangent_equations(jvp.jaxpr, jvp.jaxpr.invars[len(xs):])
 
-        def run_jvp():
-            with tangent_operands(marked):
-                return tuple(ctx.interpreter.eval_closed(jvp, [*xs, *live_tangents], state))
-        # one case of a case split: the primitives it binds run where the case's
-        # guard holds (``_per_example``), the rest computes on their zeros
-        flat = run_jvp()
+        # in one case of a case split the primitives it binds run where the case's
+        # guard holds (``_per_example``); the rest computes on their zeros
+        with tangent_operands(marked):
+            flat = ctx.interpreter.eval_closed(jvp, [*xs, *live_tangents], state)
         n_out = len(out_bounds)
         tangents_out = [_float0_zeros(b) for b in out_bounds]
         for i, t in zip(float_outs, flat[n_out:]):
