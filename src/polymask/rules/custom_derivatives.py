@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
+from ..core.trace_state import tangent_operands
 from ..tracing.prologue import Check, run_checks
 from ..tracing.registry import register
-from .util import clean, dynamic_sizes
+from .util import clean, dynamic_sizes, tangent_equations
 
 
 def _is_float(x) -> bool:
@@ -62,7 +63,12 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
             return primals_out, [jnp.zeros_like(p) if _is_float(p) else
                                  np.zeros(np.shape(p), jax.dtypes.float0) for p in primals_out]
         env = ctx.state.with_sizes(names, sizes)
-        outs = interp.eval_jaxpr(jvp_jaxpr, jvp_consts, [*xs, *txs], env)
+        # the rule's own solves of tangents (optimistix's implicit function
+        # theorem) run linearly with their transpose rule (rules/inlined.py)
+        # (the jaxpr's invars end with the tangents; constants may lead them)
+        tangent_invars = jvp_jaxpr.invars[len(jvp_jaxpr.invars) - len(txs):]
+        with tangent_operands(tangent_equations(jvp_jaxpr, tangent_invars)):
+            outs = interp.eval_jaxpr(jvp_jaxpr, jvp_consts, [*xs, *txs], env)
         n_out = len(out_zeros)
         primals_out, nz_tangents = outs[:n_out], iter(outs[n_out:])
         tangents_out = [jnp.zeros_like(p) if z else next(nz_tangents)

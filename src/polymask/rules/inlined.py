@@ -41,10 +41,11 @@ import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from .. import _jax_compat as compat
+from ..core.dimvars import display_internal_names
 from ..core.errors import UnsupportedError
 from ..core.trace_state import tangent_operands, trace_state
 from ..tracing.registry import register, register_default
-from .util import dynamic_sizes
+from .util import dynamic_sizes, tangent_equations
 
 
 @register_default(compat.has_python_impl, sees_guard=True, at_bound=True)
@@ -55,14 +56,14 @@ def inlined_impl_rule(ctx, *args, **params):
         if ctx.state.guard is None or not _may_call_the_host(ctx):
             return ctx.bind(*args)
         params = ctx.concrete_params()  # one case of a case split: bound where it holds
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
+    avals = _structs(ctx.in_avals)
     closed = jax.make_jaxpr(lambda *xs: prim.impl(*xs, **params))(*avals)
     if symbolic and any(e.primitive is prim for e in closed.jaxpr.eqns):
         raise ctx.unsupported(f"'{prim.name}' has no masking rule and its implementation "
                               "binds itself")
-    message = (f"polymask cannot differentiate primitive '{prim.name}' here: it has no "
-               "masking rule, so its Python implementation was masked\n  at "
-               f"{ctx.source_line}")
+    message = (f"polymask cannot differentiate primitive '{prim.name}' here (a library "
+               "primitive implemented in Python, masked through its implementation)\n"
+               f"  at {ctx.source_line}")
 
     linear = _tangent_positions(ctx, args)
     if linear:
@@ -109,7 +110,8 @@ def _masked_derivative(ctx, params, names, message: str):
         jvp = _jvp_of(ctx, params, tuple(live), message)
         state = ctx.state.with_sizes(names, sizes)
         live_tangents = [tangents[1][i] for i in live]
-        marked = _tangent_equations(jvp.jaxpr, jvp.jaxpr.invars[len(xs):])
+        invars = jvp.jaxpr.invars
+        marked = tangent_equations(jvp.jaxpr, invars[len(invars) - len(live):])
 
         # in one case of a case split the primitives it binds run where the case's
         # guard holds (``_per_example``); the rest computes on their zeros
@@ -156,22 +158,6 @@ def _tangent_positions(ctx, args) -> tuple[int, ...]:
     return tuple(i for i, a in enumerate(args) if compat.is_linearized(a))
 
 
-def _tangent_equations(jaxpr, tangent_invars) -> dict[int, tuple[int, ...]]:
-    """``{id(eqn): positions of its operands computed from tangent_invars}`` for
-    the equations of ``jaxpr`` (top level) that bind a primitive implemented in
-    Python (those this rule masks)."""
-    derived = set(tangent_invars)
-    found = {}
-    for e in jaxpr.eqns:
-        positions = tuple(i for i, v in enumerate(e.invars)
-                          if not compat.is_jaxpr_literal(v) and v in derived)
-        if positions:
-            derived.update(e.outvars)
-            if compat.has_python_impl(e.primitive):
-                found[id(e)] = positions
-    return found
-
-
 def _linear_in_tangents(ctx, closed, args, params, message: str, linear):
     """The primitive bound on tangents under ``jax.grad``: its masked
     implementation, linear in the tangents, with the primitive's own transpose
@@ -179,23 +165,15 @@ def _linear_in_tangents(ctx, closed, args, params, message: str, linear):
     Reverse mode cannot transpose the implementation itself: lineax's solves
     check their result for non-finite values, and an iterative solve loops.
     The floating outputs are the tangents; the others (a solve's status) are
-    zeros, and the implementation's checks of its result do not run on the
-    tangents."""
+    zeros."""
     prim = ctx.primitive
-    guard = ctx.state.guard
-    if guard is not None and trace_state().cases_batched:
-        # the transpose runs in jax.grad's backward pass, where JAX's cond between
-        # the cases, batched, runs every case on every example with residuals that
-        # may be another case's: the guard among them cannot be trusted there
-        raise UnsupportedError(
-            f"{message.rstrip()}\n  under jax.vmap, in one case of a case split (a size "
-            "comparison splits the function; polymask.explain lists it), reverse mode "
-            "would transpose it on other cases' examples. A constraint that decides the "
-            "comparison (mask(..., constraints=[...])) removes the split")
+    # JAX's cond between the cases, batched (jax.vmap), runs every case on every
+    # example; transposed in jax.grad's backward pass, with residuals that may be
+    # another case's, so that the case's guard among them cannot be trusted
+    guarded_in_batched_cases = ctx.state.guard is not None and trace_state().cases_batched
     rest = [i for i in range(len(args)) if i not in linear]
     names, sizes = dynamic_sizes(ctx.state)
     float_outs = [i for i, v in enumerate(ctx.eqn.outvars) if _differentiable(v.aval)]
-    transpose = _transpose_of(ctx, params, linear, rest, float_outs, message)
     out_bounds = ctx.out_bounds
 
     def operands(residuals, linears):
@@ -212,7 +190,8 @@ def _linear_in_tangents(ctx, closed, args, params, message: str, linear):
         [(out_bounds[i], ctx.eqn.outvars[i].aval.dtype) for i in float_outs])
     transpose_per_example = _per_example(
         ctx, names, lambda state, residuals, cts: tuple(ctx.interpreter.eval_closed(
-            transpose, [*residuals, *cts], state)),
+            _transpose_of(ctx, params, linear, rest, float_outs, message),
+            [*residuals, *cts], state)),
         [(args[i].shape, args[i].dtype) for i in linear])
 
     def apply(res, linears):
@@ -220,6 +199,13 @@ def _linear_in_tangents(ctx, closed, args, params, message: str, linear):
         return apply_per_example(sizes, (residuals, linears))
 
     def apply_transpose(res, cts):
+        if guarded_in_batched_cases:  # forward mode (apply) keeps the true guard
+            raise UnsupportedError(
+                f"{message.rstrip()}\n  under jax.vmap, in one case of a case split (a "
+                "size comparison splits the function; polymask.explain lists it), reverse "
+                "mode cannot tell that case's examples from the others. A constraint that "
+                "decides the comparison (mask(..., constraints=[...])) removes the split, "
+                "or differentiate inside mask: pm.mask(jax.grad(f), ...)")
         sizes, residuals = res
         return list(transpose_per_example(sizes, (residuals, cts)))
 
@@ -240,7 +226,7 @@ def _transpose_of(ctx, params, linear, rest, float_outs, message: str):
     rule = compat.transpose_rule(prim)
     if rule is None:
         raise UnsupportedError(f"{message}; it has no transpose rule")
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
+    avals = _structs(ctx.in_avals)
     out_avals = ctx.out_avals
 
     def transpose(residuals, float_cts):
@@ -256,9 +242,7 @@ def _transpose_of(ctx, params, linear, rest, float_outs, message: str):
                 for i in linear]
 
     return jax.make_jaxpr(transpose)([avals[i] for i in rest],
-                                     [jax.ShapeDtypeStruct(out_avals[i].shape,
-                                                           out_avals[i].dtype)
-                                      for i in float_outs])
+                                     _structs([out_avals[i] for i in float_outs]))
 
 
 def _jvp_of(ctx, params, live: tuple[int, ...], message: str):
@@ -270,7 +254,7 @@ def _jvp_of(ctx, params, live: tuple[int, ...], message: str):
     rule = compat.jvp_rule(prim)
     if rule is None:
         raise UnsupportedError(f"{message}; it has no JVP rule")
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
+    avals = _structs(ctx.in_avals)
 
     def jvp(primals, live_tangents):
         tangents = [compat.zero_tangent(a) for a in ctx.in_avals]
@@ -291,8 +275,19 @@ def _jvp_of(ctx, params, live: tuple[int, ...], message: str):
         # trace never saw
         raise UnsupportedError(
             f"{message.rstrip()}\n  its JVP rule compares sizes, which polymask cannot "
-            f"decide for every size at once ({str(e).splitlines()[0]}); jax.jit, and "
-            "polymask.jit / ragged_map, differentiate it per exact shape") from None
+            "decide for every size at once "
+            f"({display_internal_names(str(e).splitlines()[0])}). Differentiate inside "
+            "mask (pm.mask(jax.grad(f), ...)), where JAX differentiates the library's "
+            "code, or use polymask.jit / ragged_map, which run those sizes per exact "
+            "shape") from None
+
+
+def _structs(avals) -> list:
+    """``ShapeDtypeStruct``s of ``avals``, weak types kept: a library's closure-
+    converted function checks that it is called with what it was traced with
+    (equinox: "called with different dynamic arguments")."""
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False))
+            for a in avals]
 
 
 def _differentiable(aval) -> bool:
@@ -323,7 +318,7 @@ def _may_call_the_host(ctx) -> bool:
     rule, which may differ from running the implementation per example on
     purpose (equinox's ``select_if_vmap`` is ``x`` alone and a select batched)."""
     prim, params = ctx.primitive, ctx.concrete_params()
-    avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.in_avals]
+    avals = _structs(ctx.in_avals)
     jaxpr = jax.make_jaxpr(lambda *xs: prim.impl(*xs, **params))(*avals).jaxpr
     return (bool(jaxpr.effects) or compat.host_call_in(jaxpr) is not None
             or any(compat.has_python_impl(e.primitive) for e in jaxpr.eqns))
