@@ -837,3 +837,43 @@ def test_optimistix_least_squares_gradients_under_jit():
         got = np.asarray(grad(t, y, jnp.int32(n)))
         np.testing.assert_allclose(got[:n], want, rtol=1e-3, atol=1e-3 * (1 + np.abs(want).max(initial=0)))
         np.testing.assert_array_equal(got[n:], 0.0)
+
+
+def test_tangent_equations_follow_calls_branches_and_loops():
+    """The equations of a JVP rule's jaxpr that take tangents, as partial
+    evaluation finds them: through a jit, a cond's branches, a scan's and a
+    while loop's carry (to a fixed point), floating values only; the solve of
+    primal values in the same places is not marked."""
+    from polymask.rules.util import tangent_equations
+
+    L = jnp.eye(3) * 2.0
+
+    def rule(x, t):
+        def body(c, _):  # the carry becomes a tangent on the second step
+            prim, tan = c
+            return (tri_solve_p.bind(L, prim, lower=True), tri_solve_p.bind(L, tan, lower=True)
+                    + 0.0 * prim), None
+        (p1, t1), _ = jax.lax.scan(body, (x, t), None, length=2)
+        t2 = jax.jit(lambda a: tri_solve_p.bind(L, a, lower=True))(t1)
+        t3 = jax.lax.cond(x[0] > 0, lambda a: tri_solve_p.bind(L, a, lower=True),
+                          lambda a: a, t2)
+        steps = jax.lax.while_loop(lambda c: c[0] < 2,
+                                   lambda c: (c[0] + 1, tri_solve_p.bind(L, c[1], lower=True)),
+                                   (0, t3))
+        return p1, steps[1]
+
+    closed = jax.make_jaxpr(rule)(jnp.ones(3), jnp.ones(3))
+    found = tangent_equations(closed.jaxpr, closed.jaxpr.invars[1:])
+
+    def solves(jaxpr):
+        for e in jaxpr.eqns:
+            if e.primitive is tri_solve_p:
+                yield e
+            for inner, _ in pm._jax_compat.inner_jaxprs(e.params):
+                yield from solves(inner)
+
+    marked = {id(e): found.get(id(e)) for e in solves(closed.jaxpr)}
+    # scan body: the primal solve (operand 1 = prim) and the tangent one; jit,
+    # cond's first branch, while body: tangent solves
+    assert sorted(v for v in marked.values() if v is not None) == [(1,)] * 4
+    assert list(marked.values()).count(None) == 1

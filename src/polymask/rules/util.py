@@ -208,7 +208,7 @@ def _equation_tangent_outputs(e, ins: list[bool], found) -> list[bool]:
         _tangent_outputs(body, consts + carry, found)
         return carry
     if name == "scan":
-        nc, ncarry = p["num_consts"], p["num_carry"]
+        nc, ncarry = compat.scan_counts(p)
         body = compat.open_jaxpr(p["jaxpr"])
         consts, carry, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
         while True:
@@ -218,9 +218,8 @@ def _equation_tangent_outputs(e, ins: list[bool], found) -> list[bool]:
                 break
             carry = new
         return _tangent_outputs(body, consts + carry + xs, found)
-    calls = [inner for inner, consts in compat.inner_jaxprs(p)
-             if not consts and len(inner.invars) == len(e.invars)
-             and len(inner.outvars) == len(e.outvars)]
+    calls = [inner for inner, _ in compat.inner_jaxprs(p)
+             if len(inner.invars) == len(e.invars) and len(inner.outvars) == len(e.outvars)]
     if len(calls) == 1:  # a call (jit, custom_jvp's primal): operands one to one
         return _tangent_outputs(calls[0], ins, found)
     return [True] * len(e.outvars)
