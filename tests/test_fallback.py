@@ -844,7 +844,7 @@ def test_tangent_equations_follow_calls_branches_and_loops():
     evaluation finds them: through a jit, a cond's branches, a scan's and a
     while loop's carry (to a fixed point), floating values only; the solve of
     primal values in the same places is not marked."""
-    from polymask.rules.util import tangent_equations
+    from polymask.rules.tangents import tangent_equations
 
     L = jnp.eye(3) * 2.0
 

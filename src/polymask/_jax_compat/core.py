@@ -209,6 +209,8 @@ def zero_tangent(aval) -> Any:
 
 
 def is_zero_tangent(t) -> bool:
+    """Whether ``t`` is JAX's symbolic zero tangent (or cotangent), as a JVP or
+    transpose rule may return for an output or operand it does not touch."""
     return isinstance(t, _ad.Zero)
 
 

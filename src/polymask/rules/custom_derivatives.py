@@ -18,7 +18,8 @@ from .. import _jax_compat as compat
 from ..core.trace_state import tangent_operands
 from ..tracing.prologue import Check, run_checks
 from ..tracing.registry import register
-from .util import clean, dynamic_sizes, tangent_equations
+from .tangents import tangent_equations
+from .util import clean, dynamic_sizes
 
 
 def _is_float(x) -> bool:

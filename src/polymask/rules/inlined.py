@@ -45,7 +45,8 @@ from ..core.dimvars import display_internal_names
 from ..core.errors import UnsupportedError
 from ..core.trace_state import tangent_operands, trace_state
 from ..tracing.registry import register, register_default
-from .util import dynamic_sizes, tangent_equations
+from .tangents import tangent_equations
+from .util import dynamic_sizes
 
 
 @register_default(compat.has_python_impl, sees_guard=True, at_bound=True)
