@@ -103,14 +103,48 @@ def test_a_program_the_compiled_path_cannot_trace_stays_interpreted(monkeypatch)
     assert state.interpreted_only and state.calls == 4
 
 
-def test_calls_under_jit_or_grad_are_not_eager():
+def test_calls_under_jit_are_not_eager():
     f = pm.mask(lambda x: jnp.sum(x * x), "n")
     x = jnp.arange(5.0)
     for _ in range(3):
         assert float(jax.jit(f)(pm.Masked(x, (jnp.int32(3),))).data) == 5.0
-        g = jax.grad(lambda d: f(pm.Masked(d, (3,))).data)(x)
+        g = jax.jit(jax.grad(lambda d, n: f(pm.Masked(d, (n,))).data))(x, jnp.int32(3))
         np.testing.assert_array_equal(g, [0, 2, 4, 0, 0])
     assert _states(f) == []
+
+
+def test_eager_derivatives_run_the_compiled_program_for_every_size():
+    # jax.grad / jax.jvp of an eager call differentiate its one compiled program
+    # (sizes traced), as jax.grad of jax.jit would: no interpretation per call
+    mf = pm.mask(lambda x: attention_sum(x), "n, 16")  # a program of its own
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(12, 16)).astype(np.float32)
+    t = rng.normal(size=(12, 16)).astype(np.float32)
+
+    def masked_grad(n):
+        padded = np.full((12, 16), np.nan, np.float32)
+        padded[:n] = x[:n]
+        loss = lambda d: jnp.sum(jnp.sin(mf(pm.Masked(d, (n, 16))).data))  # noqa: E731
+        out, tangent = jax.jvp(lambda d: mf(pm.Masked(d, (n, 16))).data,
+                               (jnp.asarray(padded),), (jnp.asarray(t),))
+        return jax.grad(loss)(jnp.asarray(padded)), out, tangent
+
+    with pm.compile_counter():
+        for n in (12, 1):  # the first calls compile
+            masked_grad(n)
+    with pm.compile_counter() as later:
+        got = {n: masked_grad(n) for n in (0, 5, 11, 12)}
+    assert later.compiles == 0
+    (state,) = _states(mf)
+    assert state.compiled is not None and not state.interpreted_only
+    for n, (g, out, tangent) in got.items():
+        exact = jnp.asarray(x[:n])
+        want = jax.grad(lambda d: jnp.sum(jnp.sin(attention_sum(d))))(exact)
+        want_out, want_t = jax.jvp(attention_sum, (exact,), (jnp.asarray(t[:n]),))
+        np.testing.assert_allclose(g[:n], want, rtol=2e-5, atol=1e-5)
+        np.testing.assert_array_equal(g[n:], 0.0)  # NaN padding stays out
+        np.testing.assert_allclose(out, want_out, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(tangent, want_t, rtol=2e-5, atol=1e-5)
 
 
 def test_eager_vmap_of_a_case_split_compiles_the_switch_once():

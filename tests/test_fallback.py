@@ -839,6 +839,41 @@ def test_optimistix_least_squares_gradients_under_jit():
         np.testing.assert_array_equal(got[n:], 0.0)
 
 
+def test_optimistix_least_squares_gradients_eagerly_at_every_size():
+    """Eager jax.grad through mask of the same fit (no jax.jit): at n = 0 and
+    n = k (k = 3 parameters, where lineax's shape-dependent choice makes exact
+    cases) it equals plain JAX's gradient too. A scalar constant of the fit
+    (the solver's learning rate) reaches lineax's transpose as an array, not
+    as a jaxpr literal that equinox would move to the static part; and at
+    n = 0 the singular solve of the backward pass, which XLA drops in plain
+    JAX (its result is empty), is dropped here too: the eager derivative
+    differentiates the compiled program."""
+    optx = pytest.importorskip("optimistix")
+
+    def residual(p, args):
+        t, y = args
+        return p[0] * jnp.exp(-p[1] * t) + p[2] - y
+
+    def fit(t, y):
+        sol = optx.least_squares(residual, optx.GaussNewton(rtol=1e-6, atol=1e-6),
+                                 jnp.array([1.0, 1.0, 0.0]), args=(t, y), max_steps=200,
+                                 throw=False)
+        return jnp.sum(sol.value)
+
+    m = pm.mask(fit, ("n", "n"))
+    t = np.linspace(0, 1, 12).astype(np.float32)
+    y = (2.0 * np.exp(-1.5 * t) + 0.3).astype(np.float32)
+    t_padded, y_padded = (np.concatenate([a[:8], np.full(4, np.nan, np.float32)]) for a in (t, y))
+    for n in (0, 3, 4, 8):
+        want = jax.grad(fit)(jnp.asarray(t[:n]), jnp.asarray(y[:n]))
+        got = np.asarray(jax.grad(lambda t, y: m(pm.Masked(t, (n,)), pm.Masked(y, (n,))).data)(
+            t_padded, y_padded))
+        # n = k is exactly determined and ill-conditioned: float32 rounding grows
+        np.testing.assert_allclose(got[:n], want, rtol=1e-2 if n == 3 else 1e-3,
+                                   atol=1e-3 * (1 + np.abs(want).max(initial=0)))
+        np.testing.assert_array_equal(got[n:], 0.0)
+
+
 def test_tangent_equations_follow_calls_branches_and_loops():
     """The equations of a JVP rule's jaxpr that take tangents, as partial
     evaluation finds them: through a jit, a cond's branches, a scan's and a

@@ -433,16 +433,22 @@ def test_rule_tables_and_linear_call_under_vmap_of_grad():
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def test_is_eager_batched_only_under_vmaps_with_nothing_around():
+def test_eager_transforms_name_eager_vmaps_and_derivatives_only():
     seen = []
-    probe = lambda x: seen.append(compat.is_eager_batched(x)) or x  # noqa: E731
+    probe = lambda x: seen.append(compat.eager_transforms(x)) or x  # noqa: E731
     jax.vmap(probe)(jnp.ones(3))
     jax.vmap(jax.vmap(probe))(jnp.ones((2, 3)))
-    jax.jit(jax.vmap(probe))(jnp.ones(3))
+    jax.grad(lambda x: jnp.sum(probe(x)))(jnp.ones(3))
+    jax.jvp(probe, (jnp.ones(3),), (jnp.ones(3),))
     jax.grad(lambda x: jnp.sum(jax.vmap(probe)(x)))(jnp.ones(3))
+    jax.vmap(jax.grad(lambda x: probe(x) ** 2))(jnp.ones(3))
+    jax.jit(jax.vmap(probe))(jnp.ones(3))
     jax.vmap(jax.jit(probe))(jnp.ones(3))
-    assert seen == [True, True, False, False, False]
-    assert not compat.is_eager_batched(jnp.ones(3))
+    jax.grad(jax.jit(lambda x: jnp.sum(probe(x))))(jnp.ones(3))
+    jax.make_jaxpr(jax.grad(lambda x: jnp.sum(probe(x))))(jnp.ones(3))
+    b, j = frozenset({"batch"}), frozenset({"jvp"})
+    assert seen == [b, b, j, j, b | j, b | j, None, None, None, None]
+    assert compat.eager_transforms(jnp.ones(3)) == frozenset()
 
 
 def test_custom_vjp_cotangents_through_mask():

@@ -295,15 +295,33 @@ def is_batched(x) -> bool:
     return False
 
 
-def is_eager_batched(x) -> bool:
-    """Whether ``x`` is a tracer of eager ``jax.vmap``s only (nested or not; no
-    ``jax.jit``, ``jax.grad`` or other trace around them)."""
-    trace = getattr(x, "_trace", None) if isinstance(x, _batching_internal.BatchTracer) else None
+def eager_transforms(x) -> frozenset[str] | None:
+    """The transformations an eager call's value is traced by: ``frozenset()``
+    for a concrete value; ``{"batch"}``, ``{"jvp"}`` or both for tracers of
+    ``jax.vmap`` and of ``jax.jvp`` / ``jax.grad``'s linearization whose base
+    is evaluation (nested in any order); None under anything else
+    (``jax.jit``, ``make_jaxpr``, a custom rule's trace)."""
+    if not isinstance(x, _core.Tracer):
+        return frozenset()
+    kinds = set()
+    trace = getattr(x, "_trace", None)
     for _ in range(64):
-        if not isinstance(trace, _batching_internal.BatchTrace):
-            return isinstance(trace, _core.EvalTrace)
+        if isinstance(trace, _core.EvalTrace):
+            return frozenset(kinds)
+        if isinstance(trace, _batching_internal.BatchTrace):
+            kinds.add("batch")
+        elif isinstance(trace, _eager_ad_traces()):
+            kinds.add("jvp")
+        else:
+            return None
         trace = getattr(trace, "parent_trace", None)
-    return False
+    return None
+
+
+def _eager_ad_traces() -> tuple[type, ...]:
+    from jax._src.interpreters import ad as _ad_internal
+    return tuple(t for t in (getattr(_ad_internal, "JVPTrace", None),
+                             getattr(_ad_internal, "LinearizeTrace", None)) if t is not None)
 
 
 def is_linearized(x) -> bool:

@@ -52,6 +52,7 @@ from .util import dynamic_sizes
 @register_default(compat.has_python_impl, sees_guard=True, at_bound=True)
 def inlined_impl_rule(ctx, *args, **params):
     prim = ctx.primitive
+    args = _scalars_as_variables(ctx, args)
     symbolic = _traced_at_symbolic_shapes(ctx)
     if not symbolic:  # bound unchanged (dims in params substituted)
         if ctx.state.guard is None or not _may_call_the_host(ctx):
@@ -89,6 +90,28 @@ def inlined_impl_rule(ctx, *args, **params):
     run.defjvp(_masked_derivative(ctx, params, names, message), symbolic_zeros=True)
     outs = list(run(sizes, tuple(args)))
     return outs if prim.multiple_results else outs[0]
+
+
+def _scalars_as_variables(ctx, args) -> list:
+    """The operands with the scalars made JAX arrays of their avals' types
+    that stay variables of the jaxpr, as the library's code sees its
+    constants under plain JAX. A scalar literal evaluates to a NumPy or
+    Python scalar (``TypedFloat`` on jax 0.12), and a scalar constant bound
+    inside ``jax.jit`` is a literal again in the jaxpr that ``jax.grad`` of
+    that jit transposes; equinox partitions a primitive's operands by
+    ``is_array``, so a float literal moves to the static part (lineax's
+    transpose then rebuilt an optimistix solver with ``learning_rate=None``:
+    "Closure-converted function called with different dynamic arguments").
+    An optimization barrier is an equation, so its result stays a
+    variable."""
+    def as_variable(x, aval):
+        if aval.shape:
+            return x
+        if not compat.is_tracer(x):
+            x = jnp.asarray(x, aval.dtype)
+            x = compat.as_weakly_typed(x) if aval.weak_type else x
+        return jax.lax.optimization_barrier(x)
+    return [as_variable(x, a) for x, a in zip(args, ctx.in_avals)]
 
 
 def _bind(prim, xs, params) -> tuple:

@@ -63,13 +63,17 @@ class _EagerState:
 
 def runs_eagerly(leaves, values: dict) -> bool:
     """Whether the call is eager: its leaf data and dim var values are
-    concrete, or tracers of eager ``jax.vmap``s only (no ``jax.jit`` or
-    ``jax.grad`` around, which trace the interpretation once anyway)."""
-    def eager(x):
-        return not compat.is_tracer(x) or compat.is_eager_batched(x)
+    concrete, or tracers of eager ``jax.vmap``, ``jax.jvp`` or ``jax.grad``
+    only (no ``jax.jit`` around, which traces the interpretation once
+    anyway). Under an eager ``jax.grad`` the program is differentiated as
+    ``jax.grad`` of ``jax.jit`` would, with the sizes traced: one compiled
+    program for every size, and what XLA drops (the derivatives of
+    computations on zero-size arrays) dropped as plain JAX drops it."""
+    return all(compat.eager_transforms(x) is not None for x in _call_values(leaves, values))
 
-    return (all(eager(leaf.data if is_masked(leaf) else leaf) for leaf in leaves)
-            and all(eager(v) for v in values.values()))
+
+def _call_values(leaves, values: dict) -> list:
+    return [leaf.data if is_masked(leaf) else leaf for leaf in leaves] + list(values.values())
 
 
 def run_program_eagerly(prog: MaskedProgram, leaves, values: dict, zero_padded: bool = False,
@@ -162,9 +166,8 @@ def _call_compiled(compiled, leaves, masked, values):
 
 
 def _under_vmap(leaves, values: dict) -> bool:
-    """Whether the eager call is under ``jax.vmap`` (its values are tracers)."""
-    return any(compat.is_tracer(leaf.data if is_masked(leaf) else leaf) for leaf in leaves) \
-        or any(compat.is_tracer(v) for v in values.values())
+    """Whether the eager call is under ``jax.vmap`` (its values batched)."""
+    return any("batch" in (compat.eager_transforms(x) or ()) for x in _call_values(leaves, values))
 
 
 def _flat_program(prog: MaskedProgram, zero_padded: bool, forward_only: bool,
