@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
 from collections.abc import Callable
 
 import jax
@@ -618,3 +619,34 @@ def test_a_slice_bound_passed_positionally_fails_as_under_jax_jit_with_its_remed
         phrase, remedy = plain_failure(f"IndexError: {e}")
     assert phrase == "as it does under jax.jit on the exact arrays" and "functools.partial" in remedy
     assert plain_failure("IndexError: index 5 is out of bounds")[0] == "as it does on the exact arrays"
+
+
+def test_a_library_error_of_the_symbolic_trace_keeps_its_type_with_a_note():
+    # lineax's "Vector and operator structures do not match" for specs ("n, n", "m"):
+    # a structure check that fails at symbolic sizes only, with too many sizes to
+    # trace one by one; the error is the library's, with what polymask did and why
+    def add(a, b):
+        if jax.eval_shape(lambda: a) != jax.eval_shape(lambda: b):
+            raise ValueError("structures do not match")
+        return a + b
+
+    m = pm.mask(add, ("n", "m"))
+    for _ in range(2):  # the note is added once
+        with pytest.raises(ValueError, match="structures do not match") as info:
+            m(pm.Masked(jnp.ones(6), (3,)), pm.Masked(jnp.ones(6), (3,)))
+        notes = [n for n in getattr(info.value, "__notes__", ()) if "polymask" in n]
+        if sys.version_info >= (3, 11):
+            assert len(notes) == 1, notes
+            assert "symbolic sizes (n <= 6, m <= 6)" in notes[0]
+            assert "give them one name in in_specs" in notes[0]
+            assert "max_cases=24" in notes[0]
+    # one name for the equal axes, or tracing size by size: plain JAX's values
+    np.testing.assert_array_equal(
+        pm.mask(add, ("n", "n"))(pm.Masked(jnp.ones(6), (3,)), pm.Masked(jnp.ones(6), (3,))).data[:3],
+        2.0)
+    out = pm.mask(add, ("n", "m"), max_cases=24)(pm.Masked(jnp.ones(6), (3,)),
+                                                 pm.Masked(jnp.ones(6), (3,)))
+    np.testing.assert_array_equal(out.data[:3], 2.0)
+    with pytest.raises(ValueError, match="structures do not match"):
+        pm.mask(add, ("n", "m"), max_cases=24)(pm.Masked(jnp.ones(6), (3,)),
+                                              pm.Masked(jnp.ones(6), (2,)))

@@ -874,6 +874,38 @@ def test_optimistix_least_squares_gradients_eagerly_at_every_size():
         np.testing.assert_array_equal(got[n:], 0.0)
 
 
+def test_value_and_grad_constraints_share_the_program_a_shape_choice_split():
+    """lineax's least squares on a tall n x k matrix (QR) asks in its JVP rule
+    whether n <= k, which no one program decides for every n: without a
+    constraint value_and_grad runs those examples per exact shape (warned);
+    with ``constraints=["n >= 4"]`` (k = 3) one padded program serves them,
+    with plain JAX's values, and an example of n <= 3 is a ShapeError."""
+    lx = pytest.importorskip("lineax")
+
+    def loss(w, A, b):
+        return jnp.sum(lx.linear_solve(lx.MatrixLinearOperator(A * w), b, lx.QR()).value ** 2)
+
+    rng = np.random.default_rng(7)
+    sizes = (4, 6, 9, 5)
+    As = [rng.normal(size=(n, 3)).astype(np.float32) for n in sizes]
+    bs = [rng.normal(size=n).astype(np.float32) for n in sizes]
+    w = jnp.float32(1.5)
+    want = jax.value_and_grad(lambda w: sum(loss(w, A, b) for A, b in zip(As, bs)) / 4)(w)
+    plain = pm.value_and_grad(loss, ("n, 3", "n"))
+    with pytest.warns(pm.FallbackWarning, match=r"constraints=\['n <= 3'\] or \['n >= 4'\]"):
+        plain(w, As, bs)
+    assert plain.exact_compiles > 0
+    vg = pm.value_and_grad(loss, ("n, 3", "n"), constraints=["n >= 4"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        v, g = vg(w, As, bs)
+    assert vg.exact_compiles == 0
+    np.testing.assert_allclose(v, want[0], rtol=1e-5)
+    np.testing.assert_allclose(g, want[1], rtol=1e-4)
+    with pytest.raises(pm.ShapeError, match=r"constraint 'n >= 4' does not hold for n=3"):
+        vg(w, As + [rng.normal(size=(3, 3)).astype(np.float32)], bs + [np.ones(3, np.float32)])
+
+
 def test_tangent_equations_follow_calls_branches_and_loops():
     """The equations of a JVP rule's jaxpr that take tangents, as partial
     evaluation finds them: through a jit, a cond's branches, a scan's and a

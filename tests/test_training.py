@@ -208,3 +208,25 @@ def test_auxiliary_outputs_are_named_in_every_path(layout, batch):
     with pytest.raises(pm.ShapeError, match=r"got a tuple of 2 from .*loss_aux defined at "
                                             r".*test_training\.py:\d+; return the loss alone"):
         pm.value_and_grad(loss_aux, "n, 3", layout=layout)(jnp.ones(3), data)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("batch", ["list", "stack"])
+def test_constraints_hold_for_every_example_or_name_the_one_that_breaks_them(layout, batch):
+    """``constraints=`` as ``mask`` takes them: the values are plain JAX's, and an
+    example whose sizes break them is a ShapeError naming it (the program has
+    no check of its own: checks=False), in either layout."""
+    loss = lambda w, x: jnp.sum(jnp.diff(x @ w) ** 2)  # noqa: E731
+    rng = np.random.default_rng(5)
+    w = jnp.asarray(rng.normal(size=3).astype(np.float32))
+    vg = pm.value_and_grad(loss, "n, 3", layout=layout, constraints=["n >= 2"])
+    pack = pm.stack if batch == "stack" else list
+    xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (2, 7, 4)]
+    v, g = vg(w, pack(xs))
+    want = jax.value_and_grad(lambda w: sum(loss(w, jnp.asarray(x)) for x in xs) / 3)(w)
+    np.testing.assert_allclose(v, want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g, want[1], rtol=1e-5, atol=1e-6)
+    bad = xs + [rng.normal(size=(1, 3)).astype(np.float32)]
+    with pytest.raises(pm.ShapeError, match=r"constraint 'n >= 2' does not hold for n=1") as e:
+        vg(w, pack(bad))
+    assert "examples[3]" in str(e.value)

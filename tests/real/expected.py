@@ -16,7 +16,7 @@ shows up as an XPASS; regenerate this file after a fix.
 FAILURES = {
     ('lineax_qr_least_squares', 'grad'): (
         'error-polymask',
-        "sizes [3, 8]: UnsupportedError: polymask cannot differentiate primitive 'linear_solve' here (a library primitive implemented in Python, masked through its implementation) at .../equinox/internal/_primitive.py:274 (filter_primitive_bind) its JVP rule compares sizes, which polymask cannot decide for every size at once (Symbolic dimension comparison 'n' <= '3' is inconclusive.). Differentiate inside mask (pm.mask(jax.grad(f), ...)), where JAX differentiates the library's code, or use polymask.jit / ragged_map, which run those sizes per exact shape"),
+        "sizes [3, 8]: UnsupportedError: polymask cannot differentiate primitive 'linear_solve' here (a library primitive implemented in Python, masked through its implementation) at .../equinox/internal/_primitive.py:274 (filter_primitive_bind) its JVP rule compares sizes, which polymask cannot decide for every size at once (Symbolic dimension comparison 'n' <= '3' is inconclusive.). A constraint that decides it (constraints=['n <= 3'] or ['n >= 4']; mask, polymask.jit, ragged_map and value_and_grad take constraints=) shares one program again; else differentiate inside mask (pm.mask(jax.grad(f), ...)), where JAX differentiates the library's code, or use polymask.jit / ragged_map, which run those sizes per exact shape"),
 }
 
 # modes that do not apply (grad of a program without float output, or

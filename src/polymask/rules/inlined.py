@@ -35,6 +35,8 @@ to a closed-over value"). A primitive whose implementation is XLA's own
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -297,13 +299,29 @@ def _jvp_of(ctx, params, live: tuple[int, ...], message: str):
         # the rule decides on the sizes in Python (lineax: a tall or a wide
         # operator), which at symbolic sizes is a case split polymask's own
         # trace never saw
+        comparison = display_internal_names(str(e).splitlines()[0])
         raise UnsupportedError(
             f"{message.rstrip()}\n  its JVP rule compares sizes, which polymask cannot "
-            "decide for every size at once "
-            f"({display_internal_names(str(e).splitlines()[0])}). Differentiate inside "
-            "mask (pm.mask(jax.grad(f), ...)), where JAX differentiates the library's "
-            "code, or use polymask.jit / ragged_map, which run those sizes per exact "
-            "shape") from None
+            f"decide for every size at once ({comparison}). A constraint that decides it "
+            f"({_deciding_constraints(comparison)}; mask, polymask.jit, ragged_map and "
+            "value_and_grad take constraints=) shares one program again; else "
+            "differentiate inside mask (pm.mask(jax.grad(f), ...)), where JAX "
+            "differentiates the library's code, or use polymask.jit / ragged_map, "
+            "which run those sizes per exact shape") from None
+
+
+def _deciding_constraints(comparison: str) -> str:
+    """``"constraints=['n >= 4'] or ['n <= 3']"`` for JAX's "Symbolic dimension
+    comparison 'n' <= '3' is inconclusive": the comparison and its negation
+    (sizes are integers); a generic example where the text does not parse."""
+    m = re.search(r"'([^']+)' (<=|>=|<|>) '([^']+)'", comparison)
+    if m is None:
+        return "constraints=['n >= 3']"
+    a, op, b = m.groups()
+    negated = {"<=": (">=", 1), ">=": ("<=", -1), "<": (">=", 0), ">": ("<=", 0)}[op]
+    bound = f"{int(b) + negated[1]}" if b.lstrip("-").isdigit() else (
+        f"{b} + {negated[1]}" if negated[1] > 0 else f"{b} - {-negated[1]}" if negated[1] else b)
+    return f"constraints=['{a} {op} {b}'] or ['{a} {negated[0]} {bound}']"
 
 
 def _structs(avals) -> list:

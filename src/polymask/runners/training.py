@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.binding import split_specs
 from ..core.buckets import as_policy
-from ..core.diagnostics import user_frame_of_exception
+from ..core.diagnostics import user_call_site, user_frame_of_exception
 from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
 from ..core.plan import bucket_values, padded_shape, plan_call, policy_getter, solve_axis
@@ -30,7 +30,7 @@ from ..core.specs import parse_leaf_spec
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import SEGMENT_FIELDS, Segments
-from ..tracing.prologue import solve_dim_vars
+from ..tracing.prologue import run_checks, solve_dim_vars
 from ..tracing.transform import mask
 from .fallback import ExactFallback, falls_back
 from .packed import PackedRunner, default_row_size, spare_rows
@@ -109,14 +109,17 @@ class RaggedValueAndGrad:
     def __init__(self, fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
                  reduce: str = "mean", buckets=None, batch_buckets=None, checks: bool = False,
                  layout: str = "padded", row_size: int | None = None,
-                 rows_per_call: int | None = None, fallback: bool = True):
+                 rows_per_call: int | None = None, fallback: bool = True,
+                 constraints: Sequence[str] = ()):
         if reduce not in ("mean", "sum"):
             raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}")
         if layout not in ("padded", "packed"):
             raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
         self.layout = layout
         self._in_specs = in_specs
-        self._packed = (PackedTraining(fun, in_specs, argnums, reduce, row_size, rows_per_call)
+        self.constraints = tuple(constraints)
+        self._packed = (PackedTraining(fun, in_specs, argnums, reduce, row_size, rows_per_call,
+                                       self.constraints)
                         if layout == "packed" else None)
         self.fun = fun
         self.argnums = argnums
@@ -124,7 +127,7 @@ class RaggedValueAndGrad:
         self.reduce = reduce
         self._checks = checks
         self._plain_shapes: dict = {}
-        self._masked = mask(fun, in_specs, checks=checks)
+        self._masked = mask(fun, in_specs, constraints=self.constraints, checks=checks)
         # a policy, or a {dim var: policy} dict as polymask.jit takes (None: the default)
         self._policy_for = policy_getter(buckets) if buckets is not None else None
         self._policy = self._policy_for(None) if buckets is not None else None
@@ -132,8 +135,8 @@ class RaggedValueAndGrad:
         self.compiles = 0
         self.exact_compiles = 0  # per-example programs of the fallback (also in compiles)
         self._jitted = jax.jit(self._value_and_grad)
-        name = getattr(fun, "__name__", type(fun).__name__)
-        self._fallback = ExactFallback(self._example_sum_and_grad, f"value_and_grad({name})",
+        self._fallback = ExactFallback(self._example_sum_and_grad,
+                                       f"value_and_grad({_name(fun)})",
                                        self._count_exact, counted_in="vg.exact_compiles")
         self._unshared: dict = {}  # padded batch signature -> why its trace failed
         self._fallback_on = bool(fallback)
@@ -223,7 +226,8 @@ class RaggedValueAndGrad:
         specs = self.specs_for(n_args)
         if specs is not self._in_specs:
             self._in_specs = specs
-            self._masked = mask(self.fun, self._in_specs, checks=self._checks)
+            self._masked = mask(self.fun, self._in_specs, constraints=self.constraints,
+                                checks=self._checks)
 
     def _check_arguments(self, args) -> None:
         """The examples are the arguments not in ``argnums``: a call where every
@@ -268,6 +272,7 @@ class RaggedValueAndGrad:
             return out
         exact = self._check_exact_examples(args)
         weights, batch = self.prepare(*args)
+        self._check_constraints(weights, batch)
         key = tuple((np.shape(x), str(getattr(x, "dtype", "")))
                     for x in jax.tree_util.tree_leaves(batch))
         if key in self._unshared and exact:
@@ -299,6 +304,21 @@ class RaggedValueAndGrad:
                 Masked(np.asarray(a.data)[k], tuple(int(np.asarray(s)[k]) for s in a.shape))
                 if isinstance(a, Masked) else jax.tree_util.tree_map(lambda v: np.asarray(v)[k], a)
                 for i, a in enumerate(batch)]
+
+    def _check_constraints(self, weights, batch) -> None:
+        """The user's constraints at every example's sizes, on the host: the
+        program has no check for them (``checks=False``), and a size they
+        rule out may reach code traced only for the sizes they allow.
+
+        Raises:
+          ShapeError: ``examples[k]: constraint 'n >= 4' does not hold for n=2``.
+        """
+        if not self.constraints or self._checks:
+            return
+        for k in np.flatnonzero(np.asarray(weights) > 0):
+            tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
+            _, checks = solve_dim_vars(tree.base, leaves, checks_on=False)
+            run_checks(checks, f"{user_call_site()}, examples[{k}]")
 
     def _symbolic_limit(self, weights, batch) -> ShapeError | None:
         """The error of the first example (weight > 0) whose sizes reach a case
@@ -380,7 +400,8 @@ class RaggedValueAndGrad:
 def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
                    reduce: str = "mean", buckets=None, batch_buckets=None,
                    checks: bool = False, layout: str = "padded", row_size: int | None = None,
-                   rows_per_call: int | None = None, fallback: bool = True) -> RaggedValueAndGrad:
+                   rows_per_call: int | None = None, fallback: bool = True,
+                   constraints: Sequence[str] = ()) -> RaggedValueAndGrad:
     """Loss and gradients of ``fun`` over a ragged batch, as plain arrays.
 
     Args:
@@ -415,6 +436,13 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
         or of a size the row program does not serve (another traced case;
         ``x[1:]`` at ``n = 0``), run in the padded layout and their sums are
         added (``vg.last_padded`` counts them).
+      fallback: run a batch whose padded program cannot be traced example by
+        example under ``jax.jit`` (default), or raise the trace's error.
+      constraints: what you know about the example sizes, as for
+        ``polymask.mask`` (``["n >= 4"]``): the masked trace needs no case
+        for the sizes they rule out (a library's choice by shape, such as
+        lineax's QR for a tall ``n x k`` matrix, decided by ``n >= k + 1``).
+        Every example of every call is checked on the host.
 
     Returns:
       ``vg(params, *batch) -> (loss, grads)``: ``loss`` a scalar array,
@@ -440,6 +468,8 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
         batch is stacked (``polymask.stack``: no exact examples to fall back to).
       PackedUnsupported: ``layout="packed"`` and ``fun`` cannot run packed
         (the primitive and line are named); ``layout="padded"`` runs it.
+      ShapeError: an example whose sizes break ``constraints`` (checked on
+        the host for every example of every call, ``examples[k]`` named).
       ValueError: ``layout`` other than ``"padded"``/``"packed"``, or
         ``reduce`` other than ``"mean"``/``"sum"``.
 
@@ -451,7 +481,12 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
         in_specs = (in_specs,)
     return RaggedValueAndGrad(fun, in_specs, argnums=argnums, reduce=reduce, buckets=buckets,
                               batch_buckets=batch_buckets, checks=checks, layout=layout,
-                              row_size=row_size, rows_per_call=rows_per_call, fallback=fallback)
+                              row_size=row_size, rows_per_call=rows_per_call, fallback=fallback,
+                              constraints=constraints)
+
+
+def _name(fun) -> str:
+    return getattr(fun, "__name__", type(fun).__name__)
 
 
 def _add_sums(a, b):
@@ -463,11 +498,13 @@ class PackedTraining:
     rows of packed examples (``runners/packed.py`` packs them; the row
     program is the packed interpreter's, differentiated by ``jax.grad``)."""
 
-    def __init__(self, fun, in_specs, argnums, reduce, row_size, rows_per_call):
+    def __init__(self, fun, in_specs, argnums, reduce, row_size, rows_per_call,
+                 constraints: tuple[str, ...] = ()):
         if not isinstance(argnums, int):
             raise ValueError("value_and_grad(layout='packed') takes one argnums (the params)")
         self.fun, self.argnums, self.reduce = fun, argnums, reduce
         self.in_specs = in_specs
+        self.constraints = constraints
         self.row_size, self.rows_per_call = row_size, rows_per_call
         self.runner: PackedRunner | None = None
         self.compiles = 0
@@ -501,7 +538,7 @@ class PackedTraining:
         infos, tree = [], None
         for k, ex in enumerate(examples):
             try:
-                plan = plan_call(ex, specs, (), policy_getter(None))
+                plan = plan_call(ex, specs, self.constraints, policy_getter(None))
             except ShapeError as e:
                 raise ShapeError(f"examples[{k}]: {e}") from None
             leaves, tree = jax.tree_util.tree_flatten(tuple(ex))
@@ -511,7 +548,7 @@ class PackedTraining:
         lengths = [int(p.values[0]) for p, _ in infos]
         if self.runner is None:
             R = self.row_size or default_row_size(max(lengths))
-            self.runner = PackedRunner(self._example_fun(), (), R, min(R, 128),
+            self.runner = PackedRunner(self._example_fun(), self.constraints, R, min(R, 128),
                                        self.rows_per_call, 16, True)
         runner = self.runner
         first = next((k for k, n in enumerate(lengths) if n <= runner.row_size), None)
@@ -540,7 +577,7 @@ class PackedTraining:
         in the padded layout (``value_and_grad(layout="padded", reduce="sum")``)."""
         if self._padded is None:
             self._padded = RaggedValueAndGrad(self.fun, self.in_specs, argnums=self.argnums,
-                                              reduce="sum")
+                                              reduce="sum", constraints=self.constraints)
         params = args[self.argnums]
         count = 0
         for k in idxs:  # first: a size where the plain loss fails names its example
