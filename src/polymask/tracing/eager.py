@@ -1,13 +1,18 @@
 """Eager calls of a masked program: one compiled program, not an interpretation.
 
 A masked program called on concrete arrays (no ``jax.jit`` around it), or
-under eager ``jax.vmap`` only, would be interpreted equation by equation,
+under eager ``jax.vmap``, ``jax.jvp`` or ``jax.grad`` only, would be
+interpreted equation by equation,
 every rule's operations dispatched (and, the first time, compiled) one at a
 time: many dispatches per call where ``jax.jit`` of the same masked
 function makes one, and a compile per operation on the first call. So it
 runs as one ``jax.jit`` program whose arguments are the padded data and the
 dim var values (int32 scalars): one compile serves every logical size under
-the bound, as under the user's own ``jax.jit``.
+the bound, as under the user's own ``jax.jit``. An eager derivative
+differentiates that program, so its values are those of ``jax.grad`` of the
+user's ``jax.jit`` (a computation that leads only to the derivative with
+respect to an empty array is dropped by XLA, as in plain JAX, rather than
+run on concrete values one operation at a time).
 
 What the caller sees does not change: output logical sizes that follow from
 the input sizes are evaluated on the host as the interpreter does (a static
