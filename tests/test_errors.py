@@ -161,7 +161,7 @@ CASES = [
     Case("constraint names unknown var", mk(f_sum, "n", constraints=["k >= 2"]),
          (M(X5, (3,)),), None, pm.ShapeError, ("constraint 'k >= 2'", "unknown", "['k']")),
     Case("constraint does not parse", mk(f_sum, "n", constraints=["n >>= 2"]),
-         (M(X5, (3,)),), None, pm.ShapeError, ("cannot parse constraints", "n >>= 2")),
+         (M(X5, (3,)),), None, pm.ShapeError, ("cannot parse the constraint", "n >>= 2", "for n > 3 write")),
     Case("static spec size differs", mk(f_sum, "4"), (M(X5, (3,)),), None, pm.ShapeError,
          ("args[0].shape[0]", "says 4", "array's size there is 5")),
     Case("spec axis in two vars", mk(f_sum, "n*m"), (M(X5, (3,)),), None, pm.ShapeError,
@@ -644,9 +644,33 @@ def test_a_library_error_of_the_symbolic_trace_keeps_its_type_with_a_note():
     np.testing.assert_array_equal(
         pm.mask(add, ("n", "n"))(pm.Masked(jnp.ones(6), (3,)), pm.Masked(jnp.ones(6), (3,))).data[:3],
         2.0)
+    # the runners run it per exact shape, and their warning keeps the note
+    with pytest.warns(pm.FallbackWarning, match="give them one name in in_specs" if
+                      sys.version_info >= (3, 11) else "structures do not match"):
+        out = pm.jit(add, ("n", "m"))(np.ones(3, np.float32), np.ones(3, np.float32))
+    np.testing.assert_array_equal(out, 2.0)
     out = pm.mask(add, ("n", "m"), max_cases=24)(pm.Masked(jnp.ones(6), (3,)),
                                                  pm.Masked(jnp.ones(6), (3,)))
     np.testing.assert_array_equal(out.data[:3], 2.0)
     with pytest.raises(ValueError, match="structures do not match"):
         pm.mask(add, ("n", "m"), max_cases=24)(pm.Masked(jnp.ones(6), (3,)),
                                               pm.Masked(jnp.ones(6), (2,)))
+
+
+def test_constraints_given_as_one_string_and_malformed_ones_say_the_form():
+    f = lambda x: jnp.sum(x)  # noqa: E731
+    x = pm.Masked(jnp.ones(8), (5,))
+    # one string is one constraint (it was split into its characters)
+    assert float(pm.mask(f, "n", constraints="n >= 4")(x).data) == 5.0
+    with pytest.raises(pm.ShapeError, match="constraint 'n >= 6' does not hold for n=5"):
+        pm.mask(f, "n", constraints="n >= 6")(x)
+    assert pm.jit(f, "n", constraints="n >= 4").constraints == ("n >= 4",)
+    assert pm.value_and_grad(lambda w, x: jnp.sum(w * x), "n",
+                             constraints="n >= 1").constraints == ("n >= 1",)
+    for bad, named in ((["n > 3"], "'n > 3'"), ([">= 4"], "'>= 4'"),
+                       (["n >= 4", "n >= 4 and n <= 20"], "'n >= 4 and n <= 20'")):
+        with pytest.raises(pm.ShapeError, match="cannot parse the constraint") as e:
+            pm.mask(f, "n", constraints=bad)(x)
+        assert named in str(e.value) and "for n > 3 write 'n >= 4'" in str(e.value)
+    with pytest.raises(pm.ShapeError, match="constraints must be strings.*got 4 of type int"):
+        pm.mask(f, "n", constraints=[4])

@@ -230,3 +230,18 @@ def test_constraints_hold_for_every_example_or_name_the_one_that_breaks_them(lay
     with pytest.raises(pm.ShapeError, match=r"constraint 'n >= 2' does not hold for n=1") as e:
         vg(w, pack(bad))
     assert "examples[3]" in str(e.value)
+
+
+def test_a_packed_refusal_says_which_layout_runs_it():
+    loss = lambda w, x: jnp.sum(jnp.linalg.qr(x * w)[1])  # noqa: E731  (no packed rule: qr)
+    xs = [np.ones((n, 3), np.float32) for n in (4, 5)]
+    w = jnp.float32(2.0)
+    with pytest.raises(pm.PackedUnsupported, match=r"value_and_grad\(layout='packed'\): .*'qr'"
+                                                   r".*layout='padded' \(the default\) runs it"):
+        pm.value_and_grad(loss, "n, 3", layout="packed")(w, xs)
+    v, g = pm.value_and_grad(loss, "n, 3")(w, xs)
+    want = jax.value_and_grad(lambda w: sum(loss(w, jnp.asarray(x)) for x in xs) / 2)(w)
+    np.testing.assert_allclose(v, want[0], rtol=1e-5)
+    np.testing.assert_allclose(g, want[1], rtol=1e-5)
+    with pytest.raises(pm.PackedUnsupported, match="layout='auto' or 'padded' runs it"):
+        pm.ragged_map(lambda x: loss(w, x), "n, 3", layout="packed")(xs)

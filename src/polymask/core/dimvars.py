@@ -20,8 +20,8 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from .errors import ShapeError
 from .shapes import SHIFT_SUFFIX
+from .specs import constraint_parse_error
 
 __all__ = ["describe_conditions", "display_text", "display_internal_names", "display_expr", "pretty_condition", "sizes_text", "to_internal", "displayed_error", "translate_constraint", "internal_names",
            "internal_scope"]
@@ -181,7 +181,7 @@ def internal_scope(constraints, conditions, internal, var_bounds):
     try:
         scope = jax.export.SymbolicScope(tuple(texts))
     except Exception as e:
-        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
+        raise constraint_parse_error(constraints, e) from None
     # the user's constraints count too: "t >= 3" and a case's "t <= 3" leave t = 3
     pins = _pinned(tuple(texts[:len(constraints)]) + tuple(conditions), internal, var_bounds)
     if pins:  # a case for one size: traced at that size, as plain JAX would

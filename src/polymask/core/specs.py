@@ -225,6 +225,40 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list
     return out
 
 
+def as_constraints(constraints) -> tuple[str, ...]:
+    """The ``constraints=`` argument as a tuple of strings: one string is one
+    constraint (``constraints="n >= 4"``), not its characters.
+
+    Raises:
+      ShapeError: an element that is not a string.
+    """
+    if isinstance(constraints, str):
+        return (constraints,)
+    out = tuple(constraints)
+    for c in out:
+        if not isinstance(c, str):
+            raise ShapeError(f"constraints must be strings such as 'n >= 4'; got {c!r} "
+                             f"of type {type(c).__name__} in {list(out)!r}")
+    return out
+
+
+def constraint_parse_error(constraints, error: BaseException) -> ShapeError:
+    """The ``ShapeError`` for constraints that ``jax.export`` cannot parse:
+    which one, JAX's reason, and the form it takes."""
+    bad = []
+    for c in constraints:
+        try:
+            jax.export.SymbolicScope((c,))
+        except Exception:
+            bad.append(c)
+    which = f"{bad[0]!r}" if len(bad) == 1 else f"{list(constraints)}"
+    reason = str(error).splitlines()[0].rstrip(".") if str(error) else type(error).__name__
+    return ShapeError(
+        f"cannot parse the constraint {which}: {reason}. Write each constraint as one "
+        "comparison of dim vars and integers with '>=', '<=' or '==' (for n > 3 write "
+        "'n >= 4'), one per string: constraints=['n >= 4', 'n <= 20']")
+
+
 def spec_identifiers(spec: str) -> set[str]:
     return set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", spec))
 
@@ -239,7 +273,7 @@ def scope_and_name_generator(spec_leaves, constraints):
     try:
         scope = jax.export.SymbolicScope(tuple(constraints))
     except Exception as e:
-        raise ShapeError(f"cannot parse constraints {list(constraints)}: {e}") from None
+        raise constraint_parse_error(constraints, e) from None
     used: set[str] = set()
     for s in spec_leaves:
         if isinstance(s, str):

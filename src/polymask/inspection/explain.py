@@ -27,7 +27,7 @@ from ..core.dimvars import describe_conditions, display_text
 from ..core.errors import FailsAsPlainJax, ShapeError, UnsupportedError
 from ..core.masked import Masked
 from ..core.shapes import DimEnv
-from ..core.specs import PLACEHOLDER_BOUND, args_from_specs, broadcast_specs
+from ..core.specs import PLACEHOLDER_BOUND, args_from_specs, as_constraints, broadcast_specs
 from ..tracing.cases.dispatch import case_program
 from ..tracing.cases.splitting import trace_function_cases
 from ..tracing.interpreter import Interpreter, run_program, runs_rule
@@ -255,7 +255,7 @@ def _runner_arguments(runner, in_specs, args, constraints):
     if in_specs is None:
         in_specs = (runner.specs_for(len(args)) if hasattr(runner, "specs_for")
                     else getattr(runner, "in_specs", None))
-    constraints = tuple(constraints) or tuple(getattr(runner, "constraints", ()))
+    constraints = as_constraints(constraints) or tuple(getattr(runner, "constraints", ()))
     return in_specs, tuple(args), constraints
 
 

@@ -30,6 +30,7 @@ import jax
 from .. import _jax_compat as compat
 from ..core.diagnostics import user_stacklevel
 from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError
+from ..tracing.cases.refine import TRACE_NOTE
 from .compiling import compile_counter
 
 __all__ = ["ExactFallback", "refusal_text", "falls_back", "bucket_text"]
@@ -58,6 +59,8 @@ def refusal_text(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     if not isinstance(error, (ShapeError, NotImplementedError)):
         text = f"{type(error).__name__}: {text}"
+    # a library's error of the symbolic trace: polymask's note says why and what to do
+    text += "".join(f"\n{n}" for n in getattr(error, "__notes__", ()) if n.startswith(TRACE_NOTE))
     return text if len(text) <= _MAX_REASON else text[:_MAX_REASON] + " ..."
 
 

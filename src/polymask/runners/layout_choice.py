@@ -19,6 +19,7 @@ from collections.abc import Callable
 from ..core.buckets import int_arg
 from ..core.diagnostics import user_stacklevel
 from ..core.errors import PackedLayoutWarning, ShapeError, UnsupportedError, counted
+from ..core.specs import as_constraints
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.cost import packed_cost, padded_cost
 from .packed import PackedRunner, default_row_size
@@ -46,7 +47,7 @@ class LayoutChoice:
                  numpy_outputs: bool, compiler_options: Callable[[], dict | None]):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        self.fun, self.constraints = fun, tuple(constraints)
+        self.fun, self.constraints = fun, as_constraints(constraints)
         self.layout = layout
         # a float or a string is a mistake, never truncated (100.5 ran rows of 100)
         self.row_size, self.rows_per_call, self.segments_per_row = (
@@ -174,7 +175,8 @@ class LayoutChoice:
 
     def _refuse(self, reason: str, idxs: list[int], permanent: bool = False) -> list[int]:
         if self.layout == "packed":
-            raise PackedUnsupported(f"ragged_map(layout='packed'): {reason}")
+            raise PackedUnsupported(f"ragged_map(layout='packed'): {reason}; "
+                                    "layout='auto' or 'padded' runs it in the padded layout")
         if permanent:
             self.refusal = reason
         self.last["reason"] = f"padded: {reason}"

@@ -37,6 +37,7 @@ from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype
+from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from ..tracing.prologue import raise_run_failure
 from .compiling import COMPILE_TICK, background_executor, compile_counter
@@ -158,7 +159,7 @@ class PolyJit:
                  max_cases=DEFAULT_MAX_CASES, fallback=True):
         self.fun = fun
         self.in_specs = runner_specs(fun, in_specs, "polymask.jit")
-        self.constraints = tuple(constraints)
+        self.constraints = as_constraints(constraints)
         self.max_cases = max_cases
         self.compiler_options = checked_compiler_options(compiler_options)
         self.numpy_outputs = numpy_outputs

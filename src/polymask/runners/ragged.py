@@ -34,6 +34,7 @@ from ..core.buckets import as_policy
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import FailsAsPlainJax, ShapeError
 from ..core.plan import dtype_key, policy_getter
+from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from ..tracing.prologue import raise_run_failure
 from . import ragged_batches
@@ -81,7 +82,7 @@ class RaggedMap:
                                     lambda: self.refinement.refined_options)
         self.fun = fun
         self.in_specs = runner_specs(fun, in_specs, "ragged_map", accepts_dict=False)
-        self.constraints = tuple(constraints)
+        self.constraints = as_constraints(constraints)
         self.max_cases = max_cases
         self.compiler_options = checked_compiler_options(compiler_options)
         self.plans = CallPlans(self.in_specs, self.constraints, policy_getter(buckets))

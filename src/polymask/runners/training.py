@@ -26,7 +26,7 @@ from ..core.diagnostics import user_call_site, user_frame_of_exception
 from ..core.errors import ShapeError
 from ..core.masked import Masked, stack
 from ..core.plan import bucket_values, padded_shape, plan_call, policy_getter, solve_axis
-from ..core.specs import parse_leaf_spec
+from ..core.specs import as_constraints, parse_leaf_spec
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import SEGMENT_FIELDS, Segments
@@ -117,7 +117,7 @@ class RaggedValueAndGrad:
             raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
         self.layout = layout
         self._in_specs = in_specs
-        self.constraints = tuple(constraints)
+        self.constraints = as_constraints(constraints)
         self._packed = (PackedTraining(fun, in_specs, argnums, reduce, row_size, rows_per_call,
                                        self.constraints)
                         if layout == "packed" else None)
@@ -267,7 +267,11 @@ class RaggedValueAndGrad:
             return self._zero(args)
         self._fit_specs(len(args))
         if self._packed is not None:
-            out = self._packed(*args)
+            try:
+                out = self._packed(*args)
+            except PackedUnsupported as e:
+                raise PackedUnsupported(f"value_and_grad(layout='packed'): {e}; "
+                                        "layout='padded' (the default) runs it") from None
             self.compiles = self._packed.compiles + self._packed.compiles_padded
             return out
         exact = self._check_exact_examples(args)
@@ -544,7 +548,7 @@ class PackedTraining:
             leaves, tree = jax.tree_util.tree_flatten(tuple(ex))
             infos.append((plan, leaves))
         if len({tuple(p.var_names) for p, _ in infos}) != 1 or len(infos[0][0].var_names) != 1:
-            raise PackedUnsupported("value_and_grad(layout='packed') packs one ragged dim var")
+            raise PackedUnsupported("the packed layout packs one ragged dim var")
         lengths = [int(p.values[0]) for p, _ in infos]
         if self.runner is None:
             R = self.row_size or default_row_size(max(lengths))

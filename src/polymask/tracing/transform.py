@@ -23,7 +23,7 @@ from ..core.binding import split_specs
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
-from ..core.specs import broadcast_specs
+from ..core.specs import as_constraints, broadcast_specs
 from .cases.dispatch import run_cases
 from .cases.splitting import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .eager import run_cases_eagerly, run_program_eagerly, runs_eagerly
@@ -190,7 +190,7 @@ class _Meta:
     def __init__(self, in_specs, constraints, checks, zero_padded=False, differentiable=True,
                  max_cases=DEFAULT_MAX_CASES):
         self.in_specs = in_specs
-        self.constraints = tuple(constraints)
+        self.constraints = as_constraints(constraints)
         self.checks = checks
         self.zero_padded = zero_padded
         self.differentiable = differentiable

@@ -67,7 +67,8 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
     raise ShapeError(f"the function fails for every size:\n  {err.error}")
 
 
-_TRACE_NOTE = "(raised while polymask traced the function"
+# the note's first words: runners keep it in their refusal text (runners/fallback.py)
+TRACE_NOTE = "(raised while polymask traced the function"
 
 
 def _note_symbolic_trace(e: BaseException, signature, max_cases: int) -> None:
@@ -76,17 +77,17 @@ def _note_symbolic_trace(e: BaseException, signature, max_cases: int) -> None:
     it is, with a note (Python 3.11+) saying it comes from the trace at
     symbolic sizes, not from the data, and what lets polymask trace it."""
     if not hasattr(e, "add_note") or any(
-            n.startswith(_TRACE_NOTE) for n in getattr(e, "__notes__", ())):
+            n.startswith(TRACE_NOTE) for n in getattr(e, "__notes__", ())):
         return
     sizes = ", ".join(f"{v} <= {signature.var_bounds[v]}" for v in signature.var_order)
     count = 1
     for v in signature.var_order:
         count *= signature.var_bounds[v] + 1
     e.add_note(
-        f"{_TRACE_NOTE} with symbolic sizes ({sizes}), not "
+        f"{TRACE_NOTE} with symbolic sizes ({sizes}), not "
         "by the data: axes named by different dim vars are different sizes while "
-        "tracing; if two are always equal, give them one name in in_specs. "
-        + per_size_remedy(max_cases, count) + ")")
+        "tracing; if two are always equal, give them one name in in_specs. Where they "
+        "do differ: " + per_size_remedy(max_cases, count) + ")")
 
 
 def _count_text(signature) -> str:
