@@ -892,9 +892,15 @@ def test_value_and_grad_constraints_share_the_program_a_shape_choice_split():
     w = jnp.float32(1.5)
     want = jax.value_and_grad(lambda w: sum(loss(w, A, b) for A, b in zip(As, bs)) / 4)(w)
     plain = pm.value_and_grad(loss, ("n, 3", "n"))
-    with pytest.warns(pm.FallbackWarning, match=r"constraints=\['n <= 3'\] or \['n >= 4'\]"):
+    with pytest.warns(pm.FallbackWarning, match=r"constraints=\['n <= 3'\] or \['n >= 4'\]") as ws:
         plain(w, As, bs)
     assert plain.exact_compiles > 0
+    # the message names lineax's line and the user's line that called it
+    here = f"called from {__file__}:"
+    assert any(here in str(r.message) and "loss)" in str(r.message) for r in ws)
+    with pytest.raises(pm.PackedUnsupported, match="'geqrf'") as e:
+        pm.value_and_grad(loss, ("n, 3", "n"), layout="packed")(w, As, bs)
+    assert here in str(e.value) and "loss)" in str(e.value)
     vg = pm.value_and_grad(loss, ("n, 3", "n"), constraints=["n >= 4"])
     with warnings.catch_warnings():
         warnings.simplefilter("error", pm.FallbackWarning)

@@ -1,5 +1,7 @@
 """Every function of the private-JAX compatibility module, on the pinned JAX."""
 
+import importlib.util
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -543,3 +545,25 @@ def test_traced_slice_bounds_error_and_message():
     assert compat.is_traced_slice_bounds_error(err)
     assert compat.is_traced_slice_bounds_message(f"IndexError: {err}")
     assert not compat.is_traced_slice_bounds_message("IndexError: index 5 is out of bounds")
+
+
+def test_a_line_inside_an_installed_library_names_the_user_line_that_called_it(tmp_path):
+    lib = tmp_path / "site-packages" / "fakelib"
+    lib.mkdir(parents=True)
+    (lib / "mod.py").write_text("import jax.numpy as jnp\n\n\ndef f(x):\n    return jnp.sin(x)\n")
+    spec = importlib.util.spec_from_file_location("fakelib_mod", lib / "mod.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def user(x):
+        return mod.f(x) + 1.0
+
+    sin, add = jax.make_jaxpr(user)(1.0).jaxpr.eqns
+    line = compat.source_line(sin.source_info)
+    assert line.endswith("site-packages/fakelib/mod.py:5 (f)"), line
+    own = compat.line_outside_packages(sin.source_info)
+    assert own.startswith(f"{__file__}:") and own.endswith(".user)"), own
+    assert compat.source_line_with_caller(sin.source_info) == f"{line}, called from {own}"
+    # the user's own line stays as it is
+    assert compat.source_line_with_caller(add.source_info) == compat.source_line(add.source_info)
+    assert compat.line_outside_packages(add.source_info) == compat.source_line(add.source_info)

@@ -126,6 +126,35 @@ def source_line(source_info) -> str:
     return f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
 
 
+def line_outside_packages(source_info) -> str | None:
+    """``file:line (function)`` of the innermost frame of an equation's
+    traceback that is the user's own code: outside installed packages
+    (``site-packages``), JAX and polymask; None when there is none (an
+    equation of a library's jitted function: its traceback stops at the jit)."""
+    try:
+        frames = _source_info_util.user_frames(source_info.traceback)
+        frame = next((f for f in frames if not _installed(f.file_name) and
+                      not os.path.abspath(f.file_name).startswith(_POLYMASK_DIR)), None)
+    except Exception:  # pragma: no cover - defensive
+        return None
+    return None if frame is None else f"{frame.file_name}:{frame.start_line} ({frame.function_name})"
+
+
+def source_line_with_caller(source_info) -> str:
+    """``source_line``, with ``, called from <the user's own line>`` when that
+    line is inside an installed library (``line_outside_packages``)."""
+    line = source_line(source_info)
+    if not _installed(line.rsplit(":", 2)[0]):
+        return line
+    caller = line_outside_packages(source_info)
+    return line if caller is None else f"{line}, called from {caller}"
+
+
+def _installed(file_name: str) -> bool:
+    parts = os.path.abspath(file_name).replace("\\", "/").split("/")
+    return "site-packages" in parts or "dist-packages" in parts
+
+
 def is_jaxpr_literal(v) -> bool:
     return isinstance(v, Literal)
 

@@ -138,11 +138,32 @@ def names_the_user_line(fun):
 
 
 def relocate(e: BaseException, where: str) -> BaseException:
-    """Replace an unknown location in ``e``'s message by ``where`` (when known)."""
+    """``e`` raised inside an equation whose user line is ``where``: an unknown
+    location in its message becomes ``where``; a location inside an installed
+    library (an equation of a library's jitted function, whose traceback stops
+    at that jit: lineax's ``linear_solve``) gets ``, called from <where>``
+    when ``where`` is the user's own code."""
     text = str(e)
-    if UNKNOWN_LOCATION not in text or where.startswith(UNKNOWN_LOCATION):
+    if where.startswith(UNKNOWN_LOCATION):
         return e
-    return _same_type(e, text.replace(UNKNOWN_LOCATION, where))
+    if UNKNOWN_LOCATION in text:
+        return _same_type(e, text.replace(UNKNOWN_LOCATION, where))
+    own = where.split(", called from ", 1)[1] if ", called from " in where else where
+    if in_installed_package(own):
+        return e
+    m = _LIBRARY_LOCATION.search(text)
+    if m is None or text[m.end():].startswith(", called from"):
+        return e
+    return _same_type(e, f"{text[:m.end()]}, called from {own}{text[m.end():]}")
+
+
+# "at <path inside site-packages>:<line> (<function>)" in a message
+_LIBRARY_LOCATION = re.compile(r"at (\S*[/\\](?:site|dist)-packages[/\\]\S*:\d+ \([^)\n]*\))")
+
+
+def in_installed_package(location: str) -> bool:
+    """Whether a ``file:line`` location is inside an installed package."""
+    return "site-packages" in location or "dist-packages" in location
 
 
 # ----------------------------------------------------------------------------

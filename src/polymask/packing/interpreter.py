@@ -447,7 +447,7 @@ class PackedRun:
                        else "bound (shared)")
                 out = _per_segment_or_shared(eqn, invals)
         except PackedUnsupported as e:
-            raise relocate(e, compat.source_line(eqn.source_info)) from None
+            raise relocate(e, compat.source_line_with_caller(eqn.source_info)) from None
         except (ShapeError, UnsupportedError):
             raise
         except Exception as e:  # no JAX-internal error escapes the packed layout

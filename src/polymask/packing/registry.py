@@ -248,7 +248,7 @@ class PackedContext:
 
     @property
     def source_line(self) -> str:
-        return compat.source_line(self.eqn.source_info)
+        return compat.source_line_with_caller(self.eqn.source_info)
 
     def shape(self, aval) -> tuple[int, ...]:
         """``aval``'s shape in a row: ``n`` is ``R``."""

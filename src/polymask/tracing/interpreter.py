@@ -117,8 +117,12 @@ class Interpreter:
 
     def apply(self, eqn, invals, state: RunState) -> list:
         observed = self.observe(eqn, state) if self.observe else contextlib.nullcontext()
-        with compat.user_context(eqn.source_info), observed:
-            out = self._apply_rule(eqn, invals, state)
+        state.eqn_stack.append(eqn)
+        try:
+            with compat.user_context(eqn.source_info), observed:
+                out = self._apply_rule(eqn, invals, state)
+        finally:
+            state.eqn_stack.pop()
         outs = list(out) if eqn.primitive.multiple_results else [out]
         _check_out_shapes(eqn, outs, state.dims)
         return outs
@@ -138,7 +142,7 @@ class Interpreter:
         except (ShapeError, UnsupportedError) as e:
             # Equations of inner jaxprs (jnp functions are jitted) have no
             # user frame: name the enclosing equation's user line instead.
-            raise relocate(e, compat.source_line(eqn.source_info)) from None
+            raise relocate(e, compat.source_line_with_caller(eqn.source_info)) from None
         except compat.SplitNeeded:
             raise  # a size comparison to split the trace on (tracing/cases/)
         except (compat.InconclusiveDimensionOperation, NotImplementedError) as e:

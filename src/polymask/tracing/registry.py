@@ -27,6 +27,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
+from ..core.diagnostics import in_installed_package
 from ..core.dimvars import display_internal_names
 from ..core.errors import ShapeError, UnsupportedError
 from .prologue import Check, run_checks
@@ -292,7 +293,18 @@ class RuleContext:
 
     @property
     def source_line(self) -> str:
-        return compat.source_line(self.eqn.source_info)
+        """``file:line (function)`` of the equation; inside an installed library
+        (lineax's ``linear_solve``), also the user's line that called it: from
+        the equation's traceback, else from the enclosing equations' (a
+        library's jitted function records no frame outside its jit)."""
+        line = compat.source_line(self.eqn.source_info)
+        if not in_installed_package(line):
+            return line
+        for eqn in (self.eqn, *reversed(self.state.eqn_stack)):  # innermost first
+            caller = compat.line_outside_packages(eqn.source_info)
+            if caller is not None:
+                return f"{line}, called from {caller}"
+        return line
 
     def padded(self, d) -> int:
         return self.dims.padded(d)

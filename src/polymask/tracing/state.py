@@ -24,6 +24,9 @@ class RunState:
         into inner jaxprs through it).
       jaxpr_stack: the jaxprs being walked, innermost last: a rule may look up
         how an operand was computed (a loop bound derived from sizes).
+      eqn_stack: the equations being applied, innermost last (a message of
+        an equation inside a library's jitted function names the user's
+        enclosing line too).
       invar_links: inner jaxpr input var -> ``(outer var, outer jaxpr)``
         across ``pjit`` calls, for the same lookups.
       zero_padded: ``id(value) -> value`` for values whose padding is known to
@@ -40,6 +43,7 @@ class RunState:
     dims: DimEnv
     interpreter: Any
     jaxpr_stack: list = dataclasses.field(default_factory=list)
+    eqn_stack: list = dataclasses.field(default_factory=list)
     invar_links: dict = dataclasses.field(default_factory=dict)
     zero_padded: dict[int, Any] = dataclasses.field(default_factory=dict)
     forward_only: bool = False
@@ -95,4 +99,5 @@ class RunState:
             else:
                 values[name] = size
         return RunState(DimEnv(self.dims.scope, self.dims.bounds, values), self.interpreter,
-                        forward_only=self.forward_only, guard=guard)
+                        eqn_stack=list(self.eqn_stack), forward_only=self.forward_only,
+                        guard=guard)
