@@ -14,6 +14,7 @@ from jax._src import dtypes as _dtypes
 from jax._src import source_info_util as _source_info_util
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
+from jax._src.interpreters import ad as _ad_internal
 from jax._src.interpreters import batching as _batching_internal
 from jax._src.interpreters import partial_eval as _pe_internal
 from jax.extend import core as _xcore
@@ -133,7 +134,7 @@ def line_outside_packages(source_info) -> str | None:
     equation of a library's jitted function: its traceback stops at the jit)."""
     try:
         frames = _source_info_util.user_frames(source_info.traceback)
-        frame = next((f for f in frames if not _installed(f.file_name) and
+        frame = next((f for f in frames if not in_installed_package(f.file_name) and
                       not os.path.abspath(f.file_name).startswith(_POLYMASK_DIR)), None)
     except Exception:  # pragma: no cover - defensive
         return None
@@ -144,14 +145,16 @@ def source_line_with_caller(source_info) -> str:
     """``source_line``, with ``, called from <the user's own line>`` when that
     line is inside an installed library (``line_outside_packages``)."""
     line = source_line(source_info)
-    if not _installed(line.rsplit(":", 2)[0]):
+    if not in_installed_package(line):
         return line
     caller = line_outside_packages(source_info)
     return line if caller is None else f"{line}, called from {caller}"
 
 
-def _installed(file_name: str) -> bool:
-    parts = os.path.abspath(file_name).replace("\\", "/").split("/")
+def in_installed_package(location: str) -> bool:
+    """Whether a file, or a ``file:line (function)`` location, is inside an
+    installed package (a ``site-packages`` or ``dist-packages`` folder)."""
+    parts = location.replace("\\", "/").split("/")
     return "site-packages" in parts or "dist-packages" in parts
 
 
@@ -339,7 +342,7 @@ def eager_transforms(x) -> frozenset[str] | None:
             return frozenset(kinds)
         if isinstance(trace, _batching_internal.BatchTrace):
             kinds.add("batch")
-        elif isinstance(trace, _eager_ad_traces()):
+        elif isinstance(trace, _AD_TRACES):
             kinds.add("jvp")
         else:
             return None
@@ -347,10 +350,9 @@ def eager_transforms(x) -> frozenset[str] | None:
     return None
 
 
-def _eager_ad_traces() -> tuple[type, ...]:
-    from jax._src.interpreters import ad as _ad_internal
-    return tuple(t for t in (getattr(_ad_internal, "JVPTrace", None),
-                             getattr(_ad_internal, "LinearizeTrace", None)) if t is not None)
+# jax.jvp's trace, and jax.grad's linearization (direct linearize, 0.10.2+)
+_AD_TRACES = tuple(t for t in (getattr(_ad_internal, "JVPTrace", None),
+                               getattr(_ad_internal, "LinearizeTrace", None)) if t is not None)
 
 
 def is_linearized(x) -> bool:

@@ -149,7 +149,7 @@ def relocate(e: BaseException, where: str) -> BaseException:
     if UNKNOWN_LOCATION in text:
         return _same_type(e, text.replace(UNKNOWN_LOCATION, where))
     own = where.split(", called from ", 1)[1] if ", called from " in where else where
-    if in_installed_package(own):
+    if compat.in_installed_package(own):
         return e
     m = _LIBRARY_LOCATION.search(text)
     if m is None or text[m.end():].startswith(", called from"):
@@ -161,9 +161,6 @@ def relocate(e: BaseException, where: str) -> BaseException:
 _LIBRARY_LOCATION = re.compile(r"at (\S*[/\\](?:site|dist)-packages[/\\]\S*:\d+ \([^)\n]*\))")
 
 
-def in_installed_package(location: str) -> bool:
-    """Whether a ``file:line`` location is inside an installed package."""
-    return "site-packages" in location or "dist-packages" in location
 
 
 # ----------------------------------------------------------------------------

@@ -27,7 +27,6 @@ from typing import Any
 import jax.numpy as jnp
 
 from .. import _jax_compat as compat
-from ..core.diagnostics import in_installed_package
 from ..core.dimvars import display_internal_names
 from ..core.errors import ShapeError, UnsupportedError
 from .prologue import Check, run_checks
@@ -298,7 +297,7 @@ class RuleContext:
         the equation's traceback, else from the enclosing equations' (a
         library's jitted function records no frame outside its jit)."""
         line = compat.source_line(self.eqn.source_info)
-        if not in_installed_package(line):
+        if not compat.in_installed_package(line):
             return line
         for eqn in (self.eqn, *reversed(self.state.eqn_stack)):  # innermost first
             caller = compat.line_outside_packages(eqn.source_info)
