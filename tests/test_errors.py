@@ -674,3 +674,12 @@ def test_constraints_given_as_one_string_and_malformed_ones_say_the_form():
         assert named in str(e.value) and "for n > 3 write 'n >= 4'" in str(e.value)
     with pytest.raises(pm.ShapeError, match="constraints must be strings.*got 4 of type int"):
         pm.mask(f, "n", constraints=[4])
+
+
+def test_a_ragged_batch_passed_without_vmap_is_told_to_vmap():
+    f = pm.mask(jnp.sum, "n")
+    batch = pm.Masked(jnp.ones((2, 4)), (jnp.array([1, 2]),))
+    with pytest.raises(pm.ShapeError, match=r"has 1 axis but the array has rank 2.*arrays of "
+                                            r"shape \(2,\): for a ragged batch, jax.vmap"):
+        f(batch)
+    np.testing.assert_array_equal(jax.vmap(f)(batch).data, [1.0, 2.0])

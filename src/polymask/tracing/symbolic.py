@@ -172,8 +172,16 @@ def _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name) -> list[list[
     out = []
     for leaf, spec, path in zip(leaves, spec_leaves, paths):
         padded = tuple(int(d) for d in np.shape(_leaf_data(leaf)))
-        out.append(parse_leaf_spec(spec, path, padded, scope,
-                                   default_dynamic=is_masked(leaf), name_gen=gen_name))
+        try:
+            out.append(parse_leaf_spec(spec, path, padded, scope,
+                                       default_dynamic=is_masked(leaf), name_gen=gen_name))
+        except ShapeError as e:
+            batched = [np.shape(s) for s in (leaf.shape if is_masked(leaf) else ())
+                       if np.ndim(s) >= 1]
+            if not batched:
+                raise
+            raise ShapeError(f"{e} (its logical sizes are arrays of shape {batched[0]}: for a "
+                             "ragged batch, jax.vmap over the Masked value)") from None
     return out
 
 
