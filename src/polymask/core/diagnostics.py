@@ -70,6 +70,19 @@ def user_stacklevel() -> int:
     return level
 
 
+def user_line_of_exception(e: BaseException) -> str:
+    """``user_frame_of_exception``; when that frame is inside an installed
+    library (lineax's structure check), followed by ``, called from`` the
+    innermost frame of the user's own code."""
+    where = user_frame_of_exception(e)
+    if not compat.in_installed_package(where):
+        return where
+    for fr in reversed(traceback.extract_tb(e.__traceback__)):
+        if not is_library_frame(fr.filename) and not compat.in_installed_package(fr.filename):
+            return f"{where}, called from {_fmt_frame(fr.filename, fr.lineno, fr.name)}"
+    return where
+
+
 def user_frame_of_exception(e: BaseException) -> str:
     """The innermost user frame of ``e``'s traceback (or the line polymask
     attached to ``e`` as ``polymask_where``)."""

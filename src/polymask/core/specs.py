@@ -226,19 +226,32 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list
 
 
 def as_constraints(constraints) -> tuple[str, ...]:
-    """The ``constraints=`` argument as a tuple of strings: one string is one
-    constraint (``constraints="n >= 4"``), not its characters.
+    """The ``constraints=`` argument as a tuple of strings, each parsed now
+    (where the runner or masked function is made, not at its first call):
+    one string is one constraint (``constraints="n >= 4"``), not its
+    characters; None is none.
 
     Raises:
-      ShapeError: an element that is not a string.
+      ShapeError: not a string or a sequence of strings, or a constraint that
+        does not parse.
     """
+    if constraints is None:
+        return ()
     if isinstance(constraints, str):
-        return (constraints,)
-    out = tuple(constraints)
+        constraints = (constraints,)
+    try:
+        out = tuple(constraints)
+    except TypeError:
+        raise ShapeError(f"constraints must be a string such as 'n >= 4' or a list of them; "
+                         f"got {constraints!r}") from None
     for c in out:
         if not isinstance(c, str):
             raise ShapeError(f"constraints must be strings such as 'n >= 4'; got {c!r} "
                              f"of type {type(c).__name__} in {list(out)!r}")
+    try:
+        jax.export.SymbolicScope(out)
+    except Exception as e:
+        raise constraint_parse_error(out, e) from None
     return out
 
 

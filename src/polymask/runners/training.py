@@ -319,10 +319,14 @@ class RaggedValueAndGrad:
         """
         if not self.constraints or self._checks:
             return
+        site = user_call_site()
         for k in np.flatnonzero(np.asarray(weights) > 0):
             tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
             _, checks = solve_dim_vars(tree.base, leaves, checks_on=False)
-            run_checks(checks, f"{user_call_site()}, examples[{k}]")
+            try:
+                run_checks(checks, site)
+            except ShapeError as e:
+                raise ShapeError(f"examples[{k}]: {e}") from None
 
     def _symbolic_limit(self, weights, batch) -> ShapeError | None:
         """The error of the first example (weight > 0) whose sizes reach a case

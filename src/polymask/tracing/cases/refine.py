@@ -13,6 +13,7 @@ import itertools
 
 import jax
 
+from ...core.diagnostics import user_line_of_exception
 from ...core.dimvars import sizes_text
 from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError
 from .tree import (
@@ -84,7 +85,7 @@ def _note_symbolic_trace(e: BaseException, signature, max_cases: int) -> None:
     for v in signature.var_order:
         count *= signature.var_bounds[v] + 1
     e.add_note(
-        f"{TRACE_NOTE} with symbolic sizes ({sizes}), not "
+        f"{TRACE_NOTE} with symbolic sizes ({sizes}) at {user_line_of_exception(e)}, not "
         "by the data: axes named by different dim vars are different sizes while "
         "tracing; if two are always equal, give them one name in in_specs. Where they "
         "do differ: " + per_size_remedy(max_cases, count) + ")")
