@@ -690,3 +690,13 @@ def test_a_ragged_batch_passed_without_vmap_is_told_to_vmap():
                                             r"shape \(2,\): for a ragged batch, jax.vmap"):
         f(batch)
     np.testing.assert_array_equal(jax.vmap(f)(batch).data, [1.0, 2.0])
+
+
+def test_a_logical_shape_of_the_wrong_length_names_both_lengths():
+    f = pm.mask(jnp.sum, "b, n")
+    with pytest.raises(pm.ShapeError, match=r"logical shape .* has 1 size but the data has rank 2 "
+                                            r"\(shape \(2, 4\)\).*jax.vmap over the Masked"):
+        f(pm.Masked(jnp.ones((2, 4)), (jnp.array([1, 2]),)))
+    with pytest.raises(pm.ShapeError, match=r"logical shape \(2, 3\) has 2 sizes but the data "
+                                            r"has rank 1"):
+        pm.mask(jnp.sum, "n")(pm.Masked(jnp.ones(4), (2, 3)))
