@@ -259,7 +259,8 @@ def check_constraints(scope, env: Mapping[str, int], partial: bool = False) -> N
         if (missing := names - set(env)) and partial:
             continue
         if missing:
-            raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(missing)}")
+            raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(missing)}; "
+                             f"the specs define {sorted(env)}")
         v1, v2 = int(compat.evaluate_dim(e1, env)), int(compat.evaluate_dim(e2, env))
         if (kind == "==" and v1 != v2) or (kind == ">=" and v1 < v2):
             raise ShapeError(f"constraint '{text}' does not hold for "
