@@ -107,13 +107,17 @@ def _scalars_as_variables(ctx, args) -> list:
     An optimization barrier is an equation, so its result stays a
     variable."""
     def as_variable(x, aval):
-        if aval.shape:
+        if aval.shape or not _numeric(aval.dtype):  # PRNG keys and float0 stay as they are
             return x
         if not compat.is_tracer(x):
             x = jnp.asarray(x, aval.dtype)
             x = compat.as_weakly_typed(x) if aval.weak_type else x
         return jax.lax.optimization_barrier(x)
     return [as_variable(x, a) for x, a in zip(args, ctx.in_avals)]
+
+
+def _numeric(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)
 
 
 def _bind(prim, xs, params) -> tuple:
