@@ -361,9 +361,19 @@ def constraint_checks(prog, values) -> list[Check]:
         v1, v2 = env.logical_raw(e1), env.logical_raw(e2)
         bad = _ne(v1, v2) if kind == "==" else _lt(v1, v2)
         checks.append(Check(bad, f"constraint '{text}' does not hold for "
-                                 + ", ".join(f"{k}={{{i}}}" for i, k in enumerate(names)),
+                                 + ", ".join(f"{k}={{{i}}}{_read_from(prog, k)}"
+                                             for i, k in enumerate(names)),
                             tuple(values[k] for k in names)))
     return checks
+
+
+def _read_from(prog, var: str) -> str:
+    """`` (args[1].shape[0])``: the first input axis that dim var ``var`` sizes."""
+    for axes in getattr(prog, "axis_specs", ()):
+        for a in axes:
+            if a.var == var:
+                return f" ({a.where})"
+    return ""
 
 
 def solve_dim_vars(prog, leaves, checks_on: bool) -> tuple[dict[str, Any], list[Check]]:
