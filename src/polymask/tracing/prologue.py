@@ -286,21 +286,35 @@ def _validate_size_type(size, where: str) -> None:
             "(for a ragged batch, jax.vmap over the Masked value)")
 
 
+def _host_int(x) -> int | None:
+    """``x`` as a Python int when it is known on the host: a Python or NumPy
+    integer, or a concrete scalar array (an eager ``jnp.int32`` size: read
+    once, rather than compared by dispatched operations); None when traced."""
+    if is_static(x):
+        return int(x)
+    if compat.is_tracer(x) or np.ndim(x) != 0:
+        return None
+    return int(np.asarray(x))
+
+
 def _out_of_range(size, bound):
-    if is_static(size):
-        return not (0 <= int(size) <= bound)
+    s = _host_int(size)
+    if s is not None:
+        return not (0 <= s <= bound)
     return (size < 0) | (size > bound)
 
 
 def _ne(a, b):
-    if is_static(a) and is_static(b):
-        return int(a) != int(b)
+    ha, hb = _host_int(a), _host_int(b)
+    if ha is not None and hb is not None:
+        return ha != hb
     return jnp.asarray(a) != jnp.asarray(b)
 
 
 def _lt(a, b):
-    if is_static(a) and is_static(b):
-        return int(a) < int(b)
+    ha, hb = _host_int(a), _host_int(b)
+    if ha is not None and hb is not None:
+        return ha < hb
     return jnp.asarray(a) < jnp.asarray(b)
 
 
