@@ -811,11 +811,9 @@ def test_a_custom_jvp_that_solves_with_tangents_differentiates_in_every_case():
         jax.jit(jax.vmap(jax.grad(loss, (0, 1))))(Ls, bs, ns)
 
 
-def test_optimistix_least_squares_gradients_under_jit():
-    """jax.grad through mask of an optimistix Gauss-Newton fit (its implicit
-    function theorem solves with lineax on tangents, and lineax picks QR or LU
-    by the matrix's shape: a case split), the size traced under jax.jit,
-    equals plain JAX's gradient with respect to the data."""
+def _decay_fit():
+    """An optimistix Gauss-Newton fit of ``a exp(-k t) + c`` (3 parameters) to
+    12 points: ``(fit(t, y) -> sum of the parameters, t, y)``."""
     optx = pytest.importorskip("optimistix")
 
     def residual(p, args):
@@ -828,9 +826,17 @@ def test_optimistix_least_squares_gradients_under_jit():
                                  throw=False)
         return jnp.sum(sol.value)
 
-    m = pm.mask(fit, ("n", "n"))
     t = np.linspace(0, 1, 12).astype(np.float32)
-    y = (2.0 * np.exp(-1.5 * t) + 0.3).astype(np.float32)
+    return fit, t, (2.0 * np.exp(-1.5 * t) + 0.3).astype(np.float32)
+
+
+def test_optimistix_least_squares_gradients_under_jit():
+    """jax.grad through mask of an optimistix Gauss-Newton fit (its implicit
+    function theorem solves with lineax on tangents, and lineax picks QR or LU
+    by the matrix's shape: a case split), the size traced under jax.jit,
+    equals plain JAX's gradient with respect to the data."""
+    fit, t, y = _decay_fit()
+    m = pm.mask(fit, ("n", "n"))
     grad = jax.jit(jax.grad(lambda t, y, n: m(pm.Masked(t, (n,)), pm.Masked(y, (n,))).data))
     for n in (0, 3, 12):
         want = jax.grad(fit)(jnp.asarray(t[:n]), jnp.asarray(y[:n]))
@@ -848,21 +854,8 @@ def test_optimistix_least_squares_gradients_eagerly_at_every_size():
     n = 0 the singular solve of the backward pass, which XLA drops in plain
     JAX (its result is empty), is dropped here too: the eager derivative
     differentiates the compiled program."""
-    optx = pytest.importorskip("optimistix")
-
-    def residual(p, args):
-        t, y = args
-        return p[0] * jnp.exp(-p[1] * t) + p[2] - y
-
-    def fit(t, y):
-        sol = optx.least_squares(residual, optx.GaussNewton(rtol=1e-6, atol=1e-6),
-                                 jnp.array([1.0, 1.0, 0.0]), args=(t, y), max_steps=200,
-                                 throw=False)
-        return jnp.sum(sol.value)
-
+    fit, t, y = _decay_fit()
     m = pm.mask(fit, ("n", "n"))
-    t = np.linspace(0, 1, 12).astype(np.float32)
-    y = (2.0 * np.exp(-1.5 * t) + 0.3).astype(np.float32)
     t_padded, y_padded = (np.concatenate([a[:8], np.full(4, np.nan, np.float32)]) for a in (t, y))
     for n in (0, 3, 4, 8):
         want = jax.grad(fit)(jnp.asarray(t[:n]), jnp.asarray(y[:n]))
