@@ -271,6 +271,17 @@ except Exception:  # pragma: no cover - registered twice (module reload) or old 
     pass
 
 
+def ragged_batch_hint(sizes) -> str:
+    """`` (its logical sizes are arrays of shape (2,): for a ragged batch,
+    jax.vmap over the Masked value)`` when a ``Masked`` value's sizes are
+    arrays (a batch's sizes given to a call that is not vmapped); else ``""``."""
+    batched = [np.shape(s) for s in sizes if np.ndim(s) >= 1]
+    if not batched:
+        return ""
+    return (f" (its logical sizes are arrays of shape {batched[0]}: for a ragged batch, "
+            "jax.vmap over the Masked value)")
+
+
 def _as_bound_entry(b, what: str) -> int:
     if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
         raise TypeError(f"{what}: a bound must be a non-negative int; got {b!r}")

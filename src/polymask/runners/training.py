@@ -135,8 +135,8 @@ class RaggedValueAndGrad:
         self.compiles = 0
         self.exact_compiles = 0  # per-example programs of the fallback (also in compiles)
         self._jitted = jax.jit(self._value_and_grad)
-        self._fallback = ExactFallback(self._example_sum_and_grad,
-                                       f"value_and_grad({_name(fun)})",
+        name = getattr(fun, "__name__", type(fun).__name__)
+        self._fallback = ExactFallback(self._example_sum_and_grad, f"value_and_grad({name})",
                                        self._count_exact, counted_in="vg.exact_compiles")
         self._unshared: dict = {}  # padded batch signature -> why its trace failed
         self._fallback_on = bool(fallback)
@@ -491,10 +491,6 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
                               batch_buckets=batch_buckets, checks=checks, layout=layout,
                               row_size=row_size, rows_per_call=rows_per_call, fallback=fallback,
                               constraints=constraints)
-
-
-def _name(fun) -> str:
-    return getattr(fun, "__name__", type(fun).__name__)
 
 
 def _add_sums(a, b):

@@ -30,7 +30,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError, counted
-from ..core.masked import Masked
+from ..core.masked import Masked, ragged_batch_hint
 from ..core.plan import not_affine, solve_sizes
 from ..core.shapes import DimEnv, is_static
 from ..core.trace_state import replaced, trace_state
@@ -327,12 +327,9 @@ def _axis_checks(leaves, prog, checks_on: bool) -> tuple[list[Check], list[list]
         data = _leaf_data(leaf)
         if len(sizes) != len(axes):
             shown = tuple(int(s) if is_static(s) else s for s in sizes)
-            batched = [np.shape(s) for s in sizes if np.ndim(s) >= 1]
-            hint = (f" (its logical sizes are arrays of shape {batched[0]}: for a ragged "
-                    "batch, jax.vmap over the Masked value)" if batched else "")
             raise ShapeError(f"{axes[0].path if axes else 'argument'}: logical shape "
                              f"{shown} has {counted(len(sizes), 'size')} but the data has rank "
-                             f"{len(axes)} (shape {np.shape(data)}){hint}")
+                             f"{len(axes)} (shape {np.shape(data)}){ragged_batch_hint(sizes)}")
         for a, size in zip(axes, sizes):
             _validate_size_type(size, a.where)
             bound = np.shape(data)[a.axis]

@@ -32,7 +32,7 @@ from ..core.diagnostics import (
     user_frame_of_exception,
 )
 from ..core.errors import ShapeError, UnsupportedError
-from ..core.masked import Masked
+from ..core.masked import Masked, ragged_batch_hint
 from ..core.shapes import DimEnv, canonical_dtype, is_static
 from ..core.specs import (
     AxisSpec,
@@ -176,12 +176,10 @@ def _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name) -> list[list[
             out.append(parse_leaf_spec(spec, path, padded, scope,
                                        default_dynamic=is_masked(leaf), name_gen=gen_name))
         except ShapeError as e:
-            batched = [np.shape(s) for s in (leaf.shape if is_masked(leaf) else ())
-                       if np.ndim(s) >= 1]
-            if not batched:
+            hint = ragged_batch_hint(leaf.shape) if is_masked(leaf) else ""
+            if not hint:
                 raise
-            raise ShapeError(f"{e} (its logical sizes are arrays of shape {batched[0]}: for a "
-                             "ragged batch, jax.vmap over the Masked value)") from None
+            raise ShapeError(f"{e}{hint}") from None
     return out
 
 
