@@ -184,7 +184,7 @@ CASES = [
     Case("size complex", mk(f_sum, "n"), (M(X5, (2j,)),), (M(X5, (3,)),), pm.ShapeError,
          ("args[0].shape[0]", "must be an integer")),
     Case("size not a scalar", mk(f_sum, "n"), (M(X5, (jnp.array([1, 2]),)),),
-         (M(X5, (d(3),)),), pm.ShapeError, ("args[0].shape[0]", "must be a scalar", "vmap")),
+         (M(X5, (d(3),)),), pm.ShapeError, ("args[0].shape[0]", "must be a scalar", "a scalar size per axis")),
     Case("logical rank differs", mk(f_sum, "n"), (M(X5, (1, 2)),), (M(X5, (3,)),),
          pm.ShapeError, ("args[0]", "(1, 2)", "rank")),
     Case("one name, two static sizes", mk(f_sum2, ("n", "n")), (M(X5, (3,)), M(X5, (4,))),
@@ -672,11 +672,15 @@ def test_constraints_given_as_one_string_and_malformed_ones_say_the_form():
               lambda c: pm.ragged_map(f, "n", constraints=c),
               lambda c: pm.value_and_grad(lambda w, x: jnp.sum(w * x), "n", constraints=c))
     for make in makers:
-        for bad, named in ((["n > 3"], "'n > 3'"), ([">= 4"], "'>= 4'"), (["n >>= 2"], "'n >>= 2'"),
-                           (["n >= 4", "n >= 4 and n <= 20"], "'n >= 4 and n <= 20'")):
+        for bad, named, reason in (
+                (["n > 3"], "'n > 3'", "it has no '>=', '<=' or '=='"),
+                ([">= 4"], "'>= 4'", "a side of '>=' is empty"),
+                (["n >>= 2"], "'n >>= 2'", "syntax error"),  # JAX's reason names the token
+                (["n >= 4", "n >= 4 and n <= 20"], "'n >= 4 and n <= 20'", "it holds 2 comparisons")):
             with pytest.raises(pm.ShapeError, match="cannot parse the constraint") as e:
                 make(bad)
             assert named in str(e.value) and "for n > 3 write 'n >= 4'" in str(e.value)
+            assert f"{named}: {reason}" in str(e.value)
         with pytest.raises(pm.ShapeError, match="constraints must be strings.*got 4 of type int"):
             make([4])
         with pytest.raises(pm.ShapeError, match="a string such as 'n >= 4' or a list of them"):
@@ -691,6 +695,13 @@ def test_a_ragged_batch_passed_without_vmap_is_told_to_vmap():
                                             r"shape \(2,\): for a ragged batch, jax.vmap"):
         f(batch)
     np.testing.assert_array_equal(jax.vmap(f)(batch).data, [1.0, 2.0])
+    # no batch axis in the data: one example, whose size is a scalar
+    with pytest.raises(pm.ShapeError, match=r"got shape \(1,\).*takes a scalar size per axis"):
+        f(pm.Masked(jnp.ones(4), (jnp.array([3]),)))
+    # a batch axis of another length than the sizes': the two disagree
+    with pytest.raises(pm.ShapeError, match=r"arrays of shape \(3,\) but the data's leading "
+                                            r"axes are \(2,\)"):
+        f(pm.Masked(jnp.ones((2, 4)), (jnp.array([3, 2, 1]),)))
 
 
 def test_a_logical_shape_of_the_wrong_length_names_both_lengths():

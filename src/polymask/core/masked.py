@@ -271,14 +271,25 @@ except Exception:  # pragma: no cover - registered twice (module reload) or old 
     pass
 
 
-def ragged_batch_hint(sizes) -> str:
-    """`` (its logical sizes are arrays of shape (2,): for a ragged batch,
-    jax.vmap over the Masked value)`` when a ``Masked`` value's sizes are
-    arrays (a batch's sizes given to a call that is not vmapped); else ``""``."""
+def ragged_batch_hint(sizes, data_shape) -> str:
+    """A parenthesised hint when a ``Masked`` value's logical sizes are arrays
+    (a batch's sizes given to a call that is not vmapped), else ``""``.
+
+    With one size per axis of ``data_shape`` the sizes should be scalars;
+    with a leading batch axis of the sizes' length, ``jax.vmap`` is the way
+    to run the batch; with another leading length the two disagree.
+    """
     batched = [np.shape(s) for s in sizes if np.ndim(s) >= 1]
     if not batched:
         return ""
-    return (f" (its logical sizes are arrays of shape {batched[0]}: for a ragged batch, "
+    lead, data_shape = batched[0], tuple(data_shape)
+    if len(data_shape) == len(sizes):
+        return (f" (its logical sizes are arrays of shape {lead}; one example takes a "
+                "scalar size per axis, e.g. jnp.int32(3) or int(s[0]) of such an array s)")
+    if len(data_shape) == len(sizes) + len(lead) and data_shape[:len(lead)] != lead:
+        return (f" (its logical sizes are arrays of shape {lead} but the data's leading "
+                f"axes are {data_shape[:len(lead)]}: a ragged batch has one size per example)")
+    return (f" (its logical sizes are arrays of shape {lead}: for a ragged batch, "
             "jax.vmap over the Masked value)")
 
 

@@ -265,11 +265,28 @@ def constraint_parse_error(constraints, error: BaseException) -> ShapeError:
         except Exception:
             bad.append(c)
     which = f"{bad[0]!r}" if len(bad) == 1 else f"{list(constraints)}"
-    reason = str(error).splitlines()[0].rstrip(".") if str(error) else type(error).__name__
+    reason = _constraint_fault(bad[0]) if len(bad) == 1 else None
+    if reason is None:
+        reason = str(error).splitlines()[0].rstrip(".") if str(error) else type(error).__name__
     return ShapeError(
         f"cannot parse the constraint {which}: {reason}. Write each constraint as one "
         "comparison of dim vars and integers with '>=', '<=' or '==' (for n > 3 write "
         "'n >= 4'), one per string: constraints=['n >= 4', 'n <= 20']")
+
+
+def _constraint_fault(constraint: str) -> str | None:
+    """What is wrong with one constraint's form, in the user's terms, where
+    JAX's parser reason would be about its internals (an unpacking error for
+    a missing side); None to keep JAX's (a syntax error names the token)."""
+    ops = re.findall(r"==|>=|<=", constraint)
+    if not ops:
+        return "it has no '>=', '<=' or '=='"
+    if len(ops) > 1:
+        return f"it holds {len(ops)} comparisons"
+    left, _, right = constraint.partition(ops[0])
+    if not left.strip() or not right.strip():
+        return f"a side of '{ops[0]}' is empty"
+    return None
 
 
 def spec_identifiers(spec: str) -> set[str]:

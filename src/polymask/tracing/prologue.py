@@ -271,7 +271,7 @@ def _leaf_data(leaf):
     return leaf.data if isinstance(leaf, Masked) else leaf
 
 
-def _validate_size_type(size, where: str) -> None:
+def _validate_size_type(size, where: str, sizes=(), data_shape=()) -> None:
     if isinstance(size, bool) or isinstance(size, (float, complex)):
         raise ShapeError(f"{where}: logical size {size!r} must be an integer")
     if is_static(size):
@@ -282,8 +282,8 @@ def _validate_size_type(size, where: str) -> None:
                          f" of dtype {dtype}")
     if np.ndim(size) != 0:
         raise ShapeError(
-            f"{where}: logical size must be a scalar; got shape {np.shape(size)} "
-            "(for a ragged batch, jax.vmap over the Masked value)")
+            f"{where}: logical size must be a scalar; got shape {np.shape(size)}"
+            f"{ragged_batch_hint(sizes, data_shape)}")
 
 
 def _host_int(x) -> int | None:
@@ -329,9 +329,9 @@ def _axis_checks(leaves, prog, checks_on: bool) -> tuple[list[Check], list[list]
             shown = tuple(int(s) if is_static(s) else s for s in sizes)
             raise ShapeError(f"{axes[0].path if axes else 'argument'}: logical shape "
                              f"{shown} has {counted(len(sizes), 'size')} but the data has rank "
-                             f"{len(axes)} (shape {np.shape(data)}){ragged_batch_hint(sizes)}")
+                             f"{len(axes)} (shape {np.shape(data)}){ragged_batch_hint(sizes, np.shape(data))}")
         for a, size in zip(axes, sizes):
-            _validate_size_type(size, a.where)
+            _validate_size_type(size, a.where, sizes, np.shape(data))
             bound = np.shape(data)[a.axis]
             if checks_on or is_static(size):
                 named = f"{a.where} (dim var '{a.var}')" if a.var else a.where

@@ -176,7 +176,7 @@ def _parse_axis_specs(leaves, spec_leaves, paths, scope, gen_name) -> list[list[
             out.append(parse_leaf_spec(spec, path, padded, scope,
                                        default_dynamic=is_masked(leaf), name_gen=gen_name))
         except ShapeError as e:
-            hint = ragged_batch_hint(leaf.shape) if is_masked(leaf) else ""
+            hint = ragged_batch_hint(leaf.shape, padded) if is_masked(leaf) else ""
             if not hint:
                 raise
             raise ShapeError(f"{e}{hint}") from None
