@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable
 
@@ -364,8 +365,8 @@ def test_polymask_jit_and_ragged_map_errors_name_the_call_site():
         with pytest.raises(pm.ShapeError, match=r"(?s)top_k.*in the masked call at .*test_errors"):
             g(np.ones(2, np.float32))
     rm = pm.ragged_map(lambda w, x: x * w, (None, "n"))
-    with pytest.raises(pm.ShapeError, match=r"(?s)examples\[0\].*test_errors.*broadcast"):
-        rm([np.ones(3), np.ones(5)], 2.0)
+    with pytest.raises(pm.SpecError, match=r"(?s)in_specs has 2 entries.*test_errors.*broadcast"):
+        rm([np.ones(3), np.ones(5)], 2.0)  # the specs' mistake, not examples[0]'s
 
 
 def test_a_spec_that_does_not_parse_is_reported_as_such_not_as_a_rank():
@@ -686,6 +687,36 @@ def test_constraints_given_as_one_string_and_malformed_ones_say_the_form():
         with pytest.raises(pm.ShapeError, match="a string such as 'n >= 4' or a list of them"):
             make(4)
         make(None)  # no constraints
+
+
+def test_spec_mistakes_name_no_example_and_example_mistakes_do():
+    """A mistake in the specs or constraints themselves (a spec that does not
+    parse, a constraint naming an unknown dim var) is a SpecError that names no
+    example of a ragged batch, whichever runner and layout meets it first;
+    a mistake of one example's data names that example. Both name the call."""
+    xs = [np.ones(n, np.float32) for n in (3, 5)]
+    loss = lambda w, x: jnp.sum(w * x)  # noqa: E731
+    w = jnp.float32(1.0)
+    runs = {
+        "ragged_map padded": lambda spec, c: pm.ragged_map(jnp.sum, spec, constraints=c,
+                                                           layout="padded")(xs),
+        "ragged_map packed": lambda spec, c: pm.ragged_map(jnp.sum, spec, constraints=c,
+                                                           layout="packed")(xs),
+        "value_and_grad padded": lambda spec, c: pm.value_and_grad(loss, spec, constraints=c)(w, xs),
+        "value_and_grad packed": lambda spec, c: pm.value_and_grad(
+            loss, spec, constraints=c, layout="packed")(w, xs),
+        "jit": lambda spec, c: pm.jit(jnp.sum, spec, constraints=c)(xs[0]),
+    }
+    for name, run in runs.items():
+        for spec, c, said in (("n", ["m >= 1"], "names unknown dim vars ['m']"),
+                              ("n +", None, "cannot parse shape spec 'n +'")):
+            with pytest.raises(pm.SpecError, match=re.escape(said)) as e:
+                run(spec, c)
+            assert not str(e.value).startswith("examples["), name
+            assert "test_errors.py" in str(e.value), name
+        if name != "jit":
+            with pytest.raises(pm.ShapeError, match=r"^examples\[0\]: .*does not hold for n=3"):
+                run("n", ["n >= 4"])
 
 
 def test_a_ragged_batch_passed_without_vmap_is_told_to_vmap():

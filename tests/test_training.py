@@ -1,6 +1,8 @@
 """Ragged training: ``polymask.value_and_grad`` with a flax Transformer and optax SGD
 gives the same parameters as the same steps computed example by example."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -230,6 +232,51 @@ def test_constraints_hold_for_every_example_or_name_the_one_that_breaks_them(lay
     with pytest.raises(pm.ShapeError, match=r"constraint 'n >= 2' does not hold for n=1") as e:
         vg(w, pack(bad))
     assert "examples[3]" in str(e.value)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("batch", ["list", "stack"])
+def test_sizes_that_do_not_fit_the_specs_are_errors_never_values(layout, batch):
+    """The program of value_and_grad has no size check (checks=False), so the
+    sizes are checked on the host: a length that is not of the spec's form
+    (3 for '2*n') names its example and the argument's place in the call,
+    in either layout and batch form, where it once gave a loss computed on
+    the length read as 2*1."""
+    loss = lambda w, x: jnp.sum(w * x)  # noqa: E731
+    pack = pm.stack if batch == "stack" else list
+    vg = pm.value_and_grad(loss, "2*n", layout=layout)
+    even = [np.arange(n, dtype=np.float32) for n in (4, 6)]
+    if layout == "padded":  # (the packed layout packs sizes n + c only: PackedUnsupported)
+        np.testing.assert_allclose(vg(jnp.float32(1.0), pack(even))[0], (6 + 15) / 2)
+    with pytest.raises(pm.ShapeError, match=r"examples\[1\]: args\[1\]\.shape\[0\]: .*size 3 "
+                                            r"is not of the form 2\*n"):
+        vg(jnp.float32(1.0), pack([even[0], np.ones(3, np.float32)]))
+
+
+def test_a_hand_built_batch_with_a_size_past_its_bound_is_an_error():
+    loss = lambda w, x: jnp.sum(w * x)  # noqa: E731
+    bad = pm.Masked(np.ones((2, 5), np.float32), (np.array([3, 7]),))
+    with pytest.raises(pm.ShapeError, match=r"examples\[1\]: .*logical size 7 is outside \[0, 5\]"):
+        pm.value_and_grad(loss, "n")(jnp.float32(1.0), bad)
+    with pytest.raises(pm.ShapeError, match=r"\[3, 7\] is outside \[0, 5\]"):
+        pm.value_and_grad(loss, "n", layout="packed")(jnp.float32(1.0), bad)
+
+
+def test_spec_mistakes_are_errors_not_reasons_to_fall_back(recwarn):
+    """A spec that does not fit the examples (rank, a static size) or the call
+    (too many entries) is raised as it is: no exact shape would make it right,
+    so value_and_grad does not run the examples per shape under a warning."""
+    loss = lambda w, x: jnp.sum(w * x)  # noqa: E731
+    w = jnp.float32(1.0)
+    xs = [np.ones((n, 2), np.float32) for n in (3, 5)]
+    for spec, said in (("n", "spec 'n' has 1 axis but the array has rank 2"),
+                       ("n, 3", "spec 'n, 3' says 3, but the array's size there is 2"),
+                       (("n, 2", "n, 2", "n, 2"), "in_specs has 3 entries")):
+        with pytest.raises(pm.ShapeError, match=re.escape(said)):
+            pm.value_and_grad(loss, spec)(w, xs)
+    assert not [r for r in recwarn if issubclass(r.category, pm.FallbackWarning)]
+    with pytest.raises(TypeError, match="in_specs must be None, a spec string"):
+        pm.value_and_grad(loss, 3)
 
 
 def test_a_packed_refusal_says_which_layout_runs_it():

@@ -15,6 +15,7 @@ from .core.errors import (
     FallbackWarning,
     PackedLayoutWarning,
     ShapeError,
+    SpecError,
     TooManyCases,
     UnsupportedError,
 )
@@ -52,7 +53,7 @@ from .tracing.transform import mask
 _sys.modules[__name__ + ".buckets"] = buckets
 
 __all__ = [
-    "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "TooManyCases",
+    "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "SpecError", "TooManyCases",
     "UnsupportedError",
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",

@@ -11,7 +11,8 @@ from __future__ import annotations
 import inspect
 import weakref
 
-from .errors import ShapeError, counted
+from .errors import ShapeError, SpecError, counted
+from .specs import check_in_specs_type
 
 __all__ = ["split_specs", "keywords_as_positional"]
 
@@ -45,6 +46,7 @@ def runner_specs(fun, in_specs, runner: str, accepts_dict: bool = True) -> tuple
       ShapeError: a dict names a parameter ``fun`` does not take as a
         positional one, or the runner takes no dict.
     """
+    check_in_specs_type(in_specs)
     if in_specs is None:
         return None
     if isinstance(in_specs, str):
@@ -190,7 +192,7 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     n_specs = None if in_specs is None else len(in_specs)
     if n_specs is not None and n_specs > len(names) and not any(
             p.kind is p.VAR_POSITIONAL for p in params):
-        raise ShapeError(f"in_specs has {counted(n_specs, 'entry')} but {name} takes "
+        raise SpecError(f"in_specs has {counted(n_specs, 'entry')} but {name} takes "
                          f"{counted(len(names), 'positional parameter')} ({', '.join(names)})")
     for k in kwargs:
         i = names.index(k) if k in names else None

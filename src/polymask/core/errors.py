@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ShapeError", "UnsupportedError", "TooManyCases", "FallbackWarning", "counted"]
+__all__ = ["ShapeError", "SpecError", "about_example", "UnsupportedError", "TooManyCases", "FallbackWarning", "counted"]
 
 
 class ShapeError(ValueError):
@@ -11,6 +11,20 @@ class ShapeError(ValueError):
     The message names the dimension variable, the offending values, the
     argument path (``args[1].shape[0]``) and the user's source line.
     """
+
+
+class SpecError(ShapeError):
+    """A mistake in the specs or constraints themselves, whatever the data (a
+    spec that does not parse, a constraint naming an unknown dim var): the
+    runners raise it without naming an example."""
+
+
+def about_example(k: int, error: ShapeError, hint: str = "") -> ShapeError:
+    """``error`` as raised for ``examples[k]`` of a ragged batch: prefixed with
+    the example, unless it is a ``SpecError`` (no example is at fault)."""
+    if isinstance(error, SpecError):
+        return SpecError(f"{error}{hint}") if hint else error
+    return ShapeError(f"examples[{k}]: {error}{hint}")
 
 
 class UnsupportedError(NotImplementedError):

@@ -31,7 +31,13 @@ from .. import _jax_compat as compat
 from .buckets import as_policy, pow2
 from .errors import ShapeError
 from .shapes import is_static
-from .specs import AxisSpec, broadcast_specs, parse_leaf_spec, scope_and_name_generator
+from .specs import (
+    AxisSpec,
+    broadcast_specs,
+    parse_leaf_spec,
+    scope_and_name_generator,
+    unknown_dim_vars_error,
+)
 
 __all__ = ["Solution", "solve_sizes", "solve_axis", "not_affine", "policy_getter",
            "bucket_values", "padded_shape", "bucket_bound", "bucket_shape",
@@ -259,8 +265,7 @@ def check_constraints(scope, env: Mapping[str, int], partial: bool = False) -> N
         if (missing := names - set(env)) and partial:
             continue
         if missing:
-            raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(missing)}; "
-                             f"the specs define {sorted(env)}")
+            raise unknown_dim_vars_error(text, missing, env)
         v1, v2 = int(compat.evaluate_dim(e1, env)), int(compat.evaluate_dim(e2, env))
         if (kind == "==" and v1 != v2) or (kind == ">=" and v1 < v2):
             raise ShapeError(f"constraint '{text}' does not hold for "
@@ -301,23 +306,29 @@ def check_program_input(leaf, path: str) -> None:
 
 
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
-              policy_for: Callable[[str], Callable[[int], int]]) -> CallPlan:
+              policy_for: Callable[[str], Callable[[int], int]],
+              arg_names: Sequence[str] | None = None) -> CallPlan:
     """Plan one call on exact arrays ``args`` (host side; see ``CallPlan``).
 
     ``in_specs=None`` makes every axis of every non-scalar array leaf dynamic;
     otherwise a leaf whose spec is None, or whose axes are all static, is
-    static (no dim var). Python scalars are always static.
+    static (no dim var). Python scalars are always static. ``arg_names``:
+    how messages name each argument (default ``args[i]``), where ``args``
+    are not the user's whole call (``value_and_grad``'s examples without
+    the parameters).
 
     Raises:
       ShapeError: a bad spec, a size not of its affine form, different sizes
         for one dim var, or a constraint that does not hold.
     """
+    names = list(arg_names) if arg_names is not None else [f"args[{i}]" for i in range(len(args))]
     flat = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
-    spec_leaves = broadcast_specs(in_specs, list(args), None)
+    spec_leaves = broadcast_specs(in_specs, list(args), None,
+                                  labels=[(f"in_specs[{i}]", n) for i, n in enumerate(names)])
     scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
     parsed = []
     for (key_path, leaf), spec in zip(flat, spec_leaves):
-        path = "args" + jax.tree_util.keystr(key_path)
+        path = names[key_path[0].idx] + jax.tree_util.keystr(key_path[1:])
         shape = tuple(int(d) for d in np.shape(leaf))
         is_scalar_py = isinstance(leaf, (bool, int, float, complex))
         check_program_input(leaf, path)

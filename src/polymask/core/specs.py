@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from .errors import ShapeError, counted
+from .errors import ShapeError, SpecError, counted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +102,7 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
         exprs = jax.export.symbolic_shape(f"({text})" if text else "()", scope=scope)
     except Exception as e:  # jax raises ValueError with its own parse message
         hint = next((h for h in map(_typo_hint, parts) if h), "")
-        raise ShapeError(f"{path}: cannot parse shape spec '{spec}'.{hint} JAX's parser "
+        raise SpecError(f"{path}: cannot parse shape spec '{spec}'.{hint} JAX's parser "
                          f"says: {e}") from None
     axes = []
     for i, e in enumerate(exprs):
@@ -132,7 +132,7 @@ def _raise_unparsable_axis(path: str, spec: str, parts: list[str], scope) -> Non
         try:
             jax.export.symbolic_shape(f"({part},)", scope=scope)
         except Exception as e:
-            raise ShapeError(f"{path}: cannot parse shape spec '{spec}' (axis '{part}')."
+            raise SpecError(f"{path}: cannot parse shape spec '{spec}' (axis '{part}')."
                              f"{_typo_hint(part)} JAX's parser says: {e}") from None
 
 
@@ -192,7 +192,7 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list
         in_specs = (in_specs,)
     in_specs = tuple(in_specs)
     if len(in_specs) != len(args):
-        raise ShapeError(
+        raise SpecError(
             f"in_specs has {counted(len(in_specs), 'entry')} but the function was called "
             f"with {counted(len(args), 'positional argument')}")
     out = []
@@ -223,6 +223,20 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list
                              f"spec leaves at {spec_keys}, array leaves at {arg_keys}")
         out.extend(spec_leaves)
     return out
+
+
+def check_in_specs_type(in_specs) -> None:
+    """``in_specs`` is None, a spec string, a dict (by parameter name or
+    positional index) or a sequence (one entry per positional argument).
+
+    Raises:
+      TypeError: anything else, where the function or runner is made.
+    """
+    if in_specs is None or isinstance(in_specs, (str, dict, tuple, list)):
+        return
+    raise TypeError(f"in_specs must be None, a spec string such as 'n, 3', a tuple with one "
+                    "entry per positional argument, or a dict by parameter name; got "
+                    f"{in_specs!r} of type {type(in_specs).__name__}")
 
 
 def as_constraints(constraints) -> tuple[str, ...]:
@@ -272,6 +286,12 @@ def constraint_parse_error(constraints, error: BaseException) -> ShapeError:
         f"cannot parse the constraint {which}: {reason}. Write each constraint as one "
         "comparison of dim vars and integers with '>=', '<=' or '==' (for n > 3 write "
         "'n >= 4'), one per string: constraints=['n >= 4', 'n <= 20']")
+
+
+def unknown_dim_vars_error(constraint: str, unknown, known) -> SpecError:
+    """The error for a constraint naming dim vars no spec defines."""
+    return SpecError(f"constraint '{constraint}' names unknown dim vars {sorted(unknown)}; "
+                     f"the specs define {sorted(known)}")
 
 
 def _constraint_fault(constraint: str) -> str | None:
@@ -346,7 +366,7 @@ def args_from_specs(in_specs, dtype):
         try:
             exprs = jax.export.symbolic_shape(spec)
         except Exception as e:
-            raise ShapeError(f"{where}: cannot parse shape spec '{spec}': {e}") from None
+            raise SpecError(f"{where}: cannot parse shape spec '{spec}': {e}") from None
         shape = []
         for e in exprs:
             names = compat.dim_vars(e)

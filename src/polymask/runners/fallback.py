@@ -29,7 +29,7 @@ import jax
 
 from .. import _jax_compat as compat
 from ..core.diagnostics import user_stacklevel
-from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError
+from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError, SpecError
 from ..tracing.cases.refine import TRACE_NOTE
 from .compiling import compile_counter
 
@@ -47,10 +47,12 @@ def bucket_text(buckets: dict | None) -> str:
 def falls_back(error: BaseException) -> bool:
     """Whether a bucket program's failure sends its sizes to the per-shape
     fallback: a failure of the masked trace, yes; not where the function fails
-    at every size as plain JAX does (``FailsAsPlainJax``), nor XLA's own
-    compile or run-time errors (a bad compiler option, out of memory, a host
-    callback that raised: ``compat.is_runtime_error``)."""
-    return (isinstance(error, Exception) and not isinstance(error, FailsAsPlainJax)
+    at every size as plain JAX does (``FailsAsPlainJax``), nor for a mistake
+    in the specs or constraints themselves (``SpecError``: no exact shape
+    would make them right), nor XLA's own compile or run-time errors (a bad
+    compiler option, out of memory, a host callback that raised:
+    ``compat.is_runtime_error``)."""
+    return (isinstance(error, Exception) and not isinstance(error, (FailsAsPlainJax, SpecError))
             and not compat.is_runtime_error(error))
 
 

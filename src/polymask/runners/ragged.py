@@ -32,7 +32,7 @@ from .. import _jax_compat as compat
 from ..core.binding import runner_specs
 from ..core.buckets import as_policy
 from ..core.diagnostics import at_call_site, user_call_site
-from ..core.errors import FailsAsPlainJax, ShapeError
+from ..core.errors import FailsAsPlainJax, ShapeError, about_example
 from ..core.plan import dtype_key, policy_getter
 from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
@@ -137,7 +137,7 @@ class RaggedMap:
             try:
                 plan, leaves, tree = self.plans.plan(args, in_specs, spec_key)
             except ShapeError as e:  # say which example
-                raise ShapeError(f"examples[{i}]: {e}{ragged_batches.specs_hint(e)}") from None
+                raise about_example(i, e, ragged_batches.specs_hint(e)) from None
             kinds[(tree, ragged_batches.kind_key(plan), ragged_batches.static_values_key(plan, leaves))].append(i)
             infos.append((plan, leaves))
         results: list[Any] = [None] * len(examples)

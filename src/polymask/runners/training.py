@@ -22,8 +22,8 @@ import numpy as np
 
 from ..core.binding import split_specs
 from ..core.buckets import as_policy
-from ..core.diagnostics import user_call_site, user_frame_of_exception
-from ..core.errors import ShapeError
+from ..core.diagnostics import at_call_site, user_call_site, user_frame_of_exception
+from ..core.errors import ShapeError, about_example
 from ..core.masked import Masked, stack
 from ..core.plan import bucket_values, padded_shape, plan_call, policy_getter, solve_axis
 from ..core.specs import as_constraints, parse_leaf_spec
@@ -127,6 +127,8 @@ class RaggedValueAndGrad:
         self.reduce = reduce
         self._checks = checks
         self._plain_shapes: dict = {}
+        self._fitting_shapes: set = set()  # example shapes that fit the specs
+        self._valid_rows: set = set()  # (padded shapes, sizes) of stacked examples checked
         self._masked = mask(fun, in_specs, constraints=self.constraints, checks=checks)
         # a policy, or a {dim var: policy} dict as polymask.jit takes (None: the default)
         self._policy_for = policy_getter(buckets) if buckets is not None else None
@@ -276,7 +278,7 @@ class RaggedValueAndGrad:
             return out
         exact = self._check_exact_examples(args)
         weights, batch = self.prepare(*args)
-        self._check_constraints(weights, batch)
+        self._check_stacked_sizes(weights, batch, exact)
         key = tuple((np.shape(x), str(getattr(x, "dtype", "")))
                     for x in jax.tree_util.tree_leaves(batch))
         if key in self._unshared and exact:
@@ -309,24 +311,38 @@ class RaggedValueAndGrad:
                 if isinstance(a, Masked) else jax.tree_util.tree_map(lambda v: np.asarray(v)[k], a)
                 for i, a in enumerate(batch)]
 
-    def _check_constraints(self, weights, batch) -> None:
-        """The user's constraints at every example's sizes, on the host: the
-        program has no check for them (``checks=False``), and a size they
-        rule out may reach code traced only for the sizes they allow.
+    def _check_stacked_sizes(self, weights, batch, exact: bool) -> None:
+        """Every example's logical sizes against the specs and constraints, on
+        the host, once per distinct row of sizes: in range, of each axis' form
+        (``2*n``), equal for a shared dim var, and within the constraints. The
+        program has no check (``checks=False``), and a size it cannot serve
+        would be read as another (7 clipped to a bound of 5; 3 as ``2*1``).
+        Lists of exact arrays were checked example by example already.
 
         Raises:
           ShapeError: ``examples[k]: constraint 'n >= 4' does not hold for n=2``.
         """
-        if not self.constraints or self._checks:
+        if exact or self._checks:
             return
+        masked = [a for i, a in enumerate(batch) if i not in self._unbatched
+                  and isinstance(a, Masked)]
+        if not masked:
+            return
+        rows = np.concatenate([np.stack([np.asarray(s).reshape(-1) for s in a.shape], axis=-1)
+                               for a in masked], axis=1)
+        signature = tuple(np.shape(a.data)[1:] for a in masked)
         site = user_call_site()
         for k in np.flatnonzero(np.asarray(weights) > 0):
-            tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
-            _, checks = solve_dim_vars(tree.base, leaves, checks_on=False)
+            key = (signature, tuple(rows[k].tolist()))
+            if key in self._valid_rows:
+                continue
             try:
+                tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
+                _, checks = solve_dim_vars(tree.base, leaves, checks_on=False)
                 run_checks(checks, site)
             except ShapeError as e:
-                raise ShapeError(f"examples[{k}]: {e}") from None
+                raise at_call_site(about_example(int(k), e), site) from None
+            self._valid_rows.add(key)
 
     def _symbolic_limit(self, weights, batch) -> ShapeError | None:
         """The error of the first example (weight > 0) whose sizes reach a case
@@ -399,10 +415,32 @@ class RaggedValueAndGrad:
         if len({len(a) for a in lists.values()}) != 1:
             raise ShapeError("value_and_grad: batched arguments have different batch sizes "
                              f"{sorted({len(a) for a in lists.values()})} (examples per list)")
+        specs, _ = split_specs(self.fun, self._in_specs, len(args), {})
         for k in range(len(next(iter(lists.values())))):
             ex = [a[k] if i in lists else a for i, a in enumerate(args)]
+            self._check_example_fits_specs(ex, specs, k)
             plain_loss_shape(self.fun, ex, self._plain_shapes, f"examples[{k}]")
         return True
+
+    def _check_example_fits_specs(self, ex, specs, k: int) -> None:
+        """An exact example against the specs, on the host, once per shape
+        signature: its rank, static sizes and a size of each axis' form (3 is
+        not ``2*n``). The padded program has no check (``checks=False``) and
+        would read a size that does not fit as another (3 as ``2*1``); a
+        spec error is never a reason for the per-example fallback.
+
+        Raises:
+          ShapeError: ``examples[k]: ...`` as ``ragged_map`` says it.
+        """
+        key = tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
+                    for x in jax.tree_util.tree_leaves(ex))
+        if key in self._fitting_shapes:
+            return
+        try:
+            plan_call(ex, specs, self.constraints, policy_getter(None))
+        except ShapeError as e:
+            raise at_call_site(about_example(k, e), user_call_site()) from None
+        self._fitting_shapes.add(key)
 
 
 def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
@@ -539,12 +577,14 @@ class PackedTraining:
         batched = [a for j, a in enumerate(args) if j != self.argnums]
         examples = list(zip(*batched))
         specs = self._specs(len(batched))
+        # messages name an argument by its place in the user's call vg(params, *example)
+        arg_names = [f"args[{j + (j >= self.argnums)}]" for j in range(len(batched))]
         infos, tree = [], None
         for k, ex in enumerate(examples):
             try:
-                plan = plan_call(ex, specs, self.constraints, policy_getter(None))
+                plan = plan_call(ex, specs, self.constraints, policy_getter(None), arg_names)
             except ShapeError as e:
-                raise ShapeError(f"examples[{k}]: {e}") from None
+                raise at_call_site(about_example(k, e), user_call_site()) from None
             leaves, tree = jax.tree_util.tree_flatten(tuple(ex))
             infos.append((plan, leaves))
         if len({tuple(p.var_names) for p, _ in infos}) != 1 or len(infos[0][0].var_names) != 1:

@@ -29,6 +29,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from ..core.diagnostics import at_call_site, user_call_site
+from ..core.dimvars import display_internal_names
 from ..core.errors import ShapeError, counted
 from ..core.masked import Masked, ragged_batch_hint
 from ..core.plan import not_affine, solve_sizes
@@ -351,7 +352,8 @@ def _solution_checks(sol) -> list[Check]:
     for a, size in sol.affine:
         checks.append(Check(not_affine(size, a),
                             f"{a.where}: logical size {{0}} is not of the form "
-                            f"{a.expr} for an integer {a.var} >= 0", (size,)))
+                            f"{display_internal_names(str(a.expr))} for an integer "
+                            f"{a.var} >= 0", (size,)))
     for var, prev, prev_where, value, where in sol.conflicts:
         checks.append(Check(_ne(prev, value),
                             f"dim var '{var}' has different logical values: "

@@ -40,6 +40,7 @@ from ..core.specs import (
     parse_leaf_spec,
     scope_and_name_generator,
     spec_identifiers,
+    unknown_dim_vars_error,
 )
 from ..core.trace_state import current_scope, scope_active
 from .registry import check_preconditions
@@ -190,8 +191,7 @@ def _check_constraint_vars(scope, axis_specs, spec_leaves=()) -> None:
     for _, e1, e2, text in compat.explicit_constraints(scope):
         unknown = (compat.dim_vars(e1) | compat.dim_vars(e2)) - spec_vars
         if unknown:
-            raise ShapeError(f"constraint '{text}' names unknown dim vars {sorted(unknown)}; "
-                             f"the specs define {sorted(spec_vars)}")
+            raise unknown_dim_vars_error(text, unknown, spec_vars)
 
 
 def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:

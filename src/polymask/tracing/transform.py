@@ -23,7 +23,7 @@ from ..core.binding import split_specs
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
-from ..core.specs import as_constraints, broadcast_specs
+from ..core.specs import as_constraints, broadcast_specs, check_in_specs_type
 from .cases.dispatch import run_cases
 from .cases.splitting import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .eager import run_cases_eagerly, run_program_eagerly, runs_eagerly
@@ -189,6 +189,7 @@ class _Meta:
 
     def __init__(self, in_specs, constraints, checks, zero_padded=False, differentiable=True,
                  max_cases=DEFAULT_MAX_CASES):
+        check_in_specs_type(in_specs)
         self.in_specs = in_specs
         self.constraints = as_constraints(constraints)
         self.checks = checks
