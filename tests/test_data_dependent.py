@@ -482,3 +482,49 @@ def test_jnp_trim_zeros_passed_itself_or_imported():
         np.testing.assert_array_equal(got, np.asarray(want, np.float32))
     with pytest.raises(pm.ShapeError, match="looked up on jax.numpy when called"):
         pm.jit(lambda x: trim_zeros(x), "n")(x)
+
+
+# A data-dependent size is created mid-trace, where JAX assumes every size >= 1:
+# jnp.max / argmax / x[0] of a selection trace their nonempty path. At a count
+# of 0 plain JAX raises there, and so must the program; empty-array fast paths
+# of jnp (jnp.take: indices.size == 0) give the general path's result. A
+# user's own branch on such a size cannot be followed at 0 by the one program:
+# an error there, never the other branch's value.
+_RAISES, _VALUE, _POLYMASK_RAISES = "raises", "value", "polymask raises"
+_SELECTIONS = {
+    "max": (lambda s: s.max(), _RAISES),
+    "min": (lambda s: jnp.min(s), _RAISES),
+    "argmax": (lambda s: jnp.argmax(s), _RAISES),
+    "first": (lambda s: s[0], _RAISES),
+    "user_branch": (lambda s: -1.0 if s.shape[0] == 0 else s.sum(), _POLYMASK_RAISES),
+    "sum": (lambda s: s.sum(), _VALUE),
+    "mean": (lambda s: jnp.mean(s), _VALUE),
+    "sort": (lambda s: jnp.sort(s), _VALUE),
+    "take": (lambda s: jnp.take(s, jnp.arange(s.shape[0]) // 2), _VALUE),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SELECTIONS))
+def test_an_empty_selection_raises_where_plain_jax_does(name):
+    op, at_zero = _SELECTIONS[name]
+
+    def f(x):
+        return op(pm.boolean_mask(x, x > 10))
+
+    m = pm.mask(f, "n")
+    jm = jax.jit(m)
+    x = np.array([3.0, 20, 50, 0, 30, np.nan], np.float32)  # NaN in the padding
+    for n in (5, 4, 2, 1, 0):  # the selection is empty at n = 1 and n = 0
+        sub = jnp.asarray(x[:n])
+        if n <= 1 and at_zero != _VALUE:
+            if at_zero == _RAISES:
+                with pytest.raises((ValueError, IndexError)):
+                    op(sub[sub > 10])
+            with pytest.raises(pm.ShapeError, match="the size of this result is 0"):
+                m(pm.Masked(x, (n,)))
+            with pytest.raises(Exception, match="the size of this result is 0"):
+                jax.block_until_ready(jm(pm.Masked(x, (jnp.int32(n),))))
+            continue
+        want = op(sub[sub > 10])
+        for got in (m(pm.Masked(x, (n,))), jm(pm.Masked(x, (jnp.int32(n),)))):
+            np.testing.assert_allclose(got.unpad(), want, rtol=1e-6)

@@ -98,9 +98,19 @@ def lower_bound(e) -> float:
     return lo
 
 
+# The names of the dim vars of data-dependent sizes (``_u1``, ``_u2``, ...).
+FRESH_DIM_PREFIX = "_u"
+
+
 def fresh_dim(name: str, scope: SymbolicScope):
-    """A new dimension variable in ``scope`` (for data-dependent sizes)."""
+    """The dimension variable ``name`` of ``scope``, new or not (a data-dependent
+    size's is named ``FRESH_DIM_PREFIX`` + a number)."""
     return jax.export.symbolic_shape(name, scope=scope)[0]
+
+
+def is_fresh_dim_name(name: str) -> bool:
+    """Whether a dim var is a data-dependent size's (``fresh_dim``)."""
+    return name.startswith(FRESH_DIM_PREFIX)
 
 
 _POLYMASK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -205,12 +205,12 @@ def replacement_of(fun: Callable) -> Callable:
 
 @contextlib.contextmanager
 def during_masked_trace(is_user_frame, split_vars: dict | None = None,
-                        scope=None) -> Iterator[None]:
+                        scope=None) -> Iterator[Any]:
     """Every row of the table installed for the duration of one masked trace:
-    ``splits.trace_hooks`` (see there for the arguments) and the rule modules'
-    replacements."""
+    ``splits.trace_hooks`` (see there for the arguments; yields its record)
+    and the rule modules' replacements."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(trace_hooks(is_user_frame, split_vars, scope))
+        record = stack.enter_context(trace_hooks(is_user_frame, split_vars, scope))
         for name, replacement in _REPLACEMENTS.items():
             stack.enter_context(patched_attr(*trace_patch(name).home(), replacement))
-        yield
+        yield record

@@ -27,7 +27,8 @@ from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
 from jax._src.interpreters import partial_eval as _pe
 
-from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr
+from .core import (DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr,
+                   is_fresh_dim_name)
 from .indexing import NDINDEXER, static_slice_of_static_axes
 from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
 
@@ -74,6 +75,9 @@ class _HookFrame:
     is_user_frame: Any
     busy: bool = False
     everywhere: dict = dataclasses.field(default_factory=dict)
+    # data-dependent dim var -> the user's line of a size comparison whose
+    # outcome holds only because JAX assumes it >= 1 (``_note_nonempty``)
+    assumed_nonempty: dict = dataclasses.field(default_factory=dict)
 
 
 def _params_mention_sizes(params: dict) -> bool:
@@ -110,7 +114,7 @@ def _stage_symbolic_constants(orig):
 
 @contextlib.contextmanager
 def trace_hooks(is_user_frame, split_vars: dict | None = None,
-                scope=None) -> Iterator[None]:
+                scope=None) -> Iterator[_HookFrame]:
     """The JAX hooks a masked trace needs, installed for its duration only.
 
     Size comparisons in ``split_vars`` (``{name: (lowest, highest)}``) that
@@ -120,6 +124,10 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
     ``_split_eq``). ``is_user_frame(filename)`` tells a comparison made in
     user code from one made inside JAX. Only sizes of ``scope`` (when given)
     split: JAX compares sizes of earlier traces too (its caches' keys).
+
+    Yields the trace's record: ``.assumed_nonempty`` maps each data-dependent
+    dim var (``fresh_dim``) to the user's line of a comparison decided only
+    by JAX's assumption that it is >= 1 (the program must not run at 0).
 
     The hooks are removed when the last trace in progress (in any thread) ends.
     """
@@ -151,9 +159,10 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 _PROCESS_PRIMITIVE)
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
-    stack.append(_HookFrame(dict(split_vars or {}), scope, is_user_frame))
+    frame = _HookFrame(dict(split_vars or {}), scope, is_user_frame)
+    stack.append(frame)
     try:
-        yield None
+        yield frame
     finally:
         stack.pop()
         with _HOOK_LOCK:
@@ -231,7 +240,7 @@ def _split_geq(orig_geq):
 
     def geq(e1, e2, cmp_str):
         try:
-            return orig_geq(e1, e2, cmp_str)
+            res = orig_geq(e1, e2, cmp_str)
         except InconclusiveDimensionOperation as e:
             message = str(e).split("\n")[0]
             # A size may be 0 under mask (jax.export assumes >= 1): the bounds of
@@ -241,8 +250,84 @@ def _split_geq(orig_geq):
             if _active_frame(diff) is None:
                 raise
             raise SplitNeeded(message, diff) from None
+        if _has_fresh(e1, e2) and _branch_differs_at_zero():
+            _note_nonempty(e1, e2, lambda d: _geq_zero(orig_geq, d), res)
+        return res
 
     return geq
+
+
+def _has_fresh(*exprs) -> bool:
+    return any(is_fresh_dim_name(v) for e in exprs if is_dim_expr(e) for v in dim_vars(e))
+
+
+def _geq_zero(orig_geq, d) -> bool | None:
+    """``d >= 0`` as JAX decides it, None where it cannot."""
+    if not is_dim_expr(d):
+        return int(d) >= 0
+    try:
+        return orig_geq(d, 0, ">=")
+    except InconclusiveDimensionOperation:
+        return None
+
+
+def _eq_zero(d) -> bool | None:
+    """``d == 0`` decided by the bounds, None where they do not decide it."""
+    if not is_dim_expr(d):
+        return int(d) == 0
+    lo, hi = _decision.bounds_decision(d, _shape_poly.BoundsPrecision.BEST)
+    if lo > 0 or hi < 0:
+        return False
+    return True if lo == hi == 0 else None
+
+
+def _note_nonempty(e1, e2, decide, res: bool) -> None:
+    """Record a data-dependent size whose comparison ``decide(e1 - e2)``
+    (answered ``res``) is answered otherwise, or not at all, where that size
+    is 0.
+
+    JAX's decision procedure assumes every dim var >= 1. A spec dim var is
+    traced shifted so that its 0 is in range (``MaskedProgram``); a
+    data-dependent size (``nonzero``'s count) is created in the middle of the
+    trace, where no case split can be chosen ahead of the run. So ``x.max()``
+    of a selection decides "not empty" and ``jnp.argmax`` "not size 0" where
+    plain JAX raises at 0, and a program traced on that answer must not
+    return a value at 0: the rule binding the size checks it at run time.
+    """
+    stack = getattr(_HOOK_TLS, "stack", None)
+    if not stack:
+        return
+    frame = stack[-1]
+    names = set().union(*(dim_vars(e) for e in (e1, e2) if is_dim_expr(e)))
+    fresh = sorted(v for v in names if is_fresh_dim_name(v) and v not in frame.assumed_nonempty)
+    if frame.busy or not fresh:
+        return
+    frame.busy = True  # the arithmetic below compares sizes too: no split there
+    try:
+        diff = e1 - e2
+        if not is_dim_expr(diff) or (frame.scope is not None and diff.scope is not frame.scope):
+            return
+        for v in fresh:
+            env = {n: 0 if n == v else _shape_poly.symbolic_shape(n, scope=diff.scope)[0]
+                   for n in names}
+            try:
+                at_zero = decide(diff._evaluate(env))
+            except Exception:  # a form JAX cannot decide at 0: assumed
+                at_zero = None
+            if at_zero is not res:
+                frame.assumed_nonempty[v] = _user_line(frame)
+    finally:
+        frame.busy = False
+
+
+def _user_line(frame: _HookFrame) -> str:
+    """``file:line (function)`` of the innermost user frame of the comparison."""
+    caller = sys._getframe(1)
+    while caller is not None and not frame.is_user_frame(caller.f_code.co_filename):
+        caller = caller.f_back
+    if caller is None:
+        return "an unknown line"
+    return f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name})"
 
 
 # Python's divisions of (or by) a size: /, //, % and divmod, both ways round
@@ -400,6 +485,42 @@ def _guards_a_raise(caller) -> bool:
     return False
 
 
+def _branch_differs_at_zero() -> bool:
+    """Whether the size comparison being answered picks a path that plain JAX
+    would not take at a size of 0: one in user code (``if x.shape[0] == 0:``),
+    or one in JAX guarding a ``raise`` (``jnp.max``'s "zero-size array",
+    ``x[0]``'s ``IndexError``). jnp's fast paths for empty arrays
+    (``jnp.take``: ``if indices.size == 0: return zeros``) give what the
+    general path gives at 0, and JAX's structural comparisons (caches,
+    avals) choose no path."""
+    stack = getattr(_HOOK_TLS, "stack", None)
+    if not stack:
+        return False
+    caller = sys._getframe(1)
+    while caller is not None and (
+            caller.f_code.co_filename == __file__
+            or "jax/_src/export/" in caller.f_code.co_filename.replace("\\", "/")
+            or caller.f_code.co_name.startswith("definitely_")):
+        caller = caller.f_back
+    if caller is None:
+        return False
+    if getattr(_HOOK_TLS, "as_user", False) or stack[-1].is_user_frame(caller.f_code.co_filename):
+        return True
+    return _raises_below(caller)
+
+
+def _raises_below(caller) -> bool:
+    """``if <comparison>: raise ...`` (on the line, or the next statement)."""
+    here = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+    if " raise " in here:
+        return True
+    for offset in (1, 2, 3):
+        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno + offset).strip()
+        if line and not line.startswith("#"):
+            return line.startswith("raise ")
+    return False
+
+
 def _split_eq(orig_eq):
     """``DimExpr.__eq__`` that decides with the scope's bounds, or splits.
 
@@ -428,6 +549,8 @@ def _split_eq(orig_eq):
             diff = a - b
         except Exception:
             return res
+        if any(is_fresh_dim_name(v) for v in dim_vars(diff)) and _branch_differs_at_zero():
+            _note_nonempty(a, b, _eq_zero, res)
         frame = _active_frame(diff)
         if frame is None:
             return res

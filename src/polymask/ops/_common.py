@@ -28,7 +28,7 @@ def _fresh(bound: int, at_most=None):
     shapes such as ``n - _uK`` trace as non-negative.
     """
     scope = _scope()
-    name = f"_u{next(_COUNTER)}"
+    name = f"{compat.FRESH_DIM_PREFIX}{next(_COUNTER)}"
     d = compat.fresh_dim(name, scope)
     compat.add_constraint(scope, f"{name} <= {max(int(bound), 1)}")
     # Only when JAX's bound of `at_most` (which assumes dim vars >= 1) is its

@@ -73,10 +73,24 @@ def _fit(x, length: int, axis: int = 0):
 
 
 def _bind_fresh(ctx, d, value):
-    """Bind the logical value of a fresh dim var (once per masked evaluation)."""
+    """Bind the logical value of a fresh dim var (once per masked evaluation).
+
+    Where the trace compared it on JAX's assumption that it is >= 1
+    (``MaskedProgram.assumed_nonempty``: ``x[nonzero(x)].max()``), a value
+    of 0 is a run-time ``ShapeError``: the program took the nonempty path.
+    """
     name = var_name(d)
     bound = int(compat.upper_bound(d))
-    ctx.dims.add_var(name, bound, jnp.asarray(value, jnp.int32))
+    value = jnp.asarray(value, jnp.int32)
+    line = ctx.state.assumed_nonempty.get(name)
+    if line is not None:
+        ctx.require(value == 0,
+                    f"the size of this result is 0, and the function compares it "
+                    f"(at {line}) where JAX's trace assumes it is at least 1: plain JAX "
+                    "takes another path at 0 (max, min or argmax of an empty array "
+                    "raises, as does indexing into it), which this one program does not "
+                    "follow")
+    ctx.dims.add_var(name, bound, value)
     return bound
 
 

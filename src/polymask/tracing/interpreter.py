@@ -203,7 +203,8 @@ def run_program(prog: MaskedProgram, leaves, values: dict,
     the result is never differentiated; ``guard``: see ``RunState``.
     """
     state = RunState(DimEnv(prog.scope, prog.dim_bounds, values), interpreter or _INTERPRETER,
-                     forward_only=forward_only, guard=guard)
+                     forward_only=forward_only, guard=guard,
+                     assumed_nonempty=prog.assumed_nonempty)
     # (rules.util.shared_masks() would build each validity mask once, but a shared
     # mask is materialised by XLA instead of fused into each select: measured
     # 2x slower MiniLM steady state at bucket 256, so masks stay per use.)

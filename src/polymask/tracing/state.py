@@ -38,6 +38,7 @@ class RunState:
         loop rules narrow it in a body run to the bound to the logical steps.
         Rules' run-time checks and host callbacks act only there (under
         ``vmap`` every case runs for every example).
+      assumed_nonempty: ``MaskedProgram.assumed_nonempty`` of the program run.
     """
 
     dims: DimEnv
@@ -48,6 +49,7 @@ class RunState:
     zero_padded: dict[int, Any] = dataclasses.field(default_factory=dict)
     forward_only: bool = False
     guard: Any = None
+    assumed_nonempty: dict = dataclasses.field(default_factory=dict)
 
     @property
     def logical_cache(self) -> dict:
@@ -100,4 +102,4 @@ class RunState:
                 values[name] = size
         return RunState(DimEnv(self.dims.scope, self.dims.bounds, values), self.interpreter,
                         eqn_stack=list(self.eqn_stack), forward_only=self.forward_only,
-                        guard=guard)
+                        guard=guard, assumed_nonempty=self.assumed_nonempty)

@@ -118,6 +118,9 @@ class MaskedProgram:
       internal: spec dim var -> ``(internal name, offset)`` (internal = var + offset).
       user_scope: the scope of the user's constraints over the spec dim vars.
       conditions: this case's conditions (``"e >= 0"`` / ``"e <= -1"``, internal).
+      assumed_nonempty: data-dependent dim var -> the user's line of a size
+        comparison traced on JAX's assumption that it is >= 1 (the rule that
+        binds it checks at run time that it is not 0).
     """
 
     closed_jaxpr: Any
@@ -131,6 +134,7 @@ class MaskedProgram:
     internal: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
     user_scope: Any = None
     conditions: tuple[str, ...] = ()
+    assumed_nonempty: dict[str, str] = dataclasses.field(default_factory=dict)
     # tracing/eager.py's per-call-structure state (calls, its compiled form)
     eager_states: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                            compare=False)
@@ -344,7 +348,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
                                            for v, b in dim_bounds.items()},
                                scope=scope)
     try:
-        with scope_active(scope), replaced:
+        with scope_active(scope), replaced as record:
             closed = jax.make_jaxpr(flat_fun)(*avals)
             check_preconditions(closed.jaxpr)  # sizes where lowering fails: error cases
     except (ShapeError, UnsupportedError):
@@ -381,4 +385,5 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
             raise
         raise raised from None
     return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
-                         var_order, dim_bounds, internal, user_scope, tuple(conditions))
+                         var_order, dim_bounds, internal, user_scope, tuple(conditions),
+                         dict(record.assumed_nonempty))
