@@ -27,8 +27,7 @@ from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
 from jax._src.interpreters import partial_eval as _pe
 
-from .core import (DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr,
-                   is_fresh_dim_name)
+from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr, is_fresh_dim_name
 from .indexing import NDINDEXER, static_slice_of_static_axes
 from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
 
