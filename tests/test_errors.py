@@ -597,6 +597,8 @@ def test_the_per_size_remedy_names_max_cases_only_where_it_is_one():
     assert "max_cases=32 traces them" in per_size_remedy(16, 65)
     far = per_size_remedy(16, 4_370_924_673)  # two large dims: no max_cases traces that
     assert "too many to trace one by one" in far and "max_cases=2185462336" not in far
+    # a @ b with default specs (every axis its own dim var): thousands of cases
+    assert "too many to trace one by one" in per_size_remedy(16, 6561)
 
 
 def test_a_slice_bound_passed_positionally_fails_as_under_jax_jit_with_its_remedy():
@@ -717,6 +719,22 @@ def test_spec_mistakes_name_no_example_and_example_mistakes_do():
         if name != "jit":
             with pytest.raises(pm.ShapeError, match=r"^examples\[0\]: .*does not hold for n=3"):
                 run("n", ["n >= 4"])
+
+
+def test_a_jax_function_masked_as_it_is_fails_at_its_own_line():
+    """``pm.mask(jnp.max)`` has no user frame inside: the failure names the jnp
+    function's line, not JAX's dispatch (traceback_util's reraise)."""
+    with pytest.raises(pm.ShapeError, match=r"fails at \S*reductions\.py:\d+ \(max\)"):
+        pm.mask(jnp.max, "n")(pm.Masked(jnp.ones(4), (0,)))
+
+
+def test_check_oracle_bounds_per_argument_are_said_so():
+    from polymask.testing import check_oracle
+
+    examples = [(np.ones(3, np.float32),), (np.ones(7, np.float32),)]
+    check_oracle(jnp.cumsum, examples, [(8,)], "n")
+    with pytest.raises(ValueError, match="bounds gives one padded shape per argument"):
+        check_oracle(jnp.cumsum, examples, [(8,), (8,)], "n")
 
 
 def test_a_ragged_batch_passed_without_vmap_is_told_to_vmap():

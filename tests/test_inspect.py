@@ -357,6 +357,25 @@ def test_explain_of_a_runner_takes_example_arguments_without_a_spec_slot():
     assert "f32[n]" in pm.explain(g, (6,), print_output=False)
 
 
+def test_explain_of_value_and_grad_with_dict_specs_and_of_ragged_map_in_the_wrong_order():
+    """Specs by parameter name are explained as the runner runs them (one
+    shared program), not as a failing trace; arguments in another order than
+    the function's are a SpecError saying the order, not a per-shape claim."""
+    loss = lambda p, x: (x * p).sum()  # noqa: E731
+    x = np.ones(5, np.float32)
+    for specs in ({"x": "n"}, (None, "n"), "n"):
+        text = pm.explain(pm.value_and_grad(loss, specs), jnp.float32(1.0), x,
+                          print_output=False)
+        assert text.startswith("polymask.explain: <lambda>") and "args[1]: f32[n]" in text
+    text = pm.explain(loss, {"x": "n"}, jnp.float32(1.0), x, print_output=False)
+    assert "args[1]: f32[n]" in text
+    rm = pm.ragged_map(lambda w, x: x @ w, "n, 8")
+    w, x8 = np.ones((8, 3), np.float32), np.ones((5, 8), np.float32)
+    assert "args[1]: f32[n,8]" in pm.explain(rm, w, x8, print_output=False)
+    with pytest.raises(pm.SpecError, match="(?s)says 8, but .* is 3.*the function's order"):
+        pm.explain(rm, x8, w, print_output=False)
+
+
 def test_explain_of_a_runner_without_arguments_uses_its_last_new_call():
     """Without example arguments, a polymask.jit runner that has run is
     explained at its most recent new call's shapes and dtypes (integer

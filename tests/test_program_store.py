@@ -215,8 +215,8 @@ def test_named_programs_load_without_a_trace(tmp_path, monkeypatch):
         ref = [np.asarray(f(w, x)) for x in xs]
         traced = RaggedMap(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True)
         traced(xs, w)  # stored under the traced key only
-        by_trace = RaggedMap(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True,
-                             program_id="tanh-sum-v1")
+        by_trace = pm.ragged_map(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True,
+                                 program_id="tanh-sum-v1")  # the public form (docs/runners.md)
         for o, r in zip(by_trace(xs, w), ref):  # found by trace, copied under the name
             np.testing.assert_allclose(o, r, rtol=1e-6, atol=1e-6)
         assert by_trace.stats()["stored_loads"] == by_trace.stats()["compiles"] >= 1
@@ -225,8 +225,8 @@ def test_named_programs_load_without_a_trace(tmp_path, monkeypatch):
             raise AssertionError("a named load traced the function")
 
         monkeypatch.setattr(program_store, "tree_fingerprint", no_trace)
-        by_name = RaggedMap(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True,
-                            program_id="tanh-sum-v1")
+        by_name = pm.ragged_map(f, ("n, 3",), buckets=B.pow2(8), numpy_outputs=True,
+                                program_id="tanh-sum-v1")
         for o, r in zip(by_name(xs, w), ref):
             np.testing.assert_allclose(o, r, rtol=1e-6, atol=1e-6)
         assert by_name.stats()["stored_loads"] == by_name.stats()["compiles"] >= 1

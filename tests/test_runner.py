@@ -47,6 +47,8 @@ def test_bucket_policies():
         mc(36)
     with pytest.raises(ValueError, match="maximum"):
         B.pow2(16, maximum=8)
+    # a minimum that is no power of two is a bucket of its own: 9..12 fit 12
+    assert [B.pow2(12)(n) for n in (0, 9, 12, 13, 16, 17)] == [12, 12, 12, 16, 16, 32]
 
 
 def test_pow2_steps_split_each_doubling():
@@ -145,6 +147,11 @@ def test_jit_dict_buckets_and_numpy_outputs():
     pf(np.ones(4, np.float32), np.ones(2, np.float32))
     pf(np.ones(4, np.float32), np.ones(5, np.float32))
     assert pf.stats()["compiles"] == 2  # n always 10; m exact: 2 and 5
+    # a dim var no spec defines is a typo (it would leave n at the default policy)
+    typo = pm.jit(lambda x: x.sum(), "n", buckets={"nn": B.fixed(64)})
+    with pytest.raises(pm.SpecError, match=r"buckets names dim vars \['nn'\] that no spec "
+                                           r"defines \(the specs define \['n'\]\)"):
+        typo(np.ones(4, np.float32))
 
 
 def test_jit_cache_size_limit_evicts():

@@ -101,8 +101,11 @@ def test_a_bad_input_fails_only_its_caller():
     bad = np.ones((3, 5), np.float32)  # the spec says 'n, 4'
     with _batcher(max_wait_ms=200) as b:
         futures = b.submit_many(exs[:6] + [bad] + exs[6:])  # one batch
-        with pytest.raises(ShapeError, match="spec 'n, 4' says 4"):
+        with pytest.raises(ShapeError, match="spec 'n, 4' says 4") as e:
             futures[6].result(60)
+        # the caller's own line, not the worker thread's, and no place in its batch
+        assert "test_serving.py" in str(e.value) and "threading.py" not in str(e.value)
+        assert not str(e.value).startswith("examples[")
         good = [f.result(60) for i, f in enumerate(futures) if i != 6]
         st = b.stats()
     for got, ref in zip(good, _reference(exs)):

@@ -542,3 +542,56 @@ def test_a_rank_that_changes_at_size_0_is_refused_by_mask_with_the_sizes_and_a_w
         g = pm.jit(spectrum, "n")
         for n in (0, 5, 20):
             np.testing.assert_allclose(g(x[:n]), spectrum(x[:n]), rtol=1e-5, atol=1e-6)
+
+
+def test_sizes_computed_under_x64_match_plain_jax():
+    """Under jax_enable_x64 JAX's size constants are int64, and its min/max of
+    sizes take operands of one dtype: a case split's sizes (a moving average
+    of a padded cumsum: ``c[3:] - c[:-3]``) are computed in that dtype."""
+    with jax.enable_x64(True):
+        def f(x):
+            c = jnp.concatenate([jnp.zeros(1), jnp.cumsum(x)])
+            return (c[3:] - c[:-3]) / 3
+
+        m = jax.jit(lambda d, n: pm.mask(f, "n")(pm.Masked(d, (n,))))
+        x = np.arange(9.0)
+        for n in (0, 2, 3, 6, 9):
+            if n < 3:  # plain JAX: the slices are empty
+                assert m(x, jnp.int32(n)).unpad().shape == (0,)
+                continue
+            np.testing.assert_allclose(m(x, jnp.int32(n)).unpad(), f(jnp.asarray(x[:n])))
+
+
+_SIZE_VALUES = {  # a size used as a number, negative at small sizes
+    "shift": lambda x: x + (x.shape[0] - 2),
+    "ifftshift": lambda x: jnp.fft.ifftshift(x),  # a roll by -(n // 2)
+    "arange": lambda x: jnp.arange(x.shape[0] - 3, x.shape[0]) * 1.0,
+    "roll": lambda x: jnp.roll(x, x.shape[0] - 3),
+    "bessel": lambda x: jnp.sum(x) * (1.0 / (x.shape[0] - 1)),  # n = 1: ZeroDivisionError
+    "dof": lambda x: jnp.sum(x) / (x.shape[0] - 3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SIZE_VALUES))
+def test_a_size_used_as_a_number_is_not_clamped_at_zero(name):
+    """``x.shape[0] - 2`` is a Python int on the exact arrays, -1 at a size of
+    1: as a number it is not clamped at 0 as a shape is (it was: ifftshift
+    rolled by 0, x + (n - 2) added 0). ``1.0 / (n - 1)`` splits on both sides
+    of its zero: -1.0 at n = 0, ZeroDivisionError at n = 1, as in plain JAX."""
+    f = _SIZE_VALUES[name]
+    m = pm.mask(f, "n")
+    jm = jax.jit(lambda d, n: m(pm.Masked(d, (n,))))
+    x = np.arange(1.0, 9.0, dtype=np.float32)
+    for n in range(0, 9):
+        try:
+            want = f(jnp.asarray(x[:n]))
+        except ZeroDivisionError:
+            with pytest.raises(pm.ShapeError, match="division by zero"):
+                m(pm.Masked(x, (n,)))
+            continue
+        for got in (m(pm.Masked(x, (n,))), jm(x, jnp.int32(n))):
+            np.testing.assert_allclose(got.unpad(), want, rtol=1e-6, err_msg=f"n={n}")
+    if name in ("shift", "dof"):  # packed: one value per example
+        xs = [x[:n] for n in (1, 2, 5)]
+        for got, ex in zip(pm.ragged_map(f, "n", layout="packed")(xs), xs):
+            np.testing.assert_allclose(got, f(jnp.asarray(ex)), rtol=1e-6)

@@ -279,6 +279,24 @@ def test_spec_mistakes_are_errors_not_reasons_to_fall_back(recwarn):
         pm.value_and_grad(loss, 3)
 
 
+def test_parameters_at_another_position_than_argnums_say_so():
+    def loss(p, x, y):
+        return jnp.sum((x @ p["w"] - y) ** 2)
+
+    p = {"w": jnp.ones((4,))}
+    xs = [np.ones((n, 4), np.float32) for n in (3, 5)]
+    ys = [np.ones(n, np.float32) for n in (3, 5)]
+    with pytest.raises(pm.SpecError, match=r"gives a spec to args\[1\], which argnums=1 "
+                                           "differentiates"):
+        pm.value_and_grad(loss, {"x": "n, 4", "y": "n"}, argnums=1)(p, xs, ys)
+    scale = lambda w, x: jnp.sum(w * x)  # noqa: E731
+    with pytest.raises(pm.ShapeError, match=r"args\[0\] is not in argnums=1, so it is a batch "
+                                            r"of examples.*shapes \[\(\)\]"):
+        pm.value_and_grad(scale, "n", argnums=1)(jnp.float32(2.0), ys)
+    v, _ = pm.value_and_grad(loss, {"x": "n, 4", "y": "n"})(p, xs, ys)  # argnums=0: fine
+    np.testing.assert_allclose(v, (3 * 9 + 5 * 9) / 2)
+
+
 def test_a_packed_refusal_says_which_layout_runs_it():
     loss = lambda w, x: jnp.sum(jnp.linalg.qr(x * w)[1])  # noqa: E731  (no packed rule: qr)
     xs = [np.ones((n, 3), np.float32) for n in (4, 5)]

@@ -113,7 +113,15 @@ def check_oracle(fun: Callable, examples: Sequence[Sequence[Any]],
 
     Raises:
       AssertionError: on any mismatch, naming the example and the mode.
+      ValueError: ``bounds`` with another length than each example's
+        arguments (one bound per argument, shared by every example).
     """
+    for i, ex in enumerate(examples):
+        if len(ex) != len(bounds):
+            raise ValueError(
+                f"check_oracle: examples[{i}] has {len(ex)} argument(s) but bounds has "
+                f"{len(bounds)} entries; bounds gives one padded shape per argument "
+                "(shared by every example), e.g. [(8,)] for examples [(x3,), (x7,)]")
     refs = [_plain(fun, *[jnp.asarray(a) for a in ex]) for ex in examples]
     mfun = mask(fun, in_specs, constraints=constraints)
 

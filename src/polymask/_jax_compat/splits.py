@@ -369,7 +369,10 @@ def _check_python_divisor(divisor) -> None:
         return
     if lo == hi == 0:
         raise ZeroDivisionError(f"division by zero (the size {divisor} is 0)")
-    raise SplitNeeded(f"Possible division by 0 in division by {divisor}", divisor - 1)
+    # split off the side of 0 the divisor can reach: >= 1 | 0, or <= -1 | 0
+    # (``n - 1`` is -1 at n = 0: both sides, first at 0 | not)
+    cond = divisor - 1 if lo >= 0 else -divisor - 1 if hi <= 0 else divisor
+    raise SplitNeeded(f"Possible division by 0 in division by {divisor}", cond)
 
 
 _ZERO_DIVISOR = "Possible division by 0 in division by "

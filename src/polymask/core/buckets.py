@@ -105,7 +105,8 @@ def _capped(fn, maximum: int | None, name: str):
 
 def pow2(minimum: int = 8, maximum: int | None = None, steps: int = 1,
          headroom: int = 16) -> Policy:
-    """Next power of two, at least ``minimum`` (``pow2(8)``: 0..8 -> 8, 9 -> 16).
+    """Next power of two, at least ``minimum`` (``pow2(8)``: 0..8 -> 8, 9 -> 16;
+    sizes up to ``minimum`` get ``minimum`` itself: ``pow2(12)``: 0..12 -> 12).
 
     ``steps`` (default 1) splits each octave ``(2^j, 2^(j+1)]`` into that many
     equal buckets: ``pow2(16, steps=2)`` gives 16, 24, 32, 48, 64, 96, 128,
@@ -147,7 +148,7 @@ def pow2(minimum: int = 8, maximum: int | None = None, steps: int = 1,
         if steps > 1 and lower >= 1:
             i = -(-(n - lower) * steps // lower)  # which step of (lower, p] holds n
             p = lower + -(-i * lower // steps)
-        return max(int(minimum), p)
+        return int(minimum) if n <= minimum else p  # (a minimum of 12 holds 9..12)
 
     return Policy(_capped(fn, maximum, name), name, maximum, headroom)
 

@@ -16,10 +16,11 @@ import traceback
 import jax
 
 from .. import _jax_compat as compat
-from .errors import ShapeError
+from .errors import ShapeError, UnsupportedError
 
 __all__ = ["is_library_frame", "user_call_site", "user_stacklevel", "user_frame_of_exception", "at_call_site",
-           "relocate", "translate_trace_error", "UNKNOWN_LOCATION", "SIZE_BRANCH_REMEDIES"]
+           "relocate", "translate_trace_error", "UNKNOWN_LOCATION", "SIZE_BRANCH_REMEDIES",
+           "for_one_callers_example"]
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNKNOWN_LOCATION = compat.UNKNOWN_LOCATION
@@ -94,9 +95,21 @@ def user_frame_of_exception(e: BaseException) -> str:
         if not is_library_frame(fr.filename):
             return _fmt_frame(fr.filename, fr.lineno, fr.name)
     for fr in frames:  # a library function masked as it is (jnp.max): where it was entered
-        if not os.path.abspath(fr.filename).startswith(_PKG_DIR):
+        if not os.path.abspath(fr.filename).startswith(_PKG_DIR) and not _jax_machinery(
+                fr.filename):
             return _fmt_frame(fr.filename, fr.lineno, fr.name)
     return UNKNOWN_LOCATION
+
+
+# JAX's dispatch and tracing machinery, between a call and the function it runs
+_JAX_MACHINERY = ("traceback_util.py", "pjit.py", "api.py", "api_util.py", "linear_util.py",
+                  "profiler.py", "core.py", "dispatch.py", "source_info_util.py")
+
+
+def _jax_machinery(filename: str) -> bool:
+    path = filename.replace("\\", "/")
+    return "/jax/_src/" in path and (
+        "/interpreters/" in path or os.path.basename(path) in _JAX_MACHINERY)
 
 
 def _api_called_by_user(e: BaseException) -> str | None:
@@ -112,10 +125,12 @@ def _api_called_by_user(e: BaseException) -> str | None:
 # Message rewriting
 # ----------------------------------------------------------------------------
 def _same_type(e: BaseException, message: str) -> BaseException:
+    """``e``'s type with ``message``, its attributes kept (``SpecError.names_example``)."""
     try:
         new = type(e)(message)
     except Exception:  # pragma: no cover - exotic subclass
         return e
+    new.__dict__.update(getattr(e, "__dict__", {}))
     return new.with_traceback(e.__traceback__)
 
 
@@ -124,6 +139,18 @@ def at_call_site(e: BaseException, call_site: str) -> BaseException:
     text = str(e)
     if "in the masked call at" in text or call_site in text:
         return e
+    return _same_type(e, f"{text}\n  in the masked call at {call_site}")
+
+
+def for_one_callers_example(e: BaseException, call_site: str) -> BaseException:
+    """``e``, raised by a batch run for one caller's example (a serving
+    worker thread), as that caller's own call would raise it: no
+    ``examples[k]:`` (its place in the worker's batch) and the caller's
+    ``call_site`` as the masked call, not the worker thread's."""
+    if not isinstance(e, (ShapeError, UnsupportedError)):
+        return e
+    text = re.sub(r"^examples\[\d+\]: ", "", str(e))
+    text = re.sub(r"\n  in the masked call at [^\n]*", "", text)
     return _same_type(e, f"{text}\n  in the masked call at {call_site}")
 
 

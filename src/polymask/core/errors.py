@@ -14,17 +14,28 @@ class ShapeError(ValueError):
 
 
 class SpecError(ShapeError):
-    """A mistake in the specs or constraints themselves, whatever the data (a
-    spec that does not parse, a constraint naming an unknown dim var): the
-    runners raise it without naming an example."""
+    """The specs do not parse or do not fit the arguments: a spec that does not
+    parse, a constraint naming an unknown dim var, an ``in_specs`` count, or
+    an array whose rank or static size differs from its spec. No exact shape
+    would make them right, so the runners raise it (never run the call per
+    shape instead). ``names_example``: the arrays of one example are at
+    fault (rank, a static size), not the specs alone; only then does a
+    runner name the example."""
+
+    def __init__(self, message: str = "", *, names_example: bool = False):
+        super().__init__(message)
+        self.names_example = names_example
 
 
 def about_example(k: int, error: ShapeError, hint: str = "") -> ShapeError:
     """``error`` as raised for ``examples[k]`` of a ragged batch: prefixed with
-    the example, unless it is a ``SpecError`` (no example is at fault)."""
-    if isinstance(error, SpecError):
-        return SpecError(f"{error}{hint}") if hint else error
-    return ShapeError(f"examples[{k}]: {error}{hint}")
+    the example, unless no example is at fault (a ``SpecError`` of the specs
+    alone); a ``SpecError`` stays one."""
+    if not isinstance(error, SpecError):
+        return ShapeError(f"examples[{k}]: {error}{hint}")
+    if error.names_example:
+        return SpecError(f"examples[{k}]: {error}{hint}", names_example=True)
+    return SpecError(f"{error}{hint}") if hint else error
 
 
 class UnsupportedError(NotImplementedError):

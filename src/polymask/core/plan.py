@@ -29,13 +29,14 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from .buckets import as_policy, pow2
-from .errors import ShapeError
+from .errors import ShapeError, SpecError
 from .shapes import is_static
 from .specs import (
     AxisSpec,
     broadcast_specs,
     parse_leaf_spec,
     scope_and_name_generator,
+    spec_identifiers,
     unknown_dim_vars_error,
 )
 
@@ -124,9 +125,27 @@ def policy_getter(buckets) -> Callable[[str], Callable[[int], int]]:
     if isinstance(buckets, Mapping):
         default = as_policy(buckets.get(None, pow2()))
         table = {k: as_policy(v) for k, v in buckets.items() if k is not None}
-        return lambda name: table.get(name, default)
+
+        def for_name(name):
+            return table.get(name, default)
+
+        for_name.named = frozenset(table)  # checked against the specs' dim vars (plan_call)
+        return for_name
     p = as_policy(buckets)
     return lambda name: p
+
+
+def _check_bucket_names(policy_for, var_names, spec_leaves) -> None:
+    """A ``{dim var: policy}`` dict names only dim vars of the specs (a typo
+    would silently leave that dim var at the default policy)."""
+    named = getattr(policy_for, "named", frozenset())
+    known = set(var_names) | {n for s in spec_leaves if isinstance(s, str)
+                              for n in spec_identifiers(s)}
+    unknown = sorted(str(n) for n in named - known)
+    if unknown:
+        raise SpecError(f"buckets names dim vars {unknown} that no spec defines (the specs "
+                        f"define {sorted(map(str, var_names))}); a dict of buckets is keyed "
+                        "by dim var name, with None for the others' policy")
 
 
 def bucket_bound(policy: Callable[[int], int], size: int) -> int:
@@ -347,6 +366,7 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     check_constraints(scope, sol.values)
     where = {a.var: a.where for *_, axes in reversed(parsed)  # first axis naming a var
              for a in reversed(axes or ()) if a.var is not None}
+    _check_bucket_names(policy_for, sol.values, spec_leaves)
     buckets = bucket_values(policy_for, sol.values, where)
     leaves, signature, logical, padded = [], [], 0, 0
     for path, shape, dtype, axes in parsed:

@@ -53,6 +53,7 @@ class DimEnv:
         self.logical_values = dict(logical)
         self._padded_cache: dict[Any, int] = {}
         self.logical_cache: dict[Any, Size] = {}
+        self.value_cache: dict[Any, Size] = {}  # logical_value's (sizes as numbers)
         self._unshift_cache: dict[Any, Any] = {}
 
     # -- data-dependent sizes -------------------------------------------------
@@ -61,8 +62,9 @@ class DimEnv:
         self.bounds[name] = int(bound)
         self.logical_values[name] = logical
         # Only sizes that use this var are stale (it can be re-bound, e.g. in a loop body).
-        for k in [k for k in self.logical_cache if name in compat.dim_vars(k)]:
-            del self.logical_cache[k]
+        for cache in (self.logical_cache, self.value_cache):
+            for k in [k for k in cache if name in compat.dim_vars(k)]:
+                del cache[k]
 
     # -- evaluation -------------------------------------------------------------
     def padded(self, d) -> int:
@@ -96,10 +98,20 @@ class DimEnv:
         hit = self.logical_cache.get(d)
         if hit is not None:
             return hit
-        raw = self.logical_raw(d)
+        raw = self.logical_value(d)  # shared with the size used as a number
         val = max(raw, 0) if is_static(raw) else jnp.maximum(raw, 0)
         self.logical_cache[d] = val
         return val
+
+    def logical_value(self, d) -> Size:
+        """A size used as a number (``x.shape[0] - 2``): ``logical_raw``, not
+        clamped at 0, computed once per expression (``value_cache``)."""
+        if not compat.is_dim_expr(d):
+            return int(d)
+        hit = self.value_cache.get(d)
+        if hit is None:
+            hit = self.value_cache[d] = self.logical_raw(d)
+        return hit
 
     def logical_raw(self, d) -> Size:
         """Like ``logical`` but not clamped at 0 (for checking constraints)."""
@@ -108,7 +120,10 @@ class DimEnv:
         env = {v: self.logical_values[v] for v in compat.dim_vars(d)}
         if all(is_static(x) for x in env.values()):
             return int(compat.evaluate_dim(d, {k: int(x) for k, x in env.items()}))
-        env = {k: jnp.asarray(x, jnp.int32) for k, x in env.items()}
+        # in the dtype of JAX's own size constants (int64 under jax_enable_x64:
+        # its min/max of sizes take operands of one dtype), then int32
+        dtype = jax.dtypes.canonicalize_dtype(np.int64)
+        env = {k: jnp.asarray(x, dtype) for k, x in env.items()}
         d, env = self._unshifted(d, env)
         return jnp.asarray(compat.evaluate_dim(d, env), jnp.int32)
 

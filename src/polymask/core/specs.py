@@ -84,15 +84,15 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
     n_axes = len(parts)
     if n_axes != rank and not (ellipsis and n_axes <= rank):
         _raise_unparsable_axis(path, spec, parts, scope)  # 'n k' is a typo, not a rank
-        raise ShapeError(
+        raise SpecError(
             f"{path}: spec '{spec}' has {counted(n_axes, 'axis')} but the array has rank {rank} "
             f"(shape {tuple(padded_shape)})"
-            + (" ('...' stands for the remaining axes)" if ellipsis else ""))
+            + (" ('...' stands for the remaining axes)" if ellipsis else ""), names_example=True)
     for i, part in enumerate(parts):
         if part.isdigit() and int(part) != padded_shape[i]:
-            raise ShapeError(
+            raise SpecError(
                 f"{path}.shape[{i}]: spec '{spec}' says {int(part)}, but the array's size "
-                f"there is {padded_shape[i]}")
+                f"there is {padded_shape[i]}", names_example=True)
     try:
         # '...' expands to the padded sizes of the remaining axes (static), as
         # symbolic_shape(like=...) reads it; we do not pass `like` otherwise, so
@@ -116,9 +116,9 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
                     "polymask cannot pad an axis whose size is a constant: pad that axis to "
                     f"exactly {int(e)}, or drop the equality constraint.")
             if int(e) != padded_shape[i]:
-                raise ShapeError(
+                raise SpecError(
                     f"{where}: spec '{spec}' says {int(e)}, but the array's size there is "
-                    f"{padded_shape[i]}")
+                    f"{padded_shape[i]}", names_example=True)
             axes.append(AxisSpec(path, i, int(e)))
             continue
         v, a, b = _linear_in_one_var(e, where)

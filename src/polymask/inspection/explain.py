@@ -24,7 +24,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import split_specs
 from ..core.dimvars import describe_conditions, display_text
-from ..core.errors import FailsAsPlainJax, ShapeError, UnsupportedError
+from ..core.errors import FailsAsPlainJax, ShapeError, SpecError, UnsupportedError
 from ..core.masked import Masked
 from ..core.shapes import DimEnv
 from ..core.specs import PLACEHOLDER_BOUND, args_from_specs, as_constraints, broadcast_specs
@@ -392,6 +392,8 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if placeholder:
         args = _placeholder_arguments(runner, in_specs, dtype)
     _check_signature(fun, args)
+    if isinstance(in_specs, dict):  # by parameter name, as mask takes them: by position
+        in_specs = split_specs(fun, in_specs, len(args), {})[0]
     # polymask.jit and ragged_map compile forward-only programs of zero-padded
     # inputs (mask(zero_padded=True, differentiable=False)): explain that program
     forward_only = runner is not None and getattr(runner, "FORWARD_ONLY", False)
@@ -411,8 +413,13 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     try:
         tree, absleaves = trace_function_cases(fun, absargs, in_specs, constraints)
     except (ShapeError, UnsupportedError) as e:
+        if isinstance(e, SpecError) and runner is not None:  # the specs do not fit
+            raise SpecError(f"{e}\n  (explain(runner, *args) takes the arguments in the "
+                            "function's order: for value_and_grad params, then one "
+                            "example's; for ragged_map the broadcast arguments, then one "
+                            "example's)") from None
         if runner is None or isinstance(e, FailsAsPlainJax):
-            raise
+            raise  # plain JAX fails too: no fallback runs them
         result = _per_shape_explanation(runner, e)
         if print_output:
             print(result, file=file)

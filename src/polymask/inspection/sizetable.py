@@ -53,7 +53,7 @@ def sizes_table(prog, concrete) -> dict[str, dict]:
                 except Exception:
                     logical = None
             table[key] = {"bound": bound, "logical": logical, "queries": 0,
-                          "first_use": where, "expr": d}
+                          "first_use": where}
         if query:
             table[key]["queries"] += 1
 

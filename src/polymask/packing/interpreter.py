@@ -378,11 +378,13 @@ class PackedRun:
                 out.append(i)
         return tuple(out)
 
-    def segment_size(self, d):
+    def segment_size(self, d, as_value: bool = False):
         # not DimEnv.logical: its cache would keep a value computed inside a
         # loop body or branch (an inner trace) for use outside it
-        raw = self._dims.logical_raw(d)
-        return jnp.maximum(jnp.asarray(raw, jnp.int32), 0) * jnp.ones((self.seg.S,), jnp.int32)
+        raw = jnp.asarray(self._dims.logical_raw(d), jnp.int32)
+        if not as_value:  # a size or position, not the number x.shape[0] - 2 (-1 at 1)
+            raw = jnp.maximum(raw, 0)
+        return raw * jnp.ones((self.seg.S,), jnp.int32)
 
     # -- evaluation ---------------------------------------------------------------
     def eval_closed(self, closed, args: list) -> list:

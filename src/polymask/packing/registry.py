@@ -263,9 +263,11 @@ class PackedContext:
         """Bind the primitive on row data, ``n`` in params as ``R``."""
         return self.primitive.bind(*args, **self.params(**overrides))
 
-    def segment_size(self, d):
-        """A size (dimension expression) per segment: ``(S,)`` int32."""
-        return self.run.segment_size(d)
+    def segment_size(self, d, as_value: bool = False):
+        """A size (dimension expression) per segment: ``(S,)`` int32, clamped
+        at 0 unless it is ``as_value`` (a number in the program: not clamped,
+        as Python's arithmetic on the exact sizes)."""
+        return self.run.segment_size(d, as_value)
 
     def eval_jaxpr(self, closed_jaxpr, *args) -> list:
         return self.run.eval_closed(closed_jaxpr, list(args))

@@ -12,9 +12,14 @@ from .util import clean, is_inexact, masked_axes
 
 @register("dim_as_value")
 def dim_as_value_rule(ctx, *, dim):
-    """A size used as a number is its *logical* size (Thunder's ``prims.shape``)."""
+    """A size used as a number is its *logical* size (Thunder's ``prims.shape``).
+
+    Not clamped at 0 as a shape is: on the exact arrays ``x.shape[0] - 2`` is
+    a Python int, -1 at a size of 1 (``jnp.fft.ifftshift`` rolls by
+    ``-(n // 2)``; ``jnp.arange(n - 3, n)`` starts below 0).
+    """
     dtype = ctx.out_avals[0].dtype
-    return jnp.asarray(ctx.logical(dim), dtype)
+    return jnp.asarray(ctx.dims.logical_value(dim), dtype)
 
 
 @register("empty")  # jnp.empty binds it from jax 0.11 (a broadcast of 0 before)

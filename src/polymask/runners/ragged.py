@@ -622,7 +622,8 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                refined_compiler_options: dict | None = None,
                max_cases: int = DEFAULT_MAX_CASES, layout: str = "auto",
                row_size: int | None = None, rows_per_call: int | None = None,
-               segments_per_row: int | None = None, fallback: bool = True) -> RaggedMap:
+               segments_per_row: int | None = None, fallback: bool = True,
+               program_id: str | None = None) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -711,6 +712,10 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         2048 positions per call, chosen at the first call).
       segments_per_row: most examples in one row (default ``min(row_size,
         128)``).
+      program_id: with ``polymask.enable_compilation_cache``, key the stored
+        programs by this name instead of the function's symbolic trace (a
+        warm process then loads them without tracing). Keep it in step with
+        the function (``"encoder-v3"``): a stale name loads a stale program.
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches or packed
@@ -732,7 +737,8 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                      refine_buckets=refine_buckets, compiler_options=compiler_options,
                      refined_compiler_options=refined_compiler_options, max_cases=max_cases,
                      layout=layout, row_size=row_size, rows_per_call=rows_per_call,
-                     segments_per_row=segments_per_row, fallback=fallback)
+                     segments_per_row=segments_per_row, fallback=fallback,
+                     program_id=program_id)
 
 
 def _as_example_list(examples) -> list:

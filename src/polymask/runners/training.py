@@ -23,7 +23,7 @@ import numpy as np
 from ..core.binding import split_specs
 from ..core.buckets import as_policy
 from ..core.diagnostics import at_call_site, user_call_site, user_frame_of_exception
-from ..core.errors import ShapeError, about_example
+from ..core.errors import ShapeError, SpecError, about_example
 from ..core.masked import Masked, stack
 from ..core.plan import bucket_values, padded_shape, plan_call, policy_getter, solve_axis
 from ..core.specs import as_constraints, parse_leaf_spec
@@ -38,8 +38,23 @@ from .packed import PackedRunner, default_row_size, spare_rows
 __all__ = ["value_and_grad", "RaggedValueAndGrad"]
 
 
-def _batch_size(x) -> int:
-    return int(np.shape(x.data if isinstance(x, Masked) else x)[0])
+def _batch_size(x, i: int, argnums) -> int:
+    """The number of examples in batched argument ``i`` (axis 0 of its leaves).
+
+    Raises:
+      ShapeError: a leaf without axis 0 (a scalar, or parameters passed where
+        ``argnums`` does not point), or leaves of different lengths.
+    """
+    leaves = jax.tree_util.tree_leaves(x.data if isinstance(x, Masked) else x)
+    lengths = {int(np.shape(v)[0]) if np.ndim(v) else None for v in leaves}
+    if len(lengths) != 1 or None in lengths:
+        shapes = [np.shape(v) for v in leaves][:4]
+        raise ShapeError(
+            f"value_and_grad: args[{i}] is not in argnums={argnums!r}, so it is a batch of "
+            f"examples along axis 0 (a list of examples, polymask.stack or a leading batch "
+            f"axis), but its leaves have shapes {shapes}; are the parameters at another "
+            "position than argnums says?")
+    return lengths.pop()
 
 
 def _at_least_one(n: int) -> int:
@@ -172,7 +187,8 @@ class RaggedValueAndGrad:
                 # (a batch of empty examples still needs a padded size)
                 args[i] = stack(list(a), bound=self._bucketed_bound(i, a, len(args)),
                                 buckets=self._policy or _at_least_one)
-        sizes = {_batch_size(a) for i, a in enumerate(args) if i not in self._unbatched}
+        sizes = {_batch_size(a, i, self.argnums) for i, a in enumerate(args)
+                 if i not in self._unbatched}
         if len(sizes) != 1:
             raise ShapeError(f"value_and_grad: batched arguments have different batch sizes "
                              f"{sorted(sizes)}")
@@ -237,8 +253,6 @@ class RaggedValueAndGrad:
         ``argnums=(0, 1)``, meant as ``jax.value_and_grad``). A dict of specs
         names parameters ``fun`` takes (checked here: inside the trace, the
         error would send the batch to the per-example fallback)."""
-        if isinstance(self._in_specs, dict):
-            split_specs(self.fun, self._in_specs, len(args), {})
         if args and all(i in self._unbatched for i in range(len(args))):
             raise ShapeError(
                 f"value_and_grad: argnums={self.argnums!r} differentiates every one of the "
@@ -247,6 +261,17 @@ class RaggedValueAndGrad:
                 "argument is a batch of examples along axis 0; call vg(params, "
                 "examples...) with the examples outside argnums, or use "
                 "polymask.jit(jax.value_and_grad(fun, argnums), specs) for one example")
+        specs = self._in_specs
+        if isinstance(specs, dict):
+            specs = split_specs(self.fun, specs, len(args), {})[0]
+        if isinstance(specs, (tuple, list)) and len(specs) == len(args):
+            given = [i for i in sorted(self._unbatched) if specs[i] is not None]
+            if given:
+                raise SpecError(
+                    f"value_and_grad: in_specs gives a spec to args[{given[0]}], which "
+                    f"argnums={self.argnums!r} differentiates; the arguments in argnums "
+                    "(the parameters) are not batched and take no spec: give specs to "
+                    "the example arguments, and argnums the parameters' positions")
 
     def _empty_batch(self, args) -> bool:
         """Whether every batched argument is an empty list (no examples)."""
@@ -437,7 +462,7 @@ class RaggedValueAndGrad:
         if key in self._fitting_shapes:
             return
         try:
-            plan_call(ex, specs, self.constraints, policy_getter(None))
+            plan_call(ex, specs, self.constraints, self._policy_for or policy_getter(None))
         except ShapeError as e:
             raise at_call_site(about_example(k, e), user_call_site()) from None
         self._fitting_shapes.add(key)

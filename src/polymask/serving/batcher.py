@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..core.diagnostics import for_one_callers_example, user_call_site
 from ..runners.compiling import compile_counter
 from ..runners.ragged import RaggedMap
 from .errors import BatcherClosed, QueueFull
@@ -91,6 +92,17 @@ class _Item:
     size: int
     future: concurrent.futures.Future
     enqueued: float
+    site: str  # the submitting caller's line, for its example's errors
+
+
+def _callers_error(e: BaseException, site: str) -> BaseException:
+    """The exception a caller gets for its example (``for_one_callers_example``);
+    ``e`` itself if rewording fails: a worker that raises here would leave
+    every waiting caller without an answer."""
+    try:
+        return for_one_callers_example(e, site)
+    except Exception:  # noqa: BLE001
+        return e
 
 
 class DynamicBatcher:
@@ -190,6 +202,7 @@ class DynamicBatcher:
           BatcherClosed: ``close`` was called.
         """
         sizes = [int(self.size_of(ex)) for ex in examples]
+        site = user_call_site()
         now = time.perf_counter()
         with self._cond:
             if self._closed:
@@ -202,7 +215,7 @@ class DynamicBatcher:
             for ex, n in zip(examples, sizes):
                 f: concurrent.futures.Future = concurrent.futures.Future()
                 f.timing = None  # type: ignore[attr-defined]
-                self._queue.append(_Item(ex, n, f, now))
+                self._queue.append(_Item(ex, n, f, now, site))
                 futures.append(f)
             self._cond.notify()
         return futures
@@ -358,7 +371,7 @@ class DynamicBatcher:
             if ok:
                 it.future.set_result(value)
             else:
-                it.future.set_exception(value)
+                it.future.set_exception(_callers_error(value, it.site))
         with self._cond:
             st = self._stats
             st["batches"] += 1

@@ -72,13 +72,15 @@ class RunState:
         """
         dims = self.dims
         saved = (dict(dims.logical_cache), dict(dims.logical_values), dict(dims.bounds),
-                 dict(self.zero_padded))
+                 dict(self.zero_padded), dict(dims.value_cache))
         try:
             yield self
         finally:
-            cache, values, bounds, zero = saved
+            cache, values, bounds, zero, value_cache = saved
             dims.logical_cache.clear()
             dims.logical_cache.update(cache)
+            dims.value_cache.clear()
+            dims.value_cache.update(value_cache)
             dims.logical_values = values
             dims.bounds = bounds
             self.zero_padded.clear()

@@ -22,7 +22,7 @@ from ..registry import PerSegment, broadcast_with_new_axis, register_packed
 
 @register_packed("dim_as_value")
 def dim_as_value_rule(ctx, *, dim):
-    return PerSegment(ctx.segment_size(dim).astype(ctx.out_avals[0].dtype))
+    return PerSegment(ctx.segment_size(dim, as_value=True).astype(ctx.out_avals[0].dtype))
 
 
 @register_packed(lax.iota_p)

@@ -35,6 +35,7 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
     sizes are few, else raise the first error (``jnp.pad(mode="wrap")`` fails
     symbolically at every size but works at each concrete one)."""
     signature = first.get("signature")
+    refined = False  # some size was traced one by one (and failed there too)
     if signature is not None:
         tree = CaseTree(root, cases, signature.internal, signature, max_cases=max_cases)
         enumerate_sizes(tree)
@@ -55,7 +56,10 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
             raise _every_size_fails(failed, max_cases)
     if "root_error" in first:
         e = first["root_error"]
-        if signature is not None and isinstance(e, ShapeError) and "max_cases" not in str(e):
+        # (where the sizes were traced one by one and fail there too, no
+        # max_cases helps: the error alone)
+        if (signature is not None and isinstance(e, ShapeError) and not refined
+                and "max_cases" not in str(e)):
             raise TooManyCases(f"{e}\n  (polymask traces such a function once per size when "
                              f"the bounds allow at most {per_size_limit(max_cases)} sizes, a "
                              "bound of 2 x max_cases (mask, polymask.jit and ragged_map "
@@ -92,11 +96,25 @@ def _note_symbolic_trace(e: BaseException, signature, max_cases: int) -> None:
 
 
 def _count_text(signature) -> str:
-    """``"; here 41 sizes"``: how many size combinations the bounds allow."""
+    """``"; here 41 sizes: max_cases=20 traces them"``: how many size
+    combinations the bounds allow, and the max_cases that traces them."""
     count = 1
     for v in signature.var_order:
         count *= signature.var_bounds[v] + 1
-    return f"; here {count} sizes: max_cases={count // 2} traces them" if count > 1 else ""
+    return f"; here {count} sizes: {_per_size_need(count)}" if count > 1 else ""
+
+
+# past this many cases, tracing sizes one by one is no remedy to suggest
+_MOST_CASES_SUGGESTED = 256
+
+
+def _per_size_need(count: int) -> str:
+    """The ``max_cases`` that traces ``count`` sizes one by one, or that none
+    is a remedy (default specs give every axis of ``a @ b`` its own dim var:
+    thousands of combinations)."""
+    if count // 2 <= _MOST_CASES_SUGGESTED:
+        return f"max_cases={count // 2} traces them"
+    return "too many to trace one by one"
 
 
 def _every_size_fails(failed: list[Case], max_cases: int) -> ShapeError:
@@ -126,12 +144,7 @@ def per_size_remedy(max_cases: int, count: int) -> str:
     """Why a case of many sizes that fails symbolically is polymask's limit, and
     what the user can change (``count``: the sizes reaching it, 0 = unknown)."""
     limit = per_size_limit(max_cases)
-    if not count:
-        need = ""
-    elif count // 2 <= 4096:
-        need = f" (here {count}: max_cases={count // 2} traces them)"
-    else:  # no max_cases is a remedy there
-        need = f" (here {count}: too many to trace one by one)"
+    need = f" (here {count}: {_per_size_need(count)})" if count else ""
     return (
         "jax.jit on the exact arrays traces each size with Python ints; polymask traces "
         f"the sizes one by one only when at most {limit} reach a case (a bound of "
