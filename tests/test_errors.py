@@ -728,6 +728,25 @@ def test_a_jax_function_masked_as_it_is_fails_at_its_own_line():
         pm.mask(jnp.max, "n")(pm.Masked(jnp.ones(4), (0,)))
 
 
+def test_a_custom_vjp_backward_that_needs_a_size_says_so_with_the_remedy():
+    """odeint's backward pass reads len(ts): with symbolic sizes that is an
+    UnsupportedError at the user's line with the remedy, which works."""
+    from jax.experimental.ode import odeint
+
+    def f(y0, t):
+        return odeint(lambda y, t: -0.5 * y + jnp.sin(t), y0, t)
+
+    y0, t = np.array([1.0, 2.0], np.float32), np.linspace(0, 2, 5).astype(np.float32)
+    tp = pm.pad(t, 9, fill=np.nan)
+    mf = pm.mask(f, ("_", "T"))
+    with pytest.raises(pm.UnsupportedError, match=r"(?s)custom_vjp at \S*test_errors\.py:\d+ "
+                                                  r".*pm\.mask\(jax\.grad\(f\)"):
+        jax.grad(lambda y: mf(pm.Masked(y, (2,)), tp).filled(0).sum())(jnp.asarray(y0))
+    inside = pm.mask(lambda y, t: jax.grad(lambda y: f(y, t).sum())(y), ("_", "T"))
+    np.testing.assert_allclose(inside(pm.pad(y0, 2), tp).unpad(),
+                               jax.grad(lambda y: f(y, t).sum())(jnp.asarray(y0)), rtol=1e-4)
+
+
 def test_check_oracle_bounds_per_argument_are_said_so():
     from polymask.testing import check_oracle
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
+from ..core.errors import UnsupportedError
 from ..core.trace_state import tangent_operands
 from ..tracing.prologue import Check, run_checks
 from ..tracing.registry import register
@@ -112,6 +113,8 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
         res = [next(res_it) if f is None else operands[f] for f in input_fwds]
         return primals_out, (sizes, consts, res)
 
+    where = ctx.source_line  # (the backward pass runs after the interpreter is done)
+
     def masked_bwd(saved, cts):
         sizes, consts, res = saved
         env = ctx.state.with_sizes(names, sizes)
@@ -123,7 +126,10 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
             outs = compat.custom_vjp_cotangents(bwd, *res_and_cts)
             return [compat.instantiate_zero(o) for o in outs]
 
-        bwd_closed = jax.make_jaxpr(bwd_flat)(*structs)
+        try:
+            bwd_closed = jax.make_jaxpr(bwd_flat)(*structs)
+        except (TypeError, compat.InconclusiveDimensionOperation) as e:
+            raise _bwd_needs_sizes(where, e) from e
         outs = interp.eval_closed(bwd_closed, [*res, *cts], env)
         # the user's bwd gives one cotangent per argument; where JAX has wrapped
         # it (_handle_consts_in_bwd) zeros for the consts come first
@@ -133,6 +139,18 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
 
     masked_call.defvjp(masked_fwd, masked_bwd)
     return masked_call(sizes, consts, xs)
+
+
+def _bwd_needs_sizes(where: str, e: Exception) -> UnsupportedError:
+    """A custom_vjp backward that needs a size as a Python int (``len(ts)`` in
+    ``jax.experimental.ode.odeint``'s), traced here with symbolic sizes."""
+    said = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return UnsupportedError(
+        f"the backward function of the custom_vjp at {where} cannot run with "
+        f"symbolic sizes ({type(e).__name__}: {said}): it needs a size as a Python value. "
+        "Differentiate inside mask, pm.mask(jax.grad(f), ...), where JAX differentiates "
+        "the function at the call's sizes, or use polymask.jit / ragged_map, which run "
+        "such sizes per exact shape")
 
 
 def _residual_avals(fwd_jaxpr, input_fwds, in_avals):

@@ -297,6 +297,12 @@ class RuleContext:
         the equation's traceback, else from the enclosing equations' (a
         library's jitted function records no frame outside its jit)."""
         line = compat.source_line(self.eqn.source_info)
+        if line.startswith(compat.UNKNOWN_LOCATION):  # inside JAX: the enclosing user line
+            for eqn in reversed(self.state.eqn_stack):
+                outer = compat.source_line_with_caller(eqn.source_info)
+                if not outer.startswith(compat.UNKNOWN_LOCATION):
+                    return outer
+            return line
         if not compat.in_installed_package(line):
             return line
         for eqn in (self.eqn, *reversed(self.state.eqn_stack)):  # innermost first
