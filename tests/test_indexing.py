@@ -344,3 +344,25 @@ def test_static_slice_hook_is_off_outside_masked_traces():
     n, = export.symbolic_shape("n")
     jaxpr = jax.make_jaxpr(lambda x: x[:, 1])(jax.ShapeDtypeStruct((n, 4), jnp.float32))
     assert "gather" in _primitives(jaxpr.jaxpr)  # plain JAX: unchanged
+
+
+def test_an_index_past_the_logical_size_gets_no_gradient_as_in_plain_jax():
+    """jnp indexing gathers with promise_in_bounds: XLA clamps the start, and
+    the scatter-add of the transpose drops it. An index past the logical size
+    (or below 0 after jnp's normalisation) reads the clamped entry and sends it
+    no gradient; the padding's gradient is 0."""
+    x = np.arange(1.0, 4.0, dtype=np.float32)  # n = 3, bound 8
+    w = jnp.array([1.0, 10.0, 100.0])
+
+    def f(x, i):
+        return jnp.sum(x[i] * w)
+
+    mf = pm.mask(f, ("n", None))
+    px = pm.pad(x, 8, fill=np.nan)
+    grad = jax.jit(jax.grad(lambda d, i: mf(pm.Masked(d, px.shape), i).data))
+    for idx in ([-1, -4, 0], [5, 2, 0], [3, 1, 0], [0, 1, 2]):
+        i = jnp.array(idx)
+        np.testing.assert_allclose(mf(px, i).data, f(jnp.asarray(x), i))
+        g = np.asarray(grad(px.data, i))
+        np.testing.assert_allclose(g[:3], jax.grad(f)(jnp.asarray(x), i), err_msg=str(idx))
+        np.testing.assert_array_equal(g[3:], 0.0)

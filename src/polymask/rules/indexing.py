@@ -127,13 +127,18 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
         hi = _sub_ub(op_sym[d], slice_sizes[d]) if d in dn.start_index_map else 0
         ext[d] = max(0, hi + ss_pad[d] - op_b[d])
 
+    # promise_in_bounds (jnp indexing's): XLA clamps the gather, and the
+    # scatter-add of its transpose drops an out-of-bounds start: the value
+    # is the clamped window's, with no gradient to it
+    drops_gradient = (mode == _MODE.PROMISE_IN_BOUNDS and not ctx.state.forward_only
+                      and jnp.issubdtype(operand.dtype, jnp.inexact))
     cols = []
     in_bounds = None
     for k, d in enumerate(dn.start_index_map):
         s = indices[..., k]
         hi = _max0(_sub(op_l[d], ss_log[d]))
         hi_v = jnp.asarray(hi, idx_dtype) if not is_static(hi) else np.asarray(hi, idx_dtype)
-        if mode == _MODE.FILL_OR_DROP:
+        if mode == _MODE.FILL_OR_DROP or drops_gradient:
             ok = (s <= hi_v)
             if jnp.issubdtype(idx_dtype, jnp.signedinteger):
                 ok = ok & (s >= 0)
@@ -149,8 +154,11 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
         batch_pos = [i for i in range(len(out_shape)) if i not in dn.offset_dims]
         assert len(batch_pos) == n_batch
         m = lax.broadcast_in_dim(in_bounds, out_shape, tuple(batch_pos))
-        fv = default_fill(out.dtype) if fill_value is None else fill_value
-        out = lax.select(m, out, lax.full_like(out, fv))
+        if mode == _MODE.FILL_OR_DROP:
+            fv = default_fill(out.dtype) if fill_value is None else fill_value
+            out = lax.select(m, out, lax.full_like(out, fv))
+        else:
+            out = lax.select(m, out, lax.stop_gradient(out))
     return clean_float(out, ctx.out_logical[0])
 
 
