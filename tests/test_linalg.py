@@ -350,6 +350,8 @@ def test_rfft_length_zero_is_an_error_case_for_formulas_and_the_runner():
     with pytest.raises(pm.ShapeError, match="rfft of an axis of length 0") as e:
         g(np.zeros(0, np.float32))  # on the host, before running (not a runtime error)
     assert "test_linalg.py" in str(e.value)  # the user's line
+    # plain JAX's own failure there: no remedy for code that needs a size as a value
+    assert "as it does on the exact arrays" in str(e.value) and "max_cases" not in str(e.value)
     x = np.arange(1.0, 6.0, dtype=np.float32)
     np.testing.assert_allclose(np.asarray(g(x)), np.fft.rfft(2 * x), rtol=1e-5, atol=1e-5)
     fixed = pm.shape_formula(lambda x: jnp.fft.rfft(x, n=4), "n", (8,))  # a static length

@@ -38,9 +38,10 @@ def _pad_to(data, shape):
 
 
 def _error_message(tree: CaseTree, c: Case) -> str:
-    if c.one_size:
+    if c.one_size or c.plain:
         as_plain, remedy = plain_failure(c.error)
-        return (f"for these sizes ({sizes_text(c.reached_by)}) the function fails at "
+        sizes = sizes_text(c.reached_by) if c.reached_by else tree.describe_conditions(c)
+        return (f"for these sizes ({sizes}) the function fails at "
                 f"{c.where}, {as_plain}:\n  {c.error}{remedy}")
     count = len(c.reached_by) if c.reached_by else 0
     return (f"for these sizes ({tree.describe_conditions(c)}) polymask cannot trace the "

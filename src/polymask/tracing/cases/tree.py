@@ -36,6 +36,7 @@ class Case:
     where: str = ""
     reached_by: list[dict[str, int]] | None = None  # None: not enumerated
     pinned: bool = False  # traced with every size a Python int (an error is plain JAX's)
+    plain: bool = False  # an error plain JAX has at every size of the case (rfft of length 0)
 
     @property
     def one_size(self) -> bool:
@@ -185,7 +186,8 @@ def _error_text(e: BaseException, internal) -> str:
 def error_case(index: int, conditions, e: BaseException, internal) -> Case:
     where = getattr(e, "polymask_where", None) or user_frame_of_exception(e)
     return Case(index, conditions, error=_error_text(e, internal), where=where,
-                pinned=bool(getattr(e, "polymask_pinned", False)))
+                pinned=bool(getattr(e, "polymask_pinned", False)),
+                plain=bool(getattr(e, "polymask_plain", False)))
 
 
 def enumerate_sizes(tree: CaseTree) -> None:
