@@ -271,3 +271,14 @@ def test_polymask_jit_accepts_modules():
         x = np.random.default_rng(n).normal(size=(n, 4)).astype(np.float32)
         close(f(x), model(x))
     assert f.stats()["compiles"] == 2  # buckets 8 and 16
+
+
+def test_an_nnx_module_mutated_inside_a_closure_is_told_to_pass_the_module():
+    """A train-mode BatchNorm closed over by a lambda fails under jax.jit, not
+    eagerly: the error says so and names the way in, pm.mask(module, spec)."""
+    bn = nnx.BatchNorm(4, use_running_average=False, rngs=nnx.Rngs(0))
+    x = np.random.default_rng(0).normal(size=(5, 4)).astype(np.float32)
+    with pytest.raises(pm.ShapeError, match="(?s)under jax.jit on the exact arrays.*"
+                                            r"pm\.mask\(module, spec\)"):
+        pm.mask(lambda x: bn(x), "n, 4")(pm.pad(x, (8, 4)))
+    assert pm.mask(bn, "n, 4")(pm.pad(x, (8, 4))).unpad().shape == (5, 4)

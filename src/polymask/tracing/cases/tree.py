@@ -163,6 +163,11 @@ def plain_failure(error: str) -> tuple[str, str]:
     A traced value used as a Python value fails under ``jax.jit`` on the exact
     arrays but not eagerly; polymask traces like ``jax.jit``, so the remedy
     is to keep the value traced (or to make a Python constant static)."""
+    if error.startswith("TraceContextError"):  # flax nnx: state mutated across traces
+        return ("as it does under jax.jit on the exact arrays",
+                "\n  a flax nnx module closed over by the function mutates its state inside "
+                "the trace; pass the module itself, pm.mask(module, spec): its state then "
+                "goes in and out of the masked call, as with nnx.jit")
     if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error
             or (error.startswith("IndexError") and compat.is_traced_slice_bounds_message(error))):
         return "as it does on the exact arrays", ""
