@@ -595,3 +595,19 @@ def test_a_size_used_as_a_number_is_not_clamped_at_zero(name):
         xs = [x[:n] for n in (1, 2, 5)]
         for got, ex in zip(pm.ragged_map(f, "n", layout="packed")(xs), xs):
             np.testing.assert_allclose(got, f(jnp.asarray(ex)), rtol=1e-6)
+
+
+def test_a_size_branch_in_code_compiled_from_a_string_is_the_users():
+    """``python -c`` and ``exec(src)`` compile code with the file name
+    ``<string>``, as dataclasses compile their ``__eq__``: a branch on a size
+    there is the user's and splits the trace (it took JAX's False at n = 0)."""
+    ns = {"jnp": jnp}
+    exec("def g(x):\n    if x.shape[0] == 0:\n        return jnp.float32(-1)\n"
+         "    return x.sum()\n", ns)
+    g = ns["g"]
+    x = jnp.array([1.0, 2.0, 0.0, 5.0])
+    jm = jax.jit(pm.mask(g, "n"))
+    for n in (0, 1, 4):
+        want = g(x[:n])
+        assert float(pm.mask(g, "n")(pm.Masked(x, (n,))).data) == float(want)
+        assert float(jm(pm.Masked(x, (jnp.int32(n),))).data) == float(want)

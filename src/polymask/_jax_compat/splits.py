@@ -27,7 +27,14 @@ from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
 from jax._src.interpreters import partial_eval as _pe
 
-from .core import DimExpr, InconclusiveDimensionOperation, dim_vars, is_dim_expr, is_fresh_dim_name
+from .core import (
+    _POLYMASK_DIR,
+    DimExpr,
+    InconclusiveDimensionOperation,
+    dim_vars,
+    is_dim_expr,
+    is_fresh_dim_name,
+)
 from .indexing import NDINDEXER, static_slice_of_static_axes
 from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
 
@@ -256,6 +263,18 @@ def _split_geq(orig_geq):
     return geq
 
 
+def _in_user_code(caller, frame: _HookFrame) -> bool:
+    """Whether Python frame ``caller`` runs the user's code. Code compiled
+    from a string (``python -c``, ``exec(src)``) has the file name
+    ``<string>``, as have the ``__eq__`` / ``__hash__`` / ``__init__`` that
+    dataclasses and namedtuples generate (a structural comparison, not a
+    branch of the user's): only the latter are not the user's."""
+    code = caller.f_code
+    if code.co_filename == "<string>":
+        return not code.co_name.startswith("__")
+    return frame.is_user_frame(code.co_filename)
+
+
 def _has_fresh(*exprs) -> bool:
     return any(is_fresh_dim_name(v) for e in exprs if is_dim_expr(e) for v in dim_vars(e))
 
@@ -322,7 +341,7 @@ def _note_nonempty(e1, e2, decide, res: bool) -> None:
 def _user_line(frame: _HookFrame) -> str:
     """``file:line (function)`` of the innermost user frame of the comparison."""
     caller = sys._getframe(1)
-    while caller is not None and not frame.is_user_frame(caller.f_code.co_filename):
+    while caller is not None and not _in_user_code(caller, frame):
         caller = caller.f_back
     if caller is None:
         return "an unknown line"
@@ -506,9 +525,18 @@ def _branch_differs_at_zero() -> bool:
         caller = caller.f_back
     if caller is None:
         return False
-    if getattr(_HOOK_TLS, "as_user", False) or stack[-1].is_user_frame(caller.f_code.co_filename):
+    if getattr(_HOOK_TLS, "as_user", False) or _in_user_code(caller, stack[-1]):
         return True
-    return _raises_below(caller)
+    return _raises_below(caller) and not _called_by_polymask(caller)
+
+
+def _called_by_polymask(caller) -> bool:
+    """Whether JAX code at ``caller`` runs for polymask's own (a rule's
+    ``a[mid]`` in its searchsorted, whose result is unused at size 0), not
+    for the user's: the first frame outside JAX is polymask's."""
+    while caller is not None and "/jax/" in caller.f_code.co_filename.replace("\\", "/"):
+        caller = caller.f_back
+    return caller is not None and caller.f_code.co_filename.startswith(_POLYMASK_DIR)
 
 
 def _raises_below(caller) -> bool:
@@ -567,7 +595,7 @@ def _split_eq(orig_eq):
             while caller is not None and caller.f_code.co_filename == __file__:
                 caller = caller.f_back
             user = getattr(_HOOK_TLS, "as_user", False) or (
-                caller is not None and frame.is_user_frame(caller.f_code.co_filename))
+                caller is not None and _in_user_code(caller, frame))
             decision = user or _is_shape_decision(caller) or _broadcast_to_one(a, b, caller)
         finally:
             frame.busy = False

@@ -24,6 +24,7 @@ are dropped get zero cotangent from the transposed (fill-mode) gather.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -146,6 +147,10 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
         cols.append(jnp.clip(s, np.asarray(0, idx_dtype), hi_v))
     new_idx = jnp.stack(cols, axis=-1) if cols else indices
 
+    count = math.prod(ctx.in_logical[1][:-1]) if indices.ndim else 1  # index rows
+    _require_window_fits(ctx, op_l, ss_log, count, "a gather (jnp.take, x[i] with an index "
+                         "array, percentile) reads from an axis of logical size 0 (plain JAX "
+                         "raises: a non-empty take from an empty axis)")
     out = ctx.primitive.bind(
         _extend(operand, ext), new_idx,
         **ctx.concrete_params(mode=_MODE.PROMISE_IN_BOUNDS, fill_value=None))
@@ -288,6 +293,23 @@ def _oob_index(dtype, size: int):
 # ----------------------------------------------------------------------------
 # dynamic_slice / dynamic_update_slice
 # ----------------------------------------------------------------------------
+def _require_window_fits(ctx, op_l, win_l, count, message: str) -> None:
+    """A window larger than its operand is a TypeError of plain JAX's shape
+    rule (``slice_sizes`` must fit the operand); with logical sizes (a
+    data-dependent selection that is empty) it is checked at run time, where
+    the window is read at all (``count`` > 0 windows)."""
+    bad = False
+    for o, w in zip(op_l, win_l):
+        b = (int(w) > int(o)) if is_static(o) and is_static(w) else jnp.asarray(w) > jnp.asarray(o)
+        bad = b if bad is False else (bad | b)
+    if bad is False:
+        return
+    if not is_static(count) or int(count) == 0:
+        bad = bad & (jnp.asarray(count) > 0) if not is_static(count) else False
+    if bad is not False:
+        ctx.require(bad, message)
+
+
 def _clamped_starts(starts, op_l, size_l):
     out = []
     for s, lo, sz in zip(starts, op_l, size_l):
@@ -309,6 +331,9 @@ def dynamic_slice_rule(ctx, operand, *args, slice_sizes):
     ss_pad = [ctx.padded(s) for s in slice_sizes]
     ss_log = [ctx.logical(s) for s in slice_sizes]
     ext = [max(0, _sub_ub(op_sym[d], slice_sizes[d]) + ss_pad[d] - op_b[d]) for d in range(nd)]
+    _require_window_fits(ctx, op_l, ss_log, 1, "a dynamic slice (lax.dynamic_slice, "
+                         "dynamic_index_in_dim) is longer than its operand's logical size "
+                         "(plain JAX raises: slice sizes must fit the operand)")
     starts = _clamped_starts(starts, op_l, ss_log)
     out = lax.dynamic_slice(_extend(operand, ext), starts, ss_pad)
     return clean_float(out, ctx.out_logical[0])

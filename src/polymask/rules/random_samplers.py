@@ -117,6 +117,9 @@ def searchsorted_symbolic(a, v, side="left", sorter=None, *, method="scan"):
     levels = np.uint32(32) - lax.clz(size)  # bit length of n = ceil(log2(n + 1))
     low = jnp.zeros(v.shape, np.uint32)
     high = jnp.broadcast_to(size, v.shape)
+    # one entry more, never read by a live step: at n = 0 (an empty selection)
+    # the reads below are of a non-empty array, as a gather must be
+    a = jnp.concatenate([a, jnp.zeros((1,), a.dtype)])
     for i in range(int(compat.upper_bound(n)).bit_length()):
         mid = low + (high - low) // 2
         go_left = op(v, a[mid])
