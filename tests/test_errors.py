@@ -680,7 +680,7 @@ def test_constraints_given_as_one_string_and_malformed_ones_say_the_form():
                 ([">= 4"], "'>= 4'", "a side of '>=' is empty"),
                 (["n >>= 2"], "'n >>= 2'", "syntax error"),  # JAX's reason names the token
                 (["n >= 4", "n >= 4 and n <= 20"], "'n >= 4 and n <= 20'", "it holds 2 comparisons")):
-            with pytest.raises(pm.ShapeError, match="cannot parse the constraint") as e:
+            with pytest.raises(pm.SpecError, match="cannot parse the constraint") as e:
                 make(bad)
             assert named in str(e.value) and "for n > 3 write 'n >= 4'" in str(e.value)
             assert f"{named}: {reason}" in str(e.value)
@@ -754,6 +754,18 @@ def test_check_oracle_bounds_per_argument_are_said_so():
     check_oracle(jnp.cumsum, examples, [(8,)], "n")
     with pytest.raises(ValueError, match="bounds gives one padded shape per argument"):
         check_oracle(jnp.cumsum, examples, [(8,), (8,)], "n")
+
+
+def test_constraints_that_cannot_hold_or_fix_a_size_are_said_and_served():
+    f = lambda x: x.sum()  # noqa: E731
+    x = np.ones(5, np.float32)
+    with pytest.raises(pm.SpecError, match=r"the constraints \['n >= 10'\] cannot hold at the "
+                                           r"sizes the arrays allow \(n <= 5"):
+        pm.mask(f, "n", constraints=["n >= 10"])(pm.Masked(x, (5,)))
+    # an equality fixes n: every runner serves the size it fixes
+    assert float(pm.jit(f, "n", constraints=["n == 5"])(x)) == 5.0
+    assert float(pm.ragged_map(f, "n", constraints=["n == 5"])([x])[0]) == 5.0
+    assert float(pm.mask(f, "n", constraints=["n == 5"])(pm.Masked(x, (5,))).data) == 5.0
 
 
 def test_a_ragged_batch_passed_without_vmap_is_told_to_vmap():

@@ -374,6 +374,9 @@ def test_explain_of_value_and_grad_with_dict_specs_and_of_ragged_map_in_the_wron
     assert "args[1]: f32[n,8]" in pm.explain(rm, w, x8, print_output=False)
     with pytest.raises(pm.SpecError, match="(?s)says 8, but .* is 3.*the function's order"):
         pm.explain(rm, x8, w, print_output=False)
+    vg = pm.value_and_grad(loss, {"x": "n"})
+    with pytest.raises(pm.SpecError, match=r"one example's arguments, not the batch"):
+        pm.explain(vg, jnp.float32(1.0), [x, x[:3]], print_output=False)
 
 
 def test_explain_of_a_runner_without_arguments_uses_its_last_new_call():

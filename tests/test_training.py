@@ -279,6 +279,31 @@ def test_spec_mistakes_are_errors_not_reasons_to_fall_back(recwarn):
         pm.value_and_grad(loss, 3)
 
 
+def test_a_loss_with_a_data_dependent_selection_trains_in_the_padded_layout():
+    """pm.boolean_mask needs concrete inputs outside mask: the check that the
+    plain loss runs on each example runs it eagerly (it traced it abstractly,
+    and refused), and the padded program gives plain JAX's loss and gradient."""
+    def loss(w, x):
+        return (pm.boolean_mask(x, x > 2) * w).sum()
+
+    xs = [np.array([3.0, 1.0, 5.0], np.float32), np.array([1.0, 2.0, 0.0, 4.0], np.float32),
+          np.array([1.0], np.float32)]  # an empty selection too
+    want = jax.value_and_grad(lambda w: sum((x[x > 2] * w).sum() for x in xs))(jnp.float32(2.0))
+    got = pm.value_and_grad(loss, "n", reduce="sum")(jnp.float32(2.0), xs)
+    np.testing.assert_allclose(got, want)
+
+
+def test_a_batch_whose_static_axis_size_is_one_int_trains():
+    """jax.vmap gives a static axis one int size for the whole batch."""
+    params = {"w": jnp.arange(4.0)}
+    vg = pm.value_and_grad(lambda p, x: jnp.sum((x @ p["w"]) ** 2), "n, 4")
+    data = pm.stack([np.ones((3, 4), np.float32), np.ones((4, 4), np.float32)]).data
+    v, _ = vg(params, pm.Masked(data, (jnp.array([3, 4]), 4)))
+    np.testing.assert_allclose(v, (3 * 36 + 4 * 36) / 2)
+    with pytest.raises(pm.ShapeError, match=r"examples\[1\].*logical size 6 is outside"):
+        vg(params, pm.Masked(data, (jnp.array([3, 6]), 4)))
+
+
 def test_parameters_at_another_position_than_argnums_say_so():
     def loss(p, x, y):
         return jnp.sum((x @ p["w"] - y) ** 2)
@@ -293,6 +318,9 @@ def test_parameters_at_another_position_than_argnums_say_so():
     with pytest.raises(pm.ShapeError, match=r"args\[0\] is not in argnums=1, so it is a batch "
                                             r"of examples.*shapes \[\(\)\]"):
         pm.value_and_grad(scale, "n", argnums=1)(jnp.float32(2.0), ys)
+    with pytest.raises(pm.ShapeError, match=r"args\[1\] is in argnums=1 \(the parameters, "
+                                            r"not batched\), but it is a list of 2 arrays"):
+        pm.value_and_grad(lambda p, x: jnp.sum(x @ p["w"]), "n, 4", argnums=1)(p, xs)
     v, _ = pm.value_and_grad(loss, {"x": "n, 4", "y": "n"})(p, xs, ys)  # argnums=0: fine
     np.testing.assert_allclose(v, (3 * 9 + 5 * 9) / 2)
 

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
+from .errors import SpecError
 from .shapes import SHIFT_SUFFIX
 from .specs import constraint_parse_error
 
@@ -180,12 +181,15 @@ def internal_scope(constraints, conditions, internal, var_bounds):
     texts += list(conditions)
     try:
         scope = jax.export.SymbolicScope(tuple(texts))
+        # the user's constraints count too: "t >= 3" and a case's "t <= 3" leave t = 3
+        pins = _pinned(tuple(texts[:len(constraints)]) + tuple(conditions), internal,
+                       var_bounds)
+        if pins:  # a case for one size: traced at that size, as plain JAX would
+            scope = jax.export.SymbolicScope(tuple(texts + pins))
     except Exception as e:
+        if _unsatisfiable(e):
+            raise _cannot_hold(constraints, var_bounds) from None
         raise constraint_parse_error(constraints, e) from None
-    # the user's constraints count too: "t >= 3" and a case's "t <= 3" leave t = 3
-    pins = _pinned(tuple(texts[:len(constraints)]) + tuple(conditions), internal, var_bounds)
-    if pins:  # a case for one size: traced at that size, as plain JAX would
-        scope = jax.export.SymbolicScope(tuple(texts + pins))
     return scope, bool(internal) and len(pins) == len(internal)
 
 
@@ -237,10 +241,26 @@ def internal_names(var_order, var_bounds, constraints) -> dict[str, tuple[str, i
     except Exception:
         return shifted
     out = {}
-    for v, (n, off) in shifted.items():
-        (e,) = jax.export.symbolic_shape(n, scope=scope)
-        out[v] = (v, 0) if compat.lower_bound(e - off) >= 1 else (n, off)
+    try:
+        for v, (n, off) in shifted.items():
+            (e,) = jax.export.symbolic_shape(n, scope=scope)
+            out[v] = (v, 0) if compat.lower_bound(e - off) >= 1 else (n, off)
+    except Exception as e:
+        if _unsatisfiable(e):
+            raise _cannot_hold(constraints, var_bounds) from None
+        raise
     return out
+
+
+def _unsatisfiable(e: BaseException) -> bool:
+    """JAX's decision procedure found the constraints and bounds contradictory."""
+    return "nsatisfiable" in str(e)
+
+
+def _cannot_hold(constraints, var_bounds) -> SpecError:
+    bounds = ", ".join(f"{v} <= {b}" for v, b in var_bounds.items())
+    return SpecError(f"the constraints {list(constraints)} cannot hold at the sizes the "
+                     f"arrays allow ({bounds}: their padded sizes)")
 
 
 def displayed_error(e: BaseException, internal) -> BaseException:

@@ -276,12 +276,16 @@ def _raise_violations(sol: Solution) -> None:
                          f"{value} at {where}")
 
 
-def check_constraints(scope, env: Mapping[str, int], partial: bool = False) -> None:
+def check_constraints(scope, env: Mapping[str, int], partial: bool = False,
+                      fixed: frozenset = frozenset()) -> None:
     """``ShapeError`` when a user constraint of ``scope`` fails at the sizes ``env``
-    (``partial``: skip the constraints that name a dim var ``env`` lacks)."""
+    (``partial``: skip the constraints that name a dim var ``env`` lacks;
+    ``fixed``: spec dim vars an equality constraint made constants, ``'n == 5'``,
+    which the spec's parse checked against the array)."""
     for kind, e1, e2, text in compat.explicit_constraints(scope):
         names = compat.dim_vars(e1) | compat.dim_vars(e2)
-        if (missing := names - set(env)) and partial:
+        missing = names - set(env)
+        if missing and (partial or missing <= fixed):
             continue
         if missing:
             raise unknown_dim_vars_error(text, missing, env)
@@ -363,7 +367,8 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     sol = solve_sizes([axes or () for _, _, _, axes in parsed],
                       [shape for _, shape, _, _ in parsed])
     _raise_violations(sol)
-    check_constraints(scope, sol.values)
+    spec_names = {n for sp in spec_leaves if isinstance(sp, str) for n in spec_identifiers(sp)}
+    check_constraints(scope, sol.values, fixed=frozenset(spec_names - set(sol.values)))
     where = {a.var: a.where for *_, axes in reversed(parsed)  # first axis naming a var
              for a in reversed(axes or ()) if a.var is not None}
     _check_bucket_names(policy_for, sol.values, spec_leaves)

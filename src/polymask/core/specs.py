@@ -269,7 +269,7 @@ def as_constraints(constraints) -> tuple[str, ...]:
     return out
 
 
-def constraint_parse_error(constraints, error: BaseException) -> ShapeError:
+def constraint_parse_error(constraints, error: BaseException) -> SpecError:
     """The ``ShapeError`` for constraints that ``jax.export`` cannot parse:
     which one, JAX's reason, and the form it takes."""
     bad = []
@@ -282,7 +282,7 @@ def constraint_parse_error(constraints, error: BaseException) -> ShapeError:
     reason = _constraint_fault(bad[0]) if len(bad) == 1 else None
     if reason is None:
         reason = str(error).splitlines()[0].rstrip(".") if str(error) else type(error).__name__
-    return ShapeError(
+    return SpecError(
         f"cannot parse the constraint {which}: {reason}. Write each constraint as one "
         "comparison of dim vars and integers with '>=', '<=' or '==' (for n > 3 write "
         "'n >= 4'), one per string: constraints=['n >= 4', 'n <= 20']")

@@ -401,8 +401,16 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         args = _at_runner_buckets(runner, args)
     absargs = abstractify(args, in_specs, dtype)
     if runner is not None:  # specs that do not fit the arguments: the user's call, no fallback
-        broadcast_specs(split_specs(fun, in_specs, len(absargs), {})[0], list(absargs),
-                        is_masked)
+        try:
+            broadcast_specs(split_specs(fun, in_specs, len(absargs), {})[0], list(absargs),
+                            is_masked)
+        except ShapeError as e:
+            if not any(isinstance(a, (list, tuple)) and a and hasattr(a[0], "shape")
+                       for a in args):
+                raise
+            raise SpecError(f"{e}\n  (explain(runner, *args) takes one example's "
+                            "arguments, not the batch: for value_and_grad params, then "
+                            "one example's, e.g. explain(vg, params, xs[0]))") from None
     if layout == "packed":
         plain = jax.tree_util.tree_map(lambda v: v.data if is_masked(v) else v, absargs,
                                        is_leaf=is_masked)

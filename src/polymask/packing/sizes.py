@@ -56,8 +56,8 @@ def check_sizes(jaxpr, allowed: set, prog, sizes: RaggedSizes, outer=(), line=No
                 if not compat.dim_vars(d) <= allowed:
                     raise PackedUnsupported(
                         f"primitive '{eqn.primitive.name}'{where} (used at {at}) has a "
-                        f"data-dependent size "
-                        f"{prog.display(str(d))}")
+                        "data-dependent size (a count known only from the data), which "
+                        "the packed layout cannot place in a row")
                 form = sizes.form(d)
                 if form is None:
                     raise PackedUnsupported(

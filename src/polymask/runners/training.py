@@ -61,13 +61,20 @@ def _at_least_one(n: int) -> int:
     return max(int(n), 1)
 
 
+def _per_example(size, b: int) -> np.ndarray:
+    """A batch's logical size as one entry per example (at least ``b``): an
+    int for the whole batch (``jax.vmap``'s form of a static axis) repeated."""
+    size = np.asarray(size)
+    return size if size.ndim else np.broadcast_to(size, (b,))
+
+
 def _take_pad(x, b: int, total: int):
     """Pad the batch axis from ``b`` to ``total`` by repeating example 0 (weight 0)."""
     if total == b:
         return x
     idx = np.concatenate([np.arange(b), np.zeros(total - b, np.int64)])
     if isinstance(x, Masked):
-        return Masked(np.asarray(x.data)[idx], tuple(np.asarray(s)[idx] for s in x.shape))
+        return Masked(np.asarray(x.data)[idx], tuple(_per_example(s, b)[idx] for s in x.shape))
     return jax.tree_util.tree_map(lambda a: np.asarray(a)[idx], x)
 
 
@@ -83,7 +90,12 @@ def plain_loss_shape(fun: Callable, args: Sequence[Any], cache: dict, where: str
                 for x in jax.tree_util.tree_leaves(args))
     if key not in cache:
         try:
-            out = jax.eval_shape(fun, *args)
+            try:
+                out = jax.eval_shape(fun, *args)
+            except ShapeError:
+                # polymask's data-dependent ops (boolean_mask) need concrete
+                # inputs outside mask: the example itself, eagerly
+                out = fun(*args)
             if not hasattr(out, "shape"):  # a tuple (loss, aux), a dict, None
                 raise not_one_loss(fun, out)
             cache[key] = out.shape
@@ -272,6 +284,15 @@ class RaggedValueAndGrad:
                     f"argnums={self.argnums!r} differentiates; the arguments in argnums "
                     "(the parameters) are not batched and take no spec: give specs to "
                     "the example arguments, and argnums the parameters' positions")
+        for i in sorted(self._unbatched):
+            a = args[i] if i < len(args) else None
+            if (isinstance(a, (list, tuple)) and len(a) > 1 and all(hasattr(v, "shape") for v in a)
+                    and len({np.shape(v) for v in a}) > 1):
+                raise ShapeError(
+                    f"value_and_grad: args[{i}] is in argnums={self.argnums!r} (the "
+                    f"parameters, not batched), but it is a list of {len(a)} arrays of "
+                    "different shapes, as a batch of examples is; argnums gives the "
+                    "parameters' positions (default 0)")
 
     def _empty_batch(self, args) -> bool:
         """Whether every batched argument is an empty list (no examples)."""
@@ -332,7 +353,7 @@ class RaggedValueAndGrad:
     def _example_args(self, batch, k: int) -> list:
         """Example ``k`` of a prepared batch, as ``mask`` takes it (concrete sizes)."""
         return [a if i in self._unbatched else
-                Masked(np.asarray(a.data)[k], tuple(int(np.asarray(s)[k]) for s in a.shape))
+                Masked(np.asarray(a.data)[k], tuple(int(_per_example(s, k + 1)[k]) for s in a.shape))
                 if isinstance(a, Masked) else jax.tree_util.tree_map(lambda v: np.asarray(v)[k], a)
                 for i, a in enumerate(batch)]
 
@@ -353,7 +374,8 @@ class RaggedValueAndGrad:
                   and isinstance(a, Masked)]
         if not masked:
             return
-        rows = np.concatenate([np.stack([np.asarray(s).reshape(-1) for s in a.shape], axis=-1)
+        b = len(weights)  # a size may be one int for the whole batch (jax.vmap's form)
+        rows = np.concatenate([np.stack([_per_example(s, b) for s in a.shape], axis=-1)
                                for a in masked], axis=1)
         signature = tuple(np.shape(a.data)[1:] for a in masked)
         site = user_call_site()
