@@ -317,7 +317,7 @@ def test_parameters_at_another_position_than_argnums_say_so():
     scale = lambda w, x: jnp.sum(w * x)  # noqa: E731
     with pytest.raises(pm.ShapeError, match=r"args\[0\] is not in argnums=1, so it is a batch "
                                             r"of examples.*shapes \[\(\)\]"):
-        pm.value_and_grad(scale, "n", argnums=1)(jnp.float32(2.0), ys)
+        pm.value_and_grad(scale, "n", argnums=1)(jnp.float32(2.0), [ys[0], ys[0]])
     with pytest.raises(pm.ShapeError, match=r"args\[1\] is in argnums=1 \(the parameters, "
                                             r"not batched\), but it is a list of 2 arrays"):
         pm.value_and_grad(lambda p, x: jnp.sum(x @ p["w"]), "n, 4", argnums=1)(p, xs)
