@@ -499,11 +499,7 @@ def _guards_a_raise(caller) -> bool:
     if caller is None or not any(
             d in caller.f_code.co_filename.replace("\\", "/") for d in _SPLIT_IN_JAX):
         return False
-    for offset in (1, 2, 3):
-        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno + offset).strip()
-        if line and not line.startswith("#"):
-            return line.startswith("raise ")
-    return False
+    return _raises_below(caller)
 
 
 def _branch_differs_at_zero() -> bool:
