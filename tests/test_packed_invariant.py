@@ -616,3 +616,32 @@ def test_readers_after_a_masked_max_get_plain_values_without_a_rerun(reader, dty
     assert rm.stats()["packed"]["exact_reruns"] == 0  # finite data: the speculative program
     for i, (x, g) in enumerate(zip(ex, got)):
         _assert_close(g, fun(jnp.asarray(x)), TOLERANCE[dtype], f"example {i}")
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("body", ["gram", "attention"])
+def test_a_nan_or_inf_in_one_example_never_reaches_anothers_gradient(bad, body):
+    """The backward pass of a product over a packed row (x @ x.T, attention
+    scores) multiplies another example's non-finite value by a zero cotangent:
+    0 * inf is NaN. A call whose loss or gradients are not finite runs in the
+    padded layout, so each parameter row used only by clean examples keeps
+    plain JAX's gradient (each example reads its own embedding rows here)."""
+    rng = np.random.default_rng(9)
+    E = jnp.asarray(rng.normal(size=(24, 4)).astype(np.float32))
+    seqs = [np.arange(4 * i, 4 * i + n).astype(np.int32) for i, n in enumerate([3, 4, 2, 4, 4, 4])]
+    fs = [rng.normal(size=(len(s), 4)).astype(np.float32) for s in seqs]
+    fs[2][1, 0] = bad  # example 2 reads rows 8 and 9
+
+    def loss(E, t, f):
+        x = E[t] + f
+        if body == "gram":
+            return jnp.sum(x @ x.T)
+        return jnp.sum(jax.nn.softmax(x @ x.T, axis=-1) @ x)
+
+    want = sum(jax.jit(jax.grad(loss))(E, s, f) for s, f in zip(seqs, fs))
+    vg = pm.value_and_grad(loss, {"t": "n", "f": "n, 4"}, layout="packed", reduce="sum")
+    _, got = vg(E, seqs, fs)
+    np.testing.assert_array_equal(np.isnan(np.asarray(got)), np.isnan(np.asarray(want)))
+    finite = np.isfinite(np.asarray(want))
+    np.testing.assert_allclose(np.asarray(got)[finite], np.asarray(want)[finite],
+                               rtol=1e-4, atol=1e-4)

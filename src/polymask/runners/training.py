@@ -38,6 +38,14 @@ from .packed import PackedRunner, default_row_size, spare_rows
 __all__ = ["value_and_grad", "RaggedValueAndGrad"]
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    """Whether every entry of every float leaf of ``tree`` is finite (one bool)."""
+    leaves = [jnp.all(jnp.isfinite(v)) for v in jax.tree_util.tree_leaves(tree)
+              if jnp.issubdtype(jnp.result_type(v), jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
 def _batch_size(x, i: int, argnums) -> int:
     """The number of examples in batched argument ``i`` (axis 0 of its leaves).
 
@@ -599,6 +607,7 @@ class PackedTraining:
         self.compiles = 0
         self.compiles_padded = 0
         self.last_padded = 0  # examples of the last call that ran in the padded layout
+        self.nonfinite_reruns = 0  # calls whose non-finite sums reran in the padded layout
         self._fn = None
         self._padded: RaggedValueAndGrad | None = None
         self._loss_sizes: dict = {}
@@ -653,6 +662,13 @@ class PackedTraining:
         left = [k for k in range(len(lengths)) if k not in set(packed)]
         self.last_padded = len(left)
         sums = self._run(params, [infos[k] for k in packed], [lengths[k] for k in packed])
+        if packed and not _all_finite((sums[0], sums[2])):
+            # A NaN or inf of one example reaches the others' gradients through
+            # the backward pass of a product over the row (0 * inf in the
+            # transpose of x @ x.T): the padded layout keeps examples apart
+            # (the forward's rare paths do not cover the backward pass)
+            self.nonfinite_reruns += 1
+            sums = self._padded_sums(args, packed)
         if left:
             sums = _add_sums(sums, self._padded_sums(args, left))
         return self._finish(*sums)
