@@ -641,6 +641,7 @@ def test_a_nan_or_inf_in_one_example_never_reaches_anothers_gradient(bad, body):
     want = sum(jax.jit(jax.grad(loss))(E, s, f) for s, f in zip(seqs, fs))
     vg = pm.value_and_grad(loss, {"t": "n", "f": "n, 4"}, layout="packed", reduce="sum")
     _, got = vg(E, seqs, fs)
+    assert vg.nonfinite_reruns == 1
     np.testing.assert_array_equal(np.isnan(np.asarray(got)), np.isnan(np.asarray(want)))
     finite = np.isfinite(np.asarray(want))
     np.testing.assert_allclose(np.asarray(got)[finite], np.asarray(want)[finite],

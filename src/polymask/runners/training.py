@@ -248,6 +248,12 @@ class RaggedValueAndGrad:
         """Examples of the last packed call that ran in the padded layout."""
         return self._packed.last_padded if self._packed is not None else 0
 
+    @property
+    def nonfinite_reruns(self) -> int:
+        """Packed calls whose loss or gradients were not finite, rerun in the
+        padded layout (a NaN or inf of one example stays its own)."""
+        return self._packed.nonfinite_reruns if self._packed is not None else 0
+
     def specs_for(self, n_args: int):
         """``fun``'s specs for a call with ``n_args`` arguments, as
         ``polymask.mask`` takes them: specs of the batched arguments only
