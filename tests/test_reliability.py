@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 import polymask as pm
 from polymask import buckets as B
@@ -440,6 +441,28 @@ def test_underscore_spec_still_static():
 # ----------------------------------------------------------------------------
 # 7. Size checks survive jax.export (checks="functional")
 # ----------------------------------------------------------------------------
+def test_functional_checks_of_a_case_split_and_a_loop_export_and_run():
+    """A check traced inside one case of a case split (x[0]: n = 0 is a case of
+    its own) is a value of that branch: it leaves the switch as the branch's
+    output, so jax.jit and jax.export of checks="functional" run, and an
+    empty selection read inside the program poisons the outputs."""
+    first = pm.mask(lambda x: x[0], "n", checks="functional")
+    assert float(jax.jit(first)(pm.Masked(jnp.arange(6.0), (jnp.int32(3),))).unpad()) == 0.0
+    f = lambda x: lax.fori_loop(0, x.shape[0], lambda i, c: c + x[i] * i, 0.0)  # noqa: E731
+    spec = pm.Masked(jax.ShapeDtypeStruct((6,), jnp.float32),
+                     (jax.ShapeDtypeStruct((), jnp.int32),))
+    exp = jax.export.export(jax.jit(pm.mask(f, "n", checks="functional")))(spec)
+    for n in (1, 3, 6):
+        out = exp.call(pm.Masked(jnp.arange(6.0), (jnp.int32(n),)))
+        np.testing.assert_allclose(out.unpad(), f(jnp.arange(float(n))))
+    with pytest.raises(IndexError):  # x[i] of an empty x: plain JAX raises, the program poisons
+        f(jnp.arange(0.0))
+    assert np.isnan(float(exp.call(pm.Masked(jnp.arange(6.0), (jnp.int32(0),))).data))
+    pick = pm.mask(lambda x: jnp.take(pm.boolean_mask(x, x > 2), 0), "n", checks="functional")
+    empty = jax.jit(pick)(pm.Masked(jnp.array([1.0, 2.0, 0.0, 9.0]), (jnp.int32(3),)))
+    assert np.isnan(float(empty.data))  # poisoned: plain JAX raises there
+
+
 def test_exported_masked_program_rejects_size_above_bound():
     g = pm.mask(jnp.cumsum, "n", checks="functional")
     spec = pm.Masked(jax.ShapeDtypeStruct((5,), jnp.float32),

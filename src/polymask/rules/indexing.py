@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import _jax_compat as compat
 from ..core.shapes import is_static, needs_mask, upper_bound_int
 from ..tracing.registry import register
 from .util import clean_float, identity_of, same_dim, valid_mask
@@ -295,11 +296,16 @@ def _oob_index(dtype, size: int):
 # ----------------------------------------------------------------------------
 def _require_window_fits(ctx, op_l, win_l, count, message: str) -> None:
     """A window larger than its operand is a TypeError of plain JAX's shape
-    rule (``slice_sizes`` must fit the operand); with logical sizes (a
-    data-dependent selection that is empty) it is checked at run time, where
+    rule (``slice_sizes`` must fit the operand), checked by JAX's trace at
+    the symbolic sizes: exactly for the spec's dim vars (traced shifted, 0
+    included), but on the assumption >= 1 for a data-dependent size (an
+    empty selection). Along such an axis it is checked at run time, where
     the window is read at all (``count`` > 0 windows)."""
     bad = False
-    for o, w in zip(op_l, win_l):
+    op_sym = ctx.in_avals[0].shape
+    for o, w, sym in zip(op_l, win_l, op_sym):
+        if not any(map(compat.is_fresh_dim_name, compat.dim_vars(sym))):
+            continue
         b = (int(w) > int(o)) if is_static(o) and is_static(w) else jnp.asarray(w) > jnp.asarray(o)
         bad = b if bad is False else (bad | b)
     if bad is False:

@@ -21,7 +21,7 @@ from ... import _jax_compat as compat
 from ...core.dimvars import sizes_text
 from ...core.errors import ShapeError, UnsupportedError
 from ...core.masked import Masked
-from ...core.trace_state import cases_batched, trace_state
+from ...core.trace_state import cases_batched, replaced, trace_state
 from ..prologue import Check, concrete_value, run_checks
 from .refine import per_size_remedy
 from .splitting import Case, CaseTree
@@ -93,25 +93,33 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
         outs = run_program(case.program, leaves, values)
         return [Masked(_pad_to(o.data, b), o.shape) for o, b in zip(outs, tree.out_bounds)]
 
+    # checks="functional": a branch's traced checks are values of the branch's
+    # trace; each branch returns them folded into one bool, added after the switch
+    outer_bads = trace_state().functional_checks
+
     def branch(case: Case):
         def run():
             if case.program is None or not case.reachable:
                 datas = [jnp.zeros(b, v.aval.dtype) for b, v in
                          zip(tree.out_bounds, tree.base.closed_jaxpr.jaxpr.outvars)]
-                return datas, [[jnp.int32(0)] * len(b) for b in tree.out_bounds]
+                return datas, [[jnp.int32(0)] * len(b) for b in tree.out_bounds], jnp.bool_(False)
             guard = idx == case.index
             if outer_guard is not None:
                 guard = jnp.logical_and(guard, outer_guard)
-            outs = run_program(case.program, leaves, values, guard=guard)
+            with replaced("functional_checks", None if outer_bads is None else []) as bads:
+                outs = run_program(case.program, leaves, values, guard=guard)
+            bad = jnp.any(jnp.stack([jnp.asarray(b) for b in bads])) if bads else jnp.bool_(False)
             return ([_pad_to(o.data, b) for o, b in zip(outs, tree.out_bounds)],
-                    [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs])
+                    [[jnp.asarray(s, jnp.int32) for s in o.shape] for o in outs], bad)
         return run
 
     batched = compat.is_batched(idx) or trace_state().batched_outside
     try:
         with cases_batched(batched):
-            datas, sizes = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
-                                      [branch(c) for c in tree.cases])
+            datas, sizes, bad = lax.switch(jnp.clip(idx, 0, len(tree.cases) - 1),
+                                           [branch(c) for c in tree.cases])
+        if outer_bads is not None:
+            outer_bads.append(bad)
     except NotImplementedError as e:  # JAX: "IO effect not supported in vmap-of-cond"
         if "effect" not in str(e):
             raise
