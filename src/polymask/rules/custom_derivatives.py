@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
+from ..core.dimvars import display_internal_names
 from ..core.errors import UnsupportedError
 from ..core.trace_state import tangent_operands
 from ..tracing.prologue import Check, run_checks
@@ -128,8 +129,8 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
 
         try:
             bwd_closed = jax.make_jaxpr(bwd_flat)(*structs)
-        except (TypeError, compat.InconclusiveDimensionOperation) as e:
-            raise _bwd_needs_sizes(where, e) from e
+        except (TypeError, NotImplementedError, compat.InconclusiveDimensionOperation) as e:
+            raise _bwd_needs_sizes(where, e) from e  # (associative_scan: NotImplementedError)
         outs = interp.eval_closed(bwd_closed, [*res, *cts], env)
         # the user's bwd gives one cotangent per argument; where JAX has wrapped
         # it (_handle_consts_in_bwd) zeros for the consts come first
@@ -147,7 +148,8 @@ def _bwd_needs_sizes(where: str, e: Exception) -> UnsupportedError:
     said = str(e).strip().splitlines()[0] if str(e).strip() else ""
     return UnsupportedError(
         f"the backward function of the custom_vjp at {where} cannot run with "
-        f"symbolic sizes ({type(e).__name__}: {said}): it needs a size as a Python value. "
+        f"symbolic sizes ({type(e).__name__}: {display_internal_names(said)}): it needs a "
+        "size as a Python value, or a comparison of sizes no one program decides. "
         "Differentiate inside mask, pm.mask(jax.grad(f), ...), where JAX differentiates "
         "the function at the call's sizes, or use polymask.jit / ragged_map, which run "
         "such sizes per exact shape")
