@@ -278,7 +278,10 @@ class RaggedValueAndGrad:
         argument is differentiated has no batch (``vg(X, y)`` with
         ``argnums=(0, 1)``, meant as ``jax.value_and_grad``). A dict of specs
         names parameters ``fun`` takes (checked here: inside the trace, the
-        error would send the batch to the per-example fallback)."""
+        error would send the batch to the per-example fallback), and gives no
+        spec to an argument in ``argnums``; an argument in ``argnums`` that
+        looks like a batch (a list of arrays of different shapes) is said to
+        be misplaced."""
         if args and all(i in self._unbatched for i in range(len(args))):
             raise ShapeError(
                 f"value_and_grad: argnums={self.argnums!r} differentiates every one of the "
