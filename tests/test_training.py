@@ -318,9 +318,11 @@ def test_parameters_at_another_position_than_argnums_say_so():
     with pytest.raises(pm.ShapeError, match=r"args\[0\] is not in argnums=1, so it is a batch "
                                             r"of examples.*shapes \[\(\)\]"):
         pm.value_and_grad(scale, "n", argnums=1)(jnp.float32(2.0), [ys[0], ys[0]])
-    with pytest.raises(pm.ShapeError, match=r"args\[1\] is in argnums=1 \(the parameters, "
-                                            r"not batched\), but it is a list of 2 arrays"):
-        pm.value_and_grad(lambda p, x: jnp.sum(x @ p["w"]), "n, 4", argnums=1)(p, xs)
+    # parameters may be a tuple or list of arrays of different shapes
+    tw = (jnp.ones((4,)), jnp.ones((4, 4)))
+    v, g = pm.value_and_grad(lambda p, x: jnp.sum(x @ (p[1] @ p[0])), "n, 4")(tw, xs)
+    np.testing.assert_allclose(v, (3 * 16 + 5 * 16) / 2)
+    assert [np.shape(a) for a in g] == [(4,), (4, 4)]
     v, _ = pm.value_and_grad(loss, {"x": "n, 4", "y": "n"})(p, xs, ys)  # argnums=0: fine
     np.testing.assert_allclose(v, (3 * 9 + 5 * 9) / 2)
 

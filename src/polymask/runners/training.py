@@ -279,9 +279,8 @@ class RaggedValueAndGrad:
         ``argnums=(0, 1)``, meant as ``jax.value_and_grad``). A dict of specs
         names parameters ``fun`` takes (checked here: inside the trace, the
         error would send the batch to the per-example fallback), and gives no
-        spec to an argument in ``argnums``; an argument in ``argnums`` that
-        looks like a batch (a list of arrays of different shapes) is said to
-        be misplaced."""
+        spec to an argument in ``argnums`` (parameters may be any pytree, a
+        list or tuple of arrays of different shapes included)."""
         if args and all(i in self._unbatched for i in range(len(args))):
             raise ShapeError(
                 f"value_and_grad: argnums={self.argnums!r} differentiates every one of the "
@@ -301,15 +300,6 @@ class RaggedValueAndGrad:
                     f"argnums={self.argnums!r} differentiates; the arguments in argnums "
                     "(the parameters) are not batched and take no spec: give specs to "
                     "the example arguments, and argnums the parameters' positions")
-        for i in sorted(self._unbatched):
-            a = args[i] if i < len(args) else None
-            if (isinstance(a, (list, tuple)) and len(a) > 1 and all(hasattr(v, "shape") for v in a)
-                    and len({np.shape(v) for v in a}) > 1):
-                raise ShapeError(
-                    f"value_and_grad: args[{i}] is in argnums={self.argnums!r} (the "
-                    f"parameters, not batched), but it is a list of {len(a)} arrays of "
-                    "different shapes, as a batch of examples is; argnums gives the "
-                    "parameters' positions (default 0)")
 
     def _empty_batch(self, args) -> bool:
         """Whether every batched argument is an empty list (no examples)."""

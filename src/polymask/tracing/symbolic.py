@@ -216,7 +216,9 @@ def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:
     for v, b in bounds.items():
         if b < 1:
             raise ShapeError(f"dim var '{v}' has bound {b}: padded sizes must leave room for "
-                             "at least one element (bound >= 1)")
+                             "at least one element (bound >= 1); for an empty array pad it "
+                             "first, pm.pad(x, bound) or pm.Masked(buffer, sizes), or call "
+                             "polymask.jit, which pads exact arrays itself")
     return bounds, order
 
 
