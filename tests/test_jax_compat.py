@@ -567,3 +567,12 @@ def test_a_line_inside_an_installed_library_names_the_user_line_that_called_it(t
     # the user's own line stays as it is
     assert compat.source_line_with_caller(add.source_info) == compat.source_line(add.source_info)
     assert compat.line_outside_packages(add.source_info) == compat.source_line(add.source_info)
+
+
+def test_fresh_dim_names_are_the_prefix_and_a_number_only():
+    """Data-dependent sizes are named ``_u1``, ``_u2``...; a spec's dim var that
+    merely starts so (``_units``, internally ``_units__p1``) is not one."""
+    assert compat.is_fresh_dim_name(compat.FRESH_DIM_PREFIX + "7")
+    assert not compat.is_fresh_dim_name("_units__p1")
+    assert not compat.is_fresh_dim_name("_units")
+    assert not compat.is_fresh_dim_name(compat.FRESH_DIM_PREFIX)

@@ -109,8 +109,9 @@ def fresh_dim(name: str, scope: SymbolicScope):
 
 
 def is_fresh_dim_name(name: str) -> bool:
-    """Whether a dim var is a data-dependent size's (``fresh_dim``)."""
-    return name.startswith(FRESH_DIM_PREFIX)
+    """Whether a dim var is a data-dependent size's (``fresh_dim``): the prefix
+    and a number only, so a spec's ``_units`` (internally ``_units__p1``) is not."""
+    return name.startswith(FRESH_DIM_PREFIX) and name[len(FRESH_DIM_PREFIX):].isdigit()
 
 
 _POLYMASK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -308,12 +308,11 @@ def _require_window_fits(ctx, op_l, win_l, count, message: str) -> None:
             continue
         b = (int(w) > int(o)) if is_static(o) and is_static(w) else jnp.asarray(w) > jnp.asarray(o)
         bad = b if bad is False else (bad | b)
-    if bad is False:
-        return
-    if not is_static(count) or int(count) == 0:
-        bad = bad & (jnp.asarray(count) > 0) if not is_static(count) else False
-    if bad is not False:
-        ctx.require(bad, message)
+    if bad is False or (is_static(count) and int(count) == 0):
+        return  # no data-dependent axis, or no window read
+    if not is_static(count):
+        bad = bad & (jnp.asarray(count) > 0)
+    ctx.require(bad, message)
 
 
 def _clamped_starts(starts, op_l, size_l):
