@@ -135,12 +135,11 @@ def policy_getter(buckets) -> Callable[[str], Callable[[int], int]]:
     return lambda name: p
 
 
-def _check_bucket_names(policy_for, var_names, spec_leaves) -> None:
+def _check_bucket_names(policy_for, var_names, spec_names) -> None:
     """A ``{dim var: policy}`` dict names only dim vars of the specs (a typo
     would silently leave that dim var at the default policy)."""
     named = getattr(policy_for, "named", frozenset())
-    known = set(var_names) | {n for s in spec_leaves if isinstance(s, str)
-                              for n in spec_identifiers(s)}
+    known = set(var_names) | set(spec_names)
     unknown = sorted(str(n) for n in named - known)
     if unknown:
         raise SpecError(f"buckets names dim vars {unknown} that no spec defines (the specs "
@@ -371,7 +370,7 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     check_constraints(scope, sol.values, fixed=frozenset(spec_names - set(sol.values)))
     where = {a.var: a.where for *_, axes in reversed(parsed)  # first axis naming a var
              for a in reversed(axes or ()) if a.var is not None}
-    _check_bucket_names(policy_for, sol.values, spec_leaves)
+    _check_bucket_names(policy_for, sol.values, spec_names)
     buckets = bucket_values(policy_for, sol.values, where)
     leaves, signature, logical, padded = [], [], 0, 0
     for path, shape, dtype, axes in parsed:
