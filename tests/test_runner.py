@@ -803,6 +803,61 @@ def test_jit_keyword_arguments_take_their_parameters_position():
     assert g.stats()["compiles"] == 2  # buckets 4 and 8: keywords add no program
 
 
+def test_jit_static_arguments_are_python_values_keyed_as_jax_jit_keys_them():
+    import functools
+
+    def top(x, k, mode="sum", *, scale=1.0):
+        v = lax.top_k(x, k)[0]
+        return (v.sum() if mode == "sum" else v.max()) * scale
+
+    # (jax.jit given both derives neither from the other: k by keyword needs its name)
+    plain = jax.jit(top, static_argnames=("k", "mode", "scale"))
+    f = pm.jit(top, ("n", None), static_argnums=1, static_argnames=("mode", "scale"),
+               buckets=B.pow2(8), tiered=False)
+    rng = np.random.default_rng(3)
+    for n in (3, 5, 8, 11):
+        x = rng.normal(size=n).astype(np.float32)
+        for call in (lambda g: g(x, 2), lambda g: g(x, k=3), lambda g: g(x, 2, "max"),
+                     lambda g: g(x, 1, mode="max", scale=2.0), lambda g: g(x, k=2, scale=3.0)):
+            np.testing.assert_allclose(call(f), call(plain), rtol=1e-6)
+    # programs per (bucket, static values), none per shape: buckets 8 and 16
+    s = f.stats()
+    assert s["exact_compiles"] == 0 and s["compiles"] == 2 * 5, s
+    # the static value's type is part of the key, as the result dtype follows it
+    g = pm.jit(lambda x, k: x * k, static_argnums=1, tiered=False)
+    xi = np.arange(4, dtype=np.int32)
+    assert [g(xi, k).dtype for k in (1, True, 1.0)] == [jnp.int32, jnp.int32, jnp.float32]
+    # a decorator, a required keyword-only static parameter
+    @functools.partial(pm.jit, static_argnames="train")
+    def drop(x, *, train):
+        return x * (2.0 if train else 1.0)
+
+    np.testing.assert_array_equal(drop(np.ones(3, np.float32), train=True), [2, 2, 2])
+    assert drop.stats()["exact_compiles"] == 0
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'train'"):
+        drop(np.ones(3, np.float32))
+    with pytest.raises(TypeError, match="takes 1 positional argument but 2 were given"):
+        drop(np.ones(3, np.float32), True)
+    # under jax.grad / jax.jit the static value reaches fun as it is
+    h = pm.jit(lambda x, p: jnp.sum(x ** p), static_argnums=1)
+    np.testing.assert_allclose(jax.grad(lambda x: h(x, 2))(jnp.arange(3.0)), [0, 2, 4])
+    # jax.jit's errors, where jax.jit raises them
+    with pytest.raises(ValueError, match="static_argnums=\\(3,\\), but only accepts 3"):
+        pm.jit(top, static_argnums=3)
+    with pytest.raises(ValueError, match="invalid argnames \\{'q'\\}"):
+        pm.jit(top, static_argnames="q")
+    with pytest.raises(ValueError, match="Non-hashable static arguments"):
+        f(np.ones(3, np.float32), [1])
+    with pytest.raises(pm.SpecError, match="argument 1 of top is static"):
+        pm.jit(top, ("n", "m"), static_argnums=1)
+    # a keyword-only argument that is not static: the remedy names static_argnames
+    with pytest.warns(pm.FallbackWarning, match="static_argnames='scale'"):
+        pm.jit(top, ("n", None), static_argnums=1)(np.ones(3, np.float32), 1, scale=2.0)
+    # explain takes the static values as a call does
+    text = str(pm.explain(f, np.ones(5, np.float32), 2, "max"))
+    assert "reduce_max" in text
+
+
 def test_jit_keyword_arguments_that_cannot_be_positional_run_as_jax_jit():
     def f(x, w, scale=2.0):
         return x * w * scale

@@ -200,7 +200,8 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
             raise KeywordWithoutSpec(
                 f"polymask.jit: {name}'s argument '{k}' is keyword-only (or taken by "
                 "**kwargs), and polymask.jit plans positional arguments: bind it first, "
-                f"polymask.jit(functools.partial({name}, {k}=...), ...)")
+                f"polymask.jit(functools.partial({name}, {k}=...), ...), or, for a Python "
+                f"value, make it static: polymask.jit({name}, static_argnames='{k}')")
         if n_specs is not None and i >= n_specs:
             raise KeywordWithoutSpec(
                 f"polymask.jit: {name}'s argument '{k}' (passed by keyword) is argument {i}, "

@@ -252,6 +252,8 @@ def _runner_arguments(runner, in_specs, args, constraints):
         args, in_specs = (in_specs, *args), None
     if not args and hasattr(runner, "example_arguments"):
         args = runner.example_arguments() or ()  # what the runner last compiled for
+    elif hasattr(runner, "positional_arguments"):  # static arguments, defaults
+        args = runner.positional_arguments(tuple(args))
     if in_specs is None:
         in_specs = (runner.specs_for(len(args)) if hasattr(runner, "specs_for")
                     else getattr(runner, "in_specs", None))

@@ -65,6 +65,7 @@ from .programs import (
     raise_case_error,
     reaches_untraced_case,
 )
+from .static_args import StaticArgs
 from .tiering import Tiering, cover_key
 
 __all__ = ["jit", "PolyJit", "compile_counter"]
@@ -156,9 +157,16 @@ class PolyJit:
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
                  numpy_outputs=False, tiered=None, compiler_options=None,
-                 max_cases=DEFAULT_MAX_CASES, fallback=True):
-        self.fun = fun
-        self.in_specs = runner_specs(fun, in_specs, "polymask.jit")
+                 max_cases=DEFAULT_MAX_CASES, fallback=True, static_argnums=None,
+                 static_argnames=None):
+        statics = (StaticArgs(fun, static_argnums, static_argnames)
+                   if static_argnums is not None or static_argnames is not None else None)
+        self.static_args = statics if statics and (statics.argnums or statics.argnames) else None
+        # fun as the runner calls it: static arguments arrive as StaticArgs
+        self.fun = fun if self.static_args is None else self.static_args.unwrapping(fun)
+        self.in_specs = runner_specs(self.fun, in_specs, "polymask.jit")
+        if self.static_args is not None:
+            self.in_specs = self.static_args.specs(self.in_specs)
         self.constraints = as_constraints(constraints)
         self.max_cases = max_cases
         self.compiler_options = checked_compiler_options(compiler_options)
@@ -169,7 +177,7 @@ class PolyJit:
         self.cache = ProgramCache(cache_size, self.compiler_options,
                                   extra_stats=("traced_calls", "exact_compiles"))
         name = getattr(fun, "__name__", type(fun).__name__)
-        self._fallback = (ExactFallback(fun, f"polymask.jit({name})", self.cache.add,
+        self._fallback = (ExactFallback(self.fun, f"polymask.jit({name})", self.cache.add,
                                         self.compiler_options) if fallback else None)
         if tiered is None:  # a covering bucket and those it serves must fit the cache
             tiered = env_switch("POLYMASK_TIERED") and cache_size >= TIERED_MIN_CACHE
@@ -237,6 +245,17 @@ class PolyJit:
             return None
         tree, leaves = self._last_new
         return tuple(jax.tree_util.tree_unflatten(tree, leaves))
+
+    def positional_arguments(self, args: tuple, kwargs: dict | None = None) -> tuple:
+        """A call's arguments as this runner plans them: static arguments as
+        ``StaticArg``s, keywords at their positions, parameters left out up to
+        the last ``in_specs`` entry at their defaults (``polymask.explain``)."""
+        kwargs = kwargs or {}
+        if self.static_args is not None:
+            args, kwargs = self.static_args.wrap(tuple(args), kwargs)
+        if kwargs or len(args) < self._n_specs:
+            args = keywords_as_positional(self.fun, self.in_specs, tuple(args), kwargs)
+        return tuple(args)
 
     def padded_example(self, args) -> tuple:
         """``args`` as this runner pads them, abstract: each dynamic array leaf a
@@ -355,6 +374,8 @@ class PolyJit:
 
     # -- calls ---------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        if self.static_args is not None:  # their values join the call's tree structure
+            args, kwargs = self.static_args.wrap(args, kwargs)
         if not kwargs and len(args) == 1:
             a = args[0]
             if type(a) in FAST_TYPES:
@@ -642,7 +663,8 @@ class PolyJit:
 def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
         cache_size: int = 64, numpy_outputs: bool = False, tiered: bool | None = None,
         compiler_options: dict | None = None, max_cases: int = DEFAULT_MAX_CASES,
-        fallback: bool = True) -> PolyJit:
+        fallback: bool = True, static_argnums: int | Sequence[int] | None = None,
+        static_argnames: str | Sequence[str] | None = None) -> PolyJit:
     """Compile ``fun`` once per bucket: exact (unpadded) arrays in, exact arrays out.
 
     Args:
@@ -704,6 +726,18 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
         ``ShapeError`` with its reason. ``False``: raise the masked trace's
         error instead (a function that must share programs).
 
+      static_argnums, static_argnames: as ``jax.jit``'s: arguments that are
+        Python values (a mode string, ``k`` of ``top_k``, a flag), passed to
+        ``fun`` as they are. Each names the parameters by position or by name,
+        and the other is derived from ``fun``'s signature, so a static
+        parameter may be passed either way (also where both are given;
+        ``jax.jit`` then derives neither). Their values must be hashable;
+        each distinct value (of a distinct type: ``1`` and ``True`` differ)
+        gets its own programs, bucketed as any call. Their ``in_specs``
+        entries are None (or left out). Keyword-only static parameters share
+        programs too. Raises ``ValueError`` for a position or name ``fun``
+        does not take and for an unhashable value, as ``jax.jit`` does.
+
     Returns:
       A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,
       evictions, compile time, XLA compiles (counted with ``jax.monitoring``),
@@ -730,4 +764,5 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     """
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
                    cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
-                   compiler_options=compiler_options, max_cases=max_cases, fallback=fallback)
+                   compiler_options=compiler_options, max_cases=max_cases, fallback=fallback,
+                   static_argnums=static_argnums, static_argnames=static_argnames)
