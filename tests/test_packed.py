@@ -720,3 +720,36 @@ def test_packed_stats_have_their_keys_before_the_first_call():
     after = rm.stats()["packed"]
     assert set(after) == set(before) and after["calls"] == 1 and after["examples"] == 2
     assert "packed" not in pm.ragged_map(lambda x: jnp.sum(x), ("n",), layout="padded").stats()
+
+
+def test_a_later_call_with_other_broadcast_or_static_axis_shapes_gets_its_own_trace():
+    # The packed trace bakes in the broadcast arguments' structure and shapes and
+    # the examples' static axis sizes (read as numbers, or a dict key tested in
+    # Python); a later call that changes them reused it and returned the first
+    # call's numbers (w.shape[0] = 3 for a w of 5; the "a" branch for {"b": ..})
+    def f(w, x):
+        return jnp.sum(x) * jnp.sum(w) + w.shape[0] + 100 * x.shape[1]
+
+    def g(p, x):
+        return jnp.sum(x) * (p["a"] if "a" in p else -p["b"])
+
+    rng = np.random.default_rng(0)
+    for layout in ("packed", "auto"):
+        rf, rg = (pm.ragged_map(h, ("n, _",), layout=layout) for h in (f, g))
+        for w, d in ((np.ones(3, np.float32), 2), (np.ones(5, np.float32), 2),
+                     (np.ones(5, np.float32), 3), (np.ones((2, 2), np.float32), 3)):
+            exs = [rng.normal(size=(n, d)).astype(np.float32) for n in (2, 3, 5)]
+            np.testing.assert_allclose(rf(exs, w), [f(w, e) for e in exs], rtol=1e-5)
+            for p in ({"a": 2.0}, {"b": 2.0}):
+                np.testing.assert_allclose(rg(exs, p), [g(p, e) for e in exs], rtol=1e-5)
+    # training: the step follows the runner's new trace
+    vg = pm.value_and_grad(lambda w, x: jnp.sum(x * w) + w.shape[0], ("n, _",),
+                           layout="packed")
+    for d in (4, 3):
+        w = np.ones(d, np.float32)
+        exs = [rng.normal(size=(n, d)).astype(np.float32) for n in (2, 3)]
+        loss, grad = vg(w, exs)
+        want, want_g = jax.value_and_grad(
+            lambda w: sum(jnp.sum(e * w) + w.shape[0] for e in exs) / 2)(w)
+        np.testing.assert_allclose(loss, want, rtol=1e-5)
+        np.testing.assert_allclose(grad, want_g, rtol=1e-5)

@@ -202,6 +202,13 @@ def dtype_key(x):
     return np.asarray(x).dtype if dt is None else dt
 
 
+def structure_key(tree, leaves) -> tuple:
+    """A cache key of a pytree of inputs: its structure (static pytree nodes'
+    values included) and each leaf's shape and dtype, what a program traced
+    with them specialises on."""
+    return tree, tuple((np.shape(x), dtype_key(x)) for x in leaves)
+
+
 @dataclasses.dataclass
 class LeafPlan:
     """One input leaf of a host call.

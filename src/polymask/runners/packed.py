@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.plan import CallPlan
+from ..core.plan import CallPlan, structure_key
 from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS, phantom_source, row_arrays
@@ -157,7 +157,8 @@ class PackedRunner:
         return self.rows_per_call
 
     def prepare(self, plan: CallPlan, leaves, tree, broadcast, in_specs) -> PackedProgram:
-        """Trace the packed program (once per example tree and dtypes).
+        """Trace the packed program (once per example tree and dtypes and
+        broadcast structure and shapes).
 
         Raises:
           PackedUnsupported: the function cannot run packed.
@@ -166,8 +167,11 @@ class PackedRunner:
             return self._prepare(plan, leaves, tree, broadcast, in_specs)
 
     def _prepare(self, plan, leaves, tree, broadcast, in_specs) -> PackedProgram:
-        key = (tree, tuple((p.static, p.dtype, p.shape if p.static else len(p.shape))
-                           for p in plan.leaves), len(jax.tree_util.tree_leaves(broadcast)))
+        # the broadcast arguments' structure and shapes too: the trace bakes them in
+        # (a parameter's shape read as a number, a dict key tested in Python)
+        bleaves, btree = jax.tree_util.tree_flatten(tuple(broadcast))
+        key = (tree, tuple((p.static, p.dtype, p.shape if p.static else p.static_axes)
+                           for p in plan.leaves), structure_key(btree, bleaves))
         if self.program is not None and key == self._key:
             return self.program
         example = row_example(plan, leaves, tree, self.row_size,

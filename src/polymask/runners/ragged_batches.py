@@ -16,7 +16,13 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
-from ..core.plan import CallPlan, check_program_input, dtype_key, fits_jax_int, padded_shape
+from ..core.plan import (
+    CallPlan,
+    check_program_input,
+    fits_jax_int,
+    padded_shape,
+    structure_key,
+)
 
 __all__ = ["broadcast_inputs", "kind_key", "static_values_key", "stack_varying_statics", "static_batch_leaves",
            "stacked_weak_inputs", "example_avals",
@@ -36,7 +42,7 @@ def broadcast_inputs(broadcast: tuple) -> tuple:
         except ShapeError as e:
             raise at_call_site(e, user_call_site()) from None
     leaves, tree = jax.tree_util.tree_flatten(tuple(broadcast))
-    return leaves, tree, (tree, tuple((np.shape(x), dtype_key(x)) for x in leaves))
+    return leaves, tree, structure_key(tree, leaves)
 
 
 def kind_key(plan: CallPlan) -> tuple:

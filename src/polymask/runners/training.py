@@ -608,6 +608,7 @@ class PackedTraining:
         self.last_padded = 0  # examples of the last call that ran in the padded layout
         self.nonfinite_reruns = 0  # calls whose non-finite sums reran in the padded layout
         self._fn = None
+        self._fn_program = None  # the runner's program self._fn runs
         self._padded: RaggedValueAndGrad | None = None
         self._loss_sizes: dict = {}
 
@@ -722,9 +723,12 @@ class PackedTraining:
         return total, count, jax.tree_util.tree_unflatten(p_tree, grads)
 
     def _compiled(self, n_params: int):
-        if self._fn is not None:
-            return self._fn
         prog = self.runner.program
+        if self._fn is not None and self._fn_program is prog:
+            return self._fn
+        # (the runner traces a new program when the examples' static axes or the
+        # parameters' structure or shapes change: the step follows it)
+        self._fn_program = prog
         row = prog.row_fn(n_params, forward_only=False, rows_axis=ROWS_AXIS)
         n_in = len(prog.packed_axes) + len(SEGMENT_FIELDS)
 
