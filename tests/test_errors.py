@@ -792,3 +792,41 @@ def test_a_logical_shape_of_the_wrong_length_names_both_lengths():
     with pytest.raises(pm.ShapeError, match=r"logical shape \(2, 3\) has 2 sizes but the data "
                                             r"has rank 1"):
         pm.mask(jnp.sum, "n")(pm.Masked(jnp.ones(4), (2, 3)))
+
+
+def test_errors_where_plain_jax_raises_are_also_of_plain_jaxs_type():
+    # Code written for jax.jit (except IndexError:) keeps working: the
+    # ShapeError is also an instance of what plain JAX raised, chained to it,
+    # and polymask.jit's message has the call's exact shapes, not a bucket's.
+    import pickle
+
+    def first(x):
+        return x[0]
+
+    def check(x, y):
+        if x.shape != y.shape:
+            raise RuntimeError(f"x {x.shape} and y {y.shape} must match")
+        return x + y
+
+    with pytest.raises(IndexError) as info:  # eager mask, an error case at n = 0
+        pm.mask(first, "n")(pm.Masked(jnp.ones(4), (0,)))
+    assert isinstance(info.value, pm.ShapeError)
+    with pytest.raises(IndexError) as info:
+        pm.jit(first, "n")(np.ones(0, np.float32))
+    assert isinstance(info.value, pm.ShapeError) and isinstance(info.value.__cause__, IndexError)
+    for exc, f, x in ((TypeError, lambda x: x.reshape(-1, 4), np.ones(6, np.float32)),
+                      (ZeroDivisionError, lambda x: x * (1.0 / x.shape[0]),
+                       np.ones(0, np.float32))):
+        with pytest.raises(exc):
+            jax.jit(f)(x)
+        with pytest.raises(exc) as info:
+            pm.jit(f, "n")(x)
+        assert isinstance(info.value, pm.ShapeError)
+    with pytest.raises(RuntimeError, match=r"x \(5, 3\) and y \(5, 4\) must match") as info:
+        pm.jit(check, ("n, 3", "n, 4"))(np.ones((5, 3), np.float32), np.ones((5, 4), np.float32))
+    assert isinstance(info.value, pm.ShapeError) and "(8, 3)" not in str(info.value)
+    with pytest.raises(RuntimeError):  # mask: every size fails, as plain JAX
+        pm.mask(check, ("n, 3", "n, 4"))(pm.Masked(jnp.ones((4, 3)), (2, 3)),
+                                          pm.Masked(jnp.ones((4, 4)), (2, 4)))
+    again = pickle.loads(pickle.dumps(info.value))
+    assert type(again) is type(info.value) and str(again) == str(info.value)

@@ -753,3 +753,33 @@ def test_a_later_call_with_other_broadcast_or_static_axis_shapes_gets_its_own_tr
             lambda w: sum(jnp.sum(e * w) + w.shape[0] for e in exs) / 2)(w)
         np.testing.assert_allclose(loss, want, rtol=1e-5)
         np.testing.assert_allclose(grad, want_g, rtol=1e-5)
+
+
+def test_low_precision_and_bool_segment_sums_accumulate_as_plain_jax():
+    # A contraction or reduction over the packed axis ends in a segment sum
+    # (a scatter-add), which rounded to bfloat16 / float16 at every update:
+    # 1000 bfloat16 ones summed to 256 (plain JAX's dot and reduce accumulate
+    # in float32: 1000). A bool dot or reduction (an or of ands) was refused.
+    def pool(x):
+        return jnp.ones_like(x) @ x
+
+    fns = {"x @ x": lambda x: x @ x, "pool": pool,
+           "softmax @ x": lambda x: jax.nn.softmax(jnp.zeros_like(x)) @ x,
+           "lax.reduce": lambda x: lax.reduce(x, np.zeros((), x.dtype), lax.add, (0,))}
+    for dtype, n in ((jnp.bfloat16, 1000), (jnp.float16, 3000)):
+        xs = [np.ones(n, dtype), np.ones(3, dtype),
+              np.random.default_rng(0).uniform(0.5, 1.5, 300).astype(dtype)]
+        for name, f in fns.items():
+            got = pm.ragged_map(f, "n", layout="packed", row_size=4096)(xs)
+            for g, x in zip(got, xs):
+                want = jax.jit(f)(jnp.asarray(x))
+                assert g.dtype == want.dtype, name
+                np.testing.assert_allclose(np.float32(g), np.float32(want), rtol=1e-2,
+                                           err_msg=f"{name} {jnp.dtype(dtype).name}")
+    vg = pm.value_and_grad(lambda w, x: jnp.sum(x * w), "n", layout="packed", row_size=2048)
+    loss, grad = vg(jnp.ones((), jnp.bfloat16), [np.ones(1004, jnp.bfloat16)] * 2)
+    assert float(loss) == 1004.0 and float(grad) == 1004.0
+    bools = [np.array([True, False, True]), np.array([False, False]), np.array([True] * 4)]
+    for f in (lambda x: x @ x, jnp.any, jnp.all, jnp.max, jnp.min):
+        got = pm.ragged_map(f, "n", layout="packed")(bools)
+        assert [bool(g) for g in got] == [bool(jax.jit(f)(b)) for b in bools]

@@ -858,6 +858,74 @@ def test_jit_static_arguments_are_python_values_keyed_as_jax_jit_keys_them():
     assert "reduce_max" in text
 
 
+def test_jit_is_also_a_decorator_factory_as_jax_jit():
+    @pm.jit(in_specs="n", buckets=B.pow2(4))
+    def f(x):
+        return jnp.cumsum(x)
+
+    @pm.jit()
+    def g(x):
+        return jnp.cumsum(x)
+
+    for h in (f, g):
+        assert type(h).__name__ == "PolyJit"
+        np.testing.assert_array_equal(h(np.arange(3.0)), [0, 1, 3])
+    with pytest.raises(TypeError, match=r"takes the function first.*@polymask.jit\(in_specs='n'\)"):
+        pm.jit("n")
+
+
+def test_ragged_map_static_broadcast_arguments_in_both_layouts():
+    def red(mode, w, x):
+        return (x.sum() if mode == "sum" else x.max()) * w
+
+    exs = [np.arange(float(n), dtype=np.float32) for n in (2, 3, 5)]
+    for layout in ("padded", "packed"):
+        rm = pm.ragged_map(red, ("n",), layout=layout, static_argnums=0)
+        for mode in ("max", "sum", "max"):
+            np.testing.assert_allclose(rm(exs, mode, 2.0), [red(mode, 2.0, e) for e in exs])
+        assert rm.stats()["layout"]["packed" if layout == "packed" else "padded"] == 3
+    with pytest.raises(ValueError, match="only broadcast arguments can be static"):
+        pm.ragged_map(red, ("n",), static_argnums=2)(exs, "max", 1.0)
+    with pytest.raises(ValueError, match="Non-hashable static arguments"):
+        pm.ragged_map(red, ("n",), static_argnums=0)(exs, ["max"], 1.0)
+    rm = pm.ragged_map(red, ("n",), static_argnums=0)
+    assert rm.explain(exs[1], "max", 1.0).runs
+    assert "reduce_max" in str(pm.explain(rm, None, "max", 1.0, exs[1], print_output=False))
+
+
+def test_outputs_keep_jax_jits_weak_types_and_prng_key_dtype():
+    # A weakly typed output (a bool mask times 2, a size returned as a number)
+    # promotes as a Python scalar: out + int8 is int8 under jax.jit. Outputs
+    # unpadded on the host lost it; typed key outputs crashed there.
+    def f(x):
+        return (x > 0) * 2, x.shape[0], jnp.zeros_like(x) + 1.0, jnp.sum(x)
+
+    x = np.arange(5, dtype=np.float32) - 2
+    want = [(r.dtype, r.weak_type) for r in jax.jit(f)(x)]
+    assert want[0] == (jnp.int32, True) and want[1] == (jnp.int32, True)
+    runs = {"jit": lambda: pm.jit(f, "n")(x),
+            "mask": lambda: [m.data for m in pm.mask(f, "n")(pm.Masked(np.pad(x, (0, 3)),
+                                                                       (5,)))],
+            "padded": lambda: pm.ragged_map(f, ("n",), layout="padded")([x, x[:3]])[0],
+            "packed": lambda: pm.ragged_map(f, ("n",), layout="packed")([x, x[:3]])[0]}
+    for name, run in runs.items():
+        assert [(g.dtype, g.weak_type) for g in run()] == want, name
+    i8 = np.ones(5, np.int8)
+    assert (pm.jit(f, "n")(x)[0] + i8).dtype == jnp.int8
+
+    def split(key, x):
+        return jax.random.split(key, x.shape[0])
+
+    key = jax.random.key(0)
+    for n in (5, 3):
+        want = jax.random.key_data(jax.jit(split)(key, x[:n]))
+        for got in (pm.jit(split, (None, "n"))(key, x[:n]),
+                    pm.jit(split, (None, "n"), numpy_outputs=True)(key, x[:n]),
+                    pm.ragged_map(split, ("n",))([x[:n], x[:1]], key)[0]):
+            assert jax.dtypes.issubdtype(got.dtype, jax.dtypes.prng_key)
+            np.testing.assert_array_equal(jax.random.key_data(got), want)
+
+
 def test_jit_keyword_arguments_that_cannot_be_positional_run_as_jax_jit():
     def f(x, w, scale=2.0):
         return x * w * scale

@@ -203,12 +203,13 @@ def is_weakly_typed(x) -> bool:
     return bool(_dtypes.is_weakly_typed(x))
 
 
-def as_weakly_typed(x):
-    """``x`` (an array or tracer) as a weakly typed value of the same dtype:
-    how a stacked batch of Python scalars reaches each row as the scalar did."""
+def as_weakly_typed(x, weak_type: bool = True):
+    """``x`` (an array or tracer) as a weakly typed value of the same dtype
+    (strongly typed with ``weak_type=False``): how a stacked batch of Python
+    scalars reaches each row as the scalar did."""
     from jax._src.lax import lax as _lax
 
-    return _lax._convert_element_type(x, x.dtype, weak_type=True)
+    return _lax._convert_element_type(x, x.dtype, weak_type=weak_type)
 
 
 def current_trace():

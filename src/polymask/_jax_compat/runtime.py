@@ -12,8 +12,10 @@ from .versions import JAX_VERSION
 # ----------------------------------------------------------------------------
 # Host -> device upload of a fresh NumPy array (the runners' unpadded outputs)
 # ----------------------------------------------------------------------------
-def upload(a):
-    """An uncommitted ``jax.Array`` on the default device holding the NumPy array ``a``.
+def upload(a, weak_type: bool = False):
+    """An uncommitted ``jax.Array`` on the default device holding the NumPy array ``a``
+    (weakly typed with ``weak_type``, as a program's output may be, which
+    ``jax.device_put`` cannot make: a Python scalar's promotion).
 
     ``jax.device_put`` binds a primitive through Python (about 5x slower per
     call); ``xla_client.batched_device_put`` (C++) is what it ends in. ``a`` must not be
@@ -23,7 +25,7 @@ def upload(a):
     global _upload_impl
     if _upload_impl is None:
         _upload_impl = _make_upload()
-    return _upload_impl(a)
+    return _upload_impl(a, weak_type)
 
 
 _upload_impl = None
@@ -39,24 +41,27 @@ def _make_upload():
         devs = [dev]
         avals: dict = {}
 
-        def up(a):
+        def up(a, weak_type=False):
             dt = jax.dtypes.canonicalize_dtype(a.dtype)
             if dt != a.dtype:  # as jax.device_put: float64 -> float32 without x64
                 a = a.astype(dt)
-            key = (a.shape, dt)
+            key = (a.shape, dt, weak_type)
             aval = avals.get(key)
             if aval is None:
-                aval = avals[key] = _core.ShapedArray(a.shape, dt)
+                aval = avals[key] = _core.ShapedArray(a.shape, dt, weak_type=weak_type)
             return _xc.batched_device_put(aval, sharding, [a], devs, False)
 
         probe = np.arange(3, dtype=np.float32)
-        out = up(probe)
+        out, weak = up(probe), up(probe, True)
         if not (isinstance(out, jax.Array) and np.array_equal(np.asarray(out), probe)
-                and not out.committed):
+                and not out.committed and weak.weak_type and not out.weak_type):
             raise RuntimeError("unexpected batched_device_put result")
         return up
     except Exception:  # pragma: no cover - private API moved
-        return jax.device_put
+        def put(a, weak_type=False):  # (a weak type is lost here)
+            return jax.device_put(a)
+
+        return put
 
 
 def reset_compilation_cache() -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ShapeError", "SpecError", "about_example", "UnsupportedError", "TooManyCases", "FallbackWarning", "counted"]
+__all__ = ["ShapeError", "SpecError", "about_example", "UnsupportedError", "TooManyCases",
+           "FallbackWarning", "counted", "typed_as"]
 
 
 class ShapeError(ValueError):
@@ -36,6 +37,53 @@ def about_example(k: int, error: ShapeError, hint: str = "") -> ShapeError:
     if error.names_example:
         return SpecError(f"examples[{k}]: {error}{hint}", names_example=True)
     return SpecError(f"{error}{hint}") if hint else error
+
+
+_TYPED: dict = {}
+
+
+def typed_as(error: ShapeError, plain_type: type | None) -> ShapeError:
+    """``error`` also an instance of ``plain_type``, the exception plain JAX
+    raises there (``IndexError`` for ``x[0]`` at n = 0, ``TypeError`` for a
+    reshape that does not divide), so code written for ``jax.jit``
+    (``except IndexError:``) still catches it: a ``ShapeError`` that loses
+    nothing. Its class is ``ShapeError[IndexError]`` (made once per pair, and
+    pickled by its two bases). ``error`` itself where ``plain_type`` is None,
+    a ``ShapeError``, or cannot be combined with it (another instance layout,
+    ``OSError``; a class that takes other constructor arguments)."""
+    if plain_type is None or issubclass(plain_type, ShapeError) \
+            or not issubclass(plain_type, Exception):
+        return error
+    key = (type(error), plain_type)
+    cls = _TYPED.get(key)
+    if cls is None:
+        try:
+            cls = type(f"{type(error).__name__}[{plain_type.__name__}]",
+                       (type(error), plain_type),
+                       {"__module__": type(error).__module__, "__reduce__": _reduce_typed})
+            cls(str(error))  # constructible from the message alone
+        except Exception:  # noqa: BLE001 - a layout conflict or another signature
+            cls = False
+        _TYPED[key] = cls
+    if cls is False:
+        return error
+    out = cls(*error.args)
+    out.__dict__.update(error.__dict__)
+    out.__cause__, out.__traceback__ = error.__cause__, error.__traceback__
+    return out
+
+
+def _reduce_typed(self):
+    base, plain = type(self).__bases__
+    return _rebuild_typed, (base, plain, self.args, dict(self.__dict__))
+
+
+def _rebuild_typed(base: type, plain: type, args: tuple, state: dict) -> ShapeError:
+    error = base.__new__(base)
+    error.args = args
+    out = typed_as(error, plain)
+    out.__dict__.update(state)
+    return out
 
 
 class UnsupportedError(NotImplementedError):

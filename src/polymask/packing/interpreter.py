@@ -34,7 +34,7 @@ from ..core.errors import ShapeError, TooManyCases, UnsupportedError
 from ..core.shapes import DimEnv
 from ..rules.families import family_of
 from ..tracing.cases.splitting import trace_function_cases
-from ..tracing.interpreter import walk_jaxpr
+from ..tracing.interpreter import walk_jaxpr, with_plain_weak_types
 from ..tracing.registry import has_inner_jaxpr
 from ..tracing.symbolic import MaskedProgram
 from .registry import (
@@ -796,7 +796,8 @@ class PackedProgram:
                      ("packed" if run.packed_axes(v.aval) else "shared")
                      for o, v in zip(outs, prog.closed_jaxpr.jaxpr.outvars)]
             self.out_kinds = kinds
-            outs = [o.data if isinstance(o, PerSegment) else jnp.asarray(o) for o in outs]
+            outs = with_plain_weak_types(prog.closed_jaxpr.jaxpr.outvars, [
+                o.data if isinstance(o, PerSegment) else jnp.asarray(o) for o in outs])
             if not speculative:
                 return outs
             rare.make_deferred_checks()

@@ -160,7 +160,17 @@ class Segments:
 
         fns = {"sum": jax.ops.segment_sum, "max": jax.ops.segment_max,
                "min": jax.ops.segment_min, "prod": jax.ops.segment_prod}
-        out = fns[kind](x, self.seg, num_segments=self.S)
+        # a scatter-add rounds to the dtype at every update: 1000 bfloat16 ones
+        # sum to 256. XLA's own reductions and dots of bfloat16 / float16
+        # accumulate in float32 (what plain JAX computes), so these do too
+        # (and bool, which scatters do not take: in int32, nonzero = True, so a
+        # sum is an or and a product an and, as a bool dot or reduction is)
+        wide = {jnp.dtype(jnp.bool_): jnp.int32, jnp.dtype(jnp.bfloat16): jnp.float32,
+                jnp.dtype(jnp.float16): jnp.float32}.get(jnp.dtype(x.dtype))
+        if wide is None or (kind in ("max", "min") and x.dtype != jnp.bool_):
+            out = fns[kind](x, self.seg, num_segments=self.S)
+        else:
+            out = fns[kind](x.astype(wide), self.seg, num_segments=self.S).astype(x.dtype)
         return jnp.take(out, self.alias, axis=0)
 
     def segmented_scan(self, x, combine, axis: int, reverse: bool):

@@ -29,7 +29,7 @@ import jax
 
 from .. import _jax_compat as compat
 from ..core.diagnostics import user_stacklevel
-from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError, SpecError
+from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError, SpecError, typed_as
 from ..tracing.cases.refine import TRACE_NOTE
 from .compiling import compile_counter
 
@@ -167,4 +167,4 @@ class ExactFallback:
                f"{type(plain).__name__}: {str(plain).strip()}")
         if reason is not None:  # its remedies may still apply
             msg += "\npolymask's masked trace had stopped first: " + reason
-        return ShapeError(msg)
+        return typed_as(ShapeError(msg), type(plain))

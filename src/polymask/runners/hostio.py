@@ -172,14 +172,49 @@ def slice_to(a, shape):
     return a[tuple(slice(0, int(n)) for n in shape)]
 
 
-def unpad_output(d, shape, numpy_outputs: bool):
-    """Exact output from a padded one: a NumPy slice, uploaded unless ``numpy_outputs``."""
-    a = np.asarray(d)
-    if a.shape != tuple(shape):
-        a = slice_to(a, shape)
+def output_kind(d) -> tuple[bool, object]:
+    """What of a program output (a ``jax.Array``) its host copy loses and the
+    user's exact output keeps, as ``jax.jit``'s would: ``(weak_type, key
+    implementation or None)``. A weakly typed output (``mask * 2``, a size
+    returned as a number) promotes as a Python scalar does; a typed PRNG key
+    array has no NumPy form (its key data travels instead)."""
+    if _is_key(d.dtype):
+        return False, jax.random.key_impl(d)
+    return bool(getattr(d, "weak_type", False)), None
+
+
+def _is_key(dtype) -> bool:
+    # (NumPy dtypes first: the per-call path meets them almost always)
+    return not isinstance(dtype, np.dtype) and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+
+
+def host_view(d) -> np.ndarray:
+    """A program output on the host (a key array's key data)."""
+    if _is_key(d.dtype):
+        d = jax.random.key_data(d)
+    return np.asarray(d)
+
+
+def handed_back(a: np.ndarray, kind: tuple[bool, object], numpy_outputs: bool):
+    """An exact output as the user gets it from its host copy ``a`` (``kind``:
+    ``output_kind`` of the program's output): a NumPy array with
+    ``numpy_outputs``, else uploaded, keeping the weak type; keys are always
+    key arrays (NumPy has no key dtype)."""
+    weak, impl = kind
+    if impl is not None:
+        return jax.random.wrap_key_data(compat.upload(np.array(a)), impl=impl)
     if numpy_outputs:
         return a
-    return compat.upload(np.array(a))
+    return compat.upload(np.array(a), weak)
+
+
+def unpad_output(d, shape, numpy_outputs: bool):
+    """Exact output from a padded one (or an exact one, as NumPy): a NumPy
+    slice, uploaded unless ``numpy_outputs`` (``handed_back``)."""
+    a = host_view(d)
+    if a.shape[:len(shape)] != tuple(shape):  # (a key's data has trailing axes)
+        a = slice_to(a, shape)
+    return handed_back(a, output_kind(d), numpy_outputs)
 
 
 FAST_TYPES = (np.ndarray, compat.ArrayImpl)  # no array is made at import (jax.distributed)

@@ -25,13 +25,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from .. import _jax_compat as compat
 from ..core.plan import CallPlan, structure_key
 from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS, phantom_source, row_arrays
 from .compiling import compile_counter
-from .hostio import host_zeros
+from .hostio import handed_back, host_view, host_zeros, output_kind
 from .program_store import StoredProgram, active_store, compile_to_store, tree_fingerprint
 
 __all__ = ["PackedRunner", "default_row_size", "row_example", "spare_rows"]
@@ -315,12 +314,12 @@ class PackedRunner:
             start = time.perf_counter()
             programs = []  # per program run: (XLA compiles, persistent-cache hits)
             with compile_counter() as cc:
-                *outs, rare = self._call(fn, bcast_leaves, inputs + seg_in)
+                (*outs, rare), (*kinds, _) = self._call(fn, bcast_leaves, inputs + seg_in)
             programs.append((cc.compiles, cc.cache_hits))
             if rare.any():  # a row met a rule's rare path: the exact program
                 exact = self._exact_program(bcast_leaves, inputs + seg_in)  # (counts a store's)
                 with compile_counter() as cc:
-                    outs = self._call(exact, bcast_leaves, inputs + seg_in)
+                    outs, kinds = self._call(exact, bcast_leaves, inputs + seg_in)
                 programs.append((cc.compiles, cc.cache_hits))
             done = [i for row in rows for i, _ in row]  # counted once they ran
             counts = {"calls": 1, "examples": len(done),
@@ -336,7 +335,7 @@ class PackedRunner:
                               persistent_cache_hits=sum(p[1] for p in made),
                               compile_time_s=time.perf_counter() - start)
             self._count(counts)
-            self._unpack(rows, seg, outs, lengths, results, out_tree)
+            self._unpack(rows, seg, outs, kinds, lengths, results, out_tree)
 
     def stats_snapshot(self) -> dict:
         """A consistent copy of ``stats`` (taken under the lock)."""
@@ -350,18 +349,20 @@ class PackedRunner:
             for k, v in counts.items():
                 self.stats[k] += v
 
-    def _call(self, fn, bcast_leaves, inputs) -> list[np.ndarray]:
-        """``fn(*bcast_leaves, *inputs)`` as NumPy arrays; the first call of a
-        program (per broadcast signature: where jax.jit compiles) holds the
-        lock, so concurrent first callers wait for one compile instead of
-        each compiling their own."""
+    def _call(self, fn, bcast_leaves, inputs) -> tuple[list[np.ndarray], list]:
+        """``fn(*bcast_leaves, *inputs)`` on the host (``hostio.host_view``) and
+        each output's ``hostio.output_kind``; the first call of a program (per
+        broadcast signature: where jax.jit compiles) holds the lock, so
+        concurrent first callers wait for one compile instead of each
+        compiling their own."""
         sig = (id(fn), tuple((np.shape(x), str(_dtype(x))) for x in bcast_leaves))
         if sig in self._warm:
-            return [np.asarray(o) for o in fn(*bcast_leaves, *inputs)]
-        with self._lock:
-            outs = [np.asarray(o) for o in fn(*bcast_leaves, *inputs)]
-            self._warm.add(sig)
-        return outs
+            outs = fn(*bcast_leaves, *inputs)
+        else:
+            with self._lock:
+                outs = fn(*bcast_leaves, *inputs)
+                self._warm.add(sig)
+        return [host_view(o) for o in outs], [output_kind(o) for o in outs]
 
     def _leaf_specs(self, info) -> list[_Leaf]:
         plan, leaves = info
@@ -422,7 +423,9 @@ class PackedRunner:
             out.append(buf)
         return out
 
-    def _unpack(self, rows, seg, outs, lengths, results, out_tree) -> None:
+    def _unpack(self, rows, seg, outs, out_kinds, lengths, results, out_tree) -> None:
+        """Each example's outputs from the call's host outputs ``outs``
+        (``out_kinds``: ``hostio.output_kind`` of each)."""
         kinds = self.program.out_kinds
         ragged = self.program.sizes
         out_axes = [tuple(i for i, d in enumerate(s) if ragged.offset(d) is not None)
@@ -434,7 +437,8 @@ class PackedRunner:
                 if n not in sizes:
                     sizes[n] = self.program.out_lengths(n)
                 leaves = []
-                for o, kind, axes, size in zip(outs, kinds, out_axes, sizes[n]):
+                for o, kind, axes, size, out_kind in zip(outs, kinds, out_axes, sizes[n],
+                                                         out_kinds):
                     if kind == "segment":
                         a = o[r, s]
                     elif kind == "packed":  # its own length along each packed axis (n + c)
@@ -444,7 +448,6 @@ class PackedRunner:
                         a = o[r][tuple(idx)]
                     else:
                         a = o[r]
-                    a = np.array(a)
-                    leaves.append(a if self.numpy_outputs else compat.upload(a))
+                    leaves.append(handed_back(np.array(a), out_kind, self.numpy_outputs))
                 results[i] = jax.tree_util.tree_unflatten(out_tree, leaves)
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.binding import KeywordWithoutSpec, keywords_as_positional, runner_specs
-from ..core.errors import ShapeError
+from ..core.errors import FailsAsPlainJax, ShapeError
 from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype
@@ -98,7 +98,7 @@ class _CallInfo:
     out_entry: Entry | None = None
     build: Callable | None = None
     single_out: bool = False
-    error: str | None = None  # these sizes reach an error case (its message)
+    error: ShapeError | None = None  # these sizes reach an error case (plain JAX's error)
     covered: bool = False  # served by a covering bucket before (tiered)
     shape_key: Any = None  # the exact shapes and dtypes (the fallback's cache key)
     unshared: str | None = None  # the bucket cannot share a program: why (per-shape fallback)
@@ -416,7 +416,7 @@ class PolyJit:
                 info = self._info(args, tree, key, False)
         next(info.calls)
         if info.error is not None:
-            raise at_call_site_error(info.error)
+            raise at_call_site_error(info.error) from info.error.__cause__
         if info.unshared is not None:
             return self._exact_call(info, args)
         entry = info.entry
@@ -437,6 +437,8 @@ class PolyJit:
                 entry, out = self._slow_call(info, leaves)
             except Exception as e:
                 raise_run_failure(e)
+                if self._fallback is not None and isinstance(e, FailsAsPlainJax):
+                    return self._plain_or_its_error(info, None, args, e)
                 if self._fallback is None or not falls_back(e):
                     raise
                 return self._fall_back(info, args, e)
@@ -444,34 +446,47 @@ class PolyJit:
                 raise_case_error(entry, info.plan.var_names, info.plan.values)
             except ShapeError as e:
                 if self._fallback is not None:
-                    out = self._error_case_run_plain(info, entry, args, e)
-                    if out is not None:
-                        return out
-                info.error = str(e)
+                    return self._plain_or_its_error(info, entry, args, e)
+                info.error = e
                 raise at_call_site_error(e) from None
         return self._outputs(info, entry, out)
 
-    def _error_case_run_plain(self, info: _CallInfo, entry: Entry, args, error: ShapeError):
-        """An error case of the masked trace, checked against plain ``jax.jit``
-        on the exact arrays (once per shape): plain JAX's outputs where it runs
-        them, None where it fails too (the error stands).
+    def _plain_or_its_error(self, info: _CallInfo, entry: Entry | None, args,
+                            error: ShapeError):
+        """These exact arrays reach an error of the masked trace (an error case
+        of ``entry``, or every size failing: ``entry`` None): plain ``jax.jit``'s
+        outputs where it runs them (``_error_case_run_plain``), else plain
+        JAX's own error on them, as ``jax.jit`` raises it: its message has the
+        call's exact shapes (the masked trace's has a bucket's), its type is
+        also plain JAX's (``errors.typed_as``), and it is chained."""
+        try:
+            return self._error_case_run_plain(info, entry, args, error)
+        except ShapeError as plain:
+            info.error = plain
+            raise at_call_site_error(plain) from plain.__cause__
+
+    def _error_case_run_plain(self, info: _CallInfo, entry: Entry | None, args,
+                              error: ShapeError):
+        """An error case of the masked trace (``entry`` None: every size
+        fails), checked against plain ``jax.jit`` on the exact arrays (once per
+        shape): plain JAX's outputs where it runs them.
+
+        Raises:
+          ShapeError: plain JAX fails on them too (``ExactFallback.plain_failure``).
 
         A case polymask could not trace symbolically (``np.arange(n)`` past the
         per-size limit) is its own limit; a case traced at these sizes that
         plain JAX runs is a polymask bug, warned as one. Served by a covering
         bucket (tiered), the shape is not marked: it runs in its own bucket
         once compiled."""
-        try:
-            out = self._fallback.call(info.shape_key, args)
-        except ShapeError:
-            return None
-        bug = case_error_is_plain(entry, info.plan.var_names, info.plan.values)
+        out = self._fallback.call(info.shape_key, args)
+        bug = entry is None or case_error_is_plain(entry, info.plan.var_names, info.plan.values)
         reason = (ShapeError("the masked trace takes these sizes to an error case, but plain "
                              f"jax.jit runs them (a polymask bug; please report it):\n{error}")
                   if bug else error)
-        unshared = self._fallback.refused(bucket_text(entry.buckets), reason)
+        unshared = self._fallback.refused(bucket_text((entry or info.plan).buckets), reason)
         self._fallback.warn_pending()
-        if entry is info.entry:  # its own bucket: these exact shapes run per shape
+        if entry is None or entry is info.entry:  # its own bucket: these shapes run per shape
             info.unshared = unshared
         return self._user_outputs(out)
 
@@ -555,7 +570,7 @@ class PolyJit:
             shapes, exact = info.out_shapes, info.out_exact
         if exact and not self.numpy_outputs:
             return jax.tree_util.tree_unflatten(outputs.tree, datas)
-        outs = [(np.asarray(d) if self.numpy_outputs else d) if d.shape == shape
+        outs = [d if d.shape == shape and not self.numpy_outputs
                 else unpad_output(d, shape, self.numpy_outputs) for d, shape in zip(datas, shapes)]
         return jax.tree_util.tree_unflatten(outputs.tree, outs)
 
@@ -660,7 +675,7 @@ class PolyJit:
                                            avals, kind)
 
 
-def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
+def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
         cache_size: int = 64, numpy_outputs: bool = False, tiered: bool | None = None,
         compiler_options: dict | None = None, max_cases: int = DEFAULT_MAX_CASES,
         fallback: bool = True, static_argnums: int | Sequence[int] | None = None,
@@ -668,7 +683,9 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     """Compile ``fun`` once per bucket: exact (unpadded) arrays in, exact arrays out.
 
     Args:
-      fun: a function written for exact arrays (pytrees allowed).
+      fun: a function written for exact arrays (pytrees allowed). Left out
+        (``@polymask.jit(in_specs="n")``, ``@polymask.jit()``), ``jit``
+        returns a decorator taking the other arguments, as ``jax.jit`` does.
       in_specs: None: every axis of every array argument is dynamic with its own
         dim var. Otherwise one entry per positional argument: a
         ``jax.export.symbolic_shape`` spec string (``"n, 64"``; same name =
@@ -762,6 +779,16 @@ def jit(fun: Callable, in_specs=None, *, buckets=None, constraints: Sequence[str
     (the outer transformation specialises on exact shapes anyway): values and
     derivatives are plain JAX's.
     """
+    if fun is None:  # a decorator factory: @polymask.jit(in_specs=..., ...)
+        return functools.partial(
+            jit, in_specs=in_specs, buckets=buckets, constraints=constraints,
+            cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
+            compiler_options=compiler_options, max_cases=max_cases, fallback=fallback,
+            static_argnums=static_argnums, static_argnames=static_argnames)
+    if not callable(fun):
+        raise TypeError(
+            f"polymask.jit takes the function first, got {fun!r}: polymask.jit(f, "
+            f"{fun!r}), or as a decorator @polymask.jit(in_specs={fun!r})")
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
                    cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
                    compiler_options=compiler_options, max_cases=max_cases, fallback=fallback,

@@ -96,9 +96,9 @@ def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:
     """
     if entry.tree is None:
         return
-    msg = host_error(entry.tree, dict(zip(var_names, (int(v) for v in values))))
-    if msg is not None:
-        raise ShapeError(prefix + msg)
+    error = host_error(entry.tree, dict(zip(var_names, (int(v) for v in values))), prefix)
+    if error is not None:
+        raise error
 
 
 def case_error_is_plain(entry: Entry, var_names, values) -> bool:

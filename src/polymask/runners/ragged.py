@@ -28,7 +28,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from .. import _jax_compat as compat
 from ..core.binding import runner_specs
 from ..core.buckets import as_policy
 from ..core.diagnostics import at_call_site, user_call_site
@@ -40,7 +39,7 @@ from ..tracing.prologue import raise_run_failure
 from . import ragged_batches
 from .compiling import background_executor
 from .fallback import ExactFallback, bucket_text, falls_back
-from .hostio import host_zeros, slice_to
+from .hostio import handed_back, host_view, host_zeros, output_kind, slice_to
 from .layout_choice import LayoutChoice
 from .packed import PackedRunner, default_row_size, empty_packed_stats, row_example
 from .program_store import StorableProgram, active_store, program_key, stored_program
@@ -56,6 +55,7 @@ from .programs import (
     raise_case_error,
 )
 from .refining import Refinement
+from .static_args import StaticArgs
 
 __all__ = ["ragged_map", "RaggedMap"]
 
@@ -76,7 +76,11 @@ class RaggedMap:
                  sort=True, batch_tokens=None, compile_ahead=True, refine_buckets=None,
                  compiler_options=None, refined_compiler_options=None, program_id=None,
                  max_cases=DEFAULT_MAX_CASES, layout="auto", row_size=None,
-                 rows_per_call=None, segments_per_row=None, fallback=True):
+                 rows_per_call=None, segments_per_row=None, fallback=True, static_argnums=None):
+        statics = None if static_argnums is None else StaticArgs(fun, static_argnums, None)
+        self.static_args = statics if statics and statics.argnums else None
+        if self.static_args is not None:  # static arguments arrive as StaticArgs
+            fun = self.static_args.unwrapping(fun)
         self.layouts = LayoutChoice(fun, constraints, layout, row_size, rows_per_call,
                                     segments_per_row, max_cases, numpy_outputs,
                                     lambda: self.refinement.refined_options)
@@ -122,6 +126,7 @@ class RaggedMap:
           ShapeError: ``examples`` is not a list (or another sequence) of
             examples; an example does not fit the specs (naming it)."""
         examples = _as_example_list(examples)
+        broadcast = self._with_statics(broadcast)
         if not examples:
             return []
         arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
@@ -194,6 +199,31 @@ class RaggedMap:
         self.refinement.queue_refined(wanted, infos, *call)
         return results
 
+    def _with_statics(self, broadcast: tuple) -> tuple:
+        """``broadcast`` with its static arguments as ``StaticArg``s (``static_argnums``).
+
+        Raises:
+          ValueError: ``static_argnums`` names an example argument's position.
+        """
+        if self.static_args is None:
+            return tuple(broadcast)
+        late = sorted(i for i in self.static_args.argnums if i >= len(broadcast))
+        if late:
+            raise ValueError(
+                f"ragged_map: static_argnums names argument {late[0]} of "
+                f"{self.static_args.fun_name}, but this call passes "
+                f"{len(broadcast)} broadcast argument{'s' if len(broadcast) != 1 else ''} "
+                "(fun(*broadcast, *example)): only broadcast arguments can be static, as an "
+                "example's arguments are batched")
+        return self.static_args.wrap(tuple(broadcast), {})[0]
+
+    def positional_arguments(self, args: tuple) -> tuple:
+        """``(*broadcast, *example)`` as this map passes them to ``fun``
+        (static arguments as ``StaticArg``s; ``polymask.explain``)."""
+        if self.static_args is None:
+            return tuple(args)
+        return self.static_args.wrap(tuple(args), {})[0]
+
     def specs_for(self, n_args: int):
         """``fun``'s specs for ``n_args`` arguments as ``polymask.mask`` takes
         them: the broadcast arguments (first) get None, then ``in_specs``
@@ -216,6 +246,7 @@ class RaggedMap:
         """
         from ..inspection.explain import explain
 
+        broadcast = self._with_statics(broadcast)
         args = example if isinstance(example, tuple) else (example,)
         in_specs = self.in_specs if self.in_specs is not None else \
             ragged_batches.auto_specs([args])
@@ -321,6 +352,7 @@ class RaggedMap:
         """
         if self.in_specs is None:
             raise ValueError("ragged_map.precompile needs in_specs")
+        broadcast = self._with_statics(broadcast)
         args = example if isinstance(example, tuple) else (example,)
         in_specs, spec_key = self.in_specs, repr(self.in_specs)
         bcast_leaves, bcast_tree, bcast_key = ragged_batches.broadcast_inputs(broadcast)
@@ -345,6 +377,7 @@ class RaggedMap:
         if self.layout == "padded" or self.row_size is None or self.rows_per_call is None:
             raise ValueError("precompile_packed needs layout 'auto' or 'packed', row_size "
                              "and rows_per_call")
+        broadcast = self._with_statics(broadcast)
         args = example if isinstance(example, tuple) else (example,)
         in_specs, spec_key = self.in_specs, repr(self.in_specs)
         bcast_leaves, _, _ = ragged_batches.broadcast_inputs(broadcast)
@@ -552,18 +585,16 @@ class RaggedMap:
             out_sizes = np.asarray(out_sizes)
         else:
             datas, out_sizes = out, None
-        datas = [np.asarray(d) for d in datas]
+        kinds = [output_kind(d) for d in datas]
+        datas = [host_view(d) for d in datas]
         bcast_shapes = [np.shape(x) for x in bcast_leaves]
         for r, ex in enumerate(chunk):
             if ex in ran_plain:
                 continue
             in_shapes = bcast_shapes + [p.shape for p in infos[ex][0].leaves]
             shapes = outputs.shapes(in_shapes, None if out_sizes is None else out_sizes[r])
-            outs = []
-            for d, shape in zip(datas, shapes):
-                a = slice_to(d[r], shape)
-                outs.append(np.array(a) if self.numpy_outputs
-                            else compat.upload(np.array(a)))
+            outs = [handed_back(np.array(slice_to(d[r], shape)), kind, self.numpy_outputs)
+                    for d, shape, kind in zip(datas, shapes, kinds)]
             results[ex] = jax.tree_util.tree_unflatten(outputs.tree, outs)
 
 
@@ -623,7 +654,8 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                max_cases: int = DEFAULT_MAX_CASES, layout: str = "auto",
                row_size: int | None = None, rows_per_call: int | None = None,
                segments_per_row: int | None = None, fallback: bool = True,
-               program_id: str | None = None) -> RaggedMap:
+               program_id: str | None = None,
+               static_argnums: int | Sequence[int] | None = None) -> RaggedMap:
     """Map ``fun`` over a list of examples of different sizes, in ragged batches.
 
     ``ragged_map(fun, ...)(examples, *broadcast)`` returns
@@ -716,6 +748,11 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         programs by this name instead of the function's symbolic trace (a
         warm process then loads them without tracing). Keep it in step with
         the function (``"encoder-v3"``): a stale name loads a stale program.
+      static_argnums: positions of broadcast arguments that are Python values
+        (a mode string, a flag), passed to ``fun`` as they are, as
+        ``jax.jit``'s: each distinct hashable value (of a distinct type) gets
+        its own programs. Example arguments cannot be static (``ValueError``
+        at the call); an unhashable value is a ``ValueError``, as in ``jax.jit``.
 
     Returns:
       A ``RaggedMap`` callable with ``.stats()`` (calls = batches or packed
@@ -738,7 +775,7 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
                      refined_compiler_options=refined_compiler_options, max_cases=max_cases,
                      layout=layout, row_size=row_size, rows_per_call=rows_per_call,
                      segments_per_row=segments_per_row, fallback=fallback,
-                     program_id=program_id)
+                     program_id=program_id, static_argnums=static_argnums)
 
 
 def _as_example_list(examples) -> list:

@@ -34,7 +34,8 @@ from .registry import (
 from .state import RunState
 from .symbolic import MaskedProgram, is_masked
 
-__all__ = ["Interpreter", "run_program", "all_sizes_at_bound", "runs_rule", "walk_jaxpr"]
+__all__ = ["Interpreter", "run_program", "all_sizes_at_bound", "runs_rule", "walk_jaxpr",
+           "with_plain_weak_types"]
 
 # ``observe(eqn, state)`` returns a context manager entered around the
 # evaluation of each equation (``polymask.explain`` uses it).
@@ -125,7 +126,7 @@ class Interpreter:
             state.eqn_stack.pop()
         outs = list(out) if eqn.primitive.multiple_results else [out]
         _check_out_shapes(eqn, outs, state.dims)
-        return outs
+        return with_plain_weak_types(eqn.outvars, outs)
 
     def _apply_rule(self, eqn, invals, state: RunState):
         prim = eqn.primitive
@@ -163,6 +164,18 @@ def _check_out_shapes(eqn, outs, dims: DimEnv) -> None:
             raise AssertionError(
                 f"polymask internal error: rule for '{eqn.primitive.name}' returned "
                 f"padded shape {got}, expected {want} (symbolic {v.aval.shape})")
+
+
+def with_plain_weak_types(outvars, outs) -> list:
+    """``outs`` weakly typed where the jaxpr variables ``outvars`` are: a rule
+    that builds its value anew (a size as a number, ``x.shape[0]``, is a weakly
+    typed Python int in plain JAX) would otherwise hand the user an output
+    that promotes differently (``out + int8 array``: int32 instead of int8)."""
+    for i, (v, o) in enumerate(zip(outvars, outs)):
+        weak = getattr(v.aval, "weak_type", None)
+        if weak is not None and hasattr(o, "dtype") and compat.is_weakly_typed(o) != weak:
+            outs[i] = compat.as_weakly_typed(o, weak)
+    return outs
 
 
 _INTERPRETER = Interpreter()

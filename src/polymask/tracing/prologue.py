@@ -30,7 +30,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.dimvars import display_internal_names
-from ..core.errors import ShapeError, counted
+from ..core.errors import ShapeError, counted, typed_as
 from ..core.masked import Masked, ragged_batch_hint
 from ..core.plan import not_affine, solve_sizes
 from ..core.shapes import DimEnv, is_static
@@ -50,6 +50,7 @@ class Check:
     bad: Any  # bool or bool array (True = violated)
     message: str
     values: tuple = ()
+    error_type: type | None = None  # plain JAX's exception there (``errors.typed_as``)
 
 
 def concrete_value(x):
@@ -118,8 +119,8 @@ def run_checks(checks: list[Check], call_site: str) -> None:
         v = concrete_value(c.bad)
         if v is not None:
             if bool(np.any(v)):
-                raise ShapeError(f"{format_message(c.message, c.values)}\n"
-                                 f"  in the masked call at {call_site}")
+                raise typed_as(ShapeError(f"{format_message(c.message, c.values)}\n"
+                                          f"  in the masked call at {call_site}"), c.error_type)
         else:
             staged.append(c)
     bads = trace_state().functional_checks
@@ -136,11 +137,11 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
     ``ShapeError`` of the first violated check with the actual sizes (under
     ``vmap``, of the first failing batch element).
     """
-    templates = [(c.message, len(c.values)) for c in checks]
+    templates = [(c.message, len(c.values), c.error_type) for c in checks]
 
     def _raise(bads, values):
         it = iter(values)
-        for (message, n), b in zip(templates, bads):
+        for (message, n, error_type), b in zip(templates, bads):
             vals = [np.asarray(next(it)) for _ in range(n)]
             b = np.asarray(b)
             if not np.any(b):
@@ -151,8 +152,8 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
                 vals = [v[idx] if v.shape == b.shape else v for v in vals]
                 where = f" (batch element {idx[0] if len(idx) == 1 else idx})"
             text = format_message(message, vals, [str(v.tolist()) for v in vals])
-            raise _raised_in_callback(
-                ShapeError(f"{text}{where}\n  in the masked call at {call_site}"))
+            raise _raised_in_callback(typed_as(
+                ShapeError(f"{text}{where}\n  in the masked call at {call_site}"), error_type))
 
     @jax.custom_batching.custom_vmap
     def check(bads, values):

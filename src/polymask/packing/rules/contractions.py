@@ -175,12 +175,17 @@ def _per_segment_contraction(ctx, lhs, rhs, lc, rc, lb, rb, a):
     ra = rc[lc.index(a)]
     lc2 = tuple(c for c in lc if c != a)
     rc2 = tuple(c for c, l in zip(rc, lc) if l != a)
+    out_dtype = ctx.out_avals[0].dtype
+    preferred = ctx.eqn.params.get("preferred_element_type")
+    if out_dtype in (jnp.bfloat16, jnp.float16):
+        # plain JAX's dot accumulates a bfloat16 / float16 product in float32 and
+        # rounds once: the per-position products and their sum do too
+        preferred = jnp.float32
     per_position = lax.dot_general(
         lhs, rhs, ((lc2, rc2), ((a, *lb), (ra, *rb))),
-        precision=ctx.eqn.params.get("precision"),
-        preferred_element_type=ctx.eqn.params.get("preferred_element_type"))
+        precision=ctx.eqn.params.get("precision"), preferred_element_type=preferred)
     # (R, batch..., lhs free..., rhs free...): the result's order after R
-    return PerSegment(seg.segment_reduce(per_position, "sum").astype(ctx.out_avals[0].dtype))
+    return PerSegment(seg.segment_reduce(per_position, "sum").astype(out_dtype))
 
 
 def _segment_against_packed(ctx, lhs, rhs, lc, rc, lb, rb, lhs_is_segment):

@@ -113,10 +113,7 @@ def _reducer(kind: str):
             x = _bind_keeping_nan(ctx, x, rest, kind)
             a0 -= sum(1 for a in rest if a < a0)
         x = jnp.moveaxis(x, a0, 0)
-        if x.dtype == jnp.bool_:
-            out = seg.segment_reduce(x.astype(jnp.int32), _SEGMENT_KIND[kind]) > 0
-        else:
-            out = seg.segment_reduce(x, _SEGMENT_KIND[kind])
+        out = seg.segment_reduce(x, _SEGMENT_KIND[kind])
         return PerSegment(out.astype(ctx.out_avals[0].dtype))
 
     return rule

@@ -19,7 +19,7 @@ from jax import lax
 
 from ... import _jax_compat as compat
 from ...core.dimvars import sizes_text
-from ...core.errors import ShapeError, UnsupportedError
+from ...core.errors import ShapeError, UnsupportedError, typed_as
 from ...core.masked import Masked
 from ...core.trace_state import cases_batched, replaced, trace_state
 from ..prologue import Check, concrete_value, run_checks
@@ -50,16 +50,22 @@ def _error_message(tree: CaseTree, c: Case) -> str:
 
 
 def _error_checks(tree: CaseTree, idx) -> list[Check]:
-    return [Check(idx == c.index, _error_message(tree, c)) for c in tree.cases
-            if c.error is not None and c.reachable]
+    return [Check(idx == c.index, _error_message(tree, c), error_type=c.error_type)
+            for c in tree.cases if c.error is not None and c.reachable]
 
 
-def host_error(tree: CaseTree, values: dict[str, int]) -> str | None:
+def case_error(tree: CaseTree, case: Case, prefix: str = "") -> ShapeError:
+    """The ``ShapeError`` of an error case, also of the type plain JAX raised
+    there (``errors.typed_as``: ``except IndexError`` still catches it)."""
+    return typed_as(ShapeError(prefix + _error_message(tree, case)), case.error_type)
+
+
+def host_error(tree: CaseTree, values: dict[str, int], prefix: str = "") -> ShapeError | None:
     """The error of the case that concrete spec dim var ``values`` choose (None: no error)."""
     if tree.single or all(c.error is None for c in tree.cases):
         return None
     case = tree.cases[int(tree.select(tree.base.internal_values(values)))]
-    return None if case.error is None else _error_message(tree, case)
+    return None if case.error is None else case_error(tree, case, prefix)
 
 
 def case_program(tree: CaseTree, internal_values: dict):
@@ -71,7 +77,7 @@ def case_program(tree: CaseTree, internal_values: dict):
     """
     case = tree.cases[int(tree.select(internal_values))]
     if case.error is not None:
-        raise ShapeError(_error_message(tree, case))
+        raise case_error(tree, case)
     return case.program
 
 

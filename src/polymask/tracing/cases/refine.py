@@ -15,7 +15,7 @@ import jax
 
 from ...core.diagnostics import user_line_of_exception
 from ...core.dimvars import sizes_text
-from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError
+from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError, typed_as
 from .tree import (
     Case,
     CaseTree,
@@ -165,10 +165,10 @@ def _every_size_fails_as_plain(failed: list[Case]) -> ShapeError:
     others = [c for c in failed[1:] if c.error.splitlines()[0] != main.error.splitlines()[0]]
     also = "".join(f"\n  ({sizes_text(c.reached_by)}: {c.error.splitlines()[0]})"
                    for c in others[:2] if c.reached_by)
-    return FailsAsPlainJax(
+    return typed_as(FailsAsPlainJax(
         f"the function fails for every logical size within the bounds"
         f"{f' ({sizes_text(sizes)})' if sizes else ''}, {as_plain}, at "
-        f"{main.where}:\n  {main.error}{remedy}{also}")
+        f"{main.where}:\n  {main.error}{remedy}{also}"), main.error_type)
 
 
 def per_size_limit(max_cases: int) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 from ... import _jax_compat as compat
 from ...core.diagnostics import user_frame_of_exception
 from ...core.dimvars import describe_conditions, display_text, pretty_condition, sizes_text
-from ...core.errors import ShapeError
+from ...core.errors import ShapeError, UnsupportedError
 from ...core.shapes import DimEnv, is_static
 from ..prologue import constraint_checks
 from ..symbolic import MaskedProgram
@@ -36,6 +36,7 @@ class Case:
     where: str = ""
     reached_by: list[dict[str, int]] | None = None  # None: not enumerated
     pinned: bool = False  # traced with every size a Python int (an error is plain JAX's)
+    error_type: type | None = None  # the exception the error was (not polymask's own)
     plain: bool = False  # an error plain JAX has at every size of the case (rfft of length 0)
 
     @property
@@ -191,6 +192,7 @@ def _error_text(e: BaseException, internal) -> str:
 def error_case(index: int, conditions, e: BaseException, internal) -> Case:
     where = getattr(e, "polymask_where", None) or user_frame_of_exception(e)
     return Case(index, conditions, error=_error_text(e, internal), where=where,
+                error_type=None if isinstance(e, (ShapeError, UnsupportedError)) else type(e),
                 pinned=bool(getattr(e, "polymask_pinned", False)),
                 plain=bool(getattr(e, "polymask_plain", False)))
 
