@@ -431,6 +431,7 @@ def test_embed_precision_bfloat16_through_the_installed_command(tiny, tmp_path):
     r = _polymask("embed", "-", "--out", out, "--model", model, "--precision", "bfloat16",
                   cache=cache, stdin="\n".join(texts) + "\n")
     assert r.returncode == 0, r.stderr
+    assert "float32 (computed in bfloat16, float32 accumulation)" in r.stderr  # says what ran
     got, want = np.load(out), SentenceEncoder(model).embed(texts)
     assert got.dtype == np.float32 and got.shape == want.shape
     cos = np.sum(got * want, 1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))

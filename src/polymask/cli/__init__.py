@@ -575,7 +575,10 @@ def cmd_embed(args) -> int:
             how = _programs_in_words(st)
         wall = time.perf_counter() - t0
         output.write(lambda f: _write_embeddings(f, out, emb, texts, line_numbers))
-    print(f"{len(texts)} text{'s' * (len(texts) != 1)} -> {out} {emb.shape} float32 in {wall:.1f} s, "
+    computed = ("" if args.precision == "float32"  # the report says which precision ran
+                else f" (computed in {args.precision}, float32 accumulation)")
+    print(f"{len(texts)} text{'s' * (len(texts) != 1)} -> {out} {emb.shape} float32"
+          f"{computed} in {wall:.1f} s, "
           f"{len(texts) / max(wall, 1e-9):.1f} texts/s; {how}; {_host_memory_in_words(args)}",
           file=sys.stderr)
     return 0

@@ -61,10 +61,13 @@ def check_element_count(ctx, in_logical, out_logical) -> None:
         return
     a, b = _prod([_int(s) for s in in_logical]), _prod([_int(s) for s in out_logical])
     bad = (a != b) if is_static(a) and is_static(b) else jnp.asarray(a) != jnp.asarray(b)
+    shapes = f"{ctx.in_avals[0].shape} -> {ctx.out_avals[0].shape}".replace(
+        "{", "{{").replace("}", "}}")
     ctx.require(bad, (
-        f"reshape {ctx.in_avals[0].shape} -> {ctx.out_avals[0].shape} changes the number "
-        f"of logical elements for these sizes; state the divisibility in the spec "
-        f"(e.g. '2*k') or as a constraint (e.g. 'mod(n, 2) == 0')"))
+        f"reshape {shapes} changes the number of logical elements at these sizes "
+        "({0} elements into {1}), so plain JAX cannot reshape them either; where "
+        "every size you pass divides, state it in the spec (e.g. '2*k') or as a "
+        "constraint (e.g. 'mod(n, 2) == 0')"), (a, b), error_type=TypeError)
 
 
 def relayout_indices(in_logical, in_bounds, out_logical, out_bounds):

@@ -340,13 +340,16 @@ class RuleContext:
         self.state.mark_zero_padding(x)
         return x
 
-    def require(self, bad, message: str, values: tuple = ()) -> None:
+    def require(self, bad, message: str, values: tuple = (),
+                error_type: type | None = None) -> None:
         """A run-time check: raise ``ShapeError(message)`` where ``bad`` holds.
 
         ``bad`` is a bool or a traced bool; traced checks are staged like the
         prologue's (``prologue.run_checks``). With ``values`` (sizes, maybe
         traced), ``{0}``, ``{1}``... in ``message`` name their actual values
-        (other braces in ``message`` must then be doubled).
+        (other braces in ``message`` must then be doubled). ``error_type``:
+        what plain JAX raises there (the ``ShapeError`` is also one,
+        ``errors.typed_as``).
         """
         line = self.source_line
         if values:
@@ -354,7 +357,8 @@ class RuleContext:
         if self.state.guard is not None:  # one case of a case split: only where it runs
             bad = jnp.logical_and(bad, self.state.guard)
         message = display_internal_names(message)
-        run_checks([Check(bad, f"{message}\n  at {line}", tuple(values))], self.source_line)
+        run_checks([Check(bad, f"{message}\n  at {line}", tuple(values), error_type)],
+                   self.source_line)
 
     def unsupported(self, reason: str) -> UnsupportedError:
         reason = display_internal_names(reason)
