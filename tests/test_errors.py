@@ -824,9 +824,12 @@ def test_errors_where_plain_jax_raises_are_also_of_plain_jaxs_type():
         with pytest.raises(exc) as info:
             pm.jit(f, "n")(x)
         assert isinstance(info.value, pm.ShapeError)
-    with pytest.raises(RuntimeError, match=r"x \(5, 3\) and y \(5, 4\) must match") as info:
+    # (the masked trace's own message, with a bucket's shapes, then plain JAX's line)
+    with pytest.raises(RuntimeError, match=r"plain jax.jit on these exact arrays: RuntimeError: "
+                                           r"x \(5, 3\) and y \(5, 4\) must match") as info:
         pm.jit(check, ("n, 3", "n, 4"))(np.ones((5, 3), np.float32), np.ones((5, 4), np.float32))
-    assert isinstance(info.value, pm.ShapeError) and "(8, 3)" not in str(info.value)
+    assert isinstance(info.value, pm.ShapeError)
+    assert str(info.value.__cause__) == "x (5, 3) and y (5, 4) must match"
     with pytest.raises(RuntimeError):  # mask: every size fails, as plain JAX
         pm.mask(check, ("n, 3", "n, 4"))(pm.Masked(jnp.ones((4, 3)), (2, 3)),
                                           pm.Masked(jnp.ones((4, 4)), (2, 4)))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["ShapeError", "SpecError", "about_example", "UnsupportedError", "TooManyCases",
-           "FallbackWarning", "counted", "typed_as"]
+           "FallbackWarning", "counted", "typed_as", "plain_type_of"]
 
 
 class ShapeError(ValueError):
@@ -48,29 +48,43 @@ def typed_as(error: ShapeError, plain_type: type | None) -> ShapeError:
     reshape that does not divide), so code written for ``jax.jit``
     (``except IndexError:``) still catches it: a ``ShapeError`` that loses
     nothing. Its class is ``ShapeError[IndexError]`` (made once per pair, and
-    pickled by its two bases). ``error`` itself where ``plain_type`` is None,
-    a ``ShapeError``, or cannot be combined with it (another instance layout,
-    ``OSError``; a class that takes other constructor arguments)."""
-    if plain_type is None or issubclass(plain_type, ShapeError) \
-            or not issubclass(plain_type, Exception):
+    pickled by its two bases); ``error`` itself where it already is one (a
+    ``ValueError``: a ``ShapeError`` is one) or cannot be combined with it (a
+    class that takes other constructor arguments). Either way
+    ``plain_type_of`` gives ``plain_type`` back."""
+    if plain_type is None or not issubclass(plain_type, Exception):
         return error
-    key = (type(error), plain_type)
+    base = type(error).__bases__[0] if type(error).__dict__.get("_plain_type") else type(error)
+    cls = False if issubclass(base, plain_type) else _typed_class(base, plain_type)
+    if cls is False:
+        out = error
+    else:
+        out = cls(*error.args)
+        out.__dict__.update(error.__dict__)
+        out.__cause__, out.__traceback__ = error.__cause__, error.__traceback__
+    out.polymask_plain_type = plain_type
+    return out
+
+
+def _typed_class(base: type, plain_type: type):
+    """The class ``base[plain_type]`` (False where the two cannot combine)."""
+    key = (base, plain_type)
     cls = _TYPED.get(key)
     if cls is None:
         try:
-            cls = type(f"{type(error).__name__}[{plain_type.__name__}]",
-                       (type(error), plain_type),
-                       {"__module__": type(error).__module__, "__reduce__": _reduce_typed})
-            cls(str(error))  # constructible from the message alone
+            cls = type(f"{base.__name__}[{plain_type.__name__}]", (base, plain_type),
+                       {"__module__": base.__module__, "__reduce__": _reduce_typed,
+                        "_plain_type": plain_type})
+            cls("a message")  # constructible from the message alone
         except Exception:  # noqa: BLE001 - a layout conflict or another signature
             cls = False
         _TYPED[key] = cls
-    if cls is False:
-        return error
-    out = cls(*error.args)
-    out.__dict__.update(error.__dict__)
-    out.__cause__, out.__traceback__ = error.__cause__, error.__traceback__
-    return out
+    return cls
+
+
+def plain_type_of(error: BaseException) -> type | None:
+    """The plain JAX exception type ``typed_as`` gave ``error`` (None: none)."""
+    return getattr(error, "polymask_plain_type", None)
 
 
 def _reduce_typed(self):

@@ -163,14 +163,16 @@ class Segments:
         # a scatter-add rounds to the dtype at every update: 1000 bfloat16 ones
         # sum to 256. XLA's own reductions and dots of bfloat16 / float16
         # accumulate in float32 (what plain JAX computes), so these do too
-        # (and bool, which scatters do not take: in int32, nonzero = True, so a
-        # sum is an or and a product an and, as a bool dot or reduction is)
-        wide = {jnp.dtype(jnp.bool_): jnp.int32, jnp.dtype(jnp.bfloat16): jnp.float32,
-                jnp.dtype(jnp.float16): jnp.float32}.get(jnp.dtype(x.dtype))
-        if wide is None or (kind in ("max", "min") and x.dtype != jnp.bool_):
-            out = fns[kind](x, self.seg, num_segments=self.S)
+        # (and bool, which scatters do not take: in int32, > 0 = True, so a sum or
+        # max is an or and a product or min an and, an empty segment's identity
+        # included, as a bool dot or reduction is)
+        if x.dtype == jnp.bool_:
+            out = fns[kind](x.astype(jnp.int32), self.seg, num_segments=self.S) > 0
+        elif kind in ("sum", "prod") and x.dtype in (jnp.bfloat16, jnp.float16):
+            out = fns[kind](x.astype(jnp.float32), self.seg,
+                            num_segments=self.S).astype(x.dtype)
         else:
-            out = fns[kind](x.astype(wide), self.seg, num_segments=self.S).astype(x.dtype)
+            out = fns[kind](x, self.seg, num_segments=self.S)
         return jnp.take(out, self.alias, axis=0)
 
     def segmented_scan(self, x, combine, axis: int, reverse: bool):

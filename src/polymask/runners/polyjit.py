@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.binding import KeywordWithoutSpec, keywords_as_positional, runner_specs
-from ..core.errors import FailsAsPlainJax, ShapeError
+from ..core.errors import FailsAsPlainJax, ShapeError, plain_type_of, typed_as
 from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype
@@ -455,15 +455,29 @@ class PolyJit:
                             error: ShapeError):
         """These exact arrays reach an error of the masked trace (an error case
         of ``entry``, or every size failing: ``entry`` None): plain ``jax.jit``'s
-        outputs where it runs them (``_error_case_run_plain``), else plain
-        JAX's own error on them, as ``jax.jit`` raises it: its message has the
-        call's exact shapes (the masked trace's has a bucket's), its type is
-        also plain JAX's (``errors.typed_as``), and it is chained."""
+        outputs where it runs them (``_error_case_run_plain``), else the
+        masked trace's error (its sizes and remedies), of plain JAX's type
+        (``errors.typed_as``) and chained to plain JAX's own exception on
+        these arrays; where both are the same failure, the message adds plain
+        JAX's line, which has the call's exact shapes (a bucket's trace has
+        the bucket's: ``x (8, 3)`` for the ``(5, 3)`` passed)."""
         try:
             return self._error_case_run_plain(info, entry, args, error)
-        except ShapeError as plain:
-            info.error = plain
-            raise at_call_site_error(plain) from plain.__cause__
+        except ShapeError as failure:
+            plain = failure.__cause__
+        if plain is None:
+            raise at_call_site_error(error) from None
+        line = f"{type(plain).__name__}: {str(plain).strip().splitlines()[0]}" \
+            if str(plain).strip() else type(plain).__name__
+        text = str(error)
+        if plain_type_of(error) is type(plain) and line not in text:
+            at = text.find("\n  in the masked call at")
+            at = len(text) if at < 0 else at
+            error = type(error)(f"{text[:at]}\n  plain jax.jit on these exact arrays: "
+                                f"{line}{text[at:]}")
+        info.error = typed_as(error, type(plain))
+        info.error.__cause__ = plain
+        raise at_call_site_error(info.error) from plain
 
     def _error_case_run_plain(self, info: _CallInfo, entry: Entry | None, args,
                               error: ShapeError):
