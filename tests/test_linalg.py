@@ -390,3 +390,26 @@ def test_householder_qr_in_lapack_form_on_dynamic_matrix_axes():
     # reference's ormqr there, SIGFPE, before polymask runs)
     check_oracle(f, exs, [(9, 7), (9, 2)], ("m, k", "m, 2"), modes=("eager", "jit", "vmap"),
                  rtol=1e-4, atol=1e-5)
+
+
+def test_gradients_through_custom_linear_solve_transpose_det_and_lstsq():
+    # det's gradient (n >= 4: LU) and lstsq's (n <= 3) transpose the matvec of
+    # a custom_linear_solve as it is; a gather's out-of-bounds gradient guard
+    # (a stop_gradient) in it had no transpose rule: NotImplementedError
+    rng = np.random.default_rng(0)
+    cases = [(jnp.linalg.det, "n, n", lambda n: (n, n), (8, 8)),
+             (lambda a: jnp.linalg.lstsq(a, jnp.ones(a.shape[0]))[0], "n, 3",
+              lambda n: (n, 3), (8, 3))]
+    for f, spec, shape, bound in cases:
+        mf = pm.mask(f, (spec,))
+        for n in (2, 4, 5):
+            a = rng.normal(size=shape(n)).astype(np.float32)
+            want = jax.grad(lambda a: jnp.sum(f(a)))(jnp.asarray(a))
+
+            def loss(d, n=n):
+                out = mf(pm.Masked(d, shape(n)))
+                return jnp.sum(jnp.where(out.valid(), out.data, 0))
+
+            got = jax.grad(loss)(jnp.asarray(garbage_pad(a, bound)))
+            np.testing.assert_allclose(got[:shape(n)[0], :shape(n)[1]], want, rtol=2e-4,
+                                       atol=2e-5)

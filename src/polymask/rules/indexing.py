@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -164,8 +165,25 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
             fv = default_fill(out.dtype) if fill_value is None else fill_value
             out = lax.select(m, out, lax.full_like(out, fv))
         else:
-            out = lax.select(m, out, lax.stop_gradient(out))
+            out = _no_gradient_outside(out, m)
     return clean_float(out, ctx.out_logical[0])
+
+
+@jax.custom_jvp
+def _no_gradient_outside(out, keep):
+    """``out``, its gradient zero where ``keep`` is False (an index past the
+    logical size: plain JAX's scatter transpose drops it). A custom JVP, not
+    ``select(keep, out, stop_gradient(out))``: where JAX transposes the
+    program as it is (the matvec of ``custom_linear_solve`` in ``det``'s and
+    ``lstsq``'s gradients) this transposes as the identity, and
+    ``stop_gradient`` has no transpose rule."""
+    return out
+
+
+@_no_gradient_outside.defjvp
+def _no_gradient_outside_jvp(primals, tangents):
+    out, keep = primals
+    return out, jnp.where(keep, tangents[0], jnp.zeros((), out.dtype))
 
 
 # ----------------------------------------------------------------------------
