@@ -611,3 +611,22 @@ def test_a_size_branch_in_code_compiled_from_a_string_is_the_users():
         want = g(x[:n])
         assert float(pm.mask(g, "n")(pm.Masked(x, (n,))).data) == float(want)
         assert float(jm(pm.Masked(x, (jnp.int32(n),))).data) == float(want)
+
+
+def test_the_truth_of_a_size_inside_jax_decides_or_splits():
+    # jnp.packbits pads with `if remainder:` (remainder = n % 8) in JAX's own
+    # code: a size's truth was JAX's structural answer there, so every n padded
+    # by 8 - n % 8, and n = 0, 8 and 16 (the bound) gave one byte too many
+    rng = np.random.default_rng(0)
+    for spec, tail, fn in [("n", (), jnp.packbits),
+                           ("n, 3", (3,), lambda x: jnp.packbits(x, axis=0)),
+                           ("n", (), lambda x: jnp.unpackbits(jnp.packbits(x)))]:
+        m = jax.jit(pm.mask(fn, spec))
+        for n in range(17):
+            x = rng.random((n,) + tail) > 0.5
+            pad = [(0, 16 - n)] + [(0, 0)] * len(tail)
+            got = m(pm.Masked(jnp.asarray(np.pad(x, pad, constant_values=True)),
+                              (np.int32(n),) + tail)).unpad()
+            want = fn(x)
+            assert got.shape == want.shape, (spec, n)
+            np.testing.assert_array_equal(got, want)

@@ -149,7 +149,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
             # Python's default truth of an object is True: `if x.shape[0]:` took the
             # true branch at n = 0. Truth is `!= 0`, decided or split like __eq__
-            DimExpr.__bool__ = lambda a: not eq(a, 0)
+            DimExpr.__bool__ = lambda a: not eq(a, 0, truth=True)
             _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
             NDINDEXER.to_static_slice = _in_masked_trace(
                 static_slice_of_static_axes(_HOOK_ORIG[3]), _HOOK_ORIG[3])
@@ -562,7 +562,9 @@ def _split_eq(orig_eq):
     reports incompatible shapes, or takes its general path, as before.
     """
 
-    def eq(a, b):
+    def eq(a, b, truth: bool = False):
+        # truth: `if size:` (``__bool__``), a decision wherever it is written
+        # (jnp.packbits' `if remainder:` padded at n % 8 == 0, n = 0 included)
         res = orig_eq(a, b)
         if res is True or not isinstance(a, DimExpr):
             return res
@@ -592,7 +594,8 @@ def _split_eq(orig_eq):
                 caller = caller.f_back
             user = getattr(_HOOK_TLS, "as_user", False) or (
                 caller is not None and _in_user_code(caller, frame))
-            decision = user or _is_shape_decision(caller) or _broadcast_to_one(a, b, caller)
+            decision = (truth or user or _is_shape_decision(caller)
+                        or _broadcast_to_one(a, b, caller))
         finally:
             frame.busy = False
         message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
