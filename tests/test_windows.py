@@ -708,3 +708,22 @@ def test_vmap_of_conv_with_a_kernel_per_example():
     exs = [(lhs[:b], rhs[:b]) for b in (0, 1, 3, 4)]
     bounds = [(4, 2, 3, 7, 8), (4, 5, 3, 3, 2)]
     check_oracle(f, exs, bounds, ("b, 2, 3, 7, 8", "b, 5, 3, 3, 2"))
+
+
+def test_conv_with_an_empty_kernel_axis_raises_as_plain_jax():
+    # plain JAX rejects a kernel axis of length 0; the masked conv returned zeros
+    f = lambda x, w: lax.conv_general_dilated(x[None, None], w[None, None], (1,), "VALID")[0, 0]
+    with pytest.raises(ValueError, match="positive value"):
+        f(jnp.ones(3), jnp.ones(0))
+    mf = pm.mask(f, ("n", "m"))
+    for n in (3, 0):
+        args = (pm.Masked(jnp.full(8, jnp.nan), (np.int32(n),)),
+                pm.Masked(jnp.full(6, jnp.nan), (np.int32(0),)))
+        with pytest.raises(ValueError, match=r"expects window to have positive value for 0-th "
+                                             r"window dimension, but got 0") as e:
+            mf(*args)
+        assert isinstance(e.value, pm.ShapeError)
+        with pytest.raises(Exception, match="positive value"):
+            jax.jit(mf)(*args)
+    x = pm.Masked(jnp.asarray([1.0, 2.0, 3.0, 0.0]), (np.int32(3),))
+    np.testing.assert_array_equal(mf(x, pm.Masked(jnp.ones(6), (np.int32(2),))).unpad(), [3, 5])

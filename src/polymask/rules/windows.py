@@ -199,6 +199,14 @@ def conv_rule(ctx, lhs, rhs, *, window_strides, padding, lhs_dilation, rhs_dilat
     lspec, rspec, ospec = dn.lhs_spec, dn.rhs_spec, dn.out_spec
     lb, rb, ob = ctx.in_bounds[0], ctx.in_bounds[1], ctx.out_bounds[0]
     ll, rl = ctx.in_logical[0], ctx.in_logical[1]
+    for i, ax in enumerate(rspec[2:]):  # plain JAX rejects an empty kernel axis
+        w = ctx.in_avals[1].shape[ax]
+        if compat.is_dim_expr(w):
+            raw = ctx.dims.logical_raw(w)
+            ctx.require(raw < 1, f"conv_general_dilated expects window to have positive "
+                        f"value for {i}-th window dimension, but got {{0}} (the kernel's "
+                        f"axis {ax}, of size {w}) at these sizes", values=(raw,),
+                        error_type=ValueError)
     if 0 in ob:
         return _zeros_out(ctx)
     if compat.is_dim_expr(feature_group_count) or compat.is_dim_expr(batch_group_count):
@@ -362,7 +370,7 @@ def _with_static_windows(ctx, window_dimensions, body, whole: set[int] = frozens
             continue
         raw = ctx.dims.logical_raw(w)
         ctx.require(raw < 1, f"{name}: the window size {w} of axis {ax} is {{0}} at these "
-                    "sizes; window sizes must be >= 1", values=(raw,))
+                    "sizes; window sizes must be >= 1", values=(raw,), error_type=TypeError)
         if is_static(raw) or ax in whole:
             static.append(ctx.padded(w) if ax in whole else max(int(raw), 1))
             continue
