@@ -321,7 +321,16 @@ def _ranges(vals: list[int]) -> str:
 def describe_conditions(conditions, internal) -> str:
     """A case's conditions in the user's words: ``"n >= 3 and n <= 5"``;
     a case pinned to one size reads ``"n == 2"``."""
-    parts = [pretty_condition(c, internal) for c in conditions]
+    parts = list(dict.fromkeys(pretty_condition(c, internal) for c in conditions))
+    # a bound another one implies goes ("n >= 1 and n >= 2": "n >= 2")
+    bounds = [re.fullmatch(r"(\w+) (>=|<=) (-?\d+)", p) for p in parts]
+    tightest: dict = {}
+    for m in bounds:
+        if m:
+            k, v = (m[1], m[2]), int(m[3])
+            tightest[k] = max(v, tightest.get(k, v)) if m[2] == ">=" else min(
+                v, tightest.get(k, v))
+    parts = [p for p, m in zip(parts, bounds) if not m or tightest[(m[1], m[2])] == int(m[3])]
     for p in list(parts):
         m = re.fullmatch(r"(\w+) >= (-?\d+)", p)
         if m and f"{m[1]} <= {m[2]}" in parts:

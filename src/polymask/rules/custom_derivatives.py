@@ -60,7 +60,8 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
             guard = ctx.state.with_sizes(names, sizes).guard
             run_checks([Check(True if guard is None else guard,
                               f"the derivative (JAX's custom JVP rule) fails at these sizes: "
-                              f"{type(e).__name__}: {str(e).splitlines()[0]}\n"
+                              f"{type(e).__name__}: "
+                              f"{display_internal_names(str(e).splitlines()[0])}\n"
                               f"  at {ctx.source_line}")], ctx.source_line)
             primals_out = masked_call(sizes, consts, xs)
             return primals_out, [jnp.zeros_like(p) if _is_float(p) else

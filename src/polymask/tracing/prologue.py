@@ -51,6 +51,7 @@ class Check:
     message: str
     values: tuple = ()
     error_type: type | None = None  # plain JAX's exception there (``errors.typed_as``)
+    error_class: type = ShapeError  # TooManyCases: polymask's limit, not the function's
 
 
 def concrete_value(x):
@@ -119,8 +120,9 @@ def run_checks(checks: list[Check], call_site: str) -> None:
         v = concrete_value(c.bad)
         if v is not None:
             if bool(np.any(v)):
-                raise typed_as(ShapeError(f"{format_message(c.message, c.values)}\n"
-                                          f"  in the masked call at {call_site}"), c.error_type)
+                raise typed_as(c.error_class(f"{format_message(c.message, c.values)}\n"
+                                             f"  in the masked call at {call_site}"),
+                               c.error_type)
         else:
             staged.append(c)
     bads = trace_state().functional_checks
@@ -137,11 +139,11 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
     ``ShapeError`` of the first violated check with the actual sizes (under
     ``vmap``, of the first failing batch element).
     """
-    templates = [(c.message, len(c.values), c.error_type) for c in checks]
+    templates = [(c.message, len(c.values), c.error_type, c.error_class) for c in checks]
 
     def _raise(bads, values):
         it = iter(values)
-        for (message, n, error_type), b in zip(templates, bads):
+        for (message, n, error_type, error_class), b in zip(templates, bads):
             vals = [np.asarray(next(it)) for _ in range(n)]
             b = np.asarray(b)
             if not np.any(b):
@@ -153,7 +155,7 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
                 where = f" (batch element {idx[0] if len(idx) == 1 else idx})"
             text = format_message(message, vals, [str(v.tolist()) for v in vals])
             raise _raised_in_callback(typed_as(
-                ShapeError(f"{text}{where}\n  in the masked call at {call_site}"), error_type))
+                error_class(f"{text}{where}\n  in the masked call at {call_site}"), error_type))
 
     @jax.custom_batching.custom_vmap
     def check(bads, values):

@@ -19,7 +19,7 @@ from jax import lax
 
 from ... import _jax_compat as compat
 from ...core.dimvars import sizes_text
-from ...core.errors import ShapeError, UnsupportedError, typed_as
+from ...core.errors import ShapeError, TooManyCases, UnsupportedError, typed_as
 from ...core.masked import Masked
 from ...core.trace_state import cases_batched, replaced, trace_state
 from ..prologue import Check, concrete_value, run_checks
@@ -50,14 +50,18 @@ def _error_message(tree: CaseTree, c: Case) -> str:
 
 
 def _error_checks(tree: CaseTree, idx) -> list[Check]:
-    return [Check(idx == c.index, _error_message(tree, c), error_type=c.error_type)
+    return [Check(idx == c.index, _error_message(tree, c), error_type=c.error_type,
+                  error_class=ShapeError if c.one_size or c.plain else TooManyCases)
             for c in tree.cases if c.error is not None and c.reachable]
 
 
 def case_error(tree: CaseTree, case: Case, prefix: str = "") -> ShapeError:
     """The ``ShapeError`` of an error case, also of the type plain JAX raised
     there (``errors.typed_as``: ``except IndexError`` still catches it)."""
-    return typed_as(ShapeError(prefix + _error_message(tree, case)), case.error_type)
+    if case.one_size or case.plain:  # plain JAX's own failure at these sizes
+        return typed_as(ShapeError(prefix + _error_message(tree, case)), case.error_type)
+    # polymask's limit (a case traced with symbolic sizes), as when every size fails
+    return TooManyCases(prefix + _error_message(tree, case))
 
 
 def host_error(tree: CaseTree, values: dict[str, int], prefix: str = "") -> ShapeError | None:
