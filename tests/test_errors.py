@@ -835,3 +835,11 @@ def test_errors_where_plain_jax_raises_are_also_of_plain_jaxs_type():
                                           pm.Masked(jnp.ones((4, 4)), (2, 4)))
     again = pickle.loads(pickle.dumps(info.value))
     assert type(again) is type(info.value) and str(again) == str(info.value)
+    with pytest.raises(IndexError):  # a run-time check under jax.jit, re-raised
+        with pm.shape_errors():
+            jax.block_until_ready(jax.jit(pm.mask(first, "n"))(
+                pm.Masked(jnp.ones(4), (jnp.int32(0),))).data)
+    # a case polymask could not trace symbolically: plain JAX's error on the arrays
+    with pytest.raises(TypeError, match=r"cannot reshape array of shape \(5, 7\)") as info:
+        pm.jit(lambda x: x.reshape(3, -1), "n, m")(np.ones((5, 7), np.float32))
+    assert isinstance(info.value, pm.ShapeError)

@@ -742,6 +742,12 @@ def test_a_later_call_with_other_broadcast_or_static_axis_shapes_gets_its_own_tr
             np.testing.assert_allclose(rf(exs, w), [f(w, e) for e in exs], rtol=1e-5)
             for p in ({"a": 2.0}, {"b": 2.0}):
                 np.testing.assert_allclose(rg(exs, p), [g(p, e) for e in exs], rtol=1e-5)
+    # calls that alternate between two broadcast shapes keep both programs
+    rm = pm.ragged_map(f, ("n, _",), layout="packed")
+    exs = [rng.normal(size=(n, 2)).astype(np.float32) for n in (2, 3)]
+    for w in [np.ones(3, np.float32), np.ones(5, np.float32)] * 3:
+        np.testing.assert_allclose(rm(exs, w), [f(w, e) for e in exs], rtol=1e-5)
+    assert rm.stats()["compiles"] == 2
     # training: the step follows the runner's new trace
     vg = pm.value_and_grad(lambda w, x: jnp.sum(x * w) + w.shape[0], ("n, _",),
                            layout="packed")

@@ -800,7 +800,16 @@ def test_jit_keyword_arguments_take_their_parameters_position():
         np.testing.assert_allclose(g(x, w, offset=1.5), want + 1.5, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(g(x, w=w, scale=3.0), np.cumsum(x * w) * 3.0,
                                    rtol=1e-5, atol=1e-6)
-    assert g.stats()["compiles"] == 2  # buckets 4 and 8: keywords add no program
+    # buckets 4 and 8, for each form of call: (x, w) however passed; offset given
+    # (scale skipped: its default is an input); scale given (offset left out:
+    # fun's own default, as under jax.jit, never traced)
+    assert g.stats()["compiles"] == 2 * 3
+
+    def h(x, axis=-1, mode="sum"):  # defaults as Python configuration
+        return jnp.sum(x, axis=axis) if mode == "sum" else jnp.max(x, axis=axis)
+
+    for specs in (("n, 3", None, None), {"x": "n, 3"}):
+        np.testing.assert_allclose(pm.jit(h, specs)(np.ones((4, 3), np.float32)), [3.0] * 4)
 
 
 def test_jit_static_arguments_are_python_values_keyed_as_jax_jit_keys_them():
@@ -853,9 +862,19 @@ def test_jit_static_arguments_are_python_values_keyed_as_jax_jit_keys_them():
     # a keyword-only argument that is not static: the remedy names static_argnames
     with pytest.warns(pm.FallbackWarning, match="static_argnames='scale'"):
         pm.jit(top, ("n", None), static_argnums=1)(np.ones(3, np.float32), 1, scale=2.0)
-    # explain takes the static values as a call does
+    # explain and precompile take the static values as a call does
     text = str(pm.explain(f, np.ones(5, np.float32), 2, "max"))
     assert "reduce_max" in text
+    p = pm.jit(top, "n", static_argnames=("k", "mode"), tiered=False, buckets=B.pow2(8))
+    p.precompile(jax.ShapeDtypeStruct((5,), jnp.float32), 2)
+    p.precompile(jax.ShapeDtypeStruct((5,), jnp.float32), k=2, mode="max")
+    assert p.stats()["compiles"] == 2
+    np.testing.assert_allclose(p(np.ones(6, np.float32), 2), 2.0)
+    assert p.stats()["compiles"] == 2  # served by the precompiled program
+    # a missing argument is Python's TypeError, as under jax.jit (not a failure at
+    # every size of the trace)
+    with pytest.raises(TypeError, match="missing a required argument: 'k'"):
+        p(np.ones(3, np.float32))
 
 
 def test_jit_is_also_a_decorator_factory_as_jax_jit():

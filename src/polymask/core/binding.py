@@ -14,7 +14,7 @@ import weakref
 from .errors import ShapeError, SpecError, counted
 from .specs import check_in_specs_type
 
-__all__ = ["split_specs", "keywords_as_positional"]
+__all__ = ["split_specs", "keywords_as_positional", "check_arity"]
 
 
 def _parameters(fun):
@@ -150,6 +150,21 @@ def _signature(fun) -> inspect.Signature:
     return sig
 
 
+def check_arity(fun, args: tuple) -> None:
+    """Raise Python's ``TypeError`` where ``fun(*args)`` has too few or too many
+    arguments (``jax.jit`` raises it before tracing; polymask would report it
+    from the trace as a failure at every size). Nothing where ``fun`` has no
+    inspectable signature."""
+    try:
+        sig = _signature(fun)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*args)
+    except TypeError as e:
+        raise TypeError(f"{getattr(fun, '__name__', 'fun')}(): {e}") from None
+
+
 class KeywordWithoutSpec(ShapeError):
     """A keyword argument with no position in ``in_specs`` (keyword-only, taken
     by ``**kwargs``, or past the last spec): ``polymask.jit`` runs such a call
@@ -162,8 +177,8 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
     A keyword argument of a positional-or-keyword parameter takes that
     parameter's place (parameters skipped before it take their defaults), so
     ``f(x, mask=m)`` is planned as ``f(x, m)`` and ``in_specs`` applies by
-    position; parameters up to the last one ``in_specs`` covers that the call
-    leaves out take their defaults too. A keyword argument with no place there
+    position; parameters after the last one the call passes are left out
+    (``fun``'s defaults, not inputs). A keyword argument with no place there
     (keyword-only or ``**kwargs`` parameters, or a position ``in_specs`` gives
     no entry) has no spec to pad it by and raises.
 
@@ -207,7 +222,10 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
                 f"polymask.jit: {name}'s argument '{k}' (passed by keyword) is argument {i}, "
                 f"and in_specs has {counted(n_specs, 'entry')}: give it an entry (None for a static "
                 "argument), or bind it first with functools.partial")
-    last = max([names.index(k) for k in kwargs] + [(n_specs or 0) - 1])
+    # parameters the call skips before its last keyword take their defaults; later
+    # ones are left out, and fun takes its own defaults, as under jax.jit (never
+    # traced: `if mode == "sum":` on a default works)
+    last = max([names.index(k) for k in kwargs] + [len(args) - 1])
     out = list(args)
     for p in positional[len(args):last + 1]:
         out.append(kwargs[p.name] if p.name in kwargs else p.default)

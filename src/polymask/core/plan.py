@@ -329,9 +329,10 @@ def check_program_input(leaf, path: str) -> None:
         raise ShapeError(
             f"{path} is a {type(leaf).__name__} ({shown}), which a compiled "
             "program cannot take as an input: every argument of polymask.jit / ragged_map "
-            "becomes an input of the compiled program, as with jax.jit. Bind it with "
-            "functools.partial(f, <its parameter>=...) and give in_specs for the other "
-            "arguments.")
+            "becomes an input of the compiled program, as with jax.jit. Declare it static "
+            "as for jax.jit (polymask.jit(f, static_argnums=... or static_argnames=...); "
+            "ragged_map(f, ..., static_argnums=...) for a broadcast argument), or bind it "
+            "with functools.partial(f, <its parameter>=...).")
 
 
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],

@@ -257,6 +257,8 @@ def _runner_arguments(runner, in_specs, args, constraints):
     if in_specs is None:
         in_specs = (runner.specs_for(len(args)) if hasattr(runner, "specs_for")
                     else getattr(runner, "in_specs", None))
+    if isinstance(in_specs, tuple) and args and len(args) < len(in_specs):
+        in_specs = in_specs[:len(args)]  # the others: parameters left to their defaults
     constraints = as_constraints(constraints) or tuple(getattr(runner, "constraints", ()))
     return in_specs, tuple(args), constraints
 

@@ -47,6 +47,9 @@ def spare_rows(rows: list, B: int) -> list:
     return rows + [rows[0]] * (B - len(rows))
 
 
+_KEPT_PROGRAMS = 8  # packed programs a runner keeps besides the current one
+
+
 def default_row_size(longest: int) -> int:
     """The row size when none is given: the power of two that holds the
     longest example, at least 64 (short examples share rows)."""
@@ -124,6 +127,8 @@ class PackedRunner:
         self._aot = None  # the precompiled row program
         self._exact = None  # the row program with the rules' rare paths (``_exact_program``)
         self._key = None
+        # other traces' (program, _fn, _aot, _exact), by key, least recently used first
+        self._programs: dict = {}
         # Threads calling one ragged_map at once (a server's callers) share this
         # runner. Without a lock each traced the packed program, reset ``_fn`` and
         # compiled its own copy (8 threads: 8 XLA compiles of one program). The
@@ -173,15 +178,22 @@ class PackedRunner:
                            for p in plan.leaves), structure_key(btree, bleaves))
         if self.program is not None and key == self._key:
             return self.program
-        example = row_example(plan, leaves, tree, self.row_size,
-                              lambda shape, dtype: np.zeros(shape, dtype))
-        n_bcast = len(broadcast)
-        specs = (None,) * n_bcast + tuple(in_specs)
-        prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,
-                              len(jax.tree_util.tree_leaves(broadcast)), self.max_cases)
-        self.program, self._key, self._fn, self._aot, self._exact = prog, key, None, None, None
-        self._warm.clear()
-        return prog
+        if self.program is not None:  # kept: calls that alternate come back to it
+            self._programs[self._key] = (self.program, self._fn, self._aot, self._exact)
+            while len(self._programs) > _KEPT_PROGRAMS:
+                self._programs.pop(next(iter(self._programs)))
+        kept = self._programs.pop(key, None)
+        if kept is None:
+            example = row_example(plan, leaves, tree, self.row_size,
+                                  lambda shape, dtype: np.zeros(shape, dtype))
+            n_bcast = len(broadcast)
+            specs = (None,) * n_bcast + tuple(in_specs)
+            prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,
+                                  len(jax.tree_util.tree_leaves(broadcast)), self.max_cases)
+            kept = (prog, None, None, None)
+        self.program, self._fn, self._aot, self._exact = kept
+        self._key = key
+        return self.program
 
     def precompile(self, info, bcast_leaves) -> None:
         """Compile the row program now (``rows_per_call`` rows; ``info`` is one

@@ -32,8 +32,8 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.binding import KeywordWithoutSpec, keywords_as_positional, runner_specs
-from ..core.errors import FailsAsPlainJax, ShapeError, plain_type_of, typed_as
+from ..core.binding import KeywordWithoutSpec, check_arity, keywords_as_positional, runner_specs
+from ..core.errors import FailsAsPlainJax, ShapeError, TooManyCases, plain_type_of, typed_as
 from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype
@@ -65,7 +65,7 @@ from .programs import (
     raise_case_error,
     reaches_untraced_case,
 )
-from .static_args import StaticArgs
+from .static_args import StaticArg, StaticArgs
 from .tiering import Tiering, cover_key
 
 __all__ = ["jit", "PolyJit", "compile_counter"]
@@ -207,6 +207,7 @@ class PolyJit:
 
     # -- call infos ----------------------------------------------------------------
     def _info(self, args, tree, key, fast: bool) -> _CallInfo:
+        check_arity(self.fun, args)  # (once per call signature)
         plan, leaves, _ = self.plans.plan(args)
         self._last_new = (tree, [jax.ShapeDtypeStruct(np.shape(x),
                                                       canonical_dtype(x.dtype))
@@ -456,7 +457,8 @@ class PolyJit:
         """These exact arrays reach an error of the masked trace (an error case
         of ``entry``, or every size failing: ``entry`` None): plain ``jax.jit``'s
         outputs where it runs them (``_error_case_run_plain``), else the
-        masked trace's error (its sizes and remedies), of plain JAX's type
+        masked trace's error (its sizes and remedies; plain JAX's own where
+        the masked one is polymask's limit, ``TooManyCases``), of plain JAX's type
         (``errors.typed_as``) and chained to plain JAX's own exception on
         these arrays; where both are the same failure, the message adds plain
         JAX's line, which has the call's exact shapes (a bucket's trace has
@@ -465,6 +467,8 @@ class PolyJit:
             return self._error_case_run_plain(info, entry, args, error)
         except ShapeError as failure:
             plain = failure.__cause__
+            if isinstance(error, TooManyCases):  # polymask's limit: plain JAX's words
+                error = failure
         if plain is None:
             raise at_call_site_error(error) from None
         line = f"{type(plain).__name__}: {str(plain).strip().splitlines()[0]}" \
@@ -538,7 +542,7 @@ class PolyJit:
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         key = ("keywords", tree, tuple(map(_leaf_key, leaves)))
         reason = self._fallback.refused("of calls with keyword arguments " + ", ".join(
-            repr(k) for k in sorted(kwargs)), error)
+            repr(k) for k in sorted(kwargs) if type(kwargs[k]) is not StaticArg), error)
         if not self._fallback.seen(key):
             self._count_foreground_compile()
         try:
@@ -654,19 +658,20 @@ class PolyJit:
             self._fg_compiles_in_calls += 1
 
     # -- ahead of time -------------------------------------------------------------
-    def precompile(self, *args) -> PolyJit:
+    def precompile(self, *args, **kwargs) -> PolyJit:
         """Compile the bucket of ``args`` now (no run): arrays may be ``jax.ShapeDtypeStruct``.
 
         ``f.precompile(jax.ShapeDtypeStruct((100, 64), jnp.float32))`` compiles
         the bucket that holds 100 rows (pass a bucket's size to pick it). Static
-        arguments (``None`` specs) take their real values or structs. With the
-        persistent compilation cache on, a later process loads it from disk.
-        Returns ``self``.
+        arguments (``None`` specs) take their real values or structs, and
+        ``static_argnums`` / ``static_argnames`` their values; arguments are
+        passed as to a call (keywords too). With the persistent compilation
+        cache on, a later process loads it from disk. Returns ``self``.
 
         Raises:
           ShapeError: the shapes do not fit the specs (as a call would).
         """
-        self._compile_ahead(args, "precompiles")
+        self._compile_ahead(self.positional_arguments(args, kwargs), "precompiles")
         return self
 
     def _compile_first_ahead(self, args) -> bool:

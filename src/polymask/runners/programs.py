@@ -229,6 +229,8 @@ class CallPlans:
         runner's specs (``ragged_map`` with specs read off the examples)."""
         if spec_key is None:
             in_specs = self.in_specs
+            if isinstance(in_specs, tuple) and len(args) < len(in_specs):
+                in_specs = in_specs[:len(args)]  # the others: parameters left to defaults
         leaves, tree = jax.tree_util.tree_flatten(tuple(args))
         key = (tree, tuple((np.shape(x), dtype_key(x)) for x in leaves), spec_key)
         plan = self._plans.get(key)

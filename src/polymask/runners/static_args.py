@@ -74,7 +74,7 @@ def _unhashable(value, error: Exception) -> ValueError:
     return ValueError(
         "Non-hashable static arguments are not supported. An error occurred while trying "
         f"to hash an object of type {type(value)}, {value!r}. The error was:\n"
-        f"{type(error).__name__}: {error}\n(polymask.jit keys its programs on static "
+        f"{type(error).__name__}: {error}\n(polymask keys its programs on static "
         "arguments, as jax.jit does: pass a hashable value, e.g. a tuple for a list)")
 
 

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -173,7 +174,9 @@ def with_plain_weak_types(outvars, outs) -> list:
     that promotes differently (``out + int8 array``: int32 instead of int8)."""
     for i, (v, o) in enumerate(zip(outvars, outs)):
         weak = getattr(v.aval, "weak_type", None)
-        if weak is not None and hasattr(o, "dtype") and compat.is_weakly_typed(o) != weak:
+        # (JAX values only: a rule's NumPy constant stays one, for the rules after it)
+        if (weak is not None and isinstance(o, jax.Array)
+                and compat.is_weakly_typed(o) != weak):
             outs[i] = compat.as_weakly_typed(o, weak)
     return outs
 

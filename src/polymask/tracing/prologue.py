@@ -30,7 +30,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.dimvars import display_internal_names
-from ..core.errors import ShapeError, counted, typed_as
+from ..core.errors import ShapeError, counted, plain_type_of, typed_as
 from ..core.masked import Masked, ragged_batch_hint
 from ..core.plan import not_affine, solve_sizes
 from ..core.shapes import DimEnv, is_static
@@ -257,7 +257,7 @@ class shape_errors(contextlib.ContextDecorator):
         err = shape_error_of(exc)
         if err is None:
             return False
-        new = ShapeError(str(err))
+        new = typed_as(type(err)(str(err)), plain_type_of(err))  # its type(s) kept
         new.jax_error = exc  # JAX's JaxRuntimeError, kept for inspection
         raise new from None  # JAX's wall of callback frames says nothing more
 
