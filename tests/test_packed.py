@@ -791,3 +791,15 @@ def test_low_precision_and_bool_segment_sums_accumulate_as_plain_jax():
         xs = bools + empty if f not in (jnp.max, jnp.min) else bools
         got = pm.ragged_map(f, "n", layout="packed")(xs)
         assert [bool(g) for g in got] == [bool(jax.jit(f)(b)) for b in xs]
+
+
+def test_a_packed_refusal_raised_by_the_function_names_its_line():
+    # arguments in the wrong order: the function itself raises while traced for
+    # the packed layout; the refusal says where, and how to see the real error
+    def f(x, key):  # ragged_map calls fun(*broadcast, *example): key comes first
+        return jax.random.fold_in(key, x.shape[0])
+
+    xs = [np.ones(5, np.float32), np.ones(2, np.float32)]
+    with pytest.raises(PackedUnsupported, match=r"(?s)IndexError.*raised at .*test_packed.py:"
+                                                r"\d+ \(f\).*broadcast arguments first"):
+        pm.ragged_map(f, "n", layout="packed")(xs, jax.random.key(0))

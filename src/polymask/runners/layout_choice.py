@@ -13,11 +13,12 @@ serve (another traced case, ``x[1:]`` at ``n = 0``), run padded either way.
 from __future__ import annotations
 
 import threading
+import traceback
 import warnings
 from collections.abc import Callable
 
 from ..core.buckets import int_arg
-from ..core.diagnostics import user_stacklevel
+from ..core.diagnostics import is_library_frame, user_frame_of_exception, user_stacklevel
 from ..core.errors import PackedLayoutWarning, ShapeError, UnsupportedError, counted
 from ..core.specs import as_constraints
 from ..packing import PackedUnsupported, pack_rows
@@ -109,7 +110,13 @@ class LayoutChoice:
         except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
             if self.layout == "packed" and isinstance(e, (ShapeError, UnsupportedError)):
                 raise  # the user's call is wrong (specs), not a layout question
-            return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
+            why = _first_line(e, "while tracing packed")
+            if _raised_by_the_function(e):  # its own line: maybe its own error
+                why += (f" (raised at {user_frame_of_exception(e)}, in the function: if plain "
+                        "JAX fails there too, layout='padded' names the sizes where it fails; "
+                        "ragged_map calls fun(*broadcast, *example), the broadcast arguments "
+                        "first)")
+            return self._refuse(why, every, permanent=True)
         fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
         if not fits:  # the function packs; these sizes do not: padded, in any layout
             self.last["reason"] = ("padded: no example of this call runs packed ("
@@ -200,6 +207,13 @@ def _why_padded(left: list[int], lengths: dict, R: int) -> str:
 
 def _listed(sizes: list[int]) -> str:
     return ", ".join(map(str, sizes[:8])) + (", ..." if len(sizes) > 8 else "")
+
+
+def _raised_by_the_function(e: BaseException) -> bool:
+    """Whether ``e`` came out of the user's function (a frame of it is in the
+    traceback), not out of polymask's packing code around it."""
+    return any(not is_library_frame(fr.filename)
+               for fr in traceback.extract_tb(e.__traceback__))
 
 
 def _first_line(e: Exception, what: str) -> str:
