@@ -366,3 +366,28 @@ def test_an_index_past_the_logical_size_gets_no_gradient_as_in_plain_jax():
         g = np.asarray(grad(px.data, i))
         np.testing.assert_allclose(g[:3], jax.grad(f)(jnp.asarray(x), i), err_msg=str(idx))
         np.testing.assert_array_equal(g[3:], 0.0)
+
+
+def test_a_size_as_a_gathers_fill_value():
+    # jnp.intersect1d(..., return_indices=True) fills with arr1.size: a gather
+    # whose fill_value parameter is a size (a raw UnexpectedDimVar under jit)
+    def f(a, b):
+        return jnp.intersect1d(a, b, size=4, return_indices=True)
+
+    def g(x, i):
+        return x.at[i].get(mode="fill", fill_value=x.shape[0])
+
+    mf, mg = pm.mask(f, ("n", "m")), pm.mask(g, ("n", None))
+    idx = jnp.asarray([0, 2, 7, -9])
+    for n, m in ((3, 4), (0, 2), (5, 0), (6, 6)):
+        a = np.arange(1, n + 1, dtype=np.float32)[::-1]
+        b = np.arange(2, m + 2, dtype=np.float32)
+        args = (pm.Masked(jnp.asarray(np.pad(a, (0, 6 - n), constant_values=np.nan)),
+                          (np.int32(n),)),
+                pm.Masked(jnp.asarray(np.pad(b, (0, 6 - m), constant_values=np.nan)),
+                          (np.int32(m),)))
+        for run in (mf, jax.jit(mf)):
+            for got, want in zip(run(*args), f(a, b)):
+                np.testing.assert_array_equal(got.unpad(), want)
+        for run in (mg, jax.jit(mg)):
+            np.testing.assert_array_equal(run(args[0], idx).unpad(), g(jnp.asarray(a), idx))

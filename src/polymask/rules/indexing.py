@@ -163,7 +163,9 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
         m = lax.broadcast_in_dim(in_bounds, out_shape, tuple(batch_pos))
         if mode == _MODE.FILL_OR_DROP:
             fv = default_fill(out.dtype) if fill_value is None else fill_value
-            out = lax.select(m, out, lax.full_like(out, fv))
+            if compat.is_dim_expr(fv):  # a size as the fill (intersect1d: arr1.size)
+                fv = ctx.dims.logical_value(fv)
+            out = lax.select(m, out, jnp.broadcast_to(jnp.asarray(fv, out.dtype), out.shape))
         else:
             out = _no_gradient_outside(out, m)
     return clean_float(out, ctx.out_logical[0])
