@@ -386,6 +386,12 @@ def test_a_size_as_a_gathers_fill_value():
                           (np.int32(n),)),
                 pm.Masked(jnp.asarray(np.pad(b, (0, 6 - m), constant_values=np.nan)),
                           (np.int32(m),)))
+        if n == 0:  # plain JAX: a gather from an empty array
+            for fn, margs in ((f, (a, b)), (mf, args), (g, (jnp.asarray(a), idx)),
+                              (mg, (args[0], idx))):
+                with pytest.raises(TypeError):
+                    fn(*margs)
+            continue
         for run in (mf, jax.jit(mf)):
             for got, want in zip(run(*args), f(a, b)):
                 np.testing.assert_array_equal(got.unpad(), want)
