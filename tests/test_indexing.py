@@ -379,7 +379,7 @@ def test_a_size_as_a_gathers_fill_value():
 
     mf, mg = pm.mask(f, ("n", "m")), pm.mask(g, ("n", None))
     idx = jnp.asarray([0, 2, 7, -9])
-    for n, m in ((3, 4), (0, 2), (5, 0), (6, 6)):
+    for n, m in ((3, 4), (0, 2), (5, 1), (6, 6)):
         a = np.arange(1, n + 1, dtype=np.float32)[::-1]
         b = np.arange(2, m + 2, dtype=np.float32)
         args = (pm.Masked(jnp.asarray(np.pad(a, (0, 6 - n), constant_values=np.nan)),
