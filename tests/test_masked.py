@@ -135,3 +135,26 @@ def test_out_of_range_sizes_are_caught_where_the_shape_is_an_array_and_by_valid(
 def test_a_library_function_masked_as_it_is_names_where_it_fails():
     with pytest.raises(pm.ShapeError, match=r"fails at .*reductions.py:\d+ \(max\)"):
         pm.mask(jnp.max, "n")(pm.Masked(jnp.ones(4), (0,)))
+
+
+def test_a_masked_value_rebuilt_from_its_structure_keeps_it():
+    # tree_unflatten with Python-int leaves made the sizes static: a different
+    # structure (vmap's in_axes from jax.tree.map(lambda _: 0, m) was no prefix;
+    # jax.export of a vmapped ragged batch with a symbolic batch size crashed)
+    m = pm.Masked(jnp.ones((3, 8)), (jnp.array([2, 1, 7], jnp.int32),))
+    td = jax.tree_util.tree_structure(m)
+    assert jax.tree_util.tree_structure(jax.tree_util.tree_unflatten(td, [0, 1])) == td
+
+    def f(x):
+        return jnp.sum(x) / x.shape[0]
+
+    xs = np.arange(24, dtype=np.float32).reshape(3, 8)
+    want = [float(f(jnp.asarray(xs[i, :n]))) for i, n in enumerate([2, 1, 7])]
+    batch = pm.Masked(jnp.asarray(xs), (jnp.array([2, 1, 7], jnp.int32),))
+    got = jax.vmap(pm.mask(f, "n"), in_axes=(jax.tree.map(lambda _: 0, batch),))(batch)
+    np.testing.assert_allclose(got.data, want, rtol=1e-6)
+    b, = jax.export.symbolic_shape("b")
+    spec = pm.Masked(jax.ShapeDtypeStruct((b, 8), jnp.float32),
+                     (jax.ShapeDtypeStruct((b,), jnp.int32),))
+    exp = jax.export.export(jax.jit(jax.vmap(pm.mask(f, "n", checks="functional"))))(spec)
+    np.testing.assert_allclose(exp.call(batch).data, want, rtol=1e-6)

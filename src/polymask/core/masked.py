@@ -125,7 +125,7 @@ class Masked:
     everything else is padding with unspecified content.
     """
 
-    __slots__ = ("data", "shape")
+    __slots__ = ("data", "shape", "_size_leaves")
 
     def __init__(self, data, shape: Sequence[Size] | None = None):
         self.data = data
@@ -234,9 +234,14 @@ class Masked:
     def __repr__(self) -> str:
         return f"Masked(data={self.data!r}, shape={self.shape!r})"
 
-    # pytree protocol: dynamic sizes are leaves, static sizes are aux data.
+    # pytree protocol: dynamic sizes are leaves, static sizes are aux data. A
+    # value rebuilt from a structure keeps that structure's leaves, whatever
+    # their new values are (jax.tree.map(lambda _: 0, m) as vmap's in_axes puts a
+    # Python 0 where a size array was: still a leaf, so it stays a tree prefix)
     def tree_flatten(self):
-        dyn = tuple(i for i, s in enumerate(self.shape) if not _is_static(s))
+        dyn = getattr(self, "_size_leaves", None)
+        if dyn is None:
+            dyn = tuple(i for i, s in enumerate(self.shape) if not _is_static(s))
         children = (self.data,) + tuple(self.shape[i] for i in dyn)
         static = tuple(None if i in dyn else s for i, s in enumerate(self.shape))
         return children, static
@@ -247,6 +252,7 @@ class Masked:
         obj.data = children[0]
         sizes = iter(children[1:])
         obj.shape = tuple(next(sizes) if s is None else s for s in static)
+        obj._size_leaves = tuple(i for i, s in enumerate(static) if s is None)
         return obj
 
 
