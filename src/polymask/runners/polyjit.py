@@ -762,10 +762,11 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         ``ShapeError`` with its reason. ``False``: raise the masked trace's
         error instead (a function that must share programs).
 
-      static_argnums, static_argnames: as ``jax.jit``'s: arguments that are
+      static_argnums: as ``jax.jit``'s: positions of arguments that are
         Python values (a mode string, ``k`` of ``top_k``, a flag), passed to
-        ``fun`` as they are. Each names the parameters by position or by name,
-        and the other is derived from ``fun``'s signature, so a static
+        ``fun`` as they are.
+      static_argnames: as ``jax.jit``'s: the same by parameter name. Either
+        of the two derives the other from ``fun``'s signature, so a static
         parameter may be passed either way (also where both are given;
         ``jax.jit`` then derives neither). Their values must be hashable;
         each distinct value (of a distinct type: ``1`` and ``True`` differ)
