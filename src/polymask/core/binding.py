@@ -14,7 +14,7 @@ import weakref
 from .errors import ShapeError, SpecError, counted
 from .specs import check_in_specs_type
 
-__all__ = ["split_specs", "keywords_as_positional", "check_arity"]
+__all__ = ["split_specs", "keywords_as_positional", "check_arity", "specs_of_passed"]
 
 
 def _parameters(fun):
@@ -148,6 +148,15 @@ def _signature(fun) -> inspect.Signature:
     except TypeError:
         pass
     return sig
+
+
+def specs_of_passed(in_specs, n_args: int):
+    """``in_specs`` (a tuple by position) for a call passing ``n_args``
+    positional arguments: the entries of parameters after them, left to
+    ``fun``'s defaults (``keywords_as_positional``), are dropped."""
+    if isinstance(in_specs, tuple) and n_args < len(in_specs):
+        return in_specs[:n_args]
+    return in_specs
 
 
 def check_arity(fun, args: tuple) -> None:

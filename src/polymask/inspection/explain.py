@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.binding import split_specs
+from ..core.binding import specs_of_passed, split_specs
 from ..core.dimvars import describe_conditions, display_text
 from ..core.errors import FailsAsPlainJax, ShapeError, SpecError, UnsupportedError
 from ..core.masked import Masked
@@ -257,8 +257,8 @@ def _runner_arguments(runner, in_specs, args, constraints):
     if in_specs is None:
         in_specs = (runner.specs_for(len(args)) if hasattr(runner, "specs_for")
                     else getattr(runner, "in_specs", None))
-    if isinstance(in_specs, tuple) and args and len(args) < len(in_specs):
-        in_specs = in_specs[:len(args)]  # the others: parameters left to their defaults
+    if args:
+        in_specs = specs_of_passed(in_specs, len(args))
     constraints = as_constraints(constraints) or tuple(getattr(runner, "constraints", ()))
     return in_specs, tuple(args), constraints
 

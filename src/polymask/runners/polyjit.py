@@ -248,9 +248,15 @@ class PolyJit:
         return tuple(jax.tree_util.tree_unflatten(tree, leaves))
 
     def positional_arguments(self, args: tuple, kwargs: dict | None = None) -> tuple:
-        """A call's arguments as this runner plans them: static arguments as
-        ``StaticArg``s, keywords at their positions, parameters left out up to
-        the last ``in_specs`` entry at their defaults (``polymask.explain``)."""
+        """A call's arguments as this runner plans them (``polymask.explain``,
+        ``precompile``): static arguments as ``StaticArg``s, keywords at their
+        positions (parameters skipped before one take their defaults; later
+        ones are left to ``fun``'s).
+
+        Raises:
+          TypeError: the arguments do not fit ``fun``'s signature.
+          ValueError: an unhashable static argument (as ``jax.jit``).
+        """
         kwargs = kwargs or {}
         if self.static_args is not None:
             args, kwargs = self.static_args.wrap(tuple(args), kwargs)
@@ -780,6 +786,10 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
       evictions, compile time, XLA compiles (counted with ``jax.monitoring``),
       tiered calls and the padding fraction of the inputs; ``.precompile(...)``
       compiles a bucket ahead of time; ``.wait()`` waits for background compiles.
+
+    Raises ``TypeError`` where ``fun`` is not callable (a spec passed first:
+    ``polymask.jit("n")``) and, as ``jax.jit``, ``ValueError`` for static
+    arguments ``fun`` does not take.
 
     Inputs are padded on the host with NumPy (an input already at its bucket
     is passed through), logical sizes are runtime arguments (a new size in a

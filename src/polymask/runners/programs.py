@@ -14,10 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..core.binding import specs_of_passed
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
-from ..core.plan import CallPlan, dtype_key, plan_call
+from ..core.plan import CallPlan, plan_call, structure_key
 from ..core.trace_state import mapped_per_example
 from ..tracing.cases.dispatch import host_error
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
@@ -228,11 +229,9 @@ class CallPlans:
         """``(plan, leaves, tree)`` of ``args``; ``in_specs``/``spec_key`` replace the
         runner's specs (``ragged_map`` with specs read off the examples)."""
         if spec_key is None:
-            in_specs = self.in_specs
-            if isinstance(in_specs, tuple) and len(args) < len(in_specs):
-                in_specs = in_specs[:len(args)]  # the others: parameters left to defaults
+            in_specs = specs_of_passed(self.in_specs, len(args))
         leaves, tree = jax.tree_util.tree_flatten(tuple(args))
-        key = (tree, tuple((np.shape(x), dtype_key(x)) for x in leaves), spec_key)
+        key = (structure_key(tree, leaves), spec_key)
         plan = self._plans.get(key)
         if plan is None:
             try:

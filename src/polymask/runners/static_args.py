@@ -32,7 +32,7 @@ __all__ = ["StaticArg", "StaticArgs"]
 _MISSING = object()  # the default of a moved keyword-only static parameter that has none
 
 
-@functools.partial(jax.tree_util.register_static)
+@jax.tree_util.register_static
 class StaticArg:
     """One static argument's value, as a leafless pytree node. Equal when the
     values are equal and of the same type (``1``, ``1.0`` and ``True`` are
