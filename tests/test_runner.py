@@ -335,6 +335,118 @@ def test_jit_reused_padding_buffers_across_threads():
     _in_threads(work, 6)
 
 
+# Small inputs (under 64 KiB) on XLA:CPU are written into host buffers that a
+# jax.Array aliases (runners.hostio.AliasedPadBuffers): a later call writes the
+# same memory, so every test below checks that no earlier output changes and
+# no later call sees an earlier value.
+_ALIASES = jax.default_backend() == "cpu"
+
+
+def _aliased_keys(runner):
+    return {key: slots for key, slots in runner._aliased._slots.items()}
+
+
+def test_jit_small_inputs_in_reused_aliased_buffers_hold_no_earlier_values():
+    rng = np.random.default_rng(15)
+    total = pm.jit(lambda x: jnp.sum(x, axis=0), "n, m", buckets=[16], tiered=False)
+    shapes = [(13, 7), (9, 11), (16, 3), (2, 16), (13, 7), (5, 5), (16, 16), (1, 1)] * 2
+    pairs = []
+    for k, shape in enumerate(shapes):
+        x = _integer_valued(rng, shape)
+        pairs.append((x.sum(axis=0), total(x if k % 2 else jnp.asarray(x))))
+    for want, got in pairs:  # (each output after every later call)
+        np.testing.assert_array_equal(got, want)
+    assert total.stats()["compiles"] == 1
+    if _ALIASES:  # one bucket shape, its buffers in use
+        assert [bool(slots) for slots in _aliased_keys(total).values()] == [True]
+
+
+@pytest.mark.parametrize("numpy_outputs", [False, True])
+def test_jit_outputs_forwarded_from_an_aliased_buffer_are_copies(numpy_outputs):
+    rng = np.random.default_rng(16)
+    ident = pm.jit(lambda x: x, "n", buckets=[16], tiered=False, numpy_outputs=numpy_outputs)
+    both = pm.jit(lambda x: (x, jnp.sum(x)), "n", buckets=[16], tiered=False,
+                  numpy_outputs=numpy_outputs)
+    pairs = []
+    for n in (5, 9, 16, 12, 1, 5, 15, 9):
+        x = _integer_valued(rng, (n,))
+        pairs.append((x.copy(), ident(x), both(jnp.asarray(x))))
+    for x, y, (z, s) in pairs:
+        np.testing.assert_array_equal(np.asarray(y), x)
+        np.testing.assert_array_equal(np.asarray(z), x)
+        assert float(s) == x.sum()
+
+
+def test_jit_never_refills_an_aliased_buffer_a_dispatched_program_still_reads():
+    # an exact (scalar) output is handed back without waiting: where dispatch
+    # is asynchronous, the next call finds the buffer still read
+    def slow(x):
+        m = jnp.outer(x, x) / (1 + x.shape[0])
+        v = jax.lax.fori_loop(0, 4000, lambda i, v: jnp.tanh(m @ v + v), x)
+        return jnp.sum(v * x)  # x is read again after the loop: a late overwrite shows
+
+    rng = np.random.default_rng(17)
+    run = pm.jit(slow, "n", buckets=[128], tiered=False)
+    plain = jax.jit(slow)
+    xs = [rng.normal(size=100 + k % 2).astype(np.float32) for k in range(8)]
+    jax.block_until_ready([run(xs[0]), run(xs[1])])  # (a new shape's first call pads NumPy)
+    outs = [run(x) for x in xs]  # not waited for between calls
+    for x, y in zip(xs, outs):
+        np.testing.assert_allclose(y, plain(x), rtol=1e-5, atol=1e-6)
+
+
+def test_an_aliased_buffer_returned_as_it_is_is_handed_out_as_a_copy():
+    # (JAX may return an unchanged input as it is; the buffer is rewritten later)
+    from polymask.runners.hostio import AliasedPadBuffers
+
+    if not _ALIASES:
+        pytest.skip("aliased buffers are XLA:CPU's")
+    pool = AliasedPadBuffers()
+    slot = pool.take((4,), np.dtype(np.float32), (3,))
+    slot.view[:3] = [1.0, 2.0, 3.0]
+    made = jnp.ones(2)
+    out = pool.done(slot, [slot.array, [made]], (slot.array,))
+    assert out[0] is not slot.array and out[1][0] is made
+    slot.view[:] = 9.0
+    np.testing.assert_array_equal(out[0], [1.0, 2.0, 3.0, 0.0])
+    assert slot.reader is made  # the output the execution made tells when it ends
+    f32 = np.dtype(np.float32)
+    assert pool.take((4,), f32, (2,)) is slot  # ``made`` is ready: free again
+    pool.done(slot, [slot.array], (slot.array,))  # nothing made: never free again
+    other = pool.take((4,), f32, (2,))
+    assert other is not None and other is not slot
+    assert pool.take((4,), f32, (2,)) is None  # both busy, no third
+
+
+def test_jit_aliased_buffers_whose_reader_is_deleted_or_donated_are_given_up():
+    rng = np.random.default_rng(18)
+    norm = pm.jit(lambda x: jnp.sum(x * x), "n", buckets=[8], tiered=False)
+    donate = jax.jit(lambda v: v + 1, donate_argnums=0)
+    for k in range(12):
+        x = _integer_valued(rng, (7,))
+        y = norm(x)
+        assert float(y) == float((x * x).sum())
+        y.delete() if k % 2 else donate(y)  # when y was made can no longer be asked
+    if _ALIASES:  # after a few such losses the bucket shape pads NumPy arrays
+        assert list(_aliased_keys(norm).values()) == [None]
+    x = _integer_valued(rng, (5,))
+    assert float(norm(x)) == float((x * x).sum())
+
+
+def test_jit_aliased_buffers_across_threads():
+    total = pm.jit(lambda x: jnp.sort(x, axis=0) * 3 + jnp.sum(x), "n, m", buckets=[32],
+                   tiered=False)
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        for _ in range(40):
+            x = _integer_valued(rng, (int(rng.integers(1, 33)), 3))
+            y = total(x if rng.random() < 0.5 else jnp.asarray(x))
+            np.testing.assert_array_equal(y, np.sort(x, axis=0) * 3 + x.sum())
+
+    _in_threads(work, 4)
+
+
 # ----------------------------------------------------------------------------
 # ragged_map
 # ----------------------------------------------------------------------------

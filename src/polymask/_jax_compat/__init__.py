@@ -18,7 +18,7 @@ package; ``tests/test_jax_compat.py`` covers each function. Import it as
   it runs (undecidable size comparisons raise ``SplitNeeded``; rows of
   ``patches``)
 - ``hooks``: ``patched_attr``, ``quiet_callback_errors``
-- ``runtime``: ``upload`` (host -> device without a program)
+- ``runtime``: ``upload`` (host -> device without a program), ``buffer_address``, ``is_made``
 - ``callbacks``: ``jax.debug.print``'s host formatting, the debug effects
 - ``checks``: ``checkify.check``'s error value (its failure predicates)
 - ``lowering``: lowering / transposition helpers of polymask's own primitives

@@ -31,6 +31,28 @@ def upload(a, weak_type: bool = False):
 _upload_impl = None
 
 
+def is_made(x) -> bool | None:
+    """Whether the ``jax.Array`` ``x`` is computed (its execution has ended);
+    None once it is deleted (donated), when JAX cannot say. ``is_ready`` of a
+    deleted array crashes the process on jaxlib 0.10.2 (and raises on 0.12), so
+    ``is_deleted`` is asked first."""
+    if x.is_deleted():
+        return None
+    try:
+        return x.is_ready()
+    except RuntimeError:  # deleted by another thread in between (0.12)
+        return None
+
+
+def buffer_address(x) -> int | None:
+    """The address of a single-device ``jax.Array``'s data (None where JAX
+    cannot say): whether an upload aliases the host memory it came from."""
+    try:
+        return x.unsafe_buffer_pointer()
+    except Exception:  # noqa: BLE001 - sharded, deleted, or no such method
+        return None
+
+
 def _make_upload():
     try:
         from jax._src import core as _core

@@ -46,6 +46,7 @@ from .fallback import ExactFallback, bucket_text, falls_back
 from .hostio import (
     FAST_TYPES,
     PAD_DEVICE_PROGRAMS,
+    AliasedPadBuffers,
     HostPadBuffers,
     device_pad_fn,
     host_backend,
@@ -105,6 +106,9 @@ class _CallInfo:
     # ``leaf -> padded array`` where the program's arguments are one padded
     # array and the sizes (the common case), else None; set with ``build``
     pad_one: Callable | None = None
+    # ``(program, leaves) -> outputs`` of that case through an aliased buffer
+    # (``AliasedPadBuffers``), else None; set with ``build``
+    call_one: Callable | None = None
 
 
 _STALE = object()  # a steady-state call found its program evicted or replaced
@@ -116,9 +120,16 @@ def _steady_call(info: _CallInfo, entry: Entry) -> Callable:
     the eviction order, pad, run), with every attribute it needs bound once;
     ``_STALE`` once ``entry`` is evicted or no longer the info's program."""
     fn, calls, ticks, sizes = entry.fn, info.calls, COMPILE_TICK, info.sizes
-    pad_one, build = info.pad_one, info.build
+    pad_one, build, call_one = info.pad_one, info.build, info.call_one
 
-    if pad_one is not None:
+    if call_one is not None:
+        def run(a):
+            if entry.live and info.entry is entry:
+                next(calls)
+                entry.tick = next(ticks)
+                return call_one(fn, (a,))[0]
+            return _STALE
+    elif pad_one is not None:
         def run(a):
             if entry.live and info.entry is entry:
                 next(calls)
@@ -188,6 +199,7 @@ class PolyJit:
         self._fast: dict = {}
         self._steady: dict = {}  # _fast's key -> its steady-state call (_steady_call)
         self._pads = HostPadBuffers()  # large inputs' padded host buffers, reused
+        self._aliased = AliasedPadBuffers()  # small ones, as jax.Arrays (XLA:CPU)
         self._last_new = None  # (tree, leaf structs) of the last call with new shapes
         self._n_specs = 0 if self.in_specs is None else len(self.in_specs)
         self._retired = [0, 0, 0]  # calls, logical, padded of dropped infos
@@ -311,6 +323,7 @@ class PolyJit:
         self.cache.clear()
         self.plans.clear()
         self._pads.clear()
+        self._aliased.clear()
         self._steady.clear()
 
     def _flat(self, info: _CallInfo, leaves, dyn=None):
@@ -319,6 +332,7 @@ class PolyJit:
             build = info.build
             if build is None:
                 info.pad_one = self._one_padder(info.static_idx, info.dyn, leaves)
+                info.call_one = self._one_caller(info, leaves)
                 build = info.build = self._builder(info.static_idx, info.dyn, info.sizes, leaves,
                                                    info.pad_one)
             return build(leaves)
@@ -340,6 +354,39 @@ class PolyJit:
             return pad(a if type(a) is ndarray else asarray(a), index)
 
         return pad_one
+
+    def _one_caller(self, info: _CallInfo, leaves) -> Callable | None:
+        """``(program, leaves) -> outputs`` where ``pad_one`` applies and the
+        padded array is small on XLA:CPU: the array is written into a buffer
+        that a ``jax.Array`` aliases (``AliasedPadBuffers``), else padded by
+        ``pad_one``; None where that does not apply."""
+        if info.pad_one is None:
+            return None
+        i, bound, exact, _ = info.dyn[0]
+        dtype = dtype_key(leaves[i])
+        if exact or not AliasedPadBuffers.applies(bound, dtype):
+            return None
+        shape = tuple(np.shape(leaves[i]))
+        index = tuple(slice(0, s) for s in shape)
+        aliased, pad_one, sizes = self._aliased, info.pad_one, info.sizes
+        take, done, abandon = aliased.take, aliased.done, aliased.abandon
+        ndarray, asarray = np.ndarray, np.asarray
+
+        def call_one(fn, leaves):
+            a = leaves[i]
+            slot = take(bound, dtype, shape)
+            if slot is None:
+                return fn(pad_one(a), sizes)
+            try:
+                slot.view[index] = a if type(a) is ndarray else asarray(a)
+                args = (slot.array, sizes)
+                out = fn(*args)
+            except BaseException:
+                abandon(slot)
+                raise
+            return done(slot, out, args)
+
+        return call_one
 
     def _builder(self, static_idx, dyn, sizes, leaves, pad_one):
         """A function ``leaves -> flat arguments`` specialised to one call
@@ -429,9 +476,13 @@ class PolyJit:
         entry = info.entry
         if entry is not None and entry.live:
             entry.tick = next(COMPILE_TICK)
-            build = info.build
+            build, call_one = info.build, info.call_one
             try:
-                out = entry.fn(*(build(leaves) if build is not None else self._flat(info, leaves)))
+                if call_one is not None:
+                    out = call_one(entry.fn, leaves)
+                else:
+                    out = entry.fn(*(build(leaves) if build is not None
+                                     else self._flat(info, leaves)))
             except Exception as e:
                 raise_run_failure(e)
                 raise
