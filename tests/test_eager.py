@@ -234,3 +234,25 @@ def test_a_masked_callee_is_not_kept_alive():
         del fun
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_an_objects_call_and_its_methods_are_different_callees():
+    # a bound method's weak reference equals one to its object: the trace
+    # shared across masked functions must still tell them apart
+    class Model:
+        def encode(self, x):
+            return x + 100.0
+
+        def decode(self, x):
+            return x - 1.0
+
+        def __call__(self, x):
+            return x * 2.0
+
+    model = Model()
+    x = np.arange(3, dtype=np.float32)
+    masked = pm.Masked(jnp.arange(4.0), (3,))
+    for fun, want in ((model.encode, x + 100), (model, x * 2), (model.decode, x - 1),
+                      (model.encode, x + 100)):
+        np.testing.assert_array_equal(pm.jit(fun)(x), want)
+        np.testing.assert_array_equal(pm.mask(fun, "n")(masked).data[:3], want)

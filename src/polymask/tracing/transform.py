@@ -172,13 +172,17 @@ def _weak_callee(fun):
     weakly referenced (as ``jax.jit``'s cache): a weak reference equals another
     to the same live callee, a bound method's (new on every attribute access)
     while its object and function are alive. A dead one equals nothing, and
-    its entry leaves with the least recently used."""
+    its entry leaves with the least recently used.
+
+    Tagged by kind: a bound method's ``WeakMethod`` compares equal to a plain
+    weak reference to its object (``ref.__eq__`` compares the referents), so
+    ``mask(obj.method)`` and ``mask(obj)`` would share a trace."""
     try:
         if inspect.ismethod(fun):
-            return weakref.WeakMethod(fun)
-        return weakref.ref(fun)
+            return ("method", weakref.WeakMethod(fun))
+        return ("callee", weakref.ref(fun))
     except TypeError:
-        return fun
+        return ("strong", fun)
 
 
 class _Meta:
