@@ -867,6 +867,27 @@ def test_ragged_map_precompile():
         np.testing.assert_allclose(o, np.tanh(e @ w).sum(0), rtol=1e-5)
 
 
+def test_jit_closing_over_the_callers_tracers_is_traced_into_the_caller():
+    # concrete inputs, but fun closes over a tracer of the caller's grad / jit /
+    # vmap (functools.partial(apply, params) inside a loss): as jax.jit nested
+    x = np.arange(3, dtype=np.float32)
+
+    def loss(w, wrap):
+        return wrap(lambda v: jnp.sin(v) * w)(x).sum()
+
+    for transform in (jax.grad, jax.jit, jax.vmap):
+        args = (jnp.arange(3.0),) if transform is jax.vmap else (2.0,)
+        np.testing.assert_allclose(transform(lambda w: loss(w, pm.jit))(*args),
+                                   transform(lambda w: loss(w, jax.jit))(*args), rtol=1e-6)
+    # a runner in its steady state, called inside a transformation: not its bucket program
+    g = pm.jit(lambda v: v * 2)
+    for _ in range(3):
+        g(x)
+    assert float(jax.grad(lambda w: jnp.sum(g(x) * w))(1.0)) == 6.0
+    np.testing.assert_array_equal(jax.jit(lambda w: g(x) * w)(3.0), x * 6)
+    assert g.stats()["traced_calls"] == 2
+
+
 def test_jit_under_grad_jit_and_vmap_is_plain_jax():
     fun = lambda x, w: jnp.sum(jnp.sin(x * w) ** 2) / x.shape[0]
     f = pm.jit(fun, ("n", None), buckets=B.pow2(8, maximum=16))

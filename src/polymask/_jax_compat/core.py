@@ -221,6 +221,16 @@ def current_trace():
         return None
 
 
+def under_transformation() -> bool:
+    """Whether JAX is tracing now (inside ``jit``, ``grad``, ``vmap``,
+    ``eval_shape`` of an outer function): what runs now is recorded into that
+    trace, not computed, and closed-over values may be its tracers."""
+    try:
+        return not isinstance(_core.trace_ctx.trace, _core.EvalTrace)
+    except AttributeError:  # pragma: no cover - private API moved
+        return False
+
+
 def instantiate_zero(x, aval=None):
     """Turn JAX's symbolic ``Zero`` cotangent into an array (else return ``x``)."""
     import jax.numpy as _jnp

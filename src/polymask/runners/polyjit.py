@@ -152,6 +152,7 @@ class _BucketUnshared(Exception):
 
 
 _LEAF_TREE = jax.tree_util.tree_structure(0)
+_under_transformation = compat.under_transformation
 
 
 TIERED_MIN_CACHE = 4  # the smallest cache_size that keeps tiered buckets on by default
@@ -430,7 +431,8 @@ class PolyJit:
     def __call__(self, *args, **kwargs):
         if self.static_args is not None:  # their values join the call's tree structure
             args, kwargs = self.static_args.wrap(args, kwargs)
-        if not kwargs and len(args) == 1:
+        traced = _under_transformation()
+        if not kwargs and len(args) == 1 and not traced:
             a = args[0]
             if type(a) in FAST_TYPES:
                 run = self._steady.get((type(a), a.shape, a.dtype))
@@ -449,6 +451,8 @@ class PolyJit:
                 if self._fallback is None:
                     raise
                 return self._keywords_call(args, kwargs, e)
+        if traced:  # inside the caller's jit/grad/vmap: fun is traced into it (as jax.jit)
+            return self._traced_call(args)
         if len(args) == 1 and type(args[0]) in FAST_TYPES:  # the common case: one array
             key = (type(args[0]), args[0].shape, args[0].dtype)
         elif all(type(a) in FAST_TYPES for a in args):
@@ -616,12 +620,16 @@ class PolyJit:
         return {} if self._fallback is None else self._fallback.fallbacks()
 
     def _traced_call(self, args):
-        """Under ``jax.grad``/``jit``/``vmap`` (tracer inputs, exact shapes known
-        at trace time): the sizes are checked as for any call (``ShapeError``
-        for a spec, constraint or bucket they break), then ``fun`` itself is
-        traced into the caller's program. The outer transformation already
+        """Under ``jax.grad``/``jit``/``vmap`` of the caller (tracer inputs, or
+        concrete ones while ``fun`` may close over the caller's tracers: exact
+        shapes known at trace time): the sizes are checked as for any call
+        (``ShapeError`` for a spec, constraint or bucket they break), then
+        ``fun`` itself is traced into the caller's program, as ``jax.jit``
+        nested in a transformation is. The outer transformation already
         specialises on the exact shapes, so padding could not save a compile,
-        and the result is plain JAX's, derivatives included."""
+        and the result is plain JAX's, derivatives included. (Running a bucket
+        program here would also record its padded input, a host buffer a later
+        call rewrites, as a constant of the caller's program.)"""
         self.plans.plan(args)
         self.cache.add(traced_calls=1)
         # (numpy_outputs does not apply: a traced output cannot be a NumPy array)
