@@ -1,5 +1,9 @@
 """polymask.jit, ragged_map and bucketing policies (values only, never timings)."""
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import warnings
@@ -865,6 +869,46 @@ def test_ragged_map_precompile():
     assert cc.compiles == 0 and rm.stats()["compiles"] == 1
     for e, o in zip(exs, outs):
         np.testing.assert_allclose(o, np.tanh(e @ w).sum(0), rtol=1e-5)
+
+
+def test_jit_takes_jax_jits_arguments_and_ahead_of_time_methods():
+    x = np.arange(5.0, dtype=np.float32)
+    f = pm.jit(lambda x, k: jnp.sum(x) * k, static_argnums=1, donate_argnums=0,
+               keep_unused=True, inline=True)
+    plain = jax.jit(lambda x, k: jnp.sum(x) * k, static_argnums=1)
+    assert float(f(x, 2)) == 20.0 and x[4] == 4.0  # nothing donated: x stays valid
+    struct = jax.ShapeDtypeStruct((7,), jnp.float32)
+    assert f.eval_shape(struct, k=3) == plain.eval_shape(struct, 3)
+    assert float(f.lower(x, 2).compile()(x)) == 20.0  # jax.jit's program for x's shape
+    assert str(f.trace(x, 2).jaxpr) == str(plain.trace(x, 2).jaxpr)
+    bounded = pm.jit(lambda x: x, "n", buckets=[8])
+    for method in (bounded.eval_shape, bounded.lower, bounded.trace):
+        with pytest.raises(pm.ShapeError, match="largest bucket 8"):
+            method(np.ones(9, np.float32))
+    for option in ("in_shardings", "out_shardings", "device", "backend"):
+        value = "cpu" if option == "backend" else jax.devices()[0]
+        with pytest.raises(NotImplementedError, match=r"polymask.mask\(f, in_specs\), in_sh"):
+            pm.jit(lambda x: x, **{option: value})
+
+
+def test_runners_follow_jax_default_device_as_jax_jit_of_numpy_inputs():
+    script = textwrap.dedent("""
+        import numpy as np, jax, jax.numpy as jnp, polymask as pm
+        total, double = pm.jit(lambda x: jnp.sum(x * x), "n"), pm.jit(lambda x: x * 2, "n")
+        each = pm.ragged_map(lambda x: x.sum(), ("n",))
+        x = np.ones(5, np.float32)
+        for _ in range(3):  # (first calls, then the steady state)
+            total(x), double(x)
+        with jax.default_device(jax.devices()[1]):
+            outs = [total(x), double(x), *each([x, x[:3]])]
+            print(sorted({d.id for o in outs for d in o.devices()}))
+        print(sorted({d.id for o in (total(x), double(x)) for d in o.devices()}))
+    """)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["[1]", "[0]"]
 
 
 def test_jit_closing_over_the_callers_tracers_is_traced_into_the_caller():

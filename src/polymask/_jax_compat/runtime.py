@@ -13,7 +13,8 @@ from .versions import JAX_VERSION
 # Host -> device upload of a fresh NumPy array (the runners' unpadded outputs)
 # ----------------------------------------------------------------------------
 def upload(a, weak_type: bool = False):
-    """An uncommitted ``jax.Array`` on the default device holding the NumPy array ``a``
+    """An uncommitted ``jax.Array`` on the default device (``jax.default_device``
+    where set, else the first) holding the NumPy array ``a``
     (weakly typed with ``weak_type``, as a program's output may be, which
     ``jax.device_put`` cannot make: a Python scalar's promotion).
 
@@ -58,10 +59,17 @@ def _make_upload():
         from jax._src import core as _core
         from jax._src.lib import xla_client as _xc
 
-        dev = jax.devices()[0]
-        sharding = jax.sharding.SingleDeviceSharding(dev)
-        devs = [dev]
+        first = jax.devices()[0]
+        placements: dict = {None: (jax.sharding.SingleDeviceSharding(first), [first])}
         avals: dict = {}
+        config = jax.config
+
+        def placement(default):
+            """(sharding, devices) of ``jax.default_device``'s value: as
+            ``jax.device_put``, which uploads to it (a Device or a platform)."""
+            dev = default if not isinstance(default, str) else jax.devices(default)[0]
+            placements[default] = jax.sharding.SingleDeviceSharding(dev), [dev]
+            return placements[default]
 
         def up(a, weak_type=False):
             dt = jax.dtypes.canonicalize_dtype(a.dtype)
@@ -71,6 +79,8 @@ def _make_upload():
             aval = avals.get(key)
             if aval is None:
                 aval = avals[key] = _core.ShapedArray(a.shape, dt, weak_type=weak_type)
+            default = config.jax_default_device
+            sharding, devs = placements.get(default) or placement(default)
             return _xc.batched_device_put(aval, sharding, [a], devs, False)
 
         probe = np.arange(3, dtype=np.float32)

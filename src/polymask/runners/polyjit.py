@@ -176,6 +176,8 @@ class PolyJit:
         self.static_args = statics if statics and (statics.argnums or statics.argnames) else None
         # fun as the runner calls it: static arguments arrive as StaticArgs
         self.fun = fun if self.static_args is None else self.static_args.unwrapping(fun)
+        self._user_fun = fun
+        self._plain_jit = None  # jax.jit of fun as written: .lower, .trace, .eval_shape
         self.in_specs = runner_specs(self.fun, in_specs, "polymask.jit")
         if self.static_args is not None:
             self.in_specs = self.static_args.specs(self.in_specs)
@@ -612,6 +614,44 @@ class PolyJit:
             raise at_call_site_error(e) from e.__cause__
         return self._user_outputs(out)
 
+    def _exact_jit(self):
+        if self._plain_jit is None:
+            statics = self.static_args
+            self._plain_jit = jax.jit(
+                self._user_fun,
+                static_argnums=None if statics is None else tuple(sorted(statics.argnums)),
+                static_argnames=None if statics is None else tuple(sorted(statics.argnames)),
+                compiler_options=self.compiler_options or None)
+        return self._plain_jit
+
+    def _checked_exact_jit(self, args, kwargs):
+        """``jax.jit`` of ``fun`` after the sizes of ``args`` are checked as a
+        call checks them."""
+        self.plans.plan(self.positional_arguments(args, kwargs))
+        return self._exact_jit()
+
+    def eval_shape(self, *args, **kwargs):
+        """The outputs' shapes and dtypes for these arguments (arrays or
+        ``jax.ShapeDtypeStruct``s), as ``jax.jit(fun).eval_shape``: exact
+        shapes (a call's outputs are unpadded). Raises ``ShapeError`` where
+        the sizes do not fit the specs, as a call would."""
+        return self._checked_exact_jit(args, kwargs).eval_shape(*args, **kwargs)
+
+    def trace(self, *args, **kwargs):
+        """``jax.jit(fun).trace(...)`` for these exact shapes: the program
+        plain ``jax.jit`` traces, which is also what a call of this runner
+        inside a caller's ``jax.jit`` becomes. The bucket programs a call runs
+        are shown by ``polymask.explain`` and compiled ahead by
+        ``precompile``. Raises ``ShapeError`` as ``eval_shape``."""
+        return self._checked_exact_jit(args, kwargs).trace(*args, **kwargs)
+
+    def lower(self, *args, **kwargs):
+        """``jax.jit(fun).lower(...)`` for these exact shapes (see ``trace``):
+        ahead-of-time code that calls ``.lower(x).compile()`` gets plain
+        JAX's program for ``x``'s shapes, one per shape. Raises
+        ``ShapeError`` as ``eval_shape``."""
+        return self._checked_exact_jit(args, kwargs).lower(*args, **kwargs)
+
     def fallbacks(self) -> dict[str, str]:
         """``{bucket: reason}``: the buckets whose sizes run per exact shape
         (as ``jax.jit``) because their masked trace failed, and why (the
@@ -763,7 +803,11 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         cache_size: int = 64, numpy_outputs: bool = False, tiered: bool | None = None,
         compiler_options: dict | None = None, max_cases: int = DEFAULT_MAX_CASES,
         fallback: bool = True, static_argnums: int | Sequence[int] | None = None,
-        static_argnames: str | Sequence[str] | None = None) -> PolyJit:
+        static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None,
+        donate_argnames: str | Sequence[str] | None = None, keep_unused: bool = False,
+        inline: bool = False, in_shardings=None, out_shardings=None, device=None,
+        backend: str | None = None) -> PolyJit:
     """Compile ``fun`` once per bucket: exact (unpadded) arrays in, exact arrays out.
 
     Args:
@@ -840,6 +884,21 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         programs too. Raises ``ValueError`` for a position or name ``fun``
         does not take and for an unhashable value, as ``jax.jit`` does.
 
+      donate_argnums, donate_argnames, keep_unused, inline: accepted as
+        ``jax.jit`` accepts them, with no effect on the values: inputs are
+        copied into padded buffers, so nothing is donated (a donated array
+        stays valid, as with ``jax.jit`` on CPU); unused inputs are padded as
+        any; a call inside a caller's ``jax.jit`` is always traced inline.
+      in_shardings, out_shardings, device, backend: not supported (raise
+        ``NotImplementedError`` saying what to use instead): ``polymask.jit``
+        runs its bucket programs on the default device (``with
+        jax.default_device(d):`` picks it, as for ``jax.jit`` of NumPy
+        inputs); an input committed to another device, or sharded, is
+        gathered there, and outputs are uncommitted arrays on it
+        (docs/limitations.md).
+        Shard with ``jax.jit(polymask.mask(f), in_shardings=...)`` on padded
+        inputs (docs/distributed.md).
+
     Returns:
       A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,
       evictions, compile time, XLA compiles (counted with ``jax.monitoring``),
@@ -868,12 +927,25 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
     (the outer transformation specialises on exact shapes anyway): values and
     derivatives are plain JAX's.
     """
+    placement = {"in_shardings": in_shardings, "out_shardings": out_shardings,
+                 "device": device, "backend": backend}
+    asked = [name for name, value in placement.items() if value is not None]
+    if asked:
+        raise NotImplementedError(
+            f"polymask.jit(..., {asked[0]}=...): polymask.jit runs its bucket programs on "
+            "the default device (pick it with `with jax.default_device(d):`) and does not "
+            "shard them. For a sharded program use "
+            "jax.jit(polymask.mask(f, in_specs), in_shardings=..., out_shardings=...) on "
+            "padded inputs (docs/distributed.md); a call inside your own jax.jit is traced "
+            "into it, so jax.jit(lambda x: runner(x), in_shardings=...) runs per exact shape.")
     if fun is None:  # a decorator factory: @polymask.jit(in_specs=..., ...)
         return functools.partial(
             jit, in_specs=in_specs, buckets=buckets, constraints=constraints,
             cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
             compiler_options=compiler_options, max_cases=max_cases, fallback=fallback,
-            static_argnums=static_argnums, static_argnames=static_argnames)
+            static_argnums=static_argnums, static_argnames=static_argnames,
+            donate_argnums=donate_argnums, donate_argnames=donate_argnames,
+            keep_unused=keep_unused, inline=inline)
     if not callable(fun):
         raise TypeError(
             f"polymask.jit takes the function first, got {fun!r}: polymask.jit(f, "
