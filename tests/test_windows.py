@@ -727,3 +727,24 @@ def test_conv_with_an_empty_kernel_axis_raises_as_plain_jax():
             jax.jit(mf)(*args)
     x = pm.Masked(jnp.asarray([1.0, 2.0, 3.0, 0.0]), (np.int32(3),))
     np.testing.assert_array_equal(mf(x, pm.Masked(jnp.ones(6), (np.int32(2),))).unpad(), [3, 5])
+
+
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_kernel_gradient_of_a_conv_over_an_empty_axis_is_zero_as_plain_jax(padding):
+    # JAX's kernel transpose returns zeros for an empty cotangent (`if
+    # np.size(g) == 0`) instead of a convolution with an empty window: that
+    # test splits the trace at n = 0
+    rng = np.random.default_rng(3)
+    w = jnp.asarray(rng.normal(size=(3, 2, 4)), jnp.float32)
+
+    def kernel_grad(w, x):
+        def loss(w):
+            y = lax.conv_general_dilated(x[None], w, (1,), padding,
+                                         dimension_numbers=("NWC", "WIO", "NWC"))
+            return jnp.sum(y ** 2)
+        return jax.grad(loss)(w)
+
+    lengths = (0, 1, 2, 3, 5, 8) if padding == "SAME" else (3, 4, 8)
+    examples = [(w, rng.normal(size=(n, 2)).astype(np.float32)) for n in lengths]
+    check_oracle(kernel_grad, examples, [None, (8, 2)], (None, "n, 2"), modes=("eager", "jit", "vmap"),
+                 rtol=1e-4, atol=1e-4)

@@ -469,6 +469,26 @@ def _is_shape_decision(caller) -> bool:
     return any(t in line for t in _EQ_TOKENS)
 
 
+_EMPTY_TEST = re.compile(r"[!=]= 0\b")
+
+
+def _emptiness_check(b, caller) -> bool:
+    """``size == 0`` written in JAX's lax or core (``if np.size(g) == 0:``): an
+    empty operand's own path, taken by plain JAX on the exact arrays at size
+    0. The conv's kernel gradient returns zeros there instead of forming a
+    convolution with an empty window, which raises; ``bool(x)`` of an empty
+    array raises; a reduction tree returns its init values. False (JAX's
+    answer for an unknown size) would take the general path at 0 too."""
+    if b != 0 or caller is None or caller.f_code.co_name in ("__eq__", "__ne__", "__hash__"):
+        return False
+    if caller.f_code.co_name.startswith("definitely_"):
+        return False  # (core.is_empty_shape and the like: see _is_shape_decision)
+    if "jax/_src/" not in caller.f_code.co_filename.replace("\\", "/"):
+        return False
+    return bool(_EMPTY_TEST.search(linecache.getline(caller.f_code.co_filename,
+                                                     caller.f_lineno)))
+
+
 # lax's broadcasting rule: ``definitely_equal(d, 1)`` False for an unknown d
 # takes d as a size to match, and the shapes then fail to match
 _BROADCAST_RULES = ("_try_broadcast_shapes",)
@@ -595,7 +615,7 @@ def _split_eq(orig_eq):
             user = getattr(_HOOK_TLS, "as_user", False) or (
                 caller is not None and _in_user_code(caller, frame))
             decision = (truth or user or _is_shape_decision(caller)
-                        or _broadcast_to_one(a, b, caller))
+                        or _broadcast_to_one(a, b, caller) or _emptiness_check(b, caller))
         finally:
             frame.busy = False
         message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
