@@ -613,3 +613,27 @@ def test_ragged_map_calls_a_pure_callback_without_vmap_method_per_example():
         assert sorted(seen) == sorted(np.shape(x) for x in xs if len(x))
     with pytest.raises(NotImplementedError, match="vmap_method"):
         jax.vmap(pm.mask(f, "n"))(pm.Masked(jnp.ones((2, 4)), (jnp.array([1, 2]),)))
+
+
+def test_a_tiered_runners_background_compiles_never_fire_its_callbacks():
+    # the background compile of a bucket lowers its program for a call's
+    # padded arguments: run, it would replay that call's callbacks later
+    written = []
+
+    def step(x):
+        io_callback(lambda v: written.append(float(v)), None, x.sum(), ordered=True)
+        jax.debug.callback(lambda v: written.append(-float(v)), x.shape[0])
+        return x * 2
+
+    f = pm.jit(step, tiered=True)
+    sizes = (3, 20, 40, 3, 20)
+    for n in sizes:
+        f(np.ones(n, np.float32))
+    f.wait()
+    for n in sizes[:3]:
+        f(np.ones(n, np.float32))
+    f.wait()
+    assert f.stats()["background_compiles"] >= 1
+    calls = [float(n) for n in sizes + sizes[:3]]  # (the two kinds are not ordered together)
+    assert [v for v in written if v > 0] == calls
+    assert sorted(-v for v in written if v < 0) == sorted(calls)

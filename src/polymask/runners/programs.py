@@ -308,7 +308,7 @@ class ProgramCache:
                     self._stats["evictions"] += 1
             return e
 
-    def compile_run(self, entry: Entry, make_fn, flat_args, *, background=False):
+    def compile_run(self, entry: Entry, make_fn, flat_args):
         """Trace, compile and run ``entry`` on ``flat_args`` once (under its lock).
 
         Returns the outputs, or None when another thread compiled it first.
@@ -322,12 +322,9 @@ class ProgramCache:
                     fn = self.build_program(entry, make_fn, flat_args)
                     out = fn(*flat_args)
                 except ShapeError as e:  # from the trace: name the user's call
-                    if background:
-                        raise
                     raise at_call_site_error(e) from None
                 jax.block_until_ready(out)
-            self._install(entry, fn, time.perf_counter() - t0, cc,
-                          "background_compiles" if background else None)
+            self._install(entry, fn, time.perf_counter() - t0, cc, None)
             return out
 
     def call_entry(self, entry: Entry, make_fn, flat_args):
@@ -340,7 +337,8 @@ class ProgramCache:
 
     def precompile_entry(self, entry: Entry, make_fn, avals,
                          kind: str | None = "precompiles") -> bool:
-        """Lower and compile ``entry`` for abstract arguments (no run). True if compiled now."""
+        """Lower and compile ``entry`` for ``avals`` (abstract or concrete
+        arguments; no run). True if compiled now."""
         with entry.lock:
             if entry.fn is not None:
                 return False

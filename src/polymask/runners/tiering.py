@@ -202,11 +202,13 @@ class Tiering:
 
     def compile_in_background(self, key, entry: Entry, make,
                               flat_args: Callable[[], list], repeated: bool = False) -> None:
-        """Compile (and run once, on ``flat_args()``: padded copies) ``entry``'s
-        program in the background, once per key, yielding to calls (see the
-        module doc) unless ``repeated``: a shape called again while it waits
-        for this compile (a shape that repeats gains from its own bucket at
-        once, a burst of new shapes does not)."""
+        """Compile ``entry``'s program for ``flat_args()`` (the call's padded
+        arguments: lowered, never run, so that the program's host callbacks,
+        ``io_callback`` and ``jax.debug.print``, fire once per call as under
+        ``jax.jit``) in the background, once per key, yielding to calls (see
+        the module doc) unless ``repeated``: a shape called again while it
+        waits for this compile (a shape that repeats gains from its own bucket
+        at once, a burst of new shapes does not)."""
         if self.cache.is_pending(key):
             if repeated:
                 self.cache.urge(key)
@@ -215,7 +217,7 @@ class Tiering:
 
         def job():
             try:
-                return self.cache.compile_run(entry, make, flat, background=True)
+                return self.cache.precompile_entry(entry, make, flat, "background_compiles")
             except Exception as e:  # calls keep the cover; never retried
                 entry.unshared = refusal_text(e)
                 raise
