@@ -843,3 +843,14 @@ def test_errors_where_plain_jax_raises_are_also_of_plain_jaxs_type():
     with pytest.raises(TypeError, match=r"cannot reshape array of shape \(5, 7\)") as info:
         pm.jit(lambda x: x.reshape(3, -1), "n, m")(np.ones((5, 7), np.float32))
     assert isinstance(info.value, pm.ShapeError)
+
+
+def test_arguments_no_program_takes_raise_jax_jits_types():
+    f = pm.jit(lambda x: x * 2)
+    for arg in ("abc", np.array([1, "a"], dtype=object), np.array(["a", "b"])):
+        with pytest.raises(TypeError, match="cannot take as an input"):
+            f(arg)
+    with pytest.raises(ValueError):  # jax.jit refuses masked arrays: the mask would be dropped
+        jax.jit(lambda x: x * 2)(np.ma.masked_array([1.0, 2.0], mask=[0, 1]))
+    with pytest.raises(pm.ShapeError, match="masked array"):
+        f(np.ma.masked_array([1.0, 2.0], mask=[0, 1]))

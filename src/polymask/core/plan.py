@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from .buckets import as_policy, pow2
-from .errors import ShapeError, SpecError
+from .errors import ShapeError, SpecError, typed_as
 from .shapes import is_static
 from .specs import (
     AxisSpec,
@@ -308,8 +308,16 @@ def fits_jax_int(i: int) -> bool:
 
 
 def check_program_input(leaf, path: str) -> None:
-    """``ShapeError`` for a leaf a compiled program cannot take (a ``str`` mode);
-    ``OverflowError`` for a Python int outside JAX's int dtype, as ``jax.jit``."""
+    """A ``ShapeError`` that is also a ``TypeError`` (``jax.jit``'s) for a leaf
+    a compiled program cannot take (a ``str`` mode, a generator, an object
+    array); a ``ValueError``-typed one for a NumPy masked array (``jax.jit``
+    refuses it: its mask would be dropped); ``OverflowError`` for a Python int
+    outside JAX's int dtype, as ``jax.jit``."""
+    if isinstance(leaf, np.ma.MaskedArray):
+        raise ShapeError(
+            f"{path} is a NumPy masked array: as jax.jit, polymask does not take one (its "
+            "mask would be dropped). Pass arr.filled(fill_value) (or arr.data), or the "
+            "logical size as in polymask's own padded arrays (polymask.Masked).")
     if isinstance(leaf, int) and not isinstance(leaf, bool):
         if not fits_jax_int(leaf):
             raise OverflowError(f"{path}: Python int {leaf} too large to convert to "
@@ -326,13 +334,23 @@ def check_program_input(leaf, path: str) -> None:
     if isinstance(dt, np.dtype) and dt.kind not in "biufcV":  # V: bfloat16 and kin
         shown = repr(leaf)
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
-        raise ShapeError(
+        remedy = ("Declare it static as for jax.jit (polymask.jit(f, static_argnums=... or "
+                  "static_argnames=...); ragged_map(f, ..., static_argnums=...) for a "
+                  "broadcast argument), or bind it with functools.partial(f, <its "
+                  "parameter>=...)." if _hashable(leaf) else
+                  "Pass an array of numbers (a static argument must be hashable).")
+        raise typed_as(ShapeError(
             f"{path} is a {type(leaf).__name__} ({shown}), which a compiled "
             "program cannot take as an input: every argument of polymask.jit / ragged_map "
-            "becomes an input of the compiled program, as with jax.jit. Declare it static "
-            "as for jax.jit (polymask.jit(f, static_argnums=... or static_argnames=...); "
-            "ragged_map(f, ..., static_argnums=...) for a broadcast argument), or bind it "
-            "with functools.partial(f, <its parameter>=...).")
+            "becomes an input of the compiled program, as with jax.jit. " + remedy), TypeError)
+
+
+def _hashable(leaf) -> bool:
+    try:
+        hash(leaf)
+    except TypeError:
+        return False
+    return not isinstance(leaf, np.ndarray)
 
 
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
