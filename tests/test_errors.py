@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import pickle
 import re
 import sys
 from collections.abc import Callable
@@ -854,3 +855,29 @@ def test_arguments_no_program_takes_raise_jax_jits_types():
         jax.jit(lambda x: x * 2)(np.ma.masked_array([1.0, 2.0], mask=[0, 1]))
     with pytest.raises(pm.ShapeError, match="masked array"):
         f(np.ma.masked_array([1.0, 2.0], mask=[0, 1]))
+
+
+def test_a_plain_jax_error_keeps_its_args_and_attributes_and_polymasks_message():
+    class Coded(Exception):
+        def __init__(self, code, text):
+            super().__init__(f"{code}: {text}")
+            self.code = code
+
+    def coded(x):
+        raise Coded(7, "bad")
+
+    x = np.ones(3, np.float32)
+    missing = pm.jit(lambda x: x * {"a": 1}["missing_key"])
+    for _ in range(2):  # (the second call raises the kept error)
+        with pytest.raises(KeyError) as e:
+            missing(x)
+        assert e.value.args == ("missing_key",)  # as jax.jit's: the key
+        assert str(e.value).startswith("the function fails")  # not KeyError's quoting
+        assert "in the masked call at" in str(e.value) and str(e.value).count("\n  in the") == 1
+        with pytest.raises(Coded) as e:
+            pm.jit(coded)(x)
+        assert e.value.code == 7 and e.value.args == ("7: bad",)
+    with pytest.raises(IndexError) as e:
+        pm.jit(lambda x: x[0])(np.ones(0, np.float32))
+    again = pickle.loads(pickle.dumps(e.value))
+    assert again.args == e.value.args and str(again) == str(e.value)

@@ -135,6 +135,8 @@ def _same_type(e: BaseException, message: str) -> BaseException:
     except Exception:  # pragma: no cover - exotic subclass
         return e
     new.__dict__.update(getattr(e, "__dict__", {}))
+    if "polymask_message" in new.__dict__:  # plain JAX's args kept (errors.with_plain_state)
+        new.args, new.polymask_message = e.args, message
     return new.with_traceback(e.__traceback__)
 
 

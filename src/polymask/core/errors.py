@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["ShapeError", "SpecError", "about_example", "UnsupportedError", "TooManyCases",
-           "FallbackWarning", "counted", "typed_as", "plain_type_of"]
+           "FallbackWarning", "counted", "typed_as", "plain_type_of", "with_plain_state"]
 
 
 class ShapeError(ValueError):
@@ -12,6 +12,13 @@ class ShapeError(ValueError):
     The message names the dimension variable, the offending values, the
     argument path (``args[1].shape[0]``) and the user's source line.
     """
+
+    def __str__(self) -> str:
+        # polymask's message: not the plain type's __str__ (KeyError's quotes
+        # its argument; ``typed_as``), nor args that are plain JAX's
+        # (``with_plain_state``)
+        message = self.__dict__.get("polymask_message")
+        return message if message is not None else BaseException.__str__(self)
 
 
 class SpecError(ShapeError):
@@ -80,6 +87,23 @@ def _typed_class(base: type, plain_type: type):
             cls = False
         _TYPED[key] = cls
     return cls
+
+
+def with_plain_state(error: BaseException, plain: BaseException | None) -> BaseException:
+    """``error`` (typed as ``type(plain)`` by ``typed_as``) carrying the state
+    of ``plain``, the exception plain JAX raised on the exact arrays: its
+    ``args`` (``except KeyError as e: e.args[0]`` is the missing key) and its
+    attributes (a custom exception's ``e.code``), with ``str(error)`` still
+    polymask's message. ``error`` as it is where it is not of that type."""
+    if (plain is None or not isinstance(error, ShapeError)
+            or not isinstance(error, type(plain)) or error is plain):
+        return error
+    message = str(error)
+    for name, value in vars(plain).items():
+        error.__dict__.setdefault(name, value)
+    error.args = plain.args
+    error.polymask_message = message
+    return error
 
 
 def plain_type_of(error: BaseException) -> type | None:

@@ -33,7 +33,14 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.binding import KeywordWithoutSpec, check_arity, keywords_as_positional, runner_specs
-from ..core.errors import FailsAsPlainJax, ShapeError, TooManyCases, plain_type_of, typed_as
+from ..core.errors import (
+    FailsAsPlainJax,
+    ShapeError,
+    TooManyCases,
+    plain_type_of,
+    typed_as,
+    with_plain_state,
+)
 from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype
@@ -476,7 +483,8 @@ class PolyJit:
                 info = self._info(args, tree, key, False)
         next(info.calls)
         if info.error is not None:
-            raise at_call_site_error(info.error) from info.error.__cause__
+            raise with_plain_state(at_call_site_error(info.error),
+                                   info.error.__cause__) from info.error.__cause__
         if info.unshared is not None:
             return self._exact_call(info, args)
         entry = info.entry
@@ -544,7 +552,7 @@ class PolyJit:
                                 f"{line}{text[at:]}")
         info.error = typed_as(error, type(plain))
         info.error.__cause__ = plain
-        raise at_call_site_error(info.error) from plain
+        raise with_plain_state(at_call_site_error(info.error), plain) from plain
 
     def _error_case_run_plain(self, info: _CallInfo, entry: Entry | None, args,
                               error: ShapeError):
