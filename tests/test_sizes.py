@@ -630,3 +630,9 @@ def test_the_truth_of_a_size_inside_jax_decides_or_splits():
             want = fn(x)
             assert got.shape == want.shape, (spec, n)
             np.testing.assert_array_equal(got, want)
+
+
+def test_check_oracle_differentiates_functions_that_also_return_a_size():
+    # a size returned as a Python int is not differentiated (it has no dtype)
+    check_oracle(lambda x: (jnp.sum(x * x), x.shape[0]),
+                 [(np.arange(n, dtype=np.float32),) for n in (0, 2, 5)], [(8,)], ("n",))
