@@ -8,6 +8,7 @@ eagerly, under one ``jax.jit``, over a ragged ``vmap`` batch and for
 under ``jit`` and ``vmap``) and never returns a value.
 """
 
+import functools
 import re
 import warnings
 
@@ -636,3 +637,66 @@ def test_check_oracle_differentiates_functions_that_also_return_a_size():
     # a size returned as a Python int is not differentiated (it has no dtype)
     check_oracle(lambda x: (jnp.sum(x * x), x.shape[0]),
                  [(np.arange(n, dtype=np.float32),) for n in (0, 2, 5)], [(8,)], ("n",))
+
+
+_SCALE = {4: 2.0, 8: 3.0}
+
+
+@pytest.mark.parametrize("name", ["get", "in_set", "shape_in_dict", "subscript"])
+def test_a_size_looked_up_by_its_hash_finds_its_entry_as_on_exact_arrays(name):
+    # a symbolic size hashes as itself: a lookup would silently miss; it is
+    # traced size by size instead (each trace plain JAX's)
+    fun = {
+        "get": lambda x: x * _SCALE.get(x.shape[0], 1.0),
+        "in_set": lambda x: x * (2.0 if x.shape[0] in {4, 8} else 1.0),
+        "shape_in_dict": lambda x: x * (5.0 if x.shape in {(4,): 1} else 1.0),
+        "subscript": lambda x: x * {n: float(n) for n in range(20)}[x.shape[0]],
+    }[name]
+    check_oracle(fun, [(np.ones(n, np.float32),) for n in (1, 3, 4, 8)], [(8,)], ("n",),
+                 modes=("eager", "jit"), static_sizes=False)
+    runner = pm.jit(fun, "n", tiered=False)
+    for n in (3, 4, 8, 9):
+        np.testing.assert_array_equal(runner(np.ones(n, np.float32)), fun(np.ones(n, np.float32)))
+
+
+def test_a_size_hashed_as_a_jit_static_argument_stays_symbolic():
+    @functools.partial(jax.jit, static_argnums=1)
+    def lower_ones(x, n):
+        return jnp.tril(jnp.ones((n, n))) @ x
+
+    fun = lambda x: lower_ones(x, x.shape[0])
+    check_oracle(fun, [(np.ones(n, np.float32),) for n in (0, 1, 5, 8)], [(8,)], ("n",),
+                 modes=("eager", "jit"))
+    tree = pm.mask(fun, "n").cases(pm.Masked(jnp.ones(8), (5,)))[0]
+    assert len(tree.cases) == 1, tree.summary()  # one symbolic trace, not one per size
+
+
+def test_a_size_as_a_number_past_the_int_dtype_raises_overflow_as_plain_jax():
+    # plain JAX converts the Python int with OverflowError; the program would
+    # wrap around: the trace splits where it stops fitting (n <= 46 here)
+    fun = lambda x: x * (x.shape[0] ** 2 * 1000003)
+    masked = pm.mask(fun, "n")
+    jitted = jax.jit(lambda d, n: masked(pm.Masked(d, (n,))).data)
+    for n in (0, 3, 46):
+        want = np.full(n, n * n * 1000003, np.float32)
+        np.testing.assert_array_equal(masked(pm.Masked(jnp.ones(64), (n,))).data[:n], want)
+        np.testing.assert_array_equal(jitted(jnp.ones(64), n)[:n], want)
+    for n in (47, 64):
+        with pytest.raises(OverflowError):
+            jax.jit(fun)(np.ones(n, np.float32))
+        with pytest.raises(pm.ShapeError) as e:
+            masked(pm.Masked(jnp.ones(64), (n,)))
+        assert isinstance(e.value, OverflowError)
+        with pytest.raises(Exception, match="OverflowError"):  # at run time under jit
+            jitted(jnp.ones(64), n).block_until_ready()
+    runner = pm.jit(fun, "n", tiered=False)
+    assert float(runner(np.ones(46, np.float32))[0]) == np.float32(46 * 46 * 1000003)
+    with pytest.raises(OverflowError):
+        runner(np.ones(47, np.float32))
+    # two dim vars: no threshold on one size; traced size by size
+    two = lambda x, y: x * (x.shape[0] * y.shape[0] * 100_000_007)
+    check_oracle(two, [(np.ones(n, np.float32), np.ones(m, np.float32))
+                       for n, m in ((1, 2), (3, 7), (4, 5))], [(8,), (8,)], ("n", "m"),
+                 modes=("eager",), static_sizes=False)
+    with pytest.raises(OverflowError):
+        pm.mask(two, ("n", "m"))(pm.Masked(jnp.ones(8), (5,)), pm.Masked(jnp.ones(8), (5,)))

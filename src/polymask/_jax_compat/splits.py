@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import dis
 import functools
 import itertools
 import linecache
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 from jax._src import config as _config
 from jax._src import core as _core
+from jax._src import dtypes as _dtypes
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.export import shape_poly_decision as _decision
 from jax._src.interpreters import partial_eval as _pe
@@ -84,6 +86,7 @@ class _HookFrame:
     # data-dependent dim var -> the user's line of a size comparison whose
     # outcome holds only because JAX assumes it >= 1 (``_note_nonempty``)
     assumed_nonempty: dict = dataclasses.field(default_factory=dict)
+    user_files: dict = dataclasses.field(default_factory=dict)  # file name -> is the user's
 
 
 def _params_mention_sizes(params: dict) -> bool:
@@ -109,6 +112,8 @@ def _stage_symbolic_constants(orig):
     primitive), as they are outside the block; everything else still folds.
     """
     def process_primitive(self, primitive, tracers, params, /):
+        if primitive is _shape_poly.dim_as_value_p:
+            _check_fits_int(params["dim"])
         if (_config.eager_constant_folding.value and getattr(_HOOK_TLS, "stack", None)
                 and _params_mention_sizes(params)):
             with _config.eager_constant_folding(False):
@@ -116,6 +121,76 @@ def _stage_symbolic_constants(orig):
         return orig(self, primitive, tracers, params)
 
     return process_primitive
+
+
+def _check_fits_int(dim) -> None:
+    """A size used as a number (``dim_as_value``) is JAX's int dtype at run
+    time; on the exact arrays it is a Python int, which JAX converts with
+    ``OverflowError`` when it does not fit (``x * (x.shape[0] ** 2 * 10**6)``
+    at n = 1000), where the program would wrap around. Where the bounds allow
+    both: an expression of one dim var that fits up to some size and not past
+    it splits the trace there (``n <= 46``: a comparison that cannot wrap
+    around itself), and the case past it raises as plain JAX; any other is
+    needed as a Python int: traced size by size (``tracing/cases/refine.py``),
+    each trace plain JAX's own."""
+    frame = _active_frame(dim)
+    if frame is None:
+        return
+    info = np.iinfo(_dtypes.canonicalize_dtype(np.int64))
+    lo, hi = _decision.bounds_decision(dim, _shape_poly.BoundsPrecision.BEST)
+    if info.min <= lo and hi <= info.max:
+        return
+    if lo > info.max or hi < info.min:
+        raise _overflow(dim, info)
+    frame.busy = True
+    try:
+        fits = _fits_up_to(dim, info)
+    finally:
+        frame.busy = False
+    if fits is None:
+        raise InconclusiveDimensionOperation(
+            f"the size expression '{dim}' is used as a number that fits {info.dtype} at some "
+            "sizes within the bounds and not at others (plain JAX raises OverflowError "
+            "there), in a context that requires a constant")
+    var, last, everywhere = fits
+    if everywhere is True:
+        return
+    if everywhere is False:
+        raise _overflow(dim, info)
+    raise SplitNeeded(f"Symbolic dimension comparison '{var}' <= {last} is inconclusive.",
+                      last - var)
+
+
+def _overflow(dim, info) -> OverflowError:
+    return OverflowError(f"Python int {dim} too large to convert to {info.dtype} (the size "
+                         "expression, as a number at these sizes)")
+
+
+_FIT_SCAN_LIMIT = 4096
+
+
+def _fits_up_to(dim, info):
+    """For ``dim`` of one dim var ``v`` whose values fit ``info``'s range
+    exactly for ``v`` up to some value (within its current bounds, every value
+    evaluated): ``(v, the last value that fits, True / False where all / none
+    fit, else None)``; None for any other ``dim``."""
+    names = dim_vars(dim)
+    if len(names) != 1:
+        return None
+    (name,) = names
+    (var,) = _shape_poly.symbolic_shape(name, scope=dim.scope)
+    lo_v, hi_v = _decision.bounds_decision(var, _shape_poly.BoundsPrecision.BEST)
+    if hi_v - lo_v > _FIT_SCAN_LIMIT:
+        return None
+    # (floats: JAX's coefficients are NumPy ints of the int dtype, whose
+    # products would wrap around here too; exact up to 2**53)
+    fits = [info.min <= float(dim._evaluate({name: float(k)})) <= info.max
+            for k in range(int(lo_v), int(hi_v) + 1)]
+    count = sum(fits)
+    if fits != [True] * count + [False] * (len(fits) - count):
+        return None
+    everywhere = True if count == len(fits) else False if count == 0 else None
+    return var, int(lo_v) + count - 1, everywhere
 
 
 @contextlib.contextmanager
@@ -143,7 +218,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                           NDINDEXER.to_static_slice,
                           _hi_primitive_staging_home()[0].get(_hi_primitive_staging_home()[1]),
-                          *(getattr(DimExpr, n) for n in _DIVISIONS))
+                          DimExpr.__hash__, *(getattr(DimExpr, n) for n in _DIVISIONS))
             eq = _split_eq(_HOOK_ORIG[0])
             DimExpr.__eq__ = eq
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
@@ -153,7 +228,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
             NDINDEXER.to_static_slice = _in_masked_trace(
                 static_slice_of_static_axes(_HOOK_ORIG[3]), _HOOK_ORIG[3])
-            for name, orig in zip(_DIVISIONS, _HOOK_ORIG[5:]):
+            DimExpr.__hash__ = _hashed_in_user_code(_HOOK_ORIG[5])
+            for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
             rules, hi_p = _hi_primitive_staging_home()
             rules[hi_p] = _in_masked_trace_call(
@@ -177,7 +253,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                  NDINDEXER.to_static_slice, hi_staging) = _HOOK_ORIG[:5]
                 del DimExpr.__bool__  # JAX's class has none
-                for name, orig in zip(_DIVISIONS, _HOOK_ORIG[5:]):
+                DimExpr.__hash__ = _HOOK_ORIG[5]
+                for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                     setattr(DimExpr, name, orig)
                 rules, hi_p = _hi_primitive_staging_home()
                 rules[hi_p] = hi_staging
@@ -346,6 +423,53 @@ def _user_line(frame: _HookFrame) -> str:
     if caller is None:
         return "an unknown line"
     return f"{caller.f_code.co_filename}:{caller.f_lineno} ({caller.f_code.co_name})"
+
+
+# A hash in user code at one of these opcodes looks a size up: `n in {4, 8}`,
+# `table[n]`, a dict or set display; at a call only where the line calls a
+# lookup (a jax.jit static argument is hashed at a call too, and may stay symbolic)
+_CALL_OPCODES = frozenset(op for name, op in dis.opmap.items()
+                          if name.startswith(("CALL", "PRECALL")))
+_LOOKUP_CALLS = (".get(", ".pop(", ".setdefault(", ".__contains__(", ".add(", ".discard(",
+                 ".remove(", ".index(", ".count(", "hash(")
+
+
+def _hashed_in_user_code(orig_hash):
+    """``DimExpr.__hash__`` that stops the trace where the user's code looks a
+    size up by its hash (``TABLE.get(x.shape[0], 1.0)``, ``n in {4, 8}``,
+    ``x.shape in table``). On the exact arrays the size is an int and
+    finds its entry; the symbolic size hashes as itself and would silently
+    miss. Raised as JAX's "needs a concrete value" error, the case is traced
+    size by size (``tracing/cases/refine.py``), each trace plain JAX's own.
+    JAX's own hashing (its caches, a tuple of shapes) is left alone."""
+
+    def hash_(a):
+        stack = getattr(_HOOK_TLS, "stack", None)
+        if stack:
+            frame = stack[-1]
+            caller = sys._getframe(1)
+            user = frame.user_files.get(caller.f_code.co_filename)
+            if user is None:
+                user = frame.user_files[caller.f_code.co_filename] = _in_user_code(caller, frame)
+            if user and _active_frame(a) is frame and _looks_up(caller):
+                raise InconclusiveDimensionOperation(
+                    f"the size '{a}' is looked up by its hash (a dict key, a set member, "
+                    "`in` a dict or set): that needs its value as a Python int")
+        return orig_hash(a)
+
+    return hash_
+
+
+def _looks_up(caller) -> bool:
+    code = caller.f_code
+    try:
+        op = code.co_code[caller.f_lasti]
+    except IndexError:
+        return False
+    if op not in _CALL_OPCODES:
+        return True
+    line = linecache.getline(code.co_filename, caller.f_lineno)
+    return any(t in line for t in _LOOKUP_CALLS)
 
 
 # Python's divisions of (or by) a size: /, //, % and divmod, both ways round
