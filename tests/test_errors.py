@@ -881,3 +881,14 @@ def test_a_plain_jax_error_keeps_its_args_and_attributes_and_polymasks_message()
         pm.jit(lambda x: x[0])(np.ones(0, np.float32))
     again = pickle.loads(pickle.dumps(e.value))
     assert again.args == e.value.args and str(again) == str(e.value)
+
+
+def test_len_of_a_dynamic_axis_beside_a_remedied_call_is_blamed_on_the_size_as_an_int():
+    # the line also calls jnp.searchsorted (which has a remedy of its own)
+    def index(x, xp):
+        return jnp.clip(jnp.searchsorted(xp, x) - 1, 0, len(xp) - 2)
+
+    with pytest.raises(pm.ShapeError) as e:
+        pm.mask(index, (None, "n"), max_cases=4)(jnp.float32([1.0, 5.0]),
+                                                 pm.Masked(jnp.arange(64.0), (40,)))
+    assert "len(x)" in str(e.value) and "searchsorted" not in str(e.value).split("\n  ")[1]

@@ -467,8 +467,11 @@ def _api_for_remedy(e: BaseException) -> str | None:
     api = _api_called_by_user(e)
     if api in _REMEDY_APIS or api in ("op", "__getitem__", "_rewriting_take"):
         return api
-    user = [fr for fr in traceback.extract_tb(e.__traceback__)
-            if not is_library_frame(fr.filename)]
+    frames = traceback.extract_tb(e.__traceback__)
+    user = [fr for fr in frames if not is_library_frame(fr.filename)]
+    if (user and frames[-1] is user[-1]
+            and "cannot be interpreted as an integer" in str(e)):
+        return api  # Python's own int conversion on the line (len(x), range(n)), not a call's
     line = (user[-1].line or "") if user else ""
     for name in _REMEDY_APIS:  # bare or JAX's/NumPy's (not ``pm.pad(`` on the same line)
         if re.search(rf"(?:(?<![\w.])|\b(?:jnp|np|numpy|lax|jax\.numpy|jax\.lax|nn|linen)\.)"
