@@ -891,4 +891,4 @@ def test_len_of_a_dynamic_axis_beside_a_remedied_call_is_blamed_on_the_size_as_a
     with pytest.raises(pm.ShapeError) as e:
         pm.mask(index, (None, "n"), max_cases=4)(jnp.float32([1.0, 5.0]),
                                                  pm.Masked(jnp.arange(64.0), (40,)))
-    assert "len(x)" in str(e.value) and "searchsorted" not in str(e.value).split("\n  ")[1]
+    assert "len(x)" in str(e.value) and "length of the sorted array" not in str(e.value)
