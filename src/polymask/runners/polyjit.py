@@ -892,20 +892,23 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         programs too. Raises ``ValueError`` for a position or name ``fun``
         does not take and for an unhashable value, as ``jax.jit`` does.
 
-      donate_argnums, donate_argnames, keep_unused, inline: accepted as
-        ``jax.jit`` accepts them, with no effect on the values: inputs are
-        copied into padded buffers, so nothing is donated (a donated array
-        stays valid, as with ``jax.jit`` on CPU); unused inputs are padded as
-        any; a call inside a caller's ``jax.jit`` is always traced inline.
-      in_shardings, out_shardings, device, backend: not supported (raise
-        ``NotImplementedError`` saying what to use instead): ``polymask.jit``
-        runs its bucket programs on the default device (``with
-        jax.default_device(d):`` picks it, as for ``jax.jit`` of NumPy
-        inputs); an input committed to another device, or sharded, is
-        gathered there, and outputs are uncommitted arrays on it
-        (docs/limitations.md).
-        Shard with ``jax.jit(polymask.mask(f), in_shardings=...)`` on padded
-        inputs (docs/distributed.md).
+      donate_argnums: accepted as ``jax.jit`` accepts it, with no effect on
+        the values: inputs are copied into padded buffers, so nothing is
+        donated (a donated array stays valid, as with ``jax.jit`` on CPU).
+      donate_argnames: the same, by name.
+      keep_unused: accepted, no effect (unused inputs are padded as any).
+      inline: accepted, no effect (a call inside a caller's ``jax.jit`` is
+        always traced inline).
+      in_shardings: not supported: raises ``NotImplementedError`` saying what
+        to use instead. ``polymask.jit`` runs its bucket programs on the
+        default device (``with jax.default_device(d):`` picks it, as for
+        ``jax.jit`` of NumPy inputs); an input committed to another device,
+        or sharded, is gathered there, and outputs are uncommitted arrays on
+        it (docs/limitations.md). Shard with ``jax.jit(polymask.mask(f),
+        in_shardings=...)`` on padded inputs (docs/distributed.md).
+      out_shardings: the same.
+      device: the same (use ``jax.default_device``).
+      backend: the same.
 
     Returns:
       A ``PolyJit`` callable; ``.stats()`` gives calls, compiles, cache hits,
