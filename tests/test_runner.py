@@ -406,20 +406,33 @@ def test_an_aliased_buffer_returned_as_it_is_is_handed_out_as_a_copy():
     if not _ALIASES:
         pytest.skip("aliased buffers are XLA:CPU's")
     pool = AliasedPadBuffers()
-    slot = pool.take((4,), np.dtype(np.float32), (3,))
-    slot.view[:3] = [1.0, 2.0, 3.0]
+    padded_numpy = []
+
+    def pad(a):
+        padded_numpy.append(a)
+        return np.concatenate([a, np.zeros(4 - len(a), a.dtype)])
+
+    sizes = jnp.asarray([3], jnp.int32)
+    run = pool.runner((4,), np.float32, (3,), pad, sizes)
     made = jnp.ones(2)
-    out = pool.done(slot, [slot.array, [made]], (slot.array,))
-    assert out[0] is not slot.array and out[1][0] is made
-    slot.view[:] = 9.0
-    np.testing.assert_array_equal(out[0], [1.0, 2.0, 3.0, 0.0])
-    assert slot.reader is made  # the output the execution made tells when it ends
-    f32 = np.dtype(np.float32)
-    assert pool.take((4,), f32, (2,)) is slot  # ``made`` is ready: free again
-    pool.done(slot, [slot.array], (slot.array,))  # nothing made: never free again
-    other = pool.take((4,), f32, (2,))
-    assert other is not None and other is not slot
-    assert pool.take((4,), f32, (2,)) is None  # both busy, no third
+    seen = []
+
+    def forwards(arr, sizes):  # returns its input as it is, and an array it made
+        seen.append(arr)
+        return [arr, [made]]
+
+    out = run(forwards, np.float32([1.0, 2.0, 3.0]))
+    assert isinstance(seen[0], jax.Array) and not padded_numpy  # the aliased buffer
+    assert out[0] is not seen[0] and out[1][0] is made
+    again = run(forwards, np.float32([7.0, 8.0, 9.0]))  # ``made`` is ready: rewritten
+    np.testing.assert_array_equal(out[0], [1.0, 2.0, 3.0, 0.0])  # the copy kept its values
+    np.testing.assert_array_equal(again[0], [7.0, 8.0, 9.0, 0.0])
+    assert seen[1] is seen[0]
+    run(lambda arr, sizes: [arr], np.float32([4.0, 5.0, 6.0]))  # nothing made tells
+    run(forwards, np.float32([1.0, 1.0, 1.0]))  # when it ended: given up, NumPy this time
+    assert len(padded_numpy) == 1
+    run(forwards, np.float32([2.0, 2.0, 2.0]))
+    assert seen[-1] is not seen[0] and isinstance(seen[-1], jax.Array)  # a fresh buffer
 
 
 def test_jit_aliased_buffers_whose_reader_is_deleted_or_donated_are_given_up():

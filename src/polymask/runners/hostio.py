@@ -161,22 +161,24 @@ class HostPadBuffers:
 class _AliasedSlot:
     """One small bucket's padded input, kept between calls: ``view``, aligned
     host memory, and ``array``, the ``jax.Array`` XLA:CPU reads it through in
-    place. ``reader``: None when free, ``_BUSY`` while a call fills it or
-    runs, else an output of the last program that read it (the slot is free
-    once that output is ready: an execution's outputs are defined when it ends,
-    and it reads its inputs before)."""
+    place. ``claim`` is held while a call fills it and dispatches a program on
+    it; ``reader``: None, or an output of the last program that read it (the
+    slot may be rewritten once that output is ready: an execution's outputs
+    are defined when it ends, and it has read its inputs by then);
+    ``_UNKNOWN`` where no output tells (the slot is not reused)."""
 
-    __slots__ = ("owner", "view", "array", "written", "reader")
+    __slots__ = ("owner", "view", "array", "written", "reader", "claim")
 
     def __init__(self, owner, view, array) -> None:
         self.owner, self.view, self.array = owner, view, array
         self.written = view.shape
-        self.reader = _BUSY
+        self.reader = None
+        self.claim = threading.Lock()
 
 
-_BUSY = object()
-_ALIASED_KEYS = 256  # small bucket shapes kept (at most 2 buffers of < 64 KiB each)
-_LOST_LIMIT = 4  # slots whose reader was deleted (donated) before a key stops aliasing
+_UNKNOWN = object()
+_ALIASED_KEYS = 256  # small bucket shapes kept (one buffer of < 64 KiB each)
+_LOST_LIMIT = 4  # slots given up (reader deleted or donated) before a key stops aliasing
 
 
 class AliasedPadBuffers:
@@ -185,28 +187,27 @@ class AliasedPadBuffers:
     one.
 
     The compiled program takes a NumPy argument through a host-to-device
-    transfer (copying an unaligned array): ``sum(x * x)`` of 100 float32 ran
-    6.7 us with an aligned NumPy array, 7.7 with NumPy's usual 16-byte
-    alignment and 5.3 with a ``jax.Array`` (one process, best of 7 blocks).
-    Here each (bucket shape, dtype) keeps up to two 64-byte aligned buffers,
-    each with a ``jax.Array`` made once over its memory (the same pointer,
-    checked: where the upload copies, nothing is aliased). A call writes the
-    exact array into a free buffer and runs the program on its ``jax.Array``.
+    transfer: ``sum(x * x)`` of 100 float32 ran 7.7 us with a NumPy
+    argument and 5.3 with a ``jax.Array`` (one process, best of 7 blocks).
+    Here each (bucket shape, dtype) keeps one 64-byte aligned buffer with a
+    ``jax.Array`` made once over its memory (the same pointer, checked: where
+    the upload copies, nothing is aliased). A call writes the exact array
+    into it and runs the program on its ``jax.Array`` (``run``).
 
-    A buffer is written only when no program reads it: after a call,
-    ``done(slot, out)`` records an output the execution produced, and the
-    slot is free again once that output is ready. A call that finds both
-    buffers read (a program still running, another thread) pads a fresh
-    NumPy array as before. An output the user deleted or donated can no longer
-    say when it was made: its slot is dropped and, after a few, the bucket
-    shape stops aliasing. An output that is the padded input itself (JAX
-    forwards an unchanged input) is copied before it is handed out.
-    Thread-safe. XLA:CPU only (an accelerator's array does not alias host
-    memory); arrays of ``LARGE_BYTES`` and more use ``HostPadBuffers``."""
+    The buffer is written only when no program reads it: a call records an
+    output its program made, and the next call rewrites the buffer only once
+    that output is ready; while it is not (a program still running, another
+    thread in ``run``), a call pads a fresh NumPy array as before. An output
+    the user deleted or donated can no longer say when it was made: its
+    buffer is given up (a fresh one made) and, after a few, the bucket shape
+    stops aliasing. An output that is the padded input itself (JAX forwards
+    an unchanged input) is copied before it is handed out. Thread-safe.
+    XLA:CPU only (an accelerator's array does not alias host memory); arrays
+    of ``LARGE_BYTES`` and more use ``HostPadBuffers``."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # (bound, dtype) -> [_AliasedSlot, ...] (None: the key does not alias)
+        # (bound, dtype) -> _AliasedSlot, or None where the key does not alias
         self._slots: collections.OrderedDict = collections.OrderedDict()
         self._lost: dict = {}
 
@@ -219,95 +220,93 @@ class AliasedPadBuffers:
     def applies(bound: tuple[int, ...], dtype) -> bool:
         return (host_backend() and 0 < math.prod(bound) * np.dtype(dtype).itemsize < LARGE_BYTES)
 
-    def take(self, bound: tuple[int, ...], dtype, shape: tuple[int, ...]) -> _AliasedSlot | None:
-        """A free slot of (``bound``, ``dtype``) whose view is zero outside the
-        box ``shape`` at the origin (the caller writes the box), marked busy;
-        None where none is free."""
-        key = (bound, dtype)
-        with self._lock:
-            slots = self._slots.get(key, ())
-            if slots is None:
-                return None
-            for slot in list(slots):  # (_is_free may drop one)
-                if self._is_free(key, slot):
-                    slot.reader = _BUSY
+    def runner(self, bound: tuple[int, ...], dtype, shape: tuple[int, ...], pad: Callable,
+               sizes) -> Callable:
+        """``run(fn, a) -> fn's outputs`` for arrays ``a`` of ``shape`` padded to
+        ``bound``: ``fn(padded a, sizes)`` through the key's aliased buffer
+        where it is free, else through ``pad(a)`` (NumPy)."""
+        key = (bound, np.dtype(dtype))
+        index = tuple(slice(0, n) for n in shape)
+        slots, slot_of, ndarray, asarray = self._slots, self._slot_of, np.ndarray, np.asarray
+
+        def run(fn, a):
+            slot = slots.get(key)
+            if slot is None:
+                slot = slot_of(key)
+                if slot is None:
+                    return fn(pad(a), sizes)
+            if not slot.claim.acquire(False):  # another thread dispatches on it
+                return fn(pad(a), sizes)
+            try:
+                reader = slot.reader
+                if reader is not None and not self._made(key, slot, reader):
+                    return fn(pad(a), sizes)
+                if slot.written != shape:
                     zero_outside(slot.view, slot.written, shape)
                     slot.written = shape
-                    return slot
-            slots = self._slots.get(key, ())
-            if slots is None or len(slots) >= _POOL_SLOTS:
-                return None
-            slot = self._new_slot(key)
-            if slot is not None:
-                zero_outside(slot.view, slot.written, shape)
-                slot.written = shape
-            return slot
+                slot.view[index] = a if type(a) is ndarray else asarray(a)
+                arr = slot.array
+                slot.reader = _UNKNOWN  # (until fn returns: a failed run tells nothing)
+                out = fn(arr, sizes)
+                first = out[0]
+                if len(out) == 1 and type(first) is compat.ArrayImpl and first is not arr:
+                    slot.reader = first  # the common case, without a walk
+                    return out
+                slot.reader, forwarded = _made_output(out, (arr, sizes), arr)
+                return forwarded_copy(out, slot) if forwarded else out
+            finally:
+                slot.claim.release()
 
-    def _is_free(self, key, slot: _AliasedSlot) -> bool:
-        reader = slot.reader
-        if reader is None:
-            return True
-        if reader is _BUSY:
-            return False
-        ready = compat.is_made(reader)
-        if ready is None:  # deleted (donated): when it was made is unknown
-            self._drop(key, slot)
+        return run
+
+    def _made(self, key, slot: _AliasedSlot, reader) -> bool:
+        """Whether the slot's last program has ended (its output ``reader`` is
+        ready); a reader that cannot tell (deleted, donated, none) gives the
+        slot up."""
+        ready = None if reader is _UNKNOWN else compat.is_made(reader)
+        if ready is None:
+            with self._lock:
+                if self._slots.get(key) is slot:  # a fresh one next call (a program
+                    del self._slots[key]  # still reading this one keeps its memory)
+                    self._lost[key] = self._lost.get(key, 0) + 1
             return False
         if ready:
             slot.reader = None
         return ready
 
-    def _drop(self, key, slot: _AliasedSlot) -> None:
-        self._slots[key].remove(slot)  # a program still reading it keeps its memory alive
-        self._lost[key] = self._lost.get(key, 0) + 1
-        if self._lost[key] >= _LOST_LIMIT:
-            self._slots[key] = None
-
-    def _new_slot(self, key) -> _AliasedSlot | None:
-        bound, dtype = key
-        owner, view = _aligned_zeros(bound, np.dtype(dtype))
-        array = compat.upload(view)
-        if compat.buffer_address(array) != view.ctypes.data:  # copied: nothing to alias
-            self._slots[key] = None
-            return None
-        slots = self._slots.setdefault(key, [])
-        slots.append(slot := _AliasedSlot(owner, view, array))
-        self._slots.move_to_end(key)
-        if len(self._slots) > _ALIASED_KEYS:
-            self._slots.popitem(last=False)
-        return slot
-
-    @staticmethod
-    def done(slot: _AliasedSlot, out, args):
-        """Record that ``out`` (a program's outputs: a list or tuple of arrays
-        and lists) came from a run on ``args``, which hold ``slot.array``, and
-        return ``out`` as it may be handed out (``forwarded_copy``). With no
-        output the execution made, the slot is never reused."""
-        reader, forwarded = _made_output(out, args, slot.array)
-        slot.reader = reader
-        return forwarded_copy(out, slot) if forwarded else out
-
-    @staticmethod
-    def abandon(slot: _AliasedSlot) -> None:
-        """The run failed: whether its execution still reads the slot is
-        unknown, so it is never reused."""
-        slot.reader = _BUSY
+    def _slot_of(self, key) -> _AliasedSlot | None:
+        """The key's slot, made now (None where the key does not alias)."""
+        with self._lock:
+            if key in self._slots:
+                return self._slots[key]
+            if self._lost.get(key, 0) >= _LOST_LIMIT:
+                self._slots[key] = None
+                return None
+            bound, dtype = key
+            owner, view = _aligned_zeros(bound, dtype)
+            array = compat.upload(view)
+            slot = (_AliasedSlot(owner, view, array)
+                    if compat.buffer_address(array) == view.ctypes.data else None)
+            self._slots[key] = slot  # None: uploads copy here, nothing to alias
+            if len(self._slots) > _ALIASED_KEYS:
+                self._slots.popitem(last=False)
+            return slot
 
 
 def _made_output(out, args, array) -> tuple:
-    """(the first array in ``out`` that is none of ``args`` (``_BUSY`` where
+    """(the first array in ``out`` that is none of ``args`` (``_UNKNOWN`` where
     there is none), whether ``array`` is in ``out``): JAX returns an unchanged
     input as it is, ready before the execution ends."""
-    made, forwarded = _BUSY, False
+    made, forwarded = _UNKNOWN, False
     for o in out:
         if isinstance(o, (list, tuple)):
             m, f = _made_output(o, args, array)
             forwarded |= f
-            if made is _BUSY:
+            if made is _UNKNOWN:
                 made = m
         elif o is array:
             forwarded = True
-        elif made is _BUSY and isinstance(o, jax.Array) and not any(o is a for a in args):
+        elif made is _UNKNOWN and isinstance(o, jax.Array) and not any(o is a for a in args):
             made = o
     return made, forwarded
 

@@ -376,27 +376,9 @@ class PolyJit:
         dtype = dtype_key(leaves[i])
         if exact or not AliasedPadBuffers.applies(bound, dtype):
             return None
-        shape = tuple(np.shape(leaves[i]))
-        index = tuple(slice(0, s) for s in shape)
-        aliased, pad_one, sizes = self._aliased, info.pad_one, info.sizes
-        take, done, abandon = aliased.take, aliased.done, aliased.abandon
-        ndarray, asarray = np.ndarray, np.asarray
-
-        def call_one(fn, leaves):
-            a = leaves[i]
-            slot = take(bound, dtype, shape)
-            if slot is None:
-                return fn(pad_one(a), sizes)
-            try:
-                slot.view[index] = a if type(a) is ndarray else asarray(a)
-                args = (slot.array, sizes)
-                out = fn(*args)
-            except BaseException:
-                abandon(slot)
-                raise
-            return done(slot, out, args)
-
-        return call_one
+        run = self._aliased.runner(bound, dtype, tuple(np.shape(leaves[i])), info.pad_one,
+                                   info.sizes)
+        return lambda fn, leaves: run(fn, leaves[i])
 
     def _builder(self, static_idx, dyn, sizes, leaves, pad_one):
         """A function ``leaves -> flat arguments`` specialised to one call
