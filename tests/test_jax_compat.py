@@ -576,3 +576,27 @@ def test_fresh_dim_names_are_the_prefix_and_a_number_only():
     assert not compat.is_fresh_dim_name("_units__p1")
     assert not compat.is_fresh_dim_name("_units")
     assert not compat.is_fresh_dim_name(compat.FRESH_DIM_PREFIX)
+
+
+def test_is_made_buffer_address_and_under_transformation():
+    made = jnp.arange(3.0) * 2
+    assert compat.is_made(made.block_until_ready()) is True
+    made.delete()
+    assert compat.is_made(made) is None  # (is_ready of a deleted array crashes jaxlib 0.10.2)
+    assert compat.buffer_address(jnp.ones(2)) is not None
+    assert compat.buffer_address(made) is None
+    if jax.default_backend() == "cpu":  # an aligned upload aliases its host memory
+        from polymask.runners.hostio import _aligned_zeros
+
+        owner, view = _aligned_zeros((32,), np.dtype(np.float32))
+        assert compat.buffer_address(compat.upload(view)) == view.ctypes.data
+    seen = []
+
+    def f(x):
+        seen.append(compat.under_transformation())
+        return x
+
+    assert compat.under_transformation() is False
+    jax.grad(f)(1.0), jax.jit(f)(1.0), jax.vmap(f)(jnp.ones(2))
+    jax.eval_shape(lambda x: f(x), 1.0)  # (a trace of its own: jit's cache has f's)
+    assert seen == [True] * 4

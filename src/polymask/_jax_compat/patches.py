@@ -83,6 +83,10 @@ def _splits_rows() -> tuple[TracePatch, ...]:
         TracePatch("DimExpr.__bool__", lambda: (DimExpr, "__bool__"), _SPLITS,
                    "JAX's class has no __bool__, so `if x.shape[0]:` is always true: "
                    "truth is the split `!= 0` (added during the trace, removed after)"),
+        TracePatch("DimExpr.__hash__", lambda: (DimExpr, "__hash__"), _SPLITS,
+                   "a size looked up by its hash in user code (dict.get(n), n in {4, 8}) "
+                   "hashes as itself and silently misses the int key plain JAX finds: "
+                   "raised as needing a concrete value, the case is traced size by size"),
         TracePatch("shape_poly._geq_decision", lambda: (_shape_poly, "_geq_decision"),
                    _SPLITS, "JAX raises InconclusiveDimensionOperation for an undecidable "
                    ">= / > / <= / <: a case split instead (SplitNeeded)"),
@@ -98,7 +102,9 @@ def _splits_rows() -> tuple[TracePatch, ...]:
                    lambda: (_pe.DynamicJaxprTrace, "process_primitive"),
                    _SPLITS + " (_stage_symbolic_constants)",
                    "jax.ensure_compile_time_eval evaluates x.shape[0] as a value and "
-                   "arrays of a symbolic shape eagerly, which cannot be evaluated: staged"),
+                   "arrays of a symbolic shape eagerly, which cannot be evaluated: staged; "
+                   "and a size used as a number (dim_as_value) past JAX's int dtype raises "
+                   "OverflowError as plain JAX's Python int does, instead of wrapping"),
     ]
     for method in DIVISION_METHODS:
         rows.append(TracePatch(f"DimExpr.{method}", functools.partial(lambda m: (DimExpr, m),

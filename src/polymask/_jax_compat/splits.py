@@ -449,8 +449,10 @@ def _hashed_in_user_code(orig_hash):
             frame = stack[-1]
             caller = sys._getframe(1)
             user = frame.user_files.get(caller.f_code.co_filename)
-            if user is None:
-                user = frame.user_files[caller.f_code.co_filename] = _in_user_code(caller, frame)
+            if user is None:  # (JAX's own hashing never: its terms, its caches)
+                user = frame.user_files[caller.f_code.co_filename] = (
+                    _in_user_code(caller, frame)
+                    and "jax/_src/" not in caller.f_code.co_filename.replace("\\", "/"))
             if user and _active_frame(a) is frame and _looks_up(caller):
                 raise InconclusiveDimensionOperation(
                     f"the size '{a}' is looked up by its hash (a dict key, a set member, "
