@@ -1507,3 +1507,25 @@ def test_tiered_is_off_by_default_when_the_cache_cannot_hold_a_cover(monkeypatch
     assert not pm.jit(jnp.sum, "n", cache_size=3).tiered
     assert pm.jit(jnp.sum, "n", cache_size=4).tiered
     assert pm.jit(jnp.sum, "n", cache_size=1, tiered=True).tiered  # asked for: kept
+
+
+def test_jit_without_specs_gives_equal_sizes_of_a_call_one_dim_var():
+    # x + y and a square matrix trace as plain JAX sees them (one size), so the
+    # default specs share programs; other equalities plan apart
+    rng = np.random.default_rng(21)
+    add = pm.jit(lambda x, y: x + y, tiered=False)
+    inv = pm.jit(jnp.linalg.inv, tiered=False)
+    total = pm.jit(lambda x: x.sum(0), tiered=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for n in (3, 5, 7, 12):
+            a, b = _integer_valued(rng, (n,)), _integer_valued(rng, (n,))
+            np.testing.assert_array_equal(add(a, b), a + b)
+            m = rng.normal(size=(n, n)).astype(np.float32) + 3 * np.eye(n, dtype=np.float32)
+            np.testing.assert_allclose(inv(m), np.linalg.inv(m), rtol=1e-4, atol=1e-5)
+        for shape in ((5, 5), (5, 7), (6, 6), (3, 7)):
+            x = _integer_valued(rng, shape)
+            np.testing.assert_array_equal(total(x), x.sum(0))
+    assert (add.stats()["compiles"], add.stats()["exact_compiles"]) == (2, 0)  # buckets 8, 16
+    assert (inv.stats()["compiles"], inv.stats()["exact_compiles"]) == (2, 0)
+    assert (total.stats()["compiles"], total.stats()["exact_compiles"]) == (2, 0)  # n == m or not

@@ -355,7 +355,8 @@ def _hashable(leaf) -> bool:
 
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
               policy_for: Callable[[str], Callable[[int], int]],
-              arg_names: Sequence[str] | None = None) -> CallPlan:
+              arg_names: Sequence[str] | None = None,
+              equal_sizes_share: bool = False) -> CallPlan:
     """Plan one call on exact arrays ``args`` (host side; see ``CallPlan``).
 
     ``in_specs=None`` makes every axis of every non-scalar array leaf dynamic;
@@ -363,7 +364,11 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     static (no dim var). Python scalars are always static. ``arg_names``:
     how messages name each argument (default ``args[i]``), where ``args``
     are not the user's whole call (``value_and_grad``'s examples without
-    the parameters).
+    the parameters). ``equal_sizes_share`` (``polymask.jit`` without
+    ``in_specs``): axes of equal size in this call share one dim var, so that
+    ``x + y`` or a square matrix traces as plain JAX sees it; the var names
+    are part of the plan's signature (calls with other equalities plan
+    apart).
 
     Raises:
       ShapeError: a bad spec, a size not of its affine form, different sizes
@@ -374,6 +379,7 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     spec_leaves = broadcast_specs(in_specs, list(args), None,
                                   labels=[(f"in_specs[{i}]", n) for i, n in enumerate(names)])
     scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
+    name_of_size: dict[int, str] = {}
     parsed = []
     for (key_path, leaf), spec in zip(flat, spec_leaves):
         path = names[key_path[0].idx] + jax.tree_util.keystr(key_path[1:])
@@ -381,6 +387,8 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         is_scalar_py = isinstance(leaf, (bool, int, float, complex))
         check_program_input(leaf, path)
         axes = None
+        if spec is None and in_specs is None and equal_sizes_share and shape and not is_scalar_py:
+            spec = ", ".join(name_of_size.setdefault(d, gen_name()) for d in shape)
         # a Python scalar's spec is checked too ('n' on 3.0 is a rank error, as on
         # np.float32(3.0)), but the scalar stays static
         if spec is not None or (in_specs is None and shape and not is_scalar_py):
@@ -402,7 +410,8 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     for path, shape, dtype, axes in parsed:
         bound = shape if axes is None else padded_shape(axes, buckets)
         leaves.append(LeafPlan(path, shape, dtype, axes, bound))
-        signature.append((axes is None, bound, dtype))
+        signature.append((axes is None, bound, dtype,
+                          None if axes is None else tuple(a.var for a in axes)))
         if axes is not None:
             logical += math.prod(shape)
             padded += math.prod(bound)

@@ -193,7 +193,8 @@ class PolyJit:
         self.compiler_options = checked_compiler_options(compiler_options)
         self.numpy_outputs = numpy_outputs
         policy_for = policy_getter(buckets)
-        self.plans = CallPlans(self.in_specs, self.constraints, policy_for)
+        self.plans = CallPlans(self.in_specs, self.constraints, policy_for,
+                               equal_sizes_share=self.in_specs is None)
         # traced_calls: calls under jax.grad/jit/vmap (plain JAX's trace)
         self.cache = ProgramCache(cache_size, self.compiler_options,
                                   extra_stats=("traced_calls", "exact_compiles"))
@@ -804,8 +805,13 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
       fun: a function written for exact arrays (pytrees allowed). Left out
         (``@polymask.jit(in_specs="n")``, ``@polymask.jit()``), ``jit``
         returns a decorator taking the other arguments, as ``jax.jit`` does.
-      in_specs: None: every axis of every array argument is dynamic with its own
-        dim var. Otherwise one entry per positional argument: a
+      in_specs: None: every axis of every array argument is dynamic, and axes
+        of equal size in a call share one dim var (``x + y`` of two length-5
+        vectors, a square matrix: traced as plain JAX sees them; a call whose
+        sizes are equal in another pattern gets its own programs). An axis
+        that meets a fixed size (``x @ W`` with ``W`` closed over) cannot be
+        dynamic: give it ``"_"`` (``in_specs="n, _"``), or the calls run per
+        exact shape (warned). Otherwise one entry per positional argument: a
         ``jax.export.symbolic_shape`` spec string (``"n, 64"``; same name =
         equal sizes; ``"_"``/constants = static), a pytree of specs, or None
         (that argument is static: its exact shape is part of the cache key,

@@ -150,7 +150,9 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
     cases (the same ``mask``, so ``inner``'s trace reuses them), fills in the
     entry's output plan and returns the ``CaseTree`` (``program_store`` keys).
     """
-    mask_specs = None if in_specs is None else (None,) * n_bcast + tuple(in_specs)
+    if in_specs is None:  # the plan's dim vars (equal sizes share one: plan_call)
+        in_specs = specs_of_plan(in_tree, plan)
+    mask_specs = (None,) * n_bcast + tuple(in_specs)
     masked = mask(fun, mask_specs, constraints=constraints, checks=False, zero_padded=True,
                   differentiable=False, max_cases=max_cases)
     var_index = {v: i for i, v in enumerate(plan.var_names)}
@@ -215,13 +217,22 @@ def jit_program(entry: Entry, make_fn, args, compile_now: bool = False):
     return fn
 
 
+def specs_of_plan(in_tree, plan: CallPlan) -> tuple:
+    """Specs (a tuple of per-argument pytrees of spec strings, None for a
+    static leaf) naming each dynamic axis by the plan's dim var."""
+    leaves = [None if p.static else ", ".join(a.var if a.var is not None else str(a.expr)
+                                              for a in p.axes) for p in plan.leaves]
+    return tuple(jax.tree_util.tree_unflatten(in_tree, leaves))
+
+
 class CallPlans:
     """The ``CallPlan`` of each call signature (tree, exact shapes and dtypes, specs)."""
 
-    def __init__(self, in_specs, constraints, policy_for):
+    def __init__(self, in_specs, constraints, policy_for, equal_sizes_share: bool = False):
         self.in_specs = in_specs
         self.constraints = constraints
         self.policy_for = policy_for
+        self.equal_sizes_share = equal_sizes_share  # (plan_call's, for the runner's specs)
         self._lock = threading.Lock()
         self._plans: dict = {}
 
@@ -235,7 +246,8 @@ class CallPlans:
         plan = self._plans.get(key)
         if plan is None:
             try:
-                plan = plan_call(args, in_specs, self.constraints, self.policy_for)
+                plan = plan_call(args, in_specs, self.constraints, self.policy_for,
+                                 equal_sizes_share=self.equal_sizes_share and spec_key is None)
             except ShapeError as e:
                 raise at_call_site_error(e) from None
             with self._lock:
