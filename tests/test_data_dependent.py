@@ -535,3 +535,13 @@ def test_an_empty_selection_raises_where_plain_jax_does(name):
         want = op(sub[sub > 10])
         for got in (m(pm.Masked(x, (n,))), jm(pm.Masked(x, (jnp.int32(n),)))):
             np.testing.assert_allclose(got.unpad(), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("start, size", [(-2, 2), (-7, 2), (1, 3), (0, 3), (-1, 1), (2, 9)])
+def test_dynamic_slice_wraps_a_negative_start_and_clamps_a_size_as_lax(start, size):
+    # on the exact arrays lax.dynamic_slice counts a negative start from the
+    # end and the size is clamped to the axis; the masked rule does the same
+    rng = np.random.default_rng(4)
+    check_oracle(lambda v: jnp.cumsum(pm.dynamic_slice(v, start, size)) * 2.0,
+                 [(rng.normal(size=n).astype(np.float32),) for n in (0, 1, 3, 5, 8)],
+                 [(8,)], ("n",))

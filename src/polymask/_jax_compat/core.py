@@ -39,6 +39,12 @@ ArrayImpl = _array.ArrayImpl
 dim_as_value_p = _shape_poly.dim_as_value_p
 
 
+def min_dim(a, b):
+    """``min`` of two sizes (ints or dimension expressions), symbolic where
+    JAX cannot decide it (``min(3, n)``)."""
+    return _core.min_dim(a, b)
+
+
 def is_dim_expr(d: Any) -> bool:
     """True for a symbolic dimension expression (not a Python int)."""
     return isinstance(d, DimExpr)

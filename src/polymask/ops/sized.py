@@ -139,8 +139,9 @@ def dynamic_slice(x, start, sizes, *, max_size=None):
     """``x[start:start + size]`` on the leading axes with (possibly traced) sizes.
 
     ``start`` and ``sizes`` are scalars (axis 0) or sequences (the leading
-    ``len(start)`` axes). A size larger than the axis is clamped to it, then
-    ``start`` is clamped so the slice fits (as ``lax.dynamic_slice``). Inside
+    ``len(start)`` axes). A size larger than the axis is clamped to it, a
+    negative ``start`` counts from the end, then ``start`` is clamped so the
+    slice fits (as ``lax.dynamic_slice``). Inside
     ``mask`` a traced size gets a fresh dim var bounded by ``max_size`` (an int,
     or one per axis) or by the axis' padded size.
 
@@ -179,7 +180,8 @@ def dynamic_slice(x, start, sizes, *, max_size=None):
         s = szs[a]
         if static[a] is not None or compat.is_dim_expr(s):
             d = s if compat.is_dim_expr(s) else static[a]
-            out_shape.append(d)
+            d = compat.min_dim(max(d, 0) if not compat.is_dim_expr(d) else d, x.shape[a])
+            out_shape.append(d)  # clamped to the axis, as on the exact arrays
             fresh.append(False)
             size_ops.append(jnp.asarray(s, jnp.int32))
             continue

@@ -328,8 +328,7 @@ def dynamic_slice_rule(ctx, x, *starts_and_sizes, out_shape, fresh):
             ctx.require(length > n,
                    f"polymask.dynamic_slice: slice size {d} along axis {a} is larger "
                    "than the logical size of the axis")
-        start = jnp.clip(jnp.asarray(starts[a], jnp.int32), 0, jnp.maximum(n - length, 0))
-        begin.append(start)
+        begin.append(_clamped_start(starts[a], n, length))
         widths.append(bound)
         lengths.append(length)
     zero = jnp.zeros((), x.dtype)
@@ -339,6 +338,15 @@ def dynamic_slice_rule(ctx, x, *starts_and_sizes, out_shape, fresh):
     if is_inexact(out.dtype):
         out = clean(out, ctx.out_logical[0], list(range(k)))
     return out
+
+
+def _clamped_start(start, n, length):
+    """``lax.dynamic_slice``'s start on an axis of logical size ``n``: a negative
+    start counts from the end (``-2`` is ``n - 2``), then the start is clamped
+    so that ``length`` entries fit."""
+    start = jnp.asarray(start, jnp.int32)
+    start = jnp.where(start < 0, start + n, start)
+    return jnp.clip(start, 0, jnp.maximum(n - length, 0))
 
 
 # ----------------------------------------------------------------------------
@@ -452,8 +460,7 @@ def dynamic_unslice_rule(ctx, ct, *starts, x_shape):
             begin.append(jnp.int32(0))
             continue
         n = jnp.asarray(x_log[a], jnp.int32)
-        length = jnp.asarray(lengths[a], jnp.int32)
-        begin.append(jnp.clip(jnp.asarray(starts[a], jnp.int32), 0, jnp.maximum(n - length, 0)))
+        begin.append(_clamped_start(starts[a], n, jnp.asarray(lengths[a], jnp.int32)))
     big = tuple(x_bd[a] + (ct_bd[a] if a < k else 0) for a in range(len(x_bd)))
     buf = lax.dynamic_update_slice(jnp.zeros(big, ct.dtype), ct, begin)
     return lax.slice(buf, (0,) * len(x_bd), tuple(x_bd))
