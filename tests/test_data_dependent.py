@@ -545,3 +545,26 @@ def test_dynamic_slice_wraps_a_negative_start_and_clamps_a_size_as_lax(start, si
     check_oracle(lambda v: jnp.cumsum(pm.dynamic_slice(v, start, size)) * 2.0,
                  [(rng.normal(size=n).astype(np.float32),) for n in (0, 1, 3, 5, 8)],
                  [(8,)], ("n",))
+
+
+def test_a_branch_on_a_selections_count_is_refused_as_polymasks_limit_not_jaxs():
+    def branch(x):
+        y = pm.boolean_mask(x, x > 0)
+        return y.sum() if y.shape[0] > 2 else jnp.float32(-1.0)
+
+    masked = pm.mask(branch, "n")
+    data = jnp.arange(1.0, 9.0)
+    # size 0 is traced on its own (an empty axis selects nothing: no gather of it)
+    assert float(masked(pm.Masked(data, (0,))).data) == -1.0
+    with pytest.raises(pm.ShapeError, match="cannot decide a comparison of sizes") as e:
+        masked(pm.Masked(data, (5,)))
+    from polymask import _jax_compat as compat
+
+    assert not isinstance(e.value, compat.InconclusiveDimensionOperation)  # not plain JAX's
+    assert "Using symbolic scope" not in str(e.value)
+    # a comparison JAX makes inside linspace: the remedy does not name the internal size
+    spaced = pm.mask(lambda x: (lambda y: (y * jnp.linspace(0, 1, y.shape[0])).sum())(
+        pm.boolean_mask(x, x > -1)), "n")
+    with pytest.raises(pm.ShapeError, match="data-dependent size") as e:
+        spaced(pm.Masked(jnp.array([1.0, 2, 3, 0]), (3,)))
+    assert "constraints=['_u" not in str(e.value)

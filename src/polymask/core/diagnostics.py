@@ -294,8 +294,17 @@ def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeEr
     if "divide evenly" in msg:
         extra = ("\n  Write the axis in the spec as a multiple (e.g. '2*k') so that the "
                  "division is exact for every logical size.")
-    remedies = SIZE_BRANCH_REMEDIES
     m = re.search(r"comparison '(.+?)' (\S+) '(.+?)' is inconclusive", msg)
+    if m and any(v.startswith("_u") for v in _dim_vars_in(f"({m.group(1)}, {m.group(3)})")):
+        return ShapeError(
+            f"a comparison of a data-dependent size (the count of a polymask.nonzero / "
+            f"boolean_mask / unique / ... result) cannot be decided while tracing at {where}: "
+            "polymask traces one program for every count, and does not split on those "
+            f"sizes.\n  {msg}\n  Use the count as a value instead of a Python branch on it: "
+            "jnp.where(n > 2, a, b) or lax.cond with n = jnp.asarray(sel.shape[0]) (both "
+            "branches then trace), or bound the op with size= (jnp.nonzero(x, size=k)) so "
+            "its size is static.")
+    remedies = SIZE_BRANCH_REMEDIES
     if m:
         lhs, op, rhs = m.groups()
         if op in (">", "<=") and rhs.lstrip("-").isdigit():

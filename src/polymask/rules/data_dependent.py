@@ -188,6 +188,10 @@ def boolean_mask_rule(ctx, x, m, *, axis, out_dim, check_extra):
         valid = valid & ~beyond
     pos, count = compact(valid.reshape(-1))
     _bind_fresh(ctx, out_dim, count)
+    if any(d == 0 for d in x.shape[axis:axis + m.ndim]):
+        # an empty selected axis (a trace at size 0) selects nothing: no gather
+        # (XLA takes no slice of an empty axis)
+        return jnp.zeros(ctx.out_bounds[0], x.dtype)
     idxs = _unravel(_fit(pos, ctx.padded(out_dim)), tuple(m.shape))
     index = (slice(None),) * axis + idxs
     out = x.at[index].get(mode="clip")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from typing import Any
 
 import jax.numpy as jnp
@@ -169,6 +170,9 @@ def plain_failure(error: str) -> tuple[str, str]:
                 "\n  a flax nnx module closed over by the function mutates its state inside "
                 "the trace; pass the module itself, pm.mask(module, spec): its state then "
                 "goes in and out of the masked call, as with nnx.jit")
+    if error.startswith("InconclusiveDimensionOperation"):  # polymask's limit, not JAX's
+        return ("where polymask's trace cannot decide a comparison of sizes (plain JAX, "
+                "with Python ints, is not stopped there)", "")
     if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error
             or (error.startswith("IndexError") and compat.is_traced_slice_bounds_message(error))):
         return "as it does on the exact arrays", ""
@@ -183,6 +187,8 @@ def _error_text(e: BaseException, internal) -> str:
     text = str(e).strip() or type(e).__name__
     if not isinstance(e, ShapeError):
         text = f"{type(e).__name__}: {text.split(chr(10) + chr(10))[0]}"
+        # (JAX's explanation of its symbolic comparisons, scope and all)
+        text = re.split(r"\n(?:Using symbolic scope|This error arises)", text)[0]
         # JAX names polymask's internal function and argument ("flat_fun", "flat[0]")
         text = "\n".join(ln for ln in text.splitlines()
                          if "while tracing the function flat_fun" not in ln)
@@ -192,7 +198,10 @@ def _error_text(e: BaseException, internal) -> str:
 def error_case(index: int, conditions, e: BaseException, internal) -> Case:
     where = getattr(e, "polymask_where", None) or user_frame_of_exception(e)
     return Case(index, conditions, error=_error_text(e, internal), where=where,
-                error_type=None if isinstance(e, (ShapeError, UnsupportedError)) else type(e),
+                # (an undecidable comparison is polymask's limit: plain JAX runs there)
+                error_type=None if isinstance(e, (ShapeError, UnsupportedError,
+                                                  compat.InconclusiveDimensionOperation))
+                else type(e),
                 pinned=bool(getattr(e, "polymask_pinned", False)),
                 plain=bool(getattr(e, "polymask_plain", False)))
 
