@@ -892,3 +892,15 @@ def test_len_of_a_dynamic_axis_beside_a_remedied_call_is_blamed_on_the_size_as_a
         pm.mask(index, (None, "n"), max_cases=4)(jnp.float32([1.0, 5.0]),
                                                  pm.Masked(jnp.arange(64.0), (40,)))
     assert "len(x)" in str(e.value) and "length of the sorted array" not in str(e.value)
+
+
+def test_a_dim_var_meeting_a_fixed_size_is_told_to_be_static():
+    weights = jnp.ones((3, 4))
+    with pytest.raises(pm.ShapeError, match=r"meets a fixed size 3.*'_' in its spec") as e:
+        pm.mask(lambda x: x @ weights, "n, m")(pm.Masked(jnp.ones((8, 3)), (5, 3)))
+    assert "constraints=['m >=" not in str(e.value)
+    # with the axis static, every n shares one program
+    f = pm.jit(lambda x: x @ weights, "n, _", tiered=False)
+    for n in (1, 5, 7):
+        np.testing.assert_array_equal(f(np.ones((n, 3), np.float32)), np.full((n, 4), 3.0))
+    assert f.stats()["compiles"] == 1

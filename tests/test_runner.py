@@ -1,5 +1,6 @@
 """polymask.jit, ragged_map and bucketing policies (values only, never timings)."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -1529,3 +1530,18 @@ def test_jit_without_specs_gives_equal_sizes_of_a_call_one_dim_var():
     assert (add.stats()["compiles"], add.stats()["exact_compiles"]) == (2, 0)  # buckets 8, 16
     assert (inv.stats()["compiles"], inv.stats()["exact_compiles"]) == (2, 0)
     assert (total.stats()["compiles"], total.stats()["exact_compiles"]) == (2, 0)  # n == m or not
+
+
+def test_jit_decorates_a_method_with_the_instance_static_as_jax_jit():
+    class Model:
+        def __init__(self, scale):
+            self.scale = scale
+
+        @functools.partial(pm.jit, static_argnums=0)
+        def apply(self, x):
+            return x * self.scale
+
+    x = np.ones(3, np.float32)
+    np.testing.assert_array_equal(Model(3.0).apply(x), x * 3.0)
+    np.testing.assert_array_equal(Model(2.0).apply(x[:2]), x[:2] * 2.0)
+    assert isinstance(Model.apply, pm.PolyJit) if hasattr(pm, "PolyJit") else True

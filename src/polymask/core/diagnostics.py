@@ -366,6 +366,20 @@ def _describe_vars(names, var_where) -> str:
     return f" ({', '.join(known)})" if known else ""
 
 
+def _meets_a_constant(msg: str, v: str) -> int | None:
+    """The constant that the dim var ``v`` stands against in two shapes of
+    JAX's message (``got (s1,) and (3,)``), or None."""
+    tuples = [[p.strip() for p in t.split(",") if p.strip()]
+              for t in re.findall(r"\(([^()]*)\)", msg)]
+    for a in tuples:
+        for b in tuples:
+            if len(a) == len(b):
+                for x, y in zip(a, b):
+                    if x == v and y.isdigit():
+                        return int(y)
+    return None
+
+
 def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
     names = _dim_vars_in(msg)
     fresh = [n for n in names if n.startswith("_u")]
@@ -383,6 +397,14 @@ def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
             f"{head}\n  Axes named by different dim vars{_describe_vars(user, var_where)} are "
             "different sizes while tracing; if they are always equal, give them the same "
             "name in in_specs (e.g. ('n', 'n')).")
+    if len(user) == 1 and _meets_a_constant(msg, user[0]) is not None:
+        (v,) = user
+        c = _meets_a_constant(msg, v)
+        return ShapeError(
+            f"{head}\n  The axis of {v}{_describe_vars(user, var_where)} meets a fixed size "
+            f"{c} (weights, a constant array): it cannot be a dim var. Make that axis static "
+            f"with '_' in its spec (e.g. in_specs='n, _'; it then takes each call's own size), "
+            f"or write {c} there.")
     if len(user) == 1:
         (v,) = user
         k = lower_bound_that_fixes(msg, v)

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -219,6 +220,11 @@ class PolyJit:
         self._fg_compiles_in_calls = 0
         self._cover_extra_padded = 0  # padded elements tiered calls ran beyond their own bucket's
         functools.update_wrapper(self, fun)
+
+    def __get__(self, obj, objtype=None):
+        # a method decorated as with jax.jit (functools.partial(polymask.jit,
+        # static_argnums=0)): the instance is the first argument
+        return self if obj is None else types.MethodType(self, obj)
 
     @property
     def tiered(self) -> bool:
@@ -882,7 +888,8 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
 
       donate_argnums: accepted as ``jax.jit`` accepts it, with no effect on
         the values: inputs are copied into padded buffers, so nothing is
-        donated (a donated array stays valid, as with ``jax.jit`` on CPU).
+        donated (a donated array stays valid, where ``jax.jit`` would
+        delete it).
       donate_argnames: the same, by name.
       keep_unused: accepted, no effect (unused inputs are padded as any).
       inline: accepted, no effect (a call inside a caller's ``jax.jit`` is
