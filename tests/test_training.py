@@ -340,3 +340,22 @@ def test_a_packed_refusal_says_which_layout_runs_it():
     np.testing.assert_allclose(g, want[1], rtol=1e-5)
     with pytest.raises(pm.PackedUnsupported, match="layout='auto' or 'padded' runs it"):
         pm.ragged_map(lambda x: loss(w, x), "n, 3", layout="packed")(xs)
+
+
+def test_typed_keys_in_examples_are_refused_with_the_key_data_form():
+    def loss(p, x, key):
+        return jnp.sum(jnp.where(jax.random.bernoulli(key, 0.7, x.shape), x * p, 0.0))
+
+    xs = [np.ones(n, np.float32) for n in (3, 5, 2)]
+    keys = [jax.random.key(i) for i in range(3)]
+    for layout in ("padded", "packed"):
+        with pytest.raises(TypeError, match="key_data"):
+            pm.value_and_grad(loss, {"x": "n", "key": ""}, layout=layout)(2.0, xs, keys)
+    # the form the message gives equals plain JAX's per-example mean
+    vg = pm.value_and_grad(lambda p, x, kd: loss(p, x, jax.random.wrap_key_data(kd)),
+                           {"x": "n", "kd": "2"})
+    value, grad = vg(2.0, xs, [jax.random.key_data(k) for k in keys])
+    ref = jax.value_and_grad(lambda p: sum(loss(p, jnp.asarray(x), k)
+                                           for x, k in zip(xs, keys)) / 3)(2.0)
+    np.testing.assert_allclose(value, ref[0], rtol=1e-6)
+    np.testing.assert_allclose(grad, ref[1], rtol=1e-6)

@@ -23,7 +23,7 @@ import numpy as np
 from ..core.binding import split_specs
 from ..core.buckets import as_policy
 from ..core.diagnostics import at_call_site, user_call_site, user_frame_of_exception
-from ..core.errors import ShapeError, SpecError, about_example
+from ..core.errors import ShapeError, SpecError, about_example, typed_as
 from ..core.masked import Masked, stack
 from ..core.plan import bucket_values, padded_shape, plan_call, policy_getter, solve_axis
 from ..core.specs import as_constraints, parse_leaf_spec
@@ -289,6 +289,16 @@ class RaggedValueAndGrad:
                 "argument is a batch of examples along axis 0; call vg(params, "
                 "examples...) with the examples outside argnums, or use "
                 "polymask.jit(jax.value_and_grad(fun, argnums), specs) for one example")
+        for i, a in enumerate(args):
+            if i not in self._unbatched and any(
+                    jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key)
+                    for leaf in jax.tree_util.tree_leaves(a)):
+                raise typed_as(ShapeError(
+                    f"value_and_grad: args[{i}] holds typed PRNG keys (jax.random.key): the "
+                    "examples are stacked and padded as numbers, which key arrays are not. Pass "
+                    "each example's jax.random.key_data(key) (spec '2' for one key, or '_') and "
+                    "make the key in the loss with jax.random.wrap_key_data(data); "
+                    "polymask.ragged_map takes typed keys as they are"), TypeError)
         specs = self._in_specs
         if isinstance(specs, dict):
             specs = split_specs(self.fun, specs, len(args), {})[0]
