@@ -1547,3 +1547,15 @@ def test_jit_decorates_a_method_with_the_instance_static_as_jax_jit():
     from polymask.runners.polyjit import PolyJit
 
     assert isinstance(Model.apply, PolyJit)  # on the class: the runner itself
+
+
+def test_jit_without_specs_serves_a_first_call_from_its_covering_bucket():
+    # the covering bucket is planned with the call's dim vars: its own sizes
+    # (all equal) would otherwise name one dim var, and the call could not use it
+    f = pm.jit(lambda x: jnp.sum(x), tiered=True)
+    x = np.ones((5, 6), np.float32)
+    assert float(f(x)) == 30.0
+    st = f.stats()
+    assert (st["compiles"], st["tiered_calls"], st["cache_hits"]) == (1, 1, 0)
+    f.wait()
+    assert float(f(np.ones((7, 3), np.float32))) == 21.0

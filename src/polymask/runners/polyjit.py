@@ -73,6 +73,7 @@ from .programs import (
     finish_stats,
     raise_case_error,
     reaches_untraced_case,
+    specs_of_plan,
 )
 from .static_args import StaticArg, StaticArgs
 from .tiering import Tiering, cover_key
@@ -776,13 +777,20 @@ class PolyJit:
         self._compile_ahead(self.positional_arguments(args, kwargs), "precompiles")
         return self
 
-    def _compile_first_ahead(self, args) -> bool:
-        """``Tiering``'s foreground compile of a covering bucket (no extra counter)."""
-        return self._compile_ahead(args, None)
+    def _compile_first_ahead(self, args, like: CallPlan) -> bool:
+        """``Tiering``'s foreground compile of a covering bucket (no extra
+        counter), planned with the dim vars of ``like``, the call's plan:
+        without ``in_specs`` the covering sizes' own equalities (all 128)
+        would name them otherwise, and the call could not use the bucket."""
+        return self._compile_ahead(args, None, like)
 
-    def _compile_ahead(self, args, kind: str | None) -> bool:
+    def _compile_ahead(self, args, kind: str | None, like: CallPlan | None = None) -> bool:
         """Compile the bucket of ``args`` (no run); True if compiled now."""
-        plan, leaves, tree = self.plans.plan(args)
+        if like is not None and self.in_specs is None:
+            specs = specs_of_plan(jax.tree_util.tree_structure(tuple(args)), like)
+            plan, leaves, tree = self.plans.plan(args, specs, ("like", repr(specs)))
+        else:
+            plan, leaves, tree = self.plans.plan(args)
         key = (tree, plan.signature)
         entry = self.cache.entry(key, hit=False)
         if entry.cover_key is None:

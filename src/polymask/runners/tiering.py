@@ -91,13 +91,14 @@ class Tiering:
     """Cover lookup in ``cache``, the covering bucket first, background compiles.
 
     ``policy_for(var)``: the runner's bucket policy of a dim var;
-    ``compile_ahead(args) -> bool``: compile the bucket of ``args`` now (no
+    ``compile_ahead(args, plan) -> bool``: compile the bucket of ``args`` (planned
+    with the dim vars of the call's ``plan``) now (no
     run; True when compiled by this call); ``constraints``: the runner's
     ``jax.export`` constraints (upper bounds of dim vars cap the headroom).
     """
 
     def __init__(self, cache: ProgramCache, policy_for: Callable,
-                 compile_ahead: Callable[[tuple], bool], constraints: Sequence[str] = ()):
+                 compile_ahead: Callable[..., bool], constraints: Sequence[str] = ()):
         self.cache = cache
         self.policy_for = policy_for
         self.compile_ahead = compile_ahead
@@ -195,7 +196,7 @@ class Tiering:
                 args[i] = jax.ShapeDtypeStruct(padded_shape(p.axes, sizes),
                                                 canonical_dtype(p.dtype))
         try:
-            return self.compile_ahead(jax.tree_util.tree_unflatten(tree, args))
+            return self.compile_ahead(jax.tree_util.tree_unflatten(tree, args), plan)
         except Exception:  # noqa: BLE001 - the call's own bucket raises (or falls back)
             self._off = True
             return None
