@@ -1,31 +1,44 @@
-import time, numpy as np, jax, jax.numpy as jnp, polymask as pm
-f = lambda x: jnp.sum(x * x)
-pj = pm.jit(f, in_specs=("n",))
-jj = jax.jit(f)
-xn = np.arange(100, dtype=np.float32); xa = jnp.asarray(xn)
-def t(fn, x, n=20000):
-    for _ in range(200): fn(x)
+"""Per-call probe behind ``alternating.txt``: ``sum(x * x)`` on 100 float32,
+``polymask.jit`` and ``jax.jit``, NumPy and ``jax.Array`` inputs, best of 7
+blocks of 20,000 calls (us per call). Run in fresh processes, alternating two
+checkouts, e.g.::
+
+    for r in 1 2 3 4; do for w in before after; do
+      PYTHONPATH=/tmp/wt_$w/src python alternating_probe.py; done; done
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import polymask as pm
+
+
+def per_call_us(fn, x, n: int = 20000) -> float:
+    for _ in range(200):
+        fn(x)
     best = 1e9
     for _ in range(7):
         t0 = time.perf_counter()
-        for _ in range(n): fn(x)
+        for _ in range(n):
+            fn(x)
         best = min(best, (time.perf_counter() - t0) / n)
     return best * 1e6
-for name, fn in [("pm", pj), ("jj", jj)]:
-    for xin, x in [("np", xn), ("arr", xa)]:
-        print(name, xin, round(t(fn, x), 2))
-# components
-print("asarray", round(t(np.asarray, xa), 2))
-info = next(iter(pj._fast.values()))
-entry = info.entry
-fn, sizes = entry.fn, info.sizes
-print(type(fn), fn)
-xp = np.zeros(128, np.float32); xp[:100] = xn
-xpa = jnp.asarray(xp)
-print("fn np padded", round(t(lambda x: fn(x, sizes), xp), 2))
-print("fn arr padded", round(t(lambda x: fn(x, sizes), xpa), 2))
-print("pad_one arr", round(t(info.pad_one, xa), 2))
-print("pad_one np", round(t(info.pad_one, xn), 2))
-jj2 = jax.jit(lambda x, s: (jnp.sum(x*x),))
-print("jj2 arr + sizes", round(t(lambda x: jj2(x, sizes), xpa), 2))
-print("jj1 arr padded", round(t(jj, xpa), 2))
+
+
+def main() -> None:
+    def f(x):
+        return jnp.sum(x * x)
+
+    runners = {"pm": pm.jit(f, in_specs=("n",)), "jj": jax.jit(f)}
+    xn = np.arange(100, dtype=np.float32)
+    inputs = {"np": xn, "arr": jnp.asarray(xn)}
+    for name, fn in runners.items():
+        for kind, x in inputs.items():
+            print(name, kind, round(per_call_us(fn, x), 2))
+
+
+if __name__ == "__main__":
+    main()
