@@ -58,7 +58,6 @@ def test_ray_serve_two_replicas_answer_as_polymask_serve(tmp_path, monkeypatch):
     loopback port answer /v1/embeddings and /embed as polymask serve does
     (embeddings equal to SentenceEncoder.embed's), both replicas serve, and a
     malformed request is the same JSON 4xx."""
-    import time
     from concurrent.futures import ThreadPoolExecutor
 
     httpx = pytest.importorskip("httpx")
@@ -67,7 +66,6 @@ def test_ray_serve_two_replicas_answer_as_polymask_serve(tmp_path, monkeypatch):
     serve = pytest.importorskip("ray.serve")
     from polymask.serving import ray_serve
 
-    start = time.monotonic()
     (tmp_path / "m").mkdir()
     model = _tiny_model_dir(tmp_path / "m")
     words = "the cat sat on a mat and a big red dog ran fast".split()
@@ -84,7 +82,6 @@ def test_ray_serve_two_replicas_answer_as_polymask_serve(tmp_path, monkeypatch):
         app = ray_serve.deployment(model, num_replicas=2, num_cpus=1, max_wait_ms=10,
                                    model_name="tiny")
         serve.run(app, name="polymask", route_prefix="/")  # returns once both are warm
-        deployed = time.monotonic() - start
 
         def call(k: int):
             idx = [(3 * k + j) % len(texts) for j in range(1 + k % 3)]
@@ -134,4 +131,3 @@ def test_ray_serve_two_replicas_answer_as_polymask_serve(tmp_path, monkeypatch):
     finally:
         serve.shutdown()
         ray.shutdown()
-    print(f"deployed in {deployed:.1f} s, whole test {time.monotonic() - start:.1f} s")

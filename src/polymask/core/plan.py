@@ -388,7 +388,10 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         check_program_input(leaf, path)
         axes = None
         if spec is None and in_specs is None and equal_sizes_share and shape and not is_scalar_py:
-            spec = ", ".join(name_of_size.setdefault(d, gen_name()) for d in shape)
+            for d in shape:  # (a name only for a size not seen before: s0, s1, ...)
+                if d not in name_of_size:
+                    name_of_size[d] = gen_name()
+            spec = ", ".join(name_of_size[d] for d in shape)
         # a Python scalar's spec is checked too ('n' on 3.0 is a rank error, as on
         # np.float32(3.0)), but the scalar stays static
         if spec is not None or (in_specs is None and shape and not is_scalar_py):
