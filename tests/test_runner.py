@@ -1559,3 +1559,48 @@ def test_jit_without_specs_serves_a_first_call_from_its_covering_bucket():
     assert (st["compiles"], st["tiered_calls"], st["cache_hits"]) == (1, 1, 0)
     f.wait()
     assert float(f(np.ones((7, 3), np.float32))) == 21.0
+
+
+@pytest.mark.parametrize("tiered", [True, False])
+def test_jit_without_specs_makes_an_axis_meeting_a_fixed_size_static(tiered):
+    # x @ W, x + b with W, b closed over: the feature axis cannot be a dim var, so
+    # the call that finds it plans it static and traces again; every later size
+    # of the other axis shares programs (no call per exact shape)
+    rng = np.random.default_rng(5)
+    w, b = _integer_valued(rng, (16, 4)), _integer_valued(rng, (4,))
+
+    def dense(x):
+        return x @ w + b
+
+    def bias(x):
+        return x * 2 + b  # broadcasting (n, 4) against (4,)
+
+    def branchy(x):  # the fixed size is met in one case of the trace only
+        return (x @ w).sum(0) if x.shape[0] > 4 else x.sum(0)[:4]
+
+    runners = {fn: pm.jit(fn, tiered=tiered) for fn in (dense, bias, branchy)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for n in (3, 5, 0, 9, 1, 4, 7, 2):
+            for fn, run in runners.items():
+                x = _integer_valued(rng, (n, 4) if fn is bias else (n, 16))
+                np.testing.assert_array_equal(run(x), jax.jit(fn)(x))
+    for run in runners.values():
+        run.wait()
+        stats = run.stats()
+        assert stats["exact_compiles"] == 0 and run.fallbacks() == {}
+        assert stats["compiles"] <= 6  # the first trace and the static plan's buckets
+    # a feature size the weights do not take fails as under jax.jit
+    with pytest.raises(TypeError):
+        runners[dense](np.ones((3, 8), np.float32))
+    with pytest.raises(TypeError):
+        pm.jit(dense, tiered=tiered)(np.ones((3, 8), np.float32))
+
+
+def test_precompile_without_specs_makes_an_axis_meeting_a_fixed_size_static():
+    w = jnp.arange(32.0).reshape(16, 2)
+    f = pm.jit(lambda x: x @ w, tiered=False).precompile(
+        jax.ShapeDtypeStruct((8, 16), jnp.float32))
+    x = np.arange(5 * 16, dtype=np.float32).reshape(5, 16)
+    np.testing.assert_array_equal(f(x), x @ np.asarray(w))
+    assert (f.stats()["compiles"], f.stats()["cache_hits"]) == (1, 1)

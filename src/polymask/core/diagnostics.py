@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import traceback
+from collections.abc import Sequence
 
 import jax
 
@@ -366,18 +367,20 @@ def _describe_vars(names, var_where) -> str:
     return f" ({', '.join(known)})" if known else ""
 
 
-def _meets_a_constant(msg: str, v: str) -> int | None:
-    """The constant that the dim var ``v`` stands against in two shapes of
-    JAX's message (``got (s1,) and (3,)``), or None."""
+def _vars_meeting_constants(msg: str, names: Sequence[str]) -> dict[str, int]:
+    """The dim vars of ``names`` that stand against a constant in two shapes of
+    JAX's message, aligned from the right as broadcasting aligns them
+    (``got (s1,) and (3,)``; ``shapes=[(s0, s1), (16,)]``): ``{var: constant}``.
+    A 1 broadcasts against anything, so it is no conflict."""
     tuples = [[p.strip() for p in t.split(",") if p.strip()]
               for t in re.findall(r"\(([^()]*)\)", msg)]
+    found: dict[str, int] = {}
     for a in tuples:
         for b in tuples:
-            if len(a) == len(b):
-                for x, y in zip(a, b):
-                    if x == v and y.isdigit():
-                        return int(y)
-    return None
+            for x, y in zip(reversed(a), reversed(b)):
+                if x in names and y.isdigit() and int(y) != 1:
+                    found.setdefault(x, int(y))
+    return found
 
 
 def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
@@ -392,19 +395,24 @@ def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
             "call gets its own size, and JAX cannot know two of them are equal even when the "
             "calls are identical. Compute the result once and reuse it (i = "
             "polymask.flatnonzero(x); x[i] * i).")
+    meets = {} if fresh else _vars_meeting_constants(msg, user)
+    if meets:
+        vs = ", ".join(meets)
+        sizes = ", ".join(str(c) for c in meets.values())
+        axis = "axis" if len(meets) == 1 else "axes"
+        error = ShapeError(
+            f"{head}\n  The {axis} of {vs}{_describe_vars(list(meets), var_where)} "
+            f"{'meets a fixed size' if len(meets) == 1 else 'meet fixed sizes'} {sizes} "
+            "(weights, a constant array): a dim var cannot stand there. Make that axis static "
+            "with '_' in its spec (e.g. in_specs='n, _'; it then takes each call's own size), "
+            f"or write {sizes} there.")
+        error.fixed_size_vars = tuple(meets)
+        return error
     if len(user) >= 2 or (user and fresh):
         return ShapeError(
             f"{head}\n  Axes named by different dim vars{_describe_vars(user, var_where)} are "
             "different sizes while tracing; if they are always equal, give them the same "
             "name in in_specs (e.g. ('n', 'n')).")
-    if len(user) == 1 and _meets_a_constant(msg, user[0]) is not None:
-        (v,) = user
-        c = _meets_a_constant(msg, v)
-        return ShapeError(
-            f"{head}\n  The axis of {v}{_describe_vars(user, var_where)} meets a fixed size "
-            f"{c} (weights, a constant array): it cannot be a dim var. Make that axis static "
-            f"with '_' in its spec (e.g. in_specs='n, _'; it then takes each call's own size), "
-            f"or write {c} there.")
     if len(user) == 1:
         (v,) = user
         k = lower_bound_that_fixes(msg, v)

@@ -11,7 +11,13 @@ class ShapeError(ValueError):
 
     The message names the dimension variable, the offending values, the
     argument path (``args[1].shape[0]``) and the user's source line.
+
+    ``fixed_size_vars``: the dim vars whose axes met a fixed size in the
+    trace (``x @ W`` with ``W`` closed over), so they cannot be dim vars; a
+    runner planning its own specs makes those axes static and traces again.
     """
+
+    fixed_size_vars: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         # polymask's message: not the plain type's __str__ (KeyError's quotes
@@ -146,9 +152,11 @@ class TooManyCases(ShapeError):
     ``reason``: the failure without the advice on ``max_cases`` (the packed
     layout, which needs one program for every size, gives its own)."""
 
-    def __init__(self, message: str, reason: str | None = None):
+    def __init__(self, message: str, reason: str | None = None,
+                 fixed_size_vars: tuple[str, ...] = ()):
         super().__init__(message)
         self.reason = message if reason is None else reason
+        self.fixed_size_vars = tuple(fixed_size_vars)
 
 
 class FallbackWarning(UserWarning):

@@ -356,7 +356,8 @@ def _hashable(leaf) -> bool:
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
               policy_for: Callable[[str], Callable[[int], int]],
               arg_names: Sequence[str] | None = None,
-              equal_sizes_share: bool = False) -> CallPlan:
+              equal_sizes_share: bool = False,
+              static_axes: frozenset[tuple[str, int]] = frozenset()) -> CallPlan:
     """Plan one call on exact arrays ``args`` (host side; see ``CallPlan``).
 
     ``in_specs=None`` makes every axis of every non-scalar array leaf dynamic;
@@ -368,7 +369,8 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     ``in_specs``): axes of equal size in this call share one dim var, so that
     ``x + y`` or a square matrix traces as plain JAX sees it; the var names
     are part of the plan's signature (calls with other equalities plan
-    apart).
+    apart); there, an axis in ``static_axes`` (``(leaf path, axis)``, e.g.
+    ``("args[0]", 1)``: one that met a fixed size in a trace) is static.
 
     Raises:
       ShapeError: a bad spec, a size not of its affine form, different sizes
@@ -388,10 +390,11 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         check_program_input(leaf, path)
         axes = None
         if spec is None and in_specs is None and equal_sizes_share and shape and not is_scalar_py:
-            for d in shape:  # (a name only for a size not seen before: s0, s1, ...)
-                if d not in name_of_size:
+            dynamic = [(path, k) not in static_axes for k in range(len(shape))]
+            for d, dyn in zip(shape, dynamic):  # (a name only for a size not seen before:
+                if dyn and d not in name_of_size:  # s0, s1, ...)
                     name_of_size[d] = gen_name()
-            spec = ", ".join(name_of_size[d] for d in shape)
+            spec = ", ".join(name_of_size[d] if dyn else str(d) for d, dyn in zip(shape, dynamic))
         # a Python scalar's spec is checked too ('n' on 3.0 is a rank error, as on
         # np.float32(3.0)), but the scalar stays static
         if spec is not None or (in_specs is None and shape and not is_scalar_py):

@@ -501,17 +501,32 @@ class PolyJit:
                 raise_run_failure(e)
                 if self._fallback is not None and isinstance(e, FailsAsPlainJax):
                     return self._plain_or_its_error(info, None, args, e)
+                if falls_back(e) and self.plans.make_static(info.plan, e):
+                    return self._planned_again(info, args)
                 if self._fallback is None or not falls_back(e):
                     raise
                 return self._fall_back(info, args, e)
             try:
                 raise_case_error(entry, info.plan.var_names, info.plan.values)
             except ShapeError as e:
+                if self.plans.make_static(info.plan, e):  # their case met a fixed size
+                    return self._planned_again(info, args)
                 if self._fallback is not None:
                     return self._plain_or_its_error(info, entry, args, e)
                 info.error = e
                 raise at_call_site_error(e) from None
         return self._outputs(info, entry, out)
+
+    def _planned_again(self, info: _CallInfo, args):
+        """The call again, once its plan made axes static that met a fixed size
+        (``CallPlans.make_static``): its old plan's info is dropped, and later
+        calls of every shape plan with those axes static."""
+        with self.cache.lock:
+            for table in (self._fast, self._infos):
+                if table.get(info.shape_key) is info:
+                    del table[info.shape_key]
+            self._steady.clear()
+        return self(*args)
 
     def _plain_or_its_error(self, info: _CallInfo, entry: Entry | None, args,
                             error: ShapeError):
@@ -774,8 +789,15 @@ class PolyJit:
         Raises:
           ShapeError: the shapes do not fit the specs (as a call would).
         """
-        self._compile_ahead(self.positional_arguments(args, kwargs), "precompiles")
-        return self
+        args = self.positional_arguments(args, kwargs)
+        while True:
+            try:
+                self._compile_ahead(args, "precompiles")
+                return self
+            except Exception as e:
+                # an axis met a fixed size (x @ W): planned static, as a call would
+                if not (falls_back(e) and self.plans.make_static(self.plans.plan(args)[0], e)):
+                    raise
 
     def _compile_first_ahead(self, args, like: CallPlan) -> bool:
         """``Tiering``'s foreground compile of a covering bucket (no extra
@@ -823,9 +845,10 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         of equal size in a call share one dim var (``x + y`` of two length-5
         vectors, a square matrix: traced as plain JAX sees them; a call whose
         sizes are equal in another pattern gets its own programs). An axis
-        that meets a fixed size (``x @ W`` with ``W`` closed over) cannot be
-        dynamic: give it ``"_"`` (``in_specs="n, _"``), or the calls run per
-        exact shape (warned). Otherwise one entry per positional argument: a
+        that meets a fixed size (``x @ W`` or ``x + b`` with ``W``, ``b``
+        closed over) cannot be dynamic: the call whose trace finds it plans
+        that axis static (as ``"_"``) and traces again, and so do later calls.
+        Otherwise one entry per positional argument: a
         ``jax.export.symbolic_shape`` spec string (``"n, 64"``; same name =
         equal sizes; ``"_"``/constants = static), a pytree of specs, or None
         (that argument is static: its exact shape is part of the cache key,

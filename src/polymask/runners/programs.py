@@ -233,6 +233,8 @@ class CallPlans:
         self.constraints = constraints
         self.policy_for = policy_for
         self.equal_sizes_share = equal_sizes_share  # (plan_call's, for the runner's specs)
+        # with equal_sizes_share: (leaf path, axis) of axes that met a fixed size
+        self.static_axes: frozenset[tuple[str, int]] = frozenset()
         self._lock = threading.Lock()
         self._plans: dict = {}
 
@@ -247,7 +249,8 @@ class CallPlans:
         if plan is None:
             try:
                 plan = plan_call(args, in_specs, self.constraints, self.policy_for,
-                                 equal_sizes_share=self.equal_sizes_share and spec_key is None)
+                                 equal_sizes_share=self.equal_sizes_share and spec_key is None,
+                                 static_axes=self.static_axes)
             except ShapeError as e:
                 raise at_call_site_error(e) from None
             with self._lock:
@@ -255,6 +258,25 @@ class CallPlans:
                     self._plans.clear()
                 self._plans[key] = plan
         return plan, leaves, tree
+
+    def make_static(self, plan: CallPlan, error: BaseException) -> bool:
+        """Plan later calls with the axes of ``plan`` that ``error`` found
+        meeting a fixed size (its ``fixed_size_vars``; ``x @ W`` with ``W``
+        closed over) static, where the runner names the dim vars itself
+        (``equal_sizes_share``): True when ``plan`` had such an axis dynamic (the
+        call can be planned and traced again; each time one more axis is
+        static, so this ends), else False."""
+        names = getattr(error, "fixed_size_vars", ())
+        if not (self.equal_sizes_share and names):
+            return False
+        axes = {(leaf.path, k) for leaf in plan.leaves if leaf.axes is not None
+                for k, a in enumerate(leaf.axes) if a.var in names}
+        if axes:
+            with self._lock:
+                if not axes <= self.static_axes:
+                    self.static_axes = self.static_axes | axes
+                    self._plans.clear()
+        return bool(axes)
 
     def clear(self) -> None:
         with self._lock:

@@ -197,7 +197,9 @@ class Tiering:
                                                 canonical_dtype(p.dtype))
         try:
             return self.compile_ahead(jax.tree_util.tree_unflatten(tree, args), plan)
-        except Exception:  # noqa: BLE001 - the call's own bucket raises (or falls back)
+        except Exception as e:  # noqa: BLE001 - the call's own bucket raises (or falls back)
+            if e.__dict__.get("fixed_size_vars"):  # the runner plans the call again
+                raise
             self._off = True
             return None
 

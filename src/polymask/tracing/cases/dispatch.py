@@ -61,7 +61,8 @@ def case_error(tree: CaseTree, case: Case, prefix: str = "") -> ShapeError:
     if case.one_size or case.plain:  # plain JAX's own failure at these sizes
         return typed_as(ShapeError(prefix + _error_message(tree, case)), case.error_type)
     # polymask's limit (a case traced with symbolic sizes), as when every size fails
-    return TooManyCases(prefix + _error_message(tree, case))
+    return TooManyCases(prefix + _error_message(tree, case),
+                        fixed_size_vars=case.fixed_size_vars)
 
 
 def host_error(tree: CaseTree, values: dict[str, int], prefix: str = "") -> ShapeError | None:

@@ -64,7 +64,7 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
                              f"the bounds allow at most {per_size_limit(max_cases)} sizes, a "
                              "bound of 2 x max_cases (mask, polymask.jit and ragged_map "
                              f"take max_cases=){_count_text(signature)})",
-                             reason=str(e)) from None
+                             reason=str(e), fixed_size_vars=e.fixed_size_vars) from None
         if signature is not None and not isinstance(e, (ShapeError, UnsupportedError)):
             _note_symbolic_trace(e, signature, max_cases)
         raise e
@@ -137,7 +137,8 @@ def _every_size_fails(failed: list[Case], max_cases: int) -> ShapeError:
     return TooManyCases(  # polymask's limit (sizes one by one past max_cases), not the user's
         f"polymask cannot trace the function with symbolic sizes"
         f"{f' ({sizes_text(sizes)})' if sizes else ''} at {main.where}:\n  "
-        f"{main.error.splitlines()[0]}\n  {per_size_remedy(max_cases, len(sizes))}{also}")
+        f"{main.error.splitlines()[0]}\n  {per_size_remedy(max_cases, len(sizes))}{also}",
+        fixed_size_vars=tuple(dict.fromkeys(v for c in symbolic for v in c.fixed_size_vars)))
 
 
 def per_size_remedy(max_cases: int, count: int) -> str:

@@ -39,6 +39,7 @@ class Case:
     pinned: bool = False  # traced with every size a Python int (an error is plain JAX's)
     error_type: type | None = None  # the exception the error was (not polymask's own)
     plain: bool = False  # an error plain JAX has at every size of the case (rfft of length 0)
+    fixed_size_vars: tuple[str, ...] = ()  # the error's (``ShapeError.fixed_size_vars``)
 
     @property
     def one_size(self) -> bool:
@@ -203,7 +204,14 @@ def error_case(index: int, conditions, e: BaseException, internal) -> Case:
                                                   compat.InconclusiveDimensionOperation))
                 else type(e),
                 pinned=bool(getattr(e, "polymask_pinned", False)),
-                plain=bool(getattr(e, "polymask_plain", False)))
+                plain=bool(getattr(e, "polymask_plain", False)),
+                fixed_size_vars=_spec_names(getattr(e, "fixed_size_vars", ()), internal))
+
+
+def _spec_names(names, internal) -> tuple[str, ...]:
+    """``names`` as the spec names them (a case traces ``n`` as ``n__p1``)."""
+    spec_name = {name: v for v, (name, _) in (internal or {}).items()}
+    return tuple(spec_name.get(n, n) for n in names)
 
 
 def enumerate_sizes(tree: CaseTree) -> None:
