@@ -56,3 +56,69 @@ def test_sharded_ragged_batch_on_two_devices():
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
+def test_mask_inside_shard_map_on_two_devices():
+    # the masked trace binds its primitives with one set of varying manual axes
+    # (as jax.lax does), a case split's branches return one type, and a failed
+    # check raises on the device whose shard fails (no gather: no deadlock)
+    code = textwrap.dedent("""
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        import polymask as pm
+        shard_map = getattr(jax, "shard_map", None)
+        if shard_map is None:
+            from jax.experimental.shard_map import shard_map
+        fns = {
+            "affine": lambda x: x * 3.0 + 1.0,
+            "max": lambda x: x - jnp.max(x),  # a case split (and an error at n = 0)
+            "shift": lambda x: jnp.sqrt(jnp.abs(x[1:] - x[:-1]) + 1.0),
+            "sort": lambda x: jnp.sort(-x),
+            "scan": lambda x: jax.lax.scan(lambda c, v: (c * 0.5 + v, c), 0.0, x)[1],
+            "grad": jax.grad(lambda x: jnp.sum(jnp.sin(x) ** 2) + jnp.max(x)),
+        }
+        rng = np.random.default_rng(0)
+        data = rng.normal(size=(4, 8)).astype(np.float32)
+
+        def run(fn, checks, kind, sizes):
+            types = (getattr(jax.sharding.AxisType, kind),)
+            mesh = jax.make_mesh((2,), ("b",), axis_types=types)
+            garbage = data.copy()
+            for i, n in enumerate(sizes):
+                garbage[i, n:] = np.nan
+            d = jax.device_put(garbage, NamedSharding(mesh, P("b")))
+            s = jax.device_put(np.int32(sizes), NamedSharding(mesh, P("b")))
+            m = pm.mask(fn, "n", checks=checks)
+
+            def per_shard(dd, ss):
+                out = jax.vmap(lambda a, b: m(pm.Masked(a, (b,))))(dd, ss)
+                return out.data, out.shape[0]
+
+            out, n_out = jax.jit(shard_map(per_shard, mesh=mesh, in_specs=(P("b"), P("b")),
+                                           out_specs=(P("b"), P("b"))))(d, s)
+            return np.asarray(out), np.asarray(n_out)
+
+        for kind in ("Auto", "Explicit"):
+            for checks in (True, False, "functional"):
+                for name, fn in fns.items():
+                    sizes = [1, 5, 8, 3] if name in ("max", "grad") else [0, 1, 5, 8]
+                    out, n_out = run(fn, checks, kind, sizes)
+                    for i, n in enumerate(sizes):
+                        ref = np.asarray(fn(jnp.asarray(data[i, :n])))
+                        assert n_out[i] == ref.shape[0], (kind, checks, name, n)
+                        np.testing.assert_allclose(out[i, :n_out[i]], ref, rtol=1e-5,
+                                                   atol=1e-6, err_msg=f"{kind} {name} {n}")
+            try:  # jnp.max of an empty shard row, as plain JAX: an error, never a value
+                with pm.shape_errors():
+                    run(fns["max"], True, kind, [1, 5, 0, 3])
+            except pm.ShapeError as e:
+                assert "n in {0}" in str(e)
+            else:
+                raise AssertionError("no error at n = 0")
+        print("OK")
+    """)
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]

@@ -899,6 +899,14 @@ def test_jit_takes_jax_jits_arguments_and_ahead_of_time_methods():
     for method in (bounded.eval_shape, bounded.lower, bounded.trace):
         with pytest.raises(pm.ShapeError, match="largest bucket 8"):
             method(np.ones(9, np.float32))
+    # a donated position or name fun does not take, or also static: jax.jit's error
+    for bad in ({"donate_argnums": 3}, {"donate_argnames": "y"},
+                {"donate_argnums": 0, "static_argnums": 0}):
+        with pytest.raises(ValueError) as plain_error:
+            jax.jit(lambda x: x, **bad)
+        with pytest.raises(ValueError) as ours:
+            pm.jit(lambda x: x, **bad)
+        assert str(ours.value) == str(plain_error.value)
     for option in ("in_shardings", "out_shardings", "device", "backend"):
         value = "cpu" if option == "backend" else jax.devices()[0]
         with pytest.raises(NotImplementedError, match=r"polymask.mask\(f, in_specs\), in_sh"):

@@ -203,6 +203,45 @@ def is_tracer(x) -> bool:
     return isinstance(x, _core.Tracer)
 
 
+_auto_insert_reshard = getattr(_core, "auto_insert_reshard", None)
+
+
+def with_matching_varying_axes(args):
+    """``args`` with every array cast to the union of their ``shard_map``
+    varying manual axes (``pvary``), as ``jax.lax``'s n-ary functions cast
+    them before binding (``core.auto_insert_reshard``); ``args`` unchanged
+    outside ``shard_map`` or where JAX has no such typing."""
+    if _auto_insert_reshard is None or not any(map(_varying, args)):
+        return args
+    return _auto_insert_reshard(*args)
+
+
+def _varying(x) -> frozenset:
+    aval = getattr(x, "aval", None)
+    mat = getattr(aval, "mat", None)
+    return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
+
+
+def varying_axes(tree) -> frozenset:
+    """The union of the ``shard_map`` varying manual axes of ``tree``'s arrays
+    (empty outside ``shard_map``)."""
+    return frozenset().union(*map(_varying, jax.tree_util.tree_leaves(tree)))
+
+
+def as_varying(tree, axes: frozenset):
+    """``tree`` with each array varying over ``axes`` too (``pvary``): the
+    branches of a ``lax.switch`` inside ``shard_map`` must return one type,
+    and a branch that returns constants varies over none."""
+    if not axes:
+        return tree
+
+    def cast(x):
+        missing = tuple(sorted(axes - _varying(x)))
+        return _core.pvary(x, missing) if missing else x
+
+    return jax.tree_util.tree_map(cast, tree)
+
+
 def is_weakly_typed(x) -> bool:
     """Whether ``x`` is weakly typed (a Python scalar, or an array or tracer made
     from one): its dtype yields to the other operand's in type promotion."""

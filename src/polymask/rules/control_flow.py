@@ -197,7 +197,9 @@ def scan_rule(ctx, *args, reverse, length, jaxpr, unroll=1, **params):
     if compat.is_dim_expr(unroll):  # unroll=True is recorded as the (symbolic) length
         unroll = True
     seq = ([lax.iota(jnp.int32, n_pad)] if dynamic else []) + list(xs)
-    carry, ys = lax.scan(body, list(init), seq, length=n_pad, reverse=reverse,
+    # (inside shard_map the carry varies as the steps make it vary)
+    init = compat.as_varying(list(init), compat.varying_axes(args))
+    carry, ys = lax.scan(body, init, seq, length=n_pad, reverse=reverse,
                          unroll=unroll)
     return [*carry, *ys]
 

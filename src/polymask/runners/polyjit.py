@@ -920,7 +920,8 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
       donate_argnums: accepted as ``jax.jit`` accepts it, with no effect on
         the values: inputs are copied into padded buffers, so nothing is
         donated (a donated array stays valid, where ``jax.jit`` would
-        delete it).
+        delete it). A position ``fun`` does not take, or one also static,
+        raises ``ValueError`` here, as ``jax.jit`` raises it.
       donate_argnames: the same, by name.
       keep_unused: accepted, no effect (unused inputs are padded as any).
       inline: accepted, no effect (a call inside a caller's ``jax.jit`` is
@@ -987,6 +988,11 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         raise TypeError(
             f"polymask.jit takes the function first, got {fun!r}: polymask.jit(f, "
             f"{fun!r}), or as a decorator @polymask.jit(in_specs={fun!r})")
+    if donate_argnums is not None or donate_argnames is not None:
+        # jax.jit's own checks of the argument numbers and names (raised here, as
+        # jax.jit raises them when it decorates)
+        jax.jit(fun, static_argnums=static_argnums, static_argnames=static_argnames,
+                donate_argnums=donate_argnums, donate_argnames=donate_argnames)
     return PolyJit(fun, in_specs, buckets=buckets, constraints=constraints,
                    cache_size=cache_size, numpy_outputs=numpy_outputs, tiered=tiered,
                    compiler_options=compiler_options, max_cases=max_cases, fallback=fallback,

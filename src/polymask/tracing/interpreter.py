@@ -133,7 +133,7 @@ class Interpreter:
         prim = eqn.primitive
         rule = rule_for(prim)
         if not runs_rule(eqn, state):
-            return prim.bind(*invals, **eqn.params)
+            return prim.bind(*compat.with_matching_varying_axes(invals), **eqn.params)
         if rule is None:
             raise UnsupportedError(
                 f"polymask has no masking rule for primitive '{prim.name}' "

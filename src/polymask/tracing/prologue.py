@@ -160,7 +160,13 @@ def _stage_runtime_errors(checks: list[Check], call_site: str) -> None:
     @jax.custom_batching.custom_vmap
     def check(bads, values):
         any_bad = functools.reduce(jnp.logical_or, [jnp.any(b) for b in bads])
-        lax.cond(any_bad, lambda: jax.debug.callback(_raise, bads, values), lambda: None)
+        # inside shard_map each device checks its own shard: a callback of the
+        # whole operands gathers them first, a collective that the devices
+        # whose check passed never join (a deadlock)
+        partitioned = bool(compat.varying_axes((bads, values)))
+        lax.cond(any_bad, lambda: jax.debug.callback(_raise, bads, values,
+                                                     partitioned=partitioned),
+                 lambda: None)
         return any_bad
 
     @check.def_vmap

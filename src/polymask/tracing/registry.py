@@ -324,8 +324,11 @@ class RuleContext:
         return substitute_dims(params, self.dims.padded)
 
     def bind(self, *args, **overrides):
-        """Bind the primitive on padded operands with padded-size params."""
-        return self.primitive.bind(*args, **self.concrete_params(**overrides))
+        """Bind the primitive on padded operands with padded-size params (inside
+        ``shard_map``, operands cast to one set of varying axes, as ``jax.lax``
+        casts them: the jaxpr was traced outside it)."""
+        return self.primitive.bind(*compat.with_matching_varying_axes(args),
+                                   **self.concrete_params(**overrides))
 
     def eval_jaxpr(self, closed_jaxpr, *args) -> list:
         """Evaluate an inner (closed) jaxpr with masking, sharing the dim env."""

@@ -107,9 +107,14 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
     # checks="functional": a branch's traced checks are values of the branch's
     # trace; each branch returns them folded into one bool, added after the switch
     outer_bads = trace_state().functional_checks
+    # inside shard_map every branch returns the inputs' varying axes (one type)
+    varying = compat.varying_axes((leaves, values, idx))
 
     def branch(case: Case):
         def run():
+            return compat.as_varying(run_case(), varying)
+
+        def run_case():
             if case.program is None or not case.reachable:
                 datas = [jnp.zeros(b, v.aval.dtype) for b, v in
                          zip(tree.out_bounds, tree.base.closed_jaxpr.jaxpr.outvars)]
