@@ -564,6 +564,27 @@ def test_ragged_map_auto_specs_and_ragged_outputs():
         np.testing.assert_allclose(o, np.cumsum(e, 0) * 2)
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_ragged_map_auto_specs_give_axes_of_equal_sizes_one_dim_var(layout):
+    # x of (n, 16) and y of (n,): one dim var, so x @ W - y traces as on each
+    # example (two dim vars ran per exact shape in the padded layout, and the
+    # packed layout refused them)
+    rng = np.random.default_rng(8)
+    w = _integer_valued(rng, (16, 4))
+
+    def residual(x, y):
+        return (x @ w).sum(-1) - y
+
+    exs = [(_integer_valued(rng, (n, 16)), _integer_valued(rng, (n,))) for n in (1, 4, 2, 7, 3)]
+    rm = pm.ragged_map(residual, layout=layout)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        outs = rm(exs)
+    for (x, y), o in zip(exs, outs):
+        np.testing.assert_array_equal(o, residual(x, y))
+    assert rm.stats()["exact_compiles"] == 0
+
+
 def test_ragged_map_tuple_examples_and_progress(capsys):
     rm = pm.ragged_map(lambda x, y: jnp.sum(x) * jnp.sum(y), ("n", "m"), batch_size=2,
                        progress=True, numpy_outputs=True)

@@ -2,6 +2,7 @@
 gives the same parameters as the same steps computed example by example."""
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -359,3 +360,30 @@ def test_typed_keys_in_examples_are_refused_with_the_key_data_form():
                                            for x, k in zip(xs, keys)) / 3)(2.0)
     np.testing.assert_allclose(value, ref[0], rtol=1e-6)
     np.testing.assert_allclose(grad, ref[1], rtol=1e-6)
+
+
+def test_without_specs_the_examples_axes_of_equal_sizes_share_a_dim_var():
+    # ragged_map's specs read off each call's examples: x (n, 16) and y (n,) share
+    # n, the feature axis is static, so x @ W - y trains in shared programs; a
+    # batch of equal lengths (all static) trains too
+    rng = np.random.default_rng(2)
+    b = jnp.float32(0.5)
+
+    def loss(p, x, y, label):
+        return jnp.mean(((x @ p["w"]).sum(-1) + b - y) ** 2) + (p["w"].sum() - label) ** 2
+
+    params = {"w": jnp.asarray(rng.normal(size=(16, 4)).astype(np.float32))}
+    vg = pm.value_and_grad(loss)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for lengths in [(2, 5, 9), (3, 3, 3), (1, 4, 9), (2, 5, 9)]:
+            xs = [rng.normal(size=(n, 16)).astype(np.float32) for n in lengths]
+            ys = [rng.normal(size=(n,)).astype(np.float32) for n in lengths]
+            labels = [np.float32(rng.normal()) for _ in lengths]
+            value, grads = vg(params, xs, ys, labels)
+            plain = [jax.value_and_grad(loss)(params, *e) for e in zip(xs, ys, labels)]
+            np.testing.assert_allclose(value, np.mean([v for v, _ in plain]), rtol=1e-5)
+            np.testing.assert_allclose(grads["w"], np.mean([g["w"] for _, g in plain], 0),
+                                       rtol=1e-4, atol=1e-5)
+    # (1, 4, 9) and (2, 5, 9) again share the first program (padded to 9)
+    assert vg.exact_compiles == 0 and vg.compiles == 2

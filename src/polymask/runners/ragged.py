@@ -671,7 +671,10 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
       fun: a function written for exact arrays.
       in_specs: specs of the example arguments (as for ``polymask.jit``);
         broadcast arguments take no spec and are passed unpadded (e.g. model
-        parameters). Every argument is a traced program input, as under
+        parameters). None: read off each call's examples (an axis whose
+        size differs across them is dynamic, others static, and axes whose
+        sizes are equal in every example share one dim var: ``(x, y)`` of
+        shapes ``(n, 16)`` and ``(n,)`` is ``("n, 16", "n")``). Every argument is a traced program input, as under
         ``jax.jit``: a number cannot be used as a shape or in a Python
         ``if`` (bind such constants with ``functools.partial``). An argument
         without a dim var that differs across examples (a Python number, an

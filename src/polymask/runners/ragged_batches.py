@@ -231,7 +231,9 @@ def batch_bucket(policy: Callable[[int], int], n: int, most: int) -> int:
 
 def auto_specs(arg_lists) -> tuple:
     """``ragged_map``'s specs when ``in_specs=None``: the axes whose sizes differ
-    across the examples (tuples of arguments) are dynamic.
+    across the examples (tuples of arguments) are dynamic, and axes whose sizes
+    are equal in every example share one dim var (``x`` of ``(n, 16)`` and
+    ``y`` of ``(n,)``: ``x @ W - y`` traces as it does on each example).
 
     Raises:
       ShapeError: examples of different pytree structures or leaf ranks.
@@ -243,6 +245,7 @@ def auto_specs(arg_lists) -> tuple:
     per_ex = [jax.tree_util.tree_leaves(a) for a in arg_lists]
     n_leaves = len(per_ex[0])
     leaf_specs = []
+    name_of_sizes: dict[tuple[int, ...], str] = {}  # an axis' sizes over the examples
     for li in range(n_leaves):
         shapes = [np.shape(ex[li]) for ex in per_ex]
         if len({len(sh) for sh in shapes}) != 1:
@@ -252,8 +255,11 @@ def auto_specs(arg_lists) -> tuple:
         if not any(varying):
             leaf_specs.append(None)
             continue
-        leaf_specs.append(", ".join(f"l{li}_{k}" if v else str(first[k])
-                                    for k, v in enumerate(varying)))
+        names = []
+        for k, v in enumerate(varying):
+            sizes = tuple(sh[k] for sh in shapes)
+            names.append(name_of_sizes.setdefault(sizes, f"l{li}_{k}") if v else str(first[k]))
+        leaf_specs.append(", ".join(names))
     specs, it = [], iter(leaf_specs)
     for a in arg_lists[0]:
         sub = jax.tree_util.tree_structure(a)

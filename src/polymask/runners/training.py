@@ -12,6 +12,7 @@ stack batches with a bucketing policy and the batch size with
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -34,6 +35,7 @@ from ..tracing.prologue import run_checks, solve_dim_vars
 from ..tracing.transform import mask
 from .fallback import ExactFallback, falls_back
 from .packed import PackedRunner, default_row_size, spare_rows
+from .ragged_batches import auto_specs
 
 __all__ = ["value_and_grad", "RaggedValueAndGrad"]
 
@@ -172,6 +174,10 @@ class RaggedValueAndGrad:
         self.compiles = 0
         self.exact_compiles = 0  # per-example programs of the fallback (also in compiles)
         self._jitted = jax.jit(self._value_and_grad)
+        # without in_specs, lists of exact examples get ragged_map's specs read off
+        # each call's examples: repr(specs) -> (masked function, its jitted step)
+        self._auto_specs = in_specs is None
+        self._by_specs: dict = {repr(None): (self._masked, self._jitted)}
         name = getattr(fun, "__name__", type(fun).__name__)
         self._fallback = ExactFallback(self._example_sum_and_grad, f"value_and_grad({name})",
                                        self._count_exact, counted_in="vg.exact_compiles")
@@ -266,6 +272,37 @@ class RaggedValueAndGrad:
             return tuple(None if i in self._unbatched else next(it) for i in range(n_args))
         return specs
 
+    def _specs_of_examples(self, args):
+        """``ragged_map``'s specs of this call's examples (``auto_specs``: axes
+        whose sizes differ are dynamic, equal ones share a dim var), None for
+        the parameters; None (each axis its own dim var) unless every batched
+        argument is a list of exact arrays."""
+        batched = [i for i in range(len(args)) if i not in self._unbatched]
+        if not batched or not all(isinstance(args[i], (list, tuple)) and args[i]
+                                  for i in batched):
+            return None
+        if len({len(args[i]) for i in batched}) != 1:
+            return None  # different batch sizes: prepare() says so
+        examples = list(zip(*(args[i] for i in batched)))
+        try:
+            specs = iter(auto_specs(examples))
+        except ShapeError:
+            return None  # ranks or structures differ: the masked trace says so
+        return tuple(None if i in self._unbatched else _static_as_sizes(next(specs), args[i][0])
+                     for i in range(len(args)))
+
+    def _use_specs(self, specs) -> None:
+        """Run this call with ``specs`` (``_specs_of_examples``): its masked
+        function and jitted step, made once per specs (a jitted step traced
+        with other specs must never run these)."""
+        key = repr(specs)
+        if key not in self._by_specs:
+            masked = mask(self.fun, specs, constraints=self.constraints, checks=self._checks)
+            step = jax.jit(functools.partial(RaggedValueAndGrad._value_and_grad, self))
+            self._by_specs[key] = (masked, step)
+        self._in_specs = specs
+        self._masked, self._jitted = self._by_specs[key]
+
     def _fit_specs(self, n_args: int) -> None:
         specs = self.specs_for(n_args)
         if specs is not self._in_specs:
@@ -330,6 +367,8 @@ class RaggedValueAndGrad:
             if self._packed is not None:
                 self._packed.last_padded = 0
             return self._zero(args)
+        if self._auto_specs and self._packed is None:
+            self._use_specs(self._specs_of_examples(args))
         self._fit_specs(len(args))
         if self._packed is not None:
             try:
@@ -342,8 +381,8 @@ class RaggedValueAndGrad:
         exact = self._check_exact_examples(args)
         weights, batch = self.prepare(*args)
         self._check_stacked_sizes(weights, batch, exact)
-        key = tuple((np.shape(x), str(getattr(x, "dtype", "")))
-                    for x in jax.tree_util.tree_leaves(batch))
+        key = (repr(self._in_specs),) + tuple((np.shape(x), str(getattr(x, "dtype", "")))
+                                              for x in jax.tree_util.tree_leaves(batch))
         if key in self._unshared and exact:
             return self._exact_value_and_grad(args, self._unshared[key])
         try:
@@ -507,6 +546,18 @@ class RaggedValueAndGrad:
         self._fitting_shapes.add(key)
 
 
+def _static_as_sizes(spec, example):
+    """``spec`` (of one argument, a pytree) with each array leaf of the same
+    size in every example (None) written as its sizes (``"3, 16"``): the
+    batch stacks every example argument, so each takes a spec."""
+    leaves, tree = jax.tree_util.tree_flatten(example)
+    specs = jax.tree_util.tree_leaves(spec, is_leaf=lambda v: v is None)
+    specs = [", ".join(map(str, np.shape(x))) if sp is None and np.ndim(x) else sp
+             for sp, x in zip(specs, leaves)]
+    return specs[0] if tree == jax.tree_util.tree_structure(0) else (
+        jax.tree_util.tree_unflatten(tree, specs))
+
+
 def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int] = 0,
                    reduce: str = "mean", buckets=None, batch_buckets=None,
                    checks: bool = False, layout: str = "padded", row_size: int | None = None,
@@ -522,6 +573,11 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
         ``{"tokens": "n", "labels": "n"}``; a tuple of the example
         arguments' specs, ``("n, 4",)``, or with None for ``params``,
         ``(None, "n, 4")``; a string: the spec of the one example argument).
+        None, with lists of exact arrays: read off each call's examples as
+        ``ragged_map`` reads them (sizes that differ across the examples are
+        dynamic, the others static, axes of equal sizes in every example
+        share one dim var), so ``x @ w - y`` of ``(n, 16)`` and ``(n,)``
+        examples trains in shared programs.
       argnums: the argument(s) differentiated; they are not batched. Every
         other argument is batched along axis 0: a ragged batch
         (``polymask.stack``), a list of exact arrays (stacked here, padded by
