@@ -1633,3 +1633,20 @@ def test_precompile_without_specs_makes_an_axis_meeting_a_fixed_size_static():
     x = np.arange(5 * 16, dtype=np.float32).reshape(5, 16)
     np.testing.assert_array_equal(f(x), x @ np.asarray(w))
     assert (f.stats()["compiles"], f.stats()["cache_hits"]) == (1, 1)
+
+
+def test_tiered_jit_without_specs_never_covers_a_call_with_another_equal_size_pattern():
+    # the default specs name a call's equal sizes alike: (1, 1, 16) is s0, s0, s1
+    # and (1, 16, 16) is s0, s1, s1; a covering bucket of one pattern computes the
+    # other's sizes on the wrong axes (it returned (1, 1, 16), and wrong means)
+    # (tiered, the default outside the tests: conftest turns it off)
+    x3 = np.arange(256, dtype=np.float32).reshape(1, 16, 16)
+    for fn in (lambda x: x * 2.0, lambda x: x.mean(axis=1)):
+        f = pm.jit(fn, tiered=True)
+        f(np.ones((1, 1, 16), np.float32))
+        np.testing.assert_array_equal(f(x3), jax.jit(fn)(x3))
+    add = pm.jit(lambda a, b: a.sum() + b, tiered=True)
+    a = np.ones((4, 8), np.float32)
+    add(a, np.arange(4, dtype=np.float32))  # a's rows == b's length
+    np.testing.assert_array_equal(add(a, np.arange(8, dtype=np.float32)),
+                                  32 + np.arange(8, dtype=np.float32))  # a's columns

@@ -233,14 +233,17 @@ class LeafPlan:
         return self.axes is None
 
     @property
-    def static_axes(self) -> tuple | None:
-        """A dynamic leaf's static axis sizes, None at a dim var's axis (a
+    def axis_forms(self) -> tuple | None:
+        """A dynamic leaf's axes as the specs write them: each static size (a
         ``"_"`` axis takes each call's own size, so two calls whose ``"_"``
-        sizes differ never share a batch or a covering bucket); None for a
-        static leaf."""
+        sizes differ never share a batch or a covering bucket), or each dim
+        var expression (``"n"``, ``"2*n"``); None for a static leaf.
+        Two plans of one tree with equal forms name the same axes alike (the
+        default specs name equal sizes of a call alike, so ``(n, n)`` after
+        ``(n, m)`` is another form)."""
         if self.axes is None:
             return None
-        return tuple(None if a.var is not None else int(a.expr) for a in self.axes)
+        return tuple(str(a.expr) if a.var is not None else int(a.expr) for a in self.axes)
 
 
 @dataclasses.dataclass

@@ -174,7 +174,7 @@ class PackedRunner:
         # the broadcast arguments' structure and shapes too: the trace bakes them in
         # (a parameter's shape read as a number, a dict key tested in Python)
         bleaves, btree = jax.tree_util.tree_flatten(tuple(broadcast))
-        key = (tree, tuple((p.static, p.dtype, p.shape if p.static else p.static_axes)
+        key = (tree, tuple((p.static, p.dtype, p.shape if p.static else p.axis_forms)
                            for p in plan.leaves), structure_key(btree, bleaves))
         if self.program is not None and key == self._key:
             return self.program

@@ -47,10 +47,11 @@ def broadcast_inputs(broadcast: tuple) -> tuple:
 
 def kind_key(plan: CallPlan) -> tuple:
     """What examples must share to be batched together: everything in the
-    signature but the buckets (dim vars, static leaves, ranks, the sizes of
-    static axes — a ``"_"`` axis is its example's own size — and dtypes)."""
+    signature but the buckets (dim vars and the axes they name, static
+    leaves, ranks, the sizes of static axes — a ``"_"`` axis is its example's
+    own size — and dtypes)."""
     return (tuple(plan.var_names),
-            tuple((p.static, p.shape if p.static else p.static_axes, p.dtype)
+            tuple((p.static, p.shape if p.static else p.axis_forms, p.dtype)
                   for p in plan.leaves))
 
 
