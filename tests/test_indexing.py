@@ -1,5 +1,7 @@
 """Indexing rules: gather, scatter*, dynamic_slice, dynamic_update_slice (issue 3, item 3)."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,6 +113,24 @@ def test_take_along_axis():
     exs = [(X[:, :5], idx), (X[:3, :5], idx[:3, :2]), (X[:2, :3], idx[:2, :1] % 3)]
     oracle(lambda x, i: jnp.take_along_axis(x, i, axis=1), exs, [(7, 8), (7, 6)],
                  ("n, m", "n, k"))
+
+
+def test_gradient_of_take_along_axis_at_every_size_from_zero():
+    # its transpose is a scatter-add with batching axes: the operand's batching
+    # axis must keep the indices' size (it was extended to 1 at n = 0: the
+    # integer-label cross entropy's gradient ran per exact shape)
+    def grad_of_pick(w, x, y):
+        return jax.grad(lambda w: jnp.take_along_axis(x @ w, y[:, None], 1).sum())(w)
+
+    w = jnp.asarray(RNG.normal(size=(4, 3)).astype(np.float32))
+    f = pm.jit(grad_of_pick, (None, "n, 4", "n"), tiered=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for n in range(0, 9):
+            x = RNG.normal(size=(n, 4)).astype(np.float32)
+            y = RNG.integers(0, 3, size=n).astype(np.int32)
+            np.testing.assert_allclose(f(w, x, y), grad_of_pick(w, x, y), rtol=1e-5, atol=1e-6)
+    assert f.stats()["exact_compiles"] == 0
 
 
 @pytest.mark.slow  # >= 4 s on 2 cores: the slow tier

@@ -253,8 +253,12 @@ def scatter_rule(ctx, operand, indices, updates, *, dimension_numbers, indices_a
                 "logical elements")
 
     # Operand extension so a padded window at the largest logical start fits.
+    # (a batching axis pairs the operand with the indices one to one: no window,
+    # and it must keep the indices' size, 0 included)
     ext = [0] * operand.ndim
     for d in range(operand.ndim):
+        if d in dn.operand_batching_dims:
+            continue
         hi = _sub_ub(op_sym[d], win_sym[d]) if d in dn.scatter_dims_to_operand_dims else 0
         ext[d] = max(0, hi + win_pad[d] - op_b[d])
     op_ext = _extend(operand, ext)
