@@ -281,6 +281,36 @@ def test_while_loop_trip_count_from_size():
     check_oracle(f, [(_vec(n),) for n in (3, 1, 6, 0)], [(6,)], modes=("eager", "jit", "vmap"))
 
 
+def test_vmap_of_a_while_loop_inside_the_function_loops_per_row():
+    # jax.vmap of a while_loop: the primitive takes one predicate per row (it
+    # loops while any holds); padding rows never hold, even on inf or NaN
+    def halvings(v):
+        return lax.while_loop(lambda c: jnp.abs(c[1]) > 1, lambda c: (c[0] + 1, c[1] / 2),
+                              (0, v))[0]
+
+    def per_column(x):  # the rows are the static axis, the loop's data the dynamic one
+        return jax.vmap(lambda col: lax.while_loop(
+            lambda c: c[1] > 1, lambda c: (c[0] + 1, c[1] / 2),
+            (0, jnp.sum(jnp.abs(col))))[0], in_axes=1)(x)
+
+    def per_row_trips(k, x):  # fori_loop bounds that differ per row
+        return jax.vmap(lambda kk, v: lax.fori_loop(0, kk, lambda i, c: c * 0.5 + i, v))(k, x)
+
+    vec = np.float32([5.0, -9.0, 0.5, 100.0, 0.0, 3.0])
+    check_oracle(jax.vmap(halvings), [(vec[:n],) for n in (4, 1, 6, 0)], [(8,)],
+                 modes=("eager", "jit", "vmap"))
+    mat = np.abs(np.arange(18, dtype=np.float32).reshape(6, 3) - 7.0)
+    check_oracle(per_column, [(mat[:n],) for n in (4, 1, 6, 0)], [(8, 3)],
+                 modes=("eager", "jit", "vmap"))
+    trips = np.int32([3, 0, 5, 1, 2, 4])
+    check_oracle(per_row_trips, [(trips[:n], vec[:n]) for n in (4, 1, 6, 0)], [(8,), (8,)], ("n", "n"),
+                 modes=("eager", "jit", "vmap"))
+    # garbage that would loop forever (inf halves to inf) in the padding rows
+    out = pm.mask(jax.vmap(halvings), "n")(
+        pm.Masked(jnp.float32([5.0, 3.0, jnp.inf, jnp.nan]), (2,)))
+    np.testing.assert_array_equal(out.unpad(), [3, 2])
+
+
 # ----------------------------------------------------------------------------
 # cond / switch
 # ----------------------------------------------------------------------------

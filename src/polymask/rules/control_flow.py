@@ -127,7 +127,7 @@ from jax import lax  # noqa: E402
 
 from .. import _jax_compat as compat  # noqa: E402
 from ..core.shapes import is_static, needs_mask  # noqa: E402
-from .util import gate_gradients, is_inexact  # noqa: E402
+from .util import gate_gradients, is_inexact, valid_mask  # noqa: E402
 
 
 def _pick(valid, new, old):
@@ -349,19 +349,39 @@ def while_rule(ctx, *args, cond_jaxpr, body_jaxpr, cond_nconsts, body_nconsts):
     # data plain JAX ever loops on, and such a loop may never end (optax's
     # hungarian_algorithm on a padded cost matrix did not).
     guard = ctx.state.guard
+    # ``jax.vmap`` of a while_loop in the user's function gives one predicate per
+    # row (the primitive loops while any holds; rows done keep their carry):
+    # rows of padding never hold, whatever data they have
+    pred_shape = cond_jaxpr.out_avals[0].shape
+    rows_valid = None
+    if pred_shape:
+        rows_valid = valid_mask([ctx.logical(d) for d in pred_shape],
+                                [ctx.padded(d) for d in pred_shape])
 
-    def cond_fun(carry):
+    def row_predicates(carry):
         with ctx.state.scoped():
             pred = ctx.eval_jaxpr(cond_jaxpr, *cconsts, *carry)[0]
+        if rows_valid is not None:
+            pred = jnp.logical_and(pred, rows_valid)
         return pred if guard is None else jnp.logical_and(pred, guard)
+
+    def cond_fun(carry):
+        pred = row_predicates(carry)
+        return jnp.any(pred) if pred_shape else pred
 
     def body_fun(carry):
         # Under vmap a batched predicate runs the body for every row until the
         # last one is done: rows already done are guarded off (without vmap the
         # predicate holds; XLA drops it where nothing uses the guard).
-        active = None if cond_jaxpr.effects else cond_fun(carry)
+        rows = row_predicates(carry) if pred_shape else None
+        active = None if cond_jaxpr.effects else (
+            jnp.any(rows) if pred_shape else cond_fun(carry))
         with ctx.state.scoped(), _guarded(ctx.state, active):
-            return _as_dtype(ctx.eval_jaxpr(body_jaxpr, *bconsts, *carry), carry_avals)
+            new = _as_dtype(ctx.eval_jaxpr(body_jaxpr, *bconsts, *carry), carry_avals)
+        if rows is None:
+            return new
+        return [lax.select(jnp.broadcast_to(rows.reshape(rows.shape + (1,) * (n.ndim - rows.ndim)),
+                                            n.shape), n, o) for n, o in zip(new, carry)]
 
     return list(lax.while_loop(cond_fun, body_fun, list(init)))
 
