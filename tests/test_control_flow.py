@@ -402,3 +402,20 @@ def test_while_loop_in_a_scan_step_past_the_end_runs_no_iteration():
     res = subprocess.run([sys.executable, "-c", _LOOP_PAST_THE_END], capture_output=True,
                          text=True, timeout=300, env=env)
     assert res.returncode == 0 and "ok" in res.stdout, res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("bound, batch", [(6, 2), (6, 3), (9, 3)])
+def test_lax_map_in_batches_at_every_size_with_sizes_known_to_the_trace(bound, batch):
+    # lax.map(..., batch_size=k) concatenates a scan's n // k * k rows and the
+    # remainder's: at sizes known to the trace (Python ints under the caller's
+    # jit) both are static and sum to n, below the bound (an internal error)
+    def f(x):
+        return lax.map(lambda r: r * 2.0 + 1.0, x, batch_size=batch)
+
+    mf = pm.mask(f, "n")
+    x = np.arange(bound, dtype=np.float32) - 2.0
+    for n in range(bound + 1):
+        want = f(jnp.asarray(x[:n]))
+        for run in (lambda d, n=n: mf(pm.Masked(d, (n,))),
+                    jax.jit(lambda d, n=n: mf(pm.Masked(d, (n,))))):
+            np.testing.assert_array_equal(run(jnp.asarray(x)).unpad(), want)

@@ -123,8 +123,17 @@ def concatenate_rule(ctx, *xs, dimension):
     sizes_b = [b[d] for b in ctx.in_bounds]
     out_b = list(ctx.out_bounds[0])
     if not any(needs_mask(s, b) for s, b in zip(sizes_l[:-1], sizes_b[:-1])):
-        y = ctx.bind(*xs)  # logical data contiguous from 0: cut padding past the bound
-        return y if y.shape[d] <= out_b[d] else lax.slice_in_dim(y, 0, out_b[d], axis=d)
+        # logical data contiguous from 0: cut padding past the bound, or pad up to
+        # it (operands of static sizes in a case pinned at a size below the bound:
+        # lax.map(..., batch_size=2) at n = 5 of 6 concatenates 4 and 1)
+        y = ctx.bind(*xs)
+        if y.shape[d] > out_b[d]:
+            return lax.slice_in_dim(y, 0, out_b[d], axis=d)
+        if y.shape[d] < out_b[d]:
+            cfg = [(0, 0, 0)] * y.ndim
+            cfg[d] = (0, out_b[d] - y.shape[d], 0)
+            y = lax.pad(y, _zero(y.dtype), cfg)
+        return y
     total = max(out_b[d], sum(sizes_b))
     first = xs[0]
     cfg = [(0, 0, 0)] * first.ndim
