@@ -1650,3 +1650,24 @@ def test_tiered_jit_without_specs_never_covers_a_call_with_another_equal_size_pa
     add(a, np.arange(4, dtype=np.float32))  # a's rows == b's length
     np.testing.assert_array_equal(add(a, np.arange(8, dtype=np.float32)),
                                   32 + np.arange(8, dtype=np.float32))  # a's columns
+
+
+def test_an_argument_holding_none_shares_programs_as_jax_jit_takes_it():
+    # eqx.partition(model, eqx.is_array) leaves None where a leaf is filtered out:
+    # no array there, so no spec either (the default specs put a None leaf there
+    # and every call ran per exact shape)
+    w = np.arange(64, dtype=np.float32).reshape(16, 4) % 5
+
+    def apply(params, x):
+        return x @ params["w"] + (0.0 if params["act"] is None else 1.0)
+
+    f = pm.jit(apply, tiered=False)
+    g = pm.jit(apply, ({"w": None, "act": None}, "n, 16"), tiered=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for n in (3, 5, 7):
+            x = np.ones((n, 16), np.float32)
+            for run in (f, g):
+                np.testing.assert_array_equal(run({"w": w, "act": None}, x), x @ w)
+    assert f.stats()["exact_compiles"] == g.stats()["exact_compiles"] == 0
+    assert g.stats()["compiles"] == 1

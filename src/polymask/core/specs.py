@@ -218,6 +218,13 @@ def broadcast_specs(in_specs, args: Sequence[Any], is_leaf, labels=None) -> list
         except Exception:
             spec_keys = arg_keys = None
             struct_ok = False
+        if not struct_ok:  # a None in the argument (eqx.partition's filtered-out
+            try:  # leaves) holds no array: the spec's None there is no leaf either
+                spec_leaves = jax.tree_util.tree_structure(arg, is_leaf=is_leaf).flatten_up_to(
+                    spec)
+                struct_ok = len(spec_leaves) == len(leaves)
+            except Exception:  # noqa: BLE001 - the structures differ: said below
+                pass
         if not struct_ok:
             raise ShapeError(f"{sname} does not match the structure of {aname}: "
                              f"spec leaves at {spec_keys}, array leaves at {arg_keys}")
