@@ -1671,3 +1671,20 @@ def test_an_argument_holding_none_shares_programs_as_jax_jit_takes_it():
                 np.testing.assert_array_equal(run({"w": w, "act": None}, x), x @ w)
     assert f.stats()["exact_compiles"] == g.stats()["exact_compiles"] == 0
     assert g.stats()["compiles"] == 1
+
+
+def test_jit_without_specs_makes_a_convs_channel_axis_static():
+    # conv_general_dilated checks channels with a comparison JAX cannot make on
+    # a dim var ("s1 // 1 != 3"): that axis meets the kernel's fixed size too
+    kernel = jnp.asarray(np.arange(8 * 3 * 5, dtype=np.float32).reshape(8, 3, 5) % 3 - 1)
+
+    def conv(x):
+        return lax.conv_general_dilated(x, kernel, (1,), "SAME")
+
+    f = pm.jit(conv, tiered=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for b, t in [(2, 5), (2, 7), (3, 17), (1, 9)]:
+            x = np.arange(b * 3 * t, dtype=np.float32).reshape(b, 3, t) % 7
+            np.testing.assert_allclose(f(x), jax.jit(conv)(x), rtol=1e-6)
+    assert f.stats()["exact_compiles"] == 0

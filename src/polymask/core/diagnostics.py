@@ -481,13 +481,28 @@ def _api_specific_error(e: BaseException, api: str | None, msg: str, where: str,
                  if n in var_where]
         if names and ("!=" in said or "must equal" in said or "must be equal" in said):
             axes = ", ".join(f"{var_where[n]} (dim var '{n}')" for n in dict.fromkeys(names))
-            return ShapeError(
+            error = ShapeError(
                 f"{api or 'a JAX function'} at {where} needs sizes it can compare while "
                 f"tracing, but they are symbolic: {axes}. If that axis has a fixed size "
                 "(a kernel's channel/feature axis, a window), give it a static size with '_' "
                 "in in_specs (or pass that argument as a plain array); if two such axes are "
                 f"always equal, give them the same dim var name.\n  JAX said: {said}")
+            error.fixed_size_vars = _vars_unequal_to_constants(said, names)
+            return error
     return None
+
+
+def _vars_unequal_to_constants(said: str, names: Sequence[str]) -> tuple[str, ...]:
+    """The dim vars that JAX's message compares with a constant, one var a side
+    (conv's ``but s1 // 1 != 3``): each such axis meets a fixed size."""
+    found = []
+    for left, right in re.findall(r"([^,;:!=]+?)\s*!=\s*([^,;:!=]+)", said):
+        for expr, other in ((left, right), (right, left)):
+            other = other.strip().rstrip(".")
+            in_expr = [n for n in names if re.search(rf"\b{re.escape(n)}\b", expr)]
+            if other.isdigit() and len(in_expr) == 1 and in_expr[0] not in found:
+                found.append(in_expr[0])
+    return tuple(found)
 
 
 _STATIC_PARAM_APIS = {"reduce_window", "_reduce_window_sum", "_reduce_window_max",
