@@ -1688,3 +1688,24 @@ def test_jit_without_specs_makes_a_convs_channel_axis_static():
             x = np.arange(b * 3 * t, dtype=np.float32).reshape(b, 3, t) % 7
             np.testing.assert_allclose(f(x), jax.jit(conv)(x), rtol=1e-6)
     assert f.stats()["exact_compiles"] == 0
+
+
+def test_jit_without_specs_makes_an_axis_compared_with_many_constants_static():
+    # a size looked up in a table of its values (flax's check of a parameter's
+    # shape compares it with the module's feature count) splits the trace on
+    # 'n == c' past max_cases: that axis meets fixed sizes, so it is planned
+    # static and the other axis shares programs (it ran per exact shape)
+    def scaled(x):
+        scale = 1.0
+        for c in range(1, 20):
+            if x.shape[1] == c:
+                scale = float(c)
+        return x.sum(0) * scale
+
+    f = pm.jit(scaled, tiered=False, max_cases=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for n in (3, 5, 9, 2):
+            x = np.ones((n, 6), np.float32)
+            np.testing.assert_array_equal(f(x), scaled(x))
+    assert (f.stats()["compiles"], f.stats()["exact_compiles"]) == (2, 0)  # buckets 8, 16
