@@ -79,6 +79,7 @@ def test_mask_inside_shard_map_on_two_devices():
         }
         rng = np.random.default_rng(0)
         data = rng.normal(size=(4, 8)).astype(np.float32)
+        first_times_two = lambda x: x[0] * 2.0  # (a case split: x[0] fails at n = 0)
 
         def run(fn, checks, kind, sizes):
             types = (getattr(jax.sharding.AxisType, kind),)
@@ -108,6 +109,14 @@ def test_mask_inside_shard_map_on_two_devices():
                         assert n_out[i] == ref.shape[0], (kind, checks, name, n)
                         np.testing.assert_allclose(out[i, :n_out[i]], ref, rtol=1e-5,
                                                    atol=1e-6, err_msg=f"{kind} {name} {n}")
+            # jax.jit(vmap) under jax.set_mesh: a trace made under the Auto mesh is
+            # not reused under the Explicit one (its values are typed by the mesh)
+            mesh = jax.make_mesh((2,), ("b",), axis_types=(getattr(jax.sharding.AxisType, kind),))
+            with jax.set_mesh(mesh):
+                d = jax.device_put(data, NamedSharding(mesh, P("b")))
+                s = jax.device_put(np.int32([1, 5, 8, 3]), NamedSharding(mesh, P("b")))
+                out = jax.jit(jax.vmap(pm.mask(first_times_two, "n")))(pm.Masked(d, (s,)))
+                np.testing.assert_allclose(np.asarray(out.data), data[:, 0] * 2.0, rtol=1e-6)
             try:  # jnp.max of an empty shard row, as plain JAX: an error, never a value
                 with pm.shape_errors():
                     run(fns["max"], True, kind, [1, 5, 0, 3])

@@ -222,6 +222,13 @@ def _varying(x) -> frozenset:
     return frozenset(getattr(mat, "varying", None) or getattr(aval, "vma", None) or ())
 
 
+def context_mesh():
+    """The mesh of the tracing context (``jax.set_mesh``, a ``shard_map``'s):
+    its axis types type the values a trace makes, so traces made under one are
+    not reused under another (hashable)."""
+    return jax.sharding.get_abstract_mesh()
+
+
 def varying_axes(tree) -> frozenset:
     """The union of the ``shard_map`` varying manual axes of ``tree``'s arrays
     (empty outside ``shard_map``)."""

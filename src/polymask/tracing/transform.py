@@ -246,7 +246,7 @@ class MaskedFunction:
         if m.spec_key is None:
             return None, False
         key = (tuple(_leaf_sig(x) for x in call.leaves), call.static_key, m.spec_key,
-               m.constraints, m.max_cases)
+               m.constraints, m.max_cases, compat.context_mesh())
         callee = type(self.fun) if self._pytree_callee else _weak_callee(self.fun)
         try:
             hash(callee)
