@@ -94,6 +94,17 @@ def test_the_reason_names_the_users_line_and_the_rewrite():
     assert "Python int" in reason
 
 
+def test_without_specs_the_warning_says_how_to_keep_parameters_static():
+    # a model's parameters passed as an argument get dim vars too without specs
+    with pytest.warns(pm.FallbackWarning) as ws:
+        pm.jit(tril_cumsum)(_vec(40))
+    assert "in_specs with None for the arguments whose shapes never change" in str(
+        ws[0].message)
+    with pytest.warns(pm.FallbackWarning) as ws:
+        pm.jit(tril_cumsum, "n")(_vec(40))
+    assert "shapes never change" not in str(ws[0].message)
+
+
 def test_with_warnings_as_errors_every_call_that_falls_back_raises():
     """The runner marks the warning given only once it went out: where the
     user's filter turns it into an error, later calls raise it too instead of

@@ -78,9 +78,10 @@ class ExactFallback:
 
     def __init__(self, fun: Callable, runner: str, add_stats: Callable[..., None],
                  compiler_options: dict | None = None,
-                 counted_in: str = "stats()['exact_compiles']"):
+                 counted_in: str = "stats()['exact_compiles']", hint: str = ""):
         self.runner = runner
         self.counted_in = counted_in
+        self.hint = hint  # said after the reason (the runner's own remedy)
         self._add = add_stats
         self._jit = jax.jit(fun, compiler_options=compiler_options or None)
         self._lock = threading.Lock()
@@ -116,7 +117,7 @@ class ExactFallback:
             f"{self.runner}: the sizes {where} cannot share one compiled program, so each "
             f"exact shape there compiles its own, as jax.jit does (counted in "
             f"{self.counted_in}; .fallbacks() lists every bucket and reason). "
-            f"Why:\n{reason}"), stacklevel=user_stacklevel())
+            f"Why:\n{reason}{self.hint}"), stacklevel=user_stacklevel())
         with self._lock:
             self._warned, self._pending = True, None
 

@@ -156,6 +156,13 @@ def _steady_call(info: _CallInfo, entry: Entry) -> Callable:
     return run
 
 
+_DEFAULT_SPECS_HINT = (
+    "\n  (without in_specs every axis of every array argument is a dim var, a model's "
+    "parameters' too, whose shapes a library may check as Python values: give in_specs "
+    "with None for the arguments whose shapes never change, e.g. "
+    "polymask.jit(model.apply, (None, 'n, _')) for apply(params, x))")
+
+
 class _BucketUnshared(Exception):
     """The call's bucket failed to trace before: run per exact shape."""
 
@@ -202,7 +209,9 @@ class PolyJit:
                                   extra_stats=("traced_calls", "exact_compiles"))
         name = getattr(fun, "__name__", type(fun).__name__)
         self._fallback = (ExactFallback(self.fun, f"polymask.jit({name})", self.cache.add,
-                                        self.compiler_options) if fallback else None)
+                                        self.compiler_options,
+                                        hint=_DEFAULT_SPECS_HINT if in_specs is None else "")
+                          if fallback else None)
         if tiered is None:  # a covering bucket and those it serves must fit the cache
             tiered = env_switch("POLYMASK_TIERED") and cache_size >= TIERED_MIN_CACHE
         tiered = bool(tiered)
