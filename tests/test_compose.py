@@ -8,6 +8,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import polymask as pm
 
@@ -31,6 +32,21 @@ def test_export_roundtrip_with_dynamic_sizes():
         data, size = exp2.call(jnp.arange(8.0), jnp.int32(n))
         assert int(size) == n
         np.testing.assert_allclose(np.asarray(data)[:n], np.cumsum(np.arange(n)) / max(n, 1))
+
+
+def test_export_with_a_symbolic_padded_shape_says_to_export_per_bound():
+    g = _masked_cummean(checks="functional")
+    (b,) = jax.export.symbolic_shape("b")
+    with pytest.raises(pm.ShapeError, match=r"padded to the symbolic shape \(b,\).*per bound"):
+        jax.export.export(jax.jit(g))(jax.ShapeDtypeStruct((b,), jnp.float32),
+                                      jax.ShapeDtypeStruct((), jnp.int32))
+    # a symbolic batch of examples (vmap outside mask) exports
+    (k,) = jax.export.symbolic_shape("k")
+    exp = jax.export.export(jax.jit(jax.vmap(g)))(jax.ShapeDtypeStruct((k, 8), jnp.float32),
+                                                  jax.ShapeDtypeStruct((k,), jnp.int32))
+    data, sizes = exp.call(jnp.ones((3, 8)), jnp.int32([2, 8, 5]))
+    np.testing.assert_allclose(np.asarray(data)[1], np.arange(1, 9) / 8)
+    np.testing.assert_array_equal(sizes, [2, 8, 5])
 
 
 def test_sharded_ragged_batch_on_two_devices():

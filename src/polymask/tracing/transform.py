@@ -154,9 +154,24 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
         # (a patched JAX function passed itself runs as its replacement: registry)
         return compat.replacement_of(callee)(*pos, **kw)
 
+    _check_concrete_bounds(leaves, paths)
     c.leaves, c.specs, c.paths, c.rebuild = leaves, specs, paths, rebuild
     c.static_key = tuple(static)
     return c
+
+
+def _check_concrete_bounds(leaves, paths) -> None:
+    """A padded array's shape (its bounds) is concrete: the masked program is
+    traced with each bound an int (``jax.export`` with a symbolic padded shape
+    would otherwise fail deep in JAX's shape checks)."""
+    for x, path in zip(leaves, paths):
+        if is_masked(x) and any(map(compat.is_dim_expr, np.shape(x.data))):
+            raise ShapeError(
+                f"{path} is padded to the symbolic shape {tuple(np.shape(x.data))}: polymask "
+                "traces each padded shape (bound) as ints, and the logical sizes are what "
+                "varies within it. Export or jit one program per bound (jax.export with a "
+                "concrete padded shape and the sizes as inputs); a symbolic batch axis "
+                "outside mask (jax.vmap over it) is supported.")
 
 
 # Case trees shared by every ``mask(fun, ...)`` of the same callee (a pytree
