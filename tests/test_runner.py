@@ -1709,3 +1709,26 @@ def test_jit_without_specs_makes_an_axis_compared_with_many_constants_static():
             x = np.ones((n, 6), np.float32)
             np.testing.assert_array_equal(f(x), scaled(x))
     assert (f.stats()["compiles"], f.stats()["exact_compiles"]) == (2, 0)  # buckets 8, 16
+
+
+def test_jit_without_specs_makes_an_axis_needed_as_a_python_number_static():
+    # attention's scale from the head size as a Python number (math.sqrt, np.sqrt,
+    # d ** -0.5, int(d)): past the per-size limit that axis is planned static and
+    # the sequence axis shares programs (every call ran per exact shape)
+    import math
+
+    def scaled_attention(x, how):
+        d = x.shape[-1]
+        scale = {"math": lambda: 1 / math.sqrt(d), "numpy": lambda: 1 / np.sqrt(d),
+                 "power": lambda: d ** -0.5, "int": lambda: 1 / int(d)}[how]()
+        return jax.nn.softmax(x @ x.T * scale, axis=-1) @ x
+
+    rng = np.random.default_rng(4)
+    for how in ("math", "numpy", "power", "int"):
+        f = pm.jit(functools.partial(scaled_attention, how=how), tiered=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pm.FallbackWarning)
+            for n in (3, 5, 9, 20):
+                x = rng.normal(size=(n, 40)).astype(np.float32)
+                np.testing.assert_allclose(f(x), scaled_attention(x, how), rtol=2e-5, atol=1e-6)
+        assert f.stats()["exact_compiles"] == 0, how

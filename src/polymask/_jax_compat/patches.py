@@ -87,6 +87,19 @@ def _splits_rows() -> tuple[TracePatch, ...]:
                    "a size looked up by its hash in user code (dict.get(n), n in {4, 8}) "
                    "hashes as itself and silently misses the int key plain JAX finds: "
                    "raised as needing a concrete value, the case is traced size by size"),
+        TracePatch("DimExpr.__float__", lambda: (DimExpr, "__float__"), _SPLITS,
+                   "JAX's class has none, so float(n) and math.sqrt(n) are a bare "
+                   "TypeError: its value as __int__ gives it (needing a concrete value: "
+                   "the case is traced size by size; added during the trace, removed after)"),
+        TracePatch("DimExpr.sqrt (and NumPy's other math ufuncs)", lambda: (DimExpr, "sqrt"),
+                   _SPLITS,
+                   "np.sqrt(n) of a size calls n.sqrt(), which JAX's class lacks (a bare "
+                   "TypeError): the ufunc of float(n), needing a concrete value (added "
+                   "during the trace, removed after)"),
+        TracePatch("DimExpr.__pow__", lambda: (DimExpr, "__pow__"), _SPLITS,
+                   "JAX raises a bare ValueError for a negative or fractional power of a "
+                   "size (d ** -0.5, a Python float of its value on the exact arrays): "
+                   "raised as needing a concrete value, the case is traced size by size"),
         TracePatch("shape_poly._geq_decision", lambda: (_shape_poly, "_geq_decision"),
                    _SPLITS, "JAX raises InconclusiveDimensionOperation for an undecidable "
                    ">= / > / <= / <: a case split instead (SplitNeeded)"),

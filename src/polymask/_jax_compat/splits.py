@@ -218,7 +218,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             _HOOK_ORIG = (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                           NDINDEXER.to_static_slice,
                           _hi_primitive_staging_home()[0].get(_hi_primitive_staging_home()[1]),
-                          DimExpr.__hash__, *(getattr(DimExpr, n) for n in _DIVISIONS))
+                          DimExpr.__hash__, *(getattr(DimExpr, n) for n in _DIVISIONS),
+                          DimExpr.__pow__)
             eq = _split_eq(_HOOK_ORIG[0])
             DimExpr.__eq__ = eq
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
@@ -231,6 +232,12 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             DimExpr.__hash__ = _hashed_in_user_code(_HOOK_ORIG[5])
             for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
+            DimExpr.__pow__ = _python_power(_HOOK_ORIG[-1])
+            # Python's float(n), math.sqrt(n) of a size: its value, as __int__ gives
+            # it (JAX's class has none: a bare TypeError, "must be real number")
+            DimExpr.__float__ = lambda a: float(a.__int__())
+            for name in _NUMPY_MATH:  # np.sqrt(n): NumPy's object loop calls n.sqrt()
+                setattr(DimExpr, name, _numpy_math_of_value(getattr(np, name)))
             rules, hi_p = _hi_primitive_staging_home()
             rules[hi_p] = _in_masked_trace_call(
                 functools.partial(inline_hi_primitive_staging, orig=rules.get(hi_p)),
@@ -252,10 +259,13 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             if _HOOK_USERS == 0:
                 (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                  NDINDEXER.to_static_slice, hi_staging) = _HOOK_ORIG[:5]
-                del DimExpr.__bool__  # JAX's class has none
+                del DimExpr.__bool__, DimExpr.__float__  # JAX's class has none
+                for name in _NUMPY_MATH:
+                    delattr(DimExpr, name)
                 DimExpr.__hash__ = _HOOK_ORIG[5]
                 for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                     setattr(DimExpr, name, orig)
+                DimExpr.__pow__ = _HOOK_ORIG[-1]
                 rules, hi_p = _hi_primitive_staging_home()
                 rules[hi_p] = hi_staging
                 _pe.DynamicJaxprTrace.process_primitive = _PROCESS_PRIMITIVE
@@ -499,6 +509,35 @@ def _python_division(orig, reflected: bool):
         return orig(self, other)
 
     return divide
+
+
+# NumPy ufuncs whose object loop calls the method of that name (np.sqrt(d) of a
+# size in initialisers and attention scales): none is a DimExpr method in JAX
+_NUMPY_MATH = ("sqrt", "cbrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p",
+               "sin", "cos", "tan", "tanh", "arctan")
+
+
+def _numpy_math_of_value(ufunc):
+    """``n.sqrt()`` for NumPy's object loop: the ufunc of the size's value
+    (``float(n)``: needing a concrete value where the size is symbolic)."""
+    return lambda a: ufunc(float(a))
+
+
+def _python_power(orig):
+    """``DimExpr ** p`` that needs the size's value where Python's int power is
+    a float (``x.shape[-1] ** -0.5``, a negative or fractional ``p``): JAX's
+    raises a ``ValueError``; this is its "requires a constant" error, so the
+    trace goes size by size (or, without ``in_specs``, the axis is static)."""
+
+    def power(self, p, modulo=None):
+        if (modulo is None and not is_dim_expr(p) and isinstance(p, (int, float))
+                and (p < 0 or p != int(p)) and _active_frame(self) is not None):
+            raise InconclusiveDimensionOperation(
+                f"Symbolic dimension '{self}' used in a context that requires a constant "
+                f"('{self}' ** {p!r} is a Python float of its value)")
+        return orig(self, p, modulo)
+
+    return power
 
 
 def _check_python_divisor(divisor) -> None:

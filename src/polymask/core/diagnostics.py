@@ -289,9 +289,15 @@ def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeEr
             "jnp.arange(x.shape[0])); for the size as a traced value in arithmetic, "
             "use polymask.logical_shape(x)"))
         by = f" by '{api}'" if api and not api.startswith("_") else ""
-        return ShapeError(
+        error = ShapeError(
             f"a size was needed as a Python constant{by} while tracing at {where} "
             f"(int(x.shape[0]), range(n), np.zeros(n), ...):\n  {msg}\n  {hint}.")
+        # (where tracing it size by size is past the limit, an axis it takes per
+        # size: a runner naming its own dim vars plans it static, as '_')
+        error.fixed_size_vars = tuple(v for v in _dim_vars_in(
+            " ".join(f"({q})" for q in re.findall(r"'([^']+)'", msg.split("\n")[0])))
+            if not v.startswith("_u"))
+        return error
     if "divide evenly" in msg:
         extra = ("\n  Write the axis in the spec as a multiple (e.g. '2*k') so that the "
                  "division is exact for every logical size.")
