@@ -1732,3 +1732,15 @@ def test_jit_without_specs_makes_an_axis_needed_as_a_python_number_static():
                 x = rng.normal(size=(n, 40)).astype(np.float32)
                 np.testing.assert_allclose(f(x), scaled_attention(x, how), rtol=2e-5, atol=1e-6)
         assert f.stats()["exact_compiles"] == 0, how
+
+
+def test_ragged_map_without_specs_packs_examples_of_one_length_and_keeps_error_types():
+    rm = pm.ragged_map(lambda x: jnp.cumsum(x) * 2, layout="packed")
+    for lengths in [(3, 5), (4, 4), (1,)]:
+        xs = [np.arange(n, dtype=np.float32) for n in lengths]
+        for x, out in zip(xs, rm(xs)):
+            np.testing.assert_array_equal(out, np.cumsum(x) * 2)
+    w = jnp.ones((16, 4))
+    for layout in ("padded", "auto"):
+        with pytest.raises(TypeError):  # plain jax.jit's TypeError, as polymask.jit raises it
+            pm.ragged_map(lambda x: x @ w, layout=layout)([np.ones((4, 12), np.float32)])

@@ -387,3 +387,24 @@ def test_without_specs_the_examples_axes_of_equal_sizes_share_a_dim_var():
                                        rtol=1e-4, atol=1e-5)
     # (1, 4, 9) and (2, 5, 9) again share the first program (padded to 9)
     assert vg.exact_compiles == 0 and vg.compiles == 2
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_without_specs_empty_and_uniform_batches_train(layout):
+    # specs read off the examples: an axis empty in every example stays a dim var
+    # (the stacked batch pads it to 1), and the packed layout packs examples of
+    # one length too; plain JAX's failure keeps its type
+    def loss(w, x, y):
+        return jnp.sum((x @ w - y) ** 2)
+
+    w = jnp.arange(4.0)
+    vg = pm.value_and_grad(loss, layout=layout, reduce="sum")
+    for lengths in [(0,), (0, 0), (0, 3), (4, 4), (2, 5)]:
+        xs = [np.ones((n, 4), np.float32) for n in lengths]
+        ys = [np.full(n, 2.0, np.float32) for n in lengths]
+        value, grad = vg(w, xs, ys)
+        plain = [jax.value_and_grad(loss)(w, x, y) for x, y in zip(xs, ys)]
+        np.testing.assert_allclose(value, sum(v for v, _ in plain), rtol=1e-6)
+        np.testing.assert_allclose(grad, sum(g for _, g in plain), rtol=1e-6)
+    with pytest.raises(TypeError):  # a feature size w does not take: jax.jit's TypeError
+        vg(w, [np.ones((3, 5), np.float32)], [np.ones(3, np.float32)])

@@ -45,8 +45,10 @@ def about_example(k: int, error: ShapeError, hint: str = "") -> ShapeError:
     """``error`` as raised for ``examples[k]`` of a ragged batch: prefixed with
     the example, unless no example is at fault (a ``SpecError`` of the specs
     alone); a ``SpecError`` stays one."""
-    if not isinstance(error, SpecError):
-        return ShapeError(f"examples[{k}]: {error}{hint}")
+    if not isinstance(error, SpecError):  # (of the plain JAX type it has, with its args)
+        return with_plain_state(
+            typed_as(ShapeError(f"examples[{k}]: {error}{hint}"), plain_type_of(error)),
+            _plain_state_of(error))
     if error.names_example:
         return SpecError(f"examples[{k}]: {error}{hint}", names_example=True)
     return SpecError(f"{error}{hint}") if hint else error
@@ -109,6 +111,14 @@ def with_plain_state(error: BaseException, plain: BaseException | None) -> BaseE
         error.__dict__.setdefault(name, value)
     error.args = plain.args
     error.polymask_message = message
+    return error
+
+
+def _plain_state_of(error: BaseException) -> BaseException | None:
+    """``error`` where it carries plain JAX's state (``with_plain_state``), as the
+    exception ``with_plain_state`` copies it from."""
+    if "polymask_message" not in error.__dict__:
+        return None
     return error
 
 

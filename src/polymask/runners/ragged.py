@@ -131,7 +131,9 @@ class RaggedMap:
             return []
         arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
         if self.in_specs is None:
-            in_specs = ragged_batches.auto_specs(arg_lists)
+            # (the packed layout packs one ragged axis: examples of one length too)
+            in_specs = ragged_batches.auto_specs(arg_lists,
+                                                 leading_if_uniform=self.layout == "packed")
         else:
             in_specs = self.in_specs
         spec_key = repr(in_specs)
@@ -633,8 +635,8 @@ class RaggedMap:
         key = (tree, bcast_key, tuple((np.shape(x), dtype_key(x)) for x in leaves))
         try:
             out = self._fallback.call(key, args, reason)
-        except ShapeError as e:
-            raise ShapeError(f"examples[{ex}]: {e}") from e.__cause__
+        except ShapeError as e:  # (plain JAX's type and args kept: about_example)
+            raise about_example(ex, e) from e.__cause__
         self.cache.count_call(plan.logical, plan.logical)
         self.cache.add(exact_calls=1)
         return jax.tree_util.tree_map(np.asarray if self.numpy_outputs else (lambda a: a), out)

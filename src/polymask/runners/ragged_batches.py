@@ -230,11 +230,16 @@ def batch_bucket(policy: Callable[[int], int], n: int, most: int) -> int:
     return min(most, max(n, int(policy(n))))
 
 
-def auto_specs(arg_lists) -> tuple:
+def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
+               empty_dynamic: bool = False) -> tuple:
     """``ragged_map``'s specs when ``in_specs=None``: the axes whose sizes differ
     across the examples (tuples of arguments) are dynamic, and axes whose sizes
     are equal in every example share one dim var (``x`` of ``(n, 16)`` and
     ``y`` of ``(n,)``: ``x @ W - y`` traces as it does on each example).
+    ``leading_if_uniform``: where no axis differs (examples of one length), the
+    leading axes are dynamic (the packed layout packs one ragged axis);
+    ``empty_dynamic``: an axis empty in every example is dynamic too (a stacked
+    batch pads it to at least 1).
 
     Raises:
       ShapeError: examples of different pytree structures or leaf ranks.
@@ -247,12 +252,20 @@ def auto_specs(arg_lists) -> tuple:
     n_leaves = len(per_ex[0])
     leaf_specs = []
     name_of_sizes: dict[tuple[int, ...], str] = {}  # an axis' sizes over the examples
+    all_shapes = []
     for li in range(n_leaves):
         shapes = [np.shape(ex[li]) for ex in per_ex]
         if len({len(sh) for sh in shapes}) != 1:
             raise ShapeError(f"ragged_map: leaf {li} of the examples has different ranks")
+        all_shapes.append(shapes)
+    uniform = not any(sh[k] != shapes[0][k] for shapes in all_shapes for sh in shapes
+                      for k in range(len(sh)))
+    for li, shapes in enumerate(all_shapes):
         first = shapes[0]
-        varying = [any(sh[k] != first[k] for sh in shapes) for k in range(len(first))]
+        varying = [any(sh[k] != first[k] for sh in shapes)
+                   or (empty_dynamic and first[k] == 0)
+                   or (leading_if_uniform and uniform and k == 0)
+                   for k in range(len(first))]
         if not any(varying):
             leaf_specs.append(None)
             continue

@@ -24,7 +24,7 @@ import numpy as np
 from ..core.binding import split_specs
 from ..core.buckets import as_policy
 from ..core.diagnostics import at_call_site, user_call_site, user_frame_of_exception
-from ..core.errors import ShapeError, SpecError, about_example, typed_as
+from ..core.errors import ShapeError, SpecError, about_example, typed_as, with_plain_state
 from ..core.masked import Masked, stack
 from ..core.plan import bucket_values, padded_shape, plan_call, policy_getter, solve_axis
 from ..core.specs import as_constraints, parse_leaf_spec
@@ -112,10 +112,12 @@ def plain_loss_shape(fun: Callable, args: Sequence[Any], cache: dict, where: str
         except ShapeError:
             raise
         except Exception as e:  # noqa: BLE001 - plain JAX's own error, reworded
-            cache[key] = ShapeError(
+            # (of plain JAX's type too, with its args: `except TypeError` still catches it)
+            cache[key] = with_plain_state(typed_as(ShapeError(
                 f"{where}: the loss fails on this example at {user_frame_of_exception(e)}, "
                 "as on the exact arrays:\n  "
-                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"),
+                type(e)), e)
     if isinstance(cache[key], ShapeError):
         raise cache[key]
     return cache[key]
@@ -284,8 +286,8 @@ class RaggedValueAndGrad:
         if len({len(args[i]) for i in batched}) != 1:
             return None  # different batch sizes: prepare() says so
         examples = list(zip(*(args[i] for i in batched)))
-        try:
-            specs = iter(auto_specs(examples))
+        try:  # (the stacked batch pads an axis empty in every example to 1: dynamic)
+            specs = iter(auto_specs(examples, empty_dynamic=True))
         except ShapeError:
             return None  # ranks or structures differ: the masked trace says so
         return tuple(None if i in self._unbatched else _static_as_sizes(next(specs), args[i][0])
@@ -682,8 +684,10 @@ class PackedTraining:
         i = self.argnums
         return lambda params, *ex: self.fun(*ex[:i], params, *ex[i:])
 
-    def _specs(self, n_args: int) -> tuple:
+    def _specs(self, n_args: int, examples) -> tuple:
         specs = self.in_specs
+        if specs is None:  # read off the examples, one ragged axis (as ragged_map packs)
+            return auto_specs(examples, leading_if_uniform=True, empty_dynamic=True)
         if isinstance(specs, dict):  # by parameter name, as for mask
             names = list(inspect.signature(self.fun).parameters)
             specs = tuple(specs.get(names[j]) for j in range(len(names)) if j != self.argnums)
@@ -698,7 +702,7 @@ class PackedTraining:
         params = args[self.argnums]
         batched = [a for j, a in enumerate(args) if j != self.argnums]
         examples = list(zip(*batched))
-        specs = self._specs(len(batched))
+        specs = self._specs(len(batched), examples)
         # messages name an argument by its place in the user's call vg(params, *example)
         arg_names = [f"args[{j + (j >= self.argnums)}]" for j in range(len(batched))]
         infos, tree = [], None
@@ -721,7 +725,12 @@ class PackedTraining:
         if first is None:
             self.last_padded = len(lengths)
             return self._finish(*self._padded_sums(args, range(len(lengths))))
-        prog = runner.prepare(infos[first][0], infos[first][1], tree, (params,), specs)
+        try:
+            prog = runner.prepare(infos[first][0], infos[first][1], tree, (params,), specs)
+        except PackedUnsupported:  # where plain JAX fails on the example: its error
+            plain_loss_shape(self._example_fun(), [params, *examples[first]], self._loss_sizes,
+                             f"examples[{first}]")
+            raise
         packed = [k for k, n in enumerate(lengths) if n <= runner.row_size and prog.runs(n)]
         # longer than a row, or a size the row program does not serve (another
         # traced case, ``x[1:]`` at n = 0): those examples run in the padded layout
