@@ -1744,3 +1744,27 @@ def test_ragged_map_without_specs_packs_examples_of_one_length_and_keeps_error_t
     for layout in ("padded", "auto"):
         with pytest.raises(TypeError):  # plain jax.jit's TypeError, as polymask.jit raises it
             pm.ragged_map(lambda x: x @ w, layout=layout)([np.ones((4, 12), np.float32)])
+
+
+def test_jit_without_specs_broadcasts_size_one_axes_and_concatenated_features():
+    # (n, 1) * (1, m): the two 1s are one dim var, which cannot broadcast; and a
+    # feature axis that meets the weights after a concatenate ((s1 + 8,) against
+    # (24,)): both are planned static, the other axes share programs
+    w = jnp.asarray(np.arange(24 * 3, dtype=np.float32).reshape(24, 3) % 5 - 2)
+
+    def outer(x, y):
+        return x * y
+
+    def gru_like(x, h):
+        return jnp.tanh(jnp.concatenate([x, h], -1) @ w)
+
+    runs = {outer: pm.jit(outer, tiered=False), gru_like: pm.jit(gru_like, tiered=False)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for n, m in [(3, 4), (5, 4), (6, 7), (9, 2)]:
+            x, y = np.arange(n, dtype=np.float32)[:, None], np.arange(m, dtype=np.float32)[None]
+            np.testing.assert_array_equal(runs[outer](x, y), x * y)
+            xs, hs = np.ones((n, 16), np.float32), np.full((n, 8), 0.5, np.float32)
+            np.testing.assert_allclose(runs[gru_like](xs, hs), gru_like(xs, hs), rtol=1e-6)
+    for run in runs.values():
+        assert run.stats()["exact_compiles"] == 0

@@ -373,10 +373,11 @@ def _describe_vars(names, var_where) -> str:
     return f" ({', '.join(known)})" if known else ""
 
 
-def _vars_meeting_constants(msg: str, names: Sequence[str]) -> dict[str, int]:
+def _vars_meeting_constants(msg: str, names: Sequence[str]) -> dict[str, str]:
     """The dim vars of ``names`` that stand against a constant in two shapes of
     JAX's message, aligned from the right as broadcasting aligns them
-    (``got (s1,) and (3,)``; ``shapes=[(s0, s1), (16,)]``): ``{var: constant}``.
+    (``got (s1,) and (3,)``; ``shapes=[(s0, s1), (16,)]``; each var of an
+    expression, ``(s1 + 8,)`` against ``(24,)``): ``{var: the constant, as text}``.
     A 1 broadcasts against anything, so it is no conflict."""
     tuples = [[p.strip() for p in t.split(",") if p.strip()]
               for t in re.findall(r"\(([^()]*)\)", msg)]
@@ -384,8 +385,11 @@ def _vars_meeting_constants(msg: str, names: Sequence[str]) -> dict[str, int]:
     for a in tuples:
         for b in tuples:
             for x, y in zip(reversed(a), reversed(b)):
-                if x in names and y.isdigit() and int(y) != 1:
-                    found.setdefault(x, int(y))
+                # (an expression of one var too: concatenate([x, h]) @ W is s1 + 8 vs 24)
+                in_x = [n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}(?![\w(])", x)]
+                if in_x and y.isdigit() and int(y) != 1:
+                    for v in in_x:
+                        found.setdefault(v, y if x == v else f"{y} (as {x})")
     return found
 
 
@@ -404,14 +408,15 @@ def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
     meets = {} if fresh else _vars_meeting_constants(msg, user)
     if meets:
         vs = ", ".join(meets)
-        sizes = ", ".join(str(c) for c in meets.values())
+        sizes = ", ".join(meets.values())
         axis = "axis" if len(meets) == 1 else "axes"
+        write = "" if any(" " in c for c in meets.values()) else f", or write {sizes} there"
         error = ShapeError(
             f"{head}\n  The {axis} of {vs}{_describe_vars(list(meets), var_where)} "
             f"{'meets a fixed size' if len(meets) == 1 else 'meet fixed sizes'} {sizes} "
             "(weights, a constant array): a dim var cannot stand there. Make that axis static "
-            "with '_' in its spec (e.g. in_specs='n, _'; it then takes each call's own size), "
-            f"or write {sizes} there.")
+            "with '_' in its spec (e.g. in_specs='n, _'; it then takes each call's own "
+            f"size){write}.")
         error.fixed_size_vars = tuple(meets)
         return error
     if len(user) >= 2 or (user and fresh):

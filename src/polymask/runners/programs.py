@@ -5,6 +5,7 @@ and ``ragged_map`` alike; the traced function of a program (``build_inner``)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -265,8 +266,10 @@ class CallPlans:
         closed over) static, where the runner names the dim vars itself
         (``equal_sizes_share``): True when ``plan`` had such an axis dynamic (the
         call can be planned and traced again; each time one more axis is
-        static, so this ends), else False."""
-        names = getattr(error, "fixed_size_vars", ())
+        static, so this ends), else False. A broadcast that failed on a dim var
+        of size 1 in this call (``(n, 1) * (1, m)``: both 1s are one dim var)
+        makes that var's axes static too: a size-1 axis broadcasts."""
+        names = getattr(error, "fixed_size_vars", ()) or _broadcast_ones(plan, error)
         if not (self.equal_sizes_share and names):
             return False
         axes = {(leaf.path, k) for leaf in plan.leaves if leaf.axes is not None
@@ -281,6 +284,15 @@ class CallPlans:
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
+
+
+def _broadcast_ones(plan: CallPlan, error: BaseException) -> tuple[str, ...]:
+    """The dim vars of size 1 in ``plan`` that a failed broadcast names."""
+    text = str(error)
+    if "broadcast" not in text.lower():
+        return ()
+    return tuple(v for v, n in zip(plan.var_names, plan.values)
+                 if n == 1 and re.search(rf"(?<![\w.]){re.escape(v)}(?![\w(])", text))
 
 
 BASE_STATS = ("calls", "compiles", "cache_hits", "evictions", "compile_time_s",
