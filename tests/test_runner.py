@@ -1768,3 +1768,22 @@ def test_jit_without_specs_broadcasts_size_one_axes_and_concatenated_features():
             np.testing.assert_allclose(runs[gru_like](xs, hs), gru_like(xs, hs), rtol=1e-6)
     for run in runs.values():
         assert run.stats()["exact_compiles"] == 0
+
+
+def test_tiered_jit_under_cache_pressure_compiles_no_more_than_it_is_called():
+    # a covering bucket and the own bucket behind it each evicted another: more
+    # compiles than calls (and than jax.jit's one per shape)
+    f = pm.jit(lambda x, s: x * s + 1, tiered=True, cache_size=6)
+    calls = 0
+    for n in (3, 5, 9):
+        for dt in (np.float16, np.float32, np.int32, np.int8, np.uint8):
+            for s in (0.5, 2):
+                x = (np.arange(n) % 3).astype(dt)
+                np.testing.assert_array_equal(f(x, s), jax.jit(lambda x, s: x * s + 1)(x, s))
+                calls += 1
+    f.wait()
+    st = f.stats()
+    # at most one foreground compile a call, and background ones only until the
+    # cache first evicts (at most about what it holds; 20 before)
+    assert st["evictions"] > 0 and st["compiles"] - st["background_compiles"] <= calls
+    assert st["background_compiles"] <= 6 + 1

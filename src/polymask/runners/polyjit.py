@@ -726,6 +726,11 @@ class PolyJit:
     def _slow_call(self, info: _CallInfo, leaves):
         """First call of a signature, an evicted program, or a tiered bucket still compiling."""
         tiering = self.tiering
+        if tiering is not None and self.cache.has_evicted:
+            # more buckets in use than the cache holds: a covering bucket and the
+            # own bucket compiled behind it would each evict another (more compiles
+            # than calls); calls compile their own buckets only
+            tiering = None
         if tiering is not None:  # a new shape, or one waiting for its bucket: compiles wait
             background_executor().note_call()
         entry = self.cache.entry(info.key, hit=False)
@@ -894,7 +899,10 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         (the test suite sets it, so compile counts are deterministic there)
         or ``cache_size`` is below 4 (a covering bucket and the buckets it
         serves would evict each other: twice the compiles, measured with
-        ``cache_size=1``).
+        ``cache_size=1``). Once the cache has evicted a program (more
+        buckets in use than it holds), calls compile their own buckets only:
+        42 argument signatures at 3 sizes in ``cache_size=64`` took 234
+        compiles for 126 calls with covering buckets, 122 without.
       compiler_options: XLA options for every bucket program, as for
         ``jax.jit(compiler_options=...)`` (XLA's ``DebugOptions`` names; an
         unknown name raises at the first compile). Traced calls (under

@@ -354,6 +354,12 @@ class ProgramCache:
                     self._stats["evictions"] += 1
             return e
 
+    @property
+    def has_evicted(self) -> bool:
+        """Whether a compiled program was ever dropped for room (the cache is
+        under pressure: more buckets in use than it holds)."""
+        return self._stats["evictions"] > 0
+
     def compile_run(self, entry: Entry, make_fn, flat_args):
         """Trace, compile and run ``entry`` on ``flat_args`` once (under its lock).
 
