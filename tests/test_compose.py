@@ -13,6 +13,15 @@ import pytest
 import polymask as pm
 
 
+def _run_on_two_host_devices(code: str, timeout: int) -> None:
+    """Run ``code`` in a fresh process with two CPU devices; it prints OK."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=timeout)
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+
+
 def _masked_cummean(checks):
     f = pm.mask(lambda x: jnp.cumsum(x) / x.shape[0], "n", checks=checks)
 
@@ -67,11 +76,7 @@ def test_sharded_ragged_batch_on_two_devices():
         assert len(out.data.sharding.device_set) == 2
         print("OK")
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               JAX_PLATFORMS="cpu")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    _run_on_two_host_devices(code, timeout=300)
 
 
 def test_mask_inside_shard_map_on_two_devices():
@@ -142,8 +147,4 @@ def test_mask_inside_shard_map_on_two_devices():
                 raise AssertionError("no error at n = 0")
         print("OK")
     """)
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
-               JAX_PLATFORMS="cpu")
-    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0 and "OK" in res.stdout, res.stderr[-3000:]
+    _run_on_two_host_devices(code, timeout=600)
