@@ -1768,6 +1768,16 @@ def test_jit_without_specs_broadcasts_size_one_axes_and_concatenated_features():
             np.testing.assert_allclose(runs[gru_like](xs, hs), gru_like(xs, hs), rtol=1e-6)
     for run in runs.values():
         assert run.stats()["exact_compiles"] == 0
+    # a first call of all 1s ((1, 1) * (1, 1)): the 1s are static at size 1 only,
+    # so n and m stay dynamic (it pinned n for good: a compile per n)
+    grid = pm.jit(outer, tiered=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for n in range(1, 8):
+            for m in range(1, 8):
+                x, y = np.arange(n, dtype=np.float32)[:, None], np.arange(m, dtype=np.float32)[None]
+                np.testing.assert_array_equal(grid(x, y), x * y)
+    assert grid.stats()["compiles"] <= 6 and grid.stats()["exact_compiles"] == 0  # 49 calls
 
 
 def test_tiered_jit_under_cache_pressure_compiles_no_more_than_it_is_called():

@@ -360,7 +360,7 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
               policy_for: Callable[[str], Callable[[int], int]],
               arg_names: Sequence[str] | None = None,
               equal_sizes_share: bool = False,
-              static_axes: frozenset[tuple[str, int]] = frozenset()) -> CallPlan:
+              static_axes: frozenset[tuple] = frozenset()) -> CallPlan:
     """Plan one call on exact arrays ``args`` (host side; see ``CallPlan``).
 
     ``in_specs=None`` makes every axis of every non-scalar array leaf dynamic;
@@ -373,7 +373,9 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     ``x + y`` or a square matrix traces as plain JAX sees it; the var names
     are part of the plan's signature (calls with other equalities plan
     apart); there, an axis in ``static_axes`` (``(leaf path, axis)``, e.g.
-    ``("args[0]", 1)``: one that met a fixed size in a trace) is static.
+    ``("args[0]", 1)``: one that met a fixed size in a trace; or ``(leaf path,
+    axis, size)``: static at that size, a size-1 axis that must broadcast) is
+    static.
 
     Raises:
       ShapeError: a bad spec, a size not of its affine form, different sizes
@@ -393,7 +395,8 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         check_program_input(leaf, path)
         axes = None
         if spec is None and in_specs is None and equal_sizes_share and shape and not is_scalar_py:
-            dynamic = [(path, k) not in static_axes for k in range(len(shape))]
+            dynamic = [(path, k) not in static_axes and (path, k, d) not in static_axes
+                       for k, d in enumerate(shape)]
             for d, dyn in zip(shape, dynamic):  # (a name only for a size not seen before:
                 if dyn and d not in name_of_size:  # s0, s1, ...)
                     name_of_size[d] = gen_name()

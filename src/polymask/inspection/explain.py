@@ -254,7 +254,12 @@ def _runner_arguments(runner, in_specs, args, constraints):
         args = runner.example_arguments() or ()  # what the runner last compiled for
     elif hasattr(runner, "positional_arguments"):  # static arguments, defaults
         args = runner.positional_arguments(tuple(args))
-    if in_specs is None:
+    if in_specs is None and args and hasattr(runner, "explained_specs"):
+        try:
+            in_specs = runner.explained_specs(args)
+        except ShapeError:  # the arguments do not fit: reported below, as a call would
+            in_specs = runner.in_specs
+    elif in_specs is None:
         in_specs = (runner.specs_for(len(args)) if hasattr(runner, "specs_for")
                     else getattr(runner, "in_specs", None))
     if args:

@@ -303,6 +303,16 @@ class PolyJit:
             args = keywords_as_positional(self.fun, self.in_specs, tuple(args), kwargs)
         return tuple(args)
 
+    def explained_specs(self, args):
+        """The specs this runner traces ``args`` with (``polymask.explain``):
+        its ``in_specs``, or without them the call's own dim vars (equal
+        sizes named alike; axes found meeting a fixed size in earlier calls
+        static)."""
+        if self.in_specs is not None:
+            return self.in_specs
+        plan, _, tree = self.plans.plan(tuple(args))
+        return specs_of_plan(tree, plan)
+
     def padded_example(self, args) -> tuple:
         """``args`` as this runner pads them, abstract: each dynamic array leaf a
         ``Masked`` of a ``jax.ShapeDtypeStruct`` of its bucket's padded shape

@@ -234,8 +234,9 @@ class CallPlans:
         self.constraints = constraints
         self.policy_for = policy_for
         self.equal_sizes_share = equal_sizes_share  # (plan_call's, for the runner's specs)
-        # with equal_sizes_share: (leaf path, axis) of axes that met a fixed size
-        self.static_axes: frozenset[tuple[str, int]] = frozenset()
+        # with equal_sizes_share: (leaf path, axis) of axes that met a fixed size,
+        # (leaf path, axis, 1) of axes that must broadcast at size 1
+        self.static_axes: frozenset[tuple] = frozenset()
         self._lock = threading.Lock()
         self._plans: dict = {}
 
@@ -269,11 +270,15 @@ class CallPlans:
         static, so this ends), else False. A broadcast that failed on a dim var
         of size 1 in this call (``(n, 1) * (1, m)``: both 1s are one dim var)
         makes that var's axes static too: a size-1 axis broadcasts."""
-        names = getattr(error, "fixed_size_vars", ()) or _broadcast_ones(plan, error)
-        if not (self.equal_sizes_share and names):
+        names = getattr(error, "fixed_size_vars", ())
+        ones = () if names else _broadcast_ones(plan, error)
+        if not (self.equal_sizes_share and (names or ones)):
             return False
-        axes = {(leaf.path, k) for leaf in plan.leaves if leaf.axes is not None
-                for k, a in enumerate(leaf.axes) if a.var in names}
+        # a fixed size: that axis is static at every size; a size-1 broadcast: at
+        # size 1 only ((path, axis, 1): the first call (1, 1) must not pin n)
+        axes = {(leaf.path, k) if a.var in names else (leaf.path, k, 1)
+                for leaf in plan.leaves if leaf.axes is not None
+                for k, a in enumerate(leaf.axes) if a.var in names or a.var in ones}
         if axes:
             with self._lock:
                 if not axes <= self.static_axes:
