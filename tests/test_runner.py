@@ -1797,3 +1797,21 @@ def test_tiered_jit_under_cache_pressure_compiles_no_more_than_it_is_called():
     # cache first evicts (at most about what it holds; 20 before)
     assert st["evictions"] > 0 and st["compiles"] - st["background_compiles"] <= calls
     assert st["background_compiles"] <= 6 + 1
+
+
+def test_ragged_map_warns_when_a_broadcast_argument_is_a_second_list_of_examples():
+    # rm(xs, ys) meant as pairs passes ys whole, first, to every example
+    w = jnp.ones((16, 4))
+    rm = pm.ragged_map(lambda x, y: (x @ w).sum(-1) - y)
+    xs = [np.ones((n, 16), np.float32) for n in (2, 5)]
+    ys = [np.ones(n, np.float32) for n in (2, 5)]
+    with pytest.warns(UserWarning, match=r"rm\(list\(zip\(xs, ys\)\)\)") as caught:
+        with pytest.raises(TypeError):
+            rm(xs, ys)
+    assert caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        outs = rm(list(zip(xs, ys)))
+        params = [np.ones((3, 3), np.float32), np.ones((5, 2), np.float32)]  # not per example
+        pm.ragged_map(lambda p, x: x.sum() + p[0].sum())(xs, params)
+    np.testing.assert_array_equal(outs[1], np.full(5, 63.0, np.float32))  # 16 * 4 - 1

@@ -126,6 +126,7 @@ class RaggedMap:
           ShapeError: ``examples`` is not a list (or another sequence) of
             examples; an example does not fit the specs (naming it)."""
         examples = _as_example_list(examples)
+        ragged_batches.warn_parallel_lists(examples, broadcast)
         broadcast = self._with_statics(broadcast)
         if not examples:
             return []

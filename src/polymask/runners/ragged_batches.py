@@ -7,14 +7,16 @@ import dataclasses
 import functools
 import hashlib
 import math
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.diagnostics import at_call_site, user_call_site
+from ..core.diagnostics import at_call_site, user_call_site, user_stacklevel
 from ..core.errors import ShapeError
 from ..core.plan import (
     CallPlan,
@@ -228,6 +230,26 @@ def batch_bucket(policy: Callable[[int], int], n: int, most: int) -> int:
     """Rows of a batch of ``n`` examples: the policy's bound for ``n``, at least ``n``,
     at most ``most`` (``ragged_map``'s partial batches)."""
     return min(most, max(n, int(policy(n))))
+
+
+def warn_parallel_lists(examples: Sequence[Any], broadcast: tuple) -> None:
+    """Warn where a broadcast argument looks like a second list of examples:
+    a list of arrays, one per example, each as long as its example
+    (``rm(xs, ys)`` meant as pairs): it is passed whole to every example,
+    first, where ``rm(list(zip(xs, ys)))`` maps over the pairs."""
+    for i, b in enumerate(broadcast):
+        if not (isinstance(b, list) and len(b) == len(examples) > 1):
+            continue
+        if all(hasattr(y, "shape") and np.ndim(y) >= 1 and hasattr(x, "shape")
+               and np.ndim(x) >= 1 and np.shape(y)[0] == np.shape(x)[0]
+               for x, y in zip(examples, b)):
+            warnings.warn(
+                f"ragged_map: broadcast argument {i} is a list of {len(b)} arrays, one as "
+                "long as each example: it is passed whole, first, to every example. To map "
+                "over pairs of examples, pass them as one list of tuples: "
+                "rm(list(zip(xs, ys))) calls f(x, y) on each pair", UserWarning,
+                stacklevel=user_stacklevel())
+            return
 
 
 def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
