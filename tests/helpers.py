@@ -31,3 +31,16 @@ def oracle(fun, exs, bounds, in_specs=None, *, modes=("eager", "jit", "vmap", "g
             check_oracle(fun, exs[:1], bounds, in_specs, modes=("eager",), **kw)
     if "grad" in modes:
         check_oracle(fun, exs[:n_grad], bounds, in_specs, modes=("grad",), **kw)
+
+
+def eventually(condition, what: str, limit_s: float = 120.0) -> None:
+    """Poll ``condition()`` until it holds (background work finishing on its
+    own). ``limit_s`` only stops a hang: no duration is asserted (speed
+    belongs in benchmarks/)."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.02)

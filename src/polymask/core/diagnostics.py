@@ -21,7 +21,7 @@ from .errors import ShapeError, UnsupportedError
 
 __all__ = ["is_library_frame", "user_call_site", "user_stacklevel", "user_frame_of_exception", "at_call_site",
            "relocate", "translate_trace_error", "UNKNOWN_LOCATION", "SIZE_BRANCH_REMEDIES",
-           "for_one_callers_example"]
+           "for_one_callers_example", "dim_vars_named"]
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNKNOWN_LOCATION = compat.UNKNOWN_LOCATION
@@ -373,6 +373,12 @@ def _describe_vars(names, var_where) -> str:
     return f" ({', '.join(known)})" if known else ""
 
 
+def dim_vars_named(text: str, names: Sequence[str]) -> list[str]:
+    """Those of the dim vars ``names`` that ``text`` names as a whole word (not
+    inside a longer name, an attribute or a call: ``n`` is not in ``jnp.n(``)."""
+    return [n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}(?![\w(])", text)]
+
+
 def _vars_meeting_constants(msg: str, names: Sequence[str]) -> dict[str, str]:
     """The dim vars of ``names`` that stand against a constant in two shapes of
     JAX's message, aligned from the right as broadcasting aligns them
@@ -386,7 +392,7 @@ def _vars_meeting_constants(msg: str, names: Sequence[str]) -> dict[str, str]:
         for b in tuples:
             for x, y in zip(reversed(a), reversed(b)):
                 # (an expression of one var too: concatenate([x, h]) @ W is s1 + 8 vs 24)
-                in_x = [n for n in names if re.search(rf"(?<![\w.]){re.escape(n)}(?![\w(])", x)]
+                in_x = dim_vars_named(x, names)
                 if in_x and y.isdigit() and int(y) != 1:
                     for v in in_x:
                         found.setdefault(v, y if x == v else f"{y} (as {x})")
@@ -510,7 +516,7 @@ def _vars_unequal_to_constants(said: str, names: Sequence[str]) -> tuple[str, ..
     for left, right in re.findall(r"([^,;:!=]+?)\s*!=\s*([^,;:!=]+)", said):
         for expr, other in ((left, right), (right, left)):
             other = other.strip().rstrip(".")
-            in_expr = [n for n in names if re.search(rf"\b{re.escape(n)}\b", expr)]
+            in_expr = dim_vars_named(expr, names)
             if other.isdigit() and len(in_expr) == 1 and in_expr[0] not in found:
                 found.append(in_expr[0])
     return tuple(found)

@@ -307,7 +307,11 @@ class PolyJit:
         """The specs this runner traces ``args`` with (``polymask.explain``):
         its ``in_specs``, or without them the call's own dim vars (equal
         sizes named alike; axes found meeting a fixed size in earlier calls
-        static)."""
+        static): a tuple of per-argument spec pytrees (strings, None for a
+        static leaf).
+
+        Raises:
+          ShapeError: ``args`` do not fit the specs (as a call would)."""
         if self.in_specs is not None:
             return self.in_specs
         plan, _, tree = self.plans.plan(tuple(args))

@@ -5,7 +5,6 @@ and ``ragged_map`` alike; the traced function of a program (``build_inner``)."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -16,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..core.binding import specs_of_passed
-from ..core.diagnostics import at_call_site, user_call_site
+from ..core.diagnostics import at_call_site, dim_vars_named, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.plan import CallPlan, plan_call, structure_key
@@ -296,8 +295,8 @@ def _broadcast_ones(plan: CallPlan, error: BaseException) -> tuple[str, ...]:
     text = str(error)
     if "broadcast" not in text.lower():
         return ()
-    return tuple(v for v, n in zip(plan.var_names, plan.values)
-                 if n == 1 and re.search(rf"(?<![\w.]){re.escape(v)}(?![\w(])", text))
+    return tuple(dim_vars_named(text, [v for v, n in zip(plan.var_names, plan.values)
+                                       if n == 1]))
 
 
 BASE_STATS = ("calls", "compiles", "cache_hits", "evictions", "compile_time_s",
