@@ -1528,6 +1528,24 @@ def test_64_bit_numpy_inputs_warn_no_more_than_jax_jit():
         assert int(out.data) == 6
 
 
+def test_64_bit_numpy_inputs_share_the_32_bit_program_as_jax_jit():
+    """``jax.jit`` canonicalises float64/int64/complex128 NumPy input (x64 off)
+    and runs it in float32's program; polymask compiled a second program per
+    64-bit dtype."""
+    fn = lambda x, y: jnp.cumsum(x) * y[0]  # noqa: E731
+    f, g = pm.jit(fn, tiered=False), jax.jit(fn)
+    rng = np.random.default_rng(0)
+    y = np.array([1.5, 2.0])
+    for n in (0, 1, 5, 8, 17):
+        for dt in (np.float32, np.float64, np.int32, np.int64, np.complex128):
+            x = (rng.normal(size=n) * 100).astype(dt)
+            a, b = f(x, y), g(x, y)
+            assert (a.dtype, a.shape) == (b.dtype, b.shape)
+            np.testing.assert_array_equal(a, b)
+    # one program per bucket (8, 32) and canonical dtype (float32, int32, complex64)
+    assert f.stats()["compiles"] == 6
+
+
 def test_tiered_is_off_by_default_when_the_cache_cannot_hold_a_cover(monkeypatch):
     monkeypatch.setenv("POLYMASK_TIERED", "1")
     assert not pm.jit(jnp.sum, "n", cache_size=3).tiered

@@ -292,3 +292,24 @@ def test_grad_inside_mask(name, h):
         return jax.grad(lambda y: jnp.sum(jnp.sin(h(y))))(x)
 
     oracle(f, SEQ[:3], [(12,)], modes=("jit", "vmap"))
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: jnp.sum(jnp.diff(x) * jnp.roll(x, 1)[1:]),
+    lambda x: jnp.sum(lax.concatenate([x[:1], x[1:1]], 0)[1:] * 2.0) + jnp.sum(x[1:] * x[:-1]),
+], ids=["diff_times_roll", "concat_with_empty_tail"])
+def test_jit_of_grad_with_checks_compiles_where_a_case_concatenates_an_empty_operand(f):
+    """In a case pinned at n = 1, ``jnp.roll(x, 1)`` concatenates ``x[0:1]`` and
+    an empty ``x[0:0]``, and ``[1:]`` slices empty at its end. XLA's MLIR
+    converter fails on that slice ("SmallVector unable to grow"), and in
+    ``jax.jit(jax.grad(...))`` with run-time checks dropped the check
+    callback's config instead: "No registered implementation for untyped
+    custom call to xla_ffi_python_cpu_callback". Empty operands are dropped."""
+    loss = lambda d, n: pm.mask(f, "n")(pm.Masked(d, (n,))).data  # noqa: E731
+    g = jax.jit(jax.grad(loss))
+    data = np.arange(1, 9, dtype=np.float32)
+    for n in range(9):
+        want = jax.grad(f)(jnp.asarray(data[:n]))
+        got = g(jnp.asarray(garbage_pad(data[:n], (8,))), n)
+        np.testing.assert_allclose(got[:n], want, rtol=1e-6)
+        assert not np.any(got[n:])

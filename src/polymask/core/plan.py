@@ -195,11 +195,14 @@ def bucket_shape(buckets, shape: Sequence[int]) -> tuple[int, ...]:
 # Host plans: one polymask.jit call, one ragged_map example
 # ----------------------------------------------------------------------------
 def dtype_key(x):
-    """A leaf's dtype for cache keys (the Python type of a Python scalar)."""
+    """A leaf's dtype for cache keys (the Python type of a Python scalar): the
+    dtype JAX computes in, so float64 NumPy input shares float32's program
+    without x64, as ``jax.jit`` canonicalises it (and is padded as float32)."""
     if isinstance(x, (bool, int, float, complex)):
         return type(x)
     dt = getattr(x, "dtype", None)
-    return np.asarray(x).dtype if dt is None else dt
+    dt = np.asarray(x).dtype if dt is None else dt
+    return jax.dtypes.canonicalize_dtype(dt) if isinstance(dt, np.dtype) else dt
 
 
 def structure_key(tree, leaves) -> tuple:

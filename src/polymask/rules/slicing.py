@@ -111,7 +111,7 @@ def rev_rule(ctx, x, *, dimensions):
 # ----------------------------------------------------------------------------
 # concatenate / split / stack / unstack
 # ----------------------------------------------------------------------------
-@register(lax.concatenate_p)
+@register(lax.concatenate_p, at_bound=True)  # drops empty operands at the bound too
 def concatenate_rule(ctx, *xs, dimension):
     """Place each operand at the sum of the logical sizes before it.
 
@@ -119,8 +119,14 @@ def concatenate_rule(ctx, *xs, dimension):
     padding is overwritten by the next operand's logical data.
     """
     d = dimension
-    sizes_l = [lg[d] for lg in ctx.in_logical]
-    sizes_b = [b[d] for b in ctx.in_bounds]
+    # Operands of bound 0 hold nothing: drop them. XLA's MLIR converter fails on
+    # an empty slice at the end of a concatenate whose last operand is empty
+    # ("SmallVector unable to grow"; without a message it drops a callback's
+    # config); pinned cases make such operands (jnp.roll(x, 1)[1:] at n = 1).
+    kept = [i for i, b in enumerate(ctx.in_bounds) if b[d] != 0] or [0]
+    xs = [xs[i] for i in kept]
+    sizes_l = [ctx.in_logical[i][d] for i in kept]
+    sizes_b = [ctx.in_bounds[i][d] for i in kept]
     out_b = list(ctx.out_bounds[0])
     if not any(needs_mask(s, b) for s, b in zip(sizes_l[:-1], sizes_b[:-1])):
         # logical data contiguous from 0: cut padding past the bound, or pad up to
