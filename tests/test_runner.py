@@ -1829,3 +1829,39 @@ def test_ragged_map_warns_when_a_broadcast_argument_is_a_second_list_of_examples
         params = [np.ones((3, 3), np.float32), np.ones((5, 2), np.float32)]  # not per example
         pm.ragged_map(lambda p, x: x.sum() + p[0].sum())(xs, params)
     np.testing.assert_array_equal(outs[1], np.full(5, 63.0, np.float32))  # 16 * 4 - 1
+
+
+@pytest.mark.parametrize("layout", ["padded", "auto"])
+def test_ragged_map_without_specs_shares_programs_across_batches_of_one_length(layout):
+    """A length-bucketed loader's batches hold examples of one length each:
+    read off one call, that axis looked like a feature axis and every length
+    compiled its own program. An axis whose size changed between calls stays
+    dynamic."""
+    rng = np.random.default_rng(0)
+    W = rng.normal(size=(16, 4)).astype(np.float32)
+    f = lambda x: jnp.tanh(x @ W).mean(0)  # noqa: E731
+    rm = pm.ragged_map(f, layout=layout)
+    lengths = (10, 20, 13, 30, 7, 20, 25)
+    for L in lengths:
+        xs = [np.random.default_rng(0).normal(size=(L, 16)).astype(np.float32) for _ in range(3)]
+        for o, x in zip(rm(xs), xs):
+            np.testing.assert_allclose(o, f(x), rtol=1e-5, atol=1e-6)
+    # 10 (the first call: static), then buckets 32 (20, 30, 25), 16 (13), 8 (7)
+    assert rm.stats()["compiles"] == 4 < len(set(lengths))
+
+
+def test_ragged_map_without_specs_keeps_a_leading_axis_static_where_it_must_be():
+    """A leading axis that changed size between calls is made dynamic, but
+    ``W @ x`` needs x's channels as a constant: that axis is static again and
+    the call runs as before (no per-example fallback, no warning)."""
+    rng = np.random.default_rng(0)
+    f = lambda W, x: jnp.tanh(W @ x).sum(1)  # noqa: E731
+    rm = pm.ragged_map(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for C in (3, 5, 3, 7):
+            W = rng.normal(size=(4, C)).astype(np.float32)
+            xs = [rng.normal(size=(C, n)).astype(np.float32) for n in (2, 5, 9)]
+            for o, x in zip(rm(xs, W), xs):
+                np.testing.assert_allclose(o, f(W, x), rtol=1e-5, atol=1e-6)
+    assert rm.fallbacks() == {} and rm.stats()["compiles"] == 3  # one per channel count

@@ -408,3 +408,42 @@ def test_without_specs_empty_and_uniform_batches_train(layout):
         np.testing.assert_allclose(grad, sum(g for _, g in plain), rtol=1e-6)
     with pytest.raises(TypeError):  # a feature size w does not take: jax.jit's TypeError
         vg(w, [np.ones((3, 5), np.float32)], [np.ones(3, np.float32)])
+
+
+def test_value_and_grad_without_specs_shares_programs_across_batches_of_one_length():
+    """Batches of one length each (a length-bucketed loader) compiled one
+    program per length: an axis whose size changed between calls stays
+    dynamic."""
+    rng = np.random.default_rng(0)
+    W = rng.normal(size=(16, 4)).astype(np.float32)
+
+    def loss(p, x, y):
+        return jnp.mean((jnp.tanh(x @ p) - y[:, None]) ** 2)
+
+    vg = pm.value_and_grad(loss)
+    lengths = (10, 20, 13, 30, 7, 20, 25)
+    for L in lengths:
+        xs = [rng.normal(size=(L, 16)).astype(np.float32) for _ in range(3)]
+        ys = [rng.normal(size=(L,)).astype(np.float32) for _ in range(3)]
+        v, g = vg(W, xs, ys)
+        np.testing.assert_allclose(v, np.mean([loss(W, x, y) for x, y in zip(xs, ys)]),
+                                   rtol=1e-5)
+        want = sum(jax.grad(loss)(W, x, y) for x, y in zip(xs, ys)) / 3
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-6)
+    assert vg.compiles == 4 < len(set(lengths))  # 10 static, then buckets 32, 16, 8
+
+
+def test_value_and_grad_without_specs_keeps_a_leading_axis_static_where_it_must_be():
+    rng = np.random.default_rng(0)
+    loss = lambda W, x: jnp.sum(jnp.tanh(W @ x) ** 2)  # noqa: E731
+    vg = pm.value_and_grad(loss)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for C in (3, 5, 3, 7):
+            W = rng.normal(size=(4, C)).astype(np.float32)
+            xs = [rng.normal(size=(C, n)).astype(np.float32) for n in (2, 5, 9)]
+            v, g = vg(W, xs)
+            np.testing.assert_allclose(v, np.mean([loss(W, x) for x in xs]), rtol=1e-5)
+            want = sum(jax.grad(loss)(W, x) for x in xs) / 3
+            np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-6)
+    assert vg.fallbacks() == {}

@@ -60,6 +60,11 @@ from .static_args import StaticArgs
 __all__ = ["ragged_map", "RaggedMap"]
 
 
+
+class _PromotedAxisFails(Exception):
+    """A program with an axis made dynamic by ``AxisHistory`` only cannot be
+    traced: the call runs again with that axis static."""
+
 class RaggedMap:
     """The callable returned by ``polymask.ragged_map`` (see there).
 
@@ -90,6 +95,7 @@ class RaggedMap:
         self.max_cases = max_cases
         self.compiler_options = checked_compiler_options(compiler_options)
         self.plans = CallPlans(self.in_specs, self.constraints, policy_getter(buckets))
+        self._axis_history = ragged_batches.AxisHistory()  # auto specs over the calls
         self.cache = ProgramCache(cache_size, self.compiler_options,
                                   build_program=self._stored_or_jit_program,
                                   options_for=self._options_for,
@@ -125,6 +131,13 @@ class RaggedMap:
         Raises:
           ShapeError: ``examples`` is not a list (or another sequence) of
             examples; an example does not fit the specs (naming it)."""
+        try:
+            return self._map(examples, broadcast, progress, refine)
+        except _PromotedAxisFails:
+            self._axis_history.pin_promoted()  # static again, as the examples read alone
+            return self._map(examples, broadcast, progress, refine)
+
+    def _map(self, examples, broadcast, progress, refine):
         examples = _as_example_list(examples)
         ragged_batches.warn_parallel_lists(examples, broadcast)
         broadcast = self._with_statics(broadcast)
@@ -133,8 +146,10 @@ class RaggedMap:
         arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
         if self.in_specs is None:
             # (the packed layout packs one ragged axis: examples of one length too)
-            in_specs = ragged_batches.auto_specs(arg_lists,
-                                                 leading_if_uniform=self.layout == "packed")
+            packed = self.layout == "packed"  # (packs one ragged axis, so no history)
+            in_specs = ragged_batches.auto_specs(
+                arg_lists, leading_if_uniform=packed,
+                history=None if packed else self._axis_history)
         else:
             in_specs = self.in_specs
         spec_key = repr(in_specs)
@@ -556,6 +571,8 @@ class RaggedMap:
                 raise _named_example(err, rows) from None
             if self._fallback is None or not falls_back(e):
                 raise
+            if self._axis_history.promoted:
+                raise _PromotedAxisFails from e
             self._unshared[bucket] = self._fallback.refused(bucket_text(plan0.buckets), e)
             return self._rerun_in_own_buckets(tree, plan0, chunk, infos, results, broadcast,
                                               bcast_leaves, bcast_tree, bcast_key, in_specs,
@@ -677,7 +694,11 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         parameters). None: read off each call's examples (an axis whose
         size differs across them is dynamic, others static, and axes whose
         sizes are equal in every example share one dim var: ``(x, y)`` of
-        shapes ``(n, 16)`` and ``(n,)`` is ``("n, 16", "n")``). Every argument is a traced program input, as under
+        shapes ``(n, 16)`` and ``(n,)`` is ``("n, 16", "n")``). A leading
+        axis whose size changed between calls stays dynamic in a call of
+        one length (a length-bucketed loader's batches share programs),
+        unless the function needs it static (``W @ x`` of ``x (C, n)``: then
+        that call and later ones keep it static). Every argument is a traced program input, as under
         ``jax.jit``: a number cannot be used as a shape or in a Python
         ``if`` (bind such constants with ``functools.partial``). An argument
         without a dim var that differs across examples (a Python number, an

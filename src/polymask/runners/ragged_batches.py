@@ -28,7 +28,7 @@ from ..core.plan import (
 
 __all__ = ["broadcast_inputs", "kind_key", "static_values_key", "stack_varying_statics", "static_batch_leaves",
            "stacked_weak_inputs", "example_avals",
-           "static_batch_avals", "batch_in_axes", "specs_hint", "rebucket", "batch_bucket", "auto_specs"]
+           "static_batch_avals", "batch_in_axes", "specs_hint", "rebucket", "batch_bucket", "auto_specs", "AxisHistory"]
 
 
 def broadcast_inputs(broadcast: tuple) -> tuple:
@@ -253,7 +253,7 @@ def warn_parallel_lists(examples: Sequence[Any], broadcast: tuple) -> None:
 
 
 def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
-               empty_dynamic: bool = False) -> tuple:
+               empty_dynamic: bool = False, history: AxisHistory | None = None) -> tuple:
     """``ragged_map``'s specs when ``in_specs=None``: the axes whose sizes differ
     across the examples (tuples of arguments) are dynamic, and axes whose sizes
     are equal in every example share one dim var (``x`` of ``(n, 16)`` and
@@ -261,11 +261,15 @@ def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
     ``leading_if_uniform``: where no axis differs (examples of one length), the
     leading axes are dynamic (the packed layout packs one ragged axis);
     ``empty_dynamic``: an axis empty in every example is dynamic too (a stacked
-    batch pads it to at least 1).
+    batch pads it to at least 1); ``history``: a runner's ``AxisHistory``
+    (updated here), so a leading axis whose size differed between calls stays
+    dynamic in a call of one length.
 
     Raises:
       ShapeError: examples of different pytree structures or leaf ranks.
     """
+    if history is not None:
+        history.start_call()
     trees = {jax.tree_util.tree_structure(a) for a in arg_lists}
     if len(trees) != 1:
         raise ShapeError("ragged_map: examples have different pytree structures "
@@ -282,9 +286,10 @@ def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
         all_shapes.append(shapes)
     uniform = not any(sh[k] != shapes[0][k] for shapes in all_shapes for sh in shapes
                       for k in range(len(sh)))
+    tree = trees.pop()
     for li, shapes in enumerate(all_shapes):
         first = shapes[0]
-        varying = [any(sh[k] != first[k] for sh in shapes)
+        varying = [_varies(history, (tree, li, k), {sh[k] for sh in shapes})
                    or (empty_dynamic and first[k] == 0)
                    or (leading_if_uniform and uniform and k == 0)
                    for k in range(len(first))]
@@ -303,3 +308,44 @@ def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
         specs.append(vals[0] if sub.num_leaves == 1 and sub == jax.tree_util.tree_structure(
             0) else jax.tree_util.tree_unflatten(sub, vals))
     return tuple(specs)
+
+
+class AxisHistory:
+    """Each leading axis' size over a runner's calls without specs, so a batch
+    of one length (a length-bucketed loader) keeps an axis that changed size
+    between calls dynamic, instead of compiling a program per length.
+
+    Only leading axes are promoted (the ragged axis of per-example data;
+    trailing ones are features). An axis promoted so whose program cannot be
+    traced dynamically (a size ``x @ W`` needs) is pinned static again
+    (``pin_promoted``) and the call runs again, as before the promotion."""
+
+    def __init__(self):
+        self._sizes: dict = {}  # (tree, leaf, axis) -> its one size, or None once it varied
+        self._pinned: set = set()
+        self.promoted: set = set()  # axes the last auto_specs made dynamic from history only
+
+    def start_call(self) -> None:
+        self.promoted = set()
+
+    def varies(self, axis: tuple, sizes: set) -> bool:
+        """Whether ``axis`` has several ``sizes`` in this call's examples or
+        (a leading axis, not pinned) another size in an earlier call."""
+        seen = self._sizes.setdefault(axis, next(iter(sizes)))
+        within = len(sizes) > 1
+        if seen is not None and (within or seen not in sizes):
+            self._sizes[axis] = seen = None
+        if within or seen is not None or axis[2] != 0 or axis in self._pinned:
+            return within
+        self.promoted.add(axis)
+        return True
+
+    def pin_promoted(self) -> bool:
+        """Pin this call's promoted axes static; whether there were any."""
+        self._pinned |= self.promoted
+        had, self.promoted = bool(self.promoted), set()
+        return had
+
+
+def _varies(history: AxisHistory | None, axis: tuple, sizes: set) -> bool:
+    return len(sizes) > 1 if history is None else history.varies(axis, sizes)

@@ -35,7 +35,7 @@ from ..tracing.prologue import run_checks, solve_dim_vars
 from ..tracing.transform import mask
 from .fallback import ExactFallback, falls_back
 from .packed import PackedRunner, default_row_size, spare_rows
-from .ragged_batches import auto_specs
+from .ragged_batches import AxisHistory, auto_specs
 
 __all__ = ["value_and_grad", "RaggedValueAndGrad"]
 
@@ -169,8 +169,10 @@ class RaggedValueAndGrad:
         self._fitting_shapes: set = set()  # example shapes that fit the specs
         self._valid_rows: set = set()  # (padded shapes, sizes) of stacked examples checked
         self._masked = mask(fun, in_specs, constraints=self.constraints, checks=checks)
-        # a policy, or a {dim var: policy} dict as polymask.jit takes (None: the default)
-        self._policy_for = policy_getter(buckets) if buckets is not None else None
+        # a policy, or a {dim var: policy} dict as polymask.jit takes (None: pow2(),
+        # as polymask.jit and ragged_map, for the dim vars of spec strings; an
+        # array without one is stacked to the batch's longest unless given a policy)
+        self._policy_for = policy_getter(buckets)
         self._policy = self._policy_for(None) if buckets is not None else None
         self._batch_policy = as_policy(batch_buckets) if batch_buckets is not None else None
         self.compiles = 0
@@ -179,6 +181,7 @@ class RaggedValueAndGrad:
         # without in_specs, lists of exact examples get ragged_map's specs read off
         # each call's examples: repr(specs) -> (masked function, its jitted step)
         self._auto_specs = in_specs is None
+        self._axis_history = AxisHistory()  # auto specs over the calls
         self._by_specs: dict = {repr(None): (self._masked, self._jitted)}
         name = getattr(fun, "__name__", type(fun).__name__)
         self._fallback = ExactFallback(self._example_sum_and_grad, f"value_and_grad({name})",
@@ -231,9 +234,7 @@ class RaggedValueAndGrad:
         """The padded shape of argument ``i``'s examples: ``buckets`` rounds up
         the dim vars of its spec (``"n, 3"``: ``n`` only; the static 3 stays 3,
         as ``ragged_map`` pads). None (``stack`` rounds every axis) without a
-        policy or a spec string: the masked trace then reports the spec."""
-        if self._policy is None:
-            return None
+        spec string: the masked trace then reports the spec."""
         specs, _ = split_specs(self.fun, self._in_specs, n_args, {})
         spec = specs[i] if isinstance(specs, (tuple, list)) and i < len(specs) else None
         shapes = {np.shape(x) for x in examples}
@@ -287,7 +288,7 @@ class RaggedValueAndGrad:
             return None  # different batch sizes: prepare() says so
         examples = list(zip(*(args[i] for i in batched)))
         try:  # (the stacked batch pads an axis empty in every example to 1: dynamic)
-            specs = iter(auto_specs(examples, empty_dynamic=True))
+            specs = iter(auto_specs(examples, empty_dynamic=True, history=self._axis_history))
         except ShapeError:
             return None  # ranks or structures differ: the masked trace says so
         return tuple(None if i in self._unbatched else _static_as_sizes(next(specs), args[i][0])
@@ -402,6 +403,8 @@ class RaggedValueAndGrad:
         except Exception as e:
             if not exact or not self._fallback_on or not falls_back(e):
                 raise  # stacked batches: no exact examples to run one by one
+            if self._axis_history.pin_promoted():  # static again, as the examples read alone
+                return self(*args)
             where = "of examples padded to " + ", ".join(
                 str(np.shape(a.data)[1:]) for i, a in enumerate(batch)
                 if i not in self._unbatched and isinstance(a, Masked))
@@ -542,7 +545,7 @@ class RaggedValueAndGrad:
         if key in self._fitting_shapes:
             return
         try:
-            plan_call(ex, specs, self.constraints, self._policy_for or policy_getter(None))
+            plan_call(ex, specs, self.constraints, self._policy_for)
         except ShapeError as e:
             raise at_call_site(about_example(k, e), user_call_site()) from None
         self._fitting_shapes.add(key)
@@ -590,6 +593,9 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
       buckets: policy for the per-example bounds of lists of exact arrays: one
         policy, or a dict by dim var name as ``polymask.jit`` takes
         (``{"n": pow2(), None: exact()}``; ``None``: the others' policy).
+        Default ``pow2()`` for the dim vars of the specs (or of the specs read
+        off the examples), as ``polymask.jit`` and ``ragged_map``: batches
+        whose longest examples share a bucket share a program.
       batch_buckets: policy for the batch size (padded with zero-weight
         copies of example 0), so a short last batch does not compile again.
       checks: run the masked prologue checks (sizes from ``stack`` are valid
