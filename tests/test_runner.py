@@ -1865,3 +1865,24 @@ def test_ragged_map_without_specs_keeps_a_leading_axis_static_where_it_must_be()
             for o, x in zip(rm(xs, W), xs):
                 np.testing.assert_allclose(o, f(W, x), rtol=1e-5, atol=1e-6)
     assert rm.fallbacks() == {} and rm.stats()["compiles"] == 3  # one per channel count
+
+
+def test_jit_without_specs_makes_static_only_the_size_whose_comparison_changes_the_output():
+    """``jnp.cov`` returns a scalar for one row and a matrix for more: the cases
+    of ``rows == 1`` differ in rank, which a padded program cannot follow. The
+    whole bucket ran per exact shape; now the rows are planned static and the
+    columns share one program (columns are compared with constants too, but
+    they do not separate the two cases)."""
+    f = pm.jit(jnp.cov, tiered=False)
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (5, 6, 1, 7, 3):
+            x = rng.normal(size=(3, n)).astype(np.float32)
+            np.testing.assert_allclose(f(x), jax.jit(jnp.cov)(x), rtol=1e-5, atol=1e-6,
+                                       equal_nan=True)
+    s = f.stats()
+    assert (s["compiles"], s["exact_compiles"], s["calls"], s["cache_hits"]) == (1, 0, 5, 4)
+    with pytest.raises(pm.ShapeError, match="different outputs") as e:
+        pm.mask(jnp.cov, "a, b")(pm.Masked(np.ones((4, 8), np.float32), (3, 5)))
+    assert e.value.fixed_size_vars == ("a",)

@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import threading
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -228,6 +229,7 @@ class PolyJit:
         self._retired_exact = 0  # calls run per exact shape, of dropped infos
         self._keyword_calls = itertools.count()  # calls with keywords no spec covers
         self._fg_compiles_in_calls = 0
+        self._this_call = threading.local()  # .compiles: this thread's call's foreground compiles
         self._cover_extra_padded = 0  # padded elements tiered calls ran beyond their own bucket's
         functools.update_wrapper(self, fun)
 
@@ -518,6 +520,7 @@ class PolyJit:
                     self._steady[key] = _steady_call(info, entry)  # the next call takes it
                 return out[0]  # one exact output (the steady state of most functions)
         else:
+            self._this_call.compiles = 0
             try:
                 entry, out = self._slow_call(info, leaves)
             except Exception as e:
@@ -549,6 +552,9 @@ class PolyJit:
                 if table.get(info.shape_key) is info:
                     del table[info.shape_key]
             self._steady.clear()
+            # (the old info's calls go with it, and so do the compiles of this
+            # call's first try: cache_hits is calls less foreground compiles)
+            self._fg_compiles_in_calls -= getattr(self._this_call, "compiles", 0)
         return self(*args)
 
     def _plain_or_its_error(self, info: _CallInfo, entry: Entry | None, args,
@@ -802,6 +808,7 @@ class PolyJit:
         """A call compiled (or failed to compile) a program: no cache hit."""
         with self.cache.lock:
             self._fg_compiles_in_calls += 1
+        self._this_call.compiles = getattr(self._this_call, "compiles", 0) + 1
 
     # -- ahead of time -------------------------------------------------------------
     def precompile(self, *args, **kwargs) -> PolyJit:

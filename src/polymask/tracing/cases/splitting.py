@@ -22,7 +22,6 @@ before (no switch).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +32,15 @@ from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, Unsupporte
 from ...core.shapes import SHIFT_SUFFIX
 from ..symbolic import MaskedProgram, flatten_args, trace
 from .refine import refine_errors, trace_per_size_or_raise
-from .tree import Case, CaseTree, Split, common_outputs, enumerate_sizes, error_case
+from .tree import (
+    Case,
+    CaseTree,
+    Split,
+    common_outputs,
+    enumerate_sizes,
+    error_case,
+    vars_compared_equal_to_constants,
+)
 
 __all__ = ["Case", "Split", "CaseTree", "trace_cases", "trace_function_cases",
            "explore_splits", "DEFAULT_MAX_CASES"]
@@ -153,19 +160,6 @@ def _too_many(splits: list[Split], max_cases: int, internal) -> ShapeError:
         f"tracing needs more than max_cases={max_cases} cases: the size comparisons that "
         f"JAX cannot decide are\n{comps}\n  State what you know as constraints "
         "(mask(..., constraints=['n >= 3'])) or raise max_cases.",
-        fixed_size_vars=_compared_equal_to_constants(splits))
+        fixed_size_vars=vars_compared_equal_to_constants(splits))
 
 
-_EQUALITY = re.compile(r"'([A-Za-z_]\w*)' [!=]= '(\d+)'|'(\d+)' [!=]= '([A-Za-z_]\w*)'")
-
-
-def _compared_equal_to_constants(splits: list[Split]) -> tuple[str, ...]:
-    """Dim vars that a split tests for equality with a constant (flax's check of
-    a parameter's shape, ``'s4' == '50'``): their axes meet a fixed size."""
-    found: list[str] = []
-    for s in splits:
-        m = _EQUALITY.fullmatch(s.text.strip())
-        var = m and (m.group(1) or m.group(4))
-        if var and var not in found:
-            found.append(var)
-    return tuple(found)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ... import _jax_compat as compat
-from ...core.diagnostics import user_frame_of_exception
+from ...core.diagnostics import dim_vars_named, user_frame_of_exception
 from ...core.dimvars import describe_conditions, display_text, pretty_condition, sizes_text
 from ...core.errors import ShapeError, UnsupportedError
 from ...core.shapes import DimEnv, is_static
@@ -261,6 +261,25 @@ def _short(treedef, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
+def _differing_outputs(tree: CaseTree, a: Case, b: Case, message: str) -> ShapeError:
+    e = ShapeError(message + _ONE_OUTPUT_REMEDY)
+    e.fixed_size_vars = _separating_vars(tree, a, b)
+    return e
+
+
+def _separating_vars(tree: CaseTree, a: Case, b: Case) -> tuple[str, ...]:
+    """The spec dim vars of the comparison that sends cases ``a`` and ``b``
+    different ways (``jnp.cov``'s rows == 1: not its columns, compared too)."""
+    node = tree.root
+    while isinstance(node, Split):
+        yes = f"{node.cond} >= 0"
+        a_yes = yes in a.conditions
+        if a_yes != (yes in b.conditions):
+            return tuple(dim_vars_named(tree.display(str(node.cond)), list(tree.internal)))
+        node = node.yes if a_yes else node.no
+    return ()
+
+
 def _static_data_note(a, b) -> str:
     """Where two output structures have the same leaves, what differs is the
     static data of a node (a size or a source location recorded in it)."""
@@ -272,27 +291,50 @@ def _static_data_note(a, b) -> str:
             "docs/ecosystem.md)")
 
 
+_EQUALITY = re.compile(r"'([A-Za-z_]\w*)' [!=]= '(\d+)'|'(\d+)' [!=]= '([A-Za-z_]\w*)'")
+
+
+def vars_compared_equal_to_constants(splits: list[Split]) -> tuple[str, ...]:
+    """Dim vars that a split tests for equality with a constant (flax's check of
+    a parameter's shape, ``'s4' == '50'``): their axes meet a fixed size."""
+    found: list[str] = []
+    for s in splits:
+        m = _EQUALITY.fullmatch(s.text.strip())
+        var = m and (m.group(1) or m.group(4))
+        if var and var not in found:
+            found.append(var)
+    return tuple(found)
+
+
 def common_outputs(tree: CaseTree, live: list[Case]) -> None:
-    """Check the cases agree on outputs; the padded shape is the max over cases."""
+    """Check the cases agree on outputs; the padded shape is the max over cases.
+
+    Raises:
+      ShapeError: cases return different structures, dtypes or ranks (its
+        ``fixed_size_vars``: the dim vars of the comparison between them, as
+        ``jnp.cov``'s rows with 1, which a runner planning its own specs makes
+        static so the other axes still share programs).
+    """
     ref = live[0].program
     bounds = [list(b) for b in ref.out_bounds()]
     dtypes = [v.aval.dtype for v in ref.closed_jaxpr.jaxpr.outvars]
     for c in live[1:]:
         p = c.program
         if p.out_tree != ref.out_tree:
-            raise ShapeError(
+            raise _differing_outputs(
+                tree, live[0], c,
                 f"the cases of a size comparison return different output structures: "
                 f"{_short(ref.out_tree)} for {_case_sizes(tree, live[0])} and "
                 f"{_short(p.out_tree)} for {_case_sizes(tree, c)}; every case must return "
-                "the same pytree" + _static_data_note(ref.out_tree, p.out_tree)
-                + _ONE_OUTPUT_REMEDY)
+                "the same pytree" + _static_data_note(ref.out_tree, p.out_tree))
         for i, (v, b) in enumerate(zip(p.closed_jaxpr.jaxpr.outvars, p.out_bounds())):
             if v.aval.dtype != dtypes[i] or len(b) != len(bounds[i]):
-                raise ShapeError(
+                raise _differing_outputs(
+                    tree, live[0], c,
                     f"the cases of a size comparison return different outputs: output {i} "
                     f"is {dtypes[i]}[rank {len(bounds[i])}] for "
                     f"{_case_sizes(tree, live[0])} but {v.aval.dtype}[rank {len(b)}] "
-                    f"for {_case_sizes(tree, c)}" + _ONE_OUTPUT_REMEDY)
+                    f"for {_case_sizes(tree, c)}")
             bounds[i] = [max(x, y) for x, y in zip(bounds[i], b)]
     tree.out_tree = ref.out_tree
     tree.out_bounds = [tuple(b) for b in bounds]
