@@ -447,3 +447,16 @@ def test_value_and_grad_without_specs_keeps_a_leading_axis_static_where_it_must_
             want = sum(jax.grad(loss)(W, x) for x in xs) / 3
             np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-6)
     assert vg.fallbacks() == {}
+
+
+@pytest.mark.parametrize("per_example", [tuple, dict])
+def test_value_and_grad_of_a_list_of_pairs_says_to_pass_one_list_per_argument(per_example):
+    """``vg(W, [(x, y), ...])`` said the parameters might be at another position."""
+    W = np.ones((4, 2), np.float32)
+    loss = lambda p, x, y: jnp.mean((x @ p - y) ** 2)  # noqa: E731
+    pairs = [(np.ones((n, 4), np.float32), np.ones((n, 2), np.float32)) for n in (3, 5)]
+    batch = pairs if per_example is tuple else [{"x": x, "y": y} for x, y in pairs]
+    with pytest.raises(pm.ShapeError, match=rf"args\[1\] is a list of {per_example.__name__}s"):
+        pm.value_and_grad(loss)(W, batch)
+    v, _ = pm.value_and_grad(loss)(W, *map(list, zip(*pairs)))  # the remedy it gives
+    np.testing.assert_allclose(v, np.mean([loss(W, x, y) for x, y in pairs]), rtol=1e-6)

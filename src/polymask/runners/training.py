@@ -330,6 +330,15 @@ class RaggedValueAndGrad:
                 "examples...) with the examples outside argnums, or use "
                 "polymask.jit(jax.value_and_grad(fun, argnums), specs) for one example")
         for i, a in enumerate(args):
+            if i not in self._unbatched and isinstance(a, list) and a and \
+                    isinstance(a[0], (tuple, dict)):
+                kind = type(a[0]).__name__
+                raise ShapeError(
+                    f"value_and_grad: args[{i}] is a list of {kind}s, one per example; a batch "
+                    "is one list of arrays per argument of the loss: for fun(params, x, y) call "
+                    "vg(params, xs, ys), for example vg(params, *map(list, zip(*pairs))) from "
+                    "a list of (x, y) pairs, or for a dict per example one list per key "
+                    "passed as its own argument (polymask.ragged_map takes tuples as they are)")
             if i not in self._unbatched and any(
                     jax.dtypes.issubdtype(getattr(leaf, "dtype", None), jax.dtypes.prng_key)
                     for leaf in jax.tree_util.tree_leaves(a)):
