@@ -413,3 +413,40 @@ def test_gradients_through_custom_linear_solve_transpose_det_and_lstsq():
             got = jax.grad(loss)(jnp.asarray(garbage_pad(a, bound)))
             np.testing.assert_allclose(got[:shape(n)[0], :shape(n)[1]], want, rtol=2e-4,
                                        atol=2e-5)
+
+
+@pytest.mark.parametrize("n, bound", [(3, 8), (3, 64), (20, 64)])
+def test_eigh_and_svd_of_a_non_finite_matrix_never_return_a_number_for_a_nan(n, bound):
+    """Plain JAX's eigh of a matrix holding NaN has NaN eigenvalues below 32 x 32
+    and none from 32 up (XLA:CPU), so the padded solve at a bound of 64 gave
+    ``[1, nan, nan]`` for plain JAX's ``[nan, nan, 1]``, and a point cloud of
+    no points a PCA normal of ``[1, nan, nan]``: a NaN matrix now gives NaN
+    everywhere. An inf no longer makes the padding block inf (plain JAX's
+    values), and svd's vectors of a matrix holding inf are NaN, not LAPACK's
+    zeros."""
+    m = pm.mask(jnp.linalg.eigh, "n, n")
+    nan = np.eye(n, dtype=np.float32)
+    nan[0, 1] = nan[1, 0] = np.nan
+    w, v = (o.unpad() for o in m(pm.pad(nan, (bound, bound))))
+    assert np.isnan(w).all() and np.isnan(v).all()
+    inf = 2 * np.eye(n, dtype=np.float32)
+    inf[0, 0], inf[1, 2], inf[2, 1] = np.inf, 0.5, 0.5
+    w, v = (o.unpad() for o in m(pm.pad(inf, (bound, bound))))
+    pw, pv = jax.jit(jnp.linalg.eigh)(inf)
+    np.testing.assert_allclose(w, pw, atol=1e-5, equal_nan=True)
+    np.testing.assert_allclose(v, pv, atol=1e-5, equal_nan=True)
+    inf = 2 * np.eye(n, dtype=np.float32)
+    inf[0, 1] = np.inf
+    outs = pm.mask(jnp.linalg.svd, "n, n")(pm.pad(inf, (bound, bound)))
+    assert all(np.isnan(o.unpad()).all() for o in outs)
+
+
+def test_pca_normal_of_no_points_is_nan_as_under_jax_jit():
+    def pca_normal(x):
+        c = x - x.mean(0)
+        w, v = jnp.linalg.eigh(c.T @ c / x.shape[0])
+        return v[:, 0]
+
+    x = np.zeros((0, 3), np.float32)
+    assert np.isnan(jax.jit(pca_normal)(x)).all()
+    assert np.isnan(pm.jit(pca_normal, tiered=True)(x)).all()  # a covering bucket of 128

@@ -248,12 +248,26 @@ def eigh_rule(ctx, x, *, lower, sort_eigenvalues, subset_by_index, **params):
     # logical eigenvalue, so the ascending spectrum keeps the logical ones first.
     xc = clean(x, lg)
     real = jnp.abs(xc).dtype
-    radius = jnp.max(jnp.sum(jnp.abs(xc), axis=-1), axis=-1, keepdims=True)
+    # (of the finite entries: an inf must not make the padding block inf too)
+    finite = jnp.where(jnp.isfinite(xc), jnp.abs(xc), 0)
+    radius = jnp.max(jnp.sum(finite, axis=-1), axis=-1, keepdims=True)
     k = lax.broadcasted_iota(real, x.shape[:-1], x.ndim - 2)
     shift = lax.stop_gradient(radius + 1.0 + k)[..., None]
     e = _embed(x, lg, diag=shift)
     v, w = ctx.bind(e)
+    # A NaN in the logical matrix: plain JAX's result depends on the matrix
+    # size (on XLA:CPU some eigenvalues NaN below 32 x 32, none from 32 up),
+    # so the padded solve cannot follow it; NaN everywhere, never a number.
+    v, w = _nan_where(jnp.isnan(xc), v, w)
     return [_embed(v, ctx.out_logical[0]), clean(w, ctx.out_logical[1])]
+
+
+def _nan_where(bad, *outs):
+    """``outs`` (a decomposition's, batch axes first) all NaN for the matrices
+    where ``bad`` (the matrix's shape) holds anywhere."""
+    any_bad = jnp.any(bad, axis=(-2, -1))
+    return [jnp.where(any_bad.reshape(any_bad.shape + (1,) * (o.ndim - any_bad.ndim)),
+                      jnp.nan, o) for o in outs]
 
 
 # ----------------------------------------------------------------------------
@@ -356,6 +370,9 @@ def _svd_uv(ctx, x, lg, bd):
     rows = lax.broadcasted_iota(real, x.shape, x.ndim - 2)
     e = _embed(x, lg, diag=lax.stop_gradient(norm + 1.0 + rows))
     s, u, vt = ctx.bind(e)
+    # An inf in the logical matrix: LAPACK rejects the padded one (its norm is
+    # inf) and returns finite vectors where plain JAX's are NaN; NaN everywhere.
+    s, u, vt = _nan_where(jnp.isinf(xc), s, u, vt)
     k_pad = s.shape[-1]
     shift = k_pad - lg[-1]
     s = jnp.roll(s, -shift, axis=-1)
