@@ -44,3 +44,15 @@ def eventually(condition, what: str, limit_s: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"never happened: {what}")
         time.sleep(0.02)
+
+
+def channel_batches(seed: int = 0, channels=(3, 5, 3, 7), lengths=(2, 5, 9)):
+    """``(W (4, C), [x (C, n) for n in lengths])`` per call: batches whose leading
+    axis is one size within a call and another in the next, but must stay
+    static (``W @ x`` needs it as a constant)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    for c in channels:
+        yield (rng.normal(size=(4, c)).astype(np.float32),
+               [rng.normal(size=(c, n)).astype(np.float32) for n in lengths])

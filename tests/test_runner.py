@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import eventually
+from helpers import channel_batches, eventually
 from jax import lax
 
 import polymask as pm
@@ -1854,14 +1854,11 @@ def test_ragged_map_without_specs_keeps_a_leading_axis_static_where_it_must_be()
     """A leading axis that changed size between calls is made dynamic, but
     ``W @ x`` needs x's channels as a constant: that axis is static again and
     the call runs as before (no per-example fallback, no warning)."""
-    rng = np.random.default_rng(0)
     f = lambda W, x: jnp.tanh(W @ x).sum(1)  # noqa: E731
     rm = pm.ragged_map(f)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for C in (3, 5, 3, 7):
-            W = rng.normal(size=(4, C)).astype(np.float32)
-            xs = [rng.normal(size=(C, n)).astype(np.float32) for n in (2, 5, 9)]
+        for W, xs in channel_batches():
             for o, x in zip(rm(xs, W), xs):
                 np.testing.assert_allclose(o, f(W, x), rtol=1e-5, atol=1e-6)
     assert rm.fallbacks() == {} and rm.stats()["compiles"] == 3  # one per channel count

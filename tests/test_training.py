@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import channel_batches
 
 import polymask as pm
 
@@ -434,14 +435,11 @@ def test_value_and_grad_without_specs_shares_programs_across_batches_of_one_leng
 
 
 def test_value_and_grad_without_specs_keeps_a_leading_axis_static_where_it_must_be():
-    rng = np.random.default_rng(0)
     loss = lambda W, x: jnp.sum(jnp.tanh(W @ x) ** 2)  # noqa: E731
     vg = pm.value_and_grad(loss)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for C in (3, 5, 3, 7):
-            W = rng.normal(size=(4, C)).astype(np.float32)
-            xs = [rng.normal(size=(C, n)).astype(np.float32) for n in (2, 5, 9)]
+        for W, xs in channel_batches():
             v, g = vg(W, xs)
             np.testing.assert_allclose(v, np.mean([loss(W, x) for x in xs]), rtol=1e-5)
             want = sum(jax.grad(loss)(W, x) for x in xs) / 3
