@@ -537,3 +537,28 @@ def test_serve_without_the_serve_extra_is_an_install_hint(monkeypatch, capsys):
     assert main(["serve"]) == 2
     err = capsys.readouterr().err
     assert "No module named 'uvicorn'" in err and 'pip install -e ".[serve]"' in err
+
+
+@pytest.mark.parametrize("command", ["embed", "serve"])
+@pytest.mark.parametrize("file, content, said", [
+    ("config.json", "{not json", "config.json: Expecting property name"),
+    ("model.safetensors", "", "model.safetensors: "),
+])
+def test_a_model_that_does_not_load_is_a_usage_error_for_every_command(
+        command, file, content, said, tiny, tmp_path):
+    """``serve`` reports it as ``embed`` does (one loader), and a file whose
+    parser raises its own exception type (safetensors') is reported too."""
+    import shutil
+
+    if command == "serve":
+        for mod in ("starlette", "uvicorn", "prometheus_client"):
+            pytest.importorskip(mod)
+    model, _ = tiny
+    bad = tmp_path / "badmodel"
+    shutil.copytree(model, bad)
+    (bad / file).write_text(content)
+    (tmp_path / "t.txt").write_text("a text\n")
+    argv = ("embed", "t.txt") if command == "embed" else ("serve", "--port", "0")
+    r = _polymask(*argv, "--model", "badmodel", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert f"polymask: --model badmodel: cannot load it: {said}" in r.stderr, r.stderr

@@ -735,7 +735,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ..serving.command import add_parser as add_serve_parser  # polymask serve (HTTP)
 
-    add_serve_parser(sub, [cache, precision])
+    add_serve_parser(sub, [cache, precision], _load_encoder)
     for command in sub.choices.values():  # which parser reports a mistake (_parse)
         command.set_defaults(_subparser=command)
     return p

@@ -79,6 +79,20 @@ def default_model_dir() -> pathlib.Path:
     return d
 
 
+def _parsed(path: pathlib.Path, load):
+    """``load(path)``; a file that does not parse raises ``ValueError`` naming
+    it. JSON, safetensors and tokenizers each raise an exception type of their
+    own (safetensors' ``SafetensorError`` is no ``ValueError``), so callers
+    would have to know every one; ``OSError`` and ``KeyError`` (a missing
+    tensor, named already) pass through."""
+    try:
+        return load(path)
+    except (OSError, KeyError):
+        raise
+    except Exception as e:  # noqa: BLE001 - any parser's failure, re-raised naming the file
+        raise ValueError(f"{path.name}: {e}") from e
+
+
 def _max_seq_length(d: pathlib.Path, cfg: BertConfig) -> int:
     f = d / "sentence_bert_config.json"
     if f.exists():
@@ -105,7 +119,9 @@ class SentenceEncoder:
 
     Raises:
       FileNotFoundError: no model directory, or one without a needed file.
-      ValueError: an unknown ``precision``.
+      ValueError: an unknown ``precision``; a model file that does not parse
+        (the message names it: ``config.json: Expecting ...``).
+      KeyError: ``model.safetensors`` lacks a tensor the configuration needs.
     """
 
     def __init__(self, model_dir=None, precision: str = "float32"):
@@ -121,13 +137,15 @@ class SentenceEncoder:
         from tokenizers import Tokenizer
 
         self.model_dir = d
-        self.config = BertConfig.from_json(d / "config.json")
+        self.config = _parsed(d / "config.json", BertConfig.from_json)
         self.precision = precision
-        self.params = load_params(d / "model.safetensors", self.config, precision)
-        self.max_seq_length = _max_seq_length(d, self.config)
+        self.params = _parsed(d / "model.safetensors",
+                              lambda f: load_params(f, self.config, precision))
+        self.max_seq_length = _parsed(d / "sentence_bert_config.json",
+                                      lambda f: _max_seq_length(d, self.config))
         # packed layout: rows of max_seq_length tokens, about 2048 tokens per call
         self.rows_per_call = max(1, 2048 // self.max_seq_length)
-        tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+        tok = _parsed(d / "tokenizer.json", lambda f: Tokenizer.from_file(str(f)))
         tok.no_padding()  # the shipped tokenizer.json pads every text to 128
         tok.enable_truncation(max_length=self.max_seq_length)
         self.tokenizer = tok

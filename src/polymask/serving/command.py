@@ -1,8 +1,10 @@
 """``polymask serve``: the subcommand's options and what it runs.
 
-``add_parser(sub, parents)`` registers it on the CLI's subparsers (the CLI's
-cache options come in ``parents``); ``cmd_serve(args)`` loads the model (the
-installed all-MiniLM-L6-v2, or ``--model DIR``), builds the
+``add_parser(sub, parents, load_encoder)`` registers it on the CLI's
+subparsers (the CLI's cache options come in ``parents``, its model loader in
+``load_encoder``: ``serve`` reports a model that cannot be loaded as ``embed``
+does); ``cmd_serve(args)`` loads the model (the installed all-MiniLM-L6-v2, or
+``--model DIR``), builds the
 ``EmbeddingService`` and runs the HTTP server (``http.run``); with ``--ray``
 it deploys ``--replicas`` copies of that server on Ray Serve instead
 (``ray_serve``). Starlette, uvicorn and prometheus_client (the ``serve``
@@ -43,8 +45,12 @@ def _non_negative_float(text: str) -> float:
     return v
 
 
-def add_parser(sub, parents: list) -> argparse.ArgumentParser:
-    """Add ``serve`` to the CLI's subparsers ``sub``; returns its parser."""
+def add_parser(sub, parents: list, load_encoder) -> argparse.ArgumentParser:
+    """Add ``serve`` to the CLI's subparsers ``sub``; returns its parser.
+
+    ``load_encoder(model_dir, precision)``: the CLI's loader (a
+    ``SentenceEncoder``; raises the CLI's error for a model that cannot be
+    loaded). Passed in because this layer may not import the CLI's."""
     s = sub.add_parser(
         "serve", parents=parents,
         help="serve embeddings over HTTP (OpenAI /v1/embeddings, TEI /embed, /health, "
@@ -84,13 +90,14 @@ def add_parser(sub, parents: list) -> argparse.ArgumentParser:
     s.add_argument("--replicas", type=_int_at_least(1), default=2,
                    help="Ray Serve replicas, each with its model and batcher (with --ray; "
                         "default 2)")
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_serve, load_encoder=load_encoder)
     return s
 
 
 def cmd_serve(args) -> int:
-    """Run the server until SIGTERM/SIGINT; 2 when the model or the serve
-    extra is missing."""
+    """Run the server until SIGTERM/SIGINT; 2 when the serve extra is
+    missing. A model that cannot be loaded raises ``args.load_encoder``'s
+    error (the CLI's: exit 2 for ``--model DIR``)."""
     if args.ray is not None:
         return _serve_on_ray(args)
     try:
@@ -104,20 +111,9 @@ def cmd_serve(args) -> int:
         print(f"polymask: {e}; install the serve extra: {install_extra('serve')}",
               file=sys.stderr)
         return 2
-    from ..models.loader import INSTALL_HINT, SentenceEncoder
     from .embedding import EmbeddingService
 
-    try:
-        enc = SentenceEncoder(args.model, args.precision)
-    except FileNotFoundError as e:
-        print(f"polymask: {e}", file=sys.stderr)
-        if args.model is None:
-            print(f"polymask: install the default model with: {INSTALL_HINT}", file=sys.stderr)
-        return 2
-    except ImportError as e:
-        print(f"polymask: {e}; install the models extra: {install_extra('models')}",
-              file=sys.stderr)
-        return 2
+    enc = args.load_encoder(args.model, args.precision)
     name = args.model_name or served_model_name(enc.model_dir)
     service = EmbeddingService(enc, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
                                max_batch_size=args.max_batch_size,
