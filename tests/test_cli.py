@@ -562,3 +562,12 @@ def test_a_model_that_does_not_load_is_a_usage_error_for_every_command(
     r = _polymask(*argv, "--model", "badmodel", cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert f"polymask: --model badmodel: cannot load it: {said}" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("port, said", [("70000", "must be <= 65535, got 70000"),
+                                        ("-1", "must be >= 0, got -1")])
+def test_serve_port_out_of_range_is_a_usage_error(port, said):
+    """Checked by the parser: the OS would take 70000 modulo 65536 (port 4464)."""
+    r = _polymask("serve", "--port", port)
+    assert r.returncode == 2 and "usage: polymask serve" in r.stderr, r.stderr
+    assert f"argument --port: {said}" in r.stderr, r.stderr

@@ -22,7 +22,7 @@ from .embedding import DEFAULT_MODEL_NAME, served_model_name
 __all__ = ["add_parser", "cmd_serve"]
 
 
-def _int_at_least(low: int):
+def _int_at_least(low: int, high: int | None = None):
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -30,6 +30,8 @@ def _int_at_least(low: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if v < low:
             raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+        if high is not None and v > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high}, got {v}")
         return v
 
     return parse
@@ -65,7 +67,9 @@ def add_parser(sub, parents: list, load_encoder) -> argparse.ArgumentParser:
                    help="the model's name in responses (default: "
                         f"{DEFAULT_MODEL_NAME} for the default model, else the directory name)")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    s.add_argument("--port", type=_int_at_least(0), default=8000, help="port (default 8000)")
+    # the OS takes a port modulo 65536: 70000 would bind 4464
+    s.add_argument("--port", type=_int_at_least(0, 65535), default=8000,
+                   help="port, 0-65535 (default 8000; 0: a free port, printed once bound)")
     s.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
                    help="longest wait for more inputs before a batch runs (default 5 ms)")
     s.add_argument("--max-batch-tokens", type=_int_at_least(1), default=None,
