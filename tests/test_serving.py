@@ -244,7 +244,8 @@ class _Server:
             [sys.executable, "-m", "polymask.cli", "--cache-dir", str(cache_dir), "serve",
              "--model", str(model_dir), "--host", HOST, "--port", str(self.port), *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
-        self.before_ready: list = []  # (route, status, Retry-After) while warming up
+        # (route, status, Retry-After, error type) while warming up
+        self.before_ready: list = []
 
     def wait_ready(self, timeout: float = 300.0) -> dict:
         import time
@@ -263,11 +264,13 @@ class _Server:
                 if r.status_code == 200:
                     return r.json()
                 self.before_ready.append(("/health", r.status_code,
-                                          r.headers.get("retry-after")))
+                                          r.headers.get("retry-after"),
+                                          r.json()["error"]["type"]))
                 if len(self.before_ready) == 1:
                     e = c.post("/v1/embeddings", json={"input": "too early"})
                     self.before_ready.append(("/v1/embeddings", e.status_code,
-                                              e.headers.get("retry-after")))
+                                              e.headers.get("retry-after"),
+                                              e.json()["error"]["type"]))
                 time.sleep(0.05)
         raise AssertionError(f"the server was not ready in {timeout} s:\n{self.output()}")
 
@@ -329,7 +332,9 @@ def _close(got, want, raw: bool = False) -> bool:
 
 def test_health_is_503_until_warm_then_200(server):
     assert server.before_ready, "no 503 seen while the program compiled"
-    assert all(status == 503 and retry == "1" for _, status, retry in server.before_ready)
+    assert all(status == 503 and retry == "1" for _, status, retry, _ in server.before_ready)
+    # not overloaded: unavailable for now (a full queue says server_overloaded)
+    assert {kind for *_, kind in server.before_ready} == {"service_unavailable"}
     assert {route for route, *_ in server.before_ready} == {"/health", "/v1/embeddings"}
     assert server.health["status"] == "ok" and server.health["warmup_compiles"] >= 1
 
@@ -423,7 +428,30 @@ def test_malformed_requests_are_json_4xx_naming_the_field(server):
         assert r.status_code == 413 and r.json()["field"] == "body"
         r = c.get("/v1/nothing")
         assert r.status_code == 404 and r.json()["error"]["param"] == "path"
+        r = c.delete("/health")
+        assert r.status_code == 405 and r.json()["error"]["param"] == "method"
+
+
+def test_unknown_routes_and_methods_answer_json_in_their_route_family_s_shape(server):
+    """A trailing slash is no route (a JSON 404, not Starlette's empty 307
+    redirect); under /embed the error is TEI's shape, elsewhere OpenAI's."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        for path in ("/embed/", "/embed/x"):
+            r = c.post(path, json={"inputs": "a"})
+            assert r.status_code == 404, (path, r.status_code, r.text)
+            assert r.json()["field"] == "path" and r.json()["error_type"] == "Validation"
+            assert f"no route {path}" in r.json()["error"]
         r = c.get("/embed")
+        assert r.status_code == 405 and r.json()["field"] == "method"
+        assert r.json()["error"] == "GET is not allowed on /embed"
+        for path in ("/v1/embeddings/", "/health/"):
+            r = c.post(path, json={"input": "a"})
+            assert r.status_code == 404, (path, r.status_code, r.text)
+            assert r.json()["error"]["param"] == "path"
+            assert r.json()["error"]["type"] == "invalid_request_error"
+        r = c.get("/v1/embeddings")
         assert r.status_code == 405 and r.json()["error"]["param"] == "method"
 
 

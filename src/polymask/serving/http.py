@@ -11,11 +11,15 @@ Routes (``docs/serving.md`` has curl examples):
   loading), 200 once warm.
 - ``GET /metrics``: Prometheus text (``metrics.py``).
 
-Every refused request is a JSON error naming the field (OpenAI's ``{"error":
-{"message", "type", "param", "code"}}`` on ``/v1``, TEI's ``{"error",
-"error_type"}`` plus ``"field"`` on ``/embed``), 4xx for the client's fault, 503
-with ``Retry-After`` when warming up or when the batcher's queue is full; a
-failure of the server's own is a JSON 500 without a traceback (logged).
+Every refused request is a JSON error naming the field (TEI's ``{"error",
+"error_type"}`` plus ``"field"`` on ``/embed`` and paths under it, OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` on every other path; no
+slash redirects: ``/embed/`` is a 404), 4xx for the client's fault, 503 with
+``Retry-After`` when warming up or shutting down (``service_unavailable``,
+``Unhealthy``) or when the batcher's queue is full (``server_overloaded``,
+``Overloaded``); a failure of the server's own is a JSON 500 without a
+traceback (logged). Only a request HTTP cannot parse gets uvicorn's plain-text
+400.
 uvicorn runs the app (``run``): SIGTERM stops accepting connections, lets the
 requests in flight finish (the lifespan's shutdown then drains the batcher),
 and exits.
@@ -54,13 +58,21 @@ class _Unavailable(Exception):
 
 
 def _error_body(style: str, status: int, message: str, field: str | None, kind: str) -> dict:
+    """``kind`` of a 503: TEI's ``Unhealthy`` (warming up, shutting down) or
+    ``Overloaded`` (the queue is full); OpenAI's types are named after it."""
     if style == "tei":
-        error_type = {413: "Validation", 422: "Validation", 400: "Validation",
-                      503: kind}.get(status, "Backend")
+        error_type = (kind if status == 503 else "Validation" if 400 <= status < 500
+                      else "Backend")
         return {"error": message, "error_type": error_type, "field": field}
     typ = ("invalid_request_error" if 400 <= status < 500 else
-           "server_overloaded" if status == 503 else "server_error")
+           ("server_overloaded" if kind == "Overloaded" else "service_unavailable")
+           if status == 503 else "server_error")
     return {"error": {"message": message, "type": typ, "param": field, "code": None}}
+
+
+def _route_style(path: str) -> str:
+    """The error shape of a path: TEI's under ``/embed``, else OpenAI's."""
+    return "tei" if path == "/embed" or path.startswith("/embed/") else "openai"
 
 
 class _ResponseHeaders:
@@ -255,8 +267,8 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
             status, str(detail))
         metrics.observe_request("other", status, 0.0)
         headers = getattr(exc, "headers", None)
-        return error("openai", status, message, "path" if status == 404 else "method",
-                     headers=headers)
+        return error(_route_style(request.url.path), status, message,
+                     "path" if status == 404 else "method", headers=headers)
 
     def warm() -> None:
         try:
@@ -293,6 +305,9 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
                   if response_headers else [])
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={HTTPException: http_error})
+    # /embed/ is no route: a JSON 404, not Starlette's 307 to /embed (clients
+    # that follow it would resend the POST; the others got an empty body)
+    app.router.redirect_slashes = False
     app.state.service, app.state.metrics, app.state.counts = service, metrics, counts
     return app
 
