@@ -230,22 +230,38 @@ def corpus(encoder):
 
 
 class _Server:
-    """A ``python -m polymask.cli serve`` process on a free loopback port."""
+    """A ``python -m polymask.cli serve`` process on a free loopback port
+    (``port=0``: the one the server says it picked)."""
 
-    def __init__(self, model_dir, cache_dir, log_path, *extra: str):
+    def __init__(self, model_dir, cache_dir, log_path, *extra: str, port: int | None = None):
         import subprocess
         import sys
 
-        self.port = _free_port()
-        self.url = f"http://{HOST}:{self.port}"
+        self.port = _free_port() if port is None else port
         self.log_path = log_path
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "polymask.cli", "--cache-dir", str(cache_dir), "serve",
              "--model", str(model_dir), "--host", HOST, "--port", str(self.port), *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
+        if port == 0:
+            self.port = self._announced_port()
+        self.url = f"http://{HOST}:{self.port}"
         # (route, status, Retry-After, error type) while warming up
         self.before_ready: list = []
+
+    def _announced_port(self, timeout: float = 120.0) -> int:
+        import re
+        import time
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(rf"polymask serve: http://{HOST}:(\d+) ", self.output())
+            if m:
+                return int(m.group(1))
+            assert self.proc.poll() is None, self.output()
+            time.sleep(0.05)
+        raise AssertionError(f"no address announced in {timeout} s:\n{self.output()}")
 
     def wait_ready(self, timeout: float = 300.0) -> dict:
         import time
@@ -624,3 +640,116 @@ def test_sigterm_under_load_loses_no_accepted_request(server, corpus):
     assert m, log
     # every request the server accepted finished, and its answer reached the client
     assert int(m.group(1)) == int(m.group(2)) == before + len(answers), (m.group(0), before)
+
+
+def _serve(*argv: str, timeout: float = 120.0):
+    """``polymask serve ARGV`` run to its end (a bounded wait: it must not serve)."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "polymask.cli", "serve", *argv],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, POLYMASK_CACHE_DIR="off"))
+
+
+def test_a_port_in_use_or_a_host_that_does_not_resolve_is_one_line_and_exit_1(model_dir):
+    """Checked before the model loads (it used to fail once warm-up had started,
+    and the interpreter exiting under the warm-up's XLA compile crashed: rc -11)."""
+    import socket
+
+    for mod in ("starlette", "uvicorn", "prometheus_client"):
+        pytest.importorskip(mod)
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = _serve("--model", str(model_dir), "--host", HOST, "--port", str(port))
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"polymask serve: cannot listen on {HOST}:{port}: address already in use"], r.stderr
+    r = _serve("--model", str(model_dir), "--host", "999.1.1.1", "--port", "0")
+    assert r.returncode == 1, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("polymask serve: cannot listen on 999.1.1.1:0: "), r.stderr
+
+
+def test_sigint_while_warming_up_waits_for_the_compile_and_exits_130(model_dir, tmp_path):
+    """Ctrl-C while the program compiles (an empty cache): the server stops,
+    the compile is waited for, and the process exits as interrupted, never
+    with a crash (the interpreter exiting under XLA's compile: rc -11)."""
+    import signal
+    import time
+
+    import httpx
+
+    for mod in ("starlette", "uvicorn", "prometheus_client", "httpx"):
+        pytest.importorskip(mod)
+    s = _Server(model_dir, tmp_path / "empty-cache", tmp_path / "serve.log")
+    try:
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            for _ in range(6000):  # until the app answers: warm-up has started
+                assert s.proc.poll() is None, s.output()
+                try:
+                    status = c.get("/health").status_code
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.05)
+        s.proc.send_signal(signal.SIGINT)
+        rc = s.proc.wait(300)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait(30)
+    log = s.output()
+    assert rc == 130, (rc, log)
+    assert "polymask serve: stopped; 0 of 0 accepted embedding requests finished" in log
+    assert "Traceback" not in log and "warm-up failed" not in log, log
+    if status == 503:  # SIGINT came during the compile (it usually does: seconds of it)
+        assert "ready (" not in log, log
+
+
+def test_sigterm_with_a_client_stuck_sending_its_body_stops_at_the_shutdown_timeout(
+        model_dir, cache_dir, server, tmp_path):
+    """A client that sent its headers and part of its body held the graceful
+    shutdown forever; ``--shutdown-timeout`` bounds it, and the batcher still
+    drains. ``--port 0``: the server says the port it was given.
+
+    ``server`` is requested so ``cache_dir`` holds the program (see
+    test_full_queue_is_503_...)."""
+    import re
+    import signal
+    import socket
+    import time
+
+    s = _Server(model_dir, cache_dir, tmp_path / "serve.log", "--shutdown-timeout", "1",
+                port=0)
+    try:
+        s.wait_ready()
+        with socket.create_connection((HOST, s.port), timeout=30) as stuck:
+            stuck.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          b"application/json\r\nContent-Length: 100\r\n\r\n{\"inputs\": ")
+            # another client is answered meanwhile
+            assert __import__("httpx").get(s.url + "/health", timeout=30).status_code == 200
+            s.proc.send_signal(signal.SIGTERM)
+            for _ in range(600):  # one signal at a time: pending ones merge
+                if "stopping (SIGTERM)" in s.output() or s.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+            s.proc.send_signal(signal.SIGTERM)  # said, not ignored silently
+            rc = s.proc.wait(120)  # bounded: it used to wait for the body forever
+            answer = b""
+            while chunk := stuck.recv(4096):  # a 503, then closed
+                answer += chunk
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait(30)
+    log = s.output()
+    assert rc == -signal.SIGTERM, (rc, log)
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 503 ") and b"retry-after: 1" in head.lower(), answer
+    assert b'"error_type":"Unhealthy"' in body and b"shutting down" in body, answer
+    assert "Traceback" not in log, log
+    assert "stopping (SIGTERM)" in log and "SIGTERM again: already stopping" in log, log
+    assert re.search(r"stopped; (\d+) of \1 accepted embedding requests finished\n", log), log

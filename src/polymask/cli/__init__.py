@@ -56,10 +56,11 @@ __all__ = ["main", "stdlib_docstrings", "CliError"]
 EXIT_CODES = """exit codes:
   0  success
   1  a failure: input that does not decode, the default model not installed,
-     writing the output failed
+     writing the output failed, serve cannot listen on --host:--port
   2  a usage error (argparse's convention): a bad option, an input that does
-     not exist or cannot be opened, an output path that cannot be written
-     (checked before any work)"""
+     not exist or cannot be opened, an output path that cannot be written,
+     a --model directory that does not load (checked before any work)
+  130  interrupted (Ctrl-C); serve stopped by SIGTERM ends by that signal"""
 
 EMBED_DESCRIPTION = """Embed a text file, one text per line (blank lines skipped and reported).
 

@@ -84,6 +84,11 @@ def add_parser(sub, parents: list, load_encoder) -> argparse.ArgumentParser:
                    help="most inputs per request; more get 413 (default 256)")
     s.add_argument("--max-body-bytes", type=_int_at_least(1), default=8 << 20,
                    help="largest request body; larger get 413 (default 8 MiB)")
+    s.add_argument("--shutdown-timeout", type=_non_negative_float, default=30.0,
+                   metavar="SECONDS",
+                   help="on SIGTERM/SIGINT, most seconds to wait for the requests in flight "
+                        "(a client still sending its body included); those still running "
+                        "are then cancelled, the queue drained (default 30)")
     s.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default warning)")
@@ -100,8 +105,10 @@ def add_parser(sub, parents: list, load_encoder) -> argparse.ArgumentParser:
 
 def cmd_serve(args) -> int:
     """Run the server until SIGTERM/SIGINT; 2 when the serve extra is
-    missing. A model that cannot be loaded raises ``args.load_encoder``'s
-    error (the CLI's: exit 2 for ``--model DIR``)."""
+    missing, 1 when it cannot listen on ``--host``:``--port`` (checked before
+    the model loads). A model that cannot be loaded raises
+    ``args.load_encoder``'s error (the CLI's: exit 2 for ``--model DIR``);
+    after SIGINT, ``KeyboardInterrupt``."""
     if args.ray is not None:
         return _serve_on_ray(args)
     try:
@@ -110,21 +117,35 @@ def cmd_serve(args) -> int:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
 
-        from .http import run
+        from .http import listen, run
     except ImportError as e:
         print(f"polymask: {e}; install the serve extra: {install_extra('serve')}",
               file=sys.stderr)
         return 2
     from .embedding import EmbeddingService
 
-    enc = args.load_encoder(args.model, args.precision)
-    name = args.model_name or served_model_name(enc.model_dir)
-    service = EmbeddingService(enc, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-                               max_batch_size=args.max_batch_size,
-                               max_batch_tokens=args.max_batch_tokens,
-                               rows_per_call=args.rows_per_call)
-    run(service, model_name=name, host=args.host, port=args.port, max_inputs=args.max_inputs,
-        max_body_bytes=args.max_body_bytes, log_level=args.log_level)
+    try:
+        sockets = listen(args.host, args.port)
+    except OSError as e:
+        print(f"polymask serve: {e}", file=sys.stderr)
+        return 1
+    try:
+        enc = args.load_encoder(args.model, args.precision)
+        name = args.model_name or served_model_name(enc.model_dir)
+        service = EmbeddingService(enc, max_wait_ms=args.max_wait_ms,
+                                   max_queue=args.max_queue,
+                                   max_batch_size=args.max_batch_size,
+                                   max_batch_tokens=args.max_batch_tokens,
+                                   rows_per_call=args.rows_per_call)
+        run(service, model_name=name, host=args.host, port=args.port, sockets=sockets,
+            max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
+            log_level=args.log_level, shutdown_timeout=args.shutdown_timeout)
+    except OSError as e:  # run's: the sockets could not be served after all
+        print(f"polymask serve: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for sock in sockets:
+            sock.close()
     return 0
 
 

@@ -20,9 +20,13 @@ slash redirects: ``/embed/`` is a 404), 4xx for the client's fault, 503 with
 ``Overloaded``); a failure of the server's own is a JSON 500 without a
 traceback (logged). Only a request HTTP cannot parse gets uvicorn's plain-text
 400.
-uvicorn runs the app (``run``): SIGTERM stops accepting connections, lets the
-requests in flight finish (the lifespan's shutdown then drains the batcher),
-and exits.
+``listen`` opens the port before any work (a port in use or a host that does
+not resolve is an ``OSError`` at once); uvicorn runs the app on it (``run``):
+SIGTERM stops accepting connections, lets the requests in flight finish (for
+at most ``shutdown_timeout`` seconds; a client stuck sending its body would
+hold the server forever), then the lifespan's shutdown drains the batcher and
+waits for a warm-up compile still running (the interpreter exiting under XLA
+crashes the process), and the process exits.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ import asyncio
 import base64
 import contextlib
 import logging
+import os
+import signal
+import socket
 import sys
 import threading
 import time
@@ -44,7 +51,7 @@ from .errors import BatcherClosed, QueueFull
 from .metrics import ServerMetrics
 from .requests import EmbeddingRequest, RequestError, openai_request, parse_json, tei_request
 
-__all__ = ["create_app", "server_metrics", "run"]
+__all__ = ["create_app", "server_metrics", "listen", "run"]
 
 log = logging.getLogger("polymask.serve")
 
@@ -129,7 +136,13 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
     Returns:
       A ``starlette.applications.Starlette``; ``app.state.service``,
       ``app.state.metrics``, ``app.state.counts`` (embedding requests
-      ``accepted`` into the batcher, and ``finished``: their inputs ran).
+      ``accepted`` into the batcher, ``finished``: their inputs ran, and
+      ``cancelled``: their task was cancelled first, by uvicorn's graceful
+      shutdown timeout), ``app.state.stop(drain, report=True)`` (what the
+      lifespan's shutdown runs: close the service, draining it or not, wait
+      for the warm-up thread, ``report``: say how many requests finished;
+      idempotent, for a caller whose server skipped the lifespan's shutdown
+      or never started).
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -141,7 +154,7 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
 
     metrics = metrics or ServerMetrics(lambda: service.batcher.queue_depth)
     max_inputs = max(1, min(int(max_inputs), service.batcher.max_queue))
-    counts = {"accepted": 0, "finished": 0}
+    counts = {"accepted": 0, "finished": 0, "cancelled": 0}
 
     def error(style, status, message, field=None, kind="", headers=None) -> Response:
         return JSONResponse(_error_body(style, status, message, field, kind), status,
@@ -158,6 +171,16 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
             except _Unavailable as e:
                 response = error(style, 503, e.message, None, e.kind,
                                  {"Retry-After": str(e.retry_after)})
+            except asyncio.CancelledError:
+                # uvicorn's graceful-shutdown timeout (its one cancel of a request's
+                # task): answer it, where re-raising drops the connection silently
+                # and has uvicorn log a traceback per request
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                response = error(style, 503, "the server is shutting down and this request "
+                                 "did not finish within its shutdown timeout", None,
+                                 "Unhealthy", {"Retry-After": "1"})
             except Exception:  # noqa: BLE001 - a JSON 500, the traceback to the log only
                 log.exception("polymask serve: %s failed", route)
                 response = error(style, 500, "internal error (see the server's log)")
@@ -209,8 +232,10 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
             try:
                 results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures),
                                                return_exceptions=True)
-            finally:
-                counts["finished"] += 1
+            except asyncio.CancelledError:  # the shutdown timeout: answered 503 (instrumented)
+                counts["cancelled"] += 1
+                raise
+            counts["finished"] += 1
             for i, r in enumerate(results):
                 if isinstance(r, BaseException):
                     log.error("polymask serve: %s[%d] failed: %s: %s", req.input_field, i,
@@ -270,29 +295,58 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
         return error(_route_style(request.url.path), status, message,
                      "path" if status == 404 else "method", headers=headers)
 
+    stopping = threading.Event()
+    warm_thread: list[threading.Thread] = []
+
     def warm() -> None:
         try:
             compiles = service.warmup()
-        except Exception:  # noqa: BLE001 - stays unhealthy; the log says why
-            log.exception("polymask serve: warm-up failed")
+        except Exception as e:  # noqa: BLE001 - stays unhealthy; the log says why
+            if not (stopping.is_set() and isinstance(e, BatcherClosed)):  # else: stopped
+                log.exception("polymask serve: warm-up failed")
             return
         metrics.compiles.labels("warmup").inc(compiles)
+        if stopping.is_set():
+            return
         metrics.ready.set(1)
         print(f"polymask serve: ready ({compiles} XLA compile{'s' * (compiles != 1)} in "
               f"{service.warmup_s:.1f} s of warm-up)", file=sys.stderr, flush=True)
 
+    stop_lock = threading.Lock()
+
+    def stop(drain: bool = True, report: bool = True) -> None:
+        with stop_lock:
+            if stopping.is_set():
+                return
+            stopping.set()
+        metrics.ready.set(0)
+        # the batcher's worker (its last batch) and the warm-up (its compile) end
+        # before the interpreter does: exiting under a thread inside XLA crashes it
+        service.close(drain)
+        for t in warm_thread:
+            if t.is_alive():
+                print("polymask serve: waiting for the warm-up compile to finish (XLA "
+                      "cannot be interrupted)", file=sys.stderr, flush=True)
+                t.join()
+        if not report:
+            return
+        cancelled = (f"; {counts['cancelled']} cancelled by the shutdown timeout"
+                     if counts["cancelled"] else "")
+        print(f"polymask serve: stopped; {counts['finished']} of {counts['accepted']} "
+              f"accepted embedding requests finished{cancelled}", file=sys.stderr,
+              flush=True)
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if warmup:
-            threading.Thread(target=warm, name="polymask-warmup", daemon=True).start()
+            # not a daemon: the interpreter waits for it at exit whatever ends the server
+            warm_thread.append(threading.Thread(target=warm, name="polymask-warmup"))
+            warm_thread[0].start()
         elif service.ready:
             metrics.ready.set(1)
         yield
         # uvicorn has finished the requests in flight: drain what is left and stop
-        metrics.ready.set(0)
-        await run_in_threadpool(service.close, True)
-        print(f"polymask serve: stopped; {counts['finished']} of {counts['accepted']} "
-              "accepted embedding requests finished", file=sys.stderr, flush=True)
+        await run_in_threadpool(stop, True)
 
     routes = [
         Route("/v1/embeddings", instrumented("/v1/embeddings", "openai", openai_embeddings),
@@ -309,23 +363,122 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
     # that follow it would resend the POST; the others got an empty body)
     app.router.redirect_slashes = False
     app.state.service, app.state.metrics, app.state.counts = service, metrics, counts
+    app.state.stop = stop
     return app
 
 
-def run(service: EmbeddingService, *, model_name: str, host: str = "127.0.0.1",
-        port: int = 8000, max_inputs: int = 256, max_body_bytes: int = 8 << 20,
-        log_level: str = "warning") -> None:
-    """Serve ``service`` with uvicorn until SIGTERM or SIGINT (graceful: the
-    requests in flight finish, new connections are refused)."""
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _reason(e: OSError) -> str:
+    text = e.strerror or str(e)
+    return text[:1].lower() + text[1:]
+
+
+def listen(host: str, port: int, backlog: int = 2048) -> list[socket.socket]:
+    """Listening TCP sockets on ``host``:``port``, one per address ``host``
+    resolves to (as uvicorn binds them), for ``run``. Called before the model
+    loads, so a port in use fails at once and holds no compile up (the port
+    is held from then on; connections wait in the backlog until ``run``).
+    ``port`` 0: the system picks a free port (``sockets[0].getsockname()``).
+
+    Raises:
+      OSError: ``"cannot listen on HOST:PORT: reason"`` (a host that does not
+        resolve, a port in use, an address this machine does not have, a
+        port below 1024 without the privilege).
+    """
+    where = _address(host, port)
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except OSError as e:
+        raise OSError(f"cannot listen on {where}: {_reason(e)}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, addr in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # as asyncio: "::" is not also 0.0.0.0
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:  # every address on the one port picked
+                addr = (addr[0], sockets[0].getsockname()[1], *addr[2:])
+            sock.bind(addr)
+            sock.listen(backlog)
+    except OSError as e:
+        for sock in sockets:
+            sock.close()
+        raise OSError(f"cannot listen on {where}: {_reason(e)}") from None
+    return sockets
+
+
+def _uvicorn_server(config, shutdown_timeout: float | None):
+    """A ``uvicorn.Server`` that says what a stop signal does (uvicorn's
+    ``handle_exit``: the first starts the graceful shutdown, a second SIGINT
+    stops waiting for the connections, a second SIGTERM changes nothing)."""
     import uvicorn
 
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            again = self.should_exit
+            super().handle_exit(sig, frame)
+            name = signal.Signals(sig).name
+            bound = ("until the requests in flight finish" if shutdown_timeout is None else
+                     f"for at most {shutdown_timeout:g} s for the requests in flight")
+            if not again:
+                text = f"stopping ({name}): new connections refused; waiting {bound}"
+            elif self.force_exit:
+                text = (f"{name} again: not waiting for the connections; the queue is "
+                        "not drained")
+            else:
+                text = f"{name} again: already stopping, waiting {bound}"
+            # not print: the handler may run while the main thread is inside a print
+            os.write(2, f"polymask serve: {text}\n".encode())
+
+    return Server(config)
+
+
+def run(service: EmbeddingService, *, model_name: str, host: str = "127.0.0.1",
+        port: int = 8000, sockets: list[socket.socket] | None = None, max_inputs: int = 256,
+        max_body_bytes: int = 8 << 20, log_level: str = "warning",
+        shutdown_timeout: float | None = 30.0) -> None:
+    """Serve ``service`` with uvicorn until SIGTERM or SIGINT (graceful: new
+    connections are refused, the requests in flight finish, then the batcher
+    drains).
+
+    Args:
+      sockets: listening sockets from ``listen(host, port)`` (default: those,
+        opened here); ``host`` and ``port`` then only name the address.
+      shutdown_timeout: most seconds the graceful shutdown waits for the
+        requests in flight (uvicorn's ``timeout_graceful_shutdown``); those
+        still running are cancelled (a client stuck sending its body would
+        hold the server forever). None: no limit.
+
+    Raises:
+      OSError: cannot listen on ``host``:``port`` (``listen``'s message).
+      KeyboardInterrupt: after SIGINT's shutdown (uvicorn raises the signal
+        again once stopped; SIGTERM's ends the process with SIGTERM).
+    """
+    import uvicorn
+
+    sockets = sockets or listen(host, port)
     metrics = server_metrics(service)
     app = create_app(service, model_name=model_name, max_inputs=max_inputs,
                      max_body_bytes=max_body_bytes, metrics=metrics)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            access_log=False, lifespan="on", timeout_graceful_shutdown=None)
-    server = uvicorn.Server(config)
-    print(f"polymask serve: http://{host}:{port} ({model_name}; warming up, /health is "
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=shutdown_timeout)
+    server = _uvicorn_server(config, shutdown_timeout)
+    where = _address(host, sockets[0].getsockname()[1])  # the port picked for port 0
+    print(f"polymask serve: http://{where} ({model_name}; warming up, /health is "
           f"503 until ready)", file=sys.stderr, flush=True)
-    server.run()
-
+    try:
+        server.run(sockets=sockets)
+    except OSError as e:
+        if server.started:
+            raise
+        app.state.stop(drain=False, report=False)  # it never served: nothing to report
+        raise OSError(f"cannot listen on {where}: {_reason(e)}") from None
+    finally:
+        # a second SIGINT skips the lifespan's shutdown: no thread in XLA at exit
+        app.state.stop(drain=False)
