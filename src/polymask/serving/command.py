@@ -88,7 +88,8 @@ def add_parser(sub, parents: list, load_encoder) -> argparse.ArgumentParser:
                    metavar="SECONDS",
                    help="on SIGTERM/SIGINT, most seconds to wait for the requests in flight "
                         "(a client still sending its body included); those still running "
-                        "are then cancelled, the queue drained (default 30)")
+                        "are then answered 503, the queue drained (default 30; not with "
+                        "--ray)")
     s.add_argument("--log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default warning)")
