@@ -176,7 +176,7 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
                 # task): answer it, where re-raising drops the connection silently
                 # and has uvicorn log a traceback per request
                 task = asyncio.current_task()
-                if task is not None:
+                if task is not None and hasattr(task, "uncancel"):  # (Python 3.11+)
                     task.uncancel()
                 response = error(style, 503, "the server is shutting down and this request "
                                  "did not finish within its shutdown timeout", None,
