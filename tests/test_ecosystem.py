@@ -5,6 +5,8 @@ masks): values and gradients on ragged lengths 0..bound equal the exact
 per-example ones.
 """
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -282,3 +284,27 @@ def test_an_nnx_module_mutated_inside_a_closure_is_told_to_pass_the_module():
                                             r"pm\.mask\(module, spec\)"):
         pm.mask(lambda x: bn(x), "n, 4")(pm.pad(x, (8, 4)))
     assert pm.mask(bn, "n, 4")(pm.pad(x, (8, 4))).unpad().shape == (5, 4)
+
+
+def test_polymask_jit_of_a_linen_apply_without_specs_shares_over_the_batch():
+    """flax's Dense calls its initialiser's ``fan_in != 0`` on a size read as a
+    traced value: JAX's TracerBoolConversionError. That error names the size
+    read last, which the runner plans static; the parameters' shapes then meet
+    flax's shape check as constants. Every call ran per exact shape before."""
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4)(nn.relu(nn.Dense(32)(x))).mean(0)
+
+    model = MLP()
+    params = model.init(jax.random.key(0), jnp.ones((3, 16)))
+    f = pm.jit(model.apply, tiered=False)
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 7, 12, 5, 30, 9):
+            x = rng.normal(size=(n, 16)).astype(np.float32)
+            np.testing.assert_allclose(f(params, x), jax.jit(model.apply)(params, x),
+                                       rtol=1e-5, atol=1e-6)
+    s = f.stats()
+    assert s["exact_compiles"] == 0 and s["compiles"] <= 4  # buckets 8, 16, 32 and a first program

@@ -87,6 +87,8 @@ class _HookFrame:
     # outcome holds only because JAX assumes it >= 1 (``_note_nonempty``)
     assumed_nonempty: dict = dataclasses.field(default_factory=dict)
     user_files: dict = dataclasses.field(default_factory=dict)  # file name -> is the user's
+    # the dim vars of each size read as a value (``dim_as_value``), latest last
+    sizes_as_values: list = dataclasses.field(default_factory=list)
 
 
 def _params_mention_sizes(params: dict) -> bool:
@@ -114,6 +116,9 @@ def _stage_symbolic_constants(orig):
     def process_primitive(self, primitive, tracers, params, /):
         if primitive is _shape_poly.dim_as_value_p:
             _check_fits_int(params["dim"])
+            stack = getattr(_HOOK_TLS, "stack", None)
+            if stack:
+                stack[-1].sizes_as_values.append(dim_vars(params["dim"]))
         if (_config.eager_constant_folding.value and getattr(_HOOK_TLS, "stack", None)
                 and _params_mention_sizes(params)):
             with _config.eager_constant_folding(False):
@@ -252,6 +257,14 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
     stack.append(frame)
     try:
         yield frame
+    except _core.ConcretizationTypeError as e:
+        # A traced value used as a Python bool or int (initializers' ``if fan_in
+        # != 0`` of a size read as a value): the size read last is the likely
+        # source; a runner planning its own specs tries it static
+        # (``ShapeError.fixed_size_vars``; if it is not, the next try names another).
+        if frame.sizes_as_values and not getattr(e, "fixed_size_vars", ()):
+            e.fixed_size_vars = tuple(sorted(frame.sizes_as_values[-1]))
+        raise
     finally:
         stack.pop()
         with _HOOK_LOCK:
