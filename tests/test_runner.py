@@ -1883,3 +1883,54 @@ def test_jit_without_specs_makes_static_only_the_size_whose_comparison_changes_t
     with pytest.raises(pm.ShapeError, match="different outputs") as e:
         pm.mask(jnp.cov, "a, b")(pm.Masked(np.ones((4, 8), np.float32), (3, 5)))
     assert e.value.fixed_size_vars == ("a",)
+
+
+def test_outputs_of_a_function_with_cases_keep_jax_jits_weak_types():
+    """``x[0]`` splits the trace (n == 0); the switch between the cases returned
+    ``x.shape[0]`` strongly typed, so ``int8 array * count`` was int32 (flax
+    sst2's ``Metrics.count``)."""
+    def f(x):
+        return x.shape[0], x[0].sum()
+
+    x = np.ones((5, 3), np.float32)
+    want = jax.jit(f)(x)
+    for got in (pm.jit(f, tiered=False)(x),
+                [o.data for o in jax.jit(pm.mask(f, "n, 3"))(pm.pad(x, (8, 3)))]):
+        assert [(o.dtype, o.weak_type) for o in got] == [(o.dtype, o.weak_type) for o in want]
+        assert (jnp.ones(2, jnp.int8) * got[0]).dtype == jnp.int8
+
+
+def test_jit_called_inside_another_jit_shares_as_a_jax_jit_inside_would():
+    """The inner runner planned its call's buckets from symbolic sizes (the outer
+    masked trace's) and needed them as ints: the outer runner made the axis
+    static and compiled per shape (jraph's sat.py: ``@jit`` loss under ``@jit``
+    update)."""
+    def loss_fn(nodes, senders):
+        return jnp.sum(nodes[senders])
+
+    rng = np.random.default_rng(0)
+    inner = pm.jit(loss_fn)
+    outer = pm.jit(lambda *g: inner(*g) * 2, tiered=False)
+    for n, e in [(5, 8), (7, 12), (9, 20), (6, 10), (12, 30), (11, 25)]:
+        g = rng.normal(size=(n,)).astype(np.float32), rng.integers(0, n, e).astype(np.int32)
+        np.testing.assert_allclose(outer(*g), 2 * loss_fn(*g), rtol=1e-6)
+    assert outer.stats()["compiles"] == 3 and outer.stats()["exact_compiles"] == 0
+
+
+def test_a_legacy_uint32_prng_key_argument_shares_programs():
+    """``jax.random.PRNGKey(n)`` is a uint32 array of shape (2,): without specs
+    its axis got a dim var, JAX's "expected key_data.shape to end with (2,);
+    got shape=(s0,)" was not read as a fixed size, and every call ran per
+    exact shape."""
+    def dropout(key, x, rate):
+        keep = jax.random.bernoulli(key, 1 - rate, x.shape)
+        return jnp.where(keep, x / (1 - rate), 0)
+
+    f = pm.jit(dropout, tiered=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 5, 6, 7, 9, 10, 11, 12):
+            x = np.ones((n, 3), np.float32)
+            key = jax.random.PRNGKey(n)
+            np.testing.assert_array_equal(f(key, x, 0.3), jax.jit(dropout)(key, x, 0.3))
+    assert f.stats()["exact_compiles"] == 0 and f.stats()["compiles"] <= 3

@@ -558,7 +558,9 @@ _SHAPE_MISMATCH = re.compile(
     r"different leading axis sizes|Incompatible shapes for broadcasting|"
     r"Incompatible reduction dimensions|Cannot concatenate arrays with shapes that differ|"
     r"must have the same shape|Incompatible types for broadcasting|"
-    r"inconsistent sizes for array axes to be mapped")
+    r"inconsistent sizes for array axes to be mapped|"
+    # a legacy uint32 key (jax.random.PRNGKey) whose (2,) axis got a dim var
+    r"expected key_data\.shape to end with")
 
 
 def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = None

@@ -704,7 +704,8 @@ class PolyJit:
     def _traced_call(self, args):
         """Under ``jax.grad``/``jit``/``vmap`` of the caller (tracer inputs, or
         concrete ones while ``fun`` may close over the caller's tracers: exact
-        shapes known at trace time): the sizes are checked as for any call
+        shapes known at trace time; or an outer ``polymask.jit``'s masked trace,
+        symbolic sizes): exact sizes are checked as for any call
         (``ShapeError`` for a spec, constraint or bucket they break), then
         ``fun`` itself is traced into the caller's program, as ``jax.jit``
         nested in a transformation is. The outer transformation already
@@ -712,7 +713,11 @@ class PolyJit:
         and the result is plain JAX's, derivatives included. (Running a bucket
         program here would also record its padded input, a host buffer a later
         call rewrites, as a constant of the caller's program.)"""
-        self.plans.plan(args)
+        if not any(compat.is_dim_expr(d) for x in jax.tree_util.tree_leaves(args)
+                   for d in np.shape(x)):
+            # (symbolic sizes: called inside a masked trace, an outer polymask.jit's,
+            # where a bucket needs the size as an int; the outer call checks its own)
+            self.plans.plan(args)
         self.cache.add(traced_calls=1)
         # (numpy_outputs does not apply: a traced output cannot be a NumPy array)
         return self.fun(*args)

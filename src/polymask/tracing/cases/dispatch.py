@@ -22,6 +22,7 @@ from ...core.dimvars import sizes_text
 from ...core.errors import ShapeError, TooManyCases, UnsupportedError, typed_as
 from ...core.masked import Masked
 from ...core.trace_state import cases_batched, replaced, trace_state
+from ..interpreter import with_plain_weak_types
 from ..prologue import Check, concrete_value, run_checks
 from .refine import per_size_remedy
 from .splitting import Case, CaseTree
@@ -147,6 +148,9 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
             "A constraint that decides the comparison (constraints=['n >= 1']) removes the "
             f"split; jax.debug.callback is not an IO effect.\n  in the masked call at {call_site}"
         ) from None
+    # (the switch's outputs are strongly typed: x.shape[0] as an output is a
+    # weakly typed int in plain JAX, as in a single-case program)
+    datas = with_plain_weak_types(tree.base.closed_jaxpr.jaxpr.outvars, list(datas))
     static = static_out_sizes(tree)
     return [Masked(d, tuple(st if st is not None else s for s, st in zip(ss, sts)))
             for d, ss, sts in zip(datas, sizes, static)]
