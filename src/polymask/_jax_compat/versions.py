@@ -1,4 +1,4 @@
-"""What differs between the supported JAX versions (0.10.2 .. 0.12.x; part of
+"""What differs between the supported JAX versions (0.10.2 .. 0.12.0.1; part of
 ``_jax_compat``).
 
 When JAX is upgraded, look here first: the jaxpr representation (from 0.11 a
@@ -12,12 +12,25 @@ primitives, and the wording of JAX errors that polymask translates.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 from jax.extend import core as _xcore
 
 from .core import ClosedJaxpr, Jaxpr
 
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:3])
+
+# The newest JAX the suite passes on (pyproject.toml installs below the next):
+# jax 0.12.1 gave random_bits several output streams and changed jax.random's
+# shuffle, and masked random draws there differ from plain JAX's. Said at import,
+# never a silent difference (docs/versions.md).
+NEWEST_SUPPORTED = (0, 12, 0)
+if JAX_VERSION > NEWEST_SUPPORTED:
+    warnings.warn(
+        f"polymask supports jax 0.10.2 to 0.12.0.1; with jax {jax.__version__} masked "
+        "jax.random draws (dropout, permutation) can differ from plain JAX's: install "
+        "jax==0.12.0.1 jaxlib==0.12.0.1 (docs/versions.md)", RuntimeWarning, stacklevel=2)
 
 # True where a ClosedJaxpr is a Jaxpr with attached constants (jax >= 0.11)
 JAXPR_CARRIES_CONSTS = ClosedJaxpr is Jaxpr

@@ -111,7 +111,7 @@ def default_fill(dtype):
 @register(lax.gather_p)
 @_guard
 def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, fill_value,
-                indices_are_sorted, unique_indices):
+                indices_are_sorted, unique_indices, **params):  # (jax 0.12.1: out_sharding)
     """Gather with start clamping / fill decided against the logical operand size."""
     dn = dimension_numbers
     mode = _MODE.from_any(mode)
@@ -198,7 +198,8 @@ _SCATTER_KIND = {"scatter-add": "sum", "scatter-sub": "sum", "scatter-mul": "pro
 @register(lax.scatter_p, *_SCATTER_KIND)
 @_guard
 def scatter_rule(ctx, operand, indices, updates, *, dimension_numbers, indices_are_sorted,
-                 unique_indices, mode, update_jaxpr, update_consts):
+                 unique_indices, mode, update_jaxpr, update_consts,
+                 **params):  # (jax 0.12.1: out_sharding)
     """Scatter: updates from padding or logically out-of-bounds starts are dropped.
 
     Window padding of the updates (a masked window axis) is filled with the

@@ -44,7 +44,7 @@ def elementwise_key_rule(ctx, *args, **params):
 
 
 @register("random_split")
-def random_split_rule(ctx, keys, *, shape):
+def random_split_rule(ctx, keys, *, shape, **params):  # (jax 0.12.1: out_sharding)
     nk = len(ctx.in_bounds[0])
     if not masked_axes(ctx.out_logical[0], ctx.out_bounds[0], range(nk, nk + len(shape))):
         return ctx.bind(keys)  # new axes at their bound: elementwise over the keys
@@ -55,17 +55,37 @@ def random_split_rule(ctx, keys, *, shape):
 
 
 @register("random_bits")
-def random_bits_rule(ctx, keys, *, bit_width, shape):
+def random_bits_rule(ctx, keys, *, bit_width, shape, num_streams=None, **params):
+    """Bits at the logical linear index of every position. From jax 0.12.1 the
+    primitive returns ``num_streams`` arrays (``prng._raw_bits_to_random_bits``):
+    threefry's two raw words are the streams, or XORed into one, and more
+    words than two come from keys split off per pair of words."""
     nk = len(ctx.in_bounds[0])
     if not masked_axes(ctx.out_logical[0], ctx.out_bounds[0], range(nk, nk + len(shape))):
         return ctx.bind(keys)  # sizes pinned at the bound, or dynamic key axes only
     check_partitionable(ctx, keys, "random bits")
-    bits1, bits2 = threefry_counts(ctx, keys)
+    streams = 1 if num_streams is None else num_streams
+    total = streams * (2 if bit_width == 64 else 1)
+    if total <= 2:
+        bits1, bits2 = threefry_counts(ctx, keys)
+        words = [bits1 ^ bits2] if total == 1 else [bits1, bits2]
+    else:  # a key split off per pair of words, as threefry's split (index j)
+        k = jax.random.key_data(keys)
+        words = []
+        for j in range(total // 2):
+            j_ = np.full(keys.shape, j, np.uint32)
+            zero = np.zeros(keys.shape, np.uint32)
+            sub = compat.threefry2x32(k[..., 0], k[..., 1], zero, j_)
+            words += threefry_counts(ctx, jax.random.wrap_key_data(
+                lax.concatenate([sub[0][..., None], sub[1][..., None]], keys.ndim),
+                impl=jax.random.key_impl(keys)))
     dtype = np.dtype(f"uint{bit_width}")
     if bit_width == 64:
-        hi = lax.convert_element_type(bits1, dtype)
-        return lax.shift_left(hi, np.array(32, dtype)) | lax.convert_element_type(bits2, dtype)
-    return lax.convert_element_type(bits1 ^ bits2, dtype)
+        out = [lax.shift_left(lax.convert_element_type(words[2 * i], dtype), np.array(32, dtype))
+               | lax.convert_element_type(words[2 * i + 1], dtype) for i in range(streams)]
+    else:
+        out = [lax.convert_element_type(w, dtype) for w in words]
+    return out if num_streams is not None else out[0]
 
 
 def check_partitionable(ctx, keys, what: str) -> None:

@@ -45,7 +45,7 @@ __all__ = ["random_gamma_rule", "shuffle_symbolic", "permutation_symbolic"]
 
 
 @register("random_gamma")
-def random_gamma_rule(ctx, key, a, *, log_space):
+def random_gamma_rule(ctx, key, a, *, log_space, **params):  # (jax 0.12.1: out_sharding)
     bounds, logical = ctx.in_bounds[1], ctx.in_logical[1]
     nk = key.ndim
     a = fill_padding(a, logical, 1)  # alpha 1 in padding: finite samples and gradients
