@@ -44,7 +44,8 @@ def test_polymask_jit_dropout_compiles_once():
     f = pm.jit(dropout, "b, n", buckets=pm.buckets.fixed(16))
     for b, n in ((1, 1), (3, 9), (16, 16), (2, 0)):
         x = _x(b, n)
-        np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(dropout(jnp.asarray(x))))
+        # (jax.jit's: eager division rounds differently by one ulp on jax 0.12.1)
+        np.testing.assert_array_equal(np.asarray(f(x)), np.asarray(jax.jit(dropout)(x)))
     assert f.stats()["compiles"] == 1
 
 

@@ -79,11 +79,12 @@ _SHUFFLE_MODULE, _SHUFFLE_NAME = compat_random.shuffle_home()
 _ORIGINAL_SHUFFLE = getattr(_SHUFFLE_MODULE, _SHUFFLE_NAME)
 
 
-def shuffle_symbolic(key, x, axis):
-    """JAX's ``_shuffle(key, x, axis)`` for a symbolic size inside a masked trace."""
+def shuffle_symbolic(key, x, axis, *args, **kwargs):
+    """JAX's ``_shuffle(key, x, axis)`` for a symbolic size inside a masked trace
+    (jax 0.12.1 adds ``sort_sharding``: passed on, unused by one device's sort)."""
     size = math.prod(x.shape)
     if not compat.is_dim_expr(size) or current_scope() is None:
-        return _ORIGINAL_SHUFFLE(key, x, axis)
+        return _ORIGINAL_SHUFFLE(key, x, axis, *args, **kwargs)
     rounds = 0
     while not size <= compat_random.shuffle_max_size(rounds):  # may split the trace
         rounds += 1
