@@ -418,7 +418,7 @@ def test_gradients_through_custom_linear_solve_transpose_det_and_lstsq():
 @pytest.mark.parametrize("n, bound", [(3, 8), (3, 64), (20, 64)])
 def test_eigh_and_svd_of_a_non_finite_matrix_never_return_a_number_for_a_nan(n, bound):
     """Plain JAX's eigh of a matrix holding NaN has NaN eigenvalues below 32 x 32
-    and none from 32 up (XLA:CPU), so the padded solve at a bound of 64 gave
+    and none from 32 up (on one XLA:CPU host), so the padded solve at a bound of 64 gave
     ``[1, nan, nan]`` for plain JAX's ``[nan, nan, 1]``, and a point cloud of
     no points a PCA normal of ``[1, nan, nan]``: a NaN matrix now gives NaN
     everywhere. An inf no longer makes the padding block inf (plain JAX's

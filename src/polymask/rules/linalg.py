@@ -256,7 +256,8 @@ def eigh_rule(ctx, x, *, lower, sort_eigenvalues, subset_by_index, **params):
     e = _embed(x, lg, diag=shift)
     v, w = ctx.bind(e)
     # A NaN in the logical matrix: plain JAX's result depends on the matrix
-    # size (on XLA:CPU some eigenvalues NaN below 32 x 32, none from 32 up),
+    # size and the machine (one XLA:CPU host: some eigenvalues NaN below 32 x 32,
+    # none from 32 up),
     # so the padded solve cannot follow it; NaN everywhere, never a number.
     v, w = _nan_where(jnp.isnan(xc), v, w)
     return [_embed(v, ctx.out_logical[0]), clean(w, ctx.out_logical[1])]
