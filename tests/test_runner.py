@@ -1934,3 +1934,20 @@ def test_a_legacy_uint32_prng_key_argument_shares_programs():
             key = jax.random.PRNGKey(n)
             np.testing.assert_array_equal(f(key, x, 0.3), jax.jit(dropout)(key, x, 0.3))
     assert f.stats()["exact_compiles"] == 0 and f.stats()["compiles"] <= 3
+
+
+def test_numpy_outputs_of_a_per_shape_call_keep_key_arrays():
+    """A call run per exact shape converted every output with np.asarray, which
+    a typed key array refuses: "JAX array with PRNGKey dtype cannot be
+    converted to a NumPy array" (the padded path kept keys already)."""
+    def f(key, x):  # np.ones(x.shape[0]) needs the size as an int: per exact shape
+        return jax.random.split(key, x.shape[0]), jnp.asarray(np.ones(x.shape[0], np.float32)) * x
+
+    g = pm.jit(f, (None, "n"), numpy_outputs=True, tiered=False)
+    x = np.arange(5, dtype=np.float32)
+    with pytest.warns(pm.FallbackWarning):
+        keys, y = g(jax.random.key(0), x)
+    want = jax.jit(f)(jax.random.key(0), x)
+    assert isinstance(y, np.ndarray) and jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(jax.random.key_data(keys), jax.random.key_data(want[0]))
+    np.testing.assert_array_equal(y, want[1])

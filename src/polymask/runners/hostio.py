@@ -351,6 +351,12 @@ def _is_key(dtype) -> bool:
     return not isinstance(dtype, np.dtype) and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
 
+def as_numpy_output(d):
+    """An exact output as ``numpy_outputs`` hands it back: NumPy, but a key
+    array stays one (NumPy has no key dtype), as ``handed_back`` keeps it."""
+    return d if _is_key(d.dtype) else np.asarray(d)
+
+
 def host_view(d) -> np.ndarray:
     """A program output on the host (a key array's key data)."""
     if _is_key(d.dtype):

@@ -57,6 +57,7 @@ from .hostio import (
     PAD_DEVICE_PROGRAMS,
     AliasedPadBuffers,
     HostPadBuffers,
+    as_numpy_output,
     device_pad_fn,
     host_backend,
     unpad_output,
@@ -637,7 +638,7 @@ class PolyJit:
 
     def _user_outputs(self, out):
         """Outputs of a per-shape program as the caller asked for them."""
-        return jax.tree_util.tree_map(np.asarray, out) if self.numpy_outputs else out
+        return jax.tree_util.tree_map(as_numpy_output, out) if self.numpy_outputs else out
 
     def _keywords_call(self, args, kwargs, error: ShapeError):
         """A call whose keyword arguments have no place in ``in_specs``
