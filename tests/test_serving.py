@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import eventually
 
 import polymask as pm
 from polymask.core.errors import ShapeError
@@ -250,45 +251,49 @@ class _Server:
         # (route, status, Retry-After, error type) while warming up
         self.before_ready: list = []
 
-    def _announced_port(self, timeout: float = 120.0) -> int:
+    def _announced_port(self) -> int:
+        """The port of ``--port 0``, from the first line (``eventually``'s limit
+        only stops a hang; no duration is asserted)."""
         import re
-        import time
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(rf"polymask serve: http://{HOST}:(\d+) ", self.output())
-            if m:
-                return int(m.group(1))
+        found: list = []
+
+        def announced() -> bool:
             assert self.proc.poll() is None, self.output()
-            time.sleep(0.05)
-        raise AssertionError(f"no address announced in {timeout} s:\n{self.output()}")
+            m = re.search(rf"polymask serve: http://{HOST}:(\d+) ", self.output())
+            return bool(m) and not found.append(int(m.group(1)))
 
-    def wait_ready(self, timeout: float = 300.0) -> dict:
-        import time
+        eventually(announced, f"the server announces its address:\n{self.output()}")
+        return found[0]
 
+    def wait_ready(self) -> dict:
+        """/health's body once it is 200, recording the 503s before it
+        (``eventually``'s limit only stops a hang; no duration is asserted)."""
         import httpx
 
-        deadline = time.monotonic() + timeout
+        ready: list = []
+
+        def healthy(c) -> bool:
+            assert self.proc.poll() is None, self.output()
+            try:
+                r = c.get("/health")
+            except httpx.TransportError:
+                return False
+            if r.status_code == 200:
+                ready.append(r.json())
+                return True
+            self.before_ready.append(("/health", r.status_code, r.headers.get("retry-after"),
+                                      r.json()["error"]["type"]))
+            if len(self.before_ready) == 1:
+                e = c.post("/v1/embeddings", json={"input": "too early"})
+                self.before_ready.append(("/v1/embeddings", e.status_code,
+                                          e.headers.get("retry-after"),
+                                          e.json()["error"]["type"]))
+            return False
+
         with httpx.Client(base_url=self.url, timeout=10) as c:
-            while time.monotonic() < deadline:
-                assert self.proc.poll() is None, self.output()
-                try:
-                    r = c.get("/health")
-                except httpx.TransportError:
-                    time.sleep(0.05)
-                    continue
-                if r.status_code == 200:
-                    return r.json()
-                self.before_ready.append(("/health", r.status_code,
-                                          r.headers.get("retry-after"),
-                                          r.json()["error"]["type"]))
-                if len(self.before_ready) == 1:
-                    e = c.post("/v1/embeddings", json={"input": "too early"})
-                    self.before_ready.append(("/v1/embeddings", e.status_code,
-                                              e.headers.get("retry-after"),
-                                              e.json()["error"]["type"]))
-                time.sleep(0.05)
-        raise AssertionError(f"the server was not ready in {timeout} s:\n{self.output()}")
+            eventually(lambda: healthy(c), "the server becomes ready", limit_s=300.0)
+        return ready[0]
 
     def output(self) -> str:
         if not self.log.closed:
