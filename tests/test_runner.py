@@ -1885,6 +1885,26 @@ def test_jit_without_specs_makes_static_only_the_size_whose_comparison_changes_t
     assert e.value.fixed_size_vars == ("a",)
 
 
+def test_a_first_call_whose_sizes_coincide_fixes_no_axis_for_good():
+    """``jnp.cov`` first called at (3, 3): both axes share one dim var, which
+    the rows' comparison names, so both were made static for every later call
+    (one compile per shape from then on, no warning). Now they are static at 3
+    only; calls of other sizes find that only the rows met the comparison, and
+    the columns share."""
+    f = pm.jit(jnp.cov, tiered=False)
+    rng = np.random.default_rng(0)
+    shapes = [(3, 3), (3, 5), (3, 7), (4, 4), (4, 6), (5, 9), (5, 11), (5, 13), (5, 5)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for shape in shapes:
+            x = rng.normal(size=shape).astype(np.float32)
+            np.testing.assert_allclose(f(x), jax.jit(jnp.cov)(x), rtol=1e-5, atol=1e-6)
+    s = f.stats()
+    # buckets: (3, 4) (3, 8) | (4, 4) (4, 8) | (5, 16) (5, 8); before: one per shape
+    assert (s["compiles"], s["exact_compiles"], s["calls"]) == (6, 0, 9)
+    assert f.stats()["cache_hits"] == 3
+
+
 def test_outputs_of_a_function_with_cases_keep_jax_jits_weak_types():
     """``x[0]`` splits the trace (n == 0); the switch between the cases returned
     ``x.shape[0]`` strongly typed, so ``int8 array * count`` was int32 (flax

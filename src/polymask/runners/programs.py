@@ -273,9 +273,14 @@ class CallPlans:
         ones = () if names else _broadcast_ones(plan, error)
         if not (self.equal_sizes_share and (names or ones)):
             return False
-        # a fixed size: that axis is static at every size; a size-1 broadcast: at
+        # a fixed size: that axis is static at every size, unless its dim var
+        # stands for several axes only because their sizes coincided in this
+        # call (jnp.cov first called at (3, 3)): then at this size only, and a
+        # call of other sizes finds which of them met it; a size-1 broadcast: at
         # size 1 only ((path, axis, 1): the first call (1, 1) must not pin n)
-        axes = {(leaf.path, k) if a.var in names else (leaf.path, k, 1)
+        shared = _coinciding_vars(plan)
+        axes = {(leaf.path, k) if a.var in names and a.var not in shared
+                else (leaf.path, k, leaf.shape[k])
                 for leaf in plan.leaves if leaf.axes is not None
                 for k, a in enumerate(leaf.axes) if a.var in names or a.var in ones}
         if axes:
@@ -288,6 +293,17 @@ class CallPlans:
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
+
+
+def _coinciding_vars(plan: CallPlan) -> set[str]:
+    """The dim vars that stand for more than one axis of ``plan``."""
+    seen: set[str] = set()
+    shared: set[str] = set()
+    for leaf in plan.leaves:
+        for a in leaf.axes or ():
+            if a.var is not None:
+                (shared if a.var in seen else seen).add(a.var)
+    return shared
 
 
 def _broadcast_ones(plan: CallPlan, error: BaseException) -> tuple[str, ...]:
