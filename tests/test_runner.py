@@ -1905,6 +1905,39 @@ def test_a_first_call_whose_sizes_coincide_fixes_no_axis_for_good():
     assert f.stats()["cache_hits"] == 3
 
 
+@pytest.mark.parametrize("tiered", [False, True])
+def test_jit_without_specs_relates_an_axis_one_longer_than_another(tiered):
+    """rlax's GAE ``td_errors(r (T,), d (T,), v (T + 1,))``: ``r + d * v[1:]``
+    needs ``v``'s length to be ``r``'s plus one, which independent dim vars
+    cannot prove. It ran per exact shape (tiered: with every axis made static
+    and no warning, the pinned size read as a fixed size). Now the trace's
+    ``(s0,)`` against ``(s1 - 1,)`` plans ``v``'s axis as ``s0 + 1``, as
+    ``in_specs=("T", "T", "T + 1")`` would, and the calls share buckets; a
+    call whose sizes break the relation fails as under ``jax.jit``."""
+    def td_errors(r, d, v):
+        return r + d * v[1:] - v[:-1]
+
+    f = pm.jit(td_errors, tiered=tiered)
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for T in (5, 7, 9, 12, 3, 20, 0, 1):
+            r, d, v = (rng.normal(size=n).astype(np.float32) for n in (T, T, T + 1))
+            np.testing.assert_allclose(f(r, d, v), jax.jit(td_errors)(r, d, v), rtol=1e-6)
+        f.wait()
+    s = f.stats()
+    # buckets of T: 8 (5, 7), 16 (9, 12), 4 (3, 0, 1), 32 (20); tiered: one in
+    # the foreground, the others behind the covering bucket
+    assert (s["compiles"], s["exact_compiles"], s["calls"]) == (4, 0, 8)
+    assert f.fallbacks() == {}
+    r, d, v = np.ones(5, np.float32), np.ones(5, np.float32), np.ones(7, np.float32)
+    with pytest.raises(TypeError, match="incompatible shapes"):
+        jax.jit(td_errors)(r, d, v)
+    with pytest.raises(TypeError, match="incompatible shapes"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", pm.FallbackWarning)
+        f(r, d, v)
+
+
 def test_outputs_of_a_function_with_cases_keep_jax_jits_weak_types():
     """``x[0]`` splits the trace (n == 0); the switch between the cases returned
     ``x.shape[0]`` strongly typed, so ``int8 array * count`` was int32 (flax

@@ -359,11 +359,29 @@ def _hashable(leaf) -> bool:
     return not isinstance(leaf, np.ndarray)
 
 
+def _related_base(related_axes, path, k, size, shape_at, static_axes) -> tuple | None:
+    """``(size of the base axis, offset)`` where axis ``k`` of ``path`` is
+    planned as another axis plus a constant (``related_axes``) and this call's
+    sizes keep that relation (the base axis is dynamic here), else None."""
+    rel = (related_axes or {}).get((path, k))
+    if rel is None:
+        return None
+    base_path, base_k, offset = rel
+    base_shape = shape_at.get(base_path, ())
+    if base_k >= len(base_shape) or base_shape[base_k] + offset != size:
+        return None
+    base_size = base_shape[base_k]
+    if (base_path, base_k) in static_axes or (base_path, base_k, base_size) in static_axes:
+        return None
+    return base_size, offset
+
+
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
               policy_for: Callable[[str], Callable[[int], int]],
               arg_names: Sequence[str] | None = None,
               equal_sizes_share: bool = False,
-              static_axes: frozenset[tuple] = frozenset()) -> CallPlan:
+              static_axes: frozenset[tuple] = frozenset(),
+              related_axes: Mapping[tuple, tuple] | None = None) -> CallPlan:
     """Plan one call on exact arrays ``args`` (host side; see ``CallPlan``).
 
     ``in_specs=None`` makes every axis of every non-scalar array leaf dynamic;
@@ -378,7 +396,10 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     apart); there, an axis in ``static_axes`` (``(leaf path, axis)``, e.g.
     ``("args[0]", 1)``: one that met a fixed size in a trace; or ``(leaf path,
     axis, size)``: static at that size, a size-1 axis that must broadcast) is
-    static.
+    static, and an axis in ``related_axes`` (``(leaf path, axis) -> (leaf
+    path, axis, offset)``: one a trace found equal to another axis plus a
+    constant, ``v`` of ``r + v[1:]``) is named by that axis's dim var plus
+    the offset (``s0 + 1``) where this call's sizes keep the relation.
 
     Raises:
       ShapeError: a bad spec, a size not of its affine form, different sizes
@@ -391,19 +412,26 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     scope, gen_name = scope_and_name_generator(spec_leaves, constraints)
     name_of_size: dict[int, str] = {}
     parsed = []
-    for (key_path, leaf), spec in zip(flat, spec_leaves):
-        path = names[key_path[0].idx] + jax.tree_util.keystr(key_path[1:])
-        shape = tuple(int(d) for d in np.shape(leaf))
+    paths = [names[key_path[0].idx] + jax.tree_util.keystr(key_path[1:]) for key_path, _ in flat]
+    shape_at = {path: tuple(int(d) for d in np.shape(leaf)) for path, (_, leaf) in zip(paths, flat)}
+    for path, (_, leaf), spec in zip(paths, flat, spec_leaves):
+        shape = shape_at[path]
         is_scalar_py = isinstance(leaf, (bool, int, float, complex))
         check_program_input(leaf, path)
         axes = None
         if spec is None and in_specs is None and equal_sizes_share and shape and not is_scalar_py:
             dynamic = [(path, k) not in static_axes and (path, k, d) not in static_axes
                        for k, d in enumerate(shape)]
-            for d, dyn in zip(shape, dynamic):  # (a name only for a size not seen before:
-                if dyn and d not in name_of_size:  # s0, s1, ...)
-                    name_of_size[d] = gen_name()
-            spec = ", ".join(name_of_size[d] if dyn else str(d) for d, dyn in zip(shape, dynamic))
+            forms = []
+            for k, (d, dyn) in enumerate(zip(shape, dynamic)):
+                base = _related_base(related_axes, path, k, d, shape_at, static_axes)
+                if base is not None:
+                    d, dyn = base[0], True
+                if dyn and d not in name_of_size:  # (a name only for a size not seen
+                    name_of_size[d] = gen_name()   # before: s0, s1, ...)
+                forms.append(str(d) if not dyn else name_of_size[d] if base is None
+                             else f"{name_of_size[d]} + {base[1]}")
+            spec = ", ".join(forms)
         # a Python scalar's spec is checked too ('n' on 3.0 is a rank error, as on
         # np.float32(3.0)), but the scalar stays static
         if spec is not None or (in_specs is None and shape and not is_scalar_py):
@@ -426,7 +454,7 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         bound = shape if axes is None else padded_shape(axes, buckets)
         leaves.append(LeafPlan(path, shape, dtype, axes, bound))
         signature.append((axes is None, bound, dtype,
-                          None if axes is None else tuple(a.var for a in axes)))
+                          None if axes is None else tuple(a.var and str(a.expr) for a in axes)))
         if axes is not None:
             logical += math.prod(shape)
             padded += math.prod(bound)

@@ -217,7 +217,8 @@ class PolyJit:
         if tiered is None:  # a covering bucket and those it serves must fit the cache
             tiered = env_switch("POLYMASK_TIERED") and cache_size >= TIERED_MIN_CACHE
         tiered = bool(tiered)
-        self.tiering = (Tiering(self.cache, policy_for, self._compile_first_ahead, self.constraints)
+        self.tiering = (Tiering(self.cache, policy_for, self._compile_first_ahead, self.constraints,
+                                replans=lambda plan, e: self.plans.may_adapt_to(plan, e))
                         if tiered else None)
         self._infos: dict = {}
         self._fast: dict = {}
@@ -528,7 +529,7 @@ class PolyJit:
                 raise_run_failure(e)
                 if self._fallback is not None and isinstance(e, FailsAsPlainJax):
                     return self._plain_or_its_error(info, None, args, e)
-                if falls_back(e) and self.plans.make_static(info.plan, e):
+                if falls_back(e) and self.plans.adapt_to(info.plan, e):
                     return self._planned_again(info, args)
                 if self._fallback is None or not falls_back(e):
                     raise
@@ -536,7 +537,7 @@ class PolyJit:
             try:
                 raise_case_error(entry, info.plan.var_names, info.plan.values)
             except ShapeError as e:
-                if self.plans.make_static(info.plan, e):  # their case met a fixed size
+                if self.plans.adapt_to(info.plan, e):  # their case met a fixed size
                     return self._planned_again(info, args)
                 if self._fallback is not None:
                     return self._plain_or_its_error(info, entry, args, e)
@@ -546,7 +547,7 @@ class PolyJit:
 
     def _planned_again(self, info: _CallInfo, args):
         """The call again, once its plan made axes static that met a fixed size
-        (``CallPlans.make_static``): its old plan's info is dropped, and later
+        (``CallPlans.adapt_to``): its old plan's info is dropped, and later
         calls of every shape plan with those axes static."""
         with self.cache.lock:
             for table in (self._fast, self._infos):
@@ -837,7 +838,7 @@ class PolyJit:
                 return self
             except Exception as e:
                 # an axis met a fixed size (x @ W): planned static, as a call would
-                if not (falls_back(e) and self.plans.make_static(self.plans.plan(args)[0], e)):
+                if not (falls_back(e) and self.plans.adapt_to(self.plans.plan(args)[0], e)):
                     raise
 
     def _compile_first_ahead(self, args, like: CallPlan) -> bool:

@@ -5,6 +5,7 @@ and ``ragged_map`` alike; the traced function of a program (``build_inner``)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -219,9 +220,10 @@ def jit_program(entry: Entry, make_fn, args, compile_now: bool = False):
 
 def specs_of_plan(in_tree, plan: CallPlan) -> tuple:
     """Specs (a tuple of per-argument pytrees of spec strings, None for a
-    static leaf) naming each dynamic axis by the plan's dim var."""
-    leaves = [None if p.static else ", ".join(a.var if a.var is not None else str(a.expr)
-                                              for a in p.axes) for p in plan.leaves]
+    static leaf) naming each dynamic axis by the plan's dim var expression (``s0``,
+    ``s0 + 1``)."""
+    leaves = [None if p.static else ", ".join(str(a.expr) for a in p.axes)
+              for p in plan.leaves]
     return tuple(jax.tree_util.tree_unflatten(in_tree, leaves))
 
 
@@ -234,8 +236,11 @@ class CallPlans:
         self.policy_for = policy_for
         self.equal_sizes_share = equal_sizes_share  # (plan_call's, for the runner's specs)
         # with equal_sizes_share: (leaf path, axis) of axes that met a fixed size,
-        # (leaf path, axis, 1) of axes that must broadcast at size 1
+        # (leaf path, axis, size) of axes static at one size (a size-1 broadcast,
+        # coinciding sizes), and (leaf path, axis) -> (leaf path, axis, offset)
+        # of axes a trace found to be another axis plus a constant
         self.static_axes: frozenset[tuple] = frozenset()
+        self.related_axes: dict[tuple, tuple] = {}
         self._lock = threading.Lock()
         self._plans: dict = {}
 
@@ -251,7 +256,8 @@ class CallPlans:
             try:
                 plan = plan_call(args, in_specs, self.constraints, self.policy_for,
                                  equal_sizes_share=self.equal_sizes_share and spec_key is None,
-                                 static_axes=self.static_axes)
+                                 static_axes=self.static_axes,
+                                 related_axes=self.related_axes)
             except ShapeError as e:
                 raise at_call_site_error(e) from None
             with self._lock:
@@ -260,18 +266,33 @@ class CallPlans:
                 self._plans[key] = plan
         return plan, leaves, tree
 
-    def make_static(self, plan: CallPlan, error: BaseException) -> bool:
-        """Plan later calls with the axes of ``plan`` that ``error`` found
-        meeting a fixed size (its ``fixed_size_vars``; ``x @ W`` with ``W``
-        closed over) static, where the runner names the dim vars itself
-        (``equal_sizes_share``): True when ``plan`` had such an axis dynamic (the
-        call can be planned and traced again; each time one more axis is
-        static, so this ends), else False. A broadcast that failed on a dim var
-        of size 1 in this call (``(n, 1) * (1, m)``: both 1s are one dim var)
-        makes that var's axes static too: a size-1 axis broadcasts."""
+    def adapt_to(self, plan: CallPlan, error: BaseException) -> bool:
+        """Plan later calls around what ``error``, the failed trace of ``plan``,
+        found, where the runner names the dim vars itself
+        (``equal_sizes_share``): True when the call can be planned and traced
+        again (each time one more axis is static or related, so this ends),
+        else False.
+
+        - An axis that met a fixed size (the error's ``fixed_size_vars``; ``x @
+          W`` with ``W`` closed over) is static.
+        - A broadcast that failed on a dim var of size 1 in this call (``(n, 1)
+          * (1, m)``: both 1s are one dim var) makes that var's axes static at
+          size 1: a size-1 axis broadcasts.
+        - Two shapes that must be equal, one dim var plus a constant each, and
+          equal at this call's sizes (``r + v[1:]`` with ``v`` one longer than
+          ``r``: ``(s0,)`` and ``(s1 - 1,)``) make the larger var's axes that
+          of the other plus the constant (``s0 + 1``) in calls whose sizes keep
+          the relation, as ``in_specs=("T", "T + 1")`` would.
+        """
+        if not self.equal_sizes_share:
+            return False
+        # a relation first: where one var is pinned, a trace also says that the
+        # other met a fixed size (the pinned size), which would make it static
+        if self._relate(plan, error):
+            return True
         names = getattr(error, "fixed_size_vars", ())
         ones = () if names else _broadcast_ones(plan, error)
-        if not (self.equal_sizes_share and (names or ones)):
+        if not (names or ones):
             return False
         # a fixed size: that axis is static at every size, unless its dim var
         # stands for several axes only because their sizes coincided in this
@@ -290,6 +311,32 @@ class CallPlans:
                     self._plans.clear()
         return bool(axes)
 
+    def may_adapt_to(self, plan: CallPlan, error: BaseException) -> bool:
+        """Whether ``adapt_to(plan, error)`` could plan the call again (it
+        changes nothing here)."""
+        return self.equal_sizes_share and bool(
+            getattr(error, "fixed_size_vars", ()) or _broadcast_ones(plan, error)
+            or _equal_size_relations(plan, error))
+
+    def _relate(self, plan: CallPlan, error: BaseException) -> bool:
+        """``adapt_to``'s relations between axes (see there)."""
+        related = {}
+        for derived, base, offset in _equal_size_relations(plan, error):
+            base_axis = next(((leaf.path, k) for leaf in plan.leaves
+                              for k, a in enumerate(leaf.axes or ())
+                              if a.var == base and (a.coeff, a.offset) == (1, 0)), None)
+            if base_axis is None:
+                continue
+            related.update({(leaf.path, k): (*base_axis, offset)
+                            for leaf in plan.leaves for k, a in enumerate(leaf.axes or ())
+                            if a.var == derived and (a.coeff, a.offset) == (1, 0)})
+        with self._lock:
+            new = {k: v for k, v in related.items() if self.related_axes.get(k) != v}
+            if new:
+                self.related_axes = {**self.related_axes, **new}
+                self._plans.clear()
+        return bool(new)
+
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
@@ -304,6 +351,38 @@ def _coinciding_vars(plan: CallPlan) -> set[str]:
             if a.var is not None:
                 (shared if a.var in seen else seen).add(a.var)
     return shared
+
+
+_VAR_PLUS_CONSTANT = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?:([+-])\s*(\d+))?\s*$")
+
+
+def _equal_size_relations(plan: CallPlan, error: BaseException) -> list[tuple[str, str, int]]:
+    """``(derived var, base var, offset)`` with ``derived = base + offset``
+    (offset > 0) for each pair of sizes that ``error``'s message gives as two
+    shapes that must be equal (aligned from the right, as broadcasting and
+    JAX's messages align them), each one dim var of ``plan`` plus a constant,
+    equal at this call's sizes: ``(s0,), (s1 - 1,)`` at s0 = 5, s1 = 6 gives
+    ``("s1", "s0", 1)``."""
+    values = dict(zip(plan.var_names, plan.values))
+    found = []
+    for line in str(error).splitlines():
+        if "shape" not in line.lower():
+            continue
+        tuples = [t.split(",") for t in re.findall(r"\(([^()]*)\)", line)]
+        for i, a in enumerate(tuples):
+            for b in tuples[i + 1:]:
+                for x, y in zip(reversed(a), reversed(b)):
+                    mx, my = _VAR_PLUS_CONSTANT.match(x), _VAR_PLUS_CONSTANT.match(y)
+                    if not (mx and my) or mx[1] == my[1] or not {mx[1], my[1]} <= values.keys():
+                        continue
+                    cx, cy = (int(m[3] or 0) * (-1 if m[2] == "-" else 1) for m in (mx, my))
+                    if values[mx[1]] + cx != values[my[1]] + cy or cx == cy:
+                        continue
+                    # x's var + cx == y's var + cy: the var with the smaller constant is larger
+                    rel = (mx[1], my[1], cy - cx) if cx < cy else (my[1], mx[1], cx - cy)
+                    if rel not in found:
+                        found.append(rel)
+    return found
 
 
 def _broadcast_ones(plan: CallPlan, error: BaseException) -> tuple[str, ...]:

@@ -96,14 +96,19 @@ class Tiering:
     ``compile_ahead(args, plan) -> bool``: compile the bucket of ``args`` (planned
     with the dim vars of the call's ``plan``) now (no
     run; True when compiled by this call); ``constraints``: the runner's
-    ``jax.export`` constraints (upper bounds of dim vars cap the headroom).
+    ``jax.export`` constraints (upper bounds of dim vars cap the headroom);
+    ``replans(plan, error) -> bool``: whether the runner plans a call again
+    after ``error`` (an axis met a fixed size: ``CallPlans.may_adapt_to``),
+    which a failed covering bucket then raises to it.
     """
 
     def __init__(self, cache: ProgramCache, policy_for: Callable,
-                 compile_ahead: Callable[..., bool], constraints: Sequence[str] = ()):
+                 compile_ahead: Callable[..., bool], constraints: Sequence[str] = (),
+                 replans: Callable[..., bool] = lambda plan, error: False):
         self.cache = cache
         self.policy_for = policy_for
         self.compile_ahead = compile_ahead
+        self.replans = replans
         self.constraints = tuple(constraints)
         self._upper: dict[str, float] = {}
         self._off = False  # a covering bucket failed to trace: own buckets only
@@ -200,7 +205,7 @@ class Tiering:
         try:
             return self.compile_ahead(jax.tree_util.tree_unflatten(tree, args), plan)
         except Exception as e:  # noqa: BLE001 - the call's own bucket raises (or falls back)
-            if e.__dict__.get("fixed_size_vars"):  # the runner plans the call again
+            if self.replans(plan, e):  # the runner plans the call again
                 raise
             self._off = True
             return None
