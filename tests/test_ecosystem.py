@@ -286,6 +286,26 @@ def test_an_nnx_module_mutated_inside_a_closure_is_told_to_pass_the_module():
     assert pm.mask(bn, "n, 4")(pm.pad(x, (8, 4))).unpad().shape == (5, 4)
 
 
+def test_polymask_jit_of_linen_attention_without_specs_shares_when_sizes_meet_the_heads():
+    """flax's MultiHeadDotProductAttention with 4 heads of 4 features, first
+    called with a batch of 4: batch, heads and head size are one dim var, and
+    a later batch of 3 fails in flax's initialiser at a size read as a value.
+    That error named the size by the case's internal dim var (``s1__p1``),
+    which no axis has, so the bucket ran per exact shape with a warning."""
+    m = nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=16)
+    params = m.init(jax.random.key(0), jnp.ones((2, 5, 16)))
+    apply = lambda p, x: m.apply(p, x)  # noqa: E731
+    f = pm.jit(apply, tiered=False)
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for b, n in [(4, 5), (4, 7), (3, 6), (4, 4), (2, 9)]:
+            x = rng.normal(size=(b, n, 16)).astype(np.float32)
+            np.testing.assert_allclose(f(params, x), jax.jit(apply)(params, x),
+                                       rtol=2e-5, atol=2e-5)
+    assert f.stats()["exact_compiles"] == 0 and f.fallbacks() == {}
+
+
 def test_polymask_jit_of_a_linen_apply_without_specs_shares_over_the_batch():
     """flax's Dense calls its initialiser's ``fan_in != 0`` on a size read as a
     traced value: JAX's TracerBoolConversionError. That error names the size

@@ -24,6 +24,7 @@ from .tree import (
     enumerate_sizes,
     error_case,
     plain_failure,
+    spec_var_names,
 )
 
 __all__ = ["per_size_limit", "per_size_remedy", "refine_errors", "trace_per_size_or_raise"]
@@ -56,6 +57,9 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
             raise _every_size_fails(failed, max_cases)
     if "root_error" in first:
         e = first["root_error"]
+        if signature is not None and getattr(e, "fixed_size_vars", ()):
+            # (as the spec names them: the runner makes those axes static)
+            e.fixed_size_vars = spec_var_names(e.fixed_size_vars, signature.internal)
         # (where the sizes were traced one by one and fail there too, no
         # max_cases helps: the error alone)
         if (signature is not None and isinstance(e, ShapeError) and not refined

@@ -21,6 +21,7 @@ from ..prologue import constraint_checks
 from ..symbolic import MaskedProgram
 
 __all__ = ["Case", "Split", "CaseTree", "enumerate_sizes", "common_outputs", "error_case",
+           "spec_var_names",
            "plain_failure"]
 
 _ENUMERATE_LIMIT = 4096  # largest number of size combinations enumerated per tree
@@ -205,10 +206,10 @@ def error_case(index: int, conditions, e: BaseException, internal) -> Case:
                 else type(e),
                 pinned=bool(getattr(e, "polymask_pinned", False)),
                 plain=bool(getattr(e, "polymask_plain", False)),
-                fixed_size_vars=_spec_names(getattr(e, "fixed_size_vars", ()), internal))
+                fixed_size_vars=spec_var_names(getattr(e, "fixed_size_vars", ()), internal))
 
 
-def _spec_names(names, internal) -> tuple[str, ...]:
+def spec_var_names(names, internal) -> tuple[str, ...]:
     """``names`` as the spec names them (a case traces ``n`` as ``n__p1``)."""
     spec_name = {name: v for v, (name, _) in (internal or {}).items()}
     return tuple(spec_name.get(n, n) for n in names)
