@@ -721,7 +721,38 @@ def _branch_differs_at_zero() -> bool:
         return False
     if getattr(_HOOK_TLS, "as_user", False) or _in_user_code(caller, stack[-1]):
         return True
-    return _raises_below(caller) and not _called_by_polymask(caller)
+    return (_raises_below(caller) and not _called_by_polymask(caller)
+            and not _raise_also_needs_an_array_empty_at_zero(caller))
+
+
+# ``<name>.size != 0`` / ``> 0`` in a condition: the raise needs that array non-empty
+_NONEMPTY_TERM = re.compile(r"\band\s+(\w+)\.size\s*(?:!=|>)\s*0\b")
+
+
+def _raise_also_needs_an_array_empty_at_zero(caller) -> bool:
+    """``if size == 0 and indices.size != 0: raise`` (jax 0.12.1's
+    ``jnp.take``): the raise also needs an array that is empty where the
+    data-dependent sizes are 0 (``indices`` of ``jnp.arange(s.shape[0])``), so
+    plain JAX does not raise there and the comparison picks no other path."""
+    line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+    for name in _NONEMPTY_TERM.findall(line):
+        size = getattr(caller.f_locals.get(name), "size", None)
+        if not isinstance(size, DimExpr):
+            continue
+        fresh = [v for v in dim_vars(size) if is_fresh_dim_name(v)]
+        if fresh and _empty_at_zero(size, fresh):
+            return True
+    return False
+
+
+def _empty_at_zero(size, fresh) -> bool:
+    """Whether the size expression ``size`` is 0 where its ``fresh`` vars are 0."""
+    env = {n: 0 if n in fresh else _shape_poly.symbolic_shape(n, scope=size.scope)[0]
+           for n in dim_vars(size)}
+    try:
+        return int(size._evaluate(env)) == 0
+    except Exception:  # noqa: BLE001 - not a constant: it may be non-empty
+        return False
 
 
 def _called_by_polymask(caller) -> bool:
