@@ -60,7 +60,7 @@ def _make_upload():
         from jax._src.lib import xla_client as _xc
 
         first = jax.devices()[0]
-        placements: dict = {None: (jax.sharding.SingleDeviceSharding(first), [first])}
+        placements: dict = {None: (jax.sharding.make_single_device_sharding(first), [first])}
         avals: dict = {}
         config = jax.config
 
@@ -68,7 +68,7 @@ def _make_upload():
             """(sharding, devices) of ``jax.default_device``'s value: as
             ``jax.device_put``, which uploads to it (a Device or a platform)."""
             dev = default if not isinstance(default, str) else jax.devices(default)[0]
-            placements[default] = jax.sharding.SingleDeviceSharding(dev), [dev]
+            placements[default] = jax.sharding.make_single_device_sharding(dev), [dev]
             return placements[default]
 
         def up(a, weak_type=False):
