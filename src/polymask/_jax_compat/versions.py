@@ -1,4 +1,4 @@
-"""What differs between the supported JAX versions (0.10.2 .. 0.12.0.1; part of
+"""What differs between the supported JAX versions (0.10.2 .. 0.12.1; part of
 ``_jax_compat``).
 
 When JAX is upgraded, look here first: the jaxpr representation (from 0.11 a
@@ -21,16 +21,17 @@ from .core import ClosedJaxpr, Jaxpr
 
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__[:3])
 
-# The newest JAX the suite passes on (pyproject.toml installs below the next):
-# jax 0.12.1 gave random_bits several output streams and changed jax.random's
-# shuffle, and masked random draws there differ from plain JAX's. Said at import,
-# never a silent difference (docs/versions.md).
-NEWEST_SUPPORTED = (0, 12, 0)
+# The newest JAX the suite passes on (pyproject.toml installs below the next
+# minor release). A newer one can change primitives' params (jax 0.12.1 gave
+# random_bits several output streams and gather/scatter an out_sharding), which
+# the masking rules then do not know: said at import (docs/versions.md).
+NEWEST_SUPPORTED = (0, 12, 1)
 if JAX_VERSION > NEWEST_SUPPORTED:
     warnings.warn(
-        f"polymask supports jax 0.10.2 to 0.12.0.1; with jax {jax.__version__} masked "
-        "jax.random draws (dropout, permutation) can differ from plain JAX's: install "
-        "jax==0.12.0.1 jaxlib==0.12.0.1 (docs/versions.md)", RuntimeWarning, stacklevel=2)
+        f"polymask is tested with jax 0.10.2 to 0.12.1; jax {jax.__version__} is newer, and "
+        "a masking rule that does not know a primitive's new parameters makes polymask.jit "
+        "run that program per exact shape, or a masked call fail: install jax==0.12.1 "
+        "jaxlib==0.12.1 where that happens (docs/versions.md)", RuntimeWarning, stacklevel=2)
 
 # True where a ClosedJaxpr is a Jaxpr with attached constants (jax >= 0.11)
 JAXPR_CARRIES_CONSTS = ClosedJaxpr is Jaxpr
