@@ -310,7 +310,10 @@ def test_polymask_jit_of_a_linen_apply_without_specs_shares_over_the_batch():
     """flax's Dense calls its initialiser's ``fan_in != 0`` on a size read as a
     traced value: JAX's TracerBoolConversionError. That error names the size
     read last, which the runner plans static; the parameters' shapes then meet
-    flax's shape check as constants. Every call ran per exact shape before."""
+    flax's shape check as constants. Every call ran per exact shape before.
+    The first call's bucket, whose case for the call's sizes is that error, is
+    planned again before XLA compiles it (one compile for the first call, not
+    two)."""
     class MLP(nn.Module):
         @nn.compact
         def __call__(self, x):
@@ -320,11 +323,13 @@ def test_polymask_jit_of_a_linen_apply_without_specs_shares_over_the_batch():
     params = model.init(jax.random.key(0), jnp.ones((3, 16)))
     f = pm.jit(model.apply, tiered=False)
     rng = np.random.default_rng(0)
+    compiles = []
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for n in (3, 7, 12, 5, 30, 9):
             x = rng.normal(size=(n, 16)).astype(np.float32)
             np.testing.assert_allclose(f(params, x), jax.jit(model.apply)(params, x),
                                        rtol=1e-5, atol=1e-6)
-    s = f.stats()
-    assert s["exact_compiles"] == 0 and s["compiles"] <= 4  # buckets 8, 16, 32 and a first program
+            compiles.append(f.stats()["compiles"])
+    assert f.stats()["exact_compiles"] == 0
+    assert compiles == [1, 1, 2, 2, 3, 3]  # buckets 8, 16, 32

@@ -805,11 +805,26 @@ class PolyJit:
                 raise _BucketUnshared(entry.unshared)
         out = None
         try:
-            out = self.cache.compile_run(entry, make, self._flat(info, leaves))
+            out = self.cache.compile_run(entry, make, self._flat(info, leaves),
+                                         self._case_planned_again(plan))
         finally:  # a call that compiled its program, or failed to, is no cache hit
             if out is not None or entry.fn is None:
                 self._count_foreground_compile()
         return (entry, out) if out is not None else (entry, entry.fn(*self._flat(info, leaves)))
+
+    def _case_planned_again(self, plan: CallPlan):
+        """A ``before_compile`` check for a call of ``plan``: where the call's
+        own case is an error the runner plans around (an axis met a fixed
+        size: ``CallPlans.may_adapt_to``), that error is raised before XLA
+        compiles the bucket, which the call would not use (flax's first
+        ``apply`` compiled twice)."""
+        def check(entry: Entry) -> None:
+            try:
+                raise_case_error(entry, plan.var_names, plan.values)
+            except ShapeError as e:
+                if self.plans.may_adapt_to(plan, e):
+                    raise
+        return check
 
     def _count_foreground_compile(self) -> None:
         """A call compiled (or failed to compile) a program: no cache hit."""
@@ -865,7 +880,8 @@ class PolyJit:
                   for p in plan.leaves if not p.static]
         avals.append(jax.ShapeDtypeStruct((len(plan.values),), np.int32))
         return self.cache.precompile_entry(entry, functools.partial(self._make, tree, plan),
-                                           avals, kind)
+                                           avals, kind, None if like is None
+                                           else self._case_planned_again(like))
 
 
 def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),

@@ -459,8 +459,12 @@ class ProgramCache:
         under pressure: more buckets in use than it holds)."""
         return self._stats["evictions"] > 0
 
-    def compile_run(self, entry: Entry, make_fn, flat_args):
+    def compile_run(self, entry: Entry, make_fn, flat_args, before_compile=None):
         """Trace, compile and run ``entry`` on ``flat_args`` once (under its lock).
+
+        ``before_compile(entry)``, when given, runs between the trace (the
+        entry's case tree is known) and XLA's compile, and may raise: a call
+        whose own case sends it elsewhere compiles nothing.
 
         Returns the outputs, or None when another thread compiled it first.
         """
@@ -471,8 +475,15 @@ class ProgramCache:
             with compile_counter() as cc:
                 try:
                     fn = self.build_program(entry, make_fn, flat_args)
-                    out = fn(*flat_args)
+                    if before_compile is not None:
+                        fn.trace(*flat_args)  # (jax.jit's trace cache keeps it for the call)
                 except ShapeError as e:  # from the trace: name the user's call
+                    raise at_call_site_error(e) from None
+                if before_compile is not None:
+                    before_compile(entry)
+                try:
+                    out = fn(*flat_args)
+                except ShapeError as e:
                     raise at_call_site_error(e) from None
                 jax.block_until_ready(out)
             self._install(entry, fn, time.perf_counter() - t0, cc, None)
@@ -487,15 +498,22 @@ class ProgramCache:
         return entry.fn(*flat_args)
 
     def precompile_entry(self, entry: Entry, make_fn, avals,
-                         kind: str | None = "precompiles") -> bool:
+                         kind: str | None = "precompiles", before_compile=None) -> bool:
         """Lower and compile ``entry`` for ``avals`` (abstract or concrete
-        arguments; no run). True if compiled now."""
+        arguments; no run). True if compiled now. ``before_compile``: as
+        ``compile_run``'s."""
         with entry.lock:
             if entry.fn is not None:
                 return False
             t0 = time.perf_counter()
             with compile_counter() as cc:
-                fn = self.build_program(entry, make_fn, avals, compile_now=True)
+                if before_compile is None:
+                    fn = self.build_program(entry, make_fn, avals, compile_now=True)
+                else:
+                    fn = self.build_program(entry, make_fn, avals)
+                    fn.trace(*avals)
+                    before_compile(entry)
+                    fn.lower(*avals).compile()
             self._install(entry, fn, time.perf_counter() - t0, cc, kind)
             return True
 
