@@ -1864,6 +1864,40 @@ def test_ragged_map_without_specs_keeps_a_leading_axis_static_where_it_must_be()
     assert rm.fallbacks() == {} and rm.stats()["compiles"] == 3  # one per channel count
 
 
+def test_axis_history_keeps_each_threads_promoted_axes_its_own():
+    """Two threads' calls of one runner: one call's start must not drop the
+    axes another call promoted (its rerun would then pin nothing and fail),
+    and one call's pin must not pin the other's."""
+    import threading
+
+    from polymask.runners.ragged_batches import AxisHistory
+
+    h = AxisHistory()
+    a, b = ("tree", 0, 0), ("tree", 1, 0)
+    h.varies(a, {3}), h.varies(b, {4})  # first calls: one size each
+    promoted = {}
+    a_promoted, b_started = threading.Event(), threading.Event()
+
+    def call(axis, size, name, wait_for, signal):
+        h.start_call()
+        if name == "a":
+            assert h.varies(axis, {size})  # another size than before: dynamic
+            signal.set()
+            wait_for.wait(5)
+        else:
+            wait_for.wait(5)
+            h.start_call()  # (another call starting meanwhile)
+            signal.set()
+        promoted[name] = set(h.promoted)
+
+    ta = threading.Thread(target=call, args=(a, 5, "a", b_started, a_promoted))
+    tb = threading.Thread(target=call, args=(b, 4, "b", a_promoted, b_started))
+    ta.start(), tb.start()
+    ta.join(10), tb.join(10)
+    assert promoted == {"a": {a}, "b": set()}
+    assert not h.pin_promoted()  # this (main) thread's call promoted nothing
+
+
 def test_jit_without_specs_makes_static_only_the_size_whose_comparison_changes_the_output():
     """``jnp.cov`` returns a scalar for one row and a matrix for more: the cases
     of ``rows == 1`` differ in rank, which a padded program cannot follow. The

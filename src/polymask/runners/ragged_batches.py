@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import hashlib
 import math
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -318,33 +319,49 @@ class AxisHistory:
     Only leading axes are promoted (the ragged axis of per-example data;
     trailing ones are features). An axis promoted so whose program cannot be
     traced dynamically (a size ``x @ W`` needs) is pinned static again
-    (``pin_promoted``) and the call runs again, as before the promotion."""
+    (``pin_promoted``) and the call runs again, as before the promotion.
+
+    Threads share the sizes seen (under a lock); each thread's call has its
+    own promoted axes, so one call never pins or drops another's."""
 
     def __init__(self):
         self._sizes: dict = {}  # (tree, leaf, axis) -> its one size, or None once it varied
         self._pinned: set = set()
-        self.promoted: set = set()  # axes the last auto_specs made dynamic from history only
+        self._lock = threading.Lock()
+        self._this_call = threading.local()  # .promoted: this thread's call's axes
+
+    @property
+    def promoted(self) -> set:
+        """The axes that this thread's last ``auto_specs`` made dynamic from
+        history only."""
+        promoted = getattr(self._this_call, "promoted", None)
+        if promoted is None:
+            promoted = self._this_call.promoted = set()
+        return promoted
 
     def start_call(self) -> None:
-        self.promoted = set()
+        self._this_call.promoted = set()
 
     def varies(self, axis: tuple, sizes: set) -> bool:
         """Whether ``axis`` has several ``sizes`` in this call's examples or
         (a leading axis, not pinned) another size in an earlier call."""
-        seen = self._sizes.setdefault(axis, next(iter(sizes)))
         within = len(sizes) > 1
-        if seen is not None and (within or seen not in sizes):
-            self._sizes[axis] = seen = None
-        if within or seen is not None or axis[2] != 0 or axis in self._pinned:
-            return within
+        with self._lock:
+            seen = self._sizes.setdefault(axis, next(iter(sizes)))
+            if seen is not None and (within or seen not in sizes):
+                self._sizes[axis] = seen = None
+            if within or seen is not None or axis[2] != 0 or axis in self._pinned:
+                return within
         self.promoted.add(axis)
         return True
 
     def pin_promoted(self) -> bool:
         """Pin this call's promoted axes static; whether there were any."""
-        self._pinned |= self.promoted
-        had, self.promoted = bool(self.promoted), set()
-        return had
+        promoted = self.promoted
+        with self._lock:
+            self._pinned |= promoted
+        self._this_call.promoted = set()
+        return bool(promoted)
 
 
 def _varies(history: AxisHistory | None, axis: tuple, sizes: set) -> bool:
