@@ -368,6 +368,27 @@ def test_auto_packs_when_the_cost_model_says_so():
     assert rm2.stats()["layout"]["packed"] == 0, rm2.stats()["layout"]
 
 
+def test_auto_without_specs_packs_after_a_first_call_of_equal_lengths():
+    """Without specs each call's specs are read off its examples: a first call
+    whose examples all have one length has no dim var, which the packed
+    layout cannot take. That refusal was kept for good, so every later call
+    ran padded with the first call's reason."""
+    W = np.eye(4, dtype=np.float32)
+
+    def f(x):
+        return jax.nn.softmax((x @ W) @ x.T, -1) @ x
+
+    rm = pm.ragged_map(f, layout="auto", row_size=R)
+    equal = _examples([5, 5, 5])
+    rm(equal)
+    assert rm.stats()["layout"]["packed"] == 0
+    assert "0 dim vars" in rm.stats()["layout"]["reason"]
+    many_short = _examples([3, 5, 2, 4, 6, 3, 2, 5] * 4)
+    for o, x in zip(rm(many_short), many_short):
+        np.testing.assert_allclose(o, f(x), rtol=1e-5, atol=1e-6)
+    assert rm.stats()["layout"]["packed"] == len(many_short), rm.stats()["layout"]
+
+
 def _tiny_lm_params(seed=0, V=7, D=8):
     rng = np.random.default_rng(seed)
     r = lambda *s: jnp.asarray(rng.normal(size=s) * 0.4, jnp.float32)

@@ -38,7 +38,10 @@ class LayoutChoice:
       row_size, rows_per_call, segments_per_row: as ``ragged_map``'s (None:
         chosen at the first call).
       runner: the ``PackedRunner`` (its one row program), once a call packed.
-      refusal: why this function never runs packed (found once, kept).
+      refusals: why this function never runs packed with the specs of a
+        call (``repr`` of them -> the reason; found once, kept). Without
+        ``in_specs`` each call's specs are read off its examples, so a first
+        call of equal lengths (no dim var) does not refuse later calls.
       last: ``{"padded": count, "packed": count, "reason": text}`` of the
         last call.
     """
@@ -59,7 +62,7 @@ class LayoutChoice:
         self._compiler_options = compiler_options
         self.runner: PackedRunner | None = None
         self._lock = threading.Lock()
-        self.refusal: str | None = None
+        self.refusals: dict[str, str] = {}
         self.last: dict = {}
         self._warned_padded = False
 
@@ -89,8 +92,9 @@ class LayoutChoice:
           PackedUnsupported: ``layout="packed"`` and the call cannot run packed.
         """
         every = [i for idxs in kinds.values() for i in idxs]
-        if self.refusal is not None:
-            return self._refuse(self.refusal, every)
+        specs = repr(in_specs)  # (a refusal holds for the specs it was found with)
+        if specs in self.refusals:
+            return self._refuse(self.refusals[specs], every)
         if len(kinds) != 1:
             return self._refuse(_several_kinds(kinds, infos), every)
         ((tree, *_), idxs), = kinds.items()
@@ -100,13 +104,13 @@ class LayoutChoice:
                 f"the specs name {len(plan0.var_names)} dim vars "
                 f"({', '.join(plan0.var_names)}); the packed layout packs one ragged axis "
                 "(give the other axes their constant sizes, e.g. 'n, 4' for 'n, d')",
-                every, permanent=True)
+                every, permanent=specs)
         lengths = {i: int(infos[i][0].values[0]) for i in idxs}
         runner = self.runner_for(max(lengths.values()))
         try:
             prog = runner.prepare(plan0, infos[idxs[0]][1], tree, broadcast, in_specs)
         except PackedUnsupported as e:
-            return self._refuse(str(e), every, permanent=True)
+            return self._refuse(str(e), every, permanent=specs)
         except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
             if self.layout == "packed" and isinstance(e, (ShapeError, UnsupportedError)):
                 raise  # the user's call is wrong (specs), not a layout question
@@ -116,7 +120,7 @@ class LayoutChoice:
                         "JAX fails there too, layout='padded' names the sizes where it fails; "
                         "ragged_map calls fun(*broadcast, *example), the broadcast arguments "
                         "first)")
-            return self._refuse(why, every, permanent=True)
+            return self._refuse(why, every, permanent=specs)
         fits = [i for i in idxs if lengths[i] <= runner.row_size and prog.runs(lengths[i])]
         if not fits:  # the function packs; these sizes do not: padded, in any layout
             self.last["reason"] = ("padded: no example of this call runs packed ("
@@ -145,12 +149,12 @@ class LayoutChoice:
         try:
             runner.run(fits, infos, bcast_leaves, results, prog.program.out_tree)
         except PackedUnsupported as e:  # met while tracing the row program
-            return self._refuse(str(e), every, permanent=True)
+            return self._refuse(str(e), every, permanent=specs)
         except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
             if runner.stats["calls"] or (self.layout == "packed"
                                          and isinstance(e, (ShapeError, UnsupportedError))):
                 raise  # a failure after packed rows ran is not a layout question
-            return self._refuse(_first_line(e, "while tracing packed"), every, permanent=True)
+            return self._refuse(_first_line(e, "while tracing packed"), every, permanent=specs)
         if left:
             reason += (f"; {counted(len(left), 'example')} ran padded "
                        f"({_why_padded(left, lengths, runner.row_size)})")
@@ -180,12 +184,14 @@ class LayoutChoice:
             stacklevel=user_stacklevel())
         self._warned_padded = True
 
-    def _refuse(self, reason: str, idxs: list[int], permanent: bool = False) -> list[int]:
+    def _refuse(self, reason: str, idxs: list[int], permanent: str | None = None) -> list[int]:
+        """Send ``idxs`` to the padded layout for ``reason`` (``"packed"``: raise),
+        kept for later calls of the specs ``permanent`` (their ``repr``) when given."""
         if self.layout == "packed":
             raise PackedUnsupported(f"ragged_map(layout='packed'): {reason}; "
                                     "layout='auto' or 'padded' runs it in the padded layout")
-        if permanent:
-            self.refusal = reason
+        if permanent is not None:
+            self.refusals[permanent] = reason
         self.last["reason"] = f"padded: {reason}"
         return idxs
 
