@@ -905,8 +905,11 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         sizes are equal in another pattern gets its own programs). An axis
         that meets a fixed size (``x @ W`` or ``x + b`` with ``W``, ``b``
         closed over) cannot be dynamic: the call whose trace finds it plans
-        that axis static (as ``"_"``) and traces again, and so do later calls.
-        Otherwise one entry per positional argument: a
+        that axis static (as ``"_"``) and traces again, and so do later calls
+        (at that size only where the call's sizes merely coincided). An axis
+        that must be another's plus a constant (``v`` of ``r + v[1:]``) is
+        planned so (``s0 + 1``) in calls whose sizes keep the relation
+        (docs/runners.md). Otherwise one entry per positional argument: a
         ``jax.export.symbolic_shape`` spec string (``"n, 64"``; same name =
         equal sizes; ``"_"``/constants = static), a pytree of specs, or None
         (that argument is static: its exact shape is part of the cache key,
