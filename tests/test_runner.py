@@ -1846,8 +1846,10 @@ def test_ragged_map_without_specs_shares_programs_across_batches_of_one_length(l
         xs = [np.random.default_rng(0).normal(size=(L, 16)).astype(np.float32) for _ in range(3)]
         for o, x in zip(rm(xs), xs):
             np.testing.assert_allclose(o, f(x), rtol=1e-5, atol=1e-6)
-    # 10 (the first call: static), then buckets 32 (20, 30, 25), 16 (13), 8 (7)
-    assert rm.stats()["compiles"] == 4 < len(set(lengths))
+    # 10 (the first call: static), then buckets 32 (20, 30, 25), 16 (13), 8 (7);
+    # auto: and the packed row program, in which the calls of 20 ran
+    assert rm.stats()["compiles"] == 4 + (layout == "auto") < len(set(lengths))
+    assert rm.stats().get("packed", {}).get("compiles", 0) == (layout == "auto")
 
 
 def test_ragged_map_without_specs_keeps_a_leading_axis_static_where_it_must_be():
@@ -1917,6 +1919,83 @@ def test_jit_without_specs_makes_static_only_the_size_whose_comparison_changes_t
     with pytest.raises(pm.ShapeError, match="different outputs") as e:
         pm.mask(jnp.cov, "a, b")(pm.Masked(np.ones((4, 8), np.float32), (3, 5)))
     assert e.value.fixed_size_vars == ("a",)
+
+
+_W3 = np.eye(3, dtype=np.float32)
+_RELATED = {
+    # (function, argument shapes of T): each later one found from outside
+    "tail_slice_3": (lambda r, v: r - v[3:], lambda T: [(T,), (T + 3,)]),
+    "head_slice": (lambda r, v: r - v[:-1], lambda T: [(T,), (T + 1,)]),
+    "two_relations": (lambda a, b, c: a + b[1:] + c[2:], lambda T: [(T,), (T + 1,), (T + 2,)]),
+    "chain": (lambda a, b, c: (c[1:] * b).sum() + (b[1:] * a).sum(),
+              lambda T: [(T,), (T + 1,), (T + 2,)]),
+    "stack": (lambda r, v: jnp.stack([r, v[1:], v[:-1]]), lambda T: [(T,), (T + 1,)]),
+    # the first T + 1 = 3 is also the width of W (closed over) and of h's features
+    "rnn_states": (lambda x, h: x @ _W3 + h[1:] @ _W3, lambda T: [(T, 3), (T + 1, 3)]),
+}
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+@pytest.mark.parametrize("name", sorted(_RELATED))
+def test_jit_without_specs_finds_relations_through_slices_chains_and_coinciding_sizes(
+        name, tiered):
+    """Relations JAX prints as ``max(0, s1 - 3)`` or reaches through a chain
+    (``c`` of ``b`` of ``a``), under tiered buckets (whose covering bucket
+    traces sizes one by one: a pinned size read as a weight's made axes
+    static, and JAX's decision procedure failed on the pinned case's
+    constant constraints, '_sorted_terms'), and after a first call whose
+    sizes coincide. They ran per shape (silently), or the chain recursed."""
+    f, shapes = _RELATED[name]
+    pf = pm.jit(f, tiered=tiered)
+    rng = np.random.default_rng(0)
+    Ts = (2, 4, 0, 6, 9, 1, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for T in Ts:
+            args = [rng.normal(size=s).astype(np.float32) for s in shapes(T)]
+            np.testing.assert_allclose(pf(*args), jax.jit(f)(*args), rtol=1e-5, atol=1e-6)
+        pf.wait()
+    s = pf.stats()
+    # buckets 8 and 16 (and a covering bucket), a first program where sizes coincided
+    assert s["exact_compiles"] == 0 and s["compiles"] <= 3 + tiered < len(Ts), s
+    assert pf.fallbacks() == {}
+    assert not [a for a in pf.plans.static_axes if len(a) == 2]  # none static for good
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_a_call_that_breaks_a_relation_raises_and_leaves_the_axes_dynamic(tiered):
+    """``r + v[1:]`` called once with ``v`` two longer: it raises as under
+    ``jax.jit``. The tiered covering bucket's trace of that call read an
+    empty slice (``(s0,)`` against ``(0,)``) as a fixed size, and every later
+    call compiled per shape, silently."""
+    f = lambda r, v: r + v[1:]  # noqa: E731
+    pf = pm.jit(f, tiered=tiered)
+    o = lambda n: np.ones(n, np.float32)  # noqa: E731
+    pf(o(5), o(6))
+    with pytest.raises(TypeError, match="incompatible shapes"):
+        jax.jit(f)(o(5), o(7))
+    with pytest.raises(TypeError, match="incompatible shapes"):
+        pf(o(5), o(7))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for T in (3, 6, 2, 7):
+            np.testing.assert_allclose(pf(o(T), o(T + 1)), jax.jit(f)(o(T), o(T + 1)))
+        pf.wait()
+    assert pf.stats()["exact_compiles"] == 0 and not pf.plans.static_axes
+    assert pf.stats()["compiles"] <= 1 + tiered
+
+
+def test_traces_at_pinned_sizes_warn_of_no_numpy_arithmetic_no_call_does():
+    """Sizes traced one by one include 0, where ``1 / np.sqrt(n)`` divides by
+    zero: NumPy's RuntimeWarning came from a size no call had."""
+    f = lambda x: x * (1 / np.sqrt(x.shape[-1]))  # noqa: E731
+    pf = pm.jit(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (4, 7):
+            x = np.ones((2, n), np.float32)
+            np.testing.assert_allclose(pf(x), jax.jit(f)(x), rtol=1e-6)
+        pf.wait()
 
 
 def test_a_first_call_whose_sizes_coincide_fixes_no_axis_for_good():

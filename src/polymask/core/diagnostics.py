@@ -384,7 +384,9 @@ def _vars_meeting_constants(msg: str, names: Sequence[str]) -> dict[str, str]:
     JAX's message, aligned from the right as broadcasting aligns them
     (``got (s1,) and (3,)``; ``shapes=[(s0, s1), (16,)]``; each var of an
     expression, ``(s1 + 8,)`` against ``(24,)``): ``{var: the constant, as text}``.
-    A 1 broadcasts against anything, so it is no conflict."""
+    A 1 broadcasts against anything, so it is no conflict; a 0 is an empty
+    slice of another var's axis in a case of the trace (``v[1:]`` where ``v``
+    has at most 1 element), not a weight's size."""
     tuples = [[p.strip() for p in t.split(",") if p.strip()]
               for t in re.findall(r"\(([^()]*)\)", msg)]
     found: dict[str, int] = {}
@@ -393,7 +395,7 @@ def _vars_meeting_constants(msg: str, names: Sequence[str]) -> dict[str, str]:
             for x, y in zip(reversed(a), reversed(b)):
                 # (an expression of one var too: concatenate([x, h]) @ W is s1 + 8 vs 24)
                 in_x = dim_vars_named(x, names)
-                if in_x and y.isdigit() and int(y) != 1:
+                if in_x and y.isdigit() and int(y) not in (0, 1):
                     for v in in_x:
                         found.setdefault(v, y if x == v else f"{y} (as {x})")
     return found
@@ -429,7 +431,8 @@ def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
         return ShapeError(
             f"{head}\n  Axes named by different dim vars{_describe_vars(user, var_where)} are "
             "different sizes while tracing; if they are always equal, give them the same "
-            "name in in_specs (e.g. ('n', 'n')).")
+            "name in in_specs (e.g. ('n', 'n')), and if one is always the other plus a "
+            "constant, say that (e.g. ('T', 'T + 1') for r and v of r + v[1:]).")
     if len(user) == 1:
         (v,) = user
         k = lower_bound_that_fixes(msg, v)

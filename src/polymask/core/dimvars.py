@@ -174,8 +174,8 @@ def _constant_term(e) -> int:
 def internal_scope(constraints, conditions, internal, var_bounds):
     """The scope of the internal dim vars: the user's constraints (translated),
     each var's bound and the case's conditions (pinned to one value when they
-    leave one). Returns ``(scope, static)``: static when every var is pinned
-    (the trace is then plain JAX's at one size)."""
+    leave one). Returns ``(scope, pinned)``: the internal names of the vars
+    pinned so (every var pinned: the trace is plain JAX's at one size)."""
     texts = [translate_constraint(c, internal) for c in constraints]
     texts += [f"{internal[v][0]} <= {b + internal[v][1]}" for v, b in var_bounds.items()]
     texts += list(conditions)
@@ -185,12 +185,23 @@ def internal_scope(constraints, conditions, internal, var_bounds):
         pins = _pinned(tuple(texts[:len(constraints)]) + tuple(conditions), internal,
                        var_bounds)
         if pins:  # a case for one size: traced at that size, as plain JAX would
-            scope = jax.export.SymbolicScope(tuple(texts + pins))
+            scope = jax.export.SymbolicScope(tuple(_unpinned(texts, pins) + pins))
     except Exception as e:
         if _unsatisfiable(e):
             raise _cannot_hold(constraints, var_bounds) from None
         raise constraint_parse_error(constraints, e) from None
-    return scope, bool(internal) and len(pins) == len(internal)
+    return scope, {p.split(" == ")[0] for p in pins}
+
+
+def _unpinned(texts: list[str], pins: list[str]) -> list[str]:
+    """The constraints of ``texts`` that name a var the ``pins`` (``"v == c"``)
+    leave free. One over pinned vars only holds at the pins (they were read off
+    it) and is a constant once JAX substitutes them, which its decision
+    procedure cannot take (jax 0.10-0.12: AttributeError '_sorted_terms' on
+    ``- min(4 - 1, 2) + 4 - 2 >= 0``)."""
+    pinned = {p.split(" == ")[0] for p in pins}
+    names = re.compile(r"\b[A-Za-z_]\w*\b(?!\s*\()")  # (not min(, max(, ...)
+    return [t for t in texts if not set(names.findall(t)) <= pinned]
 
 
 def _pinned(conditions, internal, var_bounds) -> list[str]:

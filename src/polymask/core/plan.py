@@ -359,12 +359,15 @@ def _hashable(leaf) -> bool:
     return not isinstance(leaf, np.ndarray)
 
 
-def _related_base(related_axes, path, k, size, shape_at, static_axes) -> tuple | None:
+def _related_base(related_axes, path, k, size, shape_at, static_axes,
+                  depth: int = 8) -> tuple | None:
     """``(size of the base axis, offset)`` where axis ``k`` of ``path`` is
     planned as another axis plus a constant (``related_axes``) and this call's
-    sizes keep that relation (the base axis is dynamic here), else None."""
+    sizes keep that relation (the base axis is dynamic here), else None. A
+    base axis related in turn gives its own base (``c`` of ``T + 2`` related
+    to ``b`` of ``T + 1``, related to ``a`` of ``T``: ``a``'s size, 2)."""
     rel = (related_axes or {}).get((path, k))
-    if rel is None:
+    if rel is None or depth == 0:
         return None
     base_path, base_k, offset = rel
     base_shape = shape_at.get(base_path, ())
@@ -373,6 +376,10 @@ def _related_base(related_axes, path, k, size, shape_at, static_axes) -> tuple |
     base_size = base_shape[base_k]
     if (base_path, base_k) in static_axes or (base_path, base_k, base_size) in static_axes:
         return None
+    further = _related_base(related_axes, base_path, base_k, base_size, shape_at, static_axes,
+                            depth - 1)
+    if further is not None:
+        return further[0], further[1] + offset
     return base_size, offset
 
 
@@ -424,9 +431,11 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
                        for k, d in enumerate(shape)]
             forms = []
             for k, (d, dyn) in enumerate(zip(shape, dynamic)):
-                base = _related_base(related_axes, path, k, d, shape_at, static_axes)
-                if base is not None:
-                    d, dyn = base[0], True
+                base = dyn and _related_base(related_axes, path, k, d, shape_at, static_axes)
+                if base:
+                    d = base[0]
+                else:
+                    base = None
                 if dyn and d not in name_of_size:  # (a name only for a size not seen
                     name_of_size[d] = gen_name()   # before: s0, s1, ...)
                 forms.append(str(d) if not dyn else name_of_size[d] if base is None

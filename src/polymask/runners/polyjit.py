@@ -169,6 +169,15 @@ class _BucketUnshared(Exception):
     """The call's bucket failed to trace before: run per exact shape."""
 
 
+class _CaseReached(Exception):
+    """The call's sizes reach an error case of ``entry`` (``error``), found
+    between its trace and its compile (``PolyJit._case_reached_first``)."""
+
+    def __init__(self, entry: Entry, error: ShapeError):
+        super().__init__(str(error))
+        self.entry, self.error = entry, error
+
+
 _LEAF_TREE = jax.tree_util.tree_structure(0)
 _under_transformation = compat.under_transformation
 
@@ -525,6 +534,8 @@ class PolyJit:
             self._this_call.compiles = 0
             try:
                 entry, out = self._slow_call(info, leaves)
+            except _CaseReached as reached:  # before its bucket compiled
+                return self._reached_error_case(info, reached.entry, args, reached.error)
             except Exception as e:
                 raise_run_failure(e)
                 if self._fallback is not None and isinstance(e, FailsAsPlainJax):
@@ -537,13 +548,19 @@ class PolyJit:
             try:
                 raise_case_error(entry, info.plan.var_names, info.plan.values)
             except ShapeError as e:
-                if self.plans.adapt_to(info.plan, e):  # their case met a fixed size
-                    return self._planned_again(info, args)
-                if self._fallback is not None:
-                    return self._plain_or_its_error(info, entry, args, e)
-                info.error = e
-                raise at_call_site_error(e) from None
+                return self._reached_error_case(info, entry, args, e)
         return self._outputs(info, entry, out)
+
+    def _reached_error_case(self, info: _CallInfo, entry: Entry, args, error: ShapeError):
+        """The call's sizes reach an error case of ``entry``'s case tree: planned
+        again where an axis met a fixed size, else plain ``jax.jit``'s outputs
+        or error (``_plain_or_its_error``), else the error."""
+        if self.plans.adapt_to(info.plan, error):  # their case met a fixed size
+            return self._planned_again(info, args)
+        if self._fallback is not None:
+            return self._plain_or_its_error(info, entry, args, error)
+        info.error = error
+        raise at_call_site_error(error) from None
 
     def _planned_again(self, info: _CallInfo, args):
         """The call again, once its plan made axes static that met a fixed size
@@ -806,18 +823,32 @@ class PolyJit:
         out = None
         try:
             out = self.cache.compile_run(entry, make, self._flat(info, leaves),
-                                         self._case_planned_again(plan))
+                                         self._case_reached_first(plan))
         finally:  # a call that compiled its program, or failed to, is no cache hit
             if out is not None or entry.fn is None:
                 self._count_foreground_compile()
         return (entry, out) if out is not None else (entry, entry.fn(*self._flat(info, leaves)))
 
+    @staticmethod
+    def _case_reached_first(plan: CallPlan):
+        """A ``before_compile`` check for the own bucket of a call of ``plan``:
+        where the call's sizes reach an error case, its program is not
+        compiled for this call (which raises, is planned again or runs plain
+        ``jax.jit``: ``_reached_error_case``), but by the next call of a size
+        that runs in it."""
+        def check(entry: Entry) -> None:
+            try:
+                raise_case_error(entry, plan.var_names, plan.values)
+            except ShapeError as e:
+                raise _CaseReached(entry, e) from None
+        return check
+
     def _case_planned_again(self, plan: CallPlan):
-        """A ``before_compile`` check for a call of ``plan``: where the call's
-        own case is an error the runner plans around (an axis met a fixed
-        size: ``CallPlans.may_adapt_to``), that error is raised before XLA
-        compiles the bucket, which the call would not use (flax's first
-        ``apply`` compiled twice)."""
+        """A ``before_compile`` check for the covering bucket of a call of
+        ``plan``: where the call's own case is an error the runner plans
+        around (an axis met a fixed size: ``CallPlans.may_adapt_to``), that
+        error is raised before XLA compiles the bucket, which the call would
+        not use (flax's first ``apply`` compiled twice)."""
         def check(entry: Entry) -> None:
             try:
                 raise_case_error(entry, plan.var_names, plan.values)

@@ -5,7 +5,6 @@ and ``ragged_map`` alike; the traced function of a program (``build_inner``)."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -15,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _jax_compat as compat
 from ..core.binding import specs_of_passed
 from ..core.diagnostics import at_call_site, dim_vars_named, user_call_site
 from ..core.errors import ShapeError
@@ -299,8 +299,11 @@ class CallPlans:
         # call (jnp.cov first called at (3, 3)): then at this size only, and a
         # call of other sizes finds which of them met it; a size-1 broadcast: at
         # size 1 only ((path, axis, 1): the first call (1, 1) must not pin n)
+        # (at this size only too where the plan has an axis static at its size
+        # only: the fixed size met may be that axis's, another argument's)
         shared = _coinciding_vars(plan)
-        axes = {(leaf.path, k) if a.var in names and a.var not in shared
+        provisional = self._has_axis_static_at_its_size(plan)
+        axes = {(leaf.path, k) if a.var in names and a.var not in shared and not provisional
                 else (leaf.path, k, leaf.shape[k])
                 for leaf in plan.leaves if leaf.axes is not None
                 for k, a in enumerate(leaf.axes) if a.var in names or a.var in ones}
@@ -310,6 +313,12 @@ class CallPlans:
                     self.static_axes = self.static_axes | axes
                     self._plans.clear()
         return bool(axes)
+
+    def _has_axis_static_at_its_size(self, plan: CallPlan) -> bool:
+        """Whether an axis of ``plan`` is static by a ``(path, axis, size)`` entry."""
+        return any((leaf.path, k, leaf.shape[k]) in self.static_axes
+                   for leaf in plan.leaves if leaf.axes is not None
+                   for k, a in enumerate(leaf.axes) if a.var is None)
 
     def may_adapt_to(self, plan: CallPlan, error: BaseException) -> bool:
         """Whether ``adapt_to(plan, error)`` could plan the call again (it
@@ -353,36 +362,83 @@ def _coinciding_vars(plan: CallPlan) -> set[str]:
     return shared
 
 
-_VAR_PLUS_CONSTANT = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?:([+-])\s*(\d+))?\s*$")
-
-
 def _equal_size_relations(plan: CallPlan, error: BaseException) -> list[tuple[str, str, int]]:
     """``(derived var, base var, offset)`` with ``derived = base + offset``
     (offset > 0) for each pair of sizes that ``error``'s message gives as two
     shapes that must be equal (aligned from the right, as broadcasting and
-    JAX's messages align them), each one dim var of ``plan`` plus a constant,
-    equal at this call's sizes: ``(s0,), (s1 - 1,)`` at s0 = 5, s1 = 6 gives
+    JAX's messages align them), each one dim var of ``plan`` plus a constant
+    (``max(0, s1 - 3)`` too: ``s1 - 3`` where it is not clamped), equal at
+    this call's sizes: ``(s0,), (s1 - 1,)`` at s0 = 5, s1 = 6 gives
     ``("s1", "s0", 1)``."""
     values = dict(zip(plan.var_names, plan.values))
     found = []
     for line in str(error).splitlines():
         if "shape" not in line.lower():
             continue
-        tuples = [t.split(",") for t in re.findall(r"\(([^()]*)\)", line)]
+        tuples = _parenthesised_lists(line)
         for i, a in enumerate(tuples):
             for b in tuples[i + 1:]:
                 for x, y in zip(reversed(a), reversed(b)):
-                    mx, my = _VAR_PLUS_CONSTANT.match(x), _VAR_PLUS_CONSTANT.match(y)
-                    if not (mx and my) or mx[1] == my[1] or not {mx[1], my[1]} <= values.keys():
+                    fx, fy = _var_plus_constant(x, values), _var_plus_constant(y, values)
+                    if fx is None or fy is None or fx[0] == fy[0]:
                         continue
-                    cx, cy = (int(m[3] or 0) * (-1 if m[2] == "-" else 1) for m in (mx, my))
-                    if values[mx[1]] + cx != values[my[1]] + cy or cx == cy:
+                    (vx, cx), (vy, cy) = fx, fy
+                    if values[vx] + cx != values[vy] + cy or cx == cy:
                         continue
-                    # x's var + cx == y's var + cy: the var with the smaller constant is larger
-                    rel = (mx[1], my[1], cy - cx) if cx < cy else (my[1], mx[1], cx - cy)
+                    # vx + cx == vy + cy: the var with the smaller constant is larger
+                    rel = (vx, vy, cy - cx) if cx < cy else (vy, vx, cx - cy)
                     if rel not in found:
                         found.append(rel)
     return found
+
+
+def _parenthesised_lists(line: str) -> list[list[str]]:
+    """The comma-separated entries of each outermost ``(...)`` group of
+    ``line`` (nested parentheses stay in their entry: ``(max(0, s1 - 1),)``
+    is one entry)."""
+    groups, depth, entry, entries = [], 0, [], []
+    for ch in line:
+        if ch == "(":
+            depth += 1
+            if depth == 1:
+                entry, entries = [], []
+                continue
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                entries.append("".join(entry))
+                groups.append([e.strip() for e in entries if e.strip()])
+                continue
+        elif ch == "," and depth == 1:
+            entries.append("".join(entry))
+            entry = []
+            continue
+        if depth >= 1:
+            entry.append(ch)
+        depth = max(depth, 0)
+    return groups
+
+
+def _var_plus_constant(text: str, values: Mapping[str, int]) -> tuple[str, int] | None:
+    """``(var, c)`` where the size expression ``text`` is ``var + c`` for one dim
+    var of ``values`` at its value there (JAX's form of it: ``s1 - 1``,
+    ``max(0, s1 - 3)``), else None."""
+    if not any(v in text for v in values):
+        return None
+    try:
+        (e,) = jax.export.symbolic_shape(text)
+        names = compat.dim_vars(e)
+        if len(names) != 1 or not names <= values.keys():
+            return None
+        (v,) = names
+        at = lambda n: int(compat.evaluate_dim(e, {v: n}))  # noqa: E731
+        n = int(values[v])
+        c = at(n) - n
+        if at(n + 1) - (n + 1) != c:  # not of slope 1 here
+            return None
+        return v, c
+    except Exception:  # noqa: BLE001 - not one size expression of these vars
+        return None
 
 
 def _broadcast_ones(plan: CallPlan, error: BaseException) -> tuple[str, ...]:

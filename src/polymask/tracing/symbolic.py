@@ -13,6 +13,7 @@ data-dependent ops create their fresh dim vars in it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
@@ -316,7 +317,8 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
     _check_constraint_vars(user_scope, user_axes, spec_leaves)
     var_bounds, var_order = _var_bounds(leaves, user_axes)
     internal = dimvars.internal_names(var_order, var_bounds, constraints)
-    scope, static = dimvars.internal_scope(constraints, conditions, internal, var_bounds)
+    scope, pinned = dimvars.internal_scope(constraints, conditions, internal, var_bounds)
+    static = bool(internal) and len(pinned) == len(internal)
     var_expr = {}
     for v, (name, off) in internal.items():
         (e,) = jax.export.symbolic_shape(name, scope=scope)
@@ -349,8 +351,11 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
                                split_vars={v: (1 if internal_off.get(v) else 0, b)
                                            for v, b in dim_bounds.items()},
                                scope=scope)
+    # a trace at pinned sizes runs the user's NumPy arithmetic on sizes that
+    # no call may have (1 / np.sqrt(n) at n = 0): no warning for those
+    quiet = np.errstate(all="ignore") if pinned else contextlib.nullcontext()
     try:
-        with scope_active(scope), replaced as record:
+        with scope_active(scope), replaced as record, quiet:
             closed = jax.make_jaxpr(flat_fun)(*avals)
             check_preconditions(closed.jaxpr)  # sizes where lowering fails: error cases
     except (ShapeError, UnsupportedError):
@@ -371,6 +376,8 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         signature = SizeSignature(var_order, var_bounds, internal, scope, dim_bounds, user_scope)
         if translated is not None:
             err = dimvars.displayed_error(translated, internal)
+            if pinned:  # a pinned var's axes are constants here: "meets 5" may be its size
+                err.fixed_size_vars = ()
             err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
             err.polymask_signature = signature
             err.polymask_pinned = False
