@@ -1983,6 +1983,8 @@ def test_a_call_that_breaks_a_relation_raises_and_leaves_the_axes_dynamic(tiered
         pf.wait()
     assert pf.stats()["exact_compiles"] == 0 and not pf.plans.static_axes
     assert pf.stats()["compiles"] <= 1 + tiered
+    # the call that failed as under jax.jit is no fallback and ran no exact program
+    assert pf.fallbacks() == {} and pf.stats()["exact_calls"] == 0
 
 
 def test_traces_at_pinned_sizes_warn_of_no_numpy_arithmetic_no_call_does():

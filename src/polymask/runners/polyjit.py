@@ -51,7 +51,7 @@ from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from ..tracing.prologue import raise_run_failure
 from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
-from .fallback import ExactFallback, bucket_text, falls_back
+from .fallback import ExactFallback, bucket_text, falls_back, refusal_text
 from .hostio import (
     FAST_TYPES,
     PAD_DEVICE_PROGRAMS,
@@ -638,10 +638,19 @@ class PolyJit:
         if isinstance(error, _BucketUnshared):
             info.unshared = str(error)
             return self._exact_call(info, args)
+        info.unshared = refusal_text(error)
+        try:
+            out = self._exact_call(info, args, counted=True)  # _slow_call counted the failure
+        except ShapeError as failed:
+            # plain jax.jit fails on these arrays too: the call's error, no
+            # fallback (fallbacks(), exact_calls); this shape raises it again
+            info.unshared, info.error = None, failed
+            raise
         info.unshared = self._fallback.refused(bucket_text(info.plan.buckets), error)
+        self._fallback.warn_pending()
         if info.entry is not None:
             info.entry.unshared = info.unshared
-        return self._exact_call(info, args, counted=True)  # _slow_call counted the failure
+        return out
 
     def _exact_call(self, info: _CallInfo, args, counted: bool = False):
         """``fun`` under ``jax.jit`` on the exact arrays (``fallback.ExactFallback``)."""
