@@ -144,6 +144,59 @@ def test_gamma_family_over_two_dynamic_axes():
                  "b, n", modes=("jit",), rtol=1e-6, atol=1e-6)
 
 
+def test_poisson_matches_plain_jax_over_one_and_two_dynamic_axes():
+    """jax 0.12.1 binds ``jax.random.poisson`` as a primitive (``random_poisson``),
+    which had no masking rule: every masked poisson draw raised. Rates below
+    and above Knuth's threshold (10); the draws are bit-equal."""
+    def rate(x):
+        return jnp.abs(x) * 8.0
+
+    check_oracle(lambda x: jax.random.poisson(KEY, rate(x)), _sizes(0, 1, 5, 40), [(40,)],
+                 "n", modes=("eager", "jit", "vmap"), atol=0, rtol=0)
+    check_oracle(lambda x: jax.random.poisson(KEY, rate(x)), _ex2(), [(4, 8)], "b, n",
+                 modes=("jit",), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("fun", [
+    lambda x: jax.scipy.special.betaln(jnp.abs(x) + 0.5, 2.0),
+    lambda x: jax.scipy.stats.cauchy.ppf(jax.nn.sigmoid(x)),
+    lambda x: jax.scipy.special.fresnel(x)[0],
+    lambda x: jax.scipy.stats.t.logpdf(x, jnp.abs(x) + 1.0),
+    lambda x: jax.grad(lambda a: jax.random.gamma(KEY, a).sum())(jnp.abs(x) + 0.5),
+], ids=["betaln", "cauchy_ppf", "fresnel", "t_logpdf", "gamma_grad_inside"])
+def test_special_functions_jax_0121_binds_as_new_primitives(fun):
+    """jax 0.12.1 writes these with new elementwise primitives (``sinpi``,
+    ``tanpi``, ``random_gamma_grad``, ...), which had no masking rule."""
+    check_oracle(fun, _sizes(0, 1, 5), [(8,)], "n", modes=("eager", "jit", "vmap"),
+                 rtol=1e-5, atol=1e-6)
+
+
+_NEW_ELEMENTWISE = {  # jax 0.12.1's lax functions of new primitives: name -> arity
+    "sinpi": 1, "cospi": 1, "tanpi": 1, "asinpi": 1, "acospi": 1, "atanpi": 1,
+    "exp2m1": 1, "log2p1": 1, "atan2pi": 2, "fma": 3, "fmuladd": 3}
+
+
+@pytest.mark.parametrize("name", sorted(_NEW_ELEMENTWISE))
+def test_lax_functions_of_jax_0121s_new_primitives(name):
+    op = getattr(jax.lax, name, None)
+    if op is None:
+        pytest.skip(f"lax.{name} is new in jax 0.12.1")
+    arity = _NEW_ELEMENTWISE[name]
+    check_oracle(lambda x: op(*(jnp.tanh(x) * 0.9 + 0.05 * k for k in range(arity))),
+                 _sizes(0, 1, 5), [(8,)], "n", modes=("eager", "jit", "vmap", "grad"),
+                 rtol=1e-5, atol=1e-6)
+
+
+def test_raw_bits_are_plain_jaxs_at_every_size():
+    from jax._src.random import prng  # (not public: random_bits's streams before XOR)
+
+    if not hasattr(prng, "raw_bits"):
+        pytest.skip("raw_bits is new in jax 0.12.1")
+    fun = lambda x: [w.astype(jnp.float32) * x for w in prng.raw_bits(KEY, x.shape)]  # noqa: E731
+    check_oracle(fun, _sizes(0, 1, 5, 40), [(40,)], "n", modes=("eager", "jit"), atol=0, rtol=0)
+    check_oracle(fun, _ex2(), [(4, 8)], "b, n", modes=("jit",), atol=0, rtol=0)
+
+
 def test_gamma_padding_alpha_stays_finite():
     a = pm.Masked(jnp.full((16,), jnp.nan).at[:3].set(jnp.array([0.1, 1.0, 5.0])),
                   (jnp.int32(3),))

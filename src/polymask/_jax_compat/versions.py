@@ -48,6 +48,12 @@ VERSIONED_PRIMITIVES: dict[str, tuple[tuple | None, tuple | None]] = {
     "log2": ((0, 11), None),          # jnp.log2 was log(x) / log(2)
     "one_minus_square": ((0, 11), None),  # tanh's derivative
     "polynomial": ((0, 12), None),    # jnp.polyval's Horner loop
+    # jax 0.12.1: the pi-scaled trigonometry (jax.scipy.special/stats, lanczos
+    # resize), exp2m1/log2p1, fused multiply-adds, poisson and gamma's gradient
+    # as primitives, and raw_bits
+    **{name: ((0, 12, 1), None) for name in (
+        "sinpi", "cospi", "tanpi", "asinpi", "acospi", "atanpi", "atan2pi", "exp2m1",
+        "log2p1", "fma", "fmuladd", "random_poisson", "random_gamma_grad", "raw_bits")},
 }
 
 # From jax 0.11 the flattened bwd of a custom_vjp_call returns (cotangents,
@@ -67,7 +73,7 @@ def has_primitive(name: str) -> bool:
     """Whether the installed JAX defines the primitive ``name`` (see
     ``VERSIONED_PRIMITIVES``; any other name is taken to exist)."""
     since, until = VERSIONED_PRIMITIVES.get(name, (None, None))
-    v = JAX_VERSION[:2]
+    v = JAX_VERSION  # (0, 12, 1) >= (0, 12): a bound of two parts is its minor release
     return (since is None or v >= since) and (until is None or v < until)
 
 

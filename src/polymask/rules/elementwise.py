@@ -27,6 +27,8 @@ defelementwise(
     lax.sqrt_p, lax.square_p, lax.tan_p, lax.tanh_p, lax.bitcast_convert_type_p,
     lax.optimization_barrier_p,
     "log2", "one_minus_square",  # jax >= 0.11 (jnp.log2; tanh's derivative 1 - x^2)
+    # jax >= 0.12.1: sin(pi x) and kin (jax.scipy.special's reflection formulas)
+    "sinpi", "cospi", "tanpi", "asinpi", "acospi", "atanpi", "exp2m1", "log2p1",
     module=__name__)
 # binary and n-ary
 defelementwise(
@@ -36,6 +38,7 @@ defelementwise(
     lax.igammac_p, lax.igamma_grad_a_p, lax.polygamma_p, lax.zeta_p,
     lax.regularized_incomplete_beta_p, lax.select_n_p, lax.clamp_p, lax.mulhi_p, "zeros_like",
     "polynomial",  # jax >= 0.12: Horner's rule in x and broadcast coefficients
+    "atan2pi", "fma", "fmuladd",  # jax >= 0.12.1
     module=__name__)
 # placement / annotations: the padded buffer is placed like the logical one
 defelementwise(lax.sharding_constraint_p, lax.device_put_p, "layout_constraint", "name", "pin",

@@ -54,6 +54,17 @@ def random_split_rule(ctx, keys, *, shape, **params):  # (jax 0.12.1: out_shardi
     return jax.random.wrap_key_data(data, impl=jax.random.key_impl(keys))
 
 
+@register("raw_bits")  # jax >= 0.12.1
+def raw_bits_rule(ctx, keys, *, shape, **params):
+    """Threefry's two raw 32-bit words at the logical linear index of every
+    position (the streams of ``random_bits``, before any XOR)."""
+    nk = len(ctx.in_bounds[0])
+    if not masked_axes(ctx.out_logical[0], ctx.out_bounds[0], range(nk, nk + len(shape))):
+        return ctx.bind(keys)
+    check_partitionable(ctx, keys, "raw random bits")
+    return list(threefry_counts(ctx, keys))
+
+
 @register("random_bits")
 def random_bits_rule(ctx, keys, *, bit_width, shape, num_streams=None, **params):
     """Bits at the logical linear index of every position. From jax 0.12.1 the

@@ -1,5 +1,6 @@
 """``jax.random`` samplers with dynamic shapes: ``random_gamma`` (``gamma``,
-``beta``, ``dirichlet``, ``loggamma``) and the sort-based shuffle
+``beta``, ``dirichlet``, ``loggamma``), ``random_poisson`` (jax >= 0.12.1) and
+``random_gamma_grad`` (gamma's derivative, elementwise) and the sort-based shuffle
 (``permutation``, ``shuffle``, ``choice(replace=False)``), and
 ``permutation(key, n)`` of a symbolic ``n`` (``permutation_symbolic``).
 
@@ -38,26 +39,47 @@ from .. import _jax_compat as compat
 from .._jax_compat import random as compat_random
 from ..core.trace_state import current_scope
 from ..tracing.registry import register
+from .families import defelementwise
 from .random import check_partitionable, linear_index
 from .util import fill_padding, in_masked_trace, masked_axes
 
-__all__ = ["random_gamma_rule", "shuffle_symbolic", "permutation_symbolic"]
+__all__ = ["random_gamma_rule", "random_poisson_rule", "shuffle_symbolic",
+           "permutation_symbolic"]
 
 
 @register("random_gamma")
 def random_gamma_rule(ctx, key, a, *, log_space, **params):  # (jax 0.12.1: out_sharding)
+    # alpha 1 in padding: finite samples and gradients
+    return _per_element_sampler(ctx, key, a, fill=1, what="gamma samples")
+
+
+@register("random_poisson")  # jax >= 0.12.1
+def random_poisson_rule(ctx, key, lam, *, dtype, **params):
+    """``random_poisson(key, lam)`` (``jax.random.poisson`` from jax 0.12.1):
+    laid out as ``random_gamma``; each key's loop (Knuth's, or the rejection
+    sampler's) draws every element at its linear index, so a rate of 0 in
+    padding, done at once, changes no logical draw."""
+    return _per_element_sampler(ctx, key, lam, fill=0, what="poisson samples")
+
+
+def _per_element_sampler(ctx, key, a, *, fill, what: str):
+    """A sampler primitive ``p(key, a)`` whose keys' shape ``K`` prefixes
+    ``a``'s shape ``K + S`` and which draws element ``i`` of ``S`` at linear
+    index ``i``: padding of ``a`` set to ``fill`` (a parameter that samples
+    finitely), then bound where the padded linear index of ``S`` is the
+    logical one, else laid out flat (see the module doc)."""
     bounds, logical = ctx.in_bounds[1], ctx.in_logical[1]
     nk = key.ndim
-    a = fill_padding(a, logical, 1)  # alpha 1 in padding: finite samples and gradients
+    a = fill_padding(a, logical, fill)
     dyn = masked_axes(logical, bounds, range(nk, len(bounds)))
     if not dyn:
         return ctx.bind(key, a)  # elementwise over the keys: any key implementation
-    check_partitionable(ctx, key, "gamma samples")
+    check_partitionable(ctx, key, what)
     if dyn == [nk]:  # the padded linear index of S is the logical one
         return ctx.bind(key, a)
     size = math.prod(bounds[nk:])
     if size >= 2 ** 31:
-        raise ctx.unsupported("gamma samples with a dynamic shape of 2**31 or more "
+        raise ctx.unsupported(f"{what} with a dynamic shape of 2**31 or more "
                               "elements per key")
     lead = (slice(None),) * nk
     # Flat position j holds the element whose logical linear index is j.
@@ -69,11 +91,15 @@ def random_gamma_rule(ctx, key, a, *, log_space, **params):  # (jax 0.12.1: out_
         coords.append((j // total) % n)
         total = total * jnp.asarray(logical[d], np.int32)
     flat = a[lead + tuple(reversed(coords))]
-    flat = jnp.where(j < total, flat, jnp.ones((), flat.dtype))
+    flat = jnp.where(j < total, flat, jnp.full((), fill, flat.dtype))
     samples = ctx.bind(key, flat)
     out = samples[lead + (linear_index(bounds[nk:], logical[nk:], np.int32),)]
-    return fill_padding(out, logical, 1)  # padding read logical samples: cut its cotangents
+    # padding read logical samples: cut its cotangents
+    return fill_padding(out, logical, fill)
 
+
+# d sample / d alpha at (alpha, sample): elementwise (jax >= 0.12.1 binds it)
+defelementwise("random_gamma_grad", module=__name__)
 
 _SHUFFLE_MODULE, _SHUFFLE_NAME = compat_random.shuffle_home()
 _ORIGINAL_SHUFFLE = getattr(_SHUFFLE_MODULE, _SHUFFLE_NAME)
