@@ -507,6 +507,11 @@ _SELECTIONS = {
     "dynamic_index": (lambda s: jax.lax.dynamic_index_in_dim(s, 0, keepdims=False), _RAISES),
     "percentile": (lambda s: jnp.percentile(s, 50.0), _RAISES),
     "searchsorted": (lambda s: jnp.searchsorted(s, 25.0), _VALUE),
+    # lax's own checks (k <= size, a non-empty axis) and Python's division by
+    # the count (found from outside)
+    "lax_top_k": (lambda s: jax.lax.top_k(s, 1)[0], _RAISES),
+    "lax_argmax": (lambda s: jax.lax.argmax(s, 0, jnp.int32), _RAISES),
+    "one_over_count": (lambda s: s.sum() + 1.0 / s.shape[0], _RAISES),
 }
 
 
@@ -524,7 +529,7 @@ def test_an_empty_selection_raises_where_plain_jax_does(name):
         sub = jnp.asarray(x[:n])
         if n <= 1 and at_zero != _VALUE:
             if at_zero == _RAISES:
-                with pytest.raises((ValueError, IndexError, TypeError)):
+                with pytest.raises((ValueError, IndexError, TypeError, ZeroDivisionError)):
                     op(sub[sub > 10])
             said = "the size of this result is 0|logical size 0|longer than its operand"
             with pytest.raises(pm.ShapeError, match=said):
@@ -535,6 +540,24 @@ def test_an_empty_selection_raises_where_plain_jax_does(name):
         want = op(sub[sub > 10])
         for got in (m(pm.Masked(x, (n,))), jm(pm.Masked(x, (jnp.int32(n),)))):
             np.testing.assert_allclose(got.unpad(), want, rtol=1e-6)
+
+
+def test_convolve_of_an_empty_selection_raises_where_plain_jax_does():
+    """jnp.convolve's "inputs cannot be empty" is checked in polymask's rewrite
+    of it, which counted as polymask's own code: a selection of 0 returned a
+    value. (Past one element, convolve compares the selection's size with the
+    kernel's, which the trace cannot decide: docs/data_dependent.md.)"""
+    f = lambda x: jnp.convolve(pm.boolean_mask(x, x > 10), jnp.array([1.0, 2.0]))  # noqa: E731
+    m = pm.mask(f, "n")
+    with pytest.raises(ValueError, match="cannot be empty"):
+        f(jnp.array([3.0]))
+    for data in ([3.0], [30.0]):
+        x = np.array(data, np.float32)
+        if data[0] > 10:
+            np.testing.assert_allclose(m(pm.Masked(x, (1,))).unpad(), f(jnp.asarray(x)))
+            continue
+        with pytest.raises(pm.ShapeError, match="the size of this result is 0"):
+            m(pm.Masked(x, (1,)))
 
 
 @pytest.mark.parametrize("start, size", [(-2, 2), (-7, 2), (1, 3), (0, 3), (-1, 1), (2, 9)])

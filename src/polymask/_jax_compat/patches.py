@@ -41,7 +41,7 @@ from .splits import trace_hooks
 from .versions import _hi_primitive_staging_home
 
 __all__ = ["TracePatch", "TRACE_PATCHES", "trace_patch", "replace_during_trace",
-           "during_masked_trace", "replacement_of"]
+           "during_masked_trace", "replacement_of", "is_trace_replacement"]
 
 ALL_VERSIONS = "all supported (0.10.2 .. 0.12)"
 
@@ -204,6 +204,12 @@ def replace_during_trace(name: str, replacement: Callable) -> None:
         raise ValueError(f"row {name!r} is installed by splits.trace_hooks")
     _REPLACEMENTS[name] = replacement
     _REPLACEMENT_OF[row.current()] = replacement
+
+
+def is_trace_replacement(code) -> bool:
+    """Whether ``code`` (a frame's ``f_code``) is a ``replace_during_trace``
+    replacement's own: code that stands for JAX's in a masked trace."""
+    return any(getattr(r, "__code__", None) is code for r in _REPLACEMENTS.values())
 
 
 def replacement_of(fun: Callable) -> Callable:

@@ -15,6 +15,7 @@ import dis
 import functools
 import itertools
 import linecache
+import os
 import re
 import sys
 import threading
@@ -558,6 +559,11 @@ def _check_python_divisor(divisor) -> None:
         if isinstance(divisor, (int, float)) and divisor == 0:
             raise ZeroDivisionError("division by zero")
         return
+    if _has_fresh(divisor) and not _called_by_polymask(_outside_this_module()):
+        # a data-dependent count (1.0 / sel.shape[0]): JAX assumes it >= 1;
+        # where it is 0, Python's division raises: checked at run time
+        _note_nonempty(divisor, 0, lambda d: None if _eq_zero(d) is None
+                       else not _eq_zero(d), True)
     frame = _active_frame(divisor)
     if frame is None:
         return
@@ -570,6 +576,14 @@ def _check_python_divisor(divisor) -> None:
     # (``n - 1`` is -1 at n = 0: both sides, first at 0 | not)
     cond = divisor - 1 if lo >= 0 else -divisor - 1 if hi <= 0 else divisor
     raise SplitNeeded(f"Possible division by 0 in division by {divisor}", cond)
+
+
+def _outside_this_module():
+    """The innermost Python frame whose code is not this module's."""
+    caller = sys._getframe(1)
+    while caller is not None and caller.f_code.co_filename == __file__:
+        caller = caller.f_back
+    return caller
 
 
 _ZERO_DIVISOR = "Possible division by 0 in division by "
@@ -758,8 +772,17 @@ def _empty_at_zero(size, fresh) -> bool:
 def _called_by_polymask(caller) -> bool:
     """Whether JAX code at ``caller`` runs for polymask's own (a rule's
     ``a[mid]`` in its searchsorted, whose result is unused at size 0), not
-    for the user's: the first frame outside JAX is polymask's."""
-    while caller is not None and "/jax/" in caller.f_code.co_filename.replace("\\", "/"):
+    for the user's: the first frame outside JAX is polymask's (past this
+    package's own hooks into JAX's tracing: its staging of the user's
+    ``lax.top_k`` is the user's call)."""
+    from .patches import is_trace_replacement  # (patches imports this module)
+
+    if caller is not None and is_trace_replacement(caller.f_code):
+        return False  # (jnp.convolve's own "inputs cannot be empty", rewritten)
+    here = os.path.dirname(os.path.abspath(__file__))
+    while caller is not None and (
+            "/jax/" in caller.f_code.co_filename.replace("\\", "/")
+            or caller.f_code.co_filename.startswith(here)):
         caller = caller.f_back
     return caller is not None and caller.f_code.co_filename.startswith(_POLYMASK_DIR)
 
