@@ -542,6 +542,24 @@ def test_an_empty_selection_raises_where_plain_jax_does(name):
             np.testing.assert_allclose(got.unpad(), want, rtol=1e-6)
 
 
+@pytest.mark.parametrize("op", [lambda s: jnp.split(s, 2)[0],
+                                lambda s: jnp.pad(s, 1, mode="reflect")],
+                         ids=["split", "pad_reflect"])
+def test_a_use_that_needs_a_selections_count_says_so(op):
+    """jnp.split (``rest is mod(_u1, 2)``) and jnp.pad(mode="reflect") need the
+    count's value while tracing. The split was said to fail "for every logical
+    size, as it does on the exact arrays" (plain JAX splits an even count), and
+    the pad suggested a constraint on the internal ``_u`` name, which specs
+    cannot name."""
+    m = pm.mask(lambda x: op(pm.boolean_mask(x, x != 0)), "n")
+    x = jnp.array([1.0, 2.0, 3.0, 4.0, 0.0, 0.0])
+    op(x[:4])  # plain JAX runs it on the exact selection
+    with pytest.raises(pm.ShapeError, match="needs the value of a data-dependent size") as e:
+        m(pm.Masked(x, (4,)))
+    assert "as it does on the exact arrays" not in str(e.value)
+    assert "constraints=['_u" not in str(e.value)
+
+
 def test_convolve_of_an_empty_selection_raises_where_plain_jax_does():
     """jnp.convolve's "inputs cannot be empty" is checked in polymask's rewrite
     of it, which counted as polymask's own code: a selection of 0 returned a

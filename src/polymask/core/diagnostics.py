@@ -566,6 +566,25 @@ _SHAPE_MISMATCH = re.compile(
     r"expected key_data\.shape to end with")
 
 
+def _data_dependent_size_use(e: BaseException, msg: str, where: str) -> ShapeError | None:
+    """An error of JAX's that names a data-dependent size (``_u3``: the count
+    of a ``boolean_mask`` / ``nonzero`` result) other than an undecided
+    comparison (said by ``_inconclusive_error``): JAX needed that size's value
+    while tracing (``jnp.split``'s "rest is mod(_u3, 2)", ``jnp.pad``'s
+    reflect width), which plain JAX, given the exact arrays, has."""
+    names = sorted({w for w in re.findall(r"\b_\w+", msg) if compat.is_fresh_dim_name(w)})
+    if not names or isinstance(e, compat.InconclusiveDimensionOperation):
+        return None
+    said = msg.splitlines()[0]
+    return ShapeError(
+        f"JAX needs the value of a data-dependent size ({', '.join(names)}: the count of a "
+        f"polymask.nonzero / boolean_mask / unique / ... result) while tracing at {where}, "
+        "and polymask traces one program for every count (plain JAX, given the exact "
+        "arrays, knows it). Bound the op with size= (jnp.nonzero(x, size=k, "
+        "fill_value=...)) so its size is static, or do this step on the host.\n  "
+        f"JAX said: {said}")
+
+
 def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = None
                           ) -> ShapeError | None:
     """The polymask error for a JAX error raised while tracing the user's function.
@@ -579,6 +598,9 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
     dd = _data_dependent_error(e, where)
     if dd is not None:
         return dd
+    counted = _data_dependent_size_use(e, msg, where)
+    if counted is not None:
+        return counted
     api_err = _api_specific_error(e, _api_for_remedy(e), msg, where, var_where)
     if api_err is not None:
         return api_err

@@ -152,7 +152,9 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
     count = math.prod(ctx.in_logical[1][:-1]) if indices.ndim else 1  # index rows
     _require_window_fits(ctx, op_l, ss_log, count, "a gather (jnp.take, x[i] with an index "
                          "array, percentile) reads from an axis of logical size 0 (plain JAX "
-                         "raises: a non-empty take from an empty axis)")
+                         "raises there, a non-empty take from an empty axis, or takes a path "
+                         "of its own for an empty axis, as jnp.take_along_axis's zeros, which "
+                         "this one program does not follow)")
     out = ctx.primitive.bind(
         _extend(operand, ext), new_idx,
         **ctx.concrete_params(mode=_MODE.PROMISE_IN_BOUNDS, fill_value=None))

@@ -302,6 +302,10 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     return prog, leaves
 
 
+def _names_a_data_dependent_size(text: str) -> bool:
+    return any(compat.is_fresh_dim_name(w) for w in re.findall(r"\b_\w+", text))
+
+
 def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any],
                paths: Sequence[str], constraints: Sequence[str] = (),
                conditions: Sequence[str] = ()) -> MaskedProgram:
@@ -372,7 +376,12 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         # At pinned sizes the trace is plain JAX's: its error is the plain
         # function's, not a symbolic-shape limitation to translate.
         shown = dimvars.displayed_error(e, internal)  # messages name spec dim vars
-        translated = None if static else translate_trace_error(shown, var_where)
+        # (at pinned sizes a data-dependent size stays symbolic: where JAX needed
+        # its value, jnp.split's "rest is mod(_u1, 2)", that is what to say)
+        needs_count = (_names_a_data_dependent_size(str(e))
+                       and not isinstance(e, compat.InconclusiveDimensionOperation))
+        translated = (None if static and not needs_count
+                      else translate_trace_error(shown, var_where))
         signature = SizeSignature(var_order, var_bounds, internal, scope, dim_bounds, user_scope)
         if translated is not None:
             err = dimvars.displayed_error(translated, internal)
