@@ -904,3 +904,23 @@ def test_a_dim_var_meeting_a_fixed_size_is_told_to_be_static():
     for n in (1, 5, 7):
         np.testing.assert_array_equal(f(np.ones((n, 3), np.float32)), np.full((n, 4), 3.0))
     assert f.stats()["compiles"] == 1
+
+
+def test_a_float_where_an_int_size_or_setting_is_expected_is_refused_not_truncated():
+    """pm.dynamic_slice(x, 1, 2.5) sliced 2 elements and a start of 1.5 read as
+    1 (lax.dynamic_slice raises TypeError); ragged_map(batch_size=2.5) and
+    jit(max_cases=4.0) were accepted (found by a new user)."""
+    x = jnp.arange(10.0)
+    with pytest.raises(TypeError, match="a size must be an integer, got 2.5"):
+        pm.dynamic_slice(x, 1, 2.5)
+    with pytest.raises(TypeError, match="start must be an integer, got 1.5"):
+        pm.dynamic_slice(x, 1.5, 2)
+    with pytest.raises(TypeError, match="max_size must be an int"):
+        pm.dynamic_slice(x, 1, 2, max_size=4.5)
+    with pytest.raises(TypeError, match="batch_size must be an int, got 2.5"):
+        pm.ragged_map(lambda x: x, batch_size=2.5)
+    with pytest.raises(TypeError, match="max_cases must be an int, got 4.0"):
+        pm.jit(lambda x: x, max_cases=4.0)
+    with pytest.raises(TypeError, match="max_cases must be an int"):
+        pm.mask(lambda x: x, "n", max_cases=4.0)
+    np.testing.assert_array_equal(pm.dynamic_slice(x, np.int32(1), np.int64(3)), [1.0, 2.0, 3.0])

@@ -37,11 +37,11 @@ from .core import DimExpr
 from .hooks import patched_attr
 from .indexing import NDINDEXER
 from .splits import _DIVISIONS as DIVISION_METHODS
-from .splits import trace_hooks
+from .splits import TRACE_REPLACEMENT_CODES, trace_hooks
 from .versions import _hi_primitive_staging_home
 
 __all__ = ["TracePatch", "TRACE_PATCHES", "trace_patch", "replace_during_trace",
-           "during_masked_trace", "replacement_of", "is_trace_replacement"]
+           "during_masked_trace", "replacement_of"]
 
 ALL_VERSIONS = "all supported (0.10.2 .. 0.12)"
 
@@ -203,13 +203,9 @@ def replace_during_trace(name: str, replacement: Callable) -> None:
     if name in _SPLIT_ROWS:
         raise ValueError(f"row {name!r} is installed by splits.trace_hooks")
     _REPLACEMENTS[name] = replacement
+    if hasattr(replacement, "__code__"):
+        TRACE_REPLACEMENT_CODES.add(replacement.__code__)
     _REPLACEMENT_OF[row.current()] = replacement
-
-
-def is_trace_replacement(code) -> bool:
-    """Whether ``code`` (a frame's ``f_code``) is a ``replace_during_trace``
-    replacement's own: code that stands for JAX's in a masked trace."""
-    return any(getattr(r, "__code__", None) is code for r in _REPLACEMENTS.values())
 
 
 def replacement_of(fun: Callable) -> Callable:

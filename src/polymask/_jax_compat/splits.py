@@ -769,15 +769,18 @@ def _empty_at_zero(size, fresh) -> bool:
         return False
 
 
+# the code of every replace_during_trace replacement (patches.py adds them):
+# code that stands for JAX's own in a masked trace
+TRACE_REPLACEMENT_CODES: set = set()
+
+
 def _called_by_polymask(caller) -> bool:
     """Whether JAX code at ``caller`` runs for polymask's own (a rule's
     ``a[mid]`` in its searchsorted, whose result is unused at size 0), not
     for the user's: the first frame outside JAX is polymask's (past this
     package's own hooks into JAX's tracing: its staging of the user's
     ``lax.top_k`` is the user's call)."""
-    from .patches import is_trace_replacement  # (patches imports this module)
-
-    if caller is not None and is_trace_replacement(caller.f_code):
+    if caller is not None and caller.f_code in TRACE_REPLACEMENT_CODES:
         return False  # (jnp.convolve's own "inputs cannot be empty", rewritten)
     here = os.path.dirname(os.path.abspath(__file__))
     while caller is not None and (

@@ -573,7 +573,8 @@ def _data_dependent_size_use(e: BaseException, msg: str, where: str) -> ShapeErr
     while tracing (``jnp.split``'s "rest is mod(_u3, 2)", ``jnp.pad``'s
     reflect width), which plain JAX, given the exact arrays, has."""
     names = sorted({w for w in re.findall(r"\b_\w+", msg) if compat.is_fresh_dim_name(w)})
-    if not names or isinstance(e, compat.InconclusiveDimensionOperation):
+    if (not names or isinstance(e, compat.InconclusiveDimensionOperation)
+            or is_shape_mismatch(e, msg)):  # (two counts' shapes: said there)
         return None
     said = msg.splitlines()[0]
     return ShapeError(

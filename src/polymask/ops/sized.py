@@ -6,9 +6,11 @@ import operator
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
+from ..core.buckets import int_arg
 from ..core.diagnostics import user_call_site
 from ..core.errors import ShapeError
 from ..rules.data_dependent import (
@@ -109,7 +111,7 @@ def arange(start, stop=None, step=None, dtype=None, *, max_size=None):
         dtype = jnp.result_type(start, stop, step)
     dtype = jnp.dtype(dtype)
     as_arr = [jnp.asarray(v) for v in (start, stop, step)]
-    return arange_p.bind(*as_arr, out_dim=_fresh(int(max_size)), dtype=dtype)
+    return arange_p.bind(*as_arr, out_dim=_fresh(int_arg(max_size, "max_size", 0)), dtype=dtype)
 
 
 def _as_list(v, name):
@@ -118,6 +120,19 @@ def _as_list(v, name):
     if hasattr(v, "ndim") and getattr(v, "ndim", 0) == 1 and not compat.is_dim_expr(v):
         return [v[i] for i in range(v.shape[0])]
     return [v]
+
+
+def _check_integer(v, what: str) -> None:
+    """``TypeError`` for a start or size that is not an integer (``2.5``, a
+    float array), which would be truncated; ``lax.dynamic_slice`` refuses it."""
+    if compat.is_dim_expr(v) or isinstance(v, (bool, np.bool_)):
+        return
+    dtype = getattr(v, "dtype", None)
+    kind = np.dtype(dtype).kind if dtype is not None else (
+        "i" if isinstance(v, int) else "f" if isinstance(v, float) else None)
+    if kind is not None and kind not in "iu":
+        raise TypeError(f"polymask.dynamic_slice: {what} must be an integer, got {v!r} "
+                        f"(called at {user_call_site()})")
 
 
 def _concrete_int(v):
@@ -159,6 +174,13 @@ def dynamic_slice(x, start, sizes, *, max_size=None):
         raise ValueError("polymask.dynamic_slice: start and sizes need one entry per "
                          "leading axis")
     k = len(starts)
+    for what, vs in (("start", starts), ("a size", szs)):
+        for v in vs:
+            _check_integer(v, what)
+    if max_size is not None:
+        for m in (max_size if isinstance(max_size, (list, tuple)) else [max_size]):
+            if m is not None:
+                int_arg(m, "polymask.dynamic_slice: max_size", 0)
     static = [_concrete_int(s) for s in szs]
     symbolic = compat.is_symbolic_shape(x.shape)
     if not _masking() or (not symbolic and all(s is not None for s in static)):

@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.binding import KeywordWithoutSpec, check_arity, keywords_as_positional, runner_specs
+from ..core.buckets import int_arg
 from ..core.errors import (
     FailsAsPlainJax,
     ShapeError,
@@ -209,7 +210,7 @@ class PolyJit:
         if self.static_args is not None:
             self.in_specs = self.static_args.specs(self.in_specs)
         self.constraints = as_constraints(constraints)
-        self.max_cases = max_cases
+        self.max_cases = int_arg(max_cases, "max_cases", 0)  # (4.0: never truncated)
         self.compiler_options = checked_compiler_options(compiler_options)
         self.numpy_outputs = numpy_outputs
         policy_for = policy_getter(buckets)

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from ..core.binding import runner_specs
-from ..core.buckets import as_policy
+from ..core.buckets import as_policy, int_arg
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import FailsAsPlainJax, ShapeError, about_example
 from ..core.plan import dtype_key, policy_getter
@@ -92,7 +92,7 @@ class RaggedMap:
         self.fun = fun
         self.in_specs = runner_specs(fun, in_specs, "ragged_map", accepts_dict=False)
         self.constraints = as_constraints(constraints)
-        self.max_cases = max_cases
+        self.max_cases = int_arg(max_cases, "max_cases", 0)  # (4.0: never truncated)
         self.compiler_options = checked_compiler_options(compiler_options)
         self.plans = CallPlans(self.in_specs, self.constraints, policy_getter(buckets))
         self._axis_history = ragged_batches.AxisHistory()  # auto specs over the calls
@@ -111,9 +111,7 @@ class RaggedMap:
                                      program_and_avals=self._program_and_avals,
                                      ready=self._program_ready)
         self.compile_ahead = bool(compile_ahead)
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
-        self.batch_size = int(batch_size)
+        self.batch_size = int_arg(batch_size, "batch_size", 1)  # (2.5: never truncated)
         self._batch_policy = None if batch_buckets is None else as_policy(batch_buckets)
         self.sort = bool(sort)
         if batch_tokens is not None and int(batch_tokens) < 1:

@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.binding import split_specs
+from ..core.buckets import int_arg
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
@@ -214,7 +215,8 @@ class _Meta:
         self.checks = checks
         self.zero_padded = zero_padded
         self.differentiable = differentiable
-        self.max_cases = max_cases
+        # (4.0 is a mistake, never truncated: as the runners' other int settings)
+        self.max_cases = int_arg(max_cases, "max_cases", 0)
         self.cache: dict[Any, CaseTree] = {}
         self.lock = threading.Lock()
         try:
