@@ -441,3 +441,12 @@ def test_explain_of_polymask_jit_shows_the_program_it_compiles():
     assert "(1 select_n)" in text
     assert "(3 select_n)" in pm.explain(f, (None, "n"), jnp.float32(2), jnp.ones(5),
                                         print_output=False)
+
+
+def test_explain_of_a_runner_without_specs_takes_a_padded_shape_tuple():
+    """explain(polymask.jit(f), None, (8,)) read the shape tuple as a tuple of
+    two ints (static), and said the runner ran the call per exact shape."""
+    f = pm.jit(lambda x: jnp.sum(x * 2), tiered=False)
+    f(jnp.ones(5))
+    text = str(pm.explain(f, None, (8,), print_output=False))
+    assert "f32[s0]  bound [8]" in text and "no shared program" not in text

@@ -242,7 +242,7 @@ def _aval_str(aval) -> str:
     return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else str(aval)
 
 
-def _runner_arguments(runner, in_specs, args, constraints):
+def _runner_arguments(runner, in_specs, args, constraints, dtype=jnp.float32):
     """``(in_specs, args, constraints)`` for explaining ``runner``: its own
     specs (fitted to the arguments: parameters and broadcast arguments get
     None) and constraints unless given; an argument in the spec slot that is
@@ -255,8 +255,10 @@ def _runner_arguments(runner, in_specs, args, constraints):
     elif hasattr(runner, "positional_arguments"):  # static arguments, defaults
         args = runner.positional_arguments(tuple(args))
     if in_specs is None and args and hasattr(runner, "explained_specs"):
-        try:
-            in_specs = runner.explained_specs(args)
+        try:  # (a padded shape tuple is an array of that shape, not a tuple of ints)
+            in_specs = runner.explained_specs(tuple(
+                jax.ShapeDtypeStruct(tuple(a), dtype) if is_shape_tuple(a) else a
+                for a in args))
         except ShapeError:  # the arguments do not fit: reported below, as a call would
             in_specs = runner.in_specs
     elif in_specs is None:
@@ -396,7 +398,8 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
     runner, fun = (fun, fun.fun) if _is_runner(fun) else (None, fun)  # trace the user's function
     if runner is not None:
-        in_specs, args, constraints = _runner_arguments(runner, in_specs, args, constraints)
+        in_specs, args, constraints = _runner_arguments(runner, in_specs, args, constraints,
+                                                        dtype)
     placeholder = not args
     if placeholder:
         args = _placeholder_arguments(runner, in_specs, dtype)

@@ -99,6 +99,11 @@ class LayoutChoice:
             return self._refuse(_several_kinds(kinds, infos), every)
         ((tree, *_), idxs), = kinds.items()
         plan0 = infos[idxs[0]][0]
+        if not plan0.var_names:
+            return self._refuse(
+                "no axis of this call's examples has a dim var (without in_specs, an axis "
+                "is ragged where the examples' sizes differ, or differed in an earlier "
+                "call): nothing to pack", every, permanent=specs)
         if len(plan0.var_names) != 1:
             return self._refuse(
                 f"the specs name {len(plan0.var_names)} dim vars "
