@@ -420,8 +420,11 @@ def _uvicorn_server(config, shutdown_timeout: float | None):
     import uvicorn
 
     class Server(uvicorn.Server):
+        interrupted = False  # a SIGINT came (run raises KeyboardInterrupt after it)
+
         def handle_exit(self, sig, frame) -> None:
             again = self.should_exit
+            self.interrupted |= sig == signal.SIGINT
             super().handle_exit(sig, frame)
             name = signal.Signals(sig).name
             bound = ("until the requests in flight finish" if shutdown_timeout is None else
@@ -474,6 +477,10 @@ def run(service: EmbeddingService, *, model_name: str, host: str = "127.0.0.1",
           f"503 until ready)", file=sys.stderr, flush=True)
     try:
         server.run(sockets=sockets)
+        if server.interrupted:
+            # uvicorn raises a captured SIGINT again once stopped; in asyncio's
+            # own SIGINT window that raise can be lost (seen under load: exit 0)
+            raise KeyboardInterrupt
     except OSError as e:
         if server.started:
             raise
