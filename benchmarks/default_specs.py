@@ -1,7 +1,8 @@
 """Program sharing of ``polymask.jit`` without ``in_specs`` on ecosystem models.
 
 Each model (equinox, haiku, optax; weights closed over or passed as
-arguments) is called on 6-8 exact shapes with ``polymask.jit(f)`` and with
+arguments; functions of arguments with related sizes, T and T + 1, and a
+first call whose sizes coincide) is called on 6-31 exact shapes with ``polymask.jit(f)`` and with
 ``jax.jit(f)``; values are compared (float32, rtol 1e-4) and the compiles
 counted: ``jax.jit`` compiles once per distinct shape, polymask once per
 bucket where it shares, and per exact shape (``exact_compiles``) where it
@@ -127,6 +128,20 @@ def models():
     yield ("optax_train_step", train_step,
            [(hp, tx.init(hp), normal(n, 16), jnp.asarray(RNG.integers(0, 10, n), jnp.int32))
             for n in [1, 3, 5, 16, 17, 32, 33, 64]])
+
+    # arguments whose sizes are related (T and T + 1) or coincide in the first call
+    ts = (5, 7, 9, 12, 3, 20, 0, 1)
+    yield ("rlax_td_error", lambda r, d, v: r + d * v[1:] - v[:-1],
+           [(normal(t), normal(t), normal(t + 1)) for t in ts])
+    yield "tail_slice_3", lambda r, v: r - v[3:], [(normal(t), normal(t + 3)) for t in ts]
+    yield ("two_relations", lambda a, b, c: a + b[1:] + c[2:],
+           [(normal(t), normal(t + 1), normal(t + 2)) for t in ts])
+    w3 = jnp.eye(3)
+    yield ("rnn_states_first_coinciding", lambda x, h: x @ w3 + h[1:] @ w3,
+           [(normal(t, 3), normal(t + 1, 3)) for t in (2, 3, 4, 6, 9, 1, 5)])
+    yield ("jnp_cov_first_square", jnp.cov,
+           [(normal(*s),) for s in [(3, 3)] + [(int(RNG.integers(3, 6)), int(RNG.integers(3, 40)))
+                                              for _ in range(30)]])
 
 
 def main() -> None:
