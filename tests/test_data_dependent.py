@@ -512,6 +512,14 @@ _SELECTIONS = {
     "lax_top_k": (lambda s: jax.lax.top_k(s, 1)[0], _RAISES),
     "lax_argmax": (lambda s: jax.lax.argmax(s, 0, jnp.int32), _RAISES),
     "one_over_count": (lambda s: s.sum() + 1.0 / s.shape[0], _RAISES),
+    # lax's shape rules build their message before the raise (found from outside)
+    "lax_slice": (lambda s: jax.lax.slice(s, (0,), (1,)), _RAISES),
+    "update_slice": (lambda s: jax.lax.dynamic_update_slice(s, jnp.array([7.0]), (0,)),
+                     _RAISES),
+    "index_in_dim": (lambda s: jax.lax.index_in_dim(s, 0, keepdims=False), _RAISES),
+    "pad_edge": (lambda s: jnp.pad(s, (1, 2), mode="edge"), _RAISES),
+    # jnp.cov's own result for no samples (NaN): its path, not the general one
+    "cov": (lambda s: jnp.cov(s), _POLYMASK_RAISES),
 }
 
 
@@ -527,11 +535,13 @@ def test_an_empty_selection_raises_where_plain_jax_does(name):
     x = np.array([3.0, 20, 50, 0, 30, np.nan], np.float32)  # NaN in the padding
     for n in (5, 4, 2, 1, 0):  # the selection is empty at n = 1 and n = 0
         sub = jnp.asarray(x[:n])
-        if n <= 1 and at_zero != _VALUE:
+        # (at n = 0 the count is the constant 0: plain JAX's own path, value or error)
+        if (n == 1 and at_zero != _VALUE) or (n == 0 and at_zero == _RAISES):
             if at_zero == _RAISES:
                 with pytest.raises((ValueError, IndexError, TypeError, ZeroDivisionError)):
                     op(sub[sub > 10])
-            said = "the size of this result is 0|logical size 0|longer than its operand"
+            said = ("the size of this result is 0|logical size 0|longer than its operand|"
+                    "as it does on the exact arrays")
             with pytest.raises(pm.ShapeError, match=said):
                 m(pm.Masked(x, (n,)))
             with pytest.raises(Exception, match=said):
@@ -539,23 +549,163 @@ def test_an_empty_selection_raises_where_plain_jax_does(name):
             continue
         want = op(sub[sub > 10])
         for got in (m(pm.Masked(x, (n,))), jm(pm.Masked(x, (jnp.int32(n),)))):
-            np.testing.assert_allclose(got.unpad(), want, rtol=1e-6)
+            np.testing.assert_allclose(got.unpad(), want, rtol=1e-6)  # (NaN: equal too)
 
 
-@pytest.mark.parametrize("op", [lambda s: jnp.split(s, 2)[0],
-                                lambda s: jnp.pad(s, 1, mode="reflect")],
-                         ids=["split", "pad_reflect"])
-def test_a_use_that_needs_a_selections_count_says_so(op):
-    """jnp.split (``rest is mod(_u1, 2)``) and jnp.pad(mode="reflect") need the
-    count's value while tracing. The split was said to fail "for every logical
-    size, as it does on the exact arrays" (plain JAX splits an even count), and
-    the pad suggested a constraint on the internal ``_u`` name, which specs
-    cannot name."""
-    m = pm.mask(lambda x: op(pm.boolean_mask(x, x != 0)), "n")
+@pytest.mark.parametrize("name", ["max", "first", "one_over_n", "branch_at_0", "argmin"])
+def test_a_selection_of_an_input_keeps_its_size_0_checks(name):
+    """A selection of ``x`` added the constraint ``count <= n``, which with JAX's
+    assumption ``count >= 1`` told the trace ``n >= 1``: at ``n = 0``,
+    ``x.max()``, ``x[0]``, ``argmin`` and ``1 / n`` returned values where
+    plain JAX raises, and ``x.shape[0] == 0`` took the other branch. The
+    trace now splits on ``n >= 1`` at the selection; at ``n = 0`` the count
+    is the constant 0, as in plain JAX (found from outside)."""
+    ops = {"max": lambda x: x.max(), "first": lambda x: x[0],
+           "one_over_n": lambda x: 1.0 / x.shape[0], "argmin": lambda x: jnp.argmin(x),
+           "branch_at_0": lambda x: jnp.float32(-5.0) if x.shape[0] == 0 else x[0]}
+    op = ops[name]
+
+    def f(x):
+        return pm.boolean_mask(x, x > 0).sum(), op(x)
+
+    m = pm.mask(f, "n")
+    x = np.array([2.0, -1.0, 3.0, np.nan], np.float32)
+    for n in (0, 1, 3):
+        try:
+            want = f(jnp.asarray(x[:n]))
+        except (ValueError, IndexError, ZeroDivisionError):
+            assert n == 0 and name != "branch_at_0"
+            with pytest.raises(pm.ShapeError):
+                m(pm.Masked(x, (n,)))
+            with pytest.raises(Exception, match="as it does on the exact arrays"):
+                jax.block_until_ready(jax.jit(m)(pm.Masked(x, (jnp.int32(n),))))
+            continue
+        for got in (m(pm.Masked(x, (n,))), jax.jit(m)(pm.Masked(x, (jnp.int32(n),)))):
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g.unpad(), w, rtol=1e-6)
+    if name == "branch_at_0":  # a ragged batch, n = 0 beside n = 3
+        batch = pm.Masked(jnp.asarray(np.stack([x, x])), (jnp.array([0, 3], jnp.int32),))
+        total, value = jax.vmap(m)(batch)
+        np.testing.assert_allclose(np.asarray(value.data), [-5.0, 2.0])
+        np.testing.assert_allclose(np.asarray(total.data), [0.0, 5.0])
+
+
+def _count_guard(s):
+    if s.shape[0] > 3:
+        raise ValueError("too many entries")
+    return s * 2.0
+
+
+def _count_pinned(s):
+    if s.shape[0] >= 2:
+        raise ValueError("one entry at most")
+    return s + jnp.ones(3)  # broadcasts one entry; plain JAX raises for none
+
+
+def _is_masked(v) -> bool:
+    return isinstance(v, pm.Masked)
+
+
+# (function of a selection, the counts where plain JAX raises, counts polymask
+# refuses where plain JAX gives a value: a count of 0 traced as 1, where n >= 1;
+# at n = 0 the count is the constant 0, and the trace plain JAX's)
+_COUNT_CHECKED = {
+    "top_k_2": (lambda s: jax.lax.top_k(s, 2), {0, 1}, set()),
+    "top_k_3_values": (lambda s: jax.lax.top_k(s, 3)[0] * 2.0, {0, 1, 2}, set()),
+    "split_even": (lambda s: jnp.split(s, 2)[1], {1, 3, 5, 7}, {0}),
+    "user_guard": (_count_guard, {4, 5, 6, 7}, set()),
+    "pinned_to_one": (_count_pinned, {0, 2, 3, 4, 5, 6, 7}, set()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_COUNT_CHECKED))
+def test_a_comparison_of_a_count_whose_other_outcome_fails_runs_checked(name):
+    """A comparison of a data-dependent size that JAX cannot decide
+    (``lax.top_k(sel, 2)``'s ``k <= sel.shape[0]``) stopped the trace for
+    every count. Each outcome is now traced; where one fails in plain JAX, the
+    other runs, and the count is checked while the program runs: plain JAX's
+    values at the other counts, a ShapeError naming plain JAX's error at
+    these, eagerly, under jit and under vmap."""
+    op, raises, refused = _COUNT_CHECKED[name]
+
+    def f(x):
+        return op(pm.boolean_mask(x, x > 10))
+
+    m = pm.mask(f, "n")
+    jm = jax.jit(m)
+    x = np.array([3.0, 20, 50, 40, 0, 30, 70, 60, 90, np.nan], np.float32)  # NaN: padding
+    seen = set()
+    for n in range(10):  # counts 0, 0, 1, 2, 3, 3, 4, 5, 6, 7
+        sub = jnp.asarray(x[:n])
+        count = int(np.sum(x[:n] > 10))
+        seen.add(count)
+        if count in raises:
+            with pytest.raises((ValueError, TypeError)):  # (shapes that do not broadcast)
+                op(sub[sub > 10])
+        if count in raises or (count in refused and n > 0):
+            with pytest.raises(pm.ShapeError) as e:
+                m(pm.Masked(x, (n,)))
+            if count in raises and count > 0:
+                assert "fails here in plain JAX" in str(e.value)
+            said = "plain JAX|size of this result is 0|as it does on the exact arrays"
+            with pytest.raises(Exception, match=said):
+                jax.block_until_ready(jm(pm.Masked(x, (jnp.int32(n),))))
+            continue
+        want = op(sub[sub > 10])
+        for got in (m(pm.Masked(x, (n,))), jm(pm.Masked(x, (jnp.int32(n),)))):
+            for g, w in zip(jax.tree_util.tree_leaves(got, is_leaf=_is_masked),
+                            jax.tree_util.tree_leaves(want)):
+                np.testing.assert_allclose(g.unpad(), w, rtol=1e-6)
+    assert seen == set(range(8))
+    ok = [n for n in range(10) if int(np.sum(x[:n] > 10)) not in raises | refused]
+    batch = pm.Masked(jnp.asarray(np.stack([x] * len(ok))), (jnp.asarray(ok, jnp.int32),))
+    got = jax.vmap(m)(batch)
+    for i, n in enumerate(ok):
+        sub = jnp.asarray(x[:n])
+        for g, w in zip(jax.tree_util.tree_leaves(got, is_leaf=_is_masked),
+                        jax.tree_util.tree_leaves(op(sub[sub > 10]))):
+            row = pm.Masked(g.data[i], tuple(int(d[i]) if np.ndim(d) else int(d)
+                                             for d in g.shape))
+            np.testing.assert_allclose(row.unpad(), w, rtol=1e-6)
+
+
+def test_a_branch_on_a_count_that_both_outcomes_take_is_refused():
+    """``if sel.shape[0] == 2:`` in the user's code, with both paths plain
+    JAX's: JAX answers ``==`` of a data-dependent size False, so the trace
+    took the other path and returned a wrong value at a count of 2. The one
+    program cannot take both: a ShapeError that says so, for every count."""
+
+    def f(x):
+        s = pm.boolean_mask(x, x > 10)
+        if s.shape[0] == 2:
+            return s.sum() * 100.0
+        return s.sum()
+
+    x = np.array([20.0, 30, 3, 50], np.float32)
+    for n in (2, 3, 4):
+        with pytest.raises(pm.ShapeError, match="chooses between two paths"):
+            pm.mask(f, "n")(pm.Masked(x, (n,)))
+
+
+def test_a_use_that_needs_a_selections_count_says_so():
+    """jnp.split's ``rest is mod(_u1, 2)`` was said to fail "for every logical
+    size, as it does on the exact arrays", and jnp.pad(mode="reflect")
+    suggested a constraint on the internal ``_u`` name, which specs cannot
+    name. Both compare the count, and one outcome runs now (the split of an
+    even count; the pad of 2 entries and more): the other raises, plain JAX's
+    error for the split, polymask's limit, said as such, for the pad."""
     x = jnp.array([1.0, 2.0, 3.0, 4.0, 0.0, 0.0])
-    op(x[:4])  # plain JAX runs it on the exact selection
-    with pytest.raises(pm.ShapeError, match="needs the value of a data-dependent size") as e:
-        m(pm.Masked(x, (4,)))
+    split = pm.mask(lambda x: jnp.split(pm.boolean_mask(x, x != 0), 2)[0], "n")
+    np.testing.assert_array_equal(split(pm.Masked(x, (4,))).unpad(), [1.0, 2.0])
+    with pytest.raises(pm.ShapeError, match="fails here in plain JAX: ValueError: array split"):
+        split(pm.Masked(x, (3,)))
+    op = lambda s: jnp.pad(s, 1, mode="reflect")  # noqa: E731
+    pad = pm.mask(lambda x: op(pm.boolean_mask(x, x != 0)), "n")
+    for n in (2, 3, 4):
+        np.testing.assert_array_equal(pad(pm.Masked(x, (n,))).unpad(), op(x[:n]))
+    op(x[:1])  # plain JAX pads one entry
+    with pytest.raises(pm.ShapeError, match="polymask cannot trace the function for these") as e:
+        pad(pm.Masked(x, (1,)))
     assert "as it does on the exact arrays" not in str(e.value)
     assert "constraints=['_u" not in str(e.value)
 
@@ -597,7 +747,7 @@ def test_a_branch_on_a_selections_count_is_refused_as_polymasks_limit_not_jaxs()
     data = jnp.arange(1.0, 9.0)
     # size 0 is traced on its own (an empty axis selects nothing: no gather of it)
     assert float(masked(pm.Masked(data, (0,))).data) == -1.0
-    with pytest.raises(pm.ShapeError, match="cannot decide a comparison of sizes") as e:
+    with pytest.raises(pm.ShapeError, match="cannot decide a comparison of a data-dependent size") as e:
         masked(pm.Masked(data, (5,)))
     from polymask import _jax_compat as compat
 

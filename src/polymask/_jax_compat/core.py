@@ -114,6 +114,24 @@ def fresh_dim(name: str, scope: SymbolicScope):
     return jax.export.symbolic_shape(name, scope=scope)[0]
 
 
+def new_fresh_dim(scope: SymbolicScope):
+    """``(name, dim)``: a new data-dependent size's dim var in ``scope``, named
+    ``_u1``, ``_u2``, ... in the order the trace creates them. A trace repeated
+    under a condition on a count (``_u1 - 2 >= 0``, a case of
+    ``tracing/cases/splitting.py``) thus names its counts as the first trace
+    did, and the condition, in the new scope from the start, applies to them.
+    (The count is kept on the scope object: one scope per trace.)"""
+    n = getattr(scope, "_polymask_fresh_count", 0) + 1
+    scope._polymask_fresh_count = n
+    name = f"{FRESH_DIM_PREFIX}{n}"
+    return name, fresh_dim(name, scope)
+
+
+def names_a_count(e) -> bool:
+    """Whether the dimension expression ``e`` has a data-dependent size's dim var."""
+    return is_dim_expr(e) and any(is_fresh_dim_name(v) for v in dim_vars(e))
+
+
 def is_fresh_dim_name(name: str) -> bool:
     """Whether a dim var is a data-dependent size's (``fresh_dim``): the prefix
     and a number only, so a spec's ``_units`` (internally ``_units__p1``) is not."""

@@ -42,7 +42,8 @@ from .indexing import NDINDEXER, static_slice_of_static_axes
 from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
 
 __all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed",
-           "sizes_compared_as_user"]
+           "sizes_compared_as_user", "count_split_refusals", "refuse_count_split",
+           "split_here"]
 
 # The hooks are installed while at least one masked trace runs (in any thread)
 # and removed when the last one ends; a hook only acts for the thread whose
@@ -329,13 +330,55 @@ def sizes_compared_as_user() -> Iterator[None]:
         _HOOK_TLS.as_user = old
 
 
-def _active_frame(expr) -> _HookFrame | None:
-    """The hook frame of this thread's trace when ``expr`` is a splittable size."""
+@contextlib.contextmanager
+def count_split_refusals() -> Iterator[None]:
+    """The scope of ``refuse_count_split``: the traces of one function's
+    cases (its refinement per size included). Reentrant: an inner use
+    shares the outer one's refusals."""
+    if getattr(_HOOK_TLS, "refused", None) is not None:
+        yield
+        return
+    _HOOK_TLS.refused = set()
+    try:
+        yield
+    finally:
+        _HOOK_TLS.refused = None
+
+
+def refuse_count_split(cond) -> None:
+    """No more splits on the comparison of data-dependent sizes ``cond``
+    (``_u1 - 2``) in this ``count_split_refusals``: JAX's inconclusive error
+    there, as before count splits (both outcomes run, and one program cannot
+    take both)."""
+    _HOOK_TLS.refused |= {str(cond), str(-cond)}
+
+
+def _count_split_refused(diff) -> bool:
+    return str(diff) in (getattr(_HOOK_TLS, "refused", None) or ())
+
+
+def split_here(cond, message: str) -> None:
+    """Raise ``SplitNeeded(message, cond)`` where the masked trace in
+    progress can split on ``cond >= 0`` (its dim vars are the trace's spec
+    dim vars); return where it cannot."""
+    if _active_frame(cond) is not None:
+        raise SplitNeeded(message, cond)
+
+
+def _active_frame(expr, counts: bool = False) -> _HookFrame | None:
+    """The hook frame of this thread's trace when ``expr`` is a splittable size.
+
+    ``counts``: data-dependent sizes (``_u1``) may be in ``expr`` too. A
+    comparison of a count splits the trace like one of the spec's sizes, but
+    the count is known only while the program runs: ``cases/splitting.py``
+    keeps one outcome, where the other fails in plain JAX, with a run-time
+    check (``lax.top_k(s, 2)``'s ``k <= s.shape[0]``)."""
     stack = getattr(_HOOK_TLS, "stack", None)
     if not stack or not is_dim_expr(expr):
         return None
     frame = stack[-1]
-    if frame.busy or not dim_vars(expr) <= set(frame.split_vars):
+    names = {v for v in dim_vars(expr) if not (counts and is_fresh_dim_name(v))}
+    if frame.busy or not names <= set(frame.split_vars):
         return None
     if frame.scope is not None and expr.scope is not frame.scope:
         return None  # a size of another trace (a JAX cache key compared on lookup)
@@ -354,7 +397,7 @@ def _split_geq(orig_geq):
             # `a // n` are unknown until the trace splits on n >= 1.
             divisor = _possible_zero_divisor(message)
             diff = e1 - e2 if divisor is None else divisor - 1
-            if _active_frame(diff) is None:
+            if _active_frame(diff, counts=True) is None or _count_split_refused(diff):
                 raise
             raise SplitNeeded(message, diff) from None
         if _has_fresh(e1, e2) and _branch_differs_at_zero():
@@ -735,8 +778,43 @@ def _branch_differs_at_zero() -> bool:
         return False
     if getattr(_HOOK_TLS, "as_user", False) or _in_user_code(caller, stack[-1]):
         return True
-    return (_raises_below(caller) and not _called_by_polymask(caller)
-            and not _raise_also_needs_an_array_empty_at_zero(caller))
+    if _called_by_polymask(caller) or _raise_also_needs_an_array_empty_at_zero(caller):
+        return False
+    return _raises_below(caller) or _empty_path_in_jnp(caller)
+
+
+def _empty_path_in_jnp(caller) -> bool:
+    """``if X.shape[1] == 0:`` in jnp's own code: an empty operand's own path
+    (``jnp.cov``'s NaNs, ``jnp.pad``'s check), which plain JAX takes at 0.
+    A fast path that returns zeros (``jnp.take``: ``if indices.size == 0:
+    return lax.full_like(a, 0, ...)``) gives what the general path gives."""
+    if not any(d in caller.f_code.co_filename.replace("\\", "/") for d in _SPLIT_IN_JAX):
+        return False
+    line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
+    if not (line.lstrip().startswith(("if ", "elif ")) and _EMPTY_TEST.search(line)):
+        return False
+    return not any(_ZEROS_RETURNED.search(text) for text in _block_of(caller))
+
+
+# ``return lax.full(shape, 0, ...)``, ``return zeros(...)``, ``full_like(a, 0, ...)``
+_ZEROS_RETURNED = re.compile(r"^return .*(\bzeros(_like)?\(|\bfull(_like)?\([^,]*,\s*0\b)")
+
+
+def _block_of(caller) -> list[str]:
+    """The stripped statements of the block below the line at ``caller``."""
+    name, lineno = caller.f_code.co_filename, caller.f_lineno
+    here = linecache.getline(name, lineno)
+    indent = len(here) - len(here.lstrip())
+    out = []
+    for offset in range(1, _BLOCK_LINES + 1):
+        line = linecache.getline(name, lineno + offset)
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        if len(line) - len(line.lstrip()) <= indent:
+            break
+        out.append(text)
+    return out
 
 
 # ``<name>.size != 0`` / ``> 0`` in a condition: the raise needs that array non-empty
@@ -791,15 +869,14 @@ def _called_by_polymask(caller) -> bool:
 
 
 def _raises_below(caller) -> bool:
-    """``if <comparison>: raise ...`` (on the line, or the next statement)."""
-    here = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
-    if " raise " in here:
+    """``if <comparison>: raise ...`` (on the line, or in the ``if``'s block:
+    lax's shape rules build the message first, ``msg = (...)`` then ``raise``)."""
+    if " raise " in linecache.getline(caller.f_code.co_filename, caller.f_lineno):
         return True
-    for offset in (1, 2, 3):
-        line = linecache.getline(caller.f_code.co_filename, caller.f_lineno + offset).strip()
-        if line and not line.startswith("#"):
-            return line.startswith("raise ")
-    return False
+    return any(text.startswith("raise ") for text in _block_of(caller))
+
+
+_BLOCK_LINES = 8  # lines of an ``if`` block searched for its ``raise``
 
 
 def _split_eq(orig_eq):
@@ -834,7 +911,7 @@ def _split_eq(orig_eq):
             return res
         if any(is_fresh_dim_name(v) for v in dim_vars(diff)) and _branch_differs_at_zero():
             _note_nonempty(a, b, _eq_zero, res)
-        frame = _active_frame(diff)
+        frame = _active_frame(diff, counts=True)
         if frame is None:
             return res
         frame.busy = True
@@ -842,7 +919,7 @@ def _split_eq(orig_eq):
             lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
             if lo > 0 or hi < 0:
                 return False
-            if (lo == hi == 0) or _zero_everywhere(diff, frame):
+            if (lo == hi == 0) or (not _has_fresh(diff) and _zero_everywhere(diff, frame)):
                 return True
             caller = sys._getframe(1)
             while caller is not None and caller.f_code.co_filename == __file__:
@@ -857,6 +934,8 @@ def _split_eq(orig_eq):
         if (not isinstance(b, DimExpr) and decision) or user:
             # Split where it narrows: below/at-or-above 0, then at/above 0.
             cond = -diff if lo >= 0 else diff
+            if _count_split_refused(cond):  # (JAX's False: a wrong path at some counts)
+                raise InconclusiveDimensionOperation(message)
             if caller is not None and caller.f_code.co_name.startswith("definitely_"):
                 raise SplitBeforeRaise(message, cond)
             raise SplitNeeded(message, cond)

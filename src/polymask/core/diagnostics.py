@@ -279,6 +279,21 @@ _CONSTANT_SIZE_HINTS = {
 }
 
 
+def _count_comparison_message(comparison: str, where: str) -> str:
+    """Why a comparison of a data-dependent size that picks between two paths
+    plain JAX can both take (``if sel.shape[0] > 2:``) stops the trace."""
+    return (
+        f"a comparison of a data-dependent size (the count of a polymask.nonzero / "
+        f"boolean_mask / unique / ... result) chooses between two paths at {where}, and "
+        "the count is known only while the program runs: polymask traces one program "
+        f"for every count, which cannot take both.\n  {comparison}\n  Use the count as a "
+        "value instead of a Python branch on it: jnp.where(n > 2, a, b) or lax.cond with "
+        "n = jnp.asarray(sel.shape[0]) (both branches then trace), or bound the op with "
+        "size= (jnp.nonzero(x, size=k)) so its size is static. (Where one path fails in "
+        "plain JAX, as lax.top_k(sel, 2) does for fewer than 2 entries, the other one runs, "
+        "checked while the program runs.)")
+
+
 def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeError:
     msg = re.split(r"\n(?:Using symbolic scope|This error arises)", msg)[0].strip()
     extra = ""
@@ -303,14 +318,7 @@ def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeEr
                  "division is exact for every logical size.")
     m = re.search(r"comparison '(.+?)' (\S+) '(.+?)' is inconclusive", msg)
     if m and any(v.startswith("_u") for v in _dim_vars_in(f"({m.group(1)}, {m.group(3)})")):
-        return ShapeError(
-            f"a comparison of a data-dependent size (the count of a polymask.nonzero / "
-            f"boolean_mask / unique / ... result) cannot be decided while tracing at {where}: "
-            "polymask traces one program for every count, and does not split on those "
-            f"sizes.\n  {msg}\n  Use the count as a value instead of a Python branch on it: "
-            "jnp.where(n > 2, a, b) or lax.cond with n = jnp.asarray(sel.shape[0]) (both "
-            "branches then trace), or bound the op with size= (jnp.nonzero(x, size=k)) so "
-            "its size is static.")
+        return ShapeError(_count_comparison_message(msg, where))
     remedies = SIZE_BRANCH_REMEDIES
     if m:
         lhs, op, rhs = m.groups()
@@ -586,12 +594,20 @@ def _data_dependent_size_use(e: BaseException, msg: str, where: str) -> ShapeErr
         f"JAX said: {said}")
 
 
-def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = None
-                          ) -> ShapeError | None:
+# JAX's words where a symbolic size stops it (not a check plain JAX has too)
+_SYMBOLIC_LIMIT = re.compile(r"shape polymorphism|symbolic|inconclusive|requires a constant",
+                             re.IGNORECASE)
+
+
+def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = None,
+                          counts_known: bool = False) -> ShapeError | None:
     """The polymask error for a JAX error raised while tracing the user's function.
 
     ``var_where`` maps each spec dim var to an input axis (``args[0].shape[1]``)
-    for messages that name dim vars. Returns None when the error is not about
+    for messages that name dim vars. ``counts_known``: the trace ran under a
+    condition on a data-dependent size, where an error that names it is
+    plain JAX's own at those sizes, unless JAX says that a symbolic size
+    stopped it. Returns None when the error is not about
     sizes (it then propagates as is).
     """
     where = user_frame_of_exception(e)
@@ -599,7 +615,8 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
     dd = _data_dependent_error(e, where)
     if dd is not None:
         return dd
-    counted = _data_dependent_size_use(e, msg, where)
+    counted = (None if counts_known and not _SYMBOLIC_LIMIT.search(msg)
+               else _data_dependent_size_use(e, msg, where))
     if counted is not None:
         return counted
     api_err = _api_specific_error(e, _api_for_remedy(e), msg, where, var_where)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import jax
@@ -14,23 +13,31 @@ from ..core.errors import ShapeError
 from ..core.shapes import DimEnv
 from ..core.trace_state import current_scope
 
-_COUNTER = itertools.count(1)
-
 
 def _scope():
     return current_scope()
 
 
 def _fresh(bound: int, at_most=None):
-    """A fresh dim var ``_uK <= bound`` in the masked trace's scope.
+    """A fresh dim var ``_uK <= bound`` in the masked trace's scope, or 0.
 
     ``at_most``: a symbolic size it never exceeds (``_uK <= n``), so that
-    shapes such as ``n - _uK`` trace as non-negative.
+    shapes such as ``n - _uK`` trace as non-negative. JAX takes every dim var
+    to be >= 1, so that constraint would also tell it ``n >= 1``, and the
+    rest of the trace would drop its checks at ``n = 0`` (``x.max()`` after a
+    selection of ``x``: a value where plain JAX raises). Where ``n`` may be
+    0, the trace splits on ``n >= 1`` first; in the case ``n = 0`` (or a
+    bound of 0) the count is the constant 0, as it is in plain JAX.
     """
+    if int(bound) <= 0 or (at_most is not None and compat.upper_bound(at_most) <= 0):
+        return 0
+    if compat.is_dim_expr(at_most) and compat.lower_bound(at_most) < 1:
+        compat.split_here(at_most - 1, f"Symbolic dimension comparison '{at_most}' >= '1' "
+                                       "is inconclusive.")
+        at_most = None  # (no split possible here: the bound alone)
     scope = _scope()
-    name = f"{compat.FRESH_DIM_PREFIX}{next(_COUNTER)}"
-    d = compat.fresh_dim(name, scope)
-    compat.add_constraint(scope, f"{name} <= {max(int(bound), 1)}")
+    name, d = compat.new_fresh_dim(scope)
+    compat.add_constraint(scope, f"{name} <= {int(bound)}")
     # Only when JAX's bound of `at_most` (which assumes dim vars >= 1) is its
     # true bound: `_u <= n - m` would cap _u below n when m = 0.
     if (at_most is not None and compat.is_dim_expr(at_most)

@@ -18,7 +18,8 @@ selected to 0 so that cotangents in the padding cannot flow back through the
 gather into logical positions.
 
 These primitives are only ever bound inside ``polymask.mask``'s trace; outside
-it ``polymask.ops`` calls ``jax.numpy`` directly.
+it ``polymask.ops`` calls ``jax.numpy`` directly. Their rules run even where
+every size is static (``at_bound=True``): a trace at size 0 has the count 0.
 """
 
 from __future__ import annotations
@@ -77,11 +78,20 @@ def _bind_fresh(ctx, d, value):
 
     Where the trace compared it on JAX's assumption that it is >= 1
     (``MaskedProgram.assumed_nonempty``: ``x[nonzero(x)].max()``), a value
-    of 0 is a run-time ``ShapeError``: the program took the nonempty path.
+    of 0 is a run-time ``ShapeError``: the program took the nonempty path;
+    so is a value outside a condition the program was traced under
+    (``MaskedProgram.count_checks``: ``lax.top_k(sel, 2)`` needs 2 entries).
     """
+    if not compat.is_dim_expr(d):  # a count known to be 0 (a trace at size 0)
+        return int(d)
     name = var_name(d)
     bound = int(compat.upper_bound(d))
     value = jnp.asarray(value, jnp.int32)
+    ctx.dims.add_var(name, bound, value)
+    bound_now = ctx.dims.logical_values.keys()
+    for check in ctx.state.count_checks:  # (the split outcome traced: CountCheck)
+        if name in check.counts and check.counts <= bound_now:
+            ctx.require(check.violated(ctx.dims), check.message)
     line = ctx.state.assumed_nonempty.get(name)
     if line is not None:
         ctx.require(value == 0,
@@ -90,7 +100,6 @@ def _bind_fresh(ctx, d, value):
                     "1: plain JAX takes another path at 0 (max, min or argmax of an empty "
                     "array raises, as do indexing into it and 1 / its size), which this "
                     "one program does not follow")
-    ctx.dims.add_var(name, bound, value)
     return bound
 
 
@@ -146,7 +155,7 @@ def _nonzero_abstract(x, *, out_dim, mode):
     return [compat.ShapedArray((u,), jnp.int32)]
 
 
-@register(nonzero_p)
+@register(nonzero_p, at_bound=True)
 def nonzero_rule(ctx, x, *, out_dim, mode):
     shape = tuple(x.shape)
     valid = (x != 0) & _logical_valid(shape, ctx.in_logical[0])
@@ -174,7 +183,7 @@ def _boolean_mask_abstract(x, m, *, axis, out_dim, check_extra):
     return compat.ShapedArray(shape, x.dtype)
 
 
-@register(boolean_mask_p)
+@register(boolean_mask_p, at_bound=True)
 def boolean_mask_rule(ctx, x, m, *, axis, out_dim, check_extra):
     m_log = ctx.in_logical[1]
     valid = m & _logical_valid(tuple(m.shape), m_log)
@@ -219,7 +228,7 @@ def _unique_abstract(x, *, out_dim, return_index, return_inverse, return_counts,
     return outs
 
 
-@register(unique_p)
+@register(unique_p, at_bound=True)
 def unique_rule(ctx, x, *, out_dim, return_index, return_inverse, return_counts, equal_nan):
     shape = tuple(x.shape)
     p = math.prod(shape)
@@ -282,7 +291,7 @@ def arange_length(start, stop, step):
     return jnp.maximum(n, 0).astype(jnp.int32)
 
 
-@register(arange_p)
+@register(arange_p, at_bound=True)
 def arange_rule(ctx, start, stop, step, *, out_dim, dtype):
     length = arange_length(start, stop, step)
     bound = int(compat.upper_bound(out_dim))
@@ -305,7 +314,7 @@ def _dynamic_slice_abstract(x, *starts_and_sizes, out_shape, fresh):
     return compat.ShapedArray(tuple(out_shape), x.dtype)
 
 
-@register(dynamic_slice_p)
+@register(dynamic_slice_p, at_bound=True)
 def dynamic_slice_rule(ctx, x, *starts_and_sizes, out_shape, fresh):
     k = len(starts_and_sizes) // 2
     starts, sizes = starts_and_sizes[:k], starts_and_sizes[k:]
@@ -403,7 +412,7 @@ compat.def_linear(boolean_unmask_p, lambda ct, _ct, m, *, axis, x_shape: [
     None])
 
 
-@register(boolean_unmask_p)
+@register(boolean_unmask_p, at_bound=True)
 def boolean_unmask_rule(ctx, ct, m, *, axis, x_shape):
     """Transpose of ``x[m]``: scatter-add the (cleaned) cotangent to the selected slots."""
     valid = m & _logical_valid(tuple(m.shape), ctx.in_logical[1])
@@ -450,7 +459,7 @@ compat.def_jvp(dynamic_slice_p, _dynamic_slice_jvp)
 compat.def_transpose(dynamic_slice_p, _dynamic_slice_transpose)
 
 
-@register(dynamic_unslice_p)
+@register(dynamic_unslice_p, at_bound=True)
 def dynamic_unslice_rule(ctx, ct, *starts, x_shape):
     """Transpose of ``dynamic_slice``: the cleaned cotangent placed at the start."""
     k = len(starts)

@@ -220,7 +220,7 @@ def run_program(prog: MaskedProgram, leaves, values: dict,
     """
     state = RunState(DimEnv(prog.scope, prog.dim_bounds, values), interpreter or _INTERPRETER,
                      forward_only=forward_only, guard=guard,
-                     assumed_nonempty=prog.assumed_nonempty)
+                     assumed_nonempty=prog.assumed_nonempty, count_checks=prog.count_checks)
     # (rules.util.shared_masks() would build each validity mask once, but a shared
     # mask is materialised by XLA instead of fused into each select: measured
     # 2x slower MiniLM steady state at bucket 256, so masks stay per use.)

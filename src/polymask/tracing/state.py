@@ -39,6 +39,7 @@ class RunState:
         Rules' run-time checks and host callbacks act only there (under
         ``vmap`` every case runs for every example).
       assumed_nonempty: ``MaskedProgram.assumed_nonempty`` of the program run.
+      count_checks: ``MaskedProgram.count_checks`` of the program run.
     """
 
     dims: DimEnv
@@ -50,6 +51,7 @@ class RunState:
     forward_only: bool = False
     guard: Any = None
     assumed_nonempty: dict = dataclasses.field(default_factory=dict)
+    count_checks: tuple = ()
 
     @property
     def logical_cache(self) -> dict:
@@ -104,4 +106,5 @@ class RunState:
                 values[name] = size
         return RunState(DimEnv(self.dims.scope, self.dims.bounds, values), self.interpreter,
                         eqn_stack=list(self.eqn_stack), forward_only=self.forward_only,
-                        guard=guard, assumed_nonempty=self.assumed_nonempty)
+                        guard=guard, assumed_nonempty=self.assumed_nonempty,
+                        count_checks=self.count_checks)

@@ -94,6 +94,41 @@ class SizeSignature:
         return internal_values(self.internal, values)
 
 
+@dataclasses.dataclass(frozen=True)
+class CountCheck:
+    """A condition on data-dependent sizes (``"_u1 - 2 >= 0"``, internal dim
+    var names) that a program was traced under because plain JAX fails on its
+    other side (``lax.top_k(sel, 2)`` of fewer than 2 entries;
+    ``cases/splitting.py``). The counts are known only while the program
+    runs: the rule binding the last of them checks it there, and where it
+    does not hold raises ``message``, as plain JAX raises at those counts."""
+
+    condition: str
+    counts: frozenset
+    message: str
+
+    @classmethod
+    def of(cls, condition: str, text: str, where: str, failure) -> CountCheck:
+        """The check of ``condition`` (a split's outcome), whose other outcome
+        is the error case ``failure``; ``text``/``where``: the comparison."""
+        (expr,) = jax.export.symbolic_shape(condition.rsplit(" ", 2)[0])
+        counts = frozenset(v for v in compat.dim_vars(expr) if compat.is_fresh_dim_name(v))
+        said = (f"the function fails here in plain JAX: {failure.error}"
+                if failure.error_type is not None else  # (polymask's own limit there)
+                f"polymask cannot trace the function for these sizes: {failure.error}")
+        return cls(condition, counts, (
+            f"{said} (at {failure.where}). A data-dependent size decides it (the "
+            f"comparison {text} at {where}); polymask runs the comparison's other "
+            "outcome, and checks the count while the program runs"))
+
+    def violated(self, dims: DimEnv):
+        """Whether the condition fails at ``dims``' values: a bool, or a traced one."""
+        expr, op, _ = self.condition.rsplit(" ", 2)
+        (e,) = jax.export.symbolic_shape(expr, scope=dims.scope)
+        value = dims.logical_raw(e)
+        return value < 0 if op == ">=" else value >= 0
+
+
 @dataclasses.dataclass
 class MaskedProgram:
     """One symbolic trace of a function at a padded signature (one case).
@@ -122,6 +157,9 @@ class MaskedProgram:
       assumed_nonempty: data-dependent dim var -> the user's line of a size
         comparison traced on JAX's assumption that it is >= 1 (the rule that
         binds it checks at run time that it is not 0).
+      count_checks: conditions on data-dependent sizes this program was traced
+        under, whose other side fails in plain JAX (``CountCheck``): the
+        rule that binds the last of their sizes checks them at run time.
     """
 
     closed_jaxpr: Any
@@ -136,6 +174,7 @@ class MaskedProgram:
     user_scope: Any = None
     conditions: tuple[str, ...] = ()
     assumed_nonempty: dict[str, str] = dataclasses.field(default_factory=dict)
+    count_checks: tuple[CountCheck, ...] = ()
     # tracing/eager.py's per-call-structure state (calls, its compiled form)
     eager_states: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                            compare=False)
@@ -378,10 +417,14 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         shown = dimvars.displayed_error(e, internal)  # messages name spec dim vars
         # (at pinned sizes a data-dependent size stays symbolic: where JAX needed
         # its value, jnp.split's "rest is mod(_u1, 2)", that is what to say)
-        needs_count = (_names_a_data_dependent_size(str(e))
+        # Under a condition on a count (a case of a comparison of one), an error
+        # naming that count is plain JAX's at those counts (top_k's "k ... no
+        # larger than minor dimension size"), not a need for the count's value.
+        counted = any(_names_a_data_dependent_size(c) for c in conditions)
+        needs_count = (_names_a_data_dependent_size(str(e)) and not counted
                        and not isinstance(e, compat.InconclusiveDimensionOperation))
         translated = (None if static and not needs_count
-                      else translate_trace_error(shown, var_where))
+                      else translate_trace_error(shown, var_where, counts_known=counted))
         signature = SizeSignature(var_order, var_bounds, internal, scope, dim_bounds, user_scope)
         if translated is not None:
             err = dimvars.displayed_error(translated, internal)

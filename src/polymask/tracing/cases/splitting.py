@@ -30,7 +30,7 @@ from ...core.diagnostics import user_frame_of_exception
 from ...core.dimvars import display_text
 from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError
 from ...core.shapes import SHIFT_SUFFIX
-from ..symbolic import MaskedProgram, flatten_args, trace
+from ..symbolic import CountCheck, MaskedProgram, flatten_args, trace
 from .refine import refine_errors, trace_per_size_or_raise
 from .tree import (
     Case,
@@ -71,6 +71,11 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
         error); when the cases' outputs differ in structure, dtype or rank.
       UnsupportedError: as ``trace``.
     """
+    with compat.count_split_refusals():  # (refined per size below too)
+        return _trace_cases(trace_one, max_cases)
+
+
+def _trace_cases(trace_one, max_cases: int) -> CaseTree:
     root, cases, first = explore_splits(trace_one, max_cases)
     if "prog" not in first:
         return trace_per_size_or_raise(root, cases, first, trace_one, max_cases, explore_splits)
@@ -132,6 +137,8 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
                     "outcome of it; state what you know as constraints "
                     "(mask(..., constraints=['n >= 3']))")
             node = Split(split.cond, text, where)
+            if compat.names_a_count(split.cond):
+                return explore_count_split(conditions, node)
             splits.append(node)
             node.yes = explore(conditions + (f"{split.cond} >= 0",))
             node.no = explore(conditions + (f"{split.cond} <= -1",))
@@ -142,7 +149,72 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
         cases.append(case)
         return case
 
-    return explore(()), cases, first
+    def explore_count_split(conditions: tuple[str, ...], node: Split):
+        """A comparison of a data-dependent size (``_u1 - 2``): both outcomes
+        traced, and where plain JAX fails on one of them (``lax.top_k(s, 2)``
+        where ``s`` has fewer than 2 entries), the other one kept with a
+        run-time check of its condition that raises the failing side's error.
+        The sizes choose a case before the program runs, a count only while it
+        runs: where both outcomes run, there is no one program to keep."""
+        start, n_splits = len(cases), len(splits)
+        sides = []
+        for holds in (">= 0", "<= -1"):
+            first_case = len(cases)
+            root = explore(conditions + (f"{node.cond} {holds}",))
+            sides.append((holds, root, cases[first_case:]))
+        runs = [any(c.program is not None for c in side[2]) for side in sides]
+        if all(runs):  # traced again, stopped there: an error case (refined per size)
+            del cases[start:], splits[n_splits:]
+            compat.refuse_count_split(node.cond)
+            case = explore(conditions)
+            _first_program_kept(first, cases)
+            return case
+        (holds, root, kept), (_, _, dropped) = sides if not runs[1] else sides[::-1]
+        if not any(runs):  # fails at every count: one error case says it
+            root, kept = kept[0], kept[:1]
+        cases[start:] = kept
+        for i, c in enumerate(cases):
+            c.index = i
+        splits[n_splits:] = _splits_under(root)
+        _first_program_kept(first, cases)
+        check = CountCheck.of(f"{node.cond} {holds}", node.text, node.where, dropped[0])
+        for c in kept:
+            if c.program is not None:
+                c.program.count_checks += (check,)
+                _count_pinned_to_one(c.program, check, node.where)
+        return root
+
+    with compat.count_split_refusals():
+        return explore(()), cases, first
+
+
+def _first_program_kept(first: dict, cases: list[Case]) -> None:
+    """``first["prog"]`` (a tree of one case runs it) among the cases kept."""
+    live = [c.program for c in cases if c.program is not None]
+    if live:
+        first["prog"] = live[0]
+    else:
+        first.pop("prog", None)
+
+
+def _count_pinned_to_one(prog: MaskedProgram, check: CountCheck, where: str) -> None:
+    """A count the condition leaves 0 or 1 (``if sel.shape[0] >= 2: raise``):
+    JAX, which assumes every dim var >= 1, traced it as the constant 1 (``s +
+    ones(3)`` broadcasts), so a count of 0 must not run the program
+    (``MaskedProgram.assumed_nonempty``, checked at run time)."""
+    for v in check.counts:
+        if compat.upper_bound(compat.fresh_dim(v, prog.scope)) <= 1:
+            prog.assumed_nonempty.setdefault(v, where)
+
+
+def _splits_under(node) -> list[Split]:
+    out, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, Split):
+            out.append(n)
+            todo += [n.no, n.yes]
+    return out
 
 
 def trace_function_cases(fun: Callable, args: Sequence[Any], in_specs=None,

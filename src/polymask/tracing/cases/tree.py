@@ -173,6 +173,13 @@ def plain_failure(error: str) -> tuple[str, str]:
                 "the trace; pass the module itself, pm.mask(module, spec): its state then "
                 "goes in and out of the masked call, as with nnx.jit")
     if error.startswith("InconclusiveDimensionOperation"):  # polymask's limit, not JAX's
+        if re.search(rf"\b{compat.FRESH_DIM_PREFIX}\d+\b", error):  # a count's, both ways run
+            return ("where polymask's trace cannot decide a comparison of a data-dependent "
+                    "size (the count of a polymask.nonzero / boolean_mask / ... result) that "
+                    "chooses between two paths: one program for every count cannot take both",
+                    "\n  Use the count as a value instead of a Python branch on it: "
+                    "jnp.where(n > 2, a, b) or lax.cond with n = jnp.asarray(sel.shape[0]), "
+                    "or bound the op with size= (jnp.nonzero(x, size=k)).")
         return ("where polymask's trace cannot decide a comparison of sizes (plain JAX, "
                 "with Python ints, is not stopped there)", "")
     if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error
