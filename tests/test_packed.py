@@ -824,3 +824,34 @@ def test_a_packed_refusal_raised_by_the_function_names_its_line():
     with pytest.raises(PackedUnsupported, match=r"(?s)IndexError.*raised at .*test_packed.py:"
                                                 r"\d+ \(f\).*broadcast arguments first"):
         pm.ragged_map(f, "n", layout="packed")(xs, jax.random.key(0))
+
+
+def test_rows_are_first_fit_decreasing_in_log_time_per_example():
+    """``pack_rows`` finds each example's row with a segment tree of the rows'
+    free positions: the rows of the plain first-fit decreasing scan (every
+    row tried for every example, 8 s for 20,000 short examples, found from
+    outside), gaps and the slot limit included."""
+    from polymask.packing.segments import pack_rows
+
+    def scan(lengths, room, slots, gap):
+        rows, fill = [], []
+        for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+            n = lengths[i] + gap
+            for r, used in enumerate(fill):
+                if used + n <= room + gap and len(rows[r]) < slots:
+                    rows[r].append((i, used))
+                    fill[r] += n
+                    break
+            else:
+                rows.append([(i, 0)])
+                fill.append(n)
+        return rows
+
+    rng = np.random.default_rng(7)
+    for n, hi, slots, gap in ((300, 40, 16, 1), (200, 200, 4, 0), (150, 256, 8, 0),
+                              (100, 5, 3, 2), (1, 0, 1, 0), (0, 1, 1, 0)):
+        lengths = rng.integers(0, hi + 1, size=n).tolist()
+        packing = pack_rows(lengths, 256, slots, gap)
+        assert packing.rows == scan(lengths, 256, slots, gap)
+        assert all(packing.slot_of[i] == (r, s) for r, row in enumerate(packing.rows)
+                   for s, (i, _) in enumerate(row))

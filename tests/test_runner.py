@@ -2117,3 +2117,25 @@ def test_numpy_outputs_of_a_per_shape_call_keep_key_arrays():
     assert isinstance(y, np.ndarray) and jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(keys), jax.random.key_data(want[0]))
     np.testing.assert_array_equal(y, want[1])
+
+
+def test_big_endian_inputs_give_the_values_of_native_ones():
+    """``>f4`` arrays (read from a big-endian file): the masked trace failed on
+    their dtype, and the per-shape fallback passed them to ``jax.jit``, which
+    copies their bytes as they are (garbage once the float32 program is
+    cached: NaN from ragged_map, found from outside). They are converted to
+    the native byte order as they come in."""
+    f = lambda x: jnp.cumsum(x * 2.0, axis=0)  # noqa: E731
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (5, 8, 2)]
+    want = [np.cumsum(x * 2.0, axis=0) for x in xs]
+    jitted = pm.jit(f, "n, 3")
+    for x, w in zip(xs, want):
+        np.testing.assert_allclose(jitted(x), w, rtol=1e-5, atol=1e-6)  # native first: cached
+        np.testing.assert_allclose(jitted(x.astype(">f4")), w, rtol=1e-5, atol=1e-6)
+    exact = pm.jit(f, "n, 3", buckets=B.exact())
+    np.testing.assert_allclose(exact(xs[0].astype(">f4")), want[0], rtol=1e-5, atol=1e-6)
+    for layout in ("padded", "packed", "auto"):
+        outs = pm.ragged_map(f, ("n, 3",), layout=layout)([x.astype(">f4") for x in xs])
+        for got, w in zip(outs, want):
+            np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)

@@ -793,15 +793,16 @@ def _empty_path_in_jnp(caller) -> bool:
     line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
     if not (line.lstrip().startswith(("if ", "elif ")) and _EMPTY_TEST.search(line)):
         return False
-    return not any(_ZEROS_RETURNED.search(text) for text in _block_of(caller))
+    return not any(_ZEROS_RETURNED.search(text) for _, text in _block_of(caller))
 
 
 # ``return lax.full(shape, 0, ...)``, ``return zeros(...)``, ``full_like(a, 0, ...)``
 _ZEROS_RETURNED = re.compile(r"^return .*(\bzeros(_like)?\(|\bfull(_like)?\([^,]*,\s*0\b)")
 
 
-def _block_of(caller) -> list[str]:
-    """The stripped statements of the block below the line at ``caller``."""
+def _block_of(caller) -> list[tuple[int, str]]:
+    """``(indentation, stripped text)`` of the lines of the block below the
+    line at ``caller``."""
     name, lineno = caller.f_code.co_filename, caller.f_lineno
     here = linecache.getline(name, lineno)
     indent = len(here) - len(here.lstrip())
@@ -813,21 +814,25 @@ def _block_of(caller) -> list[str]:
             continue
         if len(line) - len(line.lstrip()) <= indent:
             break
-        out.append(text)
+        out.append((len(line) - len(line.lstrip()), text))
     return out
 
 
-# ``<name>.size != 0`` / ``> 0`` in a condition: the raise needs that array non-empty
-_NONEMPTY_TERM = re.compile(r"\band\s+(\w+)\.size\s*(?:!=|>)\s*0\b")
+# ``<name>.size != 0`` / ``> 0`` in a condition (``and ...``, or a nested ``if``):
+# the raise needs that array non-empty
+_NONEMPTY_TERM = re.compile(r"\b(\w+)\.size\s*(?:!=|>)\s*0\b")
 
 
 def _raise_also_needs_an_array_empty_at_zero(caller) -> bool:
     """``if size == 0 and indices.size != 0: raise`` (jax 0.12.1's
-    ``jnp.take``): the raise also needs an array that is empty where the
-    data-dependent sizes are 0 (``indices`` of ``jnp.arange(s.shape[0])``), so
-    plain JAX does not raise there and the comparison picks no other path."""
-    line = linecache.getline(caller.f_code.co_filename, caller.f_lineno)
-    for name in _NONEMPTY_TERM.findall(line):
+    ``jnp.take``; 0.10.2 nests it, ``if size == 0: if indices.size != 0:
+    raise``, then returns the empty operand): the raise also needs an array
+    that is empty where the data-dependent sizes are 0 (``indices`` of
+    ``jnp.arange(s.shape[0])``), so plain JAX does not raise there and the
+    comparison picks no other path."""
+    lines = [linecache.getline(caller.f_code.co_filename, caller.f_lineno)]
+    lines += [text for _, text in _block_of(caller)]
+    for name in (m for line in lines for m in _NONEMPTY_TERM.findall(line)):
         size = getattr(caller.f_locals.get(name), "size", None)
         if not isinstance(size, DimExpr):
             continue
@@ -873,7 +878,8 @@ def _raises_below(caller) -> bool:
     lax's shape rules build the message first, ``msg = (...)`` then ``raise``)."""
     if " raise " in linecache.getline(caller.f_code.co_filename, caller.f_lineno):
         return True
-    return any(text.startswith("raise ") for text in _block_of(caller))
+    block = _block_of(caller)  # (a raise under a further ``if`` needs more than this)
+    return any(text.startswith("raise ") and indent == block[0][0] for indent, text in block)
 
 
 _BLOCK_LINES = 8  # lines of an ``if`` block searched for its ``raise``

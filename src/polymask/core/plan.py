@@ -30,7 +30,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from .buckets import as_policy, pow2
 from .errors import ShapeError, SpecError, typed_as
-from .shapes import is_static
+from .shapes import canonical_dtype, is_static
 from .specs import (
     AxisSpec,
     broadcast_specs,
@@ -202,7 +202,7 @@ def dtype_key(x):
         return type(x)
     dt = getattr(x, "dtype", None)
     dt = np.asarray(x).dtype if dt is None else dt
-    return jax.dtypes.canonicalize_dtype(dt) if isinstance(dt, np.dtype) else dt
+    return canonical_dtype(dt) if isinstance(dt, np.dtype) else dt
 
 
 def structure_key(tree, leaves) -> tuple:

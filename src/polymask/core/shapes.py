@@ -28,12 +28,26 @@ SHIFT_SUFFIX = "__p1"
 
 
 def canonical_dtype(dtype):
-    """``dtype`` as JAX computes with it (``int64`` is ``int32`` without x64),
-    so abstract arguments made from host arrays do not raise JAX's truncation
-    warning; extended dtypes (PRNG keys) unchanged."""
+    """``dtype`` as JAX computes with it (``int64`` is ``int32`` without x64;
+    ``>f4`` is ``float32``), so abstract arguments made from host arrays do not
+    raise JAX's truncation warning; extended dtypes (PRNG keys) unchanged."""
     if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
         return dtype
+    if isinstance(dtype, np.dtype) and not dtype.isnative:
+        dtype = dtype.newbyteorder("=")
     return jax.dtypes.canonicalize_dtype(dtype)
+
+
+def native_byte_order(tree):
+    """``tree`` with each NumPy array of a non-native byte order (``>f4``, as
+    read from a big-endian file) converted to the native one: JAX copies such
+    an array's bytes as they are (plain ``jax.jit`` returns garbage for it
+    once the native dtype's program is cached: the same abstract value)."""
+    def native(x):
+        if isinstance(x, np.ndarray) and not x.dtype.isnative:
+            return x.astype(x.dtype.newbyteorder("="))
+        return x
+    return jax.tree_util.tree_map(native, tree)
 
 
 def is_static(s) -> bool:

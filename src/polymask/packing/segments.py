@@ -229,18 +229,51 @@ def pack_rows(lengths: Sequence[int], row_size: int, slots: int, gap: int = 0) -
     rows: list[list[tuple[int, int]]] = []
     fill: list[int] = []
     room = row_size + gap
+    free = _FirstFit()  # each row's free positions (-1 once its slots are taken)
     for i in order:
         n = int(lengths[i]) + gap
-        for r, used in enumerate(fill):
-            if used + n <= room and len(rows[r]) < slots:
-                rows[r].append((i, used))
-                fill[r] += n
-                break
-        else:
-            rows.append([(i, 0)])
-            fill.append(n)
+        r = free.first(n)
+        if r is None:
+            r = len(rows)
+            rows.append([])
+            fill.append(0)
+        rows[r].append((i, fill[r]))
+        fill[r] += n
+        free.set(r, room - fill[r] if len(rows[r]) < slots else -1)
     slot_of = {i: (r, s) for r, row in enumerate(rows) for s, (i, _) in enumerate(row)}
     return RowPacking(rows, slot_of, int(row_size), int(slots), int(gap))
+
+
+class _FirstFit:
+    """The first row with at least ``n`` free positions, in O(log rows): a max
+    segment tree over the rows' free positions (many short examples made the
+    scan of every row for every example quadratic: 8 s for 20,000)."""
+
+    def __init__(self) -> None:
+        self.size = 1
+        self.tree = [-1, -1]  # tree[size + r]: row r's free positions
+
+    def set(self, r: int, free: int) -> None:
+        while r >= self.size:  # double the leaves
+            leaves = self.tree[self.size:] + [-1] * self.size
+            self.size *= 2
+            self.tree = [-1] * self.size + leaves
+            for k in range(self.size - 1, 0, -1):
+                self.tree[k] = max(self.tree[2 * k], self.tree[2 * k + 1])
+        k = self.size + r
+        self.tree[k] = free
+        k //= 2
+        while k:
+            self.tree[k] = max(self.tree[2 * k], self.tree[2 * k + 1])
+            k //= 2
+
+    def first(self, n: int) -> int | None:
+        if self.tree[1] < n:
+            return None
+        k = 1
+        while k < self.size:
+            k = 2 * k if self.tree[2 * k] >= n else 2 * k + 1
+        return k - self.size
 
 
 def phantom_source(row: Sequence[tuple[int, int]], lengths, fallback=None):

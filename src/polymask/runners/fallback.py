@@ -30,6 +30,7 @@ import jax
 from .. import _jax_compat as compat
 from ..core.diagnostics import user_stacklevel
 from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError, SpecError, typed_as
+from ..core.shapes import native_byte_order
 from ..tracing.cases.refine import TRACE_NOTE
 from .compiling import compile_counter
 
@@ -140,7 +141,7 @@ class ExactFallback:
           ShapeError: plain ``jax.jit`` fails on these exact arrays too (its
             error chained); ``reason`` (the masked refusal) is added to the message.
         """
-        kwargs = kwargs or {}
+        args, kwargs = native_byte_order((args, kwargs or {}))
         if shape_key in self._seen:
             if self._pending is not None:
                 self.warn_pending()

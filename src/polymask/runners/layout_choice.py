@@ -149,7 +149,8 @@ class LayoutChoice:
             reason = f"cost model: packed {packed:.3g} <= padded {padded:.3g}"
         else:
             reason = "layout='packed'"
-        left = [i for i in every if i not in set(fits)]
+        fitting = set(fits)
+        left = [i for i in every if i not in fitting]
         self._warn_padded(left, lengths, runner.row_size)  # before running: it may raise
         try:
             runner.run(fits, infos, bcast_leaves, results, prog.program.out_tree)

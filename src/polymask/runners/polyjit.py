@@ -46,7 +46,7 @@ from ..core.errors import (
 )
 from ..core.masked import Masked
 from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
-from ..core.shapes import canonical_dtype
+from ..core.shapes import canonical_dtype, native_byte_order
 from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from ..tracing.prologue import raise_run_failure
@@ -121,6 +121,11 @@ class _CallInfo:
     # ``(program, leaves) -> outputs`` of that case through an aliased buffer
     # (``AliasedPadBuffers``), else None; set with ``build``
     call_one: Callable | None = None
+
+
+def _non_native(x) -> bool:
+    """A NumPy array of a non-native byte order (``>f4``: ``native_byte_order``)."""
+    return isinstance(x, np.ndarray) and not x.dtype.isnative
 
 
 _STALE = object()  # a steady-state call found its program evicted or replaced
@@ -401,7 +406,7 @@ class PolyJit:
             return None
         i, bound, exact, _ = dyn[0]
         if exact:
-            return lambda a: a
+            return native_byte_order if _non_native(leaves[i]) else (lambda a: a)
         index = tuple(slice(0, s) for s in np.shape(leaves[i]))
         pad, ndarray, asarray = self._pads.padder(bound, dtype_key(leaves[i])), np.ndarray, np.asarray
 
@@ -442,7 +447,7 @@ class PolyJit:
             for i, bound, exact, on_device in dyn:
                 x = leaves[i]
                 if exact:
-                    flat.append(x)
+                    flat.append(native_byte_order(x))
                 elif on_device:
                     flat.append(self._pad_device(x, bound))
                 else:

@@ -33,6 +33,7 @@ from ..core.buckets import as_policy, int_arg
 from ..core.diagnostics import at_call_site, user_call_site
 from ..core.errors import FailsAsPlainJax, ShapeError, about_example
 from ..core.plan import dtype_key, policy_getter
+from ..core.shapes import native_byte_order
 from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from ..tracing.prologue import raise_run_failure
@@ -137,6 +138,9 @@ class RaggedMap:
 
     def _map(self, examples, broadcast, progress, refine):
         examples = _as_example_list(examples)
+        if any(isinstance(a, np.ndarray) and not a.dtype.isnative  # (big-endian data)
+               for ex in examples for a in (ex if isinstance(ex, tuple) else (ex,))):
+            examples = native_byte_order(examples)
         ragged_batches.warn_parallel_lists(examples, broadcast)
         broadcast = self._with_statics(broadcast)
         if not examples:

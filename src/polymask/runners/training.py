@@ -749,7 +749,8 @@ class PackedTraining:
         packed = [k for k, n in enumerate(lengths) if n <= runner.row_size and prog.runs(n)]
         # longer than a row, or a size the row program does not serve (another
         # traced case, ``x[1:]`` at n = 0): those examples run in the padded layout
-        left = [k for k in range(len(lengths)) if k not in set(packed)]
+        in_rows = set(packed)
+        left = [k for k in range(len(lengths)) if k not in in_rows]
         self.last_padded = len(left)
         sums = self._run(params, [infos[k] for k in packed], [lengths[k] for k in packed])
         if packed and not _all_finite((sums[0], sums[2])):
