@@ -759,3 +759,22 @@ def test_a_branch_on_a_selections_count_is_refused_as_polymasks_limit_not_jaxs()
     with pytest.raises(pm.ShapeError, match="data-dependent size") as e:
         spaced(pm.Masked(jnp.array([1.0, 2, 3, 0]), (3,)))
     assert "constraints=['_u" not in str(e.value)
+
+
+def test_messages_of_selections_traced_one_size_at_a_time():
+    """Found from outside: at sizes traced one by one, ``x[m]`` of a traced mask
+    was said to fail "as it does on the exact arrays" (eager JAX runs it), and
+    two selections' counts stacked raised TooManyCases, whose remedy (a larger
+    max_cases) cannot help; a count comparison whose other way fails on a
+    traced value (``jnp.array_split``) was said to fail "in plain JAX"."""
+    x = pm.pad(np.array([1.0, -2.0, 3.0, 2.0], np.float32), 6)
+    with pytest.raises(pm.ShapeError, match="under jax.jit on the exact arrays") as e:
+        pm.mask(lambda x: x[jnp.isin(x, jnp.array([1.0, 2.0]))], "n")(x)
+    assert "polymask.boolean_mask(x, m)" in str(e.value)
+    sel = lambda x: pm.boolean_mask(x, x > 0)  # noqa: E731
+    with pytest.raises(pm.ShapeError, match="with data-dependent sizes") as e:
+        pm.mask(lambda x: jnp.stack([sel(x), sel(x)]), "n")(x)
+    assert not isinstance(e.value, pm.TooManyCases) and "max_cases" not in str(e.value)
+    assert "Compute the result once and reuse it" in str(e.value)
+    with pytest.raises(pm.ShapeError, match="polymask cannot trace the function for these"):
+        pm.mask(lambda x: jnp.array_split(sel(x), 2)[0], "n")(x)

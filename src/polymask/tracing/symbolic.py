@@ -108,13 +108,14 @@ class CountCheck:
     message: str
 
     @classmethod
-    def of(cls, condition: str, text: str, where: str, failure) -> CountCheck:
+    def of(cls, condition: str, text: str, where: str, failure, plain: bool) -> CountCheck:
         """The check of ``condition`` (a split's outcome), whose other outcome
-        is the error case ``failure``; ``text``/``where``: the comparison."""
+        is the error case ``failure``, plain JAX's own failure or (not
+        ``plain``) polymask's limit; ``text``/``where``: the comparison."""
         (expr,) = jax.export.symbolic_shape(condition.rsplit(" ", 2)[0])
         counts = frozenset(v for v in compat.dim_vars(expr) if compat.is_fresh_dim_name(v))
         said = (f"the function fails here in plain JAX: {failure.error}"
-                if failure.error_type is not None else  # (polymask's own limit there)
+                if plain else  # (polymask's own limit there)
                 f"polymask cannot trace the function for these sizes: {failure.error}")
         return cls(condition, counts, (
             f"{said} (at {failure.where}). A data-dependent size decides it (the "

@@ -26,7 +26,7 @@ from ..interpreter import with_plain_weak_types
 from ..prologue import Check, concrete_value, run_checks
 from .refine import per_size_remedy
 from .splitting import Case, CaseTree
-from .tree import plain_failure
+from .tree import count_limited, plain_failure
 
 __all__ = ["run_cases", "host_error", "case_program"]
 
@@ -44,6 +44,9 @@ def _error_message(tree: CaseTree, c: Case) -> str:
         sizes = sizes_text(c.reached_by) if c.reached_by else tree.describe_conditions(c)
         return (f"for these sizes ({sizes}) the function fails at "
                 f"{c.where}, {as_plain}:\n  {c.error}{remedy}")
+    if count_limited(c):
+        return (f"for these sizes ({tree.describe_conditions(c)}) polymask cannot trace the "
+                f"function with data-dependent sizes at {c.where}:\n  {c.error}")
     count = len(c.reached_by) if c.reached_by else 0
     return (f"for these sizes ({tree.describe_conditions(c)}) polymask cannot trace the "
             f"function with symbolic sizes at {c.where}:\n  {c.error}\n  "
@@ -52,7 +55,8 @@ def _error_message(tree: CaseTree, c: Case) -> str:
 
 def _error_checks(tree: CaseTree, idx) -> list[Check]:
     return [Check(idx == c.index, _error_message(tree, c), error_type=c.error_type,
-                  error_class=ShapeError if c.one_size or c.plain else TooManyCases)
+                  error_class=(ShapeError if c.one_size or c.plain or count_limited(c)
+                               else TooManyCases))
             for c in tree.cases if c.error is not None and c.reachable]
 
 
@@ -61,6 +65,8 @@ def case_error(tree: CaseTree, case: Case, prefix: str = "") -> ShapeError:
     there (``errors.typed_as``: ``except IndexError`` still catches it)."""
     if case.one_size or case.plain:  # plain JAX's own failure at these sizes
         return typed_as(ShapeError(prefix + _error_message(tree, case)), case.error_type)
+    if count_limited(case):  # (no max_cases helps: not TooManyCases)
+        return ShapeError(prefix + _error_message(tree, case))
     # polymask's limit (a case traced with symbolic sizes), as when every size fails
     return TooManyCases(prefix + _error_message(tree, case),
                         fixed_size_vars=case.fixed_size_vars)

@@ -21,6 +21,7 @@ from .tree import (
     CaseTree,
     Split,
     common_outputs,
+    count_limited,
     enumerate_sizes,
     error_case,
     plain_failure,
@@ -138,6 +139,11 @@ def _every_size_fails(failed: list[Case], max_cases: int) -> ShapeError:
     plain = [c for c in failed if c.one_size]
     also = "".join(f"\n  ({sizes_text(c.reached_by)}: plain JAX fails too: "
                    f"{c.error.splitlines()[0]})" for c in plain[:2])
+    if count_limited(main):  # tracing the sizes one by one keeps it
+        return ShapeError(
+            f"polymask cannot trace the function with data-dependent sizes"
+            f"{f' ({sizes_text(sizes)})' if sizes else ''} at {main.where}:\n  "
+            f"{main.error}{also}")
     return TooManyCases(  # polymask's limit (sizes one by one past max_cases), not the user's
         f"polymask cannot trace the function with symbolic sizes"
         f"{f' ({sizes_text(sizes)})' if sizes else ''} at {main.where}:\n  "

@@ -39,6 +39,7 @@ from .tree import (
     common_outputs,
     enumerate_sizes,
     error_case,
+    fails_in_plain_jax,
     vars_compared_equal_to_constants,
 )
 
@@ -177,7 +178,8 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
             c.index = i
         splits[n_splits:] = _splits_under(root)
         _first_program_kept(first, cases)
-        check = CountCheck.of(f"{node.cond} {holds}", node.text, node.where, dropped[0])
+        check = CountCheck.of(f"{node.cond} {holds}", node.text, node.where, dropped[0],
+                              fails_in_plain_jax(dropped[0]))
         for c in kept:
             if c.program is not None:
                 c.program.count_checks += (check,)

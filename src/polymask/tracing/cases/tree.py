@@ -22,7 +22,7 @@ from ..symbolic import MaskedProgram
 
 __all__ = ["Case", "Split", "CaseTree", "enumerate_sizes", "common_outputs", "error_case",
            "spec_var_names",
-           "plain_failure"]
+           "plain_failure", "fails_in_plain_jax", "count_limited"]
 
 _ENUMERATE_LIMIT = 4096  # largest number of size combinations enumerated per tree
 
@@ -173,7 +173,7 @@ def plain_failure(error: str) -> tuple[str, str]:
                 "the trace; pass the module itself, pm.mask(module, spec): its state then "
                 "goes in and out of the masked call, as with nnx.jit")
     if error.startswith("InconclusiveDimensionOperation"):  # polymask's limit, not JAX's
-        if re.search(rf"\b{compat.FRESH_DIM_PREFIX}\d+\b", error):  # a count's, both ways run
+        if names_a_count(error):  # a count's, both ways run
             return ("where polymask's trace cannot decide a comparison of a data-dependent "
                     "size (the count of a polymask.nonzero / boolean_mask / ... result) that "
                     "chooses between two paths: one program for every count cannot take both",
@@ -182,6 +182,11 @@ def plain_failure(error: str) -> tuple[str, str]:
                     "or bound the op with size= (jnp.nonzero(x, size=k)).")
         return ("where polymask's trace cannot decide a comparison of sizes (plain JAX, "
                 "with Python ints, is not stopped there)", "")
+    if error.startswith("NonConcreteBooleanIndexError"):  # x[m]: eager JAX runs it
+        return ("as it does under jax.jit on the exact arrays",
+                "\n  x[m] with a traced boolean m has a data-dependent size: inside "
+                "polymask.mask use polymask.boolean_mask(x, m) (or polymask.compress / "
+                "polymask.extract).")
     if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error
             or (error.startswith("IndexError") and compat.is_traced_slice_bounds_message(error))):
         return "as it does on the exact arrays", ""
@@ -190,6 +195,26 @@ def plain_failure(error: str) -> tuple[str, str]:
             "arguments cannot be used as a Python value (if, int(), np.asarray(), a shape); "
             "use jnp.where / lax.cond / jnp ops on it, or pass a Python constant with "
             "functools.partial.")
+
+
+def names_a_count(text: str) -> bool:
+    """Whether ``text`` names a data-dependent size's dim var (``_u1``)."""
+    return re.search(rf"\b{compat.FRESH_DIM_PREFIX}\d+\b", text) is not None
+
+
+def count_limited(case: Case) -> bool:
+    """An error case of polymask's limit with data-dependent sizes (two
+    selections' counts, ``_u1`` and ``_u2``): neither tracing the sizes one by
+    one nor a larger ``max_cases`` helps."""
+    return not (case.one_size or case.plain) and names_a_count(case.error)
+
+
+def fails_in_plain_jax(case: Case) -> bool:
+    """Whether the error case ``case`` is plain JAX's own failure (eager, on the
+    exact arrays), not polymask's limit nor a traced value's (a ``TypeError``
+    naming a tracer: ``jnp.array_split`` computing with a count's value)."""
+    return (case.error_type is not None and "Tracer" not in case.error
+            and plain_failure(case.error)[0] == "as it does on the exact arrays")
 
 
 def _error_text(e: BaseException, internal) -> str:
