@@ -40,6 +40,7 @@ from .tree import (
     enumerate_sizes,
     error_case,
     fails_in_plain_jax,
+    splits_under,
     vars_compared_equal_to_constants,
 )
 
@@ -176,7 +177,7 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
         cases[start:] = kept
         for i, c in enumerate(cases):
             c.index = i
-        splits[n_splits:] = _splits_under(root)
+        splits[n_splits:] = splits_under(root)
         _first_program_kept(first, cases)
         check = CountCheck.of(f"{node.cond} {holds}", node.text, node.where, dropped[0],
                               fails_in_plain_jax(dropped[0]))
@@ -207,16 +208,6 @@ def _count_pinned_to_one(prog: MaskedProgram, check: CountCheck, where: str) -> 
     for v in check.counts:
         if compat.upper_bound(compat.fresh_dim(v, prog.scope)) <= 1:
             prog.assumed_nonempty.setdefault(v, where)
-
-
-def _splits_under(node) -> list[Split]:
-    out, todo = [], [node]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, Split):
-            out.append(n)
-            todo += [n.no, n.yes]
-    return out
 
 
 def trace_function_cases(fun: Callable, args: Sequence[Any], in_specs=None,

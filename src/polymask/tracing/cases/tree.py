@@ -22,7 +22,7 @@ from ..symbolic import MaskedProgram
 
 __all__ = ["Case", "Split", "CaseTree", "enumerate_sizes", "common_outputs", "error_case",
            "spec_var_names",
-           "plain_failure", "fails_in_plain_jax", "count_limited"]
+           "plain_failure", "fails_in_plain_jax", "count_limited", "splits_under"]
 
 _ENUMERATE_LIMIT = 4096  # largest number of size combinations enumerated per tree
 
@@ -63,6 +63,17 @@ class Split:
     where: str  # the user's line
     yes: Any = None
     no: Any = None
+
+
+def splits_under(node) -> list[Split]:
+    """The ``Split`` nodes of the tree under ``node``, depth first, yes first."""
+    out, todo = [], [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, Split):
+            out.append(n)
+            todo += [n.no, n.yes]
+    return out
 
 
 @dataclasses.dataclass
@@ -106,13 +117,7 @@ class CaseTree:
                 + "\n".join("  " + ln for ln in self.summary().splitlines()))
 
     def splits(self) -> list[Split]:
-        out, todo = [], [self.root]
-        while todo:
-            node = todo.pop()
-            if isinstance(node, Split):
-                out.append(node)
-                todo += [node.no, node.yes]
-        return out
+        return splits_under(self.root)
 
     def summary(self) -> str:
         """The decision tree in words: each comparison and each case."""
