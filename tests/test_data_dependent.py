@@ -1,6 +1,8 @@
 """Data-dependent output sizes (issue 4): nonzero, where, boolean masks, unique,
 value-sized arange and dynamic_slice; ACCEPTANCE.md case 9."""
 
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -778,3 +780,28 @@ def test_messages_of_selections_traced_one_size_at_a_time():
     assert "Compute the result once and reuse it" in str(e.value)
     with pytest.raises(pm.ShapeError, match="polymask cannot trace the function for these"):
         pm.mask(lambda x: jnp.array_split(sel(x), 2)[0], "n")(x)
+
+
+def test_a_run_time_count_check_names_the_call_and_plain_jaxs_exception_type():
+    """Found from outside: a count check failing while the program ran named
+    the line that defines the function (or the first call, whose compiled
+    program is reused) as the masked call, and raised a ShapeError that
+    ``except ValueError`` (top_k's own) missed."""
+
+    def top2(x):
+        return jax.lax.top_k(pm.boolean_mask(x, x > 0), 2)[0]
+
+    x = np.array([5.0, -1.0, -2.0, -3.0], np.float32)
+    m = pm.mask(top2)
+    for _ in range(2):  # (the second call reuses the first one's program)
+        with pytest.raises(ValueError, match="k argument to top_k") as e:
+            call_line = sys._getframe().f_lineno + 1
+            m(pm.Masked(jnp.asarray(x), (4,)))
+        assert isinstance(e.value, pm.ShapeError)
+        assert f"in the masked call at {__file__}:{call_line}" in str(e.value)
+    jitted = pm.jit(top2, "n")
+    np.testing.assert_array_equal(jitted(np.array([5.0, 6.0], np.float32)), [6.0, 5.0])
+    with pytest.raises(pm.ShapeError) as e:
+        call_line = sys._getframe().f_lineno + 1
+        jitted(x)
+    assert f"in the masked call at {__file__}:{call_line}" in str(e.value)

@@ -21,7 +21,7 @@ from .errors import ShapeError, UnsupportedError
 
 __all__ = ["is_library_frame", "user_call_site", "user_stacklevel", "user_frame_of_exception", "at_call_site",
            "relocate", "translate_trace_error", "UNKNOWN_LOCATION", "SIZE_BRANCH_REMEDIES",
-           "for_one_callers_example", "dim_vars_named"]
+           "for_one_callers_example", "dim_vars_named", "at_this_call"]
 
 _PKG_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNKNOWN_LOCATION = compat.UNKNOWN_LOCATION
@@ -156,8 +156,13 @@ def for_one_callers_example(e: BaseException, call_site: str) -> BaseException:
     ``call_site`` as the masked call, not the worker thread's."""
     if not isinstance(e, (ShapeError, UnsupportedError)):
         return e
-    text = re.sub(r"^examples\[\d+\]: ", "", str(e))
-    text = re.sub(r"\n  in the masked call at [^\n]*", "", text)
+    return at_this_call(_same_type(e, re.sub(r"^examples\[\d+\]: ", "", str(e))), call_site)
+
+
+def at_this_call(e: BaseException, call_site: str) -> BaseException:
+    """``e`` with ``call_site`` as its masked call, in place of the one it names
+    (a compiled program's run-time check names the call it was traced for)."""
+    text = re.sub(r"\n  in the masked call at [^\n]*", "", str(e))
     return _same_type(e, f"{text}\n  in the masked call at {call_site}")
 
 

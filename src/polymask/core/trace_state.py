@@ -18,6 +18,8 @@ context managers that open the scope of one masked trace or run:
 - ``cases_batched``: the switch between the cases of a case split is being
   traced with a batched index (``jax.vmap``): JAX will run every case on
   every example (``tracing/cases/dispatch.py``; read by ``rules/inlined.py``).
+- ``call_site``: the user's line of the masked call being run (its rules'
+  run-time checks name it: ``RuleContext.require``);
 - ``tangent_operands``: while a primitive's own JVP rule runs masked, its
   equations that take tangents, by ``id``, with the operands that are
   tangents (``rules/inlined.py``): inside ``cond`` or ``vmap`` JAX linearizes
@@ -36,7 +38,7 @@ from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["TraceState", "trace_state", "current_scope", "scope_active", "mapped_per_example",
-           "batched_outside", "tangent_operands", "cases_batched"]
+           "batched_outside", "tangent_operands", "cases_batched", "masked_call"]
 
 
 class TraceState(threading.local):
@@ -50,6 +52,7 @@ class TraceState(threading.local):
         self.masks: dict | None = None
         self.tangent_operands: dict[int, tuple[int, ...]] = {}
         self.cases_batched: bool = False
+        self.call_site: str | None = None
 
 
 _STATE = TraceState()
@@ -107,6 +110,11 @@ def tangent_operands(by_equation: dict[int, tuple[int, ...]]):
     """While a JVP rule's jaxpr is evaluated masked: the equations (by ``id``)
     that take tangents, each with the positions of those operands."""
     return replaced("tangent_operands", by_equation)
+
+
+def masked_call(call_site: str):
+    """While a masked call runs its program: the user's line of that call."""
+    return replaced("call_site", call_site)
 
 
 def cases_batched(batched: bool):

@@ -91,7 +91,7 @@ def _bind_fresh(ctx, d, value):
     bound_now = ctx.dims.logical_values.keys()
     for check in ctx.state.count_checks:  # (the split outcome traced: CountCheck)
         if name in check.counts and check.counts <= bound_now:
-            ctx.require(check.violated(ctx.dims), check.message)
+            ctx.require(check.violated(ctx.dims), check.message, error_type=check.error_type)
     line = ctx.state.assumed_nonempty.get(name)
     if line is not None:
         ctx.require(value == 0,

@@ -28,7 +28,7 @@ import numpy as np
 from jax import lax
 
 from .. import _jax_compat as compat
-from ..core.diagnostics import at_call_site, user_call_site
+from ..core.diagnostics import at_this_call, user_call_site
 from ..core.dimvars import display_internal_names
 from ..core.errors import ShapeError, counted, plain_type_of, typed_as
 from ..core.masked import Masked, ragged_batch_hint
@@ -226,7 +226,7 @@ def raise_run_failure(e: Exception) -> None:
         return
     err = shape_error_of(e)
     if err is not None:
-        new = at_call_site(err, user_call_site())
+        new = at_this_call(err, user_call_site())  # (not the call it was traced at)
         new.jax_error = e  # JAX's JaxRuntimeError, kept for inspection
         raise new from None
     raise compat.as_jax_runtime_error(e) from None

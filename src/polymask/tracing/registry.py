@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from .. import _jax_compat as compat
 from ..core.dimvars import display_internal_names
 from ..core.errors import ShapeError, UnsupportedError
+from ..core.trace_state import trace_state
 from .prologue import Check, run_checks
 from .state import RunState
 
@@ -361,7 +362,7 @@ class RuleContext:
             bad = jnp.logical_and(bad, self.state.guard)
         message = display_internal_names(message)
         run_checks([Check(bad, f"{message}\n  at {line}", tuple(values), error_type)],
-                   self.source_line)
+                   trace_state().call_site or self.source_line)
 
     def unsupported(self, reason: str) -> UnsupportedError:
         reason = display_internal_names(reason)

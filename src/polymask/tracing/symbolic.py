@@ -106,6 +106,7 @@ class CountCheck:
     condition: str
     counts: frozenset
     message: str
+    error_type: type | None = None  # plain JAX's exception there (the ShapeError is one too)
 
     @classmethod
     def of(cls, condition: str, text: str, where: str, failure, plain: bool) -> CountCheck:
@@ -120,7 +121,8 @@ class CountCheck:
         return cls(condition, counts, (
             f"{said} (at {failure.where}). A data-dependent size decides it (the "
             f"comparison {text} at {where}); polymask runs the comparison's other "
-            "outcome, and checks the count while the program runs"))
+            "outcome, and checks the count while the program runs"),
+            failure.error_type if plain else None)
 
     def violated(self, dims: DimEnv):
         """Whether the condition fails at ``dims``' values: a bool, or a traced one."""

@@ -21,10 +21,11 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import split_specs
 from ..core.buckets import int_arg
-from ..core.diagnostics import at_call_site, user_call_site
+from ..core.diagnostics import at_call_site, at_this_call, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.specs import as_constraints, broadcast_specs, check_in_specs_type
+from ..core.trace_state import masked_call
 from .cases.dispatch import run_cases
 from .cases.splitting import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .eager import run_cases_eagerly, run_program_eagerly, runs_eagerly
@@ -340,12 +341,16 @@ class MaskedFunction:
             values, checks = solve_dim_vars(tree.base, leaves, self.checks)
         except ShapeError as e:
             raise at_call_site(e, call_site) from None
-        if self.checks == "functional":
-            with functional_checks() as bads:
-                outs = self._run(tree, leaves, values, checks, call_site, guard)
-            outs = poison_outputs(outs, bads)
-        else:
-            outs = self._run(tree, leaves, values, checks, call_site, guard)
+        with masked_call(call_site):  # (the rules' run-time checks name it)
+            if self.checks == "functional":
+                with functional_checks() as bads:
+                    outs = self._run(tree, leaves, values, checks, call_site, guard)
+                outs = poison_outputs(outs, bads)
+            else:
+                try:
+                    outs = self._run(tree, leaves, values, checks, call_site, guard)
+                except ShapeError as e:  # (an eager program compiled at another call)
+                    raise at_this_call(e, call_site) from e.__cause__
         return jax.tree_util.tree_unflatten(tree.base.out_tree, outs)
 
     def _run(self, tree: CaseTree, leaves, values, checks, call_site, guard=None):
