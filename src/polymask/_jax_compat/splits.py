@@ -400,7 +400,7 @@ def _split_geq(orig_geq):
             if _active_frame(diff, counts=True) is None or _count_split_refused(diff):
                 raise
             raise SplitNeeded(message, diff) from None
-        if _has_fresh(e1, e2) and _branch_differs_at_zero():
+        if _has_fresh(e1, e2) and (_branch_differs_at_zero() or _count_pinned(e1, e2)):
             _note_nonempty(e1, e2, lambda d: _geq_zero(orig_geq, d), res)
         return res
 
@@ -417,6 +417,21 @@ def _in_user_code(caller, frame: _HookFrame) -> bool:
     if code.co_filename == "<string>":
         return not code.co_name.startswith("__")
     return frame.is_user_frame(code.co_filename)
+
+
+def _count_pinned(*exprs) -> bool:
+    """A data-dependent size in ``exprs`` that JAX takes to be the constant 1
+    (a bound of 1, with its assumption >= 1): every decision on it, JAX's own
+    broadcasting included (``arange(count) * sel`` as ``(1,)``), holds at 1
+    only, so one that differs at 0 must not run at a count of 0."""
+    for e in exprs:
+        if is_dim_expr(e):
+            for v in dim_vars(e):
+                if is_fresh_dim_name(v) and _decision.bounds_decision(
+                        _shape_poly.symbolic_shape(v, scope=e.scope)[0],
+                        _shape_poly.BoundsPrecision.BEST)[1] <= 1:
+                    return True
+    return False
 
 
 def _has_fresh(*exprs) -> bool:
@@ -885,6 +900,41 @@ def _raises_below(caller) -> bool:
 _BLOCK_LINES = 8  # lines of an ``if`` block searched for its ``raise``
 
 
+def _eq_decided(a, b, diff, res: bool, truth: bool) -> bool:
+    """``a == b`` (``diff = a - b``) decided by the scope's bounds, or JAX's
+    structural ``res``; raises ``SplitNeeded`` where the trace splits on it
+    (``_split_eq``)."""
+    frame = _active_frame(diff, counts=True)
+    if frame is None:
+        return res
+    frame.busy = True
+    try:
+        lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
+        if lo > 0 or hi < 0:
+            return False
+        if (lo == hi == 0) or (not _has_fresh(diff) and _zero_everywhere(diff, frame)):
+            return True
+        caller = sys._getframe(1)
+        while caller is not None and caller.f_code.co_filename == __file__:
+            caller = caller.f_back
+        user = getattr(_HOOK_TLS, "as_user", False) or (
+            caller is not None and _in_user_code(caller, frame))
+        decision = (truth or user or _is_shape_decision(caller)
+                    or _broadcast_to_one(a, b, caller) or _emptiness_check(b, caller))
+    finally:
+        frame.busy = False
+    message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
+    if (not isinstance(b, DimExpr) and decision) or user:
+        # Split where it narrows: below/at-or-above 0, then at/above 0.
+        cond = -diff if lo >= 0 else diff
+        if _count_split_refused(cond):  # (JAX's False: a wrong path at some counts)
+            raise InconclusiveDimensionOperation(message)
+        if caller is not None and caller.f_code.co_name.startswith("definitely_"):
+            raise SplitBeforeRaise(message, cond)
+        raise SplitNeeded(message, cond)
+    return res
+
+
 def _split_eq(orig_eq):
     """``DimExpr.__eq__`` that decides with the scope's bounds, or splits.
 
@@ -915,36 +965,13 @@ def _split_eq(orig_eq):
             diff = a - b
         except Exception:
             return res
-        if any(is_fresh_dim_name(v) for v in dim_vars(diff)) and _branch_differs_at_zero():
-            _note_nonempty(a, b, _eq_zero, res)
-        frame = _active_frame(diff, counts=True)
-        if frame is None:
-            return res
-        frame.busy = True
-        try:
-            lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
-            if lo > 0 or hi < 0:
-                return False
-            if (lo == hi == 0) or (not _has_fresh(diff) and _zero_everywhere(diff, frame)):
-                return True
-            caller = sys._getframe(1)
-            while caller is not None and caller.f_code.co_filename == __file__:
-                caller = caller.f_back
-            user = getattr(_HOOK_TLS, "as_user", False) or (
-                caller is not None and _in_user_code(caller, frame))
-            decision = (truth or user or _is_shape_decision(caller)
-                        or _broadcast_to_one(a, b, caller) or _emptiness_check(b, caller))
-        finally:
-            frame.busy = False
-        message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
-        if (not isinstance(b, DimExpr) and decision) or user:
-            # Split where it narrows: below/at-or-above 0, then at/above 0.
-            cond = -diff if lo >= 0 else diff
-            if _count_split_refused(cond):  # (JAX's False: a wrong path at some counts)
-                raise InconclusiveDimensionOperation(message)
-            if caller is not None and caller.f_code.co_name.startswith("definitely_"):
-                raise SplitBeforeRaise(message, cond)
-            raise SplitNeeded(message, cond)
-        return res
+        # a count's comparison holds where the count is not 0 (JAX assumes >= 1):
+        # noted with the answer it gets here (``_note_nonempty``)
+        counted = any(is_fresh_dim_name(v) for v in dim_vars(diff)) and (
+            _branch_differs_at_zero() or _count_pinned(a, b))
+        answer = _eq_decided(a, b, diff, res, truth)
+        if counted:
+            _note_nonempty(a, b, _eq_zero, answer)
+        return answer
 
     return eq
