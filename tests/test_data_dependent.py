@@ -522,6 +522,10 @@ _SELECTIONS = {
     "pad_edge": (lambda s: jnp.pad(s, (1, 2), mode="edge"), _RAISES),
     # jnp.cov's own result for no samples (NaN): its path, not the general one
     "cov": (lambda s: jnp.cov(s), _POLYMASK_RAISES),
+    # a slice past the start: lax checks the size it derives (``_u1 - 1``) is
+    # non-negative, which it is not at 0 only symbolically (sizes clamp at 0)
+    "drop_first": (lambda s: s[1:] * 2.0, _VALUE),
+    "diff": (lambda s: jnp.diff(s), _VALUE),
 }
 
 

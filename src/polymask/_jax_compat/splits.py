@@ -793,9 +793,24 @@ def _branch_differs_at_zero() -> bool:
         return False
     if getattr(_HOOK_TLS, "as_user", False) or _in_user_code(caller, stack[-1]):
         return True
-    if _called_by_polymask(caller) or _raise_also_needs_an_array_empty_at_zero(caller):
+    if (_called_by_polymask(caller) or _raise_also_needs_an_array_empty_at_zero(caller)
+            or _enclosing_function(caller) in _CLAMPED_SIZE_CHECKS):
         return False
     return _raises_below(caller) or _empty_path_in_jnp(caller)
+
+
+def _enclosing_function(caller) -> str:
+    """The name of the function at ``caller``, past generator expressions."""
+    while caller.f_back is not None and caller.f_code.co_name in ("<genexpr>", "<listcomp>"):
+        caller = caller.f_back
+    return caller.f_code.co_name
+
+
+# lax's check that a shape is non-negative: at a count of 0 the derived size it
+# sees (``_u1 - 1`` of ``sel[1:]``, simplified from ``max(_u1 - 1, 0)`` on JAX's
+# assumption ``_u1 >= 1``) is negative only symbolically; the program's sizes
+# are clamped at 0, as plain JAX's slicing computes them
+_CLAMPED_SIZE_CHECKS = ("_check_shapelike",)
 
 
 def _empty_path_in_jnp(caller) -> bool:
