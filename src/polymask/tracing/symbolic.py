@@ -300,6 +300,9 @@ def _split_for_unproven_equality(e: BaseException, scope, internal):
     if not is_shape_mismatch(e, msg):
         return None
     names = [name for name, _ in internal.values() if re.search(rf"\b{re.escape(name)}\b", msg)]
+    # a count's too (``jnp.diff(sel, n=2)``): its case below k is not traced but
+    # refused where the count is known (``cases/splitting.py``: ``only_yes``)
+    names += sorted(set(re.findall(rf"\b{compat.FRESH_DIM_PREFIX}\d+\b", msg)))
     if len(names) != 1:
         return None
     (name,) = names
@@ -313,7 +316,10 @@ def _split_for_unproven_equality(e: BaseException, scope, internal):
             return None  # already known: the shapes differ for another reason
     except compat.InconclusiveDimensionOperation:
         pass
-    return compat.SplitNeeded(f"{name} >= {k} proves the shapes in {msg!r} equal", cond)
+    split = compat.SplitNeeded(f"{name} >= {k} proves the shapes in {msg!r} equal", cond)
+    split.only_yes = compat.is_fresh_dim_name(name)
+    split.polymask_where = user_frame_of_exception(e)  # (the mismatch's user line)
+    return split
 
 
 def trace(fun: Callable, args: Sequence[Any], in_specs=None,

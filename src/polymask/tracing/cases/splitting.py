@@ -27,7 +27,7 @@ from typing import Any
 
 from ... import _jax_compat as compat
 from ...core.diagnostics import user_frame_of_exception
-from ...core.dimvars import display_text
+from ...core.dimvars import display_text, pretty_condition
 from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError
 from ...core.shapes import SHIFT_SUFFIX
 from ..symbolic import CountCheck, MaskedProgram, flatten_args, trace
@@ -132,7 +132,7 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
         if split is not None:
             text = display_text(str(split).replace("Symbolic dimension comparison ", "")
                                 .replace(" is inconclusive.", ""), _internal_of(split.cond))
-            where = user_frame_of_exception(split)
+            where = getattr(split, "polymask_where", None) or user_frame_of_exception(split)
             if {f"{split.cond} >= 0", f"{split.cond} <= -1"} & set(conditions):
                 raise ShapeError(  # JAX's decision procedure cannot use the condition
                     f"cannot decide the size comparison {text} at {where} even for one "
@@ -140,7 +140,7 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
                     "(mask(..., constraints=['n >= 3']))")
             node = Split(split.cond, text, where)
             if compat.names_a_count(split.cond):
-                return explore_count_split(conditions, node)
+                return explore_count_split(conditions, node, getattr(split, "only_yes", False))
             splits.append(node)
             node.yes = explore(conditions + (f"{split.cond} >= 0",))
             node.no = explore(conditions + (f"{split.cond} <= -1",))
@@ -151,7 +151,7 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
         cases.append(case)
         return case
 
-    def explore_count_split(conditions: tuple[str, ...], node: Split):
+    def explore_count_split(conditions: tuple[str, ...], node: Split, only_yes: bool = False):
         """A comparison of a data-dependent size (``_u1 - 2``): both outcomes
         traced, and where plain JAX fails on one of them (``lax.top_k(s, 2)``
         where ``s`` has fewer than 2 entries), the other one kept with a
@@ -162,7 +162,14 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
         sides = []
         for holds in (">= 0", "<= -1"):
             first_case = len(cases)
-            root = explore(conditions + (f"{node.cond} {holds}",))
+            if holds == "<= -1" and only_yes:  # (the split proves shapes equal above)
+                holds_at = pretty_condition(f"{node.cond} >= 0", first.get("internal") or {})
+                e = ShapeError(f"JAX proves these shapes equal only where {holds_at}")
+                e.polymask_where = node.where
+                cases.append(error_case(first_case, conditions, e, first.get("internal")))
+                root = cases[-1]
+            else:
+                root = explore(conditions + (f"{node.cond} {holds}",))
             sides.append((holds, root, cases[first_case:]))
         runs = [any(c.program is not None for c in side[2]) for side in sides]
         if all(runs):  # traced again, stopped there: an error case (refined per size)
