@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from typing import Any
 
 import jax
@@ -114,15 +116,20 @@ def fresh_dim(name: str, scope: SymbolicScope):
     return jax.export.symbolic_shape(name, scope=scope)[0]
 
 
+_FRESH_COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scope -> vars made
+_FRESH_LOCK = threading.Lock()
+
+
 def new_fresh_dim(scope: SymbolicScope):
     """``(name, dim)``: a new data-dependent size's dim var in ``scope``, named
     ``_u1``, ``_u2``, ... in the order the trace creates them. A trace repeated
     under a condition on a count (``_u1 - 2 >= 0``, a case of
     ``tracing/cases/splitting.py``) thus names its counts as the first trace
     did, and the condition, in the new scope from the start, applies to them.
-    (The count is kept on the scope object: one scope per trace.)"""
-    n = getattr(scope, "_polymask_fresh_count", 0) + 1
-    scope._polymask_fresh_count = n
+    (One scope per trace: the counts are kept per scope, not on JAX's object.)"""
+    with _FRESH_LOCK:
+        n = _FRESH_COUNTS.get(scope, 0) + 1
+        _FRESH_COUNTS[scope] = n
     name = f"{FRESH_DIM_PREFIX}{n}"
     return name, fresh_dim(name, scope)
 
