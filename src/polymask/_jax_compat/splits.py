@@ -62,11 +62,16 @@ class SplitNeeded(InconclusiveDimensionOperation):
     ``cond >= 0`` and once with ``cond <= -1`` added to the scope. It derives
     from JAX's ``InconclusiveDimensionOperation`` so that JAX code that falls
     back on an inconclusive comparison (``max``/``min``, ``divmod``) still does.
+    ``only_yes``: a split that lets JAX prove two shapes of a data-dependent
+    size equal (``cond >= 0``): the other outcome is refused, not traced.
+    ``where``: the user's line, where the exception's traceback has none.
     """
 
-    def __init__(self, message: str, cond):
+    def __init__(self, message: str, cond, only_yes: bool = False, where: str | None = None):
         super().__init__(message)
         self.cond = cond
+        self.only_yes = only_yes
+        self.polymask_where = where
 
 
 class SplitBeforeRaise(Exception):

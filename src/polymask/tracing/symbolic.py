@@ -316,10 +316,9 @@ def _split_for_unproven_equality(e: BaseException, scope, internal):
             return None  # already known: the shapes differ for another reason
     except compat.InconclusiveDimensionOperation:
         pass
-    split = compat.SplitNeeded(f"{name} >= {k} proves the shapes in {msg!r} equal", cond)
-    split.only_yes = compat.is_fresh_dim_name(name)
-    split.polymask_where = user_frame_of_exception(e)  # (the mismatch's user line)
-    return split
+    return compat.SplitNeeded(f"{name} >= {k} proves the shapes in {msg!r} equal", cond,
+                              only_yes=compat.is_fresh_dim_name(name),
+                              where=user_frame_of_exception(e))  # (the mismatch's line)
 
 
 def trace(fun: Callable, args: Sequence[Any], in_specs=None,
