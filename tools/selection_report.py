@@ -74,6 +74,10 @@ OPS = {
     "where_len": lambda s: jnp.where(s.shape[0] > 2, s.sum(), -1.0),
     "fori": lambda s: jax.lax.fori_loop(0, s.shape[0], lambda i, c: c + s[i] * i, 0.0),
     "slice2": lambda s: s[2:],
+    "zeros_len_minus1": lambda s: jnp.zeros(s.shape[0] - 1),
+    "iota_len_minus2": lambda s: jnp.arange(s.shape[0] - 2) * 1.0,
+    "ones_like_slice": lambda s: jnp.ones_like(s[1:]) + s[:-1],
+    "slice_slice": lambda s: s[1:][1:] - s[:-2],
     "slice_neg": lambda s: s[:-2],
     "stride": lambda s: s[::2],
     "flip": lambda s: s[::-1],
@@ -108,7 +112,8 @@ def outcome(op, m, x, n) -> str:
 
 def main(names) -> int:
     ops = {k: OPS[k] for k in names} if names else OPS
-    x = np.array([20., 3, 50, 40, 0, 30, 70, 60, 45, np.nan], np.float32)  # NaN: padding
+    # n = 1 selects nothing from a nonempty x (a count of 0 in the trace of n >= 1)
+    x = np.array([3., 20, 50, 40, 0, 30, 70, 60, 45, np.nan], np.float32)  # NaN: padding
     print(f"{'function':14s} " + " ".join(f"n={n:<5d}" for n in range(10)))
     wrong = 0
     for name, op in ops.items():

@@ -100,6 +100,13 @@ def _splits_rows() -> tuple[TracePatch, ...]:
                    "JAX raises a bare ValueError for a negative or fractional power of a "
                    "size (d ** -0.5, a Python float of its value on the exact arrays): "
                    "raised as needing a concrete value, the case is traced size by size"),
+        TracePatch("DimExpr.max", lambda: (DimExpr, "max"), _SPLITS,
+                   "JAX simplifies a slice's size max(0, _u1 - 1) to _u1 - 1 on its "
+                   "assumption that a data-dependent size is >= 1; kept as max where "
+                   "that size may be 0, so jnp.zeros(sel.shape[0] - 1) (negative at a "
+                   "count of 0: plain JAX raises) is told from sel[1:] (empty)"),
+        TracePatch("DimExpr.rmax", lambda: (DimExpr, "rmax"), _SPLITS,
+                   "the reflected max(0, e) of jax.core.max_dim, as DimExpr.max"),
         TracePatch("shape_poly._geq_decision", lambda: (_shape_poly, "_geq_decision"),
                    _SPLITS, "JAX raises InconclusiveDimensionOperation for an undecidable "
                    ">= / > / <= / <: a case split instead (SplitNeeded)"),

@@ -42,8 +42,7 @@ from .indexing import NDINDEXER, static_slice_of_static_axes
 from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
 
 __all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed",
-           "sizes_compared_as_user", "count_split_refusals", "refuse_count_split",
-           "split_here"]
+           "sizes_compared_as_user", "split_here"]
 
 # The hooks are installed while at least one masked trace runs (in any thread)
 # and removed when the last one ends; a hook only acts for the thread whose
@@ -96,6 +95,8 @@ class _HookFrame:
     user_files: dict = dataclasses.field(default_factory=dict)  # file name -> is the user's
     # the dim vars of each size read as a value (``dim_as_value``), latest last
     sizes_as_values: list = dataclasses.field(default_factory=list)
+    # ``max(0, e)`` kept where e has a data-dependent size -> e (``_clamp_kept_at_zero_count``)
+    kept_clamps: dict = dataclasses.field(default_factory=dict)
 
 
 def _params_mention_sizes(params: dict) -> bool:
@@ -231,7 +232,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                           NDINDEXER.to_static_slice,
                           _hi_primitive_staging_home()[0].get(_hi_primitive_staging_home()[1]),
                           DimExpr.__hash__, *(getattr(DimExpr, n) for n in _DIVISIONS),
-                          DimExpr.__pow__)
+                          DimExpr.__pow__, DimExpr.max, DimExpr.rmax)
             eq = _split_eq(_HOOK_ORIG[0])
             DimExpr.__eq__ = eq
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
@@ -244,7 +245,9 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             DimExpr.__hash__ = _hashed_in_user_code(_HOOK_ORIG[5])
             for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
-            DimExpr.__pow__ = _python_power(_HOOK_ORIG[-1])
+            DimExpr.__pow__ = _python_power(_HOOK_ORIG[-3])
+            DimExpr.max = _clamp_kept_at_zero_count(_HOOK_ORIG[-2], reflected=False)
+            DimExpr.rmax = _clamp_kept_at_zero_count(_HOOK_ORIG[-1], reflected=True)
             # Python's float(n), math.sqrt(n) of a size: its value, as __int__ gives
             # it (JAX's class has none: a bare TypeError, "must be real number")
             DimExpr.__float__ = lambda a: float(a.__int__())
@@ -285,7 +288,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 DimExpr.__hash__ = _HOOK_ORIG[5]
                 for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                     setattr(DimExpr, name, orig)
-                DimExpr.__pow__ = _HOOK_ORIG[-1]
+                DimExpr.__pow__, DimExpr.max, DimExpr.rmax = _HOOK_ORIG[-3:]
                 rules, hi_p = _hi_primitive_staging_home()
                 rules[hi_p] = hi_staging
                 _pe.DynamicJaxprTrace.process_primitive = _PROCESS_PRIMITIVE
@@ -335,33 +338,6 @@ def sizes_compared_as_user() -> Iterator[None]:
         _HOOK_TLS.as_user = old
 
 
-@contextlib.contextmanager
-def count_split_refusals() -> Iterator[None]:
-    """The scope of ``refuse_count_split``: the traces of one function's
-    cases (its refinement per size included). Reentrant: an inner use
-    shares the outer one's refusals."""
-    if getattr(_HOOK_TLS, "refused", None) is not None:
-        yield
-        return
-    _HOOK_TLS.refused = set()
-    try:
-        yield
-    finally:
-        _HOOK_TLS.refused = None
-
-
-def refuse_count_split(cond) -> None:
-    """No more splits on the comparison of data-dependent sizes ``cond``
-    (``_u1 - 2``) in this ``count_split_refusals``: JAX's inconclusive error
-    there, as before count splits (both outcomes run, and one program cannot
-    take both)."""
-    _HOOK_TLS.refused |= {str(cond), str(-cond)}
-
-
-def _count_split_refused(diff) -> bool:
-    return str(diff) in (getattr(_HOOK_TLS, "refused", None) or ())
-
-
 def split_here(cond, message: str) -> None:
     """Raise ``SplitNeeded(message, cond)`` where the masked trace in
     progress can split on ``cond >= 0`` (its dim vars are the trace's spec
@@ -402,7 +378,7 @@ def _split_geq(orig_geq):
             # `a // n` are unknown until the trace splits on n >= 1.
             divisor = _possible_zero_divisor(message)
             diff = e1 - e2 if divisor is None else divisor - 1
-            if _active_frame(diff, counts=True) is None or _count_split_refused(diff):
+            if _active_frame(diff, counts=True) is None:
                 raise
             raise SplitNeeded(message, diff) from None
         if _has_fresh(e1, e2) and (_branch_differs_at_zero() or _count_pinned(e1, e2)):
@@ -500,6 +476,69 @@ def _note_nonempty(e1, e2, decide, res: bool) -> None:
                 frame.assumed_nonempty[v] = _user_line(frame)
     finally:
         frame.busy = False
+
+
+def _clamp_kept_at_zero_count(orig, reflected: bool):
+    """``max(e, 0)`` (``DimExpr.max`` / ``rmax``) kept as it is where ``e``
+    has a data-dependent size and may be negative where that size is 0.
+
+    JAX's bounds assume every dim var >= 1 and simplify ``sel[1:]``'s size
+    ``max(_u1 - 1, 0)`` to ``_u1 - 1``; a size the user computes as
+    ``sel.shape[0] - 1`` is the same expression, negative at a count of 0
+    where plain JAX raises (``jnp.zeros``: "must be nonnegative"). Kept,
+    the clamp tells them apart: lax's non-negative shape check is then a
+    decision of the count like any other."""
+
+    def clamp(self, other):
+        stack = getattr(_HOOK_TLS, "stack", None)
+        if (not stack or stack[-1].busy or not is_dim_expr(self) or is_dim_expr(other)
+                or other != 0 or not _has_fresh(self)):
+            return orig(self, other)
+        frame = stack[-1]
+        frame.busy = True  # (the dict's == below compares sizes: no split there)
+        try:
+            unclamped = _unclamped(self, frame.kept_clamps)
+            if not _negative_at_zero_count(unclamped):
+                return orig(self, other)
+            args = (other, unclamped) if reflected else (unclamped, other)
+            out = _shape_poly._DimExpr._from_operation(_shape_poly._DimFactor.MAX, *args,
+                                                        scope=self.scope)
+            frame.kept_clamps[out] = unclamped
+            return out
+        finally:
+            frame.busy = False
+
+    return clamp
+
+
+def _unclamped(e, kept: dict):
+    """``e`` with a clamp kept earlier, ``max(0, f) + c`` (``c <= 0``), read as
+    ``f + c``: the same size once clamped again (``sel[1:][1:]`` is
+    ``max(0, _u1 - 2)``, not a nested max JAX's bounds cannot compare)."""
+    for clamp, inner in kept.items():
+        shift = e - clamp
+        if not is_dim_expr(shift) and int(shift) <= 0:
+            return inner + int(shift)
+    return e
+
+
+def _negative_at_zero_count(e) -> bool:
+    """Whether ``e`` may be negative where its data-dependent sizes are 0 (a
+    size the case's conditions keep >= 2, ``_u1 - 2 >= 0``, is never 0)."""
+    fresh = [v for v in dim_vars(e) if is_fresh_dim_name(v) and _decision.bounds_decision(
+        _shape_poly.symbolic_shape(v, scope=e.scope)[0], _shape_poly.BoundsPrecision.BEST)[0] <= 1]
+    if not fresh:
+        return False
+    env = {n: 0 if n in fresh else _shape_poly.symbolic_shape(n, scope=e.scope)[0]
+           for n in dim_vars(e)}
+    try:
+        with np.errstate(all="ignore"):  # (``n // _u1`` at 0)
+            at_zero = e._evaluate(env)
+    except Exception:  # noqa: BLE001 - a form JAX cannot evaluate there: kept
+        return True
+    if not is_dim_expr(at_zero):
+        return int(at_zero) < 0
+    return _decision.bounds_decision(at_zero, _shape_poly.BoundsPrecision.BEST)[0] < 0
 
 
 def _user_line(frame: _HookFrame) -> str:
@@ -815,7 +854,7 @@ def _enclosing_function(caller) -> str:
 # sees (``_u1 - 1`` of ``sel[1:]``, simplified from ``max(_u1 - 1, 0)`` on JAX's
 # assumption ``_u1 >= 1``) is negative only symbolically; the program's sizes
 # are clamped at 0, as plain JAX's slicing computes them
-_CLAMPED_SIZE_CHECKS = ("_check_shapelike",)
+_CLAMPED_SIZE_CHECKS = ()
 
 
 def _empty_path_in_jnp(caller) -> bool:
@@ -947,8 +986,6 @@ def _eq_decided(a, b, diff, res: bool, truth: bool) -> bool:
     if (not isinstance(b, DimExpr) and decision) or user:
         # Split where it narrows: below/at-or-above 0, then at/above 0.
         cond = -diff if lo >= 0 else diff
-        if _count_split_refused(cond):  # (JAX's False: a wrong path at some counts)
-            raise InconclusiveDimensionOperation(message)
         if caller is not None and caller.f_code.co_name.startswith("definitely_"):
             raise SplitBeforeRaise(message, cond)
         raise SplitNeeded(message, cond)

@@ -366,7 +366,7 @@ def lower_bound_that_fixes(msg: str, var: str) -> int | None:
     """Smallest ``k`` (1..8) such that ``var >= k`` makes the shapes in ``msg``
     equal (``x - concatenate([0], x[:-1])``: ``(n,)`` and ``(max(0, n - 1) + 1,)``
     are equal for ``n >= 1``)."""
-    shapes = re.findall(r"(\([^()]*(?:\([^()]*\)[^()]*)*\))", msg.split(":", 1)[-1])
+    shapes = _outer_parentheses(msg.split(":", 1)[-1])
     if len(shapes) < 2:
         return None
     for k in range(1, 9):
@@ -379,6 +379,22 @@ def lower_bound_that_fixes(msg: str, var: str) -> int | None:
         except Exception:
             return None
     return None
+
+
+def _outer_parentheses(text: str) -> list[str]:
+    """The outermost ``(...)`` groups of ``text`` (shapes in JAX's messages,
+    whose sizes nest: ``(- min(max(0, _u1 - 1), 1) + max(0, _u1 - 1),)``)."""
+    out, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == ")" and depth:
+            depth -= 1
+            if depth == 0:
+                out.append(text[start:i + 1])
+    return out
 
 
 def _describe_vars(names, var_where) -> str:

@@ -95,11 +95,11 @@ def _bind_fresh(ctx, d, value):
     line = ctx.state.assumed_nonempty.get(name)
     if line is not None:
         ctx.require(value == 0,
-                    f"the size of this result is 0, and the function compares it or "
-                    f"divides by it (at {line}) where JAX's trace assumes it is at least "
-                    "1: plain JAX takes another path at 0 (max, min or argmax of an empty "
-                    "array raises, as do indexing into it and 1 / its size), which this "
-                    "one program does not follow")
+                    f"the size of this result is 0, and the function compares it, divides by it "
+                    f"or computes a shape from it (at {line}) where JAX's trace assumes it "
+                    "is at least 1: plain JAX takes another path at 0 (max, min or argmax "
+                    "of an empty array raises, as do indexing into it, 1 / its size and "
+                    "jnp.zeros(size - 1)), which this one program does not follow")
     return bound
 
 

@@ -229,3 +229,17 @@ def run_program(prog: MaskedProgram, leaves, values: dict,
     outs = state.interpreter.eval_closed(prog.closed_jaxpr, args, state)
     return [Masked(jnp.asarray(o), state.dims.logical_shape(shape))
             for o, shape in zip(outs, prog.out_shapes)]
+
+
+def run_program_counts(prog: MaskedProgram, leaves, values: dict, names) -> dict:
+    """The values of the data-dependent dim vars ``names`` (``_u1``) that a run
+    of ``prog`` binds at its top level (not inside a loop or branch body: those
+    are left out), its run-time checks and callbacks off (a guard of False)."""
+    state = RunState(DimEnv(prog.scope, prog.dim_bounds, values), _INTERPRETER,
+                     forward_only=True, guard=jnp.bool_(False),
+                     assumed_nonempty=prog.assumed_nonempty, count_checks=prog.count_checks)
+    args = [_entry_arg(leaf, axes, lb, state)
+            for leaf, axes, lb in zip(leaves, prog.axis_specs, prog.leaf_bounds)]
+    state.interpreter.eval_closed(prog.closed_jaxpr, args, state)
+    bound = state.dims.logical_values
+    return {n: bound[n] for n in names if n in bound}

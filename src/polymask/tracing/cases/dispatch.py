@@ -22,11 +22,11 @@ from ...core.dimvars import sizes_text
 from ...core.errors import ShapeError, TooManyCases, UnsupportedError, typed_as
 from ...core.masked import Masked
 from ...core.trace_state import cases_batched, replaced, trace_state
-from ..interpreter import with_plain_weak_types
+from ..interpreter import run_program_counts, with_plain_weak_types
 from ..prologue import Check, concrete_value, run_checks
 from .refine import per_size_remedy
 from .splitting import Case, CaseTree
-from .tree import count_limited, plain_failure
+from .tree import count_limited, names_a_count, plain_failure
 
 __all__ = ["run_cases", "host_error", "case_program"]
 
@@ -53,11 +53,18 @@ def _error_message(tree: CaseTree, c: Case) -> str:
             f"{per_size_remedy(tree.max_cases, count)}")
 
 
-def _error_checks(tree: CaseTree, idx) -> list[Check]:
+def _error_checks(tree: CaseTree, idx, checks_on: bool = True) -> list[Check]:
+    """The checks that ``idx`` is no error case. Without ``checks_on`` those
+    of cases a count chooses only (the host checks the sizes' own)."""
     return [Check(idx == c.index, _error_message(tree, c), error_type=c.error_type,
                   error_class=(ShapeError if c.one_size or c.plain or count_limited(c)
                                else TooManyCases))
-            for c in tree.cases if c.error is not None and c.reachable]
+            for c in tree.cases if c.error is not None and c.reachable
+            and (checks_on or _chosen_by_a_count(c))]
+
+
+def _chosen_by_a_count(case: Case) -> bool:
+    return any(names_a_count(cond) for cond in case.conditions)
 
 
 def case_error(tree: CaseTree, case: Case, prefix: str = "") -> ShapeError:
@@ -73,24 +80,60 @@ def case_error(tree: CaseTree, case: Case, prefix: str = "") -> ShapeError:
 
 
 def host_error(tree: CaseTree, values: dict[str, int], prefix: str = "") -> ShapeError | None:
-    """The error of the case that concrete spec dim var ``values`` choose (None: no error)."""
+    """The error of the case that concrete spec dim var ``values`` choose (None:
+    no error). Past a split on a count, an error of every case the count may
+    choose (one that only some counts reach is checked in the program)."""
     if tree.single or all(c.error is None for c in tree.cases):
         return None
-    case = tree.cases[int(tree.select(tree.base.internal_values(values)))]
-    return None if case.error is None else case_error(tree, case, prefix)
+    reached = tree.reachable_cases(tree.base.internal_values(values))
+    if any(c.error is None for c in reached):
+        return None
+    return case_error(tree, reached[0], prefix)
 
 
 def case_program(tree: CaseTree, internal_values: dict):
-    """The program of the case these (internal, concrete) sizes choose.
+    """The program of the case these (internal, concrete) sizes choose (past a
+    split on a count: the first the count may choose).
 
     Raises:
       ShapeError: they choose an error case (``mask``'s message: the function
         fails there, as on the exact arrays).
     """
-    case = tree.cases[int(tree.select(internal_values))]
+    reached = tree.reachable_cases(internal_values)
+    case = next((c for c in reached if c.error is None), reached[0])
     if case.error is not None:
         raise case_error(tree, case)
     return case.program
+
+
+def count_values(tree: CaseTree, leaves, values: dict) -> dict:
+    """The data-dependent sizes the tree's splits on counts read, computed
+    from the inputs before a case is chosen: each by a program that computes
+    it (a case under the split; XLA keeps only what the count needs), with
+    its checks off (``guard`` False: a run of any sizes is harmless).
+
+    Raises:
+      UnsupportedError: a count is computed inside a loop or a branch of the
+        function, not where the case could be chosen.
+    """
+    out: dict = {}
+    for split in tree.count_splits:
+        names = split.counts() - out.keys()
+        if not names:
+            continue
+        sides = {f"{split.cond} >= 0", f"{split.cond} <= -1"}
+        prog = next(c.program for c in tree.cases
+                    if c.program is not None and sides & set(c.conditions))
+        got = run_program_counts(prog, leaves, values, names)
+        if names - got.keys():
+            raise UnsupportedError(
+                f"the function compares a data-dependent size at {split.where} "
+                f"({split.text}) that it computes inside a loop or a branch: polymask "
+                "chooses between the two paths before the program runs and cannot "
+                "compute that size there. Compare it outside the loop or branch, or "
+                "use it as a value (jnp.where(n > 2, a, b) with n = jnp.asarray(s.shape[0])).")
+        out.update(got)
+    return out
 
 
 def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
@@ -103,9 +146,11 @@ def run_cases(tree: CaseTree, leaves, values: dict, call_site: str,
     are not checked in the program. ``outer_guard``: whether the call is real
     at all (``MaskedFunction.call_guarded``), and-ed into each case's guard.
     """
-    idx = tree.select(values)
-    if checks_on or concrete_value(idx) is not None:
-        run_checks(_error_checks(tree, idx), call_site)
+    counts = count_values(tree, leaves, values) if tree.count_splits else {}
+    idx = tree.select({**values, **counts})
+    if checks_on or concrete_value(idx) is not None or tree.count_splits:
+        run_checks(_error_checks(tree, idx, checks_on or concrete_value(idx) is not None),
+                   call_site)
     if concrete_value(idx) is not None:
         case = tree.cases[int(np.asarray(idx))]
         outs = run_program(case.program, leaves, values)

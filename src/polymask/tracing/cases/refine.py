@@ -24,6 +24,7 @@ from .tree import (
     count_limited,
     enumerate_sizes,
     error_case,
+    names_a_count,
     plain_failure,
     spec_var_names,
 )
@@ -246,7 +247,11 @@ def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one
     needed). A group whose trace still fails is traced once per combination,
     so every error left is plain JAX's own at one size; None when that needs
     more than ``per_size_limit(max_cases)`` traces (the case keeps its error)."""
+    # (a count's conditions stay: a case under a split on a count is one of its sides)
+    on_counts = tuple(c for c in case.conditions if names_a_count(c))
+
     def leaf(conditions):
+        conditions = on_counts + conditions
         try:
             return Case(0, conditions, program=trace_one(conditions))
         except UnsupportedError:

@@ -73,11 +73,6 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
         error); when the cases' outputs differ in structure, dtype or rank.
       UnsupportedError: as ``trace``.
     """
-    with compat.count_split_refusals():  # (refined per size below too)
-        return _trace_cases(trace_one, max_cases)
-
-
-def _trace_cases(trace_one, max_cases: int) -> CaseTree:
     root, cases, first = explore_splits(trace_one, max_cases)
     if "prog" not in first:
         return trace_per_size_or_raise(root, cases, first, trace_one, max_cases, explore_splits)
@@ -156,8 +151,8 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
         traced, and where plain JAX fails on one of them (``lax.top_k(s, 2)``
         where ``s`` has fewer than 2 entries), the other one kept with a
         run-time check of its condition that raises the failing side's error.
-        The sizes choose a case before the program runs, a count only while it
-        runs: where both outcomes run, there is no one program to keep."""
+        Where both outcomes run, both are kept under the split: at run time
+        the count, computed first, chooses (``dispatch.count_values``)."""
         start, n_splits = len(cases), len(splits)
         sides = []
         for holds in (">= 0", "<= -1"):
@@ -172,12 +167,11 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
                 root = explore(conditions + (f"{node.cond} {holds}",))
             sides.append((holds, root, cases[first_case:]))
         runs = [any(c.program is not None for c in side[2]) for side in sides]
-        if all(runs):  # traced again, stopped there: an error case (refined per size)
-            del cases[start:], splits[n_splits:]
-            compat.refuse_count_split(node.cond)
-            case = explore(conditions)
+        if all(runs):  # both kept: the count chooses while the program runs
+            node.yes, node.no = sides[0][1], sides[1][1]
+            splits.insert(n_splits, node)
             _first_program_kept(first, cases)
-            return case
+            return node
         (holds, root, kept), (_, _, dropped) = sides if not runs[1] else sides[::-1]
         if not any(runs):  # fails at every count: one error case says it
             root, kept = kept[0], kept[:1]
@@ -194,8 +188,7 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
                 _count_pinned_to_one(c.program, check, node.where)
         return root
 
-    with compat.count_split_refusals():
-        return explore(()), cases, first
+    return explore(()), cases, first
 
 
 def _first_program_kept(first: dict, cases: list[Case]) -> None:

@@ -64,6 +64,16 @@ class Split:
     yes: Any = None
     no: Any = None
 
+    @property
+    def on_count(self) -> bool:
+        """A comparison of a data-dependent size (``_u1 - 2``): the count,
+        known only while the program runs, chooses the side (``dispatch.py``)."""
+        return names_a_count(str(self.cond))
+
+    def counts(self) -> set[str]:
+        """The data-dependent dim vars the comparison reads."""
+        return {v for v in compat.dim_vars(self.cond) if compat.is_fresh_dim_name(v)}
+
 
 def splits_under(node) -> list[Split]:
     """The ``Split`` nodes of the tree under ``node``, depth first, yes first."""
@@ -112,7 +122,10 @@ class CaseTree:
             return ""
         prog = shown_program or self.base
         shown = next(c.index for c in self.cases if c.program is prog)
-        return ("\ncases (a size comparison JAX cannot decide; the sizes choose one at run "
+        chooser = "the sizes"
+        if self.count_splits:
+            chooser += " (and a data-dependent size computed first)"
+        return (f"\ncases (a size comparison JAX cannot decide; {chooser} choose one at run "
                 f"time; the trace below is case {shown}):\n"
                 + "\n".join("  " + ln for ln in self.summary().splitlines()))
 
@@ -145,9 +158,31 @@ class CaseTree:
         walk(self.root, 0)
         return "\n".join(lines)
 
+    @property
+    def count_splits(self) -> list[Split]:
+        """The splits on a data-dependent size, both sides of which run."""
+        return [s for s in self.splits() if s.on_count]
+
+    def reachable_cases(self, values: dict[str, Any]) -> list[Case]:
+        """The cases concrete internal dim var ``values`` may reach: one, or,
+        past a split on a count (not in ``values``), those of both sides."""
+        env = DimEnv(self.base.scope, self.base.dim_bounds, values)
+        out, todo = [], [self.root]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, Case):
+                out.append(node)
+            elif node.on_count and not node.counts() <= values.keys():
+                todo += [node.no, node.yes]
+            else:
+                todo.append(node.yes if int(env.logical_raw(node.cond)) >= 0 else node.no)
+        return out
+
     # -- run time -------------------------------------------------------------
     def select(self, values: dict[str, Any]):
-        """The case index for internal dim var values (an int or an int32 tracer)."""
+        """The case index for internal dim var values (an int or an int32 tracer);
+        past a split on a count, ``values`` holds the count too
+        (``dispatch.count_values``)."""
         env = DimEnv(self.base.scope, self.base.dim_bounds, values)
 
         def walk(node):
@@ -265,8 +300,8 @@ def enumerate_sizes(tree: CaseTree) -> None:
         values = dict(zip(names, combo))
         if not _satisfies_constraints(base, values):
             continue  # the prologue rejects these sizes: they reach no case
-        idx = tree.select(base.internal_values(values))
-        tree.cases[int(idx)].reached_by.append(values)
+        for case in tree.reachable_cases(base.internal_values(values)):
+            case.reached_by.append(values)
 
 
 def _satisfies_constraints(prog: MaskedProgram, values: dict[str, int]) -> bool:
