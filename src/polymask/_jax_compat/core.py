@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 import weakref
 from typing import Any
@@ -132,6 +133,54 @@ def new_fresh_dim(scope: SymbolicScope):
         _FRESH_COUNTS[scope] = n
     name = f"{FRESH_DIM_PREFIX}{n}"
     return name, fresh_dim(name, scope)
+
+
+# The two sides of a split on whether a count is 0 (``_u1 - 1`` >= 0 or <= -1):
+# JAX assumes every dim var >= 1, so the side of 0 is no constraint but the
+# count made the constant 0 (``ops._fresh``), as in plain JAX's trace of an
+# empty selection
+_EMPTY_COUNT = re.compile(rf"^({FRESH_DIM_PREFIX}\d+) - 1 <= -1$")
+_NONEMPTY_COUNT = re.compile(rf"^({FRESH_DIM_PREFIX}\d+) - 1 >= 0$")
+_COUNT_FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scope -> (0, >= 1)
+
+
+def count_emptiness_conditions(conditions) -> tuple[list[str], set[str], set[str]]:
+    """``(conditions for the scope, counts that are 0, counts that are >= 1)``."""
+    rest, empty, nonempty = [], set(), set()
+    for c in conditions:
+        if m := _EMPTY_COUNT.match(c):
+            empty.add(m.group(1))
+        else:
+            if m := _NONEMPTY_COUNT.match(c):
+                nonempty.add(m.group(1))
+            rest.append(c)
+    return rest, empty, nonempty
+
+
+def set_count_emptiness(scope: SymbolicScope, empty: set[str], nonempty: set[str]) -> None:
+    _COUNT_FACTS[scope] = (frozenset(empty), frozenset(nonempty))
+
+
+class EmptyCount(int):
+    """The size 0 of the count ``name`` in the case of a split where it is 0:
+    a constant to JAX (its trace is plain JAX's at 0), named for the rule that
+    computes the count, which checks the case's conditions on it and binds
+    its value (``rules/data_dependent._bind_fresh``)."""
+
+    def __new__(cls, name: str):
+        obj = super().__new__(cls, 0)
+        obj.count_name = name
+        return obj
+
+
+def count_is_empty(scope: SymbolicScope, name: str) -> bool:
+    """Whether this trace is the case where the count ``name`` is 0."""
+    return name in _COUNT_FACTS.get(scope, ((), ()))[0]
+
+
+def count_is_nonempty(scope: SymbolicScope, name: str) -> bool:
+    """Whether this trace is the case where the count ``name`` is >= 1."""
+    return name in _COUNT_FACTS.get(scope, ((), ()))[1]
 
 
 def names_a_count(e) -> bool:

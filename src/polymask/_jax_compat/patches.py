@@ -107,6 +107,11 @@ def _splits_rows() -> tuple[TracePatch, ...]:
                    "count of 0: plain JAX raises) is told from sel[1:] (empty)"),
         TracePatch("DimExpr.rmax", lambda: (DimExpr, "rmax"), _SPLITS,
                    "the reflected max(0, e) of jax.core.max_dim, as DimExpr.max"),
+        TracePatch("DimExpr.min", lambda: (DimExpr, "min"), _SPLITS,
+                   "JAX simplifies sel[:1]'s stop min(_u1, 1) to 1 on its assumption that "
+                   "a data-dependent size is >= 1; kept as min where that size may be 0"),
+        TracePatch("DimExpr.rmin", lambda: (DimExpr, "rmin"), _SPLITS,
+                   "the reflected min(c, e) of jax.core.min_dim, as DimExpr.min"),
         TracePatch("shape_poly._geq_decision", lambda: (_shape_poly, "_geq_decision"),
                    _SPLITS, "JAX raises InconclusiveDimensionOperation for an undecidable "
                    ">= / > / <= / <: a case split instead (SplitNeeded)"),

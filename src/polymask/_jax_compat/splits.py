@@ -34,6 +34,7 @@ from .core import (
     _POLYMASK_DIR,
     DimExpr,
     InconclusiveDimensionOperation,
+    count_is_nonempty,
     dim_vars,
     is_dim_expr,
     is_fresh_dim_name,
@@ -232,7 +233,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                           NDINDEXER.to_static_slice,
                           _hi_primitive_staging_home()[0].get(_hi_primitive_staging_home()[1]),
                           DimExpr.__hash__, *(getattr(DimExpr, n) for n in _DIVISIONS),
-                          DimExpr.__pow__, DimExpr.max, DimExpr.rmax)
+                          DimExpr.__pow__, DimExpr.max, DimExpr.rmax, DimExpr.min,
+                          DimExpr.rmin)
             eq = _split_eq(_HOOK_ORIG[0])
             DimExpr.__eq__ = eq
             DimExpr.__ne__ = lambda a, b: not eq(a, b)
@@ -245,9 +247,11 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             DimExpr.__hash__ = _hashed_in_user_code(_HOOK_ORIG[5])
             for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
-            DimExpr.__pow__ = _python_power(_HOOK_ORIG[-3])
-            DimExpr.max = _clamp_kept_at_zero_count(_HOOK_ORIG[-2], reflected=False)
-            DimExpr.rmax = _clamp_kept_at_zero_count(_HOOK_ORIG[-1], reflected=True)
+            DimExpr.__pow__ = _python_power(_HOOK_ORIG[-5])
+            DimExpr.max = _clamp_kept_at_zero_count(_HOOK_ORIG[-4], reflected=False)
+            DimExpr.rmax = _clamp_kept_at_zero_count(_HOOK_ORIG[-3], reflected=True)
+            DimExpr.min = _min_kept_at_zero_count(_HOOK_ORIG[-2], reflected=False)
+            DimExpr.rmin = _min_kept_at_zero_count(_HOOK_ORIG[-1], reflected=True)
             # Python's float(n), math.sqrt(n) of a size: its value, as __int__ gives
             # it (JAX's class has none: a bare TypeError, "must be real number")
             DimExpr.__float__ = lambda a: float(a.__int__())
@@ -288,7 +292,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 DimExpr.__hash__ = _HOOK_ORIG[5]
                 for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                     setattr(DimExpr, name, orig)
-                DimExpr.__pow__, DimExpr.max, DimExpr.rmax = _HOOK_ORIG[-3:]
+                (DimExpr.__pow__, DimExpr.max, DimExpr.rmax, DimExpr.min,
+                 DimExpr.rmin) = _HOOK_ORIG[-5:]
                 rules, hi_p = _hi_primitive_staging_home()
                 rules[hi_p] = hi_staging
                 _pe.DynamicJaxprTrace.process_primitive = _PROCESS_PRIMITIVE
@@ -451,6 +456,12 @@ def _note_nonempty(e1, e2, decide, res: bool) -> None:
     of a selection decides "not empty" and ``jnp.argmax`` "not size 0" where
     plain JAX raises at 0, and a program traced on that answer must not
     return a value at 0: the rule binding the size checks it at run time.
+
+    Where the trace can split, it does (``SplitBeforeRaise(_u1 - 1)``): the
+    case of a count of 0 is traced with the count the constant 0 (plain
+    JAX's own trace there, ``ops._fresh``), and the count chooses between
+    the two while the program runs (``cases/splitting.py``). The note stays
+    for a split that JAX's code swallows.
     """
     stack = getattr(_HOOK_TLS, "stack", None)
     if not stack:
@@ -460,12 +471,15 @@ def _note_nonempty(e1, e2, decide, res: bool) -> None:
     fresh = sorted(v for v in names if is_fresh_dim_name(v) and v not in frame.assumed_nonempty)
     if frame.busy or not fresh:
         return
+    noted = []
     frame.busy = True  # the arithmetic below compares sizes too: no split there
     try:
         diff = e1 - e2
         if not is_dim_expr(diff) or (frame.scope is not None and diff.scope is not frame.scope):
             return
         for v in fresh:
+            if count_is_nonempty(diff.scope, v):  # (the case of a count >= 1)
+                continue
             env = {n: 0 if n == v else _shape_poly.symbolic_shape(n, scope=diff.scope)[0]
                    for n in names}
             try:
@@ -474,8 +488,15 @@ def _note_nonempty(e1, e2, decide, res: bool) -> None:
                 at_zero = None
             if at_zero is not res:
                 frame.assumed_nonempty[v] = _user_line(frame)
+                noted.append(_shape_poly.symbolic_shape(v, scope=diff.scope)[0])
     finally:
         frame.busy = False
+    for count in noted:
+        if _active_frame(count - 1, counts=True) is not None:
+            split = SplitBeforeRaise(
+                f"Symbolic dimension comparison '{count}' >= '1' is inconclusive.", count - 1)
+            split.polymask_where = frame.assumed_nonempty[str(count)]
+            raise split
 
 
 def _clamp_kept_at_zero_count(orig, reflected: bool):
@@ -509,6 +530,33 @@ def _clamp_kept_at_zero_count(orig, reflected: bool):
             frame.busy = False
 
     return clamp
+
+
+def _min_kept_at_zero_count(orig, reflected: bool):
+    """``min(e, c)`` (``DimExpr.min`` / ``rmin``, a constant ``c``) kept as it is
+    where ``e`` has a data-dependent size and is below ``c`` where that size
+    is 0: JAX's bounds (every dim var >= 1) make ``sel[:1]``'s stop
+    ``min(_u1, 1)`` the constant 1, a slice of one entry of an empty
+    selection; kept, it is 0 there, as in plain JAX (a spec dim var's
+    ``x[:3]`` is ``min(n, 3)`` the same way)."""
+
+    def keep(self, other):
+        stack = getattr(_HOOK_TLS, "stack", None)
+        if (not stack or stack[-1].busy or not is_dim_expr(self) or is_dim_expr(other)
+                or not _has_fresh(self)):
+            return orig(self, other)
+        frame = stack[-1]
+        frame.busy = True
+        try:
+            if not _negative_at_zero_count(self - other):
+                return orig(self, other)
+            args = (other, self) if reflected else (self, other)
+            return _shape_poly._DimExpr._from_operation(_shape_poly._DimFactor.MIN, *args,
+                                                         scope=self.scope)
+        finally:
+            frame.busy = False
+
+    return keep
 
 
 def _unclamped(e, kept: dict):

@@ -490,7 +490,9 @@ def _api_specific_error(e: BaseException, api: str | None, msg: str, where: str,
             f"jnp.pad(mode='reflect'/'symmetric') at {where} needs to know while tracing "
             f"that the axis is longer than the pad width: state it as a constraint, "
             f"mask(..., constraints=[{c}]).\n  JAX said: {said}")
-    if api == "pad" and (inconclusive or isinstance(e, (TypeError, ValueError))):
+    # ("Cannot apply 'edge' padding to empty axis": plain JAX's own error at size 0)
+    if api == "pad" and "empty axis" not in msg and (
+            inconclusive or isinstance(e, (TypeError, ValueError))):
         return ShapeError(
             f"jnp.pad at {where} cannot pad a dynamic axis in this mode (JAX's 'wrap' and "
             "'edge'-like modes branch on the size in Python). Write the padding with slices "

@@ -37,6 +37,8 @@ def _fresh(bound: int, at_most=None):
         at_most = None  # (no split possible here: the bound alone)
     scope = _scope()
     name, d = compat.new_fresh_dim(scope)
+    if compat.count_is_empty(scope, name):  # the case of a split where it is 0
+        return compat.EmptyCount(name)
     compat.add_constraint(scope, f"{name} <= {int(bound)}")
     # Only when JAX's bound of `at_most` (which assumes dim vars >= 1) is its
     # true bound: `_u <= n - m` would cap _u below n when m = 0.

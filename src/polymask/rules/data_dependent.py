@@ -82,10 +82,11 @@ def _bind_fresh(ctx, d, value):
     so is a value outside a condition the program was traced under
     (``MaskedProgram.count_checks``: ``lax.top_k(sel, 2)`` needs 2 entries).
     """
-    if not compat.is_dim_expr(d):  # a count known to be 0 (a trace at size 0)
+    name = var_name(d) if compat.is_dim_expr(d) else getattr(d, "count_name", None)
+    if name is None:  # a count known to be 0 (a trace at size 0)
         return int(d)
-    name = var_name(d)
-    bound = int(compat.upper_bound(d))
+    # (a count the case of a split makes 0: bound too, to check the case's condition)
+    bound = int(compat.upper_bound(d)) if compat.is_dim_expr(d) else 0
     value = jnp.asarray(value, jnp.int32)
     ctx.dims.add_var(name, bound, value)
     bound_now = ctx.dims.logical_values.keys()

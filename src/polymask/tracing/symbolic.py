@@ -368,7 +368,10 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
     _check_constraint_vars(user_scope, user_axes, spec_leaves)
     var_bounds, var_order = _var_bounds(leaves, user_axes)
     internal = dimvars.internal_names(var_order, var_bounds, constraints)
-    scope, pinned = dimvars.internal_scope(constraints, conditions, internal, var_bounds)
+    # (a case where a count is 0 is no constraint: ops._fresh makes it the constant 0)
+    in_scope, empty, nonempty = compat.count_emptiness_conditions(conditions)
+    scope, pinned = dimvars.internal_scope(constraints, in_scope, internal, var_bounds)
+    compat.set_count_emptiness(scope, empty, nonempty)
     static = bool(internal) and len(pinned) == len(internal)
     var_expr = {}
     for v, (name, off) in internal.items():

@@ -13,6 +13,7 @@ import itertools
 
 import jax
 
+from ... import _jax_compat as compat
 from ...core.diagnostics import user_line_of_exception
 from ...core.dimvars import sizes_text
 from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError, typed_as
@@ -256,8 +257,12 @@ def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one
             return Case(0, conditions, program=trace_one(conditions))
         except UnsupportedError:
             raise
+        except (compat.SplitNeeded, compat.SplitBeforeRaise) as e:
+            split = e  # (a comparison of a count: its cases, below)
         except Exception as e:
             return error_case(0, conditions, e, internal)
+        node, _ = _explore_pinned(explore, trace_one, conditions, max_cases)
+        return node if node is not None else error_case(0, conditions, split, internal)
 
     key = lambda c: tuple(c[j] for j in pinned)  # noqa: E731
     groups = sorted({key(c) for c in combos})

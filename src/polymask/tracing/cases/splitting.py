@@ -167,19 +167,33 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
                 root = explore(conditions + (f"{node.cond} {holds}",))
             sides.append((holds, root, cases[first_case:]))
         runs = [any(c.program is not None for c in side[2]) for side in sides]
-        if all(runs):  # both kept: the count chooses while the program runs
+        if all(runs) and _counts_made_at_top_level(sides[0][2], node):
+            # both kept: the count, computed first, chooses while the program runs
             node.yes, node.no = sides[0][1], sides[1][1]
             splits.insert(n_splits, node)
             _first_program_kept(first, cases)
             return node
+        if all(runs):  # a count made inside a loop or branch: not known beforehand
+            if not _on_emptiness(node):
+                del cases[start:], splits[n_splits:]
+                e = compat.InconclusiveDimensionOperation(
+                    f"Symbolic dimension comparison {node.text} is inconclusive: the "
+                    "data-dependent size is computed inside a loop or a branch.")
+                e.polymask_where = node.where
+                cases.append(error_case(start, conditions, e, first.get("internal")))
+                return cases[-1]
+            # a count's emptiness: the side >= 1 alone, a count of 0 refused
+            # while it runs (``MaskedProgram.assumed_nonempty``), as JAX traces it
+            _, root, kept = sides[0]
+            _keep(cases, start, kept, splits, n_splits, root, first)
+            for c in kept:
+                if c.program is not None:
+                    c.program.assumed_nonempty.update(dict.fromkeys(node.counts(), node.where))
+            return root
         (holds, root, kept), (_, _, dropped) = sides if not runs[1] else sides[::-1]
         if not any(runs):  # fails at every count: one error case says it
             root, kept = kept[0], kept[:1]
-        cases[start:] = kept
-        for i, c in enumerate(cases):
-            c.index = i
-        splits[n_splits:] = splits_under(root)
-        _first_program_kept(first, cases)
+        _keep(cases, start, kept, splits, n_splits, root, first)
         check = CountCheck.of(f"{node.cond} {holds}", node.text, node.where, dropped[0],
                               fails_in_plain_jax(dropped[0]))
         for c in kept:
@@ -189,6 +203,49 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
         return root
 
     return explore(()), cases, first
+
+
+def _keep(cases: list[Case], start: int, kept: list[Case], splits: list[Split], n_splits: int,
+          root, first: dict) -> None:
+    """One side of a split on a count kept in place of both (its cases and splits)."""
+    cases[start:] = kept
+    for i, c in enumerate(cases):
+        c.index = i
+    splits[n_splits:] = splits_under(root)
+    _first_program_kept(first, cases)
+
+
+def _on_emptiness(node: Split) -> bool:
+    """A split on whether a count is 0 (``_u1 - 1``, ``_jax_compat._note_nonempty``)."""
+    (count,) = node.counts() or ("",)
+    return str(node.cond) == f"{count} - 1"
+
+
+_CALLS = ("jit", "pjit", "closed_call", "eval_jaxpr")  # evaluated inline (rules/control_flow)
+
+
+def _counts_made_at_top_level(side: list[Case], node: Split) -> bool:
+    """Whether the programs of ``side`` compute the counts ``node`` compares
+    outside any loop, branch or custom derivative (``dispatch.count_values``
+    reads them from a run of the program, before choosing a side)."""
+    for c in side:
+        if c.program is not None:
+            return node.counts() <= _counts_made(c.program.closed_jaxpr.jaxpr)
+    return False
+
+
+def _counts_made(jaxpr) -> set[str]:
+    made: set[str] = set()
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _CALLS:
+            inner = eqn.params.get("jaxpr") or compat.call_jaxpr_of(eqn.params)
+            made |= _counts_made(getattr(inner, "jaxpr", inner))
+            continue
+        for p in eqn.params.values():
+            for d in (p if isinstance(p, (tuple, list)) else (p,)):
+                if compat.is_dim_expr(d):
+                    made |= {v for v in compat.dim_vars(d) if compat.is_fresh_dim_name(v)}
+    return made
 
 
 def _first_program_kept(first: dict, cases: list[Case]) -> None:
