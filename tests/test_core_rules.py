@@ -185,6 +185,25 @@ def test_custom_vjp_rule_is_kept_and_masked():
     np.testing.assert_allclose(g, [0.05, -0.05, 0, 0])
 
 
+@pytest.mark.parametrize("cotangent", [lambda: 0.0, lambda: jnp.array(0.0), lambda: None],
+                         ids=["python_float", "array", "none"])
+def test_custom_vjp_with_a_python_float_argument_differentiates(cotangent):
+    """t5x's cross_entropy_with_logits(..., z_loss=1e-4): a custom_vjp that
+    takes a Python float and returns a constant cotangent for it (a literal
+    of the backward's jaxpr) crashed jax.grad at every size (found from
+    outside: AttributeError 'TypedFloat' object has no attribute 'shape')."""
+    f = jax.custom_vjp(lambda x, c: jnp.sum(x) * c)
+    f.defvjp(lambda x, c: (jnp.sum(x) * c, (x, c)),
+             lambda res, g: (g * res[1] * jnp.ones_like(res[0]), cotangent()))
+    m = pm.mask(lambda x: f(x, 0.5), "n")
+    x = jnp.array([1.0, 2.0, 3.0, np.nan, np.nan])
+    for n in (0, 1, 3):
+        g = jax.grad(lambda d, n=n: m(pm.Masked(d, (n,))).data)(x)
+        np.testing.assert_array_equal(g, [0.5] * n + [0.0] * (5 - n))
+    g = jax.jit(jax.grad(lambda d, n: m(pm.Masked(d, (n,))).data))(x, 2)
+    np.testing.assert_array_equal(g, [0.5, 0.5, 0, 0, 0])
+
+
 @pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_implicit_differentiation_by_custom_root_keeps_its_rule():
     """lax.custom_root (jaxopt's implicit differentiation): the solve is a

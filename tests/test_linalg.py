@@ -291,6 +291,30 @@ def test_fft2_and_irfft_dynamic_axes():
     check_oracle(f, ex, [(5, 6)], "m, 2*k", **FAST)
 
 
+def test_gradient_under_jit_and_vmap_past_a_case_with_an_empty_irfft():
+    """jax-cfd's exponential filter, x of shape (n, n): the case of n = 1 has
+    an irfft to length 0, whose transpose (JAX's 1 / prod(fft_lengths))
+    raised ZeroDivisionError while JAX transposed every branch of the cases'
+    switch: jax.jit(jax.grad) and jax.vmap(jax.grad) failed at every size
+    (found from outside). An empty result is now zeros, no transform."""
+    def f(x):
+        n = x.shape[0]
+        k = jnp.fft.fftfreq(n)[:, None] ** 2 + jnp.fft.rfftfreq(n)[None, :] ** 2
+        return jnp.sum(jnp.fft.irfft2(jnp.exp(-k) * jnp.fft.rfft2(x)) ** 2)
+
+    x = np.random.default_rng(0).normal(size=(6, 6)).astype(np.float32)
+    m = pm.mask(f, "n, n")
+    loss = lambda d, n: m(pm.Masked(d, (n, n))).data  # noqa: E731
+    grad = jax.jit(jax.grad(loss))
+    sizes = [2, 3, 5, 6]
+    batched = jax.vmap(jax.grad(loss), (None, 0))(jnp.asarray(x), jnp.array(sizes))
+    for i, n in enumerate(sizes):
+        want = jax.grad(f)(jnp.asarray(x[:n, :n]))
+        for g in (grad(jnp.asarray(x), n), batched[i]):
+            np.testing.assert_allclose(g[:n, :n], want, rtol=2e-4, atol=2e-5)
+            assert not np.any(np.asarray(g)[n:]) and not np.any(np.asarray(g)[:, n:])
+
+
 # --------------------------------------------------------------------------
 # Property test: every size from 0 to the bound, including the NaN padding
 # --------------------------------------------------------------------------

@@ -135,7 +135,9 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
         outs = interp.eval_closed(bwd_closed, [*res, *cts], env)
         # the user's bwd gives one cotangent per argument; where JAX has wrapped
         # it (_handle_consts_in_bwd) zeros for the consts come first
-        cts_in = outs[len(outs) - len(xs):]
+        # (a constant cotangent, t5x's jnp.array(0.0) for a Python float argument,
+        # is a literal of the jaxpr: a Python scalar)
+        cts_in = [jnp.asarray(c) for c in outs[len(outs) - len(xs):]]
         cts_in = [clean(c, env.dims.logical_shape(a.shape)) for c, a in zip(cts_in, in_avals)]
         return None, [jnp.zeros_like(c) for c in consts], cts_in
 

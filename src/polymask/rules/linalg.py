@@ -544,7 +544,7 @@ def fft_precondition(eqn) -> None:
         raise e
 
 
-@register(lax.fft_p)
+@register(lax.fft_p, at_bound=True)  # (an empty result: see below)
 def fft_rule(ctx, x, *, fft_type, fft_lengths):
     k = len(fft_lengths)
     lin, bin_ = ctx.in_logical[0], ctx.in_bounds[0]
@@ -552,6 +552,11 @@ def fft_rule(ctx, x, *, fft_type, fft_lengths):
     nd = len(bin_)
     axes = list(range(nd - k, nd))
     dyn = {a for a in axes if masked_axes(lin, bin_, [a]) or masked_axes(lout, bout, [a])}
+    if any(bout[a] == 0 for a in axes):
+        # an empty result (irfft to length 0, in a case pinned to a small size):
+        # no transform, whose transpose (JAX's 1 / prod(fft_lengths)) fails at
+        # trace time in every branch of the cases' switch under grad
+        return jnp.zeros(bout, ctx.out_avals[0].dtype)
     if not dyn:
         return clean_float(ctx.bind(x), lout)
     if max(max(bin_[a], bout[a]) for a in dyn) > _MAX_DYNAMIC_FFT:
