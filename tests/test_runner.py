@@ -585,6 +585,35 @@ def test_ragged_map_auto_specs_give_axes_of_equal_sizes_one_dim_var(layout):
     assert rm.stats()["exact_compiles"] == 0
 
 
+@pytest.mark.parametrize("layout", ["auto", "padded"])
+def test_ragged_map_auto_specs_relate_an_axis_one_longer(layout):
+    """``r + v[1:]`` with ``v`` one longer than ``r`` in every example: two dim
+    vars compiled one program per exact shape (6 for 6 lengths, a fallback
+    warning naming ``l0_0``); the axes are now ``l0_0`` and ``l0_0 + 1``, in
+    either argument order, as polymask.jit finds by tracing."""
+    from polymask.runners.ragged_batches import auto_specs
+
+    assert auto_specs([(np.zeros(3), np.zeros(4)), (np.zeros(5), np.zeros(6))]) == (
+        "l0_0", "l0_0 + 1")
+    assert auto_specs([(np.zeros(4), np.zeros(3)), (np.zeros(6), np.zeros(5))]) == (
+        "l1_0 + 1", "l1_0")
+    # one example, or sizes that do not vary together: no relation read off
+    assert auto_specs([(np.zeros(3), np.zeros(4))], leading_if_uniform=True) == ("l0_0", "l1_0")
+    assert auto_specs([(np.zeros(3), np.zeros(4)), (np.zeros(5), np.zeros(7))]) == (
+        "l0_0", "l1_0")
+    rng = np.random.default_rng(3)
+    exs = [(_integer_valued(rng, (n,)), _integer_valued(rng, (n + 1,))) for n in range(3, 9)]
+    for fun, order in ((lambda r, v: r + v[1:], lambda e: e),
+                       (lambda v, r: r * v[:-1], lambda e: e[::-1])):
+        rm = pm.ragged_map(fun, layout=layout)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pm.FallbackWarning)
+            outs = rm([order(e) for e in exs])
+        for e, o in zip(exs, outs):
+            np.testing.assert_array_equal(o, fun(*order(e)))
+        assert rm.stats()["exact_compiles"] == 0
+
+
 def test_ragged_map_tuple_examples_and_progress(capsys):
     rm = pm.ragged_map(lambda x, y: jnp.sum(x) * jnp.sum(y), ("n", "m"), batch_size=2,
                        progress=True, numpy_outputs=True)

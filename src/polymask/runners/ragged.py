@@ -103,8 +103,13 @@ class RaggedMap:
                                   extra_stats=("refined_compiles", "stored_loads",
                                                "exact_compiles", "exact_calls"))
         name = getattr(fun, "__name__", type(fun).__name__)
+        # (without specs the dim vars are named for where ragged_map read them off)
+        hint = "" if self.in_specs is not None else (
+            "\n  (l0_0, l1_0 ...: the dim vars read off the examples, lK_A = axis A of "
+            "each example's K-th array; in_specs names them)")
         self._fallback = (ExactFallback(fun, f"ragged_map({name})", self.cache.add,
-                                        self.compiler_options) if fallback else None)
+                                        self.compiler_options, hint=hint)
+                          if fallback else None)
         self._unshared: dict = {}  # bucket signature -> why its trace failed
         self.program_id = None if program_id is None else str(program_id)
         self.refinement = Refinement(refine_buckets, self.compiler_options,

@@ -278,7 +278,6 @@ def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
     per_ex = [jax.tree_util.tree_leaves(a) for a in arg_lists]
     n_leaves = len(per_ex[0])
     leaf_specs = []
-    name_of_sizes: dict[tuple[int, ...], str] = {}  # an axis' sizes over the examples
     all_shapes = []
     for li in range(n_leaves):
         shapes = [np.shape(ex[li]) for ex in per_ex]
@@ -288,20 +287,20 @@ def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
     uniform = not any(sh[k] != shapes[0][k] for shapes in all_shapes for sh in shapes
                       for k in range(len(sh)))
     tree = trees.pop()
+    varying_of = []
     for li, shapes in enumerate(all_shapes):
         first = shapes[0]
-        varying = [_varies(history, (tree, li, k), {sh[k] for sh in shapes})
-                   or (empty_dynamic and first[k] == 0)
-                   or (leading_if_uniform and uniform and k == 0)
-                   for k in range(len(first))]
+        varying_of.append([_varies(history, (tree, li, k), {sh[k] for sh in shapes})
+                           or (empty_dynamic and first[k] == 0)
+                           or (leading_if_uniform and uniform and k == 0)
+                           for k in range(len(first))])
+    name_of_sizes = _axis_names(all_shapes, varying_of)
+    for shapes, varying in zip(all_shapes, varying_of):
         if not any(varying):
             leaf_specs.append(None)
             continue
-        names = []
-        for k, v in enumerate(varying):
-            sizes = tuple(sh[k] for sh in shapes)
-            names.append(name_of_sizes.setdefault(sizes, f"l{li}_{k}") if v else str(first[k]))
-        leaf_specs.append(", ".join(names))
+        leaf_specs.append(", ".join(name_of_sizes[tuple(sh[k] for sh in shapes)] if v
+                                    else str(shapes[0][k]) for k, v in enumerate(varying)))
     specs, it = [], iter(leaf_specs)
     for a in arg_lists[0]:
         sub = jax.tree_util.tree_structure(a)
@@ -309,6 +308,32 @@ def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
         specs.append(vals[0] if sub.num_leaves == 1 and sub == jax.tree_util.tree_structure(
             0) else jax.tree_util.tree_unflatten(sub, vals))
     return tuple(specs)
+
+
+def _axis_names(all_shapes, varying_of) -> dict[tuple[int, ...], str]:
+    """The spec of each dynamic axis, keyed by its sizes over the examples: one
+    dim var per distinct sizes (``l{leaf}_{axis}`` of its first axis), except
+    sizes that exceed another axis's by the same constant in every example
+    (``v`` one longer than ``r`` for ``r + v[1:]``): ``"l0_0 + 1"``, as
+    ``in_specs=("T", "T + 1")`` would give and ``polymask.jit`` finds by
+    tracing. (A constant relation needs sizes that vary: two axes of one
+    example differ by some constant whatever the function.)"""
+    first_axis = {}
+    for li, (shapes, varying) in enumerate(zip(all_shapes, varying_of)):
+        for k, v in enumerate(varying):
+            if v:
+                first_axis.setdefault(tuple(sh[k] for sh in shapes), f"l{li}_{k}")
+    names: dict[tuple[int, ...], str] = {}
+    for sizes in sorted(first_axis, key=sum):  # (the smallest of a relation is its base)
+        names[sizes] = first_axis[sizes]
+        if len(set(sizes)) < 2:
+            continue
+        for base, name in names.items():
+            shift = {a - b for a, b in zip(sizes, base)}
+            if len(shift) == 1 and (c := shift.pop()) > 0 and "+" not in name:
+                names[sizes] = f"{name} + {c}"
+                break
+    return names
 
 
 class AxisHistory:
