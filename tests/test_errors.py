@@ -924,3 +924,24 @@ def test_a_float_where_an_int_size_or_setting_is_expected_is_refused_not_truncat
     with pytest.raises(TypeError, match="max_cases must be an int"):
         pm.mask(lambda x: x, "n", max_cases=4.0)
     np.testing.assert_array_equal(pm.dynamic_slice(x, np.int32(1), np.int64(3)), [1.0, 2.0, 3.0])
+
+
+def test_a_call_with_the_wrong_arguments_names_the_function_and_is_no_layout_question():
+    """``f(x, y)`` called with one argument: the error was placed "at <unknown
+    location>" (the call itself has no frame of the user's), and
+    ``ragged_map(layout="packed")`` refused it as a layout question ("layout=
+    'auto' or 'padded' runs it"), which no layout does (found from outside)."""
+    def f(x, y):
+        return x * 2 + y
+
+    line = f"{__file__}:{f.__code__.co_firstlineno}"
+    with pytest.raises(pm.ShapeError, match="missing 1 required positional") as e:
+        pm.mask(f, "n")(pm.Masked(jnp.ones(4), (2,)))
+    assert f"the call of {f.__qualname__} (defined at {line}" in str(e.value)
+    assert "unknown location" not in str(e.value)
+    xs = [np.ones(n, np.float32) for n in (3, 5, 7)]
+    with pytest.raises(TypeError, match="missing 1 required positional") as e:
+        pm.ragged_map(f, layout="packed")(xs)
+    assert "layout=" not in str(e.value)
+    with pytest.raises(pm.ShapeError, match="the call of"):
+        pm.ragged_map(f)(xs)

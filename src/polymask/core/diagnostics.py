@@ -8,6 +8,7 @@ implementation (and import nothing from each other for it).
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 import sys
@@ -87,6 +88,29 @@ def user_line_of_exception(e: BaseException) -> str:
         if not is_library_frame(fr.filename) and not compat.in_installed_package(fr.filename):
             return f"{where}, called from {_fmt_frame(fr.filename, fr.lineno, fr.name)}"
     return where
+
+
+def defined_at(fun) -> str:
+    """``"the call of f (defined at file:line)"``: where an error raised by the
+    call itself (a ``TypeError`` of its signature) points."""
+    code = getattr(inspect.unwrap(fun), "__code__", None)
+    name = getattr(fun, "__qualname__", None) or type(fun).__name__
+    if code is None:
+        return f"the call of {name}"
+    return f"the call of {name} (defined at {_fmt_frame(code.co_filename, code.co_firstlineno, name)})"
+
+
+def called(fun, *args, **kwargs):
+    """``fun(*args, **kwargs)``; a ``TypeError`` of the call itself (its
+    signature: "f() missing 1 required positional argument", whose traceback
+    has no frame of the user's) points at where ``fun`` is defined."""
+    try:
+        return fun(*args, **kwargs)
+    except TypeError as e:
+        if e.__traceback__.tb_next is None and not hasattr(e, "polymask_where"):
+            e.polymask_where = defined_at(fun)
+            e.polymask_call_signature = True  # (no layout or size runs such a call)
+        raise
 
 
 def user_frame_of_exception(e: BaseException) -> str:

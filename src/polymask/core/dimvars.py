@@ -280,9 +280,11 @@ def displayed_error(e: BaseException, internal) -> BaseException:
     if new == text:
         return e
     try:
-        return type(e)(new).with_traceback(e.__traceback__)
+        out = type(e)(new).with_traceback(e.__traceback__)
     except Exception:  # pragma: no cover - exotic subclass
         return e
+    out.__dict__.update(getattr(e, "__dict__", {}))  # (polymask_where and the like)
+    return out
 
 
 def pretty_condition(text: str, internal) -> str:

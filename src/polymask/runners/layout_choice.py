@@ -117,8 +117,9 @@ class LayoutChoice:
         except PackedUnsupported as e:
             return self._refuse(str(e), every, permanent=specs)
         except Exception as e:  # noqa: BLE001 - auto: the padded layout is the reference
-            if self.layout == "packed" and isinstance(e, (ShapeError, UnsupportedError)):
-                raise  # the user's call is wrong (specs), not a layout question
+            if self.layout == "packed" and (isinstance(e, (ShapeError, UnsupportedError))
+                                            or getattr(e, "polymask_call_signature", False)):
+                raise  # the user's call is wrong (specs, arguments), not a layout question
             why = _first_line(e, "while tracing packed")
             if _raised_by_the_function(e):  # its own line: maybe its own error
                 why += (f" (raised at {user_frame_of_exception(e)}, in the function: if plain "

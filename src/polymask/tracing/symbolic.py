@@ -26,6 +26,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core import dimvars
 from ..core.diagnostics import (
+    called,
     is_library_frame,
     is_shape_mismatch,
     lower_bound_that_fixes,
@@ -343,7 +344,7 @@ def trace(fun: Callable, args: Sequence[Any], in_specs=None,
     traced = compat.replacement_of(fun)
 
     def call(*flat):
-        return traced(*jax.tree_util.tree_unflatten(in_tree, list(flat)))
+        return called(traced, *jax.tree_util.tree_unflatten(in_tree, list(flat)))
 
     prog = trace_flat(call, leaves, spec_leaves, arg_paths(args), constraints, conditions)
     return prog, leaves

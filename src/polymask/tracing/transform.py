@@ -21,7 +21,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import split_specs
 from ..core.buckets import int_arg
-from ..core.diagnostics import at_call_site, at_this_call, user_call_site
+from ..core.diagnostics import at_call_site, at_this_call, called, user_call_site
 from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.specs import as_constraints, broadcast_specs, check_in_specs_type
@@ -154,7 +154,7 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
             kw[name] = jax.tree_util.tree_unflatten(
                 tree, [next(rest) if d else next(it_s) for d in dyn])
         # (a patched JAX function passed itself runs as its replacement: registry)
-        return compat.replacement_of(callee)(*pos, **kw)
+        return called(compat.replacement_of(callee), *pos, **kw)
 
     _check_concrete_bounds(leaves, paths)
     c.leaves, c.specs, c.paths, c.rebuild = leaves, specs, paths, rebuild
