@@ -701,7 +701,10 @@ def ragged_map(fun: Callable, in_specs=None, *, buckets=None, batch_size: int = 
         parameters). None: read off each call's examples (an axis whose
         size differs across them is dynamic, others static, and axes whose
         sizes are equal in every example share one dim var: ``(x, y)`` of
-        shapes ``(n, 16)`` and ``(n,)`` is ``("n, 16", "n")``). A leading
+        shapes ``(n, 16)`` and ``(n,)`` is ``("n, 16", "n")``; an axis
+        longer than another by the same constant in every example is that
+        one's dim var plus it: ``(r, v)`` of ``(n,)`` and ``(n + 1,)`` is
+        ``("l0_0", "l0_0 + 1")``, for ``r + v[1:]``). A leading
         axis whose size changed between calls stays dynamic in a call of
         one length (a length-bucketed loader's batches share programs),
         unless the function needs it static (``W @ x`` of ``x (C, n)``: then
