@@ -511,6 +511,10 @@ _SELECTIONS = {
     "dynamic_index": (lambda s: jax.lax.dynamic_index_in_dim(s, 0, keepdims=False), _RAISES),
     "percentile": (lambda s: jnp.percentile(s, 50.0), _RAISES),
     "searchsorted": (lambda s: jnp.searchsorted(s, 25.0), _VALUE),
+    # a gather from the count's axis splits on its emptiness: jnp's own path
+    # for no entries (NaN), traced at a count of 0
+    "nanmedian": (lambda s: jnp.nanmedian(s), _VALUE),
+    "nanpercentile": (lambda s: jnp.nanpercentile(s, 30.0), _VALUE),
     # lax's own checks (k <= size, a non-empty axis) and Python's division by
     # the count (found from outside)
     "lax_top_k": (lambda s: jax.lax.top_k(s, 1)[0], _RAISES),

@@ -137,6 +137,67 @@ def _stage_symbolic_constants(orig):
     return process_primitive
 
 
+def _split_before_reads_of_counts(orig):
+    """``DynamicJaxprTrace.process_primitive`` that splits on a count's
+    emptiness before a gather reads entries from an axis of that size.
+
+    A gather of index rows from an empty axis is plain JAX's own path there
+    (``jnp.take`` raises, ``jnp.nanmedian`` of no entries is NaN through
+    jnp's code for an empty operand); the one program traced with the count
+    >= 1 cannot follow it (the gather rule raises at run time). Traced with
+    the count the constant 0 (``ops._fresh``), the case of 0 is plain JAX's."""
+
+    def process_primitive(self, primitive, tracers, params, /):
+        if primitive.name == "gather" and len(tracers) == 2:
+            _split_on_a_read_count(tracers[0].aval, tracers[1].aval, params)
+        return orig(self, primitive, tracers, params)
+
+    return process_primitive
+
+
+def _split_on_a_read_count(operand, indices, params) -> None:
+    stack = getattr(_HOOK_TLS, "stack", None)
+    if not stack or stack[-1].busy:
+        return
+    frame = stack[-1]
+    dn, slice_sizes = params["dimension_numbers"], params["slice_sizes"]
+    rows = [d for d in indices.shape[:-1]]
+    for axis in dn.start_index_map:
+        size = operand.shape[axis]
+        if not is_dim_expr(size) or slice_sizes[axis] == 0:
+            continue
+        for v in sorted(u for u in dim_vars(size) if is_fresh_dim_name(u)):
+            if count_is_nonempty(size.scope, v) or _empty_at_zero_count(rows, v, size.scope):
+                continue
+            count = _shape_poly.symbolic_shape(v, scope=size.scope)[0]
+            if _active_frame(count - 1, counts=True) is None:
+                continue
+            split = SplitBeforeRaise(
+                f"Symbolic dimension comparison '{count}' >= '1' is inconclusive.", count - 1)
+            split.polymask_where = _user_line(frame)
+            raise split
+
+
+def _empty_at_zero_count(dims, v: str, scope) -> bool:
+    """Whether a product of ``dims`` is 0 where the count ``v`` is 0 (no index
+    rows: a gather of nothing, plain JAX's value at 0 too)."""
+    for d in dims:
+        if not is_dim_expr(d):
+            if int(d) == 0:
+                return True
+            continue
+        env = {n: 0 if n == v else _shape_poly.symbolic_shape(n, scope=scope)[0]
+               for n in dim_vars(d)}
+        try:
+            with np.errstate(all="ignore"):
+                at_zero = d._evaluate(env)
+        except Exception:  # noqa: BLE001 - a form JAX cannot evaluate there
+            continue
+        if not is_dim_expr(at_zero) and int(at_zero) == 0:
+            return True
+    return False
+
+
 def _check_fits_int(dim) -> None:
     """A size used as a number (``dim_as_value``) is JAX's int dtype at run
     time; on the exact arrays it is a Python int, which JAX converts with
@@ -263,8 +324,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 rules.get(hi_p))
             global _PROCESS_PRIMITIVE
             _PROCESS_PRIMITIVE = _pe.DynamicJaxprTrace.process_primitive
-            _pe.DynamicJaxprTrace.process_primitive = _stage_symbolic_constants(
-                _PROCESS_PRIMITIVE)
+            _pe.DynamicJaxprTrace.process_primitive = _split_before_reads_of_counts(
+                _stage_symbolic_constants(_PROCESS_PRIMITIVE))
         _HOOK_USERS += 1
     stack = _HOOK_TLS.__dict__.setdefault("stack", [])
     frame = _HookFrame(dict(split_vars or {}), scope, is_user_frame)

@@ -109,8 +109,9 @@ def case_error_is_plain(entry: Entry, var_names, values) -> bool:
     symbolic sizes (``np.arange(n)`` past the per-size limit)."""
     tree = entry.tree
     values = dict(zip(var_names, (int(v) for v in values)))
-    case = tree.cases[int(tree.select(tree.base.internal_values(values)))]
-    return case.pinned
+    # (past a split on a count, the error cases the count may choose)
+    reached = tree.reachable_cases(tree.base.internal_values(values))
+    return all(c.pinned for c in reached if c.error is not None)
 
 
 def reaches_untraced_case(entry: Entry, var_names, values) -> bool:

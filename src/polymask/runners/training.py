@@ -472,8 +472,10 @@ class RaggedValueAndGrad:
         for k in np.flatnonzero(np.asarray(weights) > 0):
             tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
             values, _ = solve_dim_vars(tree.base, leaves, checks_on=False)
-            case = tree.cases[int(tree.select(values))]
-            if case.error is not None and not case.pinned:
+            # (past a split on a count: a case the count may choose)
+            case = next((c for c in tree.reachable_cases(values)
+                         if c.error is not None and not c.pinned), None)
+            if case is not None:
                 return ShapeError(f"examples[{k}]: polymask cannot trace the function with "
                                   f"symbolic sizes at {case.where}:\n  {case.error}")
         return None
