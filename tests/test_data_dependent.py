@@ -910,3 +910,61 @@ def test_a_selection_of_one_element_at_most_is_not_one_at_a_count_of_0(op, at_ze
         got = m(pm.Masked(x, (1,))).unpad()
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want)
+
+
+def test_a_comparison_of_two_counts_keeps_every_entry_of_each():
+    """``a.shape[0] + b.shape[0] > 4``: the case of ``<= 4`` was traced on
+    JAX's assumption that ``b`` is not empty, which bounds ``a``'s count by 3:
+    four entries of ``a`` beside an empty ``b`` lost one (-6 for -10, eagerly
+    and under jit; found from outside). The trace now splits on each count's
+    emptiness first."""
+    def body(a, b):
+        return a.sum() if a.shape[0] + b.shape[0] > 4 else b.sum() - a.sum()
+
+    def f(x, select):
+        return body(select(x, x > 0.5), select(x, x < -1.0))
+
+    m = pm.mask(lambda x: f(x, pm.boolean_mask), "n")
+    for data in ([1.0, 2.0, 3.0, 4.0, 5.0], [1.0, -2.0, 3.0, 4.0, 5.0], [-3.0, -2.0, 0.0, 4.0, 5.0]):
+        x = jnp.asarray(data)
+        for n in range(6):
+            want = f(x[:n], lambda v, m: v[m])
+            arg = pm.Masked(x, (n,))
+            np.testing.assert_allclose(m(arg).data, want)
+            np.testing.assert_allclose(jax.jit(m)(pm.Masked(x, (jnp.int32(n),))).data, want)
+
+
+def test_a_branch_on_the_length_of_an_arange_counts_past_its_case_bound():
+    """``pm.arange(c, max_size=8)`` then ``if a.shape[0] > 2``: the length was
+    cut to the bound of the case ``<= 2`` while the count chose the case, and
+    raised "larger than max_size=2" (found from outside)."""
+    def body(a):
+        return a.sum() if a.shape[0] > 2 else -a.shape[0]
+
+    m = pm.mask(lambda x: body(pm.arange(jnp.sum(x > 0.5), max_size=8)), "n")
+    x = jnp.array([1.0, 2.0, 3.0, -1.0, 5.0])
+    for n in range(6):
+        want = body(jnp.arange(int(jnp.sum(x[:n] > 0.5))))
+        assert int(m(pm.Masked(x, (n,))).data) == int(want)
+        assert int(jax.jit(m)(pm.Masked(x, (jnp.int32(n),))).data) == int(want)
+    with pytest.raises(pm.ShapeError, match="max_size=8"):
+        pm.mask(lambda x: pm.arange(jnp.sum(x > 0.5) * 9, max_size=8).sum(), "n")(
+            pm.Masked(x, (5,)))
+
+
+def test_a_lookup_by_a_count_is_refused_not_missed():
+    """``{0: s.sum(), 3: s.prod()}.get(s.shape[0], 1.5)``: the symbolic count
+    hashed as itself and always missed (the default at every count, found
+    from outside): now a ShapeError that says the count is needed as a value.
+    Sides of a branch on a count with different dtypes name the counts that
+    choose each and say how to make them agree."""
+    body = lambda s: {0: s.sum(), 3: s.prod()}.get(s.shape[0], jnp.float32(1.5))  # noqa: E731
+    x = jnp.array([2.0, 3.0, 4.0, -1.0])
+    assert float(body(x[x > 0.5])) == 24.0
+    with pytest.raises(pm.ShapeError, match="data-dependent size") as e:
+        pm.mask(lambda x: body(pm.boolean_mask(x, x > 0.5)), "n")(pm.Masked(x, (4,)))
+    assert "as it does on the exact arrays" not in str(e.value)
+    sides = lambda s: s.sum() if s.shape[0] > 2 else s.shape[0]  # noqa: E731
+    with pytest.raises(pm.ShapeError, match="same structure, dtype and rank") as e:
+        pm.mask(lambda x: sides(pm.boolean_mask(x, x > 0.5)), "n")(pm.Masked(x, (4,)))
+    assert "_u1 <= 2" in str(e.value) or "_u1 >= 3" in str(e.value)

@@ -121,6 +121,20 @@ _FRESH_COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scope 
 _FRESH_LOCK = threading.Lock()
 
 
+_OWN_BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scope -> {var: bound}
+
+
+def note_fresh_bound(scope: SymbolicScope, name: str, bound: int) -> None:
+    """The bound a data-dependent size has by its op (``max_size=``, the
+    operand's size), before a case's conditions narrow it (``_u1 <= 2``)."""
+    _OWN_BOUNDS.setdefault(scope, {})[name] = int(bound)
+
+
+def own_bound(scope: SymbolicScope, name: str, default: int) -> int:
+    """``note_fresh_bound``'s bound of ``name`` (``default`` where none was noted)."""
+    return _OWN_BOUNDS.get(scope, {}).get(name, default)
+
+
 def new_fresh_dim(scope: SymbolicScope):
     """``(name, dim)``: a new data-dependent size's dim var in ``scope``, named
     ``_u1``, ``_u2``, ... in the order the trace creates them. A trace repeated

@@ -688,7 +688,8 @@ def _hashed_in_user_code(orig_hash):
                 user = frame.user_files[caller.f_code.co_filename] = (
                     _in_user_code(caller, frame)
                     and "jax/_src/" not in caller.f_code.co_filename.replace("\\", "/"))
-            if user and _active_frame(a) is frame and _looks_up(caller):
+            # (a data-dependent size too: its lookup would miss at every count)
+            if user and _active_frame(a, counts=True) is frame and _looks_up(caller):
                 raise InconclusiveDimensionOperation(
                     f"the size '{a}' is looked up by its hash (a dict key, a set member, "
                     "`in` a dict or set): that needs its value as a Python int")

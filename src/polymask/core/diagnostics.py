@@ -309,18 +309,17 @@ _CONSTANT_SIZE_HINTS = {
 
 
 def _count_comparison_message(comparison: str, where: str) -> str:
-    """Why a comparison of a data-dependent size that picks between two paths
-    plain JAX can both take (``if sel.shape[0] > 2:``) stops the trace."""
+    """Why a use of a data-dependent size that no one program follows stops the
+    trace (its value as a Python int, a lookup by it, a comparison of it
+    inside a loop or branch body, or with another count)."""
     return (
-        f"a comparison of a data-dependent size (the count of a polymask.nonzero / "
-        f"boolean_mask / unique / ... result) chooses between two paths at {where}, and "
-        "the count is known only while the program runs: polymask traces one program "
-        f"for every count, which cannot take both.\n  {comparison}\n  Use the count as a "
-        "value instead of a Python branch on it: jnp.where(n > 2, a, b) or lax.cond with "
-        "n = jnp.asarray(sel.shape[0]) (both branches then trace), or bound the op with "
-        "size= (jnp.nonzero(x, size=k)) so its size is static. (Where one path fails in "
-        "plain JAX, as lax.top_k(sel, 2) does for fewer than 2 entries, the other one runs, "
-        "checked while the program runs.)")
+        f"the function needs a data-dependent size (the count of a polymask.nonzero / "
+        f"boolean_mask / unique / ... result) at {where} in a way the program cannot "
+        "follow: the count is known only while the program runs (polymask runs both ways "
+        "of a Python branch on it, but not a lookup by its value, a Python int of it, or a "
+        f"comparison of it made inside a loop or branch body).\n  {comparison}\n  Use the "
+        "count as a value: n = jnp.asarray(sel.shape[0]), then jnp.where(n > 2, a, b), "
+        "lax.cond or lax.switch on it.")
 
 
 def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeError:
@@ -621,23 +620,26 @@ _SHAPE_MISMATCH = re.compile(
     r"expected key_data\.shape to end with")
 
 
-def _data_dependent_size_use(e: BaseException, msg: str, where: str) -> ShapeError | None:
+def _data_dependent_size_use(e: BaseException, msg: str, where: str,
+                             count_left: bool = False) -> ShapeError | None:
     """An error of JAX's that names a data-dependent size (``_u3``: the count
     of a ``boolean_mask`` / ``nonzero`` result) other than an undecided
     comparison (said by ``_inconclusive_error``): JAX needed that size's value
     while tracing (``jnp.split``'s "rest is mod(_u3, 2)", ``jnp.pad``'s
     reflect width), which plain JAX, given the exact arrays, has."""
     names = sorted({w for w in re.findall(r"\b_\w+", msg) if compat.is_fresh_dim_name(w)})
-    if (not names or isinstance(e, compat.InconclusiveDimensionOperation)
+    if (not (names or count_left) or isinstance(e, compat.InconclusiveDimensionOperation)
             or is_shape_mismatch(e, msg)):  # (two counts' shapes: said there)
         return None
     said = msg.splitlines()[0]
+    which = f" ({', '.join(names)}: " if names else " ("
     return ShapeError(
-        f"JAX needs the value of a data-dependent size ({', '.join(names)}: the count of a "
+        f"JAX needs the value of a data-dependent size{which}the count of a "
         f"polymask.nonzero / boolean_mask / unique / ... result) while tracing at {where}, "
         "and polymask traces one program for every count (plain JAX, given the exact "
-        "arrays, knows it). Bound the op with size= (jnp.nonzero(x, size=k, "
-        "fill_value=...)) so its size is static, or do this step on the host.\n  "
+        "arrays, knows it). Use the count as a value (n = jnp.asarray(s.shape[0]) in jnp "
+        "ops, lax.cond or lax.switch), give the selection a fixed size (jnp.nonzero(x, "
+        "size=k, fill_value=...)), or do this step on the host.\n  "
         f"JAX said: {said}")
 
 
@@ -647,23 +649,25 @@ _SYMBOLIC_LIMIT = re.compile(r"shape polymorphism|symbolic|inconclusive|requires
 
 
 def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = None,
-                          counts_known: bool = False) -> ShapeError | None:
+                          counts_known: bool = False, count_left: bool = False
+                          ) -> ShapeError | None:
     """The polymask error for a JAX error raised while tracing the user's function.
 
     ``var_where`` maps each spec dim var to an input axis (``args[0].shape[1]``)
     for messages that name dim vars. ``counts_known``: the trace ran under a
     condition on a data-dependent size, where an error that names it is
     plain JAX's own at those sizes, unless JAX says that a symbolic size
-    stopped it. Returns None when the error is not about
-    sizes (it then propagates as is).
+    stopped it. ``count_left``: every spec size is pinned, so a size object
+    in the error is a data-dependent one's. Returns None when the error is
+    not about sizes (it then propagates as is).
     """
     where = user_frame_of_exception(e)
     msg = str(e).split("\n\n")[0].strip()
     dd = _data_dependent_error(e, where)
     if dd is not None:
         return dd
-    counted = (None if counts_known and not _SYMBOLIC_LIMIT.search(msg)
-               else _data_dependent_size_use(e, msg, where))
+    counted = (None if counts_known and not _SYMBOLIC_LIMIT.search(msg) and not count_left
+               else _data_dependent_size_use(e, msg, where, count_left))
     if counted is not None:
         return counted
     api_err = _api_specific_error(e, _api_for_remedy(e), msg, where, var_where)

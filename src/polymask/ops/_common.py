@@ -40,6 +40,7 @@ def _fresh(bound: int, at_most=None):
     if compat.count_is_empty(scope, name):  # the case of a split where it is 0
         return compat.EmptyCount(name)
     compat.add_constraint(scope, f"{name} <= {int(bound)}")
+    compat.note_fresh_bound(scope, name, bound)
     # Only when JAX's bound of `at_most` (which assumes dim vars >= 1) is its
     # true bound: `_u <= n - m` would cap _u below n when m = 0.
     if (at_most is not None and compat.is_dim_expr(at_most)

@@ -104,6 +104,16 @@ def _bind_fresh(ctx, d, value):
     return bound
 
 
+def own_bound(ctx, d, default: int) -> int:
+    """The bound of the data-dependent size ``d`` by its op (``max_size=``):
+    a case of a split on it may narrow ``d``'s bound in the trace (``_u1 <=
+    2``), and a count computed to choose that case (``dispatch.count_values``)
+    must not be cut to it."""
+    if not compat.is_dim_expr(d):
+        return default
+    return compat.own_bound(ctx.dims.scope, var_name(d), default)
+
+
 def compact(valid_flat):
     """Positions of the True entries of a bool vector, in order, padded with 0.
 
@@ -295,10 +305,11 @@ def arange_length(start, stop, step):
 @register(arange_p, at_bound=True)
 def arange_rule(ctx, start, stop, step, *, out_dim, dtype):
     length = arange_length(start, stop, step)
-    bound = int(compat.upper_bound(out_dim))
-    ctx.require(length > bound,
-           f"polymask.arange: the length is larger than max_size={bound}")
-    _bind_fresh(ctx, out_dim, jnp.minimum(length, bound))
+    bound = int(compat.upper_bound(out_dim))  # (a case's conditions may narrow it)
+    max_size = own_bound(ctx, out_dim, bound)
+    ctx.require(length > max_size,
+           f"polymask.arange: the length is larger than max_size={max_size}")
+    _bind_fresh(ctx, out_dim, jnp.minimum(length, max_size))
     i = lax.iota(dtype, bound) if jnp.issubdtype(dtype, jnp.integer) else \
         lax.iota(jnp.int32, bound).astype(dtype)
     return (jnp.asarray(start, dtype) + i * jnp.asarray(step, dtype)).astype(dtype)
@@ -329,12 +340,13 @@ def dynamic_slice_rule(ctx, x, *starts_and_sizes, out_shape, fresh):
         n = jnp.asarray(in_log[a], jnp.int32)
         d = out_shape[a]
         if fresh[a]:
-            bound = int(compat.upper_bound(d))
+            bound = int(compat.upper_bound(d))  # (a case's conditions may narrow it)
+            max_size = own_bound(ctx, d, bound)
             length = jnp.clip(jnp.asarray(sizes[a], jnp.int32), 0, n)
-            ctx.require(length > bound,
+            ctx.require(length > max_size,
                    f"polymask.dynamic_slice: the size along axis {a} is larger than "
-                   f"max_size={bound}")
-            length = jnp.minimum(length, bound)
+                   f"max_size={max_size}")
+            length = jnp.minimum(length, max_size)
             _bind_fresh(ctx, d, length)
         else:
             bound = ctx.padded(d)

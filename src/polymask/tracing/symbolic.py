@@ -433,10 +433,14 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         # naming that count is plain JAX's at those counts (top_k's "k ... no
         # larger than minor dimension size"), not a need for the count's value.
         counted = any(_names_a_data_dependent_size(c) for c in conditions)
-        needs_count = (_names_a_data_dependent_size(str(e)) and not counted
-                       and not isinstance(e, compat.InconclusiveDimensionOperation))
+        # (a size object in the message, "'_DimExpr' object cannot be interpreted
+        # as an integer" of a count, is never plain JAX's error: a size left symbolic)
+        symbolic_left = "DimExpr" in str(e)
+        needs_count = ((_names_a_data_dependent_size(str(e)) and not counted) or symbolic_left
+                       ) and not isinstance(e, compat.InconclusiveDimensionOperation)
         translated = (None if static and not needs_count
-                      else translate_trace_error(shown, var_where, counts_known=counted))
+                      else translate_trace_error(shown, var_where, counts_known=counted,
+                                                 count_left=static and symbolic_left))
         signature = SizeSignature(var_order, var_bounds, internal, scope, dim_bounds, user_scope)
         if translated is not None:
             err = dimvars.displayed_error(translated, internal)
@@ -451,7 +455,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         raised = shown if type(e).__module__ == "builtins" else e
         try:
             raised.polymask_signature = signature
-            raised.polymask_pinned = static  # at one size: plain JAX's own error
+            raised.polymask_pinned = static and not symbolic_left  # at one size: plain JAX's
         except AttributeError:  # an exception type without a __dict__
             pass
         if raised is e:

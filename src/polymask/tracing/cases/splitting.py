@@ -135,6 +135,9 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
                     "(mask(..., constraints=['n >= 3']))")
             node = Split(split.cond, text, where)
             if compat.names_a_count(split.cond):
+                empty = _count_to_split_on_first(split.cond, conditions)
+                if empty is not None:  # (its emptiness first: then the comparison again)
+                    node = Split(empty - 1, f"'{empty}' >= '1'", where)
                 return explore_count_split(conditions, node, getattr(split, "only_yes", False))
             splits.append(node)
             node.yes = explore(conditions + (f"{split.cond} >= 0",))
@@ -203,6 +206,22 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
         return root
 
     return explore(()), cases, first
+
+
+def _count_to_split_on_first(cond, conditions: tuple[str, ...]):
+    """A count of ``cond`` whose emptiness the trace splits on before ``cond``
+    (its dim var), or None. A comparison of a count with another size
+    (``a.shape[0] + b.shape[0] > 4``) narrows the count's bounds on JAX's
+    assumption that the other is >= 1 (``_u1 <= 3``): a count of 4 beside an
+    empty ``b`` would be cut to 3 entries. Past a split on each count's
+    emptiness that assumption holds, or the count is the constant 0."""
+    names = compat.dim_vars(cond)
+    if len(names) < 2:
+        return None
+    for v in sorted(n for n in names if compat.is_fresh_dim_name(n)):
+        if f"{v} - 1 >= 0" not in conditions:
+            return compat.fresh_dim(v, cond.scope)
+    return None
 
 
 def _keep(cases: list[Case], start: int, kept: list[Case], splits: list[Split], n_splits: int,

@@ -213,13 +213,13 @@ def plain_failure(error: str) -> tuple[str, str]:
                 "the trace; pass the module itself, pm.mask(module, spec): its state then "
                 "goes in and out of the masked call, as with nnx.jit")
     if error.startswith("InconclusiveDimensionOperation"):  # polymask's limit, not JAX's
-        if names_a_count(error):  # a count's, both ways run
-            return ("where polymask's trace cannot decide a comparison of a data-dependent "
-                    "size (the count of a polymask.nonzero / boolean_mask / ... result) that "
-                    "chooses between two paths: one program for every count cannot take both",
-                    "\n  Use the count as a value instead of a Python branch on it: "
-                    "jnp.where(n > 2, a, b) or lax.cond with n = jnp.asarray(sel.shape[0]), "
-                    "or bound the op with size= (jnp.nonzero(x, size=k)).")
+        if names_a_count(error):  # a count's value or a comparison no program follows
+            return ("where polymask's trace needs a data-dependent size (the count of a "
+                    "polymask.nonzero / boolean_mask / ... result) in a way one program for "
+                    "every count cannot follow (its value as a Python int, a lookup by it, "
+                    "a comparison of it inside a loop or branch body)",
+                    "\n  Use the count as a value: n = jnp.asarray(sel.shape[0]), then "
+                    "jnp.where(n > 2, a, b), lax.cond or lax.switch on it.")
         return ("where polymask's trace cannot decide a comparison of sizes (plain JAX, "
                 "with Python ints, is not stopped there)", "")
     if error.startswith("NonConcreteBooleanIndexError"):  # x[m]: eager JAX runs it
@@ -228,6 +228,7 @@ def plain_failure(error: str) -> tuple[str, str]:
                 "polymask.mask use polymask.boolean_mask(x, m) (or polymask.compress / "
                 "polymask.extract).")
     if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error
+            or (error.startswith("TypeError") and "Tracer" in error)  # ([v] * traced value)
             or (error.startswith("IndexError") and compat.is_traced_slice_bounds_message(error))):
         return "as it does on the exact arrays", ""
     return ("as it does under jax.jit on the exact arrays",
@@ -245,8 +246,10 @@ def names_a_count(text: str) -> bool:
 def count_limited(case: Case) -> bool:
     """An error case of polymask's limit with data-dependent sizes (two
     selections' counts, ``_u1`` and ``_u2``): neither tracing the sizes one by
-    one nor a larger ``max_cases`` helps."""
-    return not (case.one_size or case.plain) and names_a_count(case.error)
+    one nor a larger ``max_cases`` helps (diagnostics' messages of a count's
+    use say "data-dependent size", also where JAX's own names none)."""
+    return not (case.one_size or case.plain) and (
+        names_a_count(case.error) or "data-dependent size" in case.error)
 
 
 def fails_in_plain_jax(case: Case) -> bool:
@@ -322,9 +325,9 @@ _ONE_OUTPUT_REMEDY = (
 
 
 def _case_sizes(tree: CaseTree, case: Case) -> str:
-    """The sizes that reach ``case`` ("n in {0}") where they were enumerated,
-    else its comparisons."""
-    if case.reached_by:
+    """The sizes that reach ``case`` ("n in {0}") where they were enumerated
+    and choose it, else its comparisons (a count's among them)."""
+    if case.reached_by and not any(names_a_count(c) for c in case.conditions):
         return sizes_text(case.reached_by)
     return tree.describe_conditions(case)
 
@@ -334,23 +337,34 @@ def _short(treedef, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
+# a branch on a data-dependent size whose sides return different outputs
+_ONE_OUTPUT_PER_COUNT_REMEDY = (
+    "\n  A branch on a data-dependent size (the count of a polymask.nonzero / "
+    "boolean_mask / ... result) runs both ways in one program, which returns one padded "
+    "output for every count: make both sides return the same structure, dtype and rank "
+    "(jnp.asarray(v, jnp.float32), v.reshape(-1))")
+
+
 def _differing_outputs(tree: CaseTree, a: Case, b: Case, message: str) -> ShapeError:
-    e = ShapeError(message + _ONE_OUTPUT_REMEDY)
-    e.fixed_size_vars = _separating_vars(tree, a, b)
+    split = _separating_split(tree, a, b)
+    on_count = split is not None and split.on_count
+    e = ShapeError(message + (_ONE_OUTPUT_PER_COUNT_REMEDY if on_count else _ONE_OUTPUT_REMEDY))
+    e.fixed_size_vars = () if split is None or on_count else tuple(
+        dim_vars_named(tree.display(str(split.cond)), list(tree.internal)))
     return e
 
 
-def _separating_vars(tree: CaseTree, a: Case, b: Case) -> tuple[str, ...]:
-    """The spec dim vars of the comparison that sends cases ``a`` and ``b``
-    different ways (``jnp.cov``'s rows == 1: not its columns, compared too)."""
+def _separating_split(tree: CaseTree, a: Case, b: Case) -> Split | None:
+    """The comparison that sends cases ``a`` and ``b`` different ways (its spec
+    dim vars: ``jnp.cov``'s rows == 1, not its columns, compared too)."""
     node = tree.root
     while isinstance(node, Split):
         yes = f"{node.cond} >= 0"
         a_yes = yes in a.conditions
         if a_yes != (yes in b.conditions):
-            return tuple(dim_vars_named(tree.display(str(node.cond)), list(tree.internal)))
+            return node
         node = node.yes if a_yes else node.no
-    return ()
+    return None
 
 
 def _static_data_note(a, b) -> str:
