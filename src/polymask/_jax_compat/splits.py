@@ -96,7 +96,7 @@ class _HookFrame:
     user_files: dict = dataclasses.field(default_factory=dict)  # file name -> is the user's
     # the dim vars of each size read as a value (``dim_as_value``), latest last
     sizes_as_values: list = dataclasses.field(default_factory=list)
-    # ``max(0, e)`` kept where e has a data-dependent size -> e (``_clamp_kept_at_zero_count``)
+    # ``max(0, e)`` kept where e has a data-dependent size -> e (``_kept_where_a_count_may_be_0``)
     kept_clamps: dict = dataclasses.field(default_factory=dict)
 
 
@@ -309,10 +309,12 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
             DimExpr.__pow__ = _python_power(_HOOK_ORIG[-5])
-            DimExpr.max = _clamp_kept_at_zero_count(_HOOK_ORIG[-4], reflected=False)
-            DimExpr.rmax = _clamp_kept_at_zero_count(_HOOK_ORIG[-3], reflected=True)
-            DimExpr.min = _min_kept_at_zero_count(_HOOK_ORIG[-2], reflected=False)
-            DimExpr.rmin = _min_kept_at_zero_count(_HOOK_ORIG[-1], reflected=True)
+            for i, (name, factor) in enumerate((("max", _shape_poly._DimFactor.MAX),
+                                                 ("rmax", _shape_poly._DimFactor.MAX),
+                                                 ("min", _shape_poly._DimFactor.MIN),
+                                                 ("rmin", _shape_poly._DimFactor.MIN))):
+                setattr(DimExpr, name, _kept_where_a_count_may_be_0(
+                    _HOOK_ORIG[i - 4], factor, reflected=name.startswith("r")))
             # Python's float(n), math.sqrt(n) of a size: its value, as __int__ gives
             # it (JAX's class has none: a bare TypeError, "must be real number")
             DimExpr.__float__ = lambda a: float(a.__int__())
@@ -560,60 +562,37 @@ def _note_nonempty(e1, e2, decide, res: bool) -> None:
             raise split
 
 
-def _clamp_kept_at_zero_count(orig, reflected: bool):
-    """``max(e, 0)`` (``DimExpr.max`` / ``rmax``) kept as it is where ``e``
-    has a data-dependent size and may be negative where that size is 0.
+def _kept_where_a_count_may_be_0(orig, factor: str, reflected: bool):
+    """``max(e, c)`` / ``min(e, c)`` (``DimExpr.max``, ``rmax``, ``min``,
+    ``rmin``; a constant ``c``, 0 for ``max``) kept as it is where ``e`` has a
+    data-dependent size and ``e - c`` may be negative where that size is 0.
 
-    JAX's bounds assume every dim var >= 1 and simplify ``sel[1:]``'s size
-    ``max(_u1 - 1, 0)`` to ``_u1 - 1``; a size the user computes as
-    ``sel.shape[0] - 1`` is the same expression, negative at a count of 0
-    where plain JAX raises (``jnp.zeros``: "must be nonnegative"). Kept,
-    the clamp tells them apart: lax's non-negative shape check is then a
-    decision of the count like any other."""
-
-    def clamp(self, other):
-        stack = getattr(_HOOK_TLS, "stack", None)
-        if (not stack or stack[-1].busy or not is_dim_expr(self) or is_dim_expr(other)
-                or other != 0 or not _has_fresh(self)):
-            return orig(self, other)
-        frame = stack[-1]
-        frame.busy = True  # (the dict's == below compares sizes: no split there)
-        try:
-            unclamped = _unclamped(self, frame.kept_clamps)
-            if not _negative_at_zero_count(unclamped):
-                return orig(self, other)
-            args = (other, unclamped) if reflected else (unclamped, other)
-            out = _shape_poly._DimExpr._from_operation(_shape_poly._DimFactor.MAX, *args,
-                                                        scope=self.scope)
-            frame.kept_clamps[out] = unclamped
-            return out
-        finally:
-            frame.busy = False
-
-    return clamp
-
-
-def _min_kept_at_zero_count(orig, reflected: bool):
-    """``min(e, c)`` (``DimExpr.min`` / ``rmin``, a constant ``c``) kept as it is
-    where ``e`` has a data-dependent size and is below ``c`` where that size
-    is 0: JAX's bounds (every dim var >= 1) make ``sel[:1]``'s stop
-    ``min(_u1, 1)`` the constant 1, a slice of one entry of an empty
-    selection; kept, it is 0 there, as in plain JAX (a spec dim var's
-    ``x[:3]`` is ``min(n, 3)`` the same way)."""
+    JAX's bounds assume every dim var >= 1: they simplify ``sel[1:]``'s size
+    ``max(_u1 - 1, 0)`` to ``_u1 - 1`` and ``sel[:1]``'s stop ``min(_u1, 1)``
+    to 1. A size the user computes as ``sel.shape[0] - 1`` is the same
+    expression, negative at a count of 0 where plain JAX raises
+    (``jnp.zeros``: "must be nonnegative"), and a slice of one entry of an
+    empty selection is none. Kept, the clamp tells them apart (lax's
+    non-negative shape check is then a decision of the count like any
+    other), as a spec dim var's ``x[:3]`` is ``min(n, 3)``."""
+    is_max = factor == _shape_poly._DimFactor.MAX
 
     def keep(self, other):
         stack = getattr(_HOOK_TLS, "stack", None)
         if (not stack or stack[-1].busy or not is_dim_expr(self) or is_dim_expr(other)
-                or not _has_fresh(self)):
+                or (is_max and other != 0) or not _has_fresh(self)):
             return orig(self, other)
         frame = stack[-1]
-        frame.busy = True
+        frame.busy = True  # (the dict's == below compares sizes: no split there)
         try:
-            if not _negative_at_zero_count(self - other):
+            e = _unclamped(self, frame.kept_clamps) if is_max else self
+            if not _negative_at_zero_count(e - other):
                 return orig(self, other)
-            args = (other, self) if reflected else (self, other)
-            return _shape_poly._DimExpr._from_operation(_shape_poly._DimFactor.MIN, *args,
-                                                         scope=self.scope)
+            out = _shape_poly._DimExpr._from_operation(
+                factor, *((other, e) if reflected else (e, other)), scope=self.scope)
+            if is_max:
+                frame.kept_clamps[out] = e
+            return out
         finally:
             frame.busy = False
 
