@@ -79,11 +79,13 @@ def _eager(name, fn, *args, hint="", **kwargs):
     try:
         return fn(*args, **kwargs)
     except _CONCRETIZATION as e:
-        raise ShapeError(
+        err = ShapeError(
             f"polymask.{name} has a data-dependent output size, which needs concrete inputs "
             f"(called at {user_call_site()}). Inside jax.jit / jax.vmap call it within "
             f"polymask.mask, where the size becomes a logical size with a known bound{hint}."
-            f"\n  JAX said: {str(e).splitlines()[0]}") from None
+            f"\n  JAX said: {str(e).splitlines()[0]}")
+        err.polymask_needs_mask = True  # (a runner's per-shape fallback: not the cause)
+        raise err from None
 
 
 def _masking(*args) -> bool:

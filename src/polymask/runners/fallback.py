@@ -165,6 +165,12 @@ class ExactFallback:
     def plain_failure(self, plain: BaseException, reason: str | None = None) -> ShapeError:
         """The ``ShapeError`` of a function that plain JAX cannot run on these
         exact arrays either."""
+        if reason is not None and getattr(plain, "polymask_needs_mask", False):
+            # a polymask data-dependent op runs only in the masked trace: its
+            # refusal is the cause, plain jax.jit of the function cannot help
+            return ShapeError(f"{self.runner} cannot run these arrays: its masked trace "
+                              f"stopped: {reason}\n  (plain jax.jit, the per-shape fallback, "
+                              f"cannot run it either: {str(plain).splitlines()[0]})")
         msg = (f"{self.runner} fails on these exact arrays, as plain jax.jit does: "
                f"{type(plain).__name__}: {str(plain).strip()}")
         if reason is not None:  # its remedies may still apply

@@ -222,7 +222,8 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
         var_exprs.append(e - off)
     changed = False
     for case in list(tree.cases):
-        if case.error is None or not case.reached_by or case.one_size:
+        # (a data-dependent size's use stays symbolic at every pinned size: no help)
+        if case.error is None or not case.reached_by or case.one_size or count_limited(case):
             continue
         combos = sorted(tuple(a[v] for v in names) for a in case.reached_by)
         pinned, first = _vars_to_pin(case, combos, base, trace_one, explore, max_cases)
@@ -230,6 +231,12 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
             continue
         node = _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one,
                              explore, tree.internal, max_cases)
+        leaves = [] if node is None else _leaves_in_order(node)
+        if leaves and all(c.error is not None and count_limited(c) for c in leaves):
+            # a data-dependent size's use at every size: one error for them all
+            # (its sizes, not one pinned size each)
+            case.error, case.where = leaves[0].error, leaves[0].where
+            continue
         if node is not None:
             _replace(tree, case, node)
             changed = True
