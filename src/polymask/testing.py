@@ -108,7 +108,11 @@ def check_oracle(fun: Callable, examples: Sequence[Sequence[Any]],
       examples: list of argument tuples of *logical* (exact) arrays.
       bounds: per argument, the padded shape (None: pass the argument as a
         plain, unpadded array).
-      modes: any of "eager", "jit", "vmap", "grad".
+      modes: any of "eager", "jit", "vmap", "grad". ``grad``: ``jax.jit(jax.grad)``
+        of a random projection of the outputs, the sizes traced (arguments of
+        the jitted gradient, so every case of a split is transposed), against
+        plain JAX's gradient; finite, and exactly 0 in the padding. Sizes
+        where plain JAX's own gradient raises are skipped.
       static_sizes: also run eagerly with Python-int sizes (static fast path).
 
     Raises:
