@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from jax import lax
 
 import polymask as pm
-from polymask.testing import garbage_pad
+from polymask.testing import check_oracle, garbage_pad
 
 RNG = np.random.default_rng(0)
 X7 = np.arange(1, 8, dtype=np.float32)
@@ -417,3 +417,36 @@ def test_a_size_as_a_gathers_fill_value():
                 np.testing.assert_array_equal(got.unpad(), want)
         for run in (mg, jax.jit(mg)):
             np.testing.assert_array_equal(run(args[0], idx).unpad(), g(jnp.asarray(a), idx))
+
+
+def test_a_size_as_an_integer_index_is_one_program():
+    """``x[x.shape[0] - 1]``, ``jnp.sort(s)[s.shape[0] // 2]``: JAX rejects a
+    symbolic size as an index ("only integers ... are valid indices"), so the
+    trace went size by size, and for a selection's count it was refused (found
+    from outside). The size indexes as a traced int now, clamped as plain JAX
+    clamps a static index, and an empty axis raises as in plain JAX."""
+    f = lambda x: x[x.shape[0] - 1] * 2.0 + x[x.shape[0] // 2] - x[x.shape[0]]  # noqa: E731
+    check_oracle(f, [(np.arange(n, dtype=np.float32) + 1,) for n in (1, 2, 5, 8)], [(8,)], "n")
+    with pytest.raises(pm.ShapeError, match="out of bounds for axis 0 with size 0"):
+        pm.mask(f, "n")(pm.Masked(jnp.zeros(8), (0,)))
+    pj = pm.jit(f)
+    for n in range(1, 20):
+        np.testing.assert_allclose(pj(np.arange(n, dtype=np.float32)), f(jnp.arange(n) * 1.0))
+    assert pj.stats()["exact_compiles"] == 0 and pj.stats()["compiles"] <= 3
+
+    def body(s):
+        return s[s.shape[0] - 1] + jnp.sort(s)[s.shape[0] // 2]
+
+    m = pm.mask(lambda x: body(pm.boolean_mask(x, x > 0)), "n")
+    x = np.array([3.0, -1, 2, 5, -4, 1, 9, -2], np.float32)
+    for n in range(9):
+        sub = jnp.asarray(x[:n])
+        if not np.any(x[:n] > 0):  # an empty selection: plain JAX's IndexError
+            with pytest.raises(IndexError):
+                body(sub[sub > 0])
+            with pytest.raises(pm.ShapeError, match="out of bounds"):
+                m(pm.Masked(jnp.asarray(x), (n,)))
+            continue
+        want = body(sub[sub > 0])
+        np.testing.assert_allclose(m(pm.Masked(jnp.asarray(x), (n,))).data, want)
+        np.testing.assert_allclose(jax.jit(m)(pm.Masked(jnp.asarray(x), (n,))).data, want)

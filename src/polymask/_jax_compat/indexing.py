@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from jax._src import core
 from jax._src.numpy import indexing as _indexing
 
-__all__ = ["static_slice_of_static_axes"]
+__all__ = ["static_slice_of_static_axes", "sizes_as_indices", "INDEXING"]
 
 # a stand-in for each symbolic size: larger than any static index or slice
 # bound the index can hold, so JAX's own computation gives (0, SENTINEL, 1)
@@ -61,3 +62,44 @@ def static_slice_of_static_axes(orig):
 
 
 NDINDEXER = _indexing.NDIndexer
+
+
+INDEXING = _indexing  # (its rewriting_take: ``sizes_as_indices`` replaces it in a trace)
+
+
+def sizes_as_indices(orig):
+    """``indexing.rewriting_take`` (``orig``) that takes a size as an integer
+    index: ``s[s.shape[0] - 1]``, ``jnp.sort(s)[s.shape[0] // 2]``. JAX
+    rejects a symbolic size there ("only integers ... are valid indices");
+    plain JAX, given the exact arrays, has an int, which it normalizes and
+    clamps as it does a traced int, except on an empty axis (an
+    ``IndexError``): that is checked here (a comparison of sizes, which a
+    masked trace decides or splits on), then the size indexes as a traced
+    int."""
+
+    def rewriting_take(arr, idx, *args, **kwargs):
+        return orig(arr, _size_indices_as_values(arr, idx), *args, **kwargs)
+
+    return rewriting_take
+
+
+def _size_indices_as_values(arr, idx):
+    items = idx if isinstance(idx, tuple) else (idx,)
+    if not any(core.is_symbolic_dim(i) for i in items):
+        return idx
+    if any(i is None or i is Ellipsis or _is_bool_array(i) for i in items):
+        return idx  # (an axis other than the position: JAX's own error stands)
+    out = []
+    for axis, i in enumerate(items):
+        if core.is_symbolic_dim(i) and axis < len(arr.shape):
+            size = arr.shape[axis]
+            if size == 0:  # (plain JAX clamps a static index, except on an empty axis)
+                raise IndexError(f"index is out of bounds for axis {axis} with size 0")
+            i = core.dimension_as_value(i)
+        out.append(i)
+    return tuple(out) if isinstance(idx, tuple) else out[0]
+
+
+def _is_bool_array(i) -> bool:
+    dtype = getattr(i, "dtype", None)
+    return dtype is not None and np.issubdtype(dtype, np.bool_)

@@ -35,7 +35,7 @@ from . import numeric as _numeric
 from . import random as _random
 from .core import DimExpr
 from .hooks import patched_attr
-from .indexing import NDINDEXER
+from .indexing import INDEXING, NDINDEXER
 from .splits import _DIVISIONS as DIVISION_METHODS
 from .splits import TRACE_REPLACEMENT_CODES, trace_hooks
 from .versions import _hi_primitive_staging_home
@@ -115,6 +115,11 @@ def _splits_rows() -> tuple[TracePatch, ...]:
         TracePatch("shape_poly._geq_decision", lambda: (_shape_poly, "_geq_decision"),
                    _SPLITS, "JAX raises InconclusiveDimensionOperation for an undecidable "
                    ">= / > / <= / <: a case split instead (SplitNeeded)"),
+        TracePatch("jnp indexing's rewriting_take", lambda: (INDEXING, "rewriting_take"),
+                   _SPLITS + ", _jax_compat/indexing.py",
+                   "JAX rejects a size as an integer index (s[s.shape[0] - 1]), where plain "
+                   "JAX has an int: checked against its axis as a static index is (an "
+                   "IndexError out of bounds, a size comparison), then a traced int"),
         TracePatch("jnp indexing's to_static_slice", lambda: (NDINDEXER, "to_static_slice"),
                    _SPLITS + ", _jax_compat/indexing.py",
                    "JAX gathers for static indexing of any array with a symbolic shape; "

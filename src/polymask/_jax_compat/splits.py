@@ -39,7 +39,7 @@ from .core import (
     is_dim_expr,
     is_fresh_dim_name,
 )
-from .indexing import NDINDEXER, static_slice_of_static_axes
+from .indexing import INDEXING, NDINDEXER, sizes_as_indices, static_slice_of_static_axes
 from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
 
 __all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed",
@@ -294,6 +294,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                           NDINDEXER.to_static_slice,
                           _hi_primitive_staging_home()[0].get(_hi_primitive_staging_home()[1]),
                           DimExpr.__hash__, *(getattr(DimExpr, n) for n in _DIVISIONS),
+                          INDEXING.rewriting_take,
                           DimExpr.__pow__, DimExpr.max, DimExpr.rmax, DimExpr.min,
                           DimExpr.rmin)
             eq = _split_eq(_HOOK_ORIG[0])
@@ -309,6 +310,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
             DimExpr.__pow__ = _python_power(_HOOK_ORIG[-5])
+            INDEXING.rewriting_take = _in_masked_trace_call(
+                sizes_as_indices(_HOOK_ORIG[-6]), _HOOK_ORIG[-6])
             for i, (name, factor) in enumerate((("max", _shape_poly._DimFactor.MAX),
                                                  ("rmax", _shape_poly._DimFactor.MAX),
                                                  ("min", _shape_poly._DimFactor.MIN),
@@ -355,8 +358,8 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 DimExpr.__hash__ = _HOOK_ORIG[5]
                 for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                     setattr(DimExpr, name, orig)
-                (DimExpr.__pow__, DimExpr.max, DimExpr.rmax, DimExpr.min,
-                 DimExpr.rmin) = _HOOK_ORIG[-5:]
+                (INDEXING.rewriting_take, DimExpr.__pow__, DimExpr.max, DimExpr.rmax,
+                 DimExpr.min, DimExpr.rmin) = _HOOK_ORIG[-6:]
                 rules, hi_p = _hi_primitive_staging_home()
                 rules[hi_p] = hi_staging
                 _pe.DynamicJaxprTrace.process_primitive = _PROCESS_PRIMITIVE
