@@ -276,11 +276,12 @@ def test_float_arange_and_reduce_window_and_size_index_errors():
         np.testing.assert_allclose(pm.mask(g, "n")(xn).unpad(), g(jnp.asarray(xn.unpad())))
 
     def h(x):
-        return x[x.shape[0] // 2]  # LINE-idx
+        return x[x.shape[0] // 2]
 
-    assert float(pm.mask(h, "n")(XP).data) == XP.unpad()[2]  # traced per size
-    msg = _raises(h, "n", XP40)
-    assert "jnp.asarray(x.shape[0] // 2)" in msg and _line("LINE-idx") in msg
+    assert float(pm.mask(h, "n")(XP).data) == XP.unpad()[2]
+    # a size as an index: a traced int, one program past the per-size limit too
+    # (the bound of 40 used to raise with the jnp.asarray remedy)
+    assert float(pm.mask(h, "n")(XP40).data) == XP40.unpad()[XP40.unpad().shape[0] // 2]
     out = pm.mask(lambda x: x[jnp.asarray(x.shape[0] // 2)], "n")(XP)
     assert float(out.data) == XP.unpad()[2]
 
