@@ -1,12 +1,15 @@
-"""Static ``jnp`` indexing on arrays with symbolic sizes, as ``lax.slice``.
+"""``jnp`` indexing on arrays with symbolic sizes, during a masked trace.
 
-``jnp``'s ``x[:, 1]``, ``x[..., :2]`` or ``qkv[0]`` on an array whose shape
-has a dim var is lowered as a ``gather`` (``NDIndexer.to_static_slice``
-refuses any symbolic shape), where concrete shapes give a ``slice``. While a
-masked trace runs, an index that touches only static axes, every symbolic
-axis taken whole (``:`` or ``...``), is built as the static slice it is for
-concrete shapes: the same values, a smaller program without gathers (jax
-``_src/numpy/indexing.py``, ``rewriting_take``).
+- Static indexing (``x[:, 1]``, ``x[..., :2]``, ``qkv[0]``) of an array whose
+  shape has a dim var is lowered as a ``gather`` (``NDIndexer.to_static_slice``
+  refuses any symbolic shape), where concrete shapes give a ``slice``. An index
+  that touches only static axes, every symbolic axis taken whole (``:`` or
+  ``...``), is built as the static slice it is for concrete shapes: the same
+  values, a smaller program without gathers (``static_slice_of_static_axes``).
+- A size as an integer index (``s[s.shape[0] - 1]``), which JAX rejects,
+  indexes as a traced int (``sizes_as_indices``).
+
+(jax ``_src/numpy/indexing.py``, ``rewriting_take``.)
 """
 
 from __future__ import annotations

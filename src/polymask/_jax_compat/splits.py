@@ -167,7 +167,7 @@ def _split_on_a_read_count(operand, indices, params) -> None:
         if not is_dim_expr(size) or slice_sizes[axis] == 0:
             continue
         for v in sorted(u for u in dim_vars(size) if is_fresh_dim_name(u)):
-            if count_is_nonempty(size.scope, v) or _empty_at_zero_count(rows, v, size.scope):
+            if count_is_nonempty(size.scope, v) or _empty_at_zero_count(rows, v):
                 continue
             count = _shape_poly.symbolic_shape(v, scope=size.scope)[0]
             if _active_frame(count - 1, counts=True) is None:
@@ -178,24 +178,10 @@ def _split_on_a_read_count(operand, indices, params) -> None:
             raise split
 
 
-def _empty_at_zero_count(dims, v: str, scope) -> bool:
+def _empty_at_zero_count(dims, v: str) -> bool:
     """Whether a product of ``dims`` is 0 where the count ``v`` is 0 (no index
     rows: a gather of nothing, plain JAX's value at 0 too)."""
-    for d in dims:
-        if not is_dim_expr(d):
-            if int(d) == 0:
-                return True
-            continue
-        env = {n: 0 if n == v else _shape_poly.symbolic_shape(n, scope=scope)[0]
-               for n in dim_vars(d)}
-        try:
-            with np.errstate(all="ignore"):
-                at_zero = d._evaluate(env)
-        except Exception:  # noqa: BLE001 - a form JAX cannot evaluate there
-            continue
-        if not is_dim_expr(at_zero) and int(at_zero) == 0:
-            return True
-    return False
+    return any(_empty_at_zero(d, (v,)) if is_dim_expr(d) else int(d) == 0 for d in dims)
 
 
 def _check_fits_int(dim) -> None:
@@ -546,10 +532,8 @@ def _note_nonempty(e1, e2, decide, res: bool) -> None:
         for v in fresh:
             if count_is_nonempty(diff.scope, v):  # (the case of a count >= 1)
                 continue
-            env = {n: 0 if n == v else _shape_poly.symbolic_shape(n, scope=diff.scope)[0]
-                   for n in names}
             try:
-                at_zero = decide(diff._evaluate(env))
+                at_zero = decide(_at_zero(diff, (v,)))
             except Exception:  # a form JAX cannot decide at 0: assumed
                 at_zero = None
             if at_zero is not res:
@@ -620,11 +604,8 @@ def _negative_at_zero_count(e) -> bool:
         _shape_poly.symbolic_shape(v, scope=e.scope)[0], _shape_poly.BoundsPrecision.BEST)[0] <= 1]
     if not fresh:
         return False
-    env = {n: 0 if n in fresh else _shape_poly.symbolic_shape(n, scope=e.scope)[0]
-           for n in dim_vars(e)}
     try:
-        with np.errstate(all="ignore"):  # (``n // _u1`` at 0)
-            at_zero = e._evaluate(env)
+        at_zero = _at_zero(e, fresh)
     except Exception:  # noqa: BLE001 - a form JAX cannot evaluate there: kept
         return True
     if not is_dim_expr(at_zero):
@@ -1010,12 +991,20 @@ def _raise_also_needs_an_array_empty_at_zero(caller) -> bool:
 
 def _empty_at_zero(size, fresh) -> bool:
     """Whether the size expression ``size`` is 0 where its ``fresh`` vars are 0."""
-    env = {n: 0 if n in fresh else _shape_poly.symbolic_shape(n, scope=size.scope)[0]
-           for n in dim_vars(size)}
     try:
-        return int(size._evaluate(env)) == 0
+        return int(_at_zero(size, fresh)) == 0
     except Exception:  # noqa: BLE001 - not a constant: it may be non-empty
         return False
+
+
+def _at_zero(e, counts):
+    """``e`` where the data-dependent sizes ``counts`` are 0, its other dim
+    vars symbolic: an int or a dimension expression. Raises where JAX cannot
+    evaluate its form there."""
+    env = {n: 0 if n in counts else _shape_poly.symbolic_shape(n, scope=e.scope)[0]
+           for n in dim_vars(e)}
+    with np.errstate(all="ignore"):  # (``n // _u1`` at 0)
+        return e._evaluate(env)
 
 
 # the code of every replace_during_trace replacement (patches.py adds them):

@@ -283,7 +283,10 @@ def displayed_error(e: BaseException, internal) -> BaseException:
         out = type(e)(new).with_traceback(e.__traceback__)
     except Exception:  # pragma: no cover - exotic subclass
         return e
-    out.__dict__.update(getattr(e, "__dict__", {}))  # (polymask_where and the like)
+    # (what polymask noted on the error: polymask_where, polymask_call_signature)
+    for name, value in getattr(e, "__dict__", {}).items():
+        if name.startswith("polymask_"):
+            setattr(out, name, value)
     return out
 
 
