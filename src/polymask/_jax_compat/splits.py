@@ -43,7 +43,7 @@ from .indexing import INDEXING, NDINDEXER, sizes_as_indices, static_slice_of_sta
 from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
 
 __all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed",
-           "sizes_compared_as_user", "split_here"]
+           "sizes_compared_as_user", "split_here", "set_entry_reads"]
 
 # The hooks are installed while at least one masked trace runs (in any thread)
 # and removed when the last one ends; a hook only acts for the thread whose
@@ -137,9 +137,24 @@ def _stage_symbolic_constants(orig):
     return process_primitive
 
 
+# ``fn(primitive_name)`` -> None or ``reads(avals, params)`` -> ``[(size, rows), ...]``:
+# the axes whose entries a primitive reads at run-time positions, with the dims
+# of its index rows. Filled by the rule registry (``tracing/registry.py``,
+# ``register_entry_reads``), as the primitives' own rules know their operands.
+_ENTRY_READS: Any = None
+
+
+def set_entry_reads(fn) -> None:
+    """Install the registry's lookup of the axes a primitive reads entries of
+    (``_split_before_reads_of_counts``)."""
+    global _ENTRY_READS
+    _ENTRY_READS = fn
+
+
 def _split_before_reads_of_counts(orig):
     """``DynamicJaxprTrace.process_primitive`` that splits on a count's
-    emptiness before a gather reads entries from an axis of that size.
+    emptiness before a primitive reads entries from an axis of that size (a
+    gather: the registry says which, ``set_entry_reads``).
 
     A gather of index rows from an empty axis is plain JAX's own path there
     (``jnp.take`` raises, ``jnp.nanmedian`` of no entries is NaN through
@@ -148,34 +163,33 @@ def _split_before_reads_of_counts(orig):
     the count the constant 0 (``ops._fresh``), the case of 0 is plain JAX's."""
 
     def process_primitive(self, primitive, tracers, params, /):
-        if primitive.name == "gather" and len(tracers) == 2:
-            _split_on_a_read_count(tracers[0].aval, tracers[1].aval, params)
+        reads = _ENTRY_READS and getattr(_HOOK_TLS, "stack", None) and _ENTRY_READS(primitive.name)
+        if reads:
+            for size, rows in reads([t.aval for t in tracers], params):
+                _split_on_a_read_count(size, rows)
         return orig(self, primitive, tracers, params)
 
     return process_primitive
 
 
-def _split_on_a_read_count(operand, indices, params) -> None:
+def _split_on_a_read_count(size, rows) -> None:
+    """Split on the emptiness of each count in ``size`` (an axis read at
+    run-time positions by index rows of dims ``rows``), unless the count is
+    known non-empty or there are no rows where it is 0."""
     stack = getattr(_HOOK_TLS, "stack", None)
-    if not stack or stack[-1].busy:
+    if not stack or stack[-1].busy or not is_dim_expr(size):
         return
     frame = stack[-1]
-    dn, slice_sizes = params["dimension_numbers"], params["slice_sizes"]
-    rows = [d for d in indices.shape[:-1]]
-    for axis in dn.start_index_map:
-        size = operand.shape[axis]
-        if not is_dim_expr(size) or slice_sizes[axis] == 0:
+    for v in sorted(u for u in dim_vars(size) if is_fresh_dim_name(u)):
+        if count_is_nonempty(size.scope, v) or _empty_at_zero_count(rows, v):
             continue
-        for v in sorted(u for u in dim_vars(size) if is_fresh_dim_name(u)):
-            if count_is_nonempty(size.scope, v) or _empty_at_zero_count(rows, v):
-                continue
-            count = _shape_poly.symbolic_shape(v, scope=size.scope)[0]
-            if _active_frame(count - 1, counts=True) is None:
-                continue
-            split = SplitBeforeRaise(
-                f"Symbolic dimension comparison '{count}' >= '1' is inconclusive.", count - 1)
-            split.polymask_where = _user_line(frame)
-            raise split
+        count = _shape_poly.symbolic_shape(v, scope=size.scope)[0]
+        if _active_frame(count - 1, counts=True) is None:
+            continue
+        split = SplitBeforeRaise(
+            f"Symbolic dimension comparison '{count}' >= '1' is inconclusive.", count - 1)
+        split.polymask_where = _user_line(frame)
+        raise split
 
 
 def _empty_at_zero_count(dims, v: str) -> bool:

@@ -33,7 +33,7 @@ from jax import lax
 
 from .. import _jax_compat as compat
 from ..core.shapes import is_static, needs_mask, upper_bound_int
-from ..tracing.registry import register
+from ..tracing.registry import register, register_entry_reads
 from .util import clean_float, identity_of, same_dim, valid_mask
 
 _MODE = lax.GatherScatterMode
@@ -171,6 +171,20 @@ def gather_rule(ctx, operand, indices, *, dimension_numbers, slice_sizes, mode, 
         else:
             out = _no_gradient_outside(out, m)
     return clean_float(out, ctx.out_logical[0])
+
+
+@register_entry_reads(lax.gather_p)
+def gather_entry_reads(avals, params) -> list:
+    """The operand axes a gather reads at run-time positions (its
+    ``start_index_map`` with a non-empty slice), each with the index rows'
+    dims (all of ``indices``' but the last)."""
+    if len(avals) != 2:
+        return []
+    operand, indices = avals
+    dn, slice_sizes = params["dimension_numbers"], params["slice_sizes"]
+    rows = tuple(indices.shape[:-1])
+    return [(operand.shape[axis], rows) for axis in dn.start_index_map
+            if slice_sizes[axis] != 0]
 
 
 @jax.custom_jvp

@@ -43,7 +43,9 @@ class RuleRecord:
     ``primitive``: the primitive object it was registered by (None: by
     name); ``rule``: its masking rule (None: only a precondition so far);
     ``precondition``: ``fn(eqn)`` run on the symbolic jaxpr right after the
-    trace (``register_precondition``); ``sees_guard`` / ``at_bound``: when the
+    trace (``register_precondition``); ``entry_reads``: ``fn(avals, params)``
+    giving the axes the primitive reads entries of at run-time positions
+    (``register_entry_reads``); ``sees_guard`` / ``at_bound``: when the
     interpreter calls the rule although every size is at its bound
     (``register``).
     """
@@ -52,6 +54,7 @@ class RuleRecord:
     primitive: Any = None  # the primitive object, when registered by it
     rule: Callable | None = None
     precondition: Callable | None = None
+    entry_reads: Callable | None = None
     sees_guard: bool = False
     at_bound: bool = False
 
@@ -141,6 +144,33 @@ def register_precondition(*prims: PrimitiveLike):
         return fn
 
     return deco
+
+
+def register_entry_reads(*prims: PrimitiveLike):
+    """Decorator: ``fn(avals, params) -> [(size, rows), ...]`` names the axes
+    (of symbolic ``size``) whose entries these primitives read at run-time
+    positions, with the dims ``rows`` of the index rows reading them. While a
+    data-dependent size may be 0, the trace splits on its emptiness before
+    such a read (``_jax_compat``'s ``set_entry_reads``): plain JAX's own path
+    for an empty axis differs (``jnp.take`` raises, ``jnp.nanmedian`` is
+    NaN), and the program traced for a count >= 1 cannot follow it."""
+
+    def deco(fn):
+        for p in prims:
+            name = _name(p)
+            if name is not None:
+                _record(name).entry_reads = fn
+        return fn
+
+    return deco
+
+
+def _entry_reads(name: str) -> Callable | None:
+    rec = _RECORDS.get(name)
+    return None if rec is None else rec.entry_reads
+
+
+compat.set_entry_reads(_entry_reads)
 
 
 def check_preconditions(jaxpr, outer_line: str = compat.UNKNOWN_LOCATION) -> None:
