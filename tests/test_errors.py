@@ -945,3 +945,49 @@ def test_a_call_with_the_wrong_arguments_names_the_function_and_is_no_layout_que
     assert "layout=" not in str(e.value)
     with pytest.raises(pm.ShapeError, match="the call of"):
         pm.ragged_map(f)(xs)
+
+
+def test_size_names_polymask_gave_are_explained_in_errors():
+    """Without in_specs, polymask names sizes itself (s0, l0_0): an error that
+    uses such a name says which input axis it is."""
+    def f(x):
+        return x.reshape(3, -1).sum()
+
+    g = pm.jit(f)
+    assert float(g(np.ones(6, np.float32))) == 6.0
+    with pytest.raises(pm.ShapeError) as info:
+        g(np.ones(5, np.float32))
+    assert "s0 in {5}" in str(info.value)
+    assert "polymask named these sizes s0 = args[0].shape[0]" in str(info.value)
+    with pytest.raises(pm.ShapeError) as again:  # the shape's cached error too
+        g(np.ones(5, np.float32))
+    assert "s0 = args[0].shape[0]" in str(again.value)
+
+    with pytest.raises(pm.ShapeError) as info:
+        pm.ragged_map(f)([np.ones(n, np.float32) for n in (6, 5, 9)])
+    assert str(info.value).startswith("examples[1]: ")
+    assert "l0_0 = example.shape[0]" in str(info.value)
+
+    def k(x, y):
+        return x @ y
+
+    with pytest.raises(pm.ShapeError) as info:
+        pm.ragged_map(k)([(np.ones((n, 3), np.float32),) * 2 for n in (3, 4)])
+    assert "l0_0 = example[0].shape[0]" in str(info.value)
+    # a user's own names need no legend
+    with pytest.raises(pm.ShapeError) as info:
+        pm.jit(f, in_specs="n")(np.ones(5, np.float32))
+    assert "polymask named" not in str(info.value)
+
+
+def test_plain_jax_error_said_once_where_nothing_was_symbolic():
+    """Examples of one shape trace with no symbolic size: the masked trace's
+    error is plain JAX's own, said once, with no note on symbolic sizes."""
+    def f(x):
+        return x.reshape(3, -1).sum()
+
+    with pytest.raises(pm.ShapeError) as info:
+        pm.ragged_map(f)([np.ones(5, np.float32)] * 2)
+    text = str(info.value)
+    assert text.count("cannot reshape array of shape (5,)") == 1, text
+    assert "symbolic sizes" not in text

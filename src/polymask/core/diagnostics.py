@@ -13,7 +13,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import jax
 
@@ -163,6 +163,27 @@ def _same_type(e: BaseException, message: str) -> BaseException:
     if "polymask_message" in new.__dict__:  # plain JAX's args kept (errors.with_plain_state)
         new.args, new.polymask_message = e.args, message
     return new.with_traceback(e.__traceback__)
+
+
+# the dim var names a runner gives sizes where the user gave no in_specs
+# (``core/specs.py``: s0, s1, ...; ``ragged_batches.auto_specs``: l0_0, ...)
+_GIVEN_NAME = re.compile(r"\b(s\d+|l\d+_\d+)\b")
+
+
+def with_size_names(e: BaseException, axes: Mapping[str, str]) -> BaseException:
+    """``e`` with a line saying which input axis each size name it uses is,
+    for names polymask gave (no ``in_specs``: ``s0``, ``l0_0``), which the
+    user never wrote: ``(s0 = args[0].shape[0])``. ``axes``: dim var -> axis."""
+    text = str(e)
+    named = [v for v in dict.fromkeys(_GIVEN_NAME.findall(text))
+             if v in axes and f"{v} = {axes[v]}" not in text]
+    if not named:
+        return e
+    legend = ("  (no in_specs were given: polymask named these sizes "
+              + ", ".join(f"{v} = {axes[v]}" for v in named) + ")")
+    at = text.find("\n  in the masked call at")
+    at = len(text) if at < 0 else at
+    return _same_type(e, f"{text[:at]}\n{legend}{text[at:]}")
 
 
 def at_call_site(e: BaseException, call_site: str) -> BaseException:

@@ -277,6 +277,15 @@ class CallPlan:
     padded: int
     stacked: tuple[bool, ...] = ()
 
+    def var_axes(self) -> dict[str, str]:
+        """Each dim var's first input axis named by it alone (``args[0].shape[1]``)."""
+        axes: dict[str, str] = {}
+        for leaf in self.leaves:
+            for a in leaf.axes or ():
+                if a.var is not None and str(a.expr) == a.var:
+                    axes.setdefault(a.var, a.where)
+        return axes
+
 
 def _raise_violations(sol: Solution) -> None:
     for a, size in sol.affine:

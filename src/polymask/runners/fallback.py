@@ -173,6 +173,13 @@ class ExactFallback:
                               f"cannot run it either: {str(plain).splitlines()[0]})")
         msg = (f"{self.runner} fails on these exact arrays, as plain jax.jit does: "
                f"{type(plain).__name__}: {str(plain).strip()}")
-        if reason is not None:  # its remedies may still apply
+        if reason is not None and not _same_error(reason, plain):  # its remedies may still apply
             msg += "\npolymask's masked trace had stopped first: " + reason
         return typed_as(ShapeError(msg), type(plain))
+
+
+def _same_error(reason: str, plain: BaseException) -> bool:
+    """Whether the masked trace's refusal is plain JAX's own error (the trace
+    had nothing symbolic where it failed): saying it twice adds nothing."""
+    first = reason.splitlines()[0] if reason else ""
+    return first.endswith(str(plain).strip().splitlines()[0]) if str(plain).strip() else False

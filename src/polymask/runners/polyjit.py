@@ -36,6 +36,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import KeywordWithoutSpec, check_arity, keywords_as_positional, runner_specs
 from ..core.buckets import int_arg
+from ..core.diagnostics import with_size_names
 from ..core.errors import (
     FailsAsPlainJax,
     ShapeError,
@@ -514,8 +515,10 @@ class PolyJit:
             if info is None:
                 info = self._info(args, tree, key, False)
         next(info.calls)
-        if info.error is not None:
-            raise with_plain_state(at_call_site_error(info.error),
+        if info.error is not None:  # (a shape whose first call raised)
+            error = info.error if self.in_specs is not None else with_size_names(
+                info.error, info.plan.var_axes())
+            raise with_plain_state(at_call_site_error(error),
                                    info.error.__cause__) from info.error.__cause__
         if info.unshared is not None:
             return self._exact_call(info, args)
@@ -537,24 +540,35 @@ class PolyJit:
                     self._steady[key] = _steady_call(info, entry)  # the next call takes it
                 return out[0]  # one exact output (the steady state of most functions)
         else:
-            self._this_call.compiles = 0
             try:
-                entry, out = self._slow_call(info, leaves)
-            except _CaseReached as reached:  # before its bucket compiled
-                return self._reached_error_case(info, reached.entry, args, reached.error)
-            except Exception as e:
-                raise_run_failure(e)
-                if self._fallback is not None and isinstance(e, FailsAsPlainJax):
-                    return self._plain_or_its_error(info, None, args, e)
-                if falls_back(e) and self.plans.adapt_to(info.plan, e):
-                    return self._planned_again(info, args)
-                if self._fallback is None or not falls_back(e):
-                    raise
-                return self._fall_back(info, args, e)
-            try:
-                raise_case_error(entry, info.plan.var_names, info.plan.values)
+                return self._first_call(info, args, leaves)
             except ShapeError as e:
-                return self._reached_error_case(info, entry, args, e)
+                if self.in_specs is not None:
+                    raise
+                raise with_size_names(e, info.plan.var_axes()) from e.__cause__
+        return self._outputs(info, entry, out)
+
+    def _first_call(self, info: _CallInfo, args, leaves):
+        """A call whose bucket has no live program: trace, compile and run it,
+        or reach its error case or the per-shape fallback."""
+        self._this_call.compiles = 0
+        try:
+            entry, out = self._slow_call(info, leaves)
+        except _CaseReached as reached:  # before its bucket compiled
+            return self._reached_error_case(info, reached.entry, args, reached.error)
+        except Exception as e:
+            raise_run_failure(e)
+            if self._fallback is not None and isinstance(e, FailsAsPlainJax):
+                return self._plain_or_its_error(info, None, args, e)
+            if falls_back(e) and self.plans.adapt_to(info.plan, e):
+                return self._planned_again(info, args)
+            if self._fallback is None or not falls_back(e):
+                raise
+            return self._fall_back(info, args, e)
+        try:
+            raise_case_error(entry, info.plan.var_names, info.plan.values)
+        except ShapeError as e:
+            return self._reached_error_case(info, entry, args, e)
         return self._outputs(info, entry, out)
 
     def _reached_error_case(self, info: _CallInfo, entry: Entry, args, error: ShapeError):

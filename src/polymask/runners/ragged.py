@@ -30,7 +30,7 @@ import numpy as np
 
 from ..core.binding import runner_specs
 from ..core.buckets import as_policy, int_arg
-from ..core.diagnostics import at_call_site, user_call_site
+from ..core.diagnostics import at_call_site, user_call_site, with_size_names
 from ..core.errors import FailsAsPlainJax, ShapeError, about_example
 from ..core.plan import dtype_key, policy_getter
 from ..core.shapes import native_byte_order
@@ -136,10 +136,16 @@ class RaggedMap:
           ShapeError: ``examples`` is not a list (or another sequence) of
             examples; an example does not fit the specs (naming it)."""
         try:
-            return self._map(examples, broadcast, progress, refine)
-        except _PromotedAxisFails:
-            self._axis_history.pin_promoted()  # static again, as the examples read alone
-            return self._map(examples, broadcast, progress, refine)
+            try:
+                return self._map(examples, broadcast, progress, refine)
+            except _PromotedAxisFails:
+                self._axis_history.pin_promoted()  # static again, as the examples read alone
+                return self._map(examples, broadcast, progress, refine)
+        except ShapeError as e:
+            if self.in_specs is not None:
+                raise
+            axes = ragged_batches.auto_spec_axes(examples)
+            raise with_size_names(e, axes) from e.__cause__
 
     def _map(self, examples, broadcast, progress, refine):
         examples = _as_example_list(examples)

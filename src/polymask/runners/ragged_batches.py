@@ -336,6 +336,23 @@ def _axis_names(all_shapes, varying_of) -> dict[tuple[int, ...], str]:
     return names
 
 
+def auto_spec_axes(examples) -> dict[str, str]:
+    """What each name ``auto_specs`` may give is, in each example: ``l1_0``
+    -> ``"example[1].shape[0]"`` (leaf 1 of an example, axis 0;
+    ``"example.shape[0]"`` where an example is one array); {} for
+    ``examples`` that are not a list of examples."""
+    if not isinstance(examples, (list, tuple)) or not examples:
+        return {}
+    one = not isinstance(examples[0], tuple)
+    flat = jax.tree_util.tree_flatten_with_path((examples[0],) if one else examples[0])[0]
+    axes = {}
+    for li, (path, leaf) in enumerate(flat):
+        where = "example" + jax.tree_util.keystr(path[1:] if one else path)
+        for k in range(np.ndim(leaf)):
+            axes[f"l{li}_{k}"] = f"{where}.shape[{k}]"
+    return axes
+
+
 class AxisHistory:
     """Each leading axis' size over a runner's calls without specs, so a batch
     of one length (a length-bucketed loader) keeps an axis that changed size

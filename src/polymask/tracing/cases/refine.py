@@ -91,6 +91,8 @@ def _note_symbolic_trace(e: BaseException, signature, max_cases: int) -> None:
     if not hasattr(e, "add_note") or any(
             n.startswith(TRACE_NOTE) for n in getattr(e, "__notes__", ())):
         return
+    if not signature.var_order:  # no symbolic size: plain JAX's own trace
+        return
     sizes = ", ".join(f"{v} <= {signature.var_bounds[v]}" for v in signature.var_order)
     count = 1
     for v in signature.var_order:
