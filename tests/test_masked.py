@@ -117,7 +117,13 @@ def test_mask_sequence_specs_reach_keyword_and_defaulted_parameters():
     w = pm.Masked(jnp.array([2.0, 3.0, 99.0]), (2,))
     np.testing.assert_array_equal(pm.mask(f, specs)(m, w=w).unpad(), exact.sum(0) * 5.0)
     with pytest.raises(pm.ShapeError, match=r"called with 1 positional argument\b(?!s)"):
+        pm.mask(lambda *a: a[0], ("n", "k"))(m)
+    # where the function's signature rejects the call, Python's TypeError (as
+    # plain jax.jit and polymask.jit raise), not a fault of the specs
+    with pytest.raises(TypeError, match="missing a required argument: 'y'"):
         pm.mask(lambda x, y: x, ("n", "k"))(m)
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        pm.mask(lambda x, y: x, ("n", "k"))(m, m, m)
 
 
 def test_out_of_range_sizes_are_caught_where_the_shape_is_an_array_and_by_valid():

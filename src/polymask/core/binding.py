@@ -159,17 +159,17 @@ def specs_of_passed(in_specs, n_args: int):
     return in_specs
 
 
-def check_arity(fun, args: tuple) -> None:
-    """Raise Python's ``TypeError`` where ``fun(*args)`` has too few or too many
-    arguments (``jax.jit`` raises it before tracing; polymask would report it
-    from the trace as a failure at every size). Nothing where ``fun`` has no
-    inspectable signature."""
+def check_arity(fun, args: tuple, kwargs: dict | None = None) -> None:
+    """Raise Python's ``TypeError`` where ``fun(*args, **kwargs)`` has too few
+    or too many arguments (``jax.jit`` raises it before tracing; polymask would
+    report it from the trace as a failure at every size, or blame the specs).
+    Nothing where ``fun`` has no inspectable signature."""
     try:
         sig = _signature(fun)
     except (TypeError, ValueError):
         return
     try:
-        sig.bind(*args)
+        sig.bind(*args, **(kwargs or {}))
     except TypeError as e:
         raise TypeError(f"{getattr(fun, '__name__', 'fun')}(): {e}") from None
 

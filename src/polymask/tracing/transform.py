@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.binding import split_specs
+from ..core.binding import check_arity, split_specs
 from ..core.buckets import int_arg
 from ..core.diagnostics import at_call_site, at_this_call, called, user_call_site
 from ..core.errors import ShapeError
@@ -100,6 +100,8 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
     # positional arguments: array and number leaves are inputs (a number is
     # traced weakly typed, as by jax.jit); the rest (a str mode) is static
     p_leaves, p_tree = flatten_args(args)
+    if pos_specs is not None and not isinstance(pos_specs, str) and len(pos_specs) != len(args):
+        check_arity(fun, args, kwargs)  # the call's fault, where fun's signature says so
     p_specs = broadcast_specs(pos_specs, list(args), is_masked)
     p_dyn = [is_array_leaf(x) or isinstance(x, _NUMBERS) for x in p_leaves]
     for x, sp, path, d in zip(p_leaves, p_specs, arg_paths(args), p_dyn):
