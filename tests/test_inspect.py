@@ -450,3 +450,22 @@ def test_explain_of_a_runner_without_specs_takes_a_padded_shape_tuple():
     f(jnp.ones(5))
     text = str(pm.explain(f, None, (8,), print_output=False))
     assert "f32[s0]  bound [8]" in text and "no shared program" not in text
+
+
+def test_explain_labels_the_cases_a_count_chooses():
+    """The cases of a branch on a data-dependent size are told apart by the
+    count's conditions (the sizes alone reach both), outputs are printed as
+    abstract values, and a count's failure checked as the program runs is
+    said where the case's own conditions do not rule it out."""
+    def f(x):
+        s = pm.boolean_mask(x, x > 0)
+        if s.shape[0] > 2:
+            return s.sum()
+        return s.max()
+
+    text = str(pm.explain(f, ("n",), (8,), print_output=False))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("case ")]
+    assert lines[0] == ("case 0: outputs f32[]; sizes n in {1..8} where _u1 <= 2 and _u1 >= 1; "
+                        "_u1 <= 0: error, checked as the program runs"), lines
+    assert lines[1] == "case 1: outputs f32[]; sizes n in {1..8} where _u1 >= 3", lines
+    assert lines[2].startswith("case 2: error: ValueError: zero-size array"), lines

@@ -30,6 +30,7 @@ from ..core.shapes import DimEnv
 from ..core.specs import PLACEHOLDER_BOUND, args_from_specs, as_constraints, broadcast_specs
 from ..tracing.cases.dispatch import case_program
 from ..tracing.cases.splitting import trace_function_cases
+from ..tracing.cases.tree import aval_text
 from ..tracing.interpreter import Interpreter, run_program, runs_rule
 from ..tracing.prologue import solve_dim_vars
 from ..tracing.registry import get_rule
@@ -157,7 +158,7 @@ class _Recorder:
                       else None)
         row = Row(index=len(self.rows) + 1, depth=len(self.open), primitive=name,
                   rule="static" if static else rule.__name__,
-                  shapes=[self.show(_aval_str(v.aval)) for v in eqn.outvars], bounds=[], logical=None,
+                  shapes=[self.show(aval_text(v.aval)) for v in eqn.outvars], bounds=[], logical=None,
                   inserted={}, size_query=size_query, source=src, code=_source_code(src),
                   nested=nested)
         self.rows.append(row)  # before the rule runs: nested equations come after it
@@ -236,10 +237,6 @@ def _inner_jaxprs(eqn, sizes: set):
                 outer = []
             yield j, {iv for ov, iv in zip(outer, j.invars)
                       if not compat.is_jaxpr_literal(ov) and ov in sizes}
-
-
-def _aval_str(aval) -> str:
-    return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else str(aval)
 
 
 def _runner_arguments(runner, in_specs, args, constraints, dtype=jnp.float32):
@@ -526,7 +523,7 @@ def _header(fun, prog, concrete, masked_jaxpr, paths) -> str:
     for axes, lb, aval, leaf_path in zip(prog.axis_specs, prog.leaf_bounds,
                                          prog.closed_jaxpr.in_avals, paths):
         path = axes[0].path if axes else (leaf_path or "arg")
-        ins.append(f"  {path}: {_aval_str(aval)}  bound {_bound_str(lb)}")
+        ins.append(f"  {path}: {aval_text(aval)}  bound {_bound_str(lb)}")
     lines.append("inputs:")
     lines.extend(ins)
     dv = []
@@ -542,7 +539,7 @@ def _header(fun, prog, concrete, masked_jaxpr, paths) -> str:
     lines += ["constraints: " + ", ".join(cons)] if cons else []
     if prog.conditions:
         lines.append("this case: " + describe_conditions(prog.conditions, prog.internal))
-    outs = ", ".join(_aval_str(v.aval) for v in prog.closed_jaxpr.jaxpr.outvars)
+    outs = ", ".join(aval_text(v.aval) for v in prog.closed_jaxpr.jaxpr.outvars)
     lines.append(f"outputs: {outs}")
     n_eqns = sum(1 for _ in walk_eqns(masked_jaxpr.jaxpr))
     n_sel = sum(1 for e in walk_eqns(masked_jaxpr.jaxpr) if e.primitive.name == "select_n")

@@ -9,6 +9,7 @@ import itertools
 import re
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -147,12 +148,21 @@ class CaseTree:
                 return
             what = (f"error: {node.error.splitlines()[0]}" if node.error is not None
                     else "outputs " + ", ".join(
-                        "(" + ", ".join(self.display(str(d)) for d in s) + ")"
-                        for s in node.program.out_shapes))
+                        self.display(aval_text(v.aval))
+                        for v in node.program.closed_jaxpr.jaxpr.outvars))
             sizes = ""
             if node.reached_by is not None:
                 sizes = "; sizes " + (sizes_text(node.reached_by) if node.reached_by
                                       else "none (unreachable)")
+            counted = [c for c in node.conditions if any(
+                compat.is_fresh_dim_name(v) for v in re.findall(r"[A-Za-z_]\w*", c))]
+            if counted:  # (the sizes alone do not choose it: a count computed first does)
+                sizes += " where " + describe_conditions(counted, self.internal)
+            for check in node.program.count_checks if node.program is not None else ():
+                if _implied_by_others(check.condition, node.conditions):
+                    continue  # (the case's own conditions rule its failure out: _u1 >= 3)
+                sizes += (f"; {pretty_condition(_negated(check.condition), self.internal)}: "
+                          "error, checked as the program runs")
             lines.append(f"{pad}case {node.index}: {what}{sizes}")
 
         walk(self.root, 0)
@@ -195,6 +205,54 @@ class CaseTree:
 
         out = walk(self.root)
         return out if is_static(out) else jnp.asarray(out, jnp.int32)
+
+
+def _negated(condition: str) -> str:
+    """The other outcome of a split's condition (``"e >= 0"`` <-> ``"e <= -1"``)."""
+    expr, op, _ = condition.rsplit(" ", 2)
+    return f"{expr} <= -1" if op == ">=" else f"{expr} >= 0"
+
+
+# counts up to which ``_implied_by_others`` looks (a count's bound is not in the
+# case's dim bounds; its conditions are comparisons with small constants)
+_COUNTS_LOOKED_AT = 4096
+
+
+def _implied_by_others(check: str, conditions) -> bool:
+    """Whether ``check`` (``"_u1 - 1 >= 0"``, on one count) holds at every
+    count that the case's other conditions on that count allow (``"_u1 - 3
+    >= 0"`` implies it): then its failure cannot happen in this case. Checks
+    on several counts are never called implied."""
+    names = set(re.findall(r"[A-Za-z_]\w*", check))
+    if len(names) != 1:
+        return False
+    (v,) = names
+    try:
+        parsed = [_parsed(c) for c in conditions
+                  if c != check and set(re.findall(r"[A-Za-z_]\w*", c)) == names]
+        test = _parsed(check)
+    except Exception:  # noqa: BLE001 - a condition JAX cannot parse alone: say it
+        return False
+
+    def holds(cond, k: int) -> bool:
+        e, at_least = cond
+        value = int(compat.evaluate_dim(e, {v: k}))
+        return value >= 0 if at_least else value <= -1
+
+    return all(holds(test, k) for k in range(_COUNTS_LOOKED_AT)
+               if all(holds(c, k) for c in parsed))
+
+
+def _parsed(condition: str):
+    """``("e >= 0")`` -> ``(e, True)``; ``"e <= -1"`` -> ``(e, False)``."""
+    expr, op, _ = condition.rsplit(" ", 2)
+    (e,) = jax.export.symbolic_shape(expr)
+    return e, op == ">="
+
+
+def aval_text(aval) -> str:
+    """``f32[n,3]``: an abstract value as JAX prints it in a jaxpr."""
+    return aval.str_short(short_dtypes=True) if hasattr(aval, "str_short") else str(aval)
 
 
 _TRACED_VALUE_ERRORS = ("ConcretizationTypeError", "TracerBoolConversionError",
