@@ -703,3 +703,41 @@ def test_a_size_as_a_number_past_the_int_dtype_raises_overflow_as_plain_jax():
                  modes=("eager",), static_sizes=False)
     with pytest.raises(OverflowError):
         pm.mask(two, ("n", "m"))(pm.Masked(jnp.ones(8), (5,)), pm.Masked(jnp.ones(8), (5,)))
+
+
+_FLOAT_COMPARISONS = [  # (operator, float, float on the left)
+    ("gt", 2.5, False), ("ge", 2.5, True), ("lt", -1.5, False), ("le", 3.0, False),
+    ("eq", 2.0, False), ("ne", np.float32(3.0), True), ("eq", 2.5, False),
+    ("lt", float("nan"), False), ("gt", float("nan"), True), ("ge", float("-inf"), False),
+    ("ne", float("nan"), False)]
+
+
+@pytest.mark.parametrize("name,value,left", _FLOAT_COMPARISONS,
+                         ids=[f"{n}-{v}-{'l' if l else 'r'}" for n, v, l in _FLOAT_COMPARISONS])
+def test_a_size_compared_with_a_float_as_python_compares(name, value, left):
+    """``x.shape[0] == 2.0`` was False at n = 2 (JAX's structural equality
+    with a non-int), a wrong branch; ``s.shape[0] > 2.5`` of a count was
+    refused (JAX makes the size an array). Both compare as Python compares
+    an int with a float, in one program, for spec sizes and counts."""
+    import operator
+    cmp = getattr(operator, name)
+
+    def holds(size):
+        return cmp(value, size) if left else cmp(size, value)
+
+    def by_size(x):
+        return x.sum() * 2 if holds(x.shape[0]) else x.sum()
+
+    def by_count(x):
+        s = pm.boolean_mask(x, x > 0)
+        return s.sum() * 2 if holds(s.shape[0]) else s.sum()
+
+    fs, fc = pm.jit(by_size), pm.jit(by_count)
+    for n in range(5):
+        x = np.arange(1, 6, dtype=np.float32)
+        x[n:] = -1
+        kept = x[:n]
+        want = kept.sum() * 2 if holds(n) else kept.sum()
+        assert float(fs(kept)) == float(jax.jit(by_size)(kept)) == want, n
+        assert float(fc(x)) == want, n
+    assert fs.stats()["exact_compiles"] == 0 and fc.stats()["exact_compiles"] == 0

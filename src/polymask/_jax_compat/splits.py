@@ -441,6 +441,8 @@ def _split_geq(orig_geq):
     """``_geq_decision`` that raises ``SplitNeeded(e1 - e2)`` when inconclusive."""
 
     def geq(e1, e2, cmp_str):
+        if is_dim_expr(e1) != is_dim_expr(e2) and _a_number(e2 if is_dim_expr(e1) else e1):
+            return _geq_of_a_float(geq, e1, e2, cmp_str)
         try:
             res = orig_geq(e1, e2, cmp_str)
         except InconclusiveDimensionOperation as e:
@@ -457,6 +459,28 @@ def _split_geq(orig_geq):
         return res
 
     return geq
+
+
+def _a_number(v) -> bool:
+    return isinstance(v, (float, np.floating))
+
+
+def _geq_of_a_float(geq, e1, e2, cmp_str) -> bool:
+    """``e1 >= e2`` where one side is a size and the other a float: as Python
+    compares the int size with the float (``n > 2.5`` is ``n >= 3``), a
+    comparison of integers that decides or splits like any other (JAX's own
+    turns the size into an array: a traced bool no Python ``if`` can take).
+
+    Every comparison with NaN is False; JAX's ``>`` and ``<`` are ``not`` of
+    this decision (its ``cmp_str`` says which operator the user wrote)."""
+    f = float(e2 if is_dim_expr(e1) else e1)
+    if np.isnan(f):
+        return re.search(r"' [<>] '", cmp_str()) is not None
+    if np.isinf(f):
+        return (f < 0) if is_dim_expr(e1) else (f > 0)
+    if is_dim_expr(e1):  # n >= f  <=>  n >= ceil(f)
+        return geq(e1, int(np.ceil(f)), cmp_str)
+    return geq(int(np.floor(f)), e2, cmp_str)  # f >= n  <=>  floor(f) >= n
 
 
 def _in_user_code(caller, frame: _HookFrame) -> bool:
@@ -1105,6 +1129,12 @@ def _split_eq(orig_eq):
     def eq(a, b, truth: bool = False):
         # truth: `if size:` (``__bool__``), a decision wherever it is written
         # (jnp.packbits' `if remainder:` padded at n % 8 == 0, n = 0 included)
+        if isinstance(a, DimExpr) and isinstance(b, (float, np.floating)):
+            # an int size equals a float as Python compares them: n == 2.0 is
+            # n == 2 (JAX answers False), never 2.5 nor NaN
+            if not float(b).is_integer():
+                return False
+            b = int(b)
         res = orig_eq(a, b)
         if res is True or not isinstance(a, DimExpr):
             return res
