@@ -450,3 +450,30 @@ def test_a_size_as_an_integer_index_is_one_program():
         want = body(sub[sub > 0])
         np.testing.assert_allclose(m(pm.Masked(jnp.asarray(x), (n,))).data, want)
         np.testing.assert_allclose(jax.jit(m)(pm.Masked(jnp.asarray(x), (n,))).data, want)
+
+
+@pytest.mark.parametrize("index", ["y[i]", "y[:, i]", "y[y.shape[1] - 1]", "y[:, y.shape[0] + 1]",
+                                   "y[..., i]"])
+def test_a_scalar_index_out_of_bounds_is_clamped_in_the_gradient_too(index):
+    """Plain JAX indexes a scalar int as a dynamic_slice, which clamps an
+    index out of bounds in the value and the gradient; with a symbolic axis
+    taken whole JAX built a gather, whose transpose drops it: the gradient
+    was 0 where plain JAX's is 1 (helper B, session 54)."""
+    fn = eval(f"lambda y, i: {index}")  # noqa: S307 - the test's own expressions
+    masked = pm.mask(fn, ("n, m", None))
+    for n, m, i in [(2, 3, 2), (2, 3, 7), (3, 2, -9), (1, 4, 1), (2, 3, 1)]:
+        y = np.arange(1.0, 1.0 + n * m, dtype=np.float32).reshape(n, m)
+        want = fn(jnp.asarray(y), i)
+        want_g = jax.grad(lambda a: jnp.sum(fn(a, i)))(jnp.asarray(y))
+        padded = garbage_pad(y, (4, 5), np.nan)
+
+        def loss(d, i):
+            out = masked(pm.Masked(d, (n, m)), i)
+            return jnp.sum(out.filled(0.0))
+
+        out = masked(pm.Masked(padded, (n, m)), i)
+        np.testing.assert_array_equal(out.unpad(), want)
+        for grad in (jax.grad(loss), jax.jit(jax.grad(loss))):
+            g = np.asarray(grad(padded, i))
+            np.testing.assert_array_equal(g[:n, :m], want_g, err_msg=f"{index} {n, m, i}")
+            assert not np.any(g[n:]) and not np.any(g[:, m:])

@@ -6,6 +6,12 @@
   that touches only static axes, every symbolic axis taken whole (``:`` or
   ``...``), is built as the static slice it is for concrete shapes: the same
   values, a smaller program without gathers (``static_slice_of_static_axes``).
+- A scalar integer index (a traced int, ``y[i]`` of ``(n, m)``) with every
+  other symbolic axis taken whole is built as the ``dynamic_slice`` it is for
+  concrete shapes (``NDIndexer.to_dynamic_slice`` cannot compute a symbolic
+  axis' slice), not a ``gather``: they differ at an index out of bounds,
+  which ``dynamic_slice`` clamps in the gradient too, where a gather's
+  transpose drops it (``dynamic_slice_of_whole_symbolic_axes``).
 - A size as an integer index (``s[s.shape[0] - 1]``), which JAX rejects,
   indexes as a traced int (``sizes_as_indices``).
 
@@ -20,12 +26,16 @@ import numpy as np
 from jax._src import core
 from jax._src.numpy import indexing as _indexing
 
-__all__ = ["static_slice_of_static_axes", "sizes_as_indices", "INDEXING"]
+__all__ = ["static_slice_of_static_axes", "dynamic_slice_of_whole_symbolic_axes",
+           "sizes_as_indices", "INDEXING"]
 
 # a stand-in for each symbolic size: larger than any static index or slice
 # bound the index can hold, so JAX's own computation gives (0, SENTINEL, 1)
 # for a whole axis, recognisably
 _SENTINEL = 2**62 + 7
+# the same for a dynamic slice, within int32 (JAX picks the start indices'
+# dtype by the largest static size: the program's, not int64)
+_SENTINEL32 = 2**31 - 17
 
 
 def _symbolic_axes_taken_whole(indexer) -> bool:
@@ -62,6 +72,50 @@ def static_slice_of_static_axes(orig):
         return res._replace(limit_indices=limits)
 
     return to_static_slice
+
+
+def _whole_axes(indexer, axes) -> set:
+    """Those of ``axes`` that ``indexer`` takes whole (``:`` or ``...``), or
+    None where one of them is indexed otherwise."""
+    whole = set()
+    for p in indexer.indices:
+        hit = set(axes).intersection(p.consumed_axes)
+        if not hit:
+            continue
+        if p.typ == _indexing.IndexType.ELLIPSIS or (
+                p.typ == _indexing.IndexType.SLICE and p.index == slice(None)):
+            whole |= hit
+        else:
+            return None
+    return whole | (set(axes) - {a for p in indexer.indices for a in p.consumed_axes})
+
+
+def dynamic_slice_of_whole_symbolic_axes(orig):
+    """``NDIndexer.to_dynamic_slice`` (``orig``) that also accepts symbolic
+    sizes on the axes taken whole (``y[i]``, ``y[:, i]`` of ``(n, m)``):
+    those get a stand-in size for JAX's computation and their own size back
+    in the slice. An axis indexed by an integer keeps its size (JAX's check
+    that it is not empty is a comparison the masked trace decides or splits
+    on); any other index goes to ``orig`` (its gather)."""
+
+    def to_dynamic_slice(self, **kwargs):
+        sym = [i for i, s in enumerate(self.shape) if core.is_symbolic_dim(s)]
+        scalar = [i for p in self.indices if p.typ in (_indexing.IndexType.INTEGER,
+                                                       _indexing.IndexType.ARRAY)
+                  for i in p.consumed_axes]
+        whole = _whole_axes(self, [i for i in sym if i not in scalar]) if sym else None
+        if not whole:
+            return orig(self, **kwargs)
+        fake = tuple(_SENTINEL32 if i in whole else s for i, s in enumerate(self.shape))
+        res = orig(dataclasses.replace(self, shape=fake), **kwargs)
+        sizes = list(res.slice_sizes)
+        for i in whole:  # the whole axis (from 0: a size of the stand-in), its own size
+            if sizes[i] != _SENTINEL32:
+                raise ValueError("polymask: unexpected dynamic slice of a symbolic axis")
+            sizes[i] = self.shape[i]
+        return res._replace(slice_sizes=sizes)
+
+    return to_dynamic_slice
 
 
 NDINDEXER = _indexing.NDIndexer

@@ -124,6 +124,12 @@ def _splits_rows() -> tuple[TracePatch, ...]:
                    _SPLITS + ", _jax_compat/indexing.py",
                    "JAX gathers for static indexing of any array with a symbolic shape; "
                    "static indices on static axes become a slice"),
+        TracePatch("jnp indexing's to_dynamic_slice", lambda: (NDINDEXER, "to_dynamic_slice"),
+                   _SPLITS + ", _jax_compat/indexing.py",
+                   "JAX gathers for a scalar integer index of an array with a symbolic "
+                   "axis taken whole (y[i] of (n, m)), where concrete shapes give a "
+                   "dynamic_slice: the two differ in the gradient of an index out of "
+                   "bounds (clamped by dynamic_slice, dropped by a gather's transpose)"),
         TracePatch("call_hi_primitive's staging rule", _hi_primitive_staging_home,
                    _SPLITS + ", _jax_compat/versions.py (inline_hi_primitive_staging)",
                    "a hijax primitive's expansion is traced in place, so its size "

@@ -39,7 +39,13 @@ from .core import (
     is_dim_expr,
     is_fresh_dim_name,
 )
-from .indexing import INDEXING, NDINDEXER, sizes_as_indices, static_slice_of_static_axes
+from .indexing import (
+    INDEXING,
+    NDINDEXER,
+    dynamic_slice_of_whole_symbolic_axes,
+    sizes_as_indices,
+    static_slice_of_static_axes,
+)
 from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
 
 __all__ = ["SplitNeeded", "SplitBeforeRaise", "trace_hooks", "hooks_installed",
@@ -53,6 +59,7 @@ _HOOK_USERS = 0
 _HOOK_ORIG: tuple = ()
 _HOOK_TLS = threading.local()
 _PROCESS_PRIMITIVE: Any = None  # JAX's own staging rule, while the hooks are installed
+_DYNAMIC_SLICE_ORIG: Any = None  # JAX's NDIndexer.to_dynamic_slice, while they are
 
 
 class SplitNeeded(InconclusiveDimensionOperation):
@@ -306,6 +313,10 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
             NDINDEXER.to_static_slice = _in_masked_trace(
                 static_slice_of_static_axes(_HOOK_ORIG[3]), _HOOK_ORIG[3])
+            global _DYNAMIC_SLICE_ORIG
+            _DYNAMIC_SLICE_ORIG = NDINDEXER.to_dynamic_slice
+            NDINDEXER.to_dynamic_slice = _in_masked_trace(
+                dynamic_slice_of_whole_symbolic_axes(_DYNAMIC_SLICE_ORIG), _DYNAMIC_SLICE_ORIG)
             DimExpr.__hash__ = _hashed_in_user_code(_HOOK_ORIG[5])
             for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
@@ -352,6 +363,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             if _HOOK_USERS == 0:
                 (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                  NDINDEXER.to_static_slice, hi_staging) = _HOOK_ORIG[:5]
+                NDINDEXER.to_dynamic_slice = _DYNAMIC_SLICE_ORIG
                 del DimExpr.__bool__, DimExpr.__float__  # JAX's class has none
                 for name in _NUMPY_MATH:
                     delattr(DimExpr, name)
