@@ -477,3 +477,37 @@ def test_a_scalar_index_out_of_bounds_is_clamped_in_the_gradient_too(index):
             g = np.asarray(grad(padded, i))
             np.testing.assert_array_equal(g[:n, :m], want_g, err_msg=f"{index} {n, m, i}")
             assert not np.any(g[n:]) and not np.any(g[:, m:])
+
+
+_UPDATES_AND_FORMS = {
+    "at_set_last": lambda s: s.at[s.shape[0] - 1].set(0.0),
+    "at_add_past_end": lambda s: s.at[s.shape[0]].add(5.0),
+    "at_mul_negative": lambda s: s.at[-s.shape[0]].mul(3.0),
+    "at_min_middle": lambda s: s.at[s.shape[0] // 2].min(-1.0),
+    "ellipsis_last": lambda s: s[..., s.shape[-1] - 1],
+    "middle_newaxis": lambda s: s[s.shape[0] // 2, None],
+    "at_get_fill": lambda s: s.at[s.shape[0] - 1].get(mode="fill", fill_value=-7.0),
+}
+
+
+@pytest.mark.parametrize("name", list(_UPDATES_AND_FORMS))
+def test_a_size_index_in_updates_and_with_ellipsis_or_newaxis(name):
+    """``x.at[n - 1].set(v)``, ``x[..., n - 1]``, ``x[n // 2, None]``: a size
+    as an index in an update or next to ``...`` / ``None`` indexes as a
+    traced int too (before: traced size by size, and refused for a
+    selection's count; helper B, session 54). Updates out of bounds are
+    dropped and a ``fill`` read fills, as plain JAX does with an int."""
+    f = _UPDATES_AND_FORMS[name]
+    check_oracle(f, [(np.arange(n, dtype=np.float32) + 1,) for n in (1, 2, 5, 8)], [(8,)], "n")
+    on_count = pm.jit(lambda x: f(pm.boolean_mask(x, x > 0)))
+    for n in range(9):
+        x = np.arange(1, 9, dtype=np.float32)
+        x[n:] = -1
+        try:
+            want = f(jnp.asarray(x[:n]))
+        except IndexError:
+            with pytest.raises(pm.ShapeError, match="out of bounds"):
+                on_count(x)
+            continue
+        np.testing.assert_array_equal(on_count(x), want)
+    assert on_count.stats()["exact_compiles"] == 0

@@ -12,8 +12,9 @@
   axis' slice), not a ``gather``: they differ at an index out of bounds,
   which ``dynamic_slice`` clamps in the gradient too, where a gather's
   transpose drops it (``dynamic_slice_of_whole_symbolic_axes``).
-- A size as an integer index (``s[s.shape[0] - 1]``), which JAX rejects,
-  indexes as a traced int (``sizes_as_indices``).
+- A size as an integer index (``s[s.shape[0] - 1]``, ``x.at[n - 1].set(v)``),
+  which JAX rejects, indexes as a traced int (``sizes_as_indices``,
+  ``sizes_as_update_indices``).
 
 (jax ``_src/numpy/indexing.py``, ``rewriting_take``.)
 """
@@ -25,9 +26,10 @@ import dataclasses
 import numpy as np
 from jax._src import core
 from jax._src.numpy import indexing as _indexing
+from jax._src.ops import scatter as _scatter
 
 __all__ = ["static_slice_of_static_axes", "dynamic_slice_of_whole_symbolic_axes",
-           "sizes_as_indices", "INDEXING"]
+           "sizes_as_indices", "sizes_as_update_indices", "INDEXING", "SCATTER"]
 
 # a stand-in for each symbolic size: larger than any static index or slice
 # bound the index can hold, so JAX's own computation gives (0, SENTINEL, 1)
@@ -122,39 +124,74 @@ NDINDEXER = _indexing.NDIndexer
 
 
 INDEXING = _indexing  # (its rewriting_take: ``sizes_as_indices`` replaces it in a trace)
+SCATTER = _scatter  # (its _scatter_update: ``sizes_as_update_indices``)
 
 
 def sizes_as_indices(orig):
     """``indexing.rewriting_take`` (``orig``) that takes a size as an integer
-    index: ``s[s.shape[0] - 1]``, ``jnp.sort(s)[s.shape[0] // 2]``. JAX
-    rejects a symbolic size there ("only integers ... are valid indices");
-    plain JAX, given the exact arrays, has an int, which it normalizes and
-    clamps as it does a traced int, except on an empty axis (an
-    ``IndexError``): that is checked here (a comparison of sizes, which a
-    masked trace decides or splits on), then the size indexes as a traced
-    int."""
+    index: ``s[s.shape[0] - 1]``, ``jnp.sort(s)[s.shape[0] // 2]``,
+    ``x[..., x.shape[-1] - 1]``. JAX rejects a symbolic size there ("only
+    integers ... are valid indices"); plain JAX, given the exact arrays, has
+    an int, which it normalizes and clamps as it does a traced int, except on
+    an empty axis (an ``IndexError``, where JAX validates static indices:
+    ``mode`` None or ``"promise_in_bounds"``): that is checked here (a
+    comparison of sizes, which a masked trace decides or splits on), then the
+    size indexes as a traced int."""
 
     def rewriting_take(arr, idx, *args, **kwargs):
-        return orig(arr, _size_indices_as_values(arr, idx), *args, **kwargs)
+        mode = kwargs.get("mode")
+        check = mode is None or str(mode).lower().endswith("promise_in_bounds")
+        return orig(arr, _size_indices_as_values(np.shape(arr), idx, check), *args, **kwargs)
 
     return rewriting_take
 
 
-def _size_indices_as_values(arr, idx):
+def sizes_as_update_indices(orig):
+    """``scatter._scatter_update`` (``orig``, behind ``x.at[idx].set/add/...``)
+    that takes a size as an integer index, as ``sizes_as_indices``; plain JAX
+    drops an update out of bounds, on an empty axis too (no check)."""
+
+    def scatter_update(x, idx, *args, **kwargs):
+        return orig(x, _size_indices_as_values(np.shape(x), idx, False), *args, **kwargs)
+
+    return scatter_update
+
+
+def _size_indices_as_values(shape, idx, check_empty: bool):
     items = idx if isinstance(idx, tuple) else (idx,)
     if not any(core.is_symbolic_dim(i) for i in items):
         return idx
-    if any(i is None or i is Ellipsis or _is_bool_array(i) for i in items):
-        return idx  # (an axis other than the position: JAX's own error stands)
+    axes = _axes_indexed(items, len(shape))
+    if axes is None:
+        return idx  # (more indices than axes: JAX's own error stands)
     out = []
-    for axis, i in enumerate(items):
-        if core.is_symbolic_dim(i) and axis < len(arr.shape):
-            size = arr.shape[axis]
-            if size == 0:  # (plain JAX clamps a static index, except on an empty axis)
+    for axis, i in zip(axes, items):
+        if core.is_symbolic_dim(i):
+            if check_empty and shape[axis] == 0:
+                # (plain JAX clamps a static index, except on an empty axis)
                 raise IndexError(f"index is out of bounds for axis {axis} with size 0")
             i = core.dimension_as_value(i)
         out.append(i)
     return tuple(out) if isinstance(idx, tuple) else out[0]
+
+
+def _axes_indexed(items, ndim: int):
+    """The array axis each index item starts at (NumPy's rules: ``None``
+    takes none, ``...`` the axes the others leave, a boolean array as many
+    as its rank, anything else one), or None where they exceed ``ndim``."""
+    def taken(i):
+        if i is None or i is Ellipsis:
+            return 0
+        return np.ndim(i) if _is_bool_array(i) else 1
+
+    rest = ndim - sum(taken(i) for i in items)
+    if rest < 0 or sum(i is Ellipsis for i in items) > 1:
+        return None
+    axes, at = [], 0
+    for i in items:
+        axes.append(at)
+        at += rest if i is Ellipsis else taken(i)
+    return axes
 
 
 def _is_bool_array(i) -> bool:

@@ -35,7 +35,7 @@ from . import numeric as _numeric
 from . import random as _random
 from .core import DimExpr
 from .hooks import patched_attr
-from .indexing import INDEXING, NDINDEXER
+from .indexing import INDEXING, NDINDEXER, SCATTER
 from .splits import _DIVISIONS as DIVISION_METHODS
 from .splits import TRACE_REPLACEMENT_CODES, trace_hooks
 from .versions import _hi_primitive_staging_home
@@ -124,6 +124,11 @@ def _splits_rows() -> tuple[TracePatch, ...]:
                    _SPLITS + ", _jax_compat/indexing.py",
                    "JAX gathers for static indexing of any array with a symbolic shape; "
                    "static indices on static axes become a slice"),
+        TracePatch("x.at[...] updates (scatter._scatter_update)",
+                   lambda: (SCATTER, "_scatter_update"), _SPLITS + ", _jax_compat/indexing.py",
+                   "JAX rejects a size as an integer index of an update (x.at[n - 1].set(v)), "
+                   "where plain JAX has an int: a traced int (dropped out of bounds, as "
+                   "plain JAX drops a static one)"),
         TracePatch("jnp indexing's to_dynamic_slice", lambda: (NDINDEXER, "to_dynamic_slice"),
                    _SPLITS + ", _jax_compat/indexing.py",
                    "JAX gathers for a scalar integer index of an array with a symbolic "

@@ -42,8 +42,10 @@ from .core import (
 from .indexing import (
     INDEXING,
     NDINDEXER,
+    SCATTER,
     dynamic_slice_of_whole_symbolic_axes,
     sizes_as_indices,
+    sizes_as_update_indices,
     static_slice_of_static_axes,
 )
 from .versions import _hi_primitive_staging_home, inline_hi_primitive_staging
@@ -60,6 +62,7 @@ _HOOK_ORIG: tuple = ()
 _HOOK_TLS = threading.local()
 _PROCESS_PRIMITIVE: Any = None  # JAX's own staging rule, while the hooks are installed
 _DYNAMIC_SLICE_ORIG: Any = None  # JAX's NDIndexer.to_dynamic_slice, while they are
+_SCATTER_UPDATE_ORIG: Any = None  # JAX's scatter._scatter_update, while they are
 
 
 class SplitNeeded(InconclusiveDimensionOperation):
@@ -313,10 +316,13 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
             _shape_poly._geq_decision = _split_geq(_HOOK_ORIG[2])
             NDINDEXER.to_static_slice = _in_masked_trace(
                 static_slice_of_static_axes(_HOOK_ORIG[3]), _HOOK_ORIG[3])
-            global _DYNAMIC_SLICE_ORIG
+            global _DYNAMIC_SLICE_ORIG, _SCATTER_UPDATE_ORIG
             _DYNAMIC_SLICE_ORIG = NDINDEXER.to_dynamic_slice
             NDINDEXER.to_dynamic_slice = _in_masked_trace(
                 dynamic_slice_of_whole_symbolic_axes(_DYNAMIC_SLICE_ORIG), _DYNAMIC_SLICE_ORIG)
+            _SCATTER_UPDATE_ORIG = SCATTER._scatter_update
+            SCATTER._scatter_update = _in_masked_trace_call(
+                sizes_as_update_indices(_SCATTER_UPDATE_ORIG), _SCATTER_UPDATE_ORIG)
             DimExpr.__hash__ = _hashed_in_user_code(_HOOK_ORIG[5])
             for name, orig in zip(_DIVISIONS, _HOOK_ORIG[6:]):
                 setattr(DimExpr, name, _python_division(orig, reflected=name.startswith("__r")))
@@ -364,6 +370,7 @@ def trace_hooks(is_user_frame, split_vars: dict | None = None,
                 (DimExpr.__eq__, DimExpr.__ne__, _shape_poly._geq_decision,
                  NDINDEXER.to_static_slice, hi_staging) = _HOOK_ORIG[:5]
                 NDINDEXER.to_dynamic_slice = _DYNAMIC_SLICE_ORIG
+                SCATTER._scatter_update = _SCATTER_UPDATE_ORIG
                 del DimExpr.__bool__, DimExpr.__float__  # JAX's class has none
                 for name in _NUMPY_MATH:
                     delattr(DimExpr, name)
