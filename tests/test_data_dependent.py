@@ -982,3 +982,18 @@ def test_a_lookup_by_a_count_is_refused_not_missed():
     with pytest.raises(pm.ShapeError, match="its masked trace stopped") as e:
         pm.jit(lambda x: sides(pm.boolean_mask(x, x > 0.5)))(np.asarray(x))
     assert str(e.value).index("same structure") < str(e.value).index("needs concrete inputs")
+
+
+def test_a_count_read_as_a_value_where_jax_needs_a_constant_is_a_shape_error():
+    """``jnp.choose(jnp.asarray(s.shape[0] % 2), ...)`` (mode 'raise' needs a
+    concrete index) of a selection's count escaped as JAX's raw
+    ConcretizationTypeError (helper B); it is a ShapeError saying a
+    data-dependent size's value was needed, with no max_cases remedy."""
+    def f(x):
+        s = pm.boolean_mask(x, x > 0)
+        return jnp.choose(jnp.asarray(s.shape[0] % 2), [s.sum(), s.prod()])
+
+    with pytest.raises(pm.ShapeError) as info:
+        pm.mask(f)(jnp.array([1.0, -2.0, 3.0, 4.0]))
+    assert "JAX needs the value of a data-dependent size" in str(info.value)
+    assert not isinstance(info.value, pm.TooManyCases) and "max_cases" not in str(info.value)

@@ -436,11 +436,18 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         # (a size object in the message, "'_DimExpr' object cannot be interpreted
         # as an integer" of a count, is never plain JAX's error: a size left symbolic)
         symbolic_left = "DimExpr" in str(e)
+        # (a traced value made from a count, its size read last as a value, where
+        # JAX needs a constant: jnp.choose(s.shape[0] % 2, ...) with mode='raise')
+        read = getattr(e, "fixed_size_vars", ())
+        count_value = bool(isinstance(e, jax.errors.ConcretizationTypeError) and read
+                           and all(compat.is_fresh_dim_name(v) for v in read))
+        symbolic_left |= count_value
         needs_count = ((_names_a_data_dependent_size(str(e)) and not counted) or symbolic_left
                        ) and not isinstance(e, compat.InconclusiveDimensionOperation)
         translated = (None if static and not needs_count
                       else translate_trace_error(shown, var_where, counts_known=counted,
-                                                 count_left=static and symbolic_left))
+                                                 count_left=(static and symbolic_left)
+                                                 or count_value))
         signature = SizeSignature(var_order, var_bounds, internal, scope, dim_bounds, user_scope)
         if translated is not None:
             err = dimvars.displayed_error(translated, internal)

@@ -65,8 +65,9 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
             e.fixed_size_vars = spec_var_names(e.fixed_size_vars, signature.internal)
         # (where the sizes were traced one by one and fail there too, no
         # max_cases helps: the error alone)
+        # (nor where a data-dependent size's value was needed: no max_cases helps)
         if (signature is not None and isinstance(e, ShapeError) and not refined
-                and "max_cases" not in str(e)):
+                and "max_cases" not in str(e) and "data-dependent size" not in str(e)):
             raise TooManyCases(f"{e}\n  (polymask traces such a function once per size when "
                              f"the bounds allow at most {per_size_limit(max_cases)} sizes, a "
                              "bound of 2 x max_cases (mask, polymask.jit and ragged_map "
