@@ -856,3 +856,24 @@ def test_rows_are_the_plain_first_fit_decreasing_scans():
         assert packing.rows == scan(lengths, 256, slots, gap)
         assert all(packing.slot_of[i] == (r, s) for r, row in enumerate(packing.rows)
                    for s, (i, _) in enumerate(row))
+
+
+def test_packed_product_has_a_gradient():
+    """``value_and_grad(layout="packed")`` of ``jnp.prod`` was refused: the
+    per-segment product was JAX's scatter-multiply, whose gradient JAX
+    implements only for unique indices (helper B, session 54). It is a
+    segmented cumulative product read at each segment's end now."""
+    rng = np.random.default_rng(3)
+    xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (5, 0, 1, 3, 2, 7)]
+    xs[3][1, 0] = 0.0  # (a zero factor: its gradient is the others' product)
+
+    def loss(p, x):
+        return jnp.sum(jnp.prod(x * p + 0.25, 0)) + jnp.prod(x[:, 0])
+
+    p = np.ones((3,), np.float32)
+    v, g = pm.value_and_grad(loss, (None, "n, 3"), reduce="sum", layout="packed",
+                             row_size=16)(p, xs)
+    want_v = sum(loss(p, jnp.asarray(x)) for x in xs)
+    want_g = sum(jax.grad(loss)(p, jnp.asarray(x)) for x in xs)
+    np.testing.assert_allclose(v, want_v, rtol=1e-5)
+    np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-6)

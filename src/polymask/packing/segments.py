@@ -166,6 +166,8 @@ class Segments:
         # (and bool, which scatters do not take: in int32, > 0 = True, so a sum or
         # max is an or and a product or min an and, an empty segment's identity
         # included, as a bool dot or reduction is)
+        if kind == "prod" and jnp.issubdtype(x.dtype, jnp.inexact):
+            return jnp.take(self._segment_product(x), self.alias, axis=0)
         if x.dtype == jnp.bool_:
             out = fns[kind](x.astype(jnp.int32), self.seg, num_segments=self.S) > 0
         elif kind in ("sum", "prod") and x.dtype in (jnp.bfloat16, jnp.float16):
@@ -174,6 +176,19 @@ class Segments:
         else:
             out = fns[kind](x, self.seg, num_segments=self.S)
         return jnp.take(out, self.alias, axis=0)
+
+    def _segment_product(self, x):
+        """The product of ``x`` (``(R, ...)``) per segment -> ``(S, ...)``: the
+        segmented cumulative product at each segment's last position (1 for
+        an empty one). JAX's scatter-multiply (``segment_prod``) has no
+        gradient unless its indices are unique; a scan's is JAX's own. bfloat16
+        and float16 multiply in float32, as ``segment_reduce`` sums them."""
+        low = x.dtype in (jnp.bfloat16, jnp.float16)
+        scan = self.segmented_scan(x.astype(jnp.float32) if low else x, lax.mul, 0, False)
+        last = jnp.clip(self.starts + self.lengths - 1, 0, self.R - 1)
+        nonempty = (self.lengths > 0).reshape((-1,) + (1,) * (x.ndim - 1))
+        out = jnp.where(nonempty, jnp.take(scan, last, axis=0), jnp.ones((), scan.dtype))
+        return out.astype(x.dtype)
 
     def segmented_scan(self, x, combine, axis: int, reverse: bool):
         """Inclusive scan of ``x`` along its packed ``axis`` that restarts at
