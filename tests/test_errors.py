@@ -597,7 +597,7 @@ def test_ragged_map_packing_counts_are_ints_never_truncated(name):
 def test_the_per_size_remedy_names_max_cases_only_where_it_is_one():
     from polymask.tracing.cases.refine import per_size_remedy
 
-    assert "max_cases=32 traces them" in per_size_remedy(16, 65)
+    assert "max_cases=32 would trace them" in per_size_remedy(16, 65)
     far = per_size_remedy(16, 4_370_924_673)  # two large dims: no max_cases traces that
     assert "too many to trace one by one" in far and "max_cases=2185462336" not in far
     # a @ b with default specs (every axis its own dim var): thousands of cases

@@ -53,12 +53,33 @@ _TAG = "@@polymask-real-result@@ "
 
 
 # -- running one mode (inside the worker) ---------------------------------------------------------
+def _polymask_error_names() -> tuple[str, ...]:
+    """The class names of polymask's errors (ShapeError, TooManyCases, ...),
+    as a staged check's JaxRuntimeError names the one it carries."""
+    import polymask as pm
+
+    names, todo = set(), [pm.ShapeError, pm.UnsupportedError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return tuple(sorted(names))
+
+
+def _staged_polymask_error(text: str) -> int:
+    """Where a staged check's JaxRuntimeError text names a polymask error
+    (``... TooManyCases: ...``), else -1."""
+    hits = [text.rfind(f"{n}: ") for n in _polymask_error_names()]
+    hits += [text.rfind(f"{n}[") for n in _polymask_error_names()]  # ShapeError[TypeError]
+    return max(hits)
+
+
 def _exc_text(e: BaseException, limit: int = 600) -> str:
     msg = " ".join(str(e).split())
-    for name in ("ShapeError: ", "UnsupportedError: "):  # a staged check's JaxRuntimeError
-        if type(e).__name__ == "JaxRuntimeError" and name in msg:
-            msg = "(staged) " + msg[msg.rfind(name):]
-            break
+    if type(e).__name__ == "JaxRuntimeError":  # a staged check's
+        at = _staged_polymask_error(msg)
+        if at >= 0:
+            msg = "(staged) " + msg[at:]
     if len(msg) > limit:
         msg = msg[:limit] + " ..."
     return f"{type(e).__name__}: {msg}"
@@ -89,10 +110,9 @@ def _is_polymask_error(e: BaseException) -> bool:
 
     if isinstance(e, (pm.ShapeError, pm.UnsupportedError)):
         return True
-    # a staged size check under jax.jit surfaces as a JaxRuntimeError carrying the ShapeError
-    text = str(e)
-    return type(e).__name__ == "JaxRuntimeError" and ("ShapeError" in text
-                                                      or "UnsupportedError" in text)
+    # a staged size check under jax.jit surfaces as a JaxRuntimeError carrying the
+    # error (a ShapeError or a subclass: TooManyCases, FailsAsPlainJax, ...)
+    return type(e).__name__ == "JaxRuntimeError" and _staged_polymask_error(str(e)) >= 0
 
 
 # Python errors that, named inside a polymask message, are polymask's own bug

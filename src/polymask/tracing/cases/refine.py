@@ -69,9 +69,9 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
         if (signature is not None and isinstance(e, ShapeError) and not refined
                 and "max_cases" not in str(e) and "data-dependent size" not in str(e)):
             raise TooManyCases(f"{e}\n  (polymask traces such a function once per size when "
-                             f"the bounds allow at most {per_size_limit(max_cases)} sizes, a "
-                             "bound of 2 x max_cases (mask, polymask.jit and ragged_map "
-                             f"take max_cases=){_count_text(signature)})",
+                             f"the bounds allow at most {per_size_limit(max_cases)} sizes, 0 to "
+                             f"2 x max_cases = {2 * max_cases} (mask, polymask.jit and "
+                             f"ragged_map take max_cases=){_count_text(signature)})",
                              reason=str(e), fixed_size_vars=e.fixed_size_vars) from None
         if signature is not None and not isinstance(e, (ShapeError, UnsupportedError)):
             _note_symbolic_trace(e, signature, max_cases)
@@ -106,7 +106,7 @@ def _note_symbolic_trace(e: BaseException, signature, max_cases: int) -> None:
 
 
 def _count_text(signature) -> str:
-    """``"; here 41 sizes: max_cases=20 traces them"``: how many size
+    """``"; here 41 sizes: max_cases=20 would trace them"``: how many size
     combinations the bounds allow, and the max_cases that traces them."""
     count = 1
     for v in signature.var_order:
@@ -123,7 +123,7 @@ def _per_size_need(count: int) -> str:
     is a remedy (default specs give every axis of ``a @ b`` its own dim var:
     thousands of combinations)."""
     if count // 2 <= _MOST_CASES_SUGGESTED:
-        return f"max_cases={count // 2} traces them"
+        return f"max_cases={count // 2} would trace them"
     return "too many to trace one by one"
 
 
@@ -163,8 +163,8 @@ def per_size_remedy(max_cases: int, count: int) -> str:
     need = f" (here {count}: {_per_size_need(count)})" if count else ""
     return (
         "jax.jit on the exact arrays traces each size with Python ints; polymask traces "
-        f"the sizes one by one only when at most {limit} reach a case (a bound of "
-        f"2 x max_cases){need}. Code that needs a size as a Python value (np.arange(n), "
+        f"the sizes one by one only when at most {limit} reach a case (0 to 2 x "
+        f"max_cases = {limit - 1}){need}. Code that needs a size as a Python value (np.arange(n), "
         "len(x), a NumPy table sliced by a size, a Python if on it) works symbolically "
         "when written with jnp (jnp.arange(x.shape[1]), x.shape[0]); else use a smaller "
         "bound (polymask.jit: smaller buckets), raise mask(..., max_cases=), or make "
