@@ -991,3 +991,14 @@ def test_plain_jax_error_said_once_where_nothing_was_symbolic():
     text = str(info.value)
     assert text.count("cannot reshape array of shape (5,)") == 1, text
     assert "symbolic sizes" not in text
+
+
+def test_a_case_past_the_per_size_limit_names_its_sizes_as_values():
+    """The sizes reaching a case polymask cannot trace are said as values
+    (``t in {1..40}``), not as the split's condition (``min(t, 1) - t <= -1``
+    read as 't >= 2' by nobody; helper A, session 54)."""
+    f = lambda x: x[:1].sum() + jnp.float32(np.arange(x.shape[0]).sum())  # noqa: E731
+    m = pm.mask(f, "t")
+    assert float(m(pm.Masked(jnp.ones(40), (0,))).data) == 0.0
+    with pytest.raises(pm.TooManyCases, match=r"for these sizes \(t in \{1\.\.40\}\)"):
+        m(pm.Masked(jnp.ones(40), (5,)))

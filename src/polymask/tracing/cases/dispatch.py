@@ -48,9 +48,17 @@ def _error_message(tree: CaseTree, c: Case) -> str:
         return (f"for these sizes ({tree.describe_conditions(c)}) polymask cannot trace the "
                 f"function with data-dependent sizes at {c.where}:\n  {c.error}")
     count = len(c.reached_by) if c.reached_by else 0
-    return (f"for these sizes ({tree.describe_conditions(c)}) polymask cannot trace the "
+    return (f"for these sizes ({_sizes_of(tree, c)}) polymask cannot trace the "
             f"function with symbolic sizes at {c.where}:\n  {c.error}\n  "
             f"{per_size_remedy(tree.max_cases, count)}")
+
+
+def _sizes_of(tree: CaseTree, c: Case) -> str:
+    """The sizes reaching case ``c`` as values where they are one dim var's
+    (``t in {2..40}``, not ``min(t, 1) - t <= -1``), else its conditions."""
+    if c.reached_by and len({k for values in c.reached_by for k in values}) == 1:
+        return sizes_text(c.reached_by)
+    return tree.describe_conditions(c)
 
 
 def _error_checks(tree: CaseTree, idx, checks_on: bool = True) -> list[Check]:
