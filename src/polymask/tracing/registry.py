@@ -135,12 +135,17 @@ def register_precondition(*prims: PrimitiveLike):
     at sizes where plain JAX fails only later (lowering, compiling), so they
     become error cases that ``shape_formula``, ``explain`` and the host checks
     of ``polymask.jit`` report like plain JAX's trace-time errors."""
+    return _recording("precondition", prims)
+
+
+def _recording(field: str, prims):
+    """A decorator that records ``fn`` as ``field`` of each primitive's record."""
 
     def deco(fn):
         for p in prims:
             name = _name(p)
             if name is not None:
-                _record(name).precondition = fn
+                setattr(_record(name), field, fn)
         return fn
 
     return deco
@@ -154,15 +159,7 @@ def register_entry_reads(*prims: PrimitiveLike):
     such a read (``_jax_compat``'s ``set_entry_reads``): plain JAX's own path
     for an empty axis differs (``jnp.take`` raises, ``jnp.nanmedian`` is
     NaN), and the program traced for a count >= 1 cannot follow it."""
-
-    def deco(fn):
-        for p in prims:
-            name = _name(p)
-            if name is not None:
-                _record(name).entry_reads = fn
-        return fn
-
-    return deco
+    return _recording("entry_reads", prims)
 
 
 def _entry_reads(name: str) -> Callable | None:
