@@ -43,6 +43,9 @@ MODULES = (
     "einops_ops", "jax_signal", "numpyro_models",
     "jaxopt_solvers", "haiku_nets",
     "e3nn_points", "dm_pix_images", "interpax_interp", "quadax_integrals",
+    "mctx_search", "big_vision_losses", "jax_cosmo_interp", "praxis_layers", "clu_metrics",
+    "rl_returns", "tfp_mcmc_diagnostics", "neural_tangents_predict", "jaxley_solve",
+    "kfac_precondition",
 )
 
 

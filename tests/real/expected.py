@@ -6,7 +6,11 @@ quadax programs rerun at 68bc998 after the fixes to Python-implemented primitive
 lineax_lu_solve's vmap entry removed by hand when it passed, 2026-12-05; the
 five lineax / optimistix grad entries removed and the QR one's message updated
 by hand when the primitives' own JVP and transpose rules were masked,
-rules/inlined.py, 2026-12-05).
+rules/inlined.py, 2026-12-05; the 23 programs of the mctx, big_vision,
+jax_cosmo, praxis, clu, purejaxrl / brax / sbx / flashbax, TFP,
+neural-tangents, jaxley and kfac-jax modules added at 0c8fa41 pass in every
+mode on jax 0.10.2 and 0.12.1 (no entries; COMPILES not regenerated for
+them), 2026-12-06).
 tests/test_real_programs.py
 marks these ``xfail(strict=True)`` with the message as the reason, so a fix
 shows up as an XPASS; regenerate this file after a fix.
