@@ -453,7 +453,7 @@ def test_a_size_as_an_integer_index_is_one_program():
 
 
 @pytest.mark.parametrize("index", ["y[i]", "y[:, i]", "y[y.shape[1] - 1]", "y[:, y.shape[0] + 1]",
-                                   "y[..., i]"])
+                                   "y[..., i]", "y[i, 1:]", "y[1:, i]", "y[i, :2]", "y[-1, 1:]"])
 def test_a_scalar_index_out_of_bounds_is_clamped_in_the_gradient_too(index):
     """Plain JAX indexes a scalar int as a dynamic_slice, which clamps an
     index out of bounds in the value and the gradient; with a symbolic axis

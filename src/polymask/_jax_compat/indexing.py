@@ -11,7 +11,9 @@
   concrete shapes (``NDIndexer.to_dynamic_slice`` cannot compute a symbolic
   axis' slice), not a ``gather``: they differ at an index out of bounds,
   which ``dynamic_slice`` clamps in the gradient too, where a gather's
-  transpose drops it (``dynamic_slice_of_whole_symbolic_axes``).
+  transpose drops it (``dynamic_slice_of_whole_symbolic_axes``); next to a
+  slice of part of a symbolic axis (``y[i, 1:]``) the integers are
+  dynamically sliced first, the rest indexed after (``_scalar_indices_first``).
 - A size as an integer index (``s[s.shape[0] - 1]``, ``x.at[n - 1].set(v)``),
   which JAX rejects, indexes as a traced int (``sizes_as_indices``,
   ``sizes_as_update_indices``).
@@ -24,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from jax import lax
+from jax import numpy as jnp
 from jax._src import core
 from jax._src.numpy import indexing as _indexing
 from jax._src.ops import scatter as _scatter
@@ -139,11 +143,58 @@ def sizes_as_indices(orig):
     size indexes as a traced int."""
 
     def rewriting_take(arr, idx, *args, **kwargs):
-        mode = kwargs.get("mode")
-        check = mode is None or str(mode).lower().endswith("promise_in_bounds")
-        return orig(arr, _size_indices_as_values(np.shape(arr), idx, check), *args, **kwargs)
+        mode = str(kwargs.get("mode")).lower()
+        check = mode == "none" or mode.endswith("promise_in_bounds")
+        idx = _size_indices_as_values(np.shape(arr), idx, check)
+        if check or mode.endswith("clip"):
+            arr, idx = _scalar_indices_first(arr, idx)
+        return orig(arr, idx, *args, **kwargs)
 
     return rewriting_take
+
+
+def _scalar_int(i) -> bool:
+    if isinstance(i, (bool, np.bool_)):
+        return False
+    if isinstance(i, (int, np.integer)):
+        return True
+    dtype = getattr(i, "dtype", None)
+    return dtype is not None and np.ndim(i) == 0 and np.issubdtype(dtype, np.integer)
+
+
+def _scalar_indices_first(arr, idx):
+    """``(arr, idx)``, or where ``idx`` holds scalar integers next to a slice
+    of a symbolic axis that is not the whole axis (``y[i, 1:]``, ``y[1:, -1]``
+    of ``(n, m)``): ``arr`` dynamically sliced at those integers first, as
+    the ``dynamic_slice`` plain JAX builds for them with concrete shapes
+    (normalized, clamped into the axis, in the gradient too), and ``idx``
+    with 0 in their place. JAX gathers there instead (it cannot compute a
+    symbolic axis' slice for a ``dynamic_slice``), whose gradient drops an
+    index out of bounds that plain JAX clamps."""
+    shape = np.shape(arr)
+    items = idx if isinstance(idx, tuple) else (idx,)
+    if not any(core.is_symbolic_dim(d) for d in shape) or any(
+            not (_scalar_int(i) or isinstance(i, slice) or i is None or i is Ellipsis)
+            for i in items):
+        return arr, idx
+    axes = _axes_indexed(items, len(shape))
+    if axes is None or not any(_scalar_int(i) for i in items) or not any(
+            isinstance(i, slice) and i != slice(None) and core.is_symbolic_dim(shape[a])
+            for a, i in zip(axes, items)):
+        return arr, idx
+    out = []
+    for axis, i in zip(axes, items):
+        if _scalar_int(i):
+            size = shape[axis]
+            if size == 0:  # (plain JAX: no dynamic slice of an empty axis)
+                raise IndexError(f"index is out of bounds for axis {axis} with size 0")
+            i = jnp.asarray(i)
+            n = core.dimension_as_value(size) if core.is_symbolic_dim(size) else size
+            i = lax.select(i < 0, i + jnp.asarray(n, i.dtype), i)
+            arr = lax.dynamic_slice_in_dim(arr, i, 1, axis)
+            i = 0
+        out.append(i)
+    return arr, tuple(out) if isinstance(idx, tuple) else out[0]
 
 
 def sizes_as_update_indices(orig):
