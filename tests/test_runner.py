@@ -2168,3 +2168,22 @@ def test_big_endian_inputs_give_the_values_of_native_ones():
         outs = pm.ragged_map(f, ("n, 3",), layout=layout)([x.astype(">f4") for x in xs])
         for got, w in zip(outs, want):
             np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_functions_without_array_outputs_or_with_a_key_output_run_again(tiered):
+    """A second call at a size reuses the kept input buffer: with no array
+    output (``None``, ``()``) it read ``out[0]`` (IndexError), and a typed
+    PRNG key output was asked ``is_ready`` (AttributeError); helper D."""
+    for f, check in [(lambda x: None, lambda got, want: got is None),
+                     (lambda x: ((), {"a": None}), lambda got, want: got == want),
+                     (lambda x: (jax.random.key(0), x.sum()),
+                      lambda got, want: bool((jax.random.key_data(got[0])
+                                              == jax.random.key_data(want[0])).all())
+                      and float(got[1]) == float(want[1]))]:
+        pf = pm.jit(f, tiered=tiered)
+        for _ in range(3):
+            for n in (0, 3, 8, 0):
+                x = np.ones(n, np.float32)
+                assert check(pf(x), jax.jit(f)(x)), (f, n)
+            pf.wait()

@@ -36,7 +36,10 @@ def is_made(x) -> bool | None:
     """Whether the ``jax.Array`` ``x`` is computed (its execution has ended);
     None once it is deleted (donated), when JAX cannot say. ``is_ready`` of a
     deleted array crashes the process on jaxlib 0.10.2 (and raises on 0.12), so
-    ``is_deleted`` is asked first."""
+    ``is_deleted`` is asked first. A typed PRNG key array is asked through
+    its data (it has no ``is_ready``)."""
+    if not hasattr(x, "is_ready") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        x = jax.random.key_data(x)
     if x.is_deleted():
         return None
     try:

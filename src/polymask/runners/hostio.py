@@ -249,9 +249,8 @@ class AliasedPadBuffers:
                 arr = slot.array
                 slot.reader = _UNKNOWN  # (until fn returns: a failed run tells nothing)
                 out = fn(arr, sizes)
-                first = out[0]
-                if len(out) == 1 and type(first) is compat.ArrayImpl and first is not arr:
-                    slot.reader = first  # the common case, without a walk
+                if len(out) == 1 and type(out[0]) is compat.ArrayImpl and out[0] is not arr:
+                    slot.reader = out[0]  # the common case, without a walk
                     return out
                 slot.reader, forwarded = _made_output(out, (arr, sizes), arr)
                 return forwarded_copy(out, slot) if forwarded else out
