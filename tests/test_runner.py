@@ -2187,3 +2187,25 @@ def test_functions_without_array_outputs_or_with_a_key_output_run_again(tiered):
                 x = np.ones(n, np.float32)
                 assert check(pf(x), jax.jit(f)(x)), (f, n)
             pf.wait()
+
+
+def test_a_weakly_typed_array_input_keeps_its_weak_type():
+    """A weakly typed JAX array of varying size (``jnp.broadcast_to(2.0,
+    (n,))``) was padded on the host into a strong one: ``x_f16 * w`` came back
+    float32 where jax.jit gives float16 (helper D). The program makes it weak
+    again, and weak and strong inputs of one shape get their own programs."""
+    def f(x, w):
+        return x * w, w
+
+    g = pm.jit(f)
+    for n in (3, 5, 3, 0):
+        x = np.ones(n, np.float16)
+        for w in (jnp.broadcast_to(jnp.asarray(2.0), (n,)), jnp.full((n,), 2.0, jnp.float32)):
+            got, want = g(x, w), jax.jit(f)(x, w)
+            assert [o.dtype for o in got] == [o.dtype for o in want], (n, w.weak_type)
+            assert got[1].weak_type == want[1].weak_type
+    for layout in ("padded", "packed"):
+        exs = [(np.ones(n, np.float16), jnp.broadcast_to(jnp.asarray(2.0), (n,)))
+               for n in (3, 5, 2)]
+        for got, ex in zip(pm.ragged_map(f, layout=layout)(exs), exs):
+            assert got[0].dtype == jax.jit(f)(*ex)[0].dtype == np.float16, layout

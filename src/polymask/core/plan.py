@@ -207,9 +207,10 @@ def dtype_key(x):
 
 def structure_key(tree, leaves) -> tuple:
     """A cache key of a pytree of inputs: its structure (static pytree nodes'
-    values included) and each leaf's shape and dtype, what a program traced
-    with them specialises on."""
-    return tree, tuple((np.shape(x), dtype_key(x)) for x in leaves)
+    values included) and each leaf's shape and dtype (and a JAX array's weak
+    type), what a program traced with them specialises on."""
+    return tree, tuple((np.shape(x), dtype_key(x), getattr(x, "weak_type", False))
+                       for x in leaves)
 
 
 @dataclasses.dataclass
@@ -230,6 +231,10 @@ class LeafPlan:
     dtype: Any
     axes: list[AxisSpec] | None
     padded: tuple[int, ...]
+    # a weakly typed dynamic JAX array (jnp.broadcast_to(2.0, (n,))): padding on
+    # the host makes it strong, so the program makes it weak again (its dtype
+    # yields in promotion, as under jax.jit)
+    weak: bool = False
 
     @property
     def static(self) -> bool:
@@ -430,6 +435,7 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     parsed = []
     paths = [names[key_path[0].idx] + jax.tree_util.keystr(key_path[1:]) for key_path, _ in flat]
     shape_at = {path: tuple(int(d) for d in np.shape(leaf)) for path, (_, leaf) in zip(paths, flat)}
+    leaf_of = {path: leaf for path, (_, leaf) in zip(paths, flat)}
     for path, (_, leaf), spec in zip(paths, flat, spec_leaves):
         shape = shape_at[path]
         is_scalar_py = isinstance(leaf, (bool, int, float, complex))
@@ -470,9 +476,11 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     leaves, signature, logical, padded = [], [], 0, 0
     for path, shape, dtype, axes in parsed:
         bound = shape if axes is None else padded_shape(axes, buckets)
-        leaves.append(LeafPlan(path, shape, dtype, axes, bound))
+        weak = axes is not None and compat.is_weakly_typed(leaf_of[path])
+        leaves.append(LeafPlan(path, shape, dtype, axes, bound, weak))
         signature.append((axes is None, bound, dtype,
-                          None if axes is None else tuple(a.var and str(a.expr) for a in axes)))
+                          None if axes is None else tuple(a.var and str(a.expr) for a in axes),
+                          weak))
         if axes is not None:
             logical += math.prod(shape)
             padded += math.prod(bound)

@@ -23,8 +23,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from .. import _jax_compat as compat
 from ..core.plan import CallPlan, structure_key
 from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.interpreter import ROWS_AXIS
@@ -58,8 +60,9 @@ def default_row_size(longest: int) -> int:
 
 def row_example(plan: CallPlan, leaves, tree, row_size: int, make):
     """One example's arguments with its ragged axes at the row size:
-    ``make(shape, dtype)`` builds each non-static leaf (zeros to trace,
-    ``ShapeDtypeStruct`` to explain); static leaves are kept."""
+    ``make(shape, dtype, weak)`` builds each non-static leaf (zeros to trace,
+    ``ShapeDtypeStruct`` to explain; ``weak``: a weakly typed JAX array's, which
+    promotes as jax.jit sees it); static leaves are kept."""
     var = plan.var_names[0]
     out = []
     for leaf, p in zip(leaves, plan.leaves):
@@ -67,8 +70,13 @@ def row_example(plan: CallPlan, leaves, tree, row_size: int, make):
             out.append(leaf)
             continue
         shape = tuple(row_size if a.var == var else int(s) for a, s in zip(p.axes, p.shape))
-        out.append(make(shape, _dtype(leaf)))
+        out.append(make(shape, _dtype(leaf), p.weak))
     return jax.tree_util.tree_unflatten(tree, out)
+
+
+def _zeros(shape, dtype, weak: bool):
+    """A row example's leaf to trace the packed program with."""
+    return compat.as_weakly_typed(jnp.zeros(shape, dtype)) if weak else np.zeros(shape, dtype)
 
 
 def _dtype(leaf):
@@ -184,8 +192,7 @@ class PackedRunner:
                 self._programs.pop(next(iter(self._programs)))
         kept = self._programs.pop(key, None)
         if kept is None:
-            example = row_example(plan, leaves, tree, self.row_size,
-                                  lambda shape, dtype: np.zeros(shape, dtype))
+            example = row_example(plan, leaves, tree, self.row_size, _zeros)
             n_bcast = len(broadcast)
             specs = (None,) * n_bcast + tuple(in_specs)
             prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,

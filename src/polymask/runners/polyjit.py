@@ -87,9 +87,15 @@ __all__ = ["jit", "PolyJit", "compile_counter"]
 
 def _leaf_key(x):
     try:
-        return (type(x), x.shape, x.dtype)
+        return (type(x), x.shape, x.dtype, getattr(x, "weak_type", False))
     except AttributeError:
         return (type(x), np.shape(x), dtype_key(x))
+
+
+def _weak_array(a) -> bool:
+    """A weakly typed JAX array (its programs differ: it takes the general
+    path, whose key says so, not the fast one keyed by shape and dtype)."""
+    return type(a) is compat.ArrayImpl and a.weak_type
 
 
 @dataclasses.dataclass(eq=False)
@@ -476,7 +482,7 @@ class PolyJit:
         traced = _under_transformation()
         if not kwargs and len(args) == 1 and not traced:
             a = args[0]
-            if type(a) in FAST_TYPES:
+            if type(a) in FAST_TYPES and not _weak_array(a):
                 run = self._steady.get((type(a), a.shape, a.dtype))
                 if run is not None:
                     try:
@@ -495,9 +501,9 @@ class PolyJit:
                 return self._keywords_call(args, kwargs, e)
         if traced:  # inside the caller's jit/grad/vmap: fun is traced into it (as jax.jit)
             return self._traced_call(args)
-        if len(args) == 1 and type(args[0]) in FAST_TYPES:  # the common case: one array
-            key = (type(args[0]), args[0].shape, args[0].dtype)
-        elif all(type(a) in FAST_TYPES for a in args):
+        if len(args) == 1 and type(args[0]) in FAST_TYPES and not _weak_array(args[0]):
+            key = (type(args[0]), args[0].shape, args[0].dtype)  # the common case: one array
+        elif all(type(a) in FAST_TYPES and not _weak_array(a) for a in args):
             key = tuple([(type(a), a.shape, a.dtype) for a in args])
         else:
             key = None

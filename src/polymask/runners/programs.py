@@ -175,8 +175,9 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
         static_it = iter(flat_in[n_bcast_leaves:n_bcast_leaves + n_static])
         dyn_it = iter(flat_in[n_bcast_leaves + n_static:-1])
         sizes = flat_in[-1]
-        flat = [next(static_it) if p.static else Masked(next(dyn_it), logical(p.axes, sizes))
-                for p in plan.leaves]
+        flat = [next(static_it) if p.static else Masked(
+                    compat.as_weakly_typed(next(dyn_it)) if p.weak else next(dyn_it),
+                    logical(p.axes, sizes)) for p in plan.leaves]
         args = jax.tree_util.tree_unflatten(in_tree, flat)
         if n_bcast:
             args = tuple(jax.tree_util.tree_unflatten(bcast_tree, list(bcast_leaves))) + args

@@ -286,7 +286,8 @@ class RaggedMap:
             return explain(self.fun, (None,) * len(broadcast) + tuple(in_specs), *broadcast,
                            *args, layout="packed", print_output=print_output, file=file)
         R = self.row_size or default_row_size(int(plan.values[0]))
-        example_args = row_example(plan, leaves, tree, R, jax.ShapeDtypeStruct)
+        example_args = row_example(plan, leaves, tree, R, lambda shape, dtype, weak:
+                                   jax.ShapeDtypeStruct(shape, dtype, weak_type=weak))
         return explain(self.fun, (None,) * len(broadcast) + tuple(in_specs), *broadcast,
                        *example_args, layout="packed", print_output=print_output, file=file)
 

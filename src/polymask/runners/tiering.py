@@ -68,9 +68,11 @@ def cover_key(tree, plan):
     """What a covering bucket must share: tree, static leaves, the sizes of
     static axes (a ``"_"`` axis is the call's own size), dtypes, and which dim
     var each dynamic axis is (without ``in_specs`` the names follow each
-    call's equal sizes: the same names may sit on other axes)."""
+    call's equal sizes: the same names may sit on other axes), and which
+    dynamic leaves are weakly typed."""
     return (tree, tuple(p.padded if p.static else p.axis_forms for p in plan.leaves),
-            tuple(p.dtype for p in plan.leaves), tuple(plan.var_names))
+            tuple(p.dtype for p in plan.leaves), tuple(plan.var_names),
+            tuple(p.weak for p in plan.leaves))
 
 
 def _itemsize(dtype) -> int:
