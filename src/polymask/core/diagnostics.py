@@ -289,20 +289,20 @@ def _data_dependent_error(e: BaseException, where: str) -> ShapeError | None:
     said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     if isinstance(e, jax.errors.NonConcreteBooleanIndexError):
         return ShapeError(
-            f"boolean indexing x[m] has a data-dependent size (at {where}); inside "
-            "polymask.mask use polymask.boolean_mask(x, m) (or polymask.compress / "
+            f"boolean indexing x[m] has a data-dependent size (at {where}); under "
+            "polymask.mask, polymask.jit or ragged_map use polymask.boolean_mask(x, m) (or polymask.compress / "
             "polymask.extract) instead.")
     if api in ("op", "__getitem__") and compat.is_traced_slice_bounds_error(e):
         return ShapeError(
-            f"a slice with traced bounds has a data-dependent size (at {where}); inside "
-            "polymask.mask use polymask.dynamic_slice(x, start, size, max_size=...) "
+            f"a slice with traced bounds has a data-dependent size (at {where}); under "
+            "polymask.mask, polymask.jit or ragged_map use polymask.dynamic_slice(x, start, size, max_size=...) "
             "instead; a bound that is a Python number given as an argument is a traced "
             "array as under jax.jit: pass it as a keyword argument (static) instead"
             f".\n  JAX said: {said}")
     if isinstance(e, jax.errors.ConcretizationTypeError) and api in _DATA_DEPENDENT_REPLACEMENTS:
         return ShapeError(
-            f"jnp.{api} has a data-dependent output size (at {where}); inside polymask.mask "
-            f"use {_DATA_DEPENDENT_REPLACEMENTS[api]} instead: its size becomes a logical "
+            f"jnp.{api} has a data-dependent output size (at {where}); under polymask.mask, "
+            f"polymask.jit or ragged_map use {_DATA_DEPENDENT_REPLACEMENTS[api]} instead: its size becomes a logical "
             f"size with a known bound.\n  JAX said: {said}")
     if isinstance(e, jax.errors.ConcretizationTypeError):
         text = str(e)
@@ -311,8 +311,8 @@ def _data_dependent_error(e: BaseException, where: str) -> ShapeError | None:
                          said)
             return ShapeError(
                 f"an op with a data-dependent output size (jnp.nonzero / one-argument "
-                f"jnp.where / argwhere / unique) was called at {where}; inside polymask.mask "
-                "use polymask.nonzero, polymask.where, polymask.argwhere, "
+                f"jnp.where / argwhere / unique) was called at {where}; under polymask.mask, "
+                "polymask.jit or ragged_map use polymask.nonzero, polymask.where, polymask.argwhere, "
                 f"polymask.flatnonzero or polymask.unique.\n  JAX said: {first}")
     return None
 
