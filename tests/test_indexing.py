@@ -461,7 +461,8 @@ def test_a_scalar_index_out_of_bounds_is_clamped_in_the_gradient_too(index):
     was 0 where plain JAX's is 1 (helper B, session 54)."""
     fn = eval(f"lambda y, i: {index}")  # noqa: S307 - the test's own expressions
     masked = pm.mask(fn, ("n, m", None))
-    for n, m, i in [(2, 3, 2), (2, 3, 7), (3, 2, -9), (1, 4, 1), (2, 3, 1)]:
+    for n, m, i in [(2, 3, 2), (2, 3, 7), (3, 2, -9), (1, 4, 1), (2, 3, 1), (3, 2, -4),
+                    (2, 3, -1)]:
         y = np.arange(1.0, 1.0 + n * m, dtype=np.float32).reshape(n, m)
         want = fn(jnp.asarray(y), i)
         want_g = jax.grad(lambda a: jnp.sum(fn(a, i)))(jnp.asarray(y))

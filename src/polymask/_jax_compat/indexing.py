@@ -190,7 +190,10 @@ def _scalar_indices_first(arr, idx):
                 raise IndexError(f"index is out of bounds for axis {axis} with size 0")
             i = jnp.asarray(i)
             n = core.dimension_as_value(size) if core.is_symbolic_dim(size) else size
-            i = lax.select(i < 0, i + jnp.asarray(n, i.dtype), i)
+            n = jnp.asarray(n, i.dtype)
+            # normalized once, then clamped into the axis (lax.dynamic_slice would
+            # wrap a still negative start again: y[-4] of 3 rows is row 0)
+            i = lax.clamp(jnp.zeros((), i.dtype), lax.select(i < 0, i + n, i), n - 1)
             arr = lax.dynamic_slice_in_dim(arr, i, 1, axis)
             i = 0
         out.append(i)
