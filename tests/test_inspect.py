@@ -469,3 +469,20 @@ def test_explain_labels_the_cases_a_count_chooses():
                         "_u1 <= 0: error, checked as the program runs"), lines
     assert lines[1] == "case 1: outputs f32[]; sizes n in {1..8} where _u1 >= 3", lines
     assert lines[2].startswith("case 2: error: ValueError: zero-size array"), lines
+
+
+def test_explain_marks_a_case_no_count_reaches():
+    """A case whose count conditions contradict (``_u1 >= 3`` and ``_u1 <=
+    0``: JAX's emptiness split traced under ``> 2``) is said unreachable
+    (new-user check)."""
+    def f(x):
+        s = pm.boolean_mask(x, x > 0)
+        if s.shape[0] > 2:
+            return s.mean()
+        return -s.sum()
+
+    text = str(pm.explain(f, "n", pm.Masked(jnp.ones(8), (6,)), print_output=False))
+    cases = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("case ")]
+    contradictory = [c for c in cases if "_u1 >= 3 and _u1 <= 0" in c]
+    assert contradictory and all("(unreachable" in c for c in contradictory), cases
+    assert not any("(unreachable" in c for c in cases if c not in contradictory), cases

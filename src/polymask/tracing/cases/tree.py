@@ -158,6 +158,8 @@ class CaseTree:
                 compat.is_fresh_dim_name(v) for v in re.findall(r"[A-Za-z_]\w*", c))]
             if counted:  # (the sizes alone do not choose it: a count computed first does)
                 sizes += " where " + describe_conditions(counted, self.internal)
+                if not _satisfiable(counted):
+                    sizes += " (unreachable: no count meets these)"
             for check in node.program.count_checks if node.program is not None else ():
                 if _implied_by_others(check.condition, node.conditions):
                     continue  # (the case's own conditions rule its failure out: _u1 >= 3)
@@ -241,6 +243,26 @@ def _implied_by_others(check: str, conditions) -> bool:
 
     return all(holds(test, k) for k in range(_COUNTS_LOOKED_AT)
                if all(holds(c, k) for c in parsed))
+
+
+def _satisfiable(conditions) -> bool:
+    """Whether some count meets ``conditions`` (each on one count; True
+    where that cannot be told: several counts, a form JAX cannot parse)."""
+    by_count: dict = {}
+    for c in conditions:
+        names = set(re.findall(r"[A-Za-z_]\w*", c))
+        if len(names) != 1:
+            return True
+        by_count.setdefault(names.pop(), []).append(c)
+    try:
+        for v, conds in by_count.items():
+            parsed = [_parsed(c) for c in conds]
+            if not any(all((int(compat.evaluate_dim(e, {v: k})) >= 0) == at_least
+                           for e, at_least in parsed) for k in range(_COUNTS_LOOKED_AT)):
+                return False
+    except Exception:  # noqa: BLE001 - a condition JAX cannot parse alone
+        return True
+    return True
 
 
 def _parsed(condition: str):
