@@ -2209,25 +2209,3 @@ def test_a_weakly_typed_array_input_keeps_its_weak_type():
                for n in (3, 5, 2)]
         for got, ex in zip(pm.ragged_map(f, layout=layout)(exs), exs):
             assert got[0].dtype == jax.jit(f)(*ex)[0].dtype == np.float16, layout
-
-
-def test_an_axis_made_static_for_a_size_needed_as_a_value_is_said():
-    """Without in_specs, an axis whose size the function needs as a Python
-    value (``np.arange(x.shape[0])``) is made static: one program per size, as
-    jax.jit. That was silent (no FallbackWarning, nothing in fallbacks(), and
-    fallback=False did not stop it; new-user check); it is said as a per-shape
-    fallback is, and fallback=False raises instead."""
-    def sq(x):
-        return jnp.asarray(np.arange(x.shape[0]) ** 2) * x
-
-    g = pm.jit(sq, tiered=False)
-    with pytest.warns(pm.FallbackWarning, match=r"needs the size of args\[0\]\.shape\[0\] as a "
-                                                r"Python value, so that axis is static"):
-        outs = [g(np.ones(n, np.float32)) for n in (3, 5, 40)]
-    for n, out in zip((3, 5, 40), outs):
-        np.testing.assert_array_equal(out, sq(jnp.ones(n)))
-    assert list(g.fallbacks()) == ["args[0].shape[0] (static)"]
-    strict = pm.jit(sq, tiered=False, fallback=False)
-    with pytest.raises(pm.ShapeError, match="cannot trace the function with symbolic sizes"):
-        for n in (3, 5, 40):
-            strict(np.ones(n, np.float32))

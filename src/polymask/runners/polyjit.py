@@ -50,7 +50,6 @@ from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype, native_byte_order
 from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
-from ..tracing.cases.tree import needs_a_traced_value
 from ..tracing.prologue import raise_run_failure
 from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
@@ -91,16 +90,6 @@ def _leaf_key(x):
         return (type(x), x.shape, x.dtype, getattr(x, "weak_type", False))
     except AttributeError:
         return (type(x), np.shape(x), dtype_key(x))
-
-
-def _needs_a_value(error: BaseException) -> bool:
-    """Whether ``error`` (a ``TooManyCases``) is the function needing a size as
-    a Python value (``np.arange(x.shape[0])``), not an axis meeting a fixed
-    size (``x @ W``)."""
-    plain = plain_type_of(error)
-    return isinstance(error, TooManyCases) and (
-        (plain is not None and issubclass(plain, jax.errors.ConcretizationTypeError))
-        or needs_a_traced_value(error))
 
 
 def _weak_array(a) -> bool:
@@ -577,7 +566,7 @@ class PolyJit:
             raise_run_failure(e)
             if self._fallback is not None and isinstance(e, FailsAsPlainJax):
                 return self._plain_or_its_error(info, None, args, e)
-            if falls_back(e) and self._adapt(info.plan, e):
+            if falls_back(e) and self.plans.adapt_to(info.plan, e):
                 return self._planned_again(info, args)
             if self._fallback is None or not falls_back(e):
                 raise
@@ -592,29 +581,12 @@ class PolyJit:
         """The call's sizes reach an error case of ``entry``'s case tree: planned
         again where an axis met a fixed size, else plain ``jax.jit``'s outputs
         or error (``_plain_or_its_error``), else the error."""
-        if self._adapt(info.plan, error):  # their case met a fixed size
+        if self.plans.adapt_to(info.plan, error):  # their case met a fixed size
             return self._planned_again(info, args)
         if self._fallback is not None:
             return self._plain_or_its_error(info, entry, args, error)
         info.error = error
         raise at_call_site_error(error) from None
-
-    def _adapt(self, plan: CallPlan, error: BaseException) -> bool:
-        """``plans.adapt_to``: later calls planned around what ``error`` found.
-        An axis made static because the function needs its size as a Python
-        value (``TooManyCases`` naming it), not because it met a fixed size
-        (``x @ W``), compiles per size as a per-shape fallback does: said as
-        one (``FallbackWarning``, ``.fallbacks()``), and not done with
-        ``fallback=False``."""
-        names = getattr(error, "fixed_size_vars", ()) if _needs_a_value(error) else ()
-        if names and self._fallback is None:
-            return False
-        if not self.plans.adapt_to(plan, error):
-            return False
-        if names:
-            axes = plan.var_axes()
-            self._fallback.made_static(", ".join(axes.get(v, v) for v in names), error)
-        return True
 
     def _planned_again(self, info: _CallInfo, args):
         """The call again, once its plan made axes static that met a fixed size
@@ -947,7 +919,7 @@ class PolyJit:
                 return self
             except Exception as e:
                 # an axis met a fixed size (x @ W): planned static, as a call would
-                if not (falls_back(e) and self._adapt(self.plans.plan(args)[0], e)):
+                if not (falls_back(e) and self.plans.adapt_to(self.plans.plan(args)[0], e)):
                     raise
 
     def _compile_first_ahead(self, args, like: CallPlan) -> bool:

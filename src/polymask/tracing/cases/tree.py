@@ -281,13 +281,6 @@ _TRACED_VALUE_ERRORS = ("ConcretizationTypeError", "TracerBoolConversionError",
                         "TracerArrayConversionError", "TracerIntegerConversionError")
 
 
-def needs_a_traced_value(error: BaseException) -> bool:
-    """Whether ``error`` (polymask's, from a case's error text) is a traced
-    value used as a Python value (``np.arange(x.shape[0])``: the size read as
-    an array, then converted), by the JAX error it names."""
-    return any(f"{name}:" in str(error) for name in _TRACED_VALUE_ERRORS)
-
-
 def plain_failure(error: str) -> tuple[str, str]:
     """How plain JAX fails like this, and a remedy: ``(phrase, remedy)``.
 
