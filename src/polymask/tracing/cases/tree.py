@@ -155,7 +155,7 @@ class CaseTree:
                 sizes = "; sizes " + (sizes_text(node.reached_by) if node.reached_by
                                       else "none (unreachable)")
             counted = [c for c in node.conditions if any(
-                compat.is_fresh_dim_name(v) for v in re.findall(r"[A-Za-z_]\w*", c))]
+                compat.is_fresh_dim_name(v) for v in _names(c))]
             if counted:  # (the sizes alone do not choose it: a count computed first does)
                 sizes += " where " + describe_conditions(counted, self.internal)
                 if not _satisfiable(counted):
@@ -220,29 +220,35 @@ def _negated(condition: str) -> str:
 _COUNTS_LOOKED_AT = 4096
 
 
+def _names(condition: str) -> set[str]:
+    return set(re.findall(r"[A-Za-z_]\w*", condition))
+
+
+def _counts_meeting(conditions, v: str) -> list[int] | None:
+    """The values of the count ``v`` (0 .. ``_COUNTS_LOOKED_AT`` - 1) that
+    meet every condition of ``conditions`` (each on ``v`` alone); None where
+    JAX cannot parse one alone."""
+    try:
+        parsed = [_parsed(c) for c in conditions]
+    except Exception:  # noqa: BLE001 - a condition JAX cannot parse alone
+        return None
+    return [k for k in range(_COUNTS_LOOKED_AT)
+            if all((int(compat.evaluate_dim(e, {v: k})) >= 0) == at_least
+                   for e, at_least in parsed)]
+
+
 def _implied_by_others(check: str, conditions) -> bool:
     """Whether ``check`` (``"_u1 - 1 >= 0"``, on one count) holds at every
     count that the case's other conditions on that count allow (``"_u1 - 3
     >= 0"`` implies it): then its failure cannot happen in this case. Checks
     on several counts are never called implied."""
-    names = set(re.findall(r"[A-Za-z_]\w*", check))
+    names = _names(check)
     if len(names) != 1:
         return False
     (v,) = names
-    try:
-        parsed = [_parsed(c) for c in conditions
-                  if c != check and set(re.findall(r"[A-Za-z_]\w*", c)) == names]
-        test = _parsed(check)
-    except Exception:  # noqa: BLE001 - a condition JAX cannot parse alone: say it
-        return False
-
-    def holds(cond, k: int) -> bool:
-        e, at_least = cond
-        value = int(compat.evaluate_dim(e, {v: k}))
-        return value >= 0 if at_least else value <= -1
-
-    return all(holds(test, k) for k in range(_COUNTS_LOOKED_AT)
-               if all(holds(c, k) for c in parsed))
+    others = [c for c in conditions if c != check and _names(c) == names]
+    allowed, meeting = _counts_meeting(others, v), _counts_meeting([*others, check], v)
+    return allowed is not None and meeting is not None and allowed == meeting
 
 
 def _satisfiable(conditions) -> bool:
@@ -250,19 +256,11 @@ def _satisfiable(conditions) -> bool:
     where that cannot be told: several counts, a form JAX cannot parse)."""
     by_count: dict = {}
     for c in conditions:
-        names = set(re.findall(r"[A-Za-z_]\w*", c))
+        names = _names(c)
         if len(names) != 1:
             return True
         by_count.setdefault(names.pop(), []).append(c)
-    try:
-        for v, conds in by_count.items():
-            parsed = [_parsed(c) for c in conds]
-            if not any(all((int(compat.evaluate_dim(e, {v: k})) >= 0) == at_least
-                           for e, at_least in parsed) for k in range(_COUNTS_LOOKED_AT)):
-                return False
-    except Exception:  # noqa: BLE001 - a condition JAX cannot parse alone
-        return True
-    return True
+    return all(_counts_meeting(conds, v) != [] for v, conds in by_count.items())
 
 
 def _parsed(condition: str):
