@@ -460,7 +460,7 @@ def _split_geq(orig_geq):
     """``_geq_decision`` that raises ``SplitNeeded(e1 - e2)`` when inconclusive."""
 
     def geq(e1, e2, cmp_str):
-        if is_dim_expr(e1) != is_dim_expr(e2) and _a_number(e2 if is_dim_expr(e1) else e1):
+        if is_dim_expr(e1) != is_dim_expr(e2) and _is_float(e2 if is_dim_expr(e1) else e1):
             return _geq_of_a_float(geq, e1, e2, cmp_str)
         try:
             res = orig_geq(e1, e2, cmp_str)
@@ -480,7 +480,7 @@ def _split_geq(orig_geq):
     return geq
 
 
-def _a_number(v) -> bool:
+def _is_float(v) -> bool:
     return isinstance(v, (float, np.floating))
 
 

@@ -290,19 +290,22 @@ def _data_dependent_error(e: BaseException, where: str) -> ShapeError | None:
     if isinstance(e, jax.errors.NonConcreteBooleanIndexError):
         return ShapeError(
             f"boolean indexing x[m] has a data-dependent size (at {where}); under "
-            "polymask.mask, polymask.jit or ragged_map use polymask.boolean_mask(x, m) (or polymask.compress / "
+            "polymask.mask, polymask.jit or ragged_map use polymask.boolean_mask(x, m) "
+            "(or polymask.compress / "
             "polymask.extract) instead.")
     if api in ("op", "__getitem__") and compat.is_traced_slice_bounds_error(e):
         return ShapeError(
             f"a slice with traced bounds has a data-dependent size (at {where}); under "
-            "polymask.mask, polymask.jit or ragged_map use polymask.dynamic_slice(x, start, size, max_size=...) "
+            "polymask.mask, polymask.jit or ragged_map use "
+            "polymask.dynamic_slice(x, start, size, max_size=...) "
             "instead; a bound that is a Python number given as an argument is a traced "
             "array as under jax.jit: pass it as a keyword argument (static) instead"
             f".\n  JAX said: {said}")
     if isinstance(e, jax.errors.ConcretizationTypeError) and api in _DATA_DEPENDENT_REPLACEMENTS:
         return ShapeError(
             f"jnp.{api} has a data-dependent output size (at {where}); under polymask.mask, "
-            f"polymask.jit or ragged_map use {_DATA_DEPENDENT_REPLACEMENTS[api]} instead: its size becomes a logical "
+            f"polymask.jit or ragged_map use {_DATA_DEPENDENT_REPLACEMENTS[api]} instead: "
+            "its size becomes a logical "
             f"size with a known bound.\n  JAX said: {said}")
     if isinstance(e, jax.errors.ConcretizationTypeError):
         text = str(e)
