@@ -2209,3 +2209,42 @@ def test_a_weakly_typed_array_input_keeps_its_weak_type():
                for n in (3, 5, 2)]
         for got, ex in zip(pm.ragged_map(f, layout=layout)(exs), exs):
             assert got[0].dtype == jax.jit(f)(*ex)[0].dtype == np.float16, layout
+
+
+def test_an_axis_made_static_for_a_size_needed_as_a_value_is_said_at_its_second_size():
+    """Without in_specs, an axis whose size the function needs as a Python
+    value (``np.arange(x.shape[0])``) is made static: one program per size, as
+    jax.jit. That was silent (no FallbackWarning, nothing in fallbacks(), and
+    fallback=False did not stop it; new-user check); it is said as a per-shape
+    fallback is once the axis is seen at a second size, and fallback=False
+    raises there instead. An axis of one size (a weight's, read as
+    ``fan_in`` by an initialiser) is static for free: nothing is said."""
+    def sq(x):
+        return jnp.asarray(np.arange(x.shape[0]) ** 2) * x
+
+    g = pm.jit(sq, tiered=False)
+    with warnings.catch_warnings():  # 3 and 5 share bucket 8 (traced per size in it), 40
+        warnings.simplefilter("error")  # is past 2 x max_cases: static at its first size
+        outs = [g(np.ones(n, np.float32)) for n in (3, 5, 40)]
+    with pytest.warns(pm.FallbackWarning, match=r"needs the size of args\[0\]\.shape\[0\] as a "
+                                                r"Python value, so that axis is static"):
+        outs.append(g(np.ones(41, np.float32)))
+    for n, out in zip((3, 5, 40, 41), outs):
+        np.testing.assert_array_equal(out, sq(jnp.ones(n)))
+    assert list(g.fallbacks()) == ["args[0].shape[0] (static)"]
+    strict = pm.jit(sq, tiered=False, fallback=False)
+    np.testing.assert_array_equal(strict(np.ones(40, np.float32)), sq(jnp.ones(40)))
+    with pytest.raises(pm.ShapeError, match="cannot trace the function with symbolic sizes"):
+        strict(np.ones(41, np.float32))
+
+    def scaled(w, x):  # w's axis 0 is read as a Python value; x's axis varies
+        return x @ w.T * (1.0 / np.sqrt(w.shape[0]))
+
+    h = pm.jit(scaled, tiered=False, fallback=False)
+    w = np.ones((48, 2), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for n in (3, 5, 9, 1, 70):
+            x = np.full((n, 2), 2.0, np.float32)
+            np.testing.assert_allclose(h(w, x), scaled(w, x), rtol=1e-6)
+    assert list(h._value_axes) == [("args[0]", 0)] and not h.fallbacks()

@@ -346,6 +346,10 @@ def _count_comparison_message(comparison: str, where: str) -> str:
         "lax.cond or lax.switch on it.")
 
 
+# (how _inconclusive_error's message starts: runners read it, needs_a_size_as_value)
+SIZE_AS_CONSTANT = "a size was needed as a Python constant"
+
+
 def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeError:
     msg = re.split(r"\n(?:Using symbolic scope|This error arises)", msg)[0].strip()
     extra = ""
@@ -357,7 +361,7 @@ def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeEr
             "use polymask.logical_shape(x)"))
         by = f" by '{api}'" if api and not api.startswith("_") else ""
         error = ShapeError(
-            f"a size was needed as a Python constant{by} while tracing at {where} "
+            f"{SIZE_AS_CONSTANT}{by} while tracing at {where} "
             f"(int(x.shape[0]), range(n), np.zeros(n), ...):\n  {msg}\n  {hint}.")
         # (where tracing it size by size is past the limit, an axis it takes per
         # size: a runner naming its own dim vars plans it static, as '_')

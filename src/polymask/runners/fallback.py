@@ -122,6 +122,23 @@ class ExactFallback:
         with self._lock:
             self._warned, self._pending = True, None
 
+    def made_static(self, axes: str, error: BaseException) -> None:
+        """Record and warn (once per ``axes``) that the runner made these input
+        axes static (``"args[0].shape[0]"``) because the function needs their
+        sizes as Python values (``np.arange(x.shape[0])``): one program per
+        size of them, as jax.jit, counted in ``stats()['compiles']``."""
+        where = f"{axes} (static)"
+        reason = refusal_text(error)
+        with self._lock:
+            if where in self._reasons:
+                return
+            self._reasons[where] = reason
+        warnings.warn(FallbackWarning(
+            f"{self.runner}: the function needs the size of {axes} as a Python value, so "
+            "that axis is static: each size of it compiles its own program, as jax.jit "
+            "does (counted in stats()['compiles']; .fallbacks() lists it). Why:\n"
+            f"{reason}"), stacklevel=user_stacklevel())
+
     def fallbacks(self) -> dict[str, str]:
         """``{bucket: reason}`` of every bucket that runs per exact shape."""
         with self._lock:

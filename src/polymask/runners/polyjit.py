@@ -50,6 +50,7 @@ from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype, native_byte_order
 from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
+from ..tracing.cases.tree import needs_a_size_as_value
 from ..tracing.prologue import raise_run_failure
 from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
@@ -92,10 +93,30 @@ def _leaf_key(x):
         return (type(x), np.shape(x), dtype_key(x))
 
 
+def _needs_a_value(error: BaseException) -> bool:
+    """Whether ``error`` is the function needing a size as a Python value
+    (``np.arange(x.shape[0])``, ``int(n)``, ``if n > k``: ``TooManyCases``),
+    not an axis meeting a fixed size (``x @ W``)."""
+    plain = plain_type_of(error)
+    return isinstance(error, TooManyCases) and (
+        (plain is not None and issubclass(plain, jax.errors.ConcretizationTypeError))
+        or needs_a_size_as_value(error))
+
+
 def _weak_array(a) -> bool:
     """A weakly typed JAX array (its programs differ: it takes the general
     path, whose key says so, not the fast one keyed by shape and dtype)."""
     return type(a) is compat.ArrayImpl and a.weak_type
+
+
+@dataclasses.dataclass(eq=False)
+class _ValueAxis:
+    """An input axis made static because the function needs its size as a
+    Python value: the size it was first seen at, where it is, why."""
+    size: int
+    where: str
+    error: BaseException
+    said: bool = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -232,6 +253,8 @@ class PolyJit:
         self.cache = ProgramCache(cache_size, self.compiler_options,
                                   extra_stats=("traced_calls", "exact_compiles"))
         name = getattr(fun, "__name__", type(fun).__name__)
+        # axes made static for their sizes as Python values: (leaf path, axis) -> _ValueAxis
+        self._value_axes: dict[tuple, _ValueAxis] = {}
         self._fallback = (ExactFallback(self.fun, f"polymask.jit({name})", self.cache.add,
                                         self.compiler_options,
                                         hint=_DEFAULT_SPECS_HINT if in_specs is None else "")
@@ -274,6 +297,8 @@ class PolyJit:
     def _info(self, args, tree, key, fast: bool) -> _CallInfo:
         check_arity(self.fun, args)  # (once per call signature)
         plan, leaves, _ = self.plans.plan(args)
+        if self._value_axes:
+            self._check_value_axes(plan)
         self._last_new = (tree, [jax.ShapeDtypeStruct(np.shape(x),
                                                       canonical_dtype(x.dtype))
                                  if hasattr(x, "dtype") else x for x in leaves])
@@ -566,7 +591,7 @@ class PolyJit:
             raise_run_failure(e)
             if self._fallback is not None and isinstance(e, FailsAsPlainJax):
                 return self._plain_or_its_error(info, None, args, e)
-            if falls_back(e) and self.plans.adapt_to(info.plan, e):
+            if falls_back(e) and self._adapt(info.plan, e):
                 return self._planned_again(info, args)
             if self._fallback is None or not falls_back(e):
                 raise
@@ -581,12 +606,50 @@ class PolyJit:
         """The call's sizes reach an error case of ``entry``'s case tree: planned
         again where an axis met a fixed size, else plain ``jax.jit``'s outputs
         or error (``_plain_or_its_error``), else the error."""
-        if self.plans.adapt_to(info.plan, error):  # their case met a fixed size
+        if self._adapt(info.plan, error):  # their case met a fixed size
             return self._planned_again(info, args)
         if self._fallback is not None:
             return self._plain_or_its_error(info, entry, args, error)
         info.error = error
         raise at_call_site_error(error) from None
+
+    def _adapt(self, plan: CallPlan, error: BaseException) -> bool:
+        """``plans.adapt_to``: later calls planned around what ``error`` found.
+        An axis made static because the function needs its size as a Python
+        value (``TooManyCases`` naming it), not because it met a fixed size
+        (``x @ W``), is noted: it is said as a per-shape fallback once it is
+        seen at a second size (``_check_value_axes``): a parameter's axis
+        (flax's initialisers read ``fan_in`` as a Python value) has one size,
+        and is static for free."""
+        names = getattr(error, "fixed_size_vars", ()) if _needs_a_value(error) else ()
+        if not self.plans.adapt_to(plan, error):
+            return False
+        if names:
+            with self.cache.lock:
+                for leaf in plan.leaves:
+                    for k, a in enumerate(leaf.axes or ()):
+                        if a.var in names:
+                            self._value_axes.setdefault(
+                                (leaf.path, k), _ValueAxis(leaf.shape[k], a.where, error))
+        return True
+
+    def _check_value_axes(self, plan: CallPlan) -> None:
+        """A call whose plan has an axis made static for its size as a Python
+        value (``_adapt``) at a size other than the one it was first seen at:
+        each size of it compiles its own program, as jax.jit does. Said once
+        per axis (``FallbackWarning``, ``.fallbacks()``); with
+        ``fallback=False``, a ``ShapeError`` (the masked trace's) instead."""
+        for leaf in plan.leaves:
+            for k, size in enumerate(leaf.shape):
+                axis = self._value_axes.get((leaf.path, k))
+                if axis is None or axis.size == size or (
+                        leaf.axes is not None and leaf.axes[k].var is not None):
+                    continue  # (static at one size only: symbolic again at this one)
+                if self._fallback is None:
+                    raise at_call_site_error(axis.error)
+                if not axis.said:
+                    axis.said = True
+                    self._fallback.made_static(axis.where, axis.error)
 
     def _planned_again(self, info: _CallInfo, args):
         """The call again, once its plan made axes static that met a fixed size
@@ -919,7 +982,7 @@ class PolyJit:
                 return self
             except Exception as e:
                 # an axis met a fixed size (x @ W): planned static, as a call would
-                if not (falls_back(e) and self.plans.adapt_to(self.plans.plan(args)[0], e)):
+                if not (falls_back(e) and self._adapt(self.plans.plan(args)[0], e)):
                     raise
 
     def _compile_first_ahead(self, args, like: CallPlan) -> bool:

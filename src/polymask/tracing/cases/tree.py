@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ... import _jax_compat as compat
-from ...core.diagnostics import dim_vars_named, user_frame_of_exception
+from ...core.diagnostics import SIZE_AS_CONSTANT, dim_vars_named, user_frame_of_exception
 from ...core.dimvars import describe_conditions, display_text, pretty_condition, sizes_text
 from ...core.errors import ShapeError, UnsupportedError
 from ...core.shapes import DimEnv, is_static
@@ -277,6 +277,15 @@ def aval_text(aval) -> str:
 
 _TRACED_VALUE_ERRORS = ("ConcretizationTypeError", "TracerBoolConversionError",
                         "TracerArrayConversionError", "TracerIntegerConversionError")
+
+
+def needs_a_size_as_value(error: BaseException) -> bool:
+    """Whether ``error`` (polymask's) is the function needing a size as a
+    Python value: a size made a constant (``int(n)``, ``np.zeros(n)``) or
+    read as a traced value and converted (``np.arange(x.shape[0])``: the JAX
+    error it names), not an axis meeting a fixed size (``x @ W``)."""
+    text = str(error)
+    return SIZE_AS_CONSTANT in text or any(f"{name}:" in text for name in _TRACED_VALUE_ERRORS)
 
 
 def plain_failure(error: str) -> tuple[str, str]:
