@@ -979,6 +979,24 @@ def test_size_names_polymask_gave_are_explained_in_errors():
         pm.jit(f, in_specs="n")(np.ones(5, np.float32))
     assert "polymask named" not in str(info.value)
 
+    # pm.mask without specs, the packed layout's refusal, the fallback's bucket
+    with pytest.raises(pm.ShapeError) as info:
+        pm.mask(f)(pm.Masked(jnp.ones(9), (5,)))
+    assert "s0 in {5}" in str(info.value) and "s0 = args[0].shape[0]" in str(info.value)
+    with pytest.raises(pm.PackedUnsupported) as info:
+        pm.ragged_map(lambda x: x[::3] * 2, layout="packed")(
+            [np.ones(n, np.float32) for n in (3, 5, 7)])
+    assert "floordiv(l0_0" in str(info.value) and "l0_0 = example.shape[0]" in str(info.value)
+
+    def tril_sum(x):  # np needs the size as a Python int: per shape past the limit
+        return jnp.asarray(np.tril(np.ones((x.shape[0],) * 2, np.float32))) @ x
+
+    g = pm.jit(tril_sum, tiered=False)
+    with pytest.warns(pm.FallbackWarning, match=r"(?s)the sizes s0 <= 64 .*polymask named "
+                                                r"these sizes s0 = args\[0\]\.shape\[0\]"):
+        assert float(g(np.ones(40, np.float32))[-1]) == 40.0
+    assert "s0 = args[0].shape[0]" in g.fallbacks()["s0 <= 64"]
+
 
 def test_plain_jax_error_said_once_where_nothing_was_symbolic():
     """Examples of one shape trace with no symbolic size: the masked trace's

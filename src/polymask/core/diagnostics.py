@@ -170,17 +170,26 @@ def _same_type(e: BaseException, message: str) -> BaseException:
 _GIVEN_NAME = re.compile(r"\b(s\d+|l\d+_\d+)\b")
 
 
+def size_names_legend(text: str, axes: Mapping[str, str]) -> str:
+    """``"  (no in_specs were given: polymask named these sizes s0 =
+    args[0].shape[0])"`` for the names polymask gave that ``text`` uses and
+    does not explain; "" where there are none."""
+    named = [v for v in dict.fromkeys(_GIVEN_NAME.findall(text))
+             if v in axes and f"{v} = {axes[v]}" not in text]
+    if not named:
+        return ""
+    return ("  (no in_specs were given: polymask named these sizes "
+            + ", ".join(f"{v} = {axes[v]}" for v in named) + ")")
+
+
 def with_size_names(e: BaseException, axes: Mapping[str, str]) -> BaseException:
     """``e`` with a line saying which input axis each size name it uses is,
     for names polymask gave (no ``in_specs``: ``s0``, ``l0_0``), which the
     user never wrote: ``(s0 = args[0].shape[0])``. ``axes``: dim var -> axis."""
     text = str(e)
-    named = [v for v in dict.fromkeys(_GIVEN_NAME.findall(text))
-             if v in axes and f"{v} = {axes[v]}" not in text]
-    if not named:
+    legend = size_names_legend(text, axes)
+    if not legend:
         return e
-    legend = ("  (no in_specs were given: polymask named these sizes "
-              + ", ".join(f"{v} = {axes[v]}" for v in named) + ")")
     at = text.find("\n  in the masked call at")
     at = len(text) if at < 0 else at
     return _same_type(e, f"{text[:at]}\n{legend}{text[at:]}")

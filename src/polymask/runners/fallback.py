@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 
 from .. import _jax_compat as compat
-from ..core.diagnostics import user_stacklevel
+from ..core.diagnostics import size_names_legend, user_stacklevel
 from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError, SpecError, typed_as
 from ..core.shapes import native_byte_order
 from ..tracing.cases.refine import TRACE_NOTE
@@ -92,12 +92,18 @@ class ExactFallback:
         self._pending: tuple[str, str] | None = None  # a refusal not warned yet
 
     # -- refusals ------------------------------------------------------------------
-    def refused(self, where: str, error: BaseException) -> str:
+    def refused(self, where: str, error: BaseException,
+                axes: Mapping[str, str] | None = None) -> str:
         """Record that the bucket described by ``where`` (``"n <= 16"``) cannot
         share a program because of ``error``. The runner's first refusal is
         warned once a call has run per shape (``warn_pending``; ``call`` does
-        it). Returns the reason."""
+        it). ``axes``: the dim vars the runner named itself (no in_specs:
+        ``s0`` -> ``"args[0].shape[0]"``), explained in the reason. Returns
+        the reason."""
         reason = refusal_text(error)
+        legend = size_names_legend(f"{where}\n{reason}", axes or {})
+        if legend:
+            reason = f"{reason}\n{legend}"
         with self._lock:
             self._reasons.setdefault(where, reason)
             if not self._warned and self._pending is None:

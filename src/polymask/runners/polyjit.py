@@ -41,6 +41,7 @@ from ..core.errors import (
     FailsAsPlainJax,
     ShapeError,
     TooManyCases,
+    UnsupportedError,
     plain_type_of,
     typed_as,
     with_plain_state,
@@ -573,10 +574,10 @@ class PolyJit:
         else:
             try:
                 return self._first_call(info, args, leaves)
-            except ShapeError as e:
-                if self.in_specs is not None:
-                    raise
-                raise with_size_names(e, info.plan.var_axes()) from e.__cause__
+            except (ShapeError, UnsupportedError) as e:
+                if self.in_specs is None:
+                    raise with_size_names(e, info.plan.var_axes()) from e.__cause__
+                raise
         return self._outputs(info, entry, out)
 
     def _first_call(self, info: _CallInfo, args, leaves):
@@ -715,7 +716,8 @@ class PolyJit:
         reason = (ShapeError("the masked trace takes these sizes to an error case, but plain "
                              f"jax.jit runs them (a polymask bug; please report it):\n{error}")
                   if bug else error)
-        unshared = self._fallback.refused(bucket_text((entry or info.plan).buckets), reason)
+        unshared = self._fallback.refused(bucket_text((entry or info.plan).buckets), reason,
+                                          self._given_names(info.plan))
         self._fallback.warn_pending()
         if entry is None or entry is info.entry:  # its own bucket: these shapes run per shape
             info.unshared = unshared
@@ -735,11 +737,17 @@ class PolyJit:
             # fallback (fallbacks(), exact_calls); this shape raises it again
             info.unshared, info.error = None, failed
             raise
-        info.unshared = self._fallback.refused(bucket_text(info.plan.buckets), error)
+        info.unshared = self._fallback.refused(bucket_text(info.plan.buckets), error,
+                                               self._given_names(info.plan))
         self._fallback.warn_pending()
         if info.entry is not None:
             info.entry.unshared = info.unshared
         return out
+
+    def _given_names(self, plan: CallPlan) -> dict[str, str] | None:
+        """The input axis of each dim var the runner named itself (no
+        in_specs: ``s0`` -> ``args[0].shape[0]``), for its messages."""
+        return plan.var_axes() if self.in_specs is None else None
 
     def _exact_call(self, info: _CallInfo, args, counted: bool = False):
         """``fun`` under ``jax.jit`` on the exact arrays (``fallback.ExactFallback``)."""

@@ -31,7 +31,7 @@ import numpy as np
 from ..core.binding import runner_specs
 from ..core.buckets import as_policy, int_arg
 from ..core.diagnostics import at_call_site, user_call_site, with_size_names
-from ..core.errors import FailsAsPlainJax, ShapeError, about_example
+from ..core.errors import FailsAsPlainJax, ShapeError, UnsupportedError, about_example
 from ..core.plan import dtype_key, policy_getter
 from ..core.shapes import native_byte_order
 from ..core.specs import as_constraints
@@ -141,7 +141,7 @@ class RaggedMap:
             except _PromotedAxisFails:
                 self._axis_history.pin_promoted()  # static again, as the examples read alone
                 return self._map(examples, broadcast, progress, refine)
-        except ShapeError as e:
+        except (ShapeError, UnsupportedError) as e:
             if self.in_specs is not None:
                 raise
             axes = ragged_batches.auto_spec_axes(examples)
@@ -587,7 +587,9 @@ class RaggedMap:
                 raise
             if self._axis_history.promoted:
                 raise _PromotedAxisFails from e
-            self._unshared[bucket] = self._fallback.refused(bucket_text(plan0.buckets), e)
+            self._unshared[bucket] = self._fallback.refused(
+                bucket_text(plan0.buckets), e, None if self.in_specs is not None
+                else plan0.var_axes())
             return self._rerun_in_own_buckets(tree, plan0, chunk, infos, results, broadcast,
                                               bcast_leaves, bcast_tree, bcast_key, in_specs,
                                               spec_key, bucket)
@@ -611,7 +613,8 @@ class RaggedMap:
                     bucket_text(plan0.buckets),
                     ShapeError(f"the masked trace takes these sizes to an error case, but "
                                f"plain jax.jit runs them (a polymask bug; please report "
-                               f"it):\n{e}") if bug else e)
+                               f"it):\n{e}") if bug else e,
+                    None if self.in_specs is not None else plan0.var_axes())
                 self._fallback.warn_pending()
         outputs = entry.outputs
         if outputs.device_axes:

@@ -183,6 +183,15 @@ class MaskedProgram:
     eager_states: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                            compare=False)
 
+    def var_axes(self) -> dict[str, str]:
+        """Each spec dim var's first input axis (``args[0].shape[1]``)."""
+        axes: dict[str, str] = {}
+        for leaf in self.axis_specs:
+            for a in leaf:
+                if a.var:
+                    axes.setdefault(a.var, a.where)
+        return axes
+
     @property
     def out_shapes(self) -> list[tuple]:
         """Symbolic output shapes (dimension expressions) per output leaf."""
@@ -419,7 +428,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         split = split_of(e) or _split_for_unproven_equality(e, scope, internal)
         if split is not None:
             raise split from None
-        var_where = {}
+        var_where = {}  # (MaskedProgram.var_axes: the program is not made yet)
         for axes in axis_specs:
             for a in axes:
                 if a.var:

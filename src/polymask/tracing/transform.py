@@ -21,7 +21,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import check_arity, split_specs
 from ..core.buckets import int_arg
-from ..core.diagnostics import at_call_site, at_this_call, called, user_call_site
+from ..core.diagnostics import at_call_site, at_this_call, called, user_call_site, with_size_names
 from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.specs import as_constraints, broadcast_specs, check_in_specs_type
@@ -340,9 +340,12 @@ class MaskedFunction:
         call_site = user_call_site()
         try:
             tree, leaves = self.cases(*args, **kwargs)
-            values, checks = solve_dim_vars(tree.base, leaves, self.checks)
         except ShapeError as e:
             raise at_call_site(e, call_site) from None
+        try:
+            values, checks = solve_dim_vars(tree.base, leaves, self.checks)
+        except ShapeError as e:
+            raise self._sizes_named(at_call_site(e, call_site), tree) from None
         with masked_call(call_site):  # (the rules' run-time checks name it)
             if self.checks == "functional":
                 with functional_checks() as bads:
@@ -352,8 +355,14 @@ class MaskedFunction:
                 try:
                     outs = self._run(tree, leaves, values, checks, call_site, guard)
                 except ShapeError as e:  # (an eager program compiled at another call)
-                    raise at_this_call(e, call_site) from e.__cause__
+                    raise self._sizes_named(at_this_call(e, call_site), tree) from e.__cause__
         return jax.tree_util.tree_unflatten(tree.base.out_tree, outs)
+
+    def _sizes_named(self, error: ShapeError, tree: CaseTree) -> ShapeError:
+        """``error`` saying which input axis each dim var polymask named is
+        (no in_specs: ``s0 = args[0].shape[0]``; ``with_size_names``)."""
+        return error if self.in_specs is not None else with_size_names(
+            error, tree.base.var_axes())
 
     def _run(self, tree: CaseTree, leaves, values, checks, call_site, guard=None):
         meta = self._meta
