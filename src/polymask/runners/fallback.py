@@ -31,7 +31,7 @@ from .. import _jax_compat as compat
 from ..core.diagnostics import size_names_legend, user_stacklevel
 from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError, SpecError, typed_as
 from ..core.shapes import native_byte_order
-from ..tracing.cases.refine import TRACE_NOTE
+from ..tracing.cases.refine import PER_SIZE_NOTE, TRACE_NOTE
 from .compiling import compile_counter
 
 __all__ = ["ExactFallback", "refusal_text", "falls_back", "bucket_text"]
@@ -197,7 +197,10 @@ class ExactFallback:
         msg = (f"{self.runner} fails on these exact arrays, as plain jax.jit does: "
                f"{type(plain).__name__}: {str(plain).strip()}")
         if reason is not None and not _same_error(reason, plain):  # its remedies may still apply
-            msg += "\npolymask's masked trace had stopped first: " + reason
+            # (not the per-size limit's note: no max_cases runs what plain JAX cannot)
+            msg += "\npolymask's masked trace had stopped first: " + "\n".join(
+                line for line in reason.splitlines()
+                if not line.lstrip().startswith(PER_SIZE_NOTE))
         return typed_as(ShapeError(msg), type(plain))
 
 
