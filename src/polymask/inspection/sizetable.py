@@ -66,7 +66,10 @@ def sizes_table(prog, concrete) -> dict[str, dict]:
             add(eqn.params["dim"], src, True)
         for v in eqn.outvars:
             for d in _all_exprs(getattr(v.aval, "shape", ())):
-                add(d, src, False)
+                # (a data-dependent size is born here: say which op counts it)
+                count = compat.is_fresh_dim_name(dim_str(d))
+                add(d, f"{src} (the count {eqn.primitive.name} returns)" if count else src,
+                    False)
         if not has_inner(eqn):  # sizes in params: SAME padding, slice limits, ...
             found: list = []
             substitute_dims(dict(eqn.params), lambda d: found.append(d) or d)

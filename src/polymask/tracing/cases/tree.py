@@ -139,9 +139,9 @@ class CaseTree:
 
         def walk(node, depth):
             pad = "  " * depth
-            if isinstance(node, Split):
+            if isinstance(node, Split):  # (its comparison as JAX made it: either side)
                 lines.append(f"{pad}if {pretty_condition(f'{node.cond} >= 0', self.internal)}   "
-                             f"[{node.text} at {node.where}]")
+                             f"[JAX compared {node.text} at {node.where}]")
                 walk(node.yes, depth + 1)
                 lines.append(f"{pad}else")
                 walk(node.no, depth + 1)
