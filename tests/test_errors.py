@@ -5,7 +5,6 @@ behind (the same masked function still works afterwards, without retracing)."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import pickle
 import re
@@ -18,9 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax import lax
-from jax._src import dispatch as jax_dispatch  # apply_primitive: an XLA implementation
 
 import polymask as pm
+from polymask._jax_compat import testing as jax_private
 from polymask.testing import garbage_pad
 from polymask.tracing.registry import register_rule
 from polymask.tracing.symbolic import current_scope
@@ -46,7 +45,7 @@ def line_of(marker: str) -> str:
 # (XLA's implementation, as JAX's own primitives have: a Python one is masked
 # through it, rules/inlined.py)
 no_rule_p = jax.extend.core.Primitive("polymask_test_no_rule")
-no_rule_p.def_impl(functools.partial(jax_dispatch.apply_primitive, no_rule_p))
+no_rule_p.def_impl(jax_private.xla_impl(no_rule_p))
 no_rule_p.def_abstract_eval(lambda x: x)
 refuse_p = jax.extend.core.Primitive("polymask_test_refuse")
 refuse_p.def_impl(lambda x: x)

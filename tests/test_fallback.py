@@ -9,17 +9,16 @@ past the per-size limit (``np.tril(np.ones((n, n)))``, ``range(n)``), a
 primitive without a masking rule, a library's own ``assert`` on a size.
 """
 
-import functools
 import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import dispatch as jax_dispatch  # apply_primitive: an XLA implementation
 from jax.interpreters import mlir
 
 import polymask as pm
+from polymask._jax_compat import testing as jax_private
 
 SIZES = (3, 40, 41, 70, 40, 0, 1)
 
@@ -45,7 +44,7 @@ def library_assert(x):
 # a primitive polymask has no masking rule for, which jax.jit compiles (its
 # eager implementation is XLA's, as for JAX's own primitives: nothing to inline)
 no_rule_p = jax.extend.core.Primitive("polymask_test_fallback_no_rule")
-no_rule_p.def_impl(functools.partial(jax_dispatch.apply_primitive, no_rule_p))
+no_rule_p.def_impl(jax_private.xla_impl(no_rule_p))
 no_rule_p.def_abstract_eval(lambda x: jax.core.ShapedArray(x.shape, x.dtype))
 mlir.register_lowering(no_rule_p, mlir.lower_fun(lambda x: x * 2.0, multiple_results=False))
 
