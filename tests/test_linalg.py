@@ -198,6 +198,27 @@ def test_custom_linear_solve_symmetric_transpose_and_aux():
     check_oracle(f, ex, [(6, 6), (6,)], ("n, n", "n"), **FAST)
 
 
+def test_custom_linear_solve_whose_solve_calls_a_slicing_matvec():
+    """jax.scipy.sparse.linalg.cg's shape: the solve calls the matvec, which
+    slices the dynamic axis (a stencil). JAX traces the two functions apart;
+    a size computed in the matvec's trace leaked into the solve's under jit
+    (UnexpectedTracerError; helper A, jax-cfd / jax.scipy programs)."""
+    def f(b):
+        mv = lambda x: 2 * x - jnp.concatenate([x[1:], jnp.zeros(1)])  # noqa: E731
+        return lax.custom_linear_solve(mv, b, solve=lambda m, r: r - 0.1 * m(r),
+                                       symmetric=True)
+
+    def cg(b):
+        mv = lambda x: 2.5 * x - jnp.pad(x[1:], (0, 1)) - jnp.pad(x[:-1], (1, 0))  # noqa: E731
+        return jax.scipy.sparse.linalg.cg(mv, b, maxiter=8)[0]
+
+    ex = [(vec(n),) for n in (0, 1, 3, 6)]
+    check_oracle(f, ex, [(6,)], "n", modes=("eager", "jit", "vmap", "grad"), rtol=1e-5,
+                 atol=1e-6)
+    check_oracle(cg, [(vec(n),) for n in (1, 4, 6)], [(6,)], "n", modes=("jit", "grad"),
+                 rtol=1e-4, atol=1e-5)
+
+
 # --------------------------------------------------------------------------
 # Dynamic batch axes (ragged batches of matrices)
 # --------------------------------------------------------------------------

@@ -200,7 +200,10 @@ def custom_linear_solve_rule(ctx, *args, const_lengths, jaxprs):
     symmetric = jaxprs.vecmat is not None and jaxprs.vecmat is jaxprs.matvec
 
     def run(jaxpr, cs, x):
-        outs = ctx.eval_jaxpr(jaxpr, *cs, *x)
+        # (JAX traces each function on its own, the solve calling the matvec
+        # inside it: sizes computed in one trace must not serve another)
+        with ctx.state.scoped():
+            outs = ctx.eval_jaxpr(jaxpr, *cs, *x)
         if has_aux and jaxpr is not jaxprs.matvec and len(outs) > n_out:
             return list(outs[:n_out]), list(outs[n_out:])
         return list(outs)
