@@ -77,6 +77,22 @@ def test_interp_dynamic_queries_grad():
            ["m", "n", "n"], n_grad=3)
 
 
+def test_interp_of_repeated_and_infinite_knots_is_the_installed_jaxs():
+    """Knots that repeat (queries at them) and infinite knot values: the
+    installed JAX's own ``_interp`` runs (jax 0.12 returns the last repeated
+    knot's value where 0.10 returned the first; a copy of 0.10's code gave
+    0.10's answer on 0.12: helper B)."""
+    q = np.array([-1.0, 0.0, 0.5, 1.0, 2.0, 3.0], np.float32)
+    exs = [(q, np.array(xp, np.float32), np.array(fp, np.float32)) for xp, fp in (
+        ([0.0, 0.0], [-0.5, 1.25]),
+        ([0.0, 1.0, 1.0, 3.0], [1.0, 2.0, -2.0, 4.0]),
+        ([0.0, 0.0, 0.0, 2.0, 2.0], [3.0, -1.0, 5.0, 0.5, 7.0]),
+        ([0.0, 1.0, 2.0], [1.0, np.inf, 2.0]),
+        ([1.0], [4.0]))]
+    oracle(lambda q, xp, fp: jnp.interp(q, xp, fp), exs, [None, (B,), (B,)],
+           ["_", "n", "n"], modes=("eager", "jit", "vmap"))
+
+
 def test_interp_empty_raises_like_jax():
     f = polymask.mask(lambda q, xp, fp: jnp.interp(q, xp, fp), ["_", "n", "n"])
     with pytest.raises(TypeError):  # plain JAX: an out-of-range gather

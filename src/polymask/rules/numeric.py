@@ -13,7 +13,8 @@ masked trace, or when no length involved is symbolic, they call JAX's own:
   give the same indices), ``sorter`` applied first as JAX does (a gather).
   ``digitize`` calls it through ``lax_numpy``'s module global (at size 0
   both of its branches give zeros, as JAX's early return does).
-- ``interp``: JAX's ``_interp`` with ``len(xp)`` read as ``xp.shape[0]``.
+- ``interp``: the installed JAX's own ``_interp`` with ``len(xp)`` read as
+  ``xp.shape[0]`` (its code, not a copy).
 - ``convolve`` / ``correlate``: JAX's ``_conv`` with ``len`` read as
   ``shape[0]``: ``len(x) < len(y)`` (which operand slides) and
   ``len(x) < 1`` (JAX raises) are size comparisons that split the trace into
@@ -22,6 +23,8 @@ masked trace, or when no length involved is symbolic, they call JAX's own:
 """
 
 from __future__ import annotations
+
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -58,49 +61,28 @@ def searchsorted_dynamic(a, v, side="left", sorter=None, *, method="scan"):
     return searchsorted_symbolic(a, v, side=side, method="scan")
 
 
-def _interp_dynamic(x, xp, fp, left=None, right=None, period=None):
-    """JAX's ``_interp`` (jax 0.10) with ``len(xp)`` read as ``xp.shape[0]``."""
-    lnp = _LAX_NUMPY
-    x, xp, fp = compat_numeric.ensure_arraylike("interp", x, xp, fp)
-    if np.shape(xp) != np.shape(fp) or np.ndim(xp) != 1:
-        raise ValueError("xp and fp must be one-dimensional arrays of equal size")
-    x_arr, xp_arr = compat_numeric.promote_dtypes_inexact(x, xp)
-    fp_arr, = compat_numeric.promote_dtypes_inexact(fp)
-    del x, xp, fp
-    extrapolate = []
-    for name, side in (("left", left), ("right", right)):
-        if isinstance(side, str) and side != "extrapolate":
-            raise ValueError(f"the only valid string value of `{name}` is "
-                             f"'extrapolate', but got: {side!r}")
-        extrapolate.append(isinstance(side, str))
-    if jnp.issubdtype(x_arr.dtype, np.complexfloating):
-        raise ValueError("jnp.interp: complex x values not supported.")
-    if period is not None:
-        if np.ndim(period) != 0:
-            raise ValueError(f"period must be a scalar; got {period}")
-        period = jnp.abs(period)
-        x_arr = x_arr % period
-        xp_arr = xp_arr % period
-        xp_arr, fp_arr = lax.sort_key_val(xp_arr, fp_arr)
-        xp_arr = jnp.concatenate([xp_arr[-1:] - period, xp_arr, xp_arr[:1] + period])
-        fp_arr = jnp.concatenate([fp_arr[-1:], fp_arr, fp_arr[:1]])
+def _length(x):
+    """``len(x)``, a dimension expression for a symbolic leading axis (where
+    the builtin needs an int)."""
+    try:
+        return len(x)
+    except TypeError:
+        shape = np.shape(x)
+        if shape and compat.is_dim_expr(shape[0]):
+            return shape[0]
+        raise
 
-    i = jnp.clip(lnp.searchsorted(xp_arr, x_arr, side="right"), 1, xp_arr.shape[0] - 1)
-    df = fp_arr[i] - fp_arr[i - 1]
-    dx = xp_arr[i] - xp_arr[i - 1]
-    delta = x_arr - xp_arr[i - 1]
-    epsilon = np.spacing(np.finfo(xp_arr.dtype).eps)
-    dx0 = lax.abs(dx) <= epsilon  # Prevent NaN gradients when `dx` is small.
-    f = jnp.where(dx0, fp_arr[i - 1], fp_arr[i - 1] + (delta / jnp.where(dx0, 1, dx)) * df)
-    if not extrapolate[0]:
-        left_arr = fp_arr[0] if left is None else left
-        if period is None:
-            f = jnp.where(x_arr < xp_arr[0], left_arr, f)
-    if not extrapolate[1]:
-        right_arr = fp_arr[-1] if right is None else right
-        if period is None:
-            f = jnp.where(x_arr > xp_arr[-1], right_arr, f)
-    return f
+
+def _interp_dynamic(*args):
+    """The installed JAX's own ``_interp`` with ``len`` read as ``shape[0]``
+    (its module's globals as they are now: searchsorted is replaced too).
+    Not a copy of its code: its tie and non-finite handling differ by JAX
+    version (jax 0.12 returns the last of repeated ``xp`` knots' values)."""
+    fn = _ORIGINAL_INTERP
+    scope = {**fn.__globals__, "len": _length}
+    own = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    own.__kwdefaults__ = fn.__kwdefaults__
+    return own(*args)
 
 
 def interp_dynamic(x, xp, fp, left=None, right=None, period=None):
