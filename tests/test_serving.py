@@ -489,6 +489,48 @@ def _metric(text: str, name: str, default: float | None = None, **labels) -> flo
     raise KeyError(key)
 
 
+def test_a_client_that_leaves_is_499_not_500_and_its_queued_texts_are_dropped(server):
+    """A client closing its connection while sending its body was a logged 500
+    (a ClientDisconnect traceback: an alert on 5xx fired), and one closing it
+    while its texts waited had them all computed, delaying every later
+    request, and counted as a 200 (helper D). Both are 499 now ("client
+    closed request", nginx's), with no traceback, and the texts not yet in a
+    batch are dropped."""
+    import json
+    import socket
+
+    import httpx
+
+    def metric(status) -> float:
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+        return _metric(text, "polymask_requests_total", 0.0, route="/v1/embeddings",
+                       status=status)
+
+    def real_tokens() -> float:
+        text = httpx.get(server.url + "/metrics", timeout=30).text
+        return _metric(text, "polymask_tokens_total", 0.0, kind="real")
+
+    before = {st: metric(st) for st in ("200", "499", "500")}
+    tokens = real_tokens()
+    with socket.create_connection((HOST, server.port), timeout=30) as mid_body:
+        mid_body.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: 1000\r\n\r\n{\"input\": ")
+    body = json.dumps({"input": [f"text {k} " + "word " * 300 for k in range(256)]}).encode()
+    with socket.create_connection((HOST, server.port), timeout=30) as leaves:
+        leaves.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/json\r\nContent-Length: " + str(len(body)).encode()
+                       + b"\r\n\r\n" + body)
+    r = httpx.post(server.url + "/v1/embeddings", json={"input": "still served"}, timeout=120)
+    assert r.status_code == 200 and len(r.json()["data"]) == 1
+    eventually(lambda: metric("499") == before["499"] + 2,
+               f"both clients that left are counted 499:\n{server.output()[-3000:]}")
+    assert metric("500") == before["500"]
+    assert metric("200") == before["200"] + 1  # the probe only
+    # 256 texts of 256 tokens: the batches not started when it left never ran
+    assert real_tokens() - tokens < 256 * 256, real_tokens() - tokens
+    assert "Traceback" not in server.output() and "failed" not in server.output()
+
+
 def test_concurrency_32_gets_exact_embeddings_and_compiles_nothing(server, corpus):
     import random
     from concurrent.futures import ThreadPoolExecutor

@@ -64,6 +64,17 @@ class _Unavailable(Exception):
         self.message, self.retry_after, self.kind = message, max(1, int(retry_after)), kind
 
 
+class _ClientGone(Exception):
+    """The client closed its connection before its answer was ready."""
+
+
+async def _client_gone(request) -> None:
+    """Return once the client of ``request`` (its body read) has closed its
+    connection: the next ASGI message is then ``http.disconnect``."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _error_body(style: str, status: int, message: str, field: str | None, kind: str) -> dict:
     """``kind`` of a 503: TEI's ``Unhealthy`` (warming up, shutting down) or
     ``Overloaded`` (the queue is full); OpenAI's types are named after it."""
@@ -148,13 +159,13 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
     metrics = metrics or ServerMetrics(lambda: service.batcher.queue_depth)
     max_inputs = max(1, min(int(max_inputs), service.batcher.max_queue))
-    counts = {"accepted": 0, "finished": 0, "cancelled": 0}
+    counts = {"accepted": 0, "finished": 0, "cancelled": 0, "disconnected": 0}
 
     def error(style, status, message, field=None, kind="", headers=None) -> Response:
         return JSONResponse(_error_body(style, status, message, field, kind), status,
@@ -171,6 +182,11 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
             except _Unavailable as e:
                 response = error(style, 503, e.message, None, e.kind,
                                  {"Retry-After": str(e.retry_after)})
+            except (_ClientGone, ClientDisconnect):
+                # the client closed its connection (before its answer, or while
+                # sending its body): not a failure of the server's (no 500, no
+                # traceback); counted as nginx's 499 "client closed request"
+                response = Response(status_code=499)
             except asyncio.CancelledError:
                 # uvicorn's graceful-shutdown timeout (its one cancel of a request's
                 # task): answer it, where re-raising drops the connection silently
@@ -229,12 +245,23 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
             except BatcherClosed:
                 raise _Unavailable("the server is shutting down", 1, "Unhealthy") from None
             counts["accepted"] += 1  # queued: it will be answered, shutdown or not
+            # (cancelling it cancels the texts not yet in a batch: the batcher skips them)
+            gathered = asyncio.ensure_future(asyncio.gather(
+                *(asyncio.wrap_future(f) for f in futures), return_exceptions=True))
+            gone = asyncio.ensure_future(_client_gone(request))
             try:
-                results = await asyncio.gather(*(asyncio.wrap_future(f) for f in futures),
-                                               return_exceptions=True)
+                await asyncio.wait((gathered, gone), return_when=asyncio.FIRST_COMPLETED)
             except asyncio.CancelledError:  # the shutdown timeout: answered 503 (instrumented)
+                gathered.cancel()
                 counts["cancelled"] += 1
                 raise
+            finally:
+                gone.cancel()
+            if not gathered.done():  # its client left: its texts not yet computed are dropped
+                gathered.cancel()
+                counts["disconnected"] += 1
+                raise _ClientGone()
+            results = gathered.result()
             counts["finished"] += 1
             for i, r in enumerate(results):
                 if isinstance(r, BaseException):
@@ -332,6 +359,9 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
             return
         cancelled = (f"; {counts['cancelled']} cancelled by the shutdown timeout"
                      if counts["cancelled"] else "")
+        if counts["disconnected"]:
+            cancelled += (f"; {counts['disconnected']} dropped, their client gone before "
+                          "the answer")
         print(f"polymask serve: stopped; {counts['finished']} of {counts['accepted']} "
               f"accepted embedding requests finished{cancelled}", file=sys.stderr,
               flush=True)
