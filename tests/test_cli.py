@@ -41,6 +41,23 @@ def test_embed_command(tmp_path, capsys):
     assert "2 texts" in err and "skipped 1 blank line (line 2)" in err and "texts/s" in err
 
 
+def test_embed_reads_lines_as_open_does_cr_crlf_and_lf(tmp_path, capsys):
+    """Lines end with LF, CRLF or a lone CR (open()'s universal newlines): a
+    file of CR-only line endings was one text (helper D); form feed and
+    U+2028 do not end a line (they are not newlines to open() either)."""
+    (tmp_path / "m").mkdir()
+    model = _tiny_model_dir(tmp_path / "m")
+    texts = ["the cat sat", "a big red dog\x0cran", "mat\u2028on the mat"]
+    ref = SentenceEncoder(model).embed(texts)
+    for k, sep in enumerate(("\n", "\r\n", "\r", "\r\n\r")):
+        f = tmp_path / f"t{k}.txt"
+        f.write_bytes((sep.join(texts) + sep).encode())
+        out = tmp_path / f"e{k}.npy"
+        assert cli.main(["embed", str(f), "--out", str(out), "--model", str(model)]) == 0
+        np.testing.assert_allclose(np.load(out), ref, atol=1e-6, err_msg=repr(sep))
+    capsys.readouterr()
+
+
 def test_embed_jsonl_no_normalize_progress(tmp_path, capsys):
     import json
 

@@ -45,6 +45,7 @@ import contextlib
 import os
 import pathlib
 import random
+import re
 import sys
 import sysconfig
 import time
@@ -356,10 +357,12 @@ def _read_lines(name: str, fh, encoding: str, errors: str) -> list[str]:
                        f"(U+{ord(text[e.start]):04X}) with --encoding {encoding}, which no "
                        "tokenizer takes; give the file's encoding") from None
     text = text.removeprefix("\ufeff")
-    lines = text.split("\n")
+    # open()'s universal newlines: "\r" alone ends a line too (old Mac files,
+    # where reading "\n" alone made the whole file one text)
+    lines = re.split("\r\n|\r|\n", text)
     if lines and lines[-1] == "":  # the newline that ends the last line
         lines.pop()
-    return [t.removesuffix("\r") for t in lines]
+    return lines
 
 
 class _AtomicOutput:
