@@ -64,6 +64,14 @@ class _Unavailable(Exception):
         self.message, self.retry_after, self.kind = message, max(1, int(retry_after)), kind
 
 
+def _cancel(gathered: asyncio.Future) -> None:
+    """Cancel ``gathered`` (an ``asyncio.gather``) and retrieve its outcome
+    (asyncio logs "exception was never retrieved" for a gather whose
+    children were cancelled)."""
+    gathered.cancel()
+    gathered.add_done_callback(lambda f: None if f.cancelled() else f.exception())
+
+
 class _ClientGone(Exception):
     """The client closed its connection before its answer was ready."""
 
@@ -165,7 +173,8 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
 
     metrics = metrics or ServerMetrics(lambda: service.batcher.queue_depth)
     max_inputs = max(1, min(int(max_inputs), service.batcher.max_queue))
-    counts = {"accepted": 0, "finished": 0, "cancelled": 0, "disconnected": 0}
+    # (force_quit: 1 once a second Ctrl-C stopped the server at once; _uvicorn_server)
+    counts = {"accepted": 0, "finished": 0, "cancelled": 0, "disconnected": 0, "force_quit": 0}
 
     def error(style, status, message, field=None, kind="", headers=None) -> Response:
         return JSONResponse(_error_body(style, status, message, field, kind), status,
@@ -194,9 +203,10 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
                 task = asyncio.current_task()
                 if task is not None and hasattr(task, "uncancel"):  # (Python 3.11+)
                     task.uncancel()
+                why = ("was stopped at once (a second Ctrl-C)" if counts["force_quit"]
+                       else "did not finish within its shutdown timeout")
                 response = error(style, 503, "the server is shutting down and this request "
-                                 "did not finish within its shutdown timeout", None,
-                                 "Unhealthy", {"Retry-After": "1"})
+                                 f"{why}", None, "Unhealthy", {"Retry-After": "1"})
             except Exception:  # noqa: BLE001 - a JSON 500, the traceback to the log only
                 log.exception("polymask serve: %s failed", route)
                 response = error(style, 500, "internal error (see the server's log)")
@@ -252,13 +262,13 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
             try:
                 await asyncio.wait((gathered, gone), return_when=asyncio.FIRST_COMPLETED)
             except asyncio.CancelledError:  # the shutdown timeout: answered 503 (instrumented)
-                gathered.cancel()
+                _cancel(gathered)
                 counts["cancelled"] += 1
                 raise
             finally:
                 gone.cancel()
             if not gathered.done():  # its client left: its texts not yet computed are dropped
-                gathered.cancel()
+                _cancel(gathered)
                 counts["disconnected"] += 1
                 raise _ClientGone()
             results = gathered.result()
@@ -357,8 +367,9 @@ def create_app(service: EmbeddingService, *, model_name: str, max_inputs: int = 
                 t.join()
         if not report:
             return
-        cancelled = (f"; {counts['cancelled']} cancelled by the shutdown timeout"
-                     if counts["cancelled"] else "")
+        by = "a second Ctrl-C" if counts["force_quit"] else "the shutdown timeout"
+        cancelled = (f"; {counts['cancelled']} cancelled by {by}" if counts["cancelled"]
+                     else "")
         if counts["disconnected"]:
             cancelled += (f"; {counts['disconnected']} dropped, their client gone before "
                           "the answer")
@@ -443,10 +454,32 @@ def listen(host: str, port: int, backlog: int = 2048) -> list[socket.socket]:
     return sockets
 
 
-def _uvicorn_server(config, shutdown_timeout: float | None):
+class _ForcedStopTraceback(logging.Filter):
+    """Drops uvicorn's traceback of the ``KeyboardInterrupt`` / cancellation
+    a second Ctrl-C raises into the running server: the stop was asked for,
+    and said (``polymask serve: SIGINT again: ...``)."""
+
+    def __init__(self, counts: dict):
+        super().__init__()
+        self.counts = counts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.counts.get("force_quit"):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+            return False
+        # (starlette's lifespan sends its traceback as text: uvicorn logs that)
+        text = str(record.msg).rstrip()
+        return not (text.startswith("Traceback") and text.endswith(
+            ("KeyboardInterrupt", "CancelledError")))
+
+
+def _uvicorn_server(config, shutdown_timeout: float | None, counts: dict):
     """A ``uvicorn.Server`` that says what a stop signal does (uvicorn's
     ``handle_exit``: the first starts the graceful shutdown, a second SIGINT
-    stops waiting for the connections, a second SIGTERM changes nothing)."""
+    stops waiting for the connections, a second SIGTERM changes nothing);
+    ``counts["force_quit"]`` (the app's) is set by that second SIGINT."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -462,6 +495,7 @@ def _uvicorn_server(config, shutdown_timeout: float | None):
             if not again:
                 text = f"stopping ({name}): new connections refused; waiting {bound}"
             elif self.force_exit:
+                counts["force_quit"] = 1
                 text = (f"{name} again: not waiting for the connections; the queue is "
                         "not drained")
             else:
@@ -501,7 +535,10 @@ def run(service: EmbeddingService, *, model_name: str, host: str = "127.0.0.1",
                      max_body_bytes=max_body_bytes, metrics=metrics)
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
                             timeout_graceful_shutdown=shutdown_timeout)
-    server = _uvicorn_server(config, shutdown_timeout)
+    server = _uvicorn_server(config, shutdown_timeout, app.state.counts)
+    quiet = _ForcedStopTraceback(app.state.counts)
+    for name in ("uvicorn.error", "uvicorn"):
+        logging.getLogger(name).addFilter(quiet)
     where = _address(host, sockets[0].getsockname()[1])  # the port picked for port 0
     print(f"polymask serve: http://{where} ({model_name}; warming up, /health is "
           f"503 until ready)", file=sys.stderr, flush=True)
