@@ -624,6 +624,8 @@ def test_full_queue_is_503_with_retry_after_and_warm_start_compiles_nothing(
         # more inputs than the queue holds can never be queued: a 413, not a 503
         r = httpx.post(s.url + "/embed", json={"inputs": ["a"] * 5}, timeout=60)
         assert r.status_code == 413 and r.json()["field"] == "inputs"
+        # and the server said so at its start (--max-inputs 256 > --max-queue 4)
+        assert "a request takes at most 4 inputs (more get 413)" in s.output()
     finally:
         assert s.stop(), s.output()
 

@@ -125,6 +125,10 @@ def cmd_serve(args) -> int:
         return 2
     from .embedding import EmbeddingService
 
+    if args.max_inputs > args.max_queue:  # (a request must fit the queue: create_app caps it)
+        print(f"polymask serve: --max-inputs {args.max_inputs} is more than --max-queue "
+              f"{args.max_queue}: a request takes at most {args.max_queue} inputs (more get "
+              "413)", file=sys.stderr)
     try:
         sockets = listen(args.host, args.port)
     except OSError as e:
