@@ -164,3 +164,55 @@ def test_a_masked_value_rebuilt_from_its_structure_keeps_it():
                      (jax.ShapeDtypeStruct((b,), jnp.int32),))
     exp = jax.export.export(jax.jit(jax.vmap(pm.mask(f, "n", checks="functional"))))(spec)
     np.testing.assert_allclose(exp.call(batch).data, want, rtol=1e-6)
+
+
+def test_a_trace_s_warnings_are_said_for_the_sizes_that_reach_them():
+    """A library that warns on a shape warned at trace time for every case
+    of the masked trace (sizes 0, 1, ... and JAX's internal names, n__p1 - 1)
+    where plain JAX, traced at one shape, warns for that shape only (helper
+    A: jax.scipy.signal.welch at n = 16 gave 7 warnings, plain JAX none).
+    A case's warnings are said when a call reaches it, with the spec's
+    names; under jax.jit (sizes traced) each case's, with its sizes."""
+    import warnings
+
+    from jax.scipy import signal
+
+    def short(x):
+        if x.shape[0] < 4:
+            warnings.warn(f"short input of length {x.shape[0]}", RuntimeWarning)
+        return x * 2
+
+    def said(call) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            call()
+        return [str(w.message) for w in caught]
+
+    assert said(lambda: pm.mask(short, "n")(pm.Masked(jnp.ones(8), (6,)))) == []
+    assert said(lambda: pm.jit(short, "n", tiered=False)(np.ones(6, np.float32))) == []
+    assert said(lambda: pm.mask(short, "n")(pm.Masked(jnp.ones(8), (2,)))) == [
+        "short input of length n"]
+    assert said(lambda: jax.jit(pm.mask(lambda x: short(x) + 1, "n"))(
+        pm.Masked(jnp.ones(8), (jnp.int32(6),)))) == [
+        "(for sizes n in {0..3}) short input of length n"]
+    g = pm.jit(lambda x: short(x) - 1, "n", tiered=False)
+    assert said(lambda: g(np.ones(6, np.float32))) == []
+    assert said(lambda: g(np.ones(2, np.float32))) == ["short input of length n"]
+
+    def psd(x):
+        return signal.welch(x, fs=10.0, nperseg=4, noverlap=2)[1]
+
+    x = np.random.default_rng(0).normal(size=16).astype(np.float32)
+    assert said(lambda: psd(jnp.asarray(x))) == []
+    assert said(lambda: pm.mask(psd, "n")(pm.Masked(x, (16,)))) == []
+    assert said(lambda: pm.jit(psd, "n", tiered=False)(x)) == []
+    # the patch is global while a trace runs: a thread not tracing warns as
+    # before, at its own line (one frame deeper through the replacement)
+    from polymask.tracing.trace_warnings import warn_during_trace
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_during_trace("not in a trace", RuntimeWarning)
+    assert [(str(w.message), w.category, w.filename) for w in caught] == [
+        ("not in a trace", RuntimeWarning, __file__)]
+

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -192,6 +193,9 @@ def _rule_rows() -> tuple[TracePatch, ...]:
                    "JAX's -1 inference divides by sizes that may be 0: the divisor splits"),
         TracePatch("lax.associative_scan", lambda: (jax.lax, "associative_scan"),
                    "rules/scans.py", "JAX recurses on the axis length in Python"),
+        TracePatch("warnings.warn", lambda: (warnings, "warn"), "tracing/trace_warnings.py",
+                   "not JAX's: a trace covers many sizes, so a warning a library raises on "
+                   "a shape is said when a call reaches the case that raised it"),
         TracePatch("jnp.array_equal", lambda: (jnp, "array_equal"), "rules/array_equality.py",
                    "JAX compares shapes structurally (False for two dim vars): a case split"),
         TracePatch("jnp.array_equiv", lambda: (jnp, "array_equiv"), "rules/array_equality.py",

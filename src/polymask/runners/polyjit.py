@@ -53,6 +53,7 @@ from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from ..tracing.cases.tree import needs_a_size_as_value
 from ..tracing.prologue import raise_run_failure
+from ..tracing.trace_warnings import say_case_warnings
 from .compiling import COMPILE_TICK, background_executor, compile_counter
 from .envvars import env_switch
 from .fallback import ExactFallback, bucket_text, falls_back, refusal_text
@@ -848,6 +849,11 @@ class PolyJit:
         return self.fun(*args)
 
     def _outputs(self, info: _CallInfo, entry: Entry, out):
+        if info.out_entry is not entry and entry.tree is not None:
+            # a shape's first outputs from this program: what its trace warned
+            # for these sizes, as jax.jit's trace of this shape would
+            say_case_warnings(entry.tree, dict(zip(info.plan.var_names,
+                                                   map(int, info.plan.values))))
         outputs = entry.outputs
         if outputs.device_axes:
             datas, out_sizes = out

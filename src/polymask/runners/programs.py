@@ -198,8 +198,8 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
         if row_guard:  # ragged_map: a batch of examples
             with mapped_per_example():
                 out = masked.call_guarded(flat_in[-1][-1] != 0, *args)
-        else:
-            out = masked(*args)
+        else:  # polymask.jit: the warnings the trace recorded are said per shape
+            out = masked.call_for_runner(None, *args)
         out_leaves = jax.tree_util.tree_leaves(out, is_leaf=lambda x: isinstance(x, Masked))
         datas = [o.data if isinstance(o, Masked) else jnp.asarray(o) for o in out_leaves]
         if not outputs.device_axes:

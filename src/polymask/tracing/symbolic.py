@@ -46,6 +46,7 @@ from ..core.specs import (
 )
 from ..core.trace_state import current_scope, scope_active
 from .registry import check_preconditions
+from .trace_warnings import recording
 
 __all__ = ["MaskedProgram", "trace", "trace_flat", "current_scope", "is_masked", "flatten_args",
            "dtype_of"]
@@ -179,6 +180,8 @@ class MaskedProgram:
     conditions: tuple[str, ...] = ()
     assumed_nonempty: dict[str, str] = dataclasses.field(default_factory=dict)
     count_checks: tuple[CountCheck, ...] = ()
+    # Python warnings the trace raised (``trace_warnings.py``): said when a call reaches it
+    trace_warnings: tuple = dataclasses.field(default=(), compare=False, repr=False)
     # tracing/eager.py's per-call-structure state (calls, its compiled form)
     eager_states: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                            compare=False)
@@ -419,7 +422,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
     # no call may have (1 / np.sqrt(n) at n = 0): no warning for those
     quiet = np.errstate(all="ignore") if pinned else contextlib.nullcontext()
     try:
-        with scope_active(scope), replaced as record, quiet:
+        with scope_active(scope), replaced as record, quiet, recording() as warned:
             closed = jax.make_jaxpr(flat_fun)(*avals)
             check_preconditions(closed.jaxpr)  # sizes where lowering fails: error cases
     except (ShapeError, UnsupportedError):
@@ -479,4 +482,4 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         raise raised from None
     return MaskedProgram(closed, scope, axis_specs, var_bounds, leaf_bounds, out_trees[-1],
                          var_order, dim_bounds, internal, user_scope, tuple(conditions),
-                         dict(record.assumed_nonempty))
+                         dict(record.assumed_nonempty), trace_warnings=tuple(warned))

@@ -32,6 +32,7 @@ from .eager import run_cases_eagerly, run_program_eagerly, runs_eagerly
 from .interpreter import run_program
 from .prologue import functional_checks, poison_outputs, run_checks, solve_dim_vars
 from .symbolic import MaskedProgram, arg_paths, dtype_of, flatten_args, is_masked, trace_flat
+from .trace_warnings import say_case_warnings
 
 __all__ = ["mask", "MaskedFunction", "is_array_leaf", "is_pytree_callee"]
 
@@ -337,6 +338,15 @@ class MaskedFunction:
         and run-time checks do nothing (``ragged_map``'s spare rows of a
         partial batch, which plain JAX never sees). Returns and raises as
         ``__call__``."""
+        return self._call(guard, args, kwargs, say_warnings=True)
+
+    def call_for_runner(self, guard, *args, **kwargs):
+        """``call_guarded`` for a runner (``polymask.jit``) that knows each
+        call's exact sizes: the warnings the trace recorded are left for it
+        to say per shape (``say_case_warnings``)."""
+        return self._call(guard, args, kwargs, say_warnings=False)
+
+    def _call(self, guard, args, kwargs, say_warnings: bool):
         call_site = user_call_site()
         try:
             tree, leaves = self.cases(*args, **kwargs)
@@ -346,6 +356,8 @@ class MaskedFunction:
             values, checks = solve_dim_vars(tree.base, leaves, self.checks)
         except ShapeError as e:
             raise self._sizes_named(at_call_site(e, call_site), tree) from None
+        if say_warnings:
+            say_case_warnings(tree, values)
         with masked_call(call_site):  # (the rules' run-time checks name it)
             if self.checks == "functional":
                 with functional_checks() as bads:

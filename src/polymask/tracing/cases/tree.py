@@ -111,6 +111,13 @@ class CaseTree:
     def display(self, text: str) -> str:
         return display_text(text, self.internal)
 
+    def case_sizes(self, case: Case) -> str:
+        """The sizes that reach ``case`` ("n in {0}") where they were enumerated
+        and choose it, else its comparisons (a count's among them)."""
+        if case.reached_by and not any(names_a_count(c) for c in case.conditions):
+            return sizes_text(case.reached_by)
+        return self.describe_conditions(case)
+
     def describe_conditions(self, case: Case) -> str:
         if not case.conditions:
             return "all sizes"
@@ -411,14 +418,6 @@ _ONE_OUTPUT_REMEDY = (
     "which run such sizes per exact shape as jax.jit does")
 
 
-def _case_sizes(tree: CaseTree, case: Case) -> str:
-    """The sizes that reach ``case`` ("n in {0}") where they were enumerated
-    and choose it, else its comparisons (a count's among them)."""
-    if case.reached_by and not any(names_a_count(c) for c in case.conditions):
-        return sizes_text(case.reached_by)
-    return tree.describe_conditions(case)
-
-
 def _short(treedef, limit: int = 300) -> str:
     text = str(treedef)
     return text if len(text) <= limit else text[:limit] + " ..."
@@ -498,8 +497,8 @@ def common_outputs(tree: CaseTree, live: list[Case]) -> None:
             raise _differing_outputs(
                 tree, live[0], c,
                 f"the cases of a size comparison return different output structures: "
-                f"{_short(ref.out_tree)} for {_case_sizes(tree, live[0])} and "
-                f"{_short(p.out_tree)} for {_case_sizes(tree, c)}; every case must return "
+                f"{_short(ref.out_tree)} for {tree.case_sizes(live[0])} and "
+                f"{_short(p.out_tree)} for {tree.case_sizes(c)}; every case must return "
                 "the same pytree" + _static_data_note(ref.out_tree, p.out_tree))
         for i, (v, b) in enumerate(zip(p.closed_jaxpr.jaxpr.outvars, p.out_bounds())):
             if v.aval.dtype != dtypes[i] or len(b) != len(bounds[i]):
@@ -507,8 +506,8 @@ def common_outputs(tree: CaseTree, live: list[Case]) -> None:
                     tree, live[0], c,
                     f"the cases of a size comparison return different outputs: output {i} "
                     f"is {dtypes[i]}[rank {len(bounds[i])}] for "
-                    f"{_case_sizes(tree, live[0])} but {v.aval.dtype}[rank {len(b)}] "
-                    f"for {_case_sizes(tree, c)}")
+                    f"{tree.case_sizes(live[0])} but {v.aval.dtype}[rank {len(b)}] "
+                    f"for {tree.case_sizes(c)}")
             bounds[i] = [max(x, y) for x, y in zip(bounds[i], b)]
     tree.out_tree = ref.out_tree
     tree.out_bounds = [tuple(b) for b in bounds]
