@@ -195,6 +195,15 @@ def with_size_names(e: BaseException, axes: Mapping[str, str]) -> BaseException:
     return _same_type(e, f"{text[:at]}\n{legend}{text[at:]}")
 
 
+def with_note(e: BaseException, note: str) -> BaseException:
+    """``e`` (its type and attributes) with ``note`` as a line of its own
+    before ``in the masked call at``."""
+    text = str(e)
+    at = text.find("\n  in the masked call at")
+    at = len(text) if at < 0 else at
+    return _same_type(e, f"{text[:at]}\n  {note}{text[at:]}")
+
+
 def at_call_site(e: BaseException, call_site: str) -> BaseException:
     """``e`` with ``in the masked call at <call_site>`` appended (once)."""
     text = str(e)

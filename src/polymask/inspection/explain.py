@@ -497,7 +497,16 @@ def _fallbacks_so_far(fun) -> str:
     if fun is None or not fun.fallbacks():
         return ""
     return "\nbuckets that run per exact shape, as jax.jit (fun.fallbacks()):\n" + "\n".join(
-        f"  {bucket}: {reason.splitlines()[0]}" for bucket, reason in fun.fallbacks().items())
+        f"  {bucket}: {_reason_line(reason)}" for bucket, reason in fun.fallbacks().items())
+
+
+def _reason_line(reason: str) -> str:
+    """A refusal in one line: its first, and the next where the first only
+    leads into it ("... at f.py:2 (g):" then JAX's error)."""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else reason
 
 
 def _per_shape_explanation(fun, error: BaseException) -> Explanation:

@@ -128,13 +128,18 @@ class ExactFallback:
         with self._lock:
             self._warned, self._pending = True, None
 
-    def made_static(self, axes: str, error: BaseException) -> None:
+    def made_static(self, axes: str, error: BaseException,
+                    names: Mapping[str, str] | None = None) -> None:
         """Record and warn (once per ``axes``) that the runner made these input
         axes static (``"args[0].shape[0]"``) because the function needs their
         sizes as Python values (``np.arange(x.shape[0])``): one program per
-        size of them, as jax.jit, counted in ``stats()['compiles']``."""
+        size of them, as jax.jit, counted in ``stats()['compiles']``. ``names``:
+        the dim vars the error names them by (explained in the reason)."""
         where = f"{axes} (static)"
         reason = refusal_text(error)
+        legend = size_names_legend(reason, names or {})  # (s0 = args[0].shape[0])
+        if legend:
+            reason = f"{reason}\n{legend}"
         with self._lock:
             if where in self._reasons:
                 return

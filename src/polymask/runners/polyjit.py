@@ -36,7 +36,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import KeywordWithoutSpec, check_arity, keywords_as_positional, runner_specs
 from ..core.buckets import int_arg
-from ..core.diagnostics import with_size_names
+from ..core.diagnostics import with_note, with_size_names
 from ..core.errors import (
     FailsAsPlainJax,
     ShapeError,
@@ -117,6 +117,7 @@ class _ValueAxis:
     Python value: the size it was first seen at, where it is, why."""
     size: int
     where: str
+    var: str  # its dim var in the plan that found it (the error's name for it)
     error: BaseException
     said: bool = False
 
@@ -632,7 +633,7 @@ class PolyJit:
                     for k, a in enumerate(leaf.axes or ()):
                         if a.var in names:
                             self._value_axes.setdefault(
-                                (leaf.path, k), _ValueAxis(leaf.shape[k], a.where, error))
+                                (leaf.path, k), _ValueAxis(leaf.shape[k], a.where, a.var, error))
         return True
 
     def _check_value_axes(self, plan: CallPlan) -> None:
@@ -648,10 +649,14 @@ class PolyJit:
                         leaf.axes is not None and leaf.axes[k].var is not None):
                     continue  # (static at one size only: symbolic again at this one)
                 if self._fallback is None:
-                    raise at_call_site_error(axis.error)
+                    raise at_call_site_error(with_size_names(with_note(
+                        axis.error, f"(fallback=False: {axis.where} was static at size "
+                        f"{axis.size}; this call's size {size} would compile its own program, "
+                        "as jax.jit does)"), {axis.var: axis.where}))
                 if not axis.said:
                     axis.said = True
-                    self._fallback.made_static(axis.where, axis.error)
+                    self._fallback.made_static(axis.where, axis.error,
+                                               {axis.var: axis.where})
 
     def _planned_again(self, info: _CallInfo, args):
         """The call again, once its plan made axes static that met a fixed size

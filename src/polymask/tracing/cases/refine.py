@@ -166,10 +166,11 @@ def per_size_remedy(max_cases: int, count: int) -> str:
     need = f" (here {count}: {_per_size_need(count)})" if count else ""
     return (
         "jax.jit on the exact arrays traces each size with Python ints; polymask traces "
-        f"the sizes one by one only when at most {limit} reach a case (0 to 2 x "
-        f"max_cases = {limit - 1}){need}. Code that needs a size as a Python value (np.arange(n), "
-        "len(x), a NumPy table sliced by a size, a Python if on it) works symbolically "
-        "when written with jnp (jnp.arange(x.shape[1]), x.shape[0]); else use a smaller "
+        f"these sizes one by one in one program only where there are at most {limit} of "
+        f"them (0 to 2 x max_cases = {limit - 1}){need}. Code that needs a size as a Python "
+        "value (np.arange(n), len(x), a NumPy table sliced by a size, a Python if on it) "
+        "works symbolically when written with jnp (jnp.arange(n) for np.arange(n), "
+        "x.shape[0] for len(x)); else use a smaller "
         "bound (polymask.jit: smaller buckets), raise mask(..., max_cases=), or make "
         "that axis static with '_' in the spec (one program per size, as jax.jit).")
 
