@@ -443,11 +443,15 @@ def _int_of_a_value(x):
 
 def test_trace_errors_of_compiled_runners_name_the_call_site():
     x = np.arange(3.0, dtype=np.float32)
-    with pytest.raises(pm.ShapeError, match=r"(?s)same name.*in the masked call at .*"
-                       r"test_errors\.py:\d+ \(test_trace_errors"):
+    # (plain jax.jit fails on these arrays too: its error, the masked trace's
+    # first line, no remedy for sharing programs)
+    with pytest.raises(pm.ShapeError, match=r"(?s)as plain jax\.jit does.*stopped first: "
+                       r"incompatible symbolic shapes.*in the masked call at .*"
+                       r"test_errors\.py:\d+ \(test_trace_errors") as info:
         pm.jit(_where_of_two_dim_vars, ("n", "m"))(x, x[:2])
-    with pytest.raises(pm.ShapeError, match=r"(?s)same name.*in the masked call at .*"
-                       r"test_errors\.py:\d+ \(test_trace_errors"):
+    assert "same name" not in str(info.value)
+    with pytest.raises(pm.ShapeError, match=r"(?s)examples\[0\]: .*as plain jax\.jit does.*"
+                       r"in the masked call at .*test_errors\.py:\d+ \(test_trace_errors"):
         pm.ragged_map(_where_of_two_dim_vars, ("n", "m"))([(x, x[:2])])
 
 
@@ -515,7 +519,7 @@ def test_a_symbolic_trace_failure_is_not_reported_as_plain_jax_failing():
         pm.mask(f, "n")(pm.Masked(jnp.ones(40), (5,)))
     msg = str(info.value)
     assert msg.startswith("polymask cannot trace the function with symbolic sizes"), msg
-    assert "test_errors.py" in msg and "jnp.arange(x.shape[1])" in msg
+    assert "test_errors.py" in msg and "jnp.arange(n) for np.arange(n)" in msg
     assert "under jax.jit on the exact arrays" not in msg
     assert "(n in {0}: plain JAX fails too" in msg
 

@@ -195,6 +195,15 @@ def with_size_names(e: BaseException, axes: Mapping[str, str]) -> BaseException:
     return _same_type(e, f"{text[:at]}\n{legend}{text[at:]}")
 
 
+def refusal_line(reason: str) -> str:
+    """A refusal in one line: its first, and the next where the first only
+    leads into it ("... at f.py:2 (g):" then JAX's error)."""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else reason
+
+
 def with_note(e: BaseException, note: str) -> BaseException:
     """``e`` (its type and attributes) with ``note`` as a line of its own
     before ``in the masked call at``."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.binding import specs_of_passed, split_specs
+from ..core.diagnostics import refusal_line
 from ..core.dimvars import describe_conditions, display_text
 from ..core.errors import FailsAsPlainJax, ShapeError, SpecError, UnsupportedError
 from ..core.masked import Masked
@@ -497,16 +498,8 @@ def _fallbacks_so_far(fun) -> str:
     if fun is None or not fun.fallbacks():
         return ""
     return "\nbuckets that run per exact shape, as jax.jit (fun.fallbacks()):\n" + "\n".join(
-        f"  {bucket}: {_reason_line(reason)}" for bucket, reason in fun.fallbacks().items())
+        f"  {bucket}: {refusal_line(reason)}" for bucket, reason in fun.fallbacks().items())
 
-
-def _reason_line(reason: str) -> str:
-    """A refusal in one line: its first, and the next where the first only
-    leads into it ("... at f.py:2 (g):" then JAX's error)."""
-    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return f"{lines[0]} {lines[1]}"
-    return lines[0] if lines else reason
 
 
 def _per_shape_explanation(fun, error: BaseException) -> Explanation:

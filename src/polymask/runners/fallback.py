@@ -28,10 +28,10 @@ from typing import Any
 import jax
 
 from .. import _jax_compat as compat
-from ..core.diagnostics import size_names_legend, user_stacklevel
+from ..core.diagnostics import refusal_line, size_names_legend, user_stacklevel
 from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError, SpecError, typed_as
 from ..core.shapes import native_byte_order
-from ..tracing.cases.refine import PER_SIZE_NOTE, TRACE_NOTE
+from ..tracing.cases.refine import TRACE_NOTE
 from .compiling import compile_counter
 
 __all__ = ["ExactFallback", "refusal_text", "falls_back", "bucket_text"]
@@ -201,11 +201,10 @@ class ExactFallback:
                               f"cannot run it either: {str(plain).splitlines()[0]})")
         msg = (f"{self.runner} fails on these exact arrays, as plain jax.jit does: "
                f"{type(plain).__name__}: {str(plain).strip()}")
-        if reason is not None and not _same_error(reason, plain):  # its remedies may still apply
-            # (not the per-size limit's note: no max_cases runs what plain JAX cannot)
-            msg += "\npolymask's masked trace had stopped first: " + "\n".join(
-                line for line in reason.splitlines()
-                if not line.lstrip().startswith(PER_SIZE_NOTE))
+        if reason is not None and not _same_error(reason, plain):
+            # its first line only: its remedies (equal sizes named alike, max_cases)
+            # are for what the masked trace could not share, and plain JAX fails here
+            msg += "\n(polymask's masked trace had stopped first: " + refusal_line(reason) + ")"
         return typed_as(ShapeError(msg), type(plain))
 
 

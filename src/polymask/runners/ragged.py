@@ -671,7 +671,7 @@ class RaggedMap:
         try:
             out = self._fallback.call(key, args, reason)
         except ShapeError as e:  # (plain JAX's type and args kept: about_example)
-            raise about_example(ex, e) from e.__cause__
+            raise at_call_site(about_example(ex, e), user_call_site()) from e.__cause__
         self.cache.count_call(plan.logical, plan.logical)
         self.cache.add(exact_calls=1)
         return jax.tree_util.tree_map(np.asarray if self.numpy_outputs else (lambda a: a), out)

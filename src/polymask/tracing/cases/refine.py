@@ -68,7 +68,7 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
         # (nor where a data-dependent size's value was needed: no max_cases helps)
         if (signature is not None and isinstance(e, ShapeError) and not refined
                 and "max_cases" not in str(e) and "data-dependent size" not in str(e)):
-            raise TooManyCases(f"{e}\n  {PER_SIZE_NOTE} when "
+            raise TooManyCases(f"{e}\n  (polymask traces such a function once per size when "
                              f"the bounds allow at most {per_size_limit(max_cases)} sizes, 0 to "
                              f"2 x max_cases = {2 * max_cases} (mask, polymask.jit and "
                              f"ragged_map take max_cases=){_count_text(signature)})",
@@ -82,9 +82,6 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
 
 # the note's first words: runners keep it in their refusal text (runners/fallback.py)
 TRACE_NOTE = "(raised while polymask traced the function"
-# how TooManyCases's note on the per-size limit starts (a runner drops it
-# where plain jax.jit fails too: no max_cases would help there)
-PER_SIZE_NOTE = "(polymask traces such a function once per size"
 
 
 def _note_symbolic_trace(e: BaseException, signature, max_cases: int) -> None:
