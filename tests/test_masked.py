@@ -179,7 +179,7 @@ def test_a_trace_s_warnings_are_said_for_the_sizes_that_reach_them():
 
     def short(x):
         if x.shape[0] < 4:
-            warnings.warn(f"short input of length {x.shape[0]}", RuntimeWarning)
+            warnings.warn(f"short input of length {x.shape[0]}", RuntimeWarning, stacklevel=2)
         return x * 2
 
     def said(call) -> list[str]:
