@@ -681,6 +681,21 @@ def test_a_host_call_inside_a_branch_is_a_packed_refusal():
     assert "calls the host" in rm.stats()["layout"]["reason"]
 
 
+def test_jax_debug_print_is_a_packed_refusal_naming_its_line():
+    """jax.debug.print sees rows in the packed layout: refused naming the
+    primitive and the user's line (the message showed the effect object's
+    repr, ``<jax._src.debugging.DebugEffect object at 0x...>``; helper C)."""
+    def f(x):
+        jax.debug.print("sum {}", x.sum())
+        return x * 2
+
+    line = f"{__file__}:{f.__code__.co_firstlineno + 1}"
+    with pytest.raises(pm.PackedUnsupported) as info:
+        pm.ragged_map(f, layout="packed")([np.ones(n, np.float32) for n in (3, 5)])
+    assert "DebugEffect" in str(info.value) and line in str(info.value)
+    assert " object at 0x" not in str(info.value)
+
+
 def test_ragged_map_explain_uses_its_own_specs_and_row_size():
     """RaggedMap.explain: the packed view with the map's specs (broadcast
     arguments take none) and row size (newcomer check: explain and ragged_map

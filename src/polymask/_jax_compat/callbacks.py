@@ -15,7 +15,8 @@ from jax._src import debugging as _debugging
 
 from .versions import inner_jaxprs
 
-__all__ = ["debug_callback_p", "debug_effect", "debug_print_host_function", "host_call_in"]
+__all__ = ["debug_callback_p", "debug_effect", "debug_print_host_function", "host_call_in",
+           "effectful_eqn_in"]
 
 debug_callback_p = _debugging.debug_callback_p
 
@@ -32,6 +33,19 @@ def debug_print_host_function(*, fmt, in_tree, static_args, np_printoptions,
     fn = functools.partial(_debugging._format_print_callback, fmt, dict(np_printoptions),
                            has_placeholders, logging_record)
     return _debugging._make_flat_callback(in_tree, fn, static_args)
+
+
+def effectful_eqn_in(jaxpr):
+    """The first equation of ``jaxpr``, at any depth, with effects (``debug_print``
+    of jax 0.12, ``debug_callback`` before, an ordered callback), else None."""
+    for eqn in jaxpr.eqns:
+        if eqn.effects and not any(True for _ in inner_jaxprs(eqn.params)):
+            return eqn
+        for inner, _ in inner_jaxprs(eqn.params):
+            found = effectful_eqn_in(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def host_call_in(jaxpr):

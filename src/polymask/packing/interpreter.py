@@ -885,16 +885,21 @@ def _split_points(tree) -> str:
 
 
 def _refuse_host_calls(jaxpr) -> None:
-    """Host callbacks and effects see rows, not examples: not packed."""
-    if jaxpr.effects:
-        raise PackedUnsupported(f"the function has effects ({jaxpr.effects}): host calls "
-                                "would see packed rows, not examples")
+    """Host callbacks and effects see rows, not examples: not packed (a
+    callback, ``jax.debug.print`` among them, named with its line first)."""
     eqn = compat.host_call_in(jaxpr)  # cond branches too (equinox's error_if)
     if eqn is not None:
         raise PackedUnsupported(
             f"primitive '{eqn.primitive.name}' (used at "
             f"{compat.source_line(eqn.source_info)}) calls the host, which would see "
             "packed rows, not examples")
+    if jaxpr.effects:
+        what = ", ".join(sorted({type(e).__name__ for e in jaxpr.effects}))
+        eqn = compat.effectful_eqn_in(jaxpr)
+        at = (f": primitive '{eqn.primitive.name}' (used at "
+              f"{compat.source_line(eqn.source_info)})" if eqn is not None else "")
+        raise PackedUnsupported(f"the function has effects ({what}){at}; it would see "
+                                "packed rows, not examples")
 
 
 # re-exported for rules that need to refuse a case with the standard error
