@@ -35,28 +35,28 @@ def debug_print_host_function(*, fmt, in_tree, static_args, np_printoptions,
     return _debugging._make_flat_callback(in_tree, fn, static_args)
 
 
-def effectful_eqn_in(jaxpr):
-    """The first equation of ``jaxpr``, at any depth, with effects (``debug_print``
-    of jax 0.12, ``debug_callback`` before, an ordered callback), else None."""
+def _first_eqn_in(jaxpr, wanted):
+    """The first equation of ``jaxpr`` (a ``Jaxpr``), at any depth (``cond``
+    branches, loop bodies, nested calls), for which ``wanted(eqn)``, else None."""
     for eqn in jaxpr.eqns:
-        if eqn.effects and not any(True for _ in inner_jaxprs(eqn.params)):
+        if wanted(eqn):
             return eqn
         for inner, _ in inner_jaxprs(eqn.params):
-            found = effectful_eqn_in(inner)
+            found = _first_eqn_in(inner, wanted)
             if found is not None:
                 return found
     return None
+
+
+def effectful_eqn_in(jaxpr):
+    """The first equation of ``jaxpr``, at any depth, with effects of its own
+    (``debug_print`` of jax 0.12, ``debug_callback`` before, an ordered
+    callback; not one holding an inner jaxpr), else None."""
+    return _first_eqn_in(jaxpr, lambda eqn: bool(eqn.effects) and not any(
+        True for _ in inner_jaxprs(eqn.params)))
 
 
 def host_call_in(jaxpr):
-    """The first equation of ``jaxpr`` (a ``Jaxpr``), at any depth (``cond``
-    branches, loop bodies, nested calls), whose primitive calls the host (a
-    callback), else None."""
-    for eqn in jaxpr.eqns:
-        if "callback" in eqn.primitive.name:
-            return eqn
-        for inner, _ in inner_jaxprs(eqn.params):
-            found = host_call_in(inner)
-            if found is not None:
-                return found
-    return None
+    """The first equation of ``jaxpr``, at any depth, whose primitive calls the
+    host (a callback), else None."""
+    return _first_eqn_in(jaxpr, lambda eqn: "callback" in eqn.primitive.name)
