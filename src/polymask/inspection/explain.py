@@ -501,7 +501,6 @@ def _fallbacks_so_far(fun) -> str:
         f"  {bucket}: {refusal_line(reason)}" for bucket, reason in fun.fallbacks().items())
 
 
-
 def _per_shape_explanation(fun, error: BaseException) -> Explanation:
     """A runner whose masked trace fails at these sizes: it runs them per exact
     shape under ``jax.jit`` (runners/fallback.py), so explain says so and why,

@@ -100,10 +100,7 @@ class ExactFallback:
         it). ``axes``: the dim vars the runner named itself (no in_specs:
         ``s0`` -> ``"args[0].shape[0]"``), explained in the reason. Returns
         the reason."""
-        reason = refusal_text(error)
-        legend = size_names_legend(f"{where}\n{reason}", axes or {})
-        if legend:
-            reason = f"{reason}\n{legend}"
+        reason = _with_legend(refusal_text(error), where, axes)
         with self._lock:
             self._reasons.setdefault(where, reason)
             if not self._warned and self._pending is None:
@@ -136,10 +133,7 @@ class ExactFallback:
         size of them, as jax.jit, counted in ``stats()['compiles']``. ``names``:
         the dim vars the error names them by (explained in the reason)."""
         where = f"{axes} (static)"
-        reason = refusal_text(error)
-        legend = size_names_legend(reason, names or {})  # (s0 = args[0].shape[0])
-        if legend:
-            reason = f"{reason}\n{legend}"
+        reason = _with_legend(refusal_text(error), "", names)
         with self._lock:
             if where in self._reasons:
                 return
@@ -206,6 +200,13 @@ class ExactFallback:
             # are for what the masked trace could not share, and plain JAX fails here
             msg += "\n(polymask's masked trace had stopped first: " + refusal_line(reason) + ")"
         return typed_as(ShapeError(msg), type(plain))
+
+
+def _with_legend(reason: str, where: str, names: Mapping[str, str] | None) -> str:
+    """``reason`` with a line explaining the dim vars the runner named itself
+    that it or ``where`` uses (``s0 = args[0].shape[0]``: ``size_names_legend``)."""
+    legend = size_names_legend(f"{where}\n{reason}", names or {})
+    return f"{reason}\n{legend}" if legend else reason
 
 
 def _same_error(reason: str, plain: BaseException) -> bool:

@@ -134,6 +134,17 @@ class CountCheck:
         return value < 0 if op == ">=" else value >= 0
 
 
+def _var_axes(axis_specs) -> dict[str, str]:
+    """Each spec dim var's first input axis (``args[0].shape[1]``), from the
+    ``AxisSpec`` lists of the input leaves."""
+    axes: dict[str, str] = {}
+    for leaf in axis_specs:
+        for a in leaf:
+            if a.var:
+                axes.setdefault(a.var, a.where)
+    return axes
+
+
 @dataclasses.dataclass
 class MaskedProgram:
     """One symbolic trace of a function at a padded signature (one case).
@@ -188,12 +199,7 @@ class MaskedProgram:
 
     def var_axes(self) -> dict[str, str]:
         """Each spec dim var's first input axis (``args[0].shape[1]``)."""
-        axes: dict[str, str] = {}
-        for leaf in self.axis_specs:
-            for a in leaf:
-                if a.var:
-                    axes.setdefault(a.var, a.where)
-        return axes
+        return _var_axes(self.axis_specs)
 
     @property
     def out_shapes(self) -> list[tuple]:
@@ -431,11 +437,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         split = split_of(e) or _split_for_unproven_equality(e, scope, internal)
         if split is not None:
             raise split from None
-        var_where = {}  # (MaskedProgram.var_axes: the program is not made yet)
-        for axes in axis_specs:
-            for a in axes:
-                if a.var:
-                    var_where.setdefault(a.var, a.where)
+        var_where = _var_axes(axis_specs)
         # At pinned sizes the trace is plain JAX's: its error is the plain
         # function's, not a symbolic-shape limitation to translate.
         shown = dimvars.displayed_error(e, internal)  # messages name spec dim vars

@@ -62,6 +62,8 @@ def say_case_warnings(tree, values: dict[str, Any]) -> None:
     reach recorded, once per case (as ``jax.jit`` warns once per traced
     shape), with spec names. Traced sizes: every case's, each prefixed with
     its sizes where there are several."""
+    if not any(getattr(c.program, "trace_warnings", ()) for c in tree.cases):
+        return  # (the common case, every call of a runner's shape: nothing to say)
     concrete = all(is_static(v) for v in values.values())
     if concrete:
         cases = tree.reachable_cases(tree.base.internal_values(values))
