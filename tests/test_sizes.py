@@ -465,6 +465,31 @@ def test_broadcast_of_a_computed_size_that_is_one_near_zero():
                  modes=("eager", "jit", "vmap", "grad"))
 
 
+def test_a_table_sliced_by_the_size_broadcasts_where_it_has_the_rows():
+    """``x + pos[:n]`` with a table of 5 rows: JAX's broadcasting compares n with
+    min(5, n), equal for n <= 5 (plain JAX adds them) and not past the table
+    (plain JAX raises). The trace splits on that comparison: one program for
+    n <= 5 and one error case past it; it was traced once per size, so the
+    packed layout refused it as 'a case per size'."""
+    pos = jnp.linspace(-1.0, 1.0, 5, dtype=jnp.float32)  # (a NumPy table needs n as an int)
+
+    def f(x):
+        return x + pos[:x.shape[0]]
+
+    check_all_sizes(f, 8, expect_errors=[6, 7, 8])
+    xs = [vec(n) for n in (0, 1, 2, 3, 5)]
+    tree = pm.mask(f, "n").cases(masked(vec(8), 8))[0]
+    live = [c for c in tree.cases if c.program is not None]
+    assert max(len(c.reached_by) for c in live) >= 3  # n in 2..5: one program
+    runner = pm.ragged_map(f, "n", layout="packed")
+    for x, out in zip(xs, runner(xs)):
+        np.testing.assert_allclose(np.asarray(out), np.asarray(f(x)), rtol=1e-6)
+    assert runner.stats()["layout"]["packed"] >= 3
+    e = pm.explain(f, "n", (8,), layout="packed", print_output=False)
+    assert e.runs and e.raising_sizes == [6, 7, 8] and 6 not in e.padded_sizes
+    assert "raises, as on the exact arrays (a ShapeError in either layout): n in {6..8}" in e
+
+
 def test_a_shift_by_one_next_to_its_input_is_proved_equal_by_a_split():
     """x - concatenate([0], x[:-1]) (optax's CTC, a first difference): JAX cannot
     prove max(0, n - 1) + 1 == n for every n >= 0; polymask splits at n >= 1,

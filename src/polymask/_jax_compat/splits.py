@@ -920,22 +920,33 @@ _BROADCAST_RULES = ("_try_broadcast_shapes",)
 # convolutions) gives constraints JAX's decision procedure cannot take
 # (bounds_decision raised AttributeError on 'floordiv(h - 1, 2) <= -1')
 _COMPUTED_SIZE = re.compile(r"\b(max|min)\(")
+_DIVIDED_SIZE = re.compile(r"\b(floordiv|mod)\(")
 
 
-def _broadcast_to_one(a, b, caller) -> bool:
-    """``d == 1`` asked by lax's broadcasting rule for a computed size ``d``
-    (``max(0, l - 1) + 1``, from a slice near size 0): on the exact arrays it
-    is 1 at some sizes, where plain JAX broadcasts it (optax's ctc_loss adds
-    shapes ``(1, l)`` and ``(1, max(0, l - 1) + 1)``). A dim var's own size
-    (``n``) is not split on: operands of different dim vars keep their error."""
-    if b != 1 or caller is None or not caller.f_code.co_name.startswith("definitely_"):
+def _broadcast_match(a, b, caller) -> bool:
+    """``a == b`` asked by lax's broadcasting rule where a side is a computed
+    size (``max(0, l - 1) + 1``, ``min(16, n)``: a slice near size 0 or past
+    a table's end) and ``b`` is 1 or a size of the same dim vars: on the exact
+    arrays the two are equal at some sizes, where plain JAX broadcasts them
+    (optax's ctc_loss adds shapes ``(1, l)`` and ``(1, max(0, l - 1) + 1)``;
+    ``x + pos[:n]`` with a table of 16 rows adds ``(n, d)`` and ``(min(16,
+    n), d)``). Operands of different dim vars, or of a dim var's own size
+    (``n`` against ``1``), keep their error: their specs say the sizes are
+    independent."""
+    if caller is None or not caller.f_code.co_name.startswith("definitely_"):
+        return False
+    if isinstance(b, DimExpr):
+        if not (dim_vars(b) & dim_vars(a)) or _has_fresh(a, b):
+            return False
+    elif b != 1:
         return False
     outer = caller.f_back
     while outer is not None and outer.f_code.co_name in ("<genexpr>", "<listcomp>"):
         outer = outer.f_back
     if outer is None or outer.f_code.co_name not in _BROADCAST_RULES:
         return False
-    return bool(_COMPUTED_SIZE.search(str(a)))
+    text = f"{a} {b}"
+    return bool(_COMPUTED_SIZE.search(text)) and not _DIVIDED_SIZE.search(text)
 
 
 def _guards_a_raise(caller) -> bool:
@@ -1116,12 +1127,13 @@ def _eq_decided(a, b, diff, res: bool, truth: bool) -> bool:
             caller = caller.f_back
         user = getattr(_HOOK_TLS, "as_user", False) or (
             caller is not None and _in_user_code(caller, frame))
-        decision = (truth or user or _is_shape_decision(caller)
-                    or _broadcast_to_one(a, b, caller) or _emptiness_check(b, caller))
+        broadcast = _broadcast_match(a, b, caller)
+        decision = (truth or user or broadcast or _is_shape_decision(caller)
+                    or _emptiness_check(b, caller))
     finally:
         frame.busy = False
     message = f"Symbolic dimension comparison '{a}' == '{b}' is inconclusive."
-    if (not isinstance(b, DimExpr) and decision) or user:
+    if (decision and (broadcast or not isinstance(b, DimExpr))) or user:
         # Split where it narrows: below/at-or-above 0, then at/above 0.
         cond = -diff if lo >= 0 else diff
         if caller is not None and caller.f_code.co_name.startswith("definitely_"):

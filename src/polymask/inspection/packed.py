@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import _jax_compat as compat
+from ..core.dimvars import sizes_text
 from ..packing import PackedUnsupported, packed_program
 from ..packing.registry import PerSegment
 from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS
@@ -42,17 +43,21 @@ class PackedRow:
 
 class PackedExplanation(str):
     """The text, plus ``runs`` (bool), ``reason`` (why not, or None),
-    ``rows`` (``PackedRow``s, up to the refusal) and ``padded_sizes`` (sizes
-    of other traced cases: they run in the padded layout)."""
+    ``rows`` (``PackedRow``s, up to the refusal), ``padded_sizes`` (sizes
+    of other traced cases: they run in the padded layout) and
+    ``raising_sizes`` (sizes where the function raises, as on the exact
+    arrays: a ``ShapeError`` in either layout)."""
 
     rows: list[PackedRow]
     runs: bool
     reason: str | None
     padded_sizes: list[int]
+    raising_sizes: list[int]
 
-    def __new__(cls, text, rows, runs, reason, padded_sizes):
+    def __new__(cls, text, rows, runs, reason, padded_sizes, raising_sizes=()):
         obj = super().__new__(cls, text)
         obj.rows, obj.runs, obj.reason, obj.padded_sizes = rows, runs, reason, padded_sizes
+        obj.raising_sizes = list(raising_sizes)
         return obj
 
 
@@ -83,12 +88,14 @@ def explain_packed(fun, in_specs, absargs, constraints=(), segments_per_row=None
     n_bcast_args = next((i for i, s in enumerate(specs) if s is not None), len(specs))
     n_bcast = len(jax.tree_util.tree_leaves(absargs[:n_bcast_args]))
     rows: list[PackedRow] = []
-    reason, padded_sizes, R, S = None, [], None, None
+    reason, padded_sizes, raising, R, S = None, [], [], None, None
     try:
         prog = packed_program(fun, absargs, specs, constraints, n_bcast, max_cases)
         R = prog.row_size
         S = int(segments_per_row or min(R, 128))
-        padded_sizes = [n for n in range(R + 1) if not prog.runs(n)]
+        others = [n for n in range(R + 1) if not prog.runs(n)]
+        raising = [n for n in others if prog.raises(n)]
+        padded_sizes = [n for n in others if n not in raising]
 
         def observe(eqn, how, outs):
             run_axes = [tuple(i for i, d in enumerate(getattr(v.aval, "shape", ()))
@@ -114,8 +121,9 @@ def explain_packed(fun, in_specs, absargs, constraints=(), segments_per_row=None
     _user_lines(rows)
     runs = reason is None
     gap = prog.gap if reason is None else 0
-    text = _render(fun, R, S, runs, reason, padded_sizes, rows, gap)
-    return PackedExplanation(text, rows, runs, reason, padded_sizes)
+    text = _render(fun, R, S, runs, reason, padded_sizes, rows, gap,
+                   sizes_text([{prog.var: n} for n in raising]) if raising else "")
+    return PackedExplanation(text, rows, runs, reason, padded_sizes, raising)
 
 
 def _user_lines(rows: list[PackedRow]) -> None:
@@ -129,7 +137,7 @@ def _user_lines(rows: list[PackedRow]) -> None:
             known = r.source
 
 
-def _render(fun, R, S, runs, reason, padded_sizes, rows, gap=0) -> str:
+def _render(fun, R, S, runs, reason, padded_sizes, rows, gap=0, raising="") -> str:
     name = getattr(fun, "__name__", repr(fun))
     out = [f"polymask.explain: {name}, packed layout"]
     if runs:
@@ -144,6 +152,9 @@ def _render(fun, R, S, runs, reason, padded_sizes, rows, gap=0) -> str:
         if padded_sizes:
             out.append("sizes that run in the padded layout (another traced case, or a size "
                        "like max(0, n - 1) that is not n + c there): " + str(padded_sizes))
+        if raising:
+            out.append("sizes where the function raises, as on the exact arrays (a ShapeError "
+                       "in either layout): " + raising)
     else:
         out.append("cannot run packed (ragged_map(layout='auto') runs it in the padded "
                    "layout; layout='packed' raises PackedUnsupported):")

@@ -763,6 +763,14 @@ class PackedProgram:
         return int(self.tree.select(self.program.internal_values({self.var: int(n)}))) \
             == self.case_index
 
+    def raises(self, n: int) -> bool:
+        """Whether size ``n`` reaches an error case: the function raises there
+        on the exact arrays, in either layout."""
+        if self.tree is None or self.tree.single:
+            return False
+        index = int(self.tree.select(self.program.internal_values({self.var: int(n)})))
+        return self.tree.cases[index].error is not None
+
     @property
     def out_shapes(self):
         return self.program.out_shapes
