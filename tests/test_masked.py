@@ -216,3 +216,28 @@ def test_a_trace_s_warnings_are_said_for_the_sizes_that_reach_them():
     assert [(str(w.message), w.category, w.filename) for w in caught] == [
         ("not in a trace", RuntimeWarning, __file__)]
 
+
+
+def test_mask_is_also_a_decorator_factory_and_refuses_a_spec_for_the_function():
+    @pm.mask(in_specs="n")
+    def total(x):
+        return jnp.sum(x)
+
+    x = pm.pad(np.arange(3.0, dtype=np.float32), 8)
+    assert float(total(x)) == 3.0 and type(total).__name__ == "MaskedFunction"
+    with pytest.raises(TypeError, match=r"takes the function first.*@polymask.mask\(in_specs='n'\)"):
+        pm.mask("n")
+
+
+def test_a_masked_value_read_as_an_array_says_to_unpad_it():
+    """A forgotten unpad(): np.asarray made an object array, bool() was True
+    whatever the value, float() and arithmetic gave Python's bare TypeError."""
+    m = pm.mask(lambda x: x * 2, "n")(pm.pad(np.zeros(3, np.float32), 8))
+    for read in (np.asarray, float, bool, lambda v: v + 1, lambda v: 1 - v, lambda v: -v,
+                 lambda v: v < 0, lambda v: jnp.ones(8) * v):
+        with pytest.raises(TypeError, match=r"Masked value .*call \.unpad\(\)"):
+            read(m)
+    np.testing.assert_array_equal(np.asarray(m.unpad()), [0, 0, 0])
+    # a scalar output has no padding: it converts as its data does
+    s = pm.mask(lambda x: x.sum(), "n")(pm.pad(np.zeros(3, np.float32), 8))
+    assert (float(s), bool(s), int(s), np.asarray(s).shape) == (0.0, False, 0, ())

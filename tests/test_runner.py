@@ -1122,6 +1122,38 @@ def test_jit_static_arguments_are_python_values_keyed_as_jax_jit_keys_them():
         p(np.ones(3, np.float32))
 
 
+def test_a_static_keyword_taken_by_kwargs_is_bound_and_shares_programs():
+    """flax's ``apply(variables, *args, rngs=None, ..., **kwargs)`` takes a
+    module's ``train`` flag through ``**kwargs``: with ``static_argnames=
+    "train"`` (the remedy the keyword error names) each value is bound into
+    the function and its sizes share a program, as ``functools.partial(apply,
+    train=...)`` does; it ran per exact shape."""
+    def apply(params, *args, rngs=None, **kwargs):
+        (x,) = args
+        scale = 2.0 if kwargs["train"] else 1.0
+        return jnp.cumsum(x * params["w"]) * scale + (0.0 if rngs is None else 1.0)
+
+    params = {"w": np.float32(3.0)}
+    plain = jax.jit(apply, static_argnames="train")
+    f = pm.jit(apply, (None, "n"), static_argnames="train", tiered=False, buckets=B.pow2(8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for n in (0, 1, 3, 5, 8):
+            x = np.arange(n, dtype=np.float32)
+            for train in (False, True):
+                np.testing.assert_allclose(f(params, x, train=train),
+                                           plain(params, x, train=train))
+    s = f.stats()
+    assert (s["compiles"], s["exact_compiles"], s["calls"]) == (2, 0, 10)
+    assert f.fallbacks() == {}
+    # a keyword that is no static one beside it: per exact shape, said (as before)
+    with pytest.warns(pm.FallbackWarning, match="'rngs'"):
+        out = f(params, np.ones(3, np.float32), train=False, rngs={"dropout": 1})
+    np.testing.assert_allclose(out, plain(params, np.ones(3, np.float32), train=False,
+                                          rngs={"dropout": 1}))
+    assert f.stats()["exact_compiles"] == 1 and "(train=False)" in " ".join(f.fallbacks())
+
+
 def test_jit_is_also_a_decorator_factory_as_jax_jit():
     @pm.jit(in_specs="n", buckets=B.pow2(4))
     def f(x):

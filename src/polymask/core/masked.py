@@ -105,7 +105,9 @@ def _sizes_of_array(sizes, data) -> tuple:
 
 
 class Masked:
-    """A padded array plus its logical shape.
+    """A padded array plus its logical shape (``unpad()`` gives the exact array;
+    reading a Masked value as an array, ``np.asarray``, ``float``, ``bool``,
+    arithmetic, raises TypeError, except a rank-0 value, which has no padding).
 
     Attributes:
       data: the padded array; its shape is the *bound*.
@@ -234,6 +236,33 @@ class Masked:
     def __repr__(self) -> str:
         return f"Masked(data={self.data!r}, shape={self.shape!r})"
 
+    # A Masked is no array: reading it as one reads the padding as data (a
+    # forgotten ``unpad()``). NumPy would make an object array of it and
+    # ``bool()`` say True whatever the value; a rank-0 value (a scalar output:
+    # no axis, no padding) converts as its data does.
+    def _scalar(self, what: str):
+        if not self.shape and np.ndim(self.data) == 0:
+            return self.data
+        raise TypeError(
+            f"{what} of a Masked value (padded data of shape {self.bound} and logical shape "
+            f"{self.shape}): call .unpad() for the exact array (concrete sizes), or use "
+            ".data, the padded array (its padding holds anything)")
+
+    def __array__(self, dtype=None, copy=None):
+        return np.asarray(self._scalar("np.asarray"), dtype=dtype)
+
+    def __float__(self):
+        return float(self._scalar("float()"))
+
+    def __int__(self):
+        return int(self._scalar("int()"))
+
+    def __complex__(self):
+        return complex(self._scalar("complex()"))
+
+    def __bool__(self):
+        return bool(self._scalar("bool()"))
+
     # pytree protocol: dynamic sizes are leaves, static sizes are aux data. A
     # value rebuilt from a structure keeps that structure's leaves, whatever
     # their new values are (jax.tree.map(lambda _: 0, m) as vmap's in_axes puts a
@@ -257,6 +286,25 @@ class Masked:
 
 
 jax.tree_util.register_pytree_node(Masked, Masked.tree_flatten, Masked.tree_unflatten)
+
+
+def _no_arithmetic(name: str):
+    def op(self, *_):
+        raise TypeError(
+            f"operator {name} on a Masked value (padded data of shape {self.bound} and "
+            f"logical shape {self.shape}): call .unpad() for the exact array (concrete "
+            "sizes), or use .data, the padded array (its padding holds anything)")
+    op.__name__ = name
+    return op
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and",
+              "or", "xor", "lt", "le", "gt", "ge"):
+    setattr(Masked, f"__{_name}__", _no_arithmetic(f"__{_name}__"))
+    if _name not in ("lt", "le", "gt", "ge"):
+        setattr(Masked, f"__r{_name}__", _no_arithmetic(f"__r{_name}__"))
+for _name in ("neg", "pos", "abs", "invert"):
+    setattr(Masked, f"__{_name}__", _no_arithmetic(f"__{_name}__"))
 
 
 def _serialize_aux(static) -> bytes:

@@ -235,6 +235,13 @@ class PolyJit:
                  numpy_outputs=False, tiered=None, compiler_options=None,
                  max_cases=DEFAULT_MAX_CASES, fallback=True, static_argnums=None,
                  static_argnames=None):
+        # (a runner of fun with static keyword arguments bound: _bound_runner)
+        self._options = dict(buckets=buckets, constraints=constraints, cache_size=cache_size,
+                             numpy_outputs=numpy_outputs, tiered=tiered,
+                             compiler_options=compiler_options, max_cases=max_cases,
+                             fallback=fallback, static_argnums=static_argnums)
+        self._given_specs, self._static_argnames = in_specs, static_argnames
+        self._bound: dict = {}  # static keywords -> the runner of fun with them bound
         statics = (StaticArgs(fun, static_argnums, static_argnames)
                    if static_argnums is not None or static_argnames is not None else None)
         self.static_args = statics if statics and (statics.argnums or statics.argnames) else None
@@ -386,6 +393,17 @@ class PolyJit:
         return tuple(jax.tree_util.tree_unflatten(tree, out))
 
     def stats(self) -> dict:
+        s = self._counts()
+        for runner in list(self._bound.values()):
+            for k, v in runner._counts().items():
+                if type(v) in (int, float) and k in s:
+                    s[k] += v
+        return finish_stats(s)
+
+    stats.__doc__ = STATS_DOC
+
+    def _counts(self) -> dict:
+        """``stats()`` before the padding fraction, of this runner alone."""
         s = self.cache.stats()
         calls, logical, padded = self._retired
         exact = self._retired_exact
@@ -405,16 +423,18 @@ class PolyJit:
         s["logical_elements"] = logical
         s["padded_elements"] = padded + self._cover_extra_padded
         s["cache_hits"] = calls + kw - self._fg_compiles_in_calls
-        return finish_stats(s)
-
-    stats.__doc__ = STATS_DOC
+        return s
 
     def wait(self) -> None:
         """Wait for the background compiles started so far (tiered buckets)."""
         self.cache.wait()
+        for runner in list(self._bound.values()):
+            runner.wait()
 
     def clear_cache(self) -> None:
         """Drop every compiled program (stats are kept)."""
+        for runner in list(self._bound.values()):
+            runner.clear_cache()
         self.cache.clear()
         self.plans.clear()
         self._pads.clear()
@@ -772,8 +792,15 @@ class PolyJit:
 
     def _keywords_call(self, args, kwargs, error: ShapeError):
         """A call whose keyword arguments have no place in ``in_specs``
-        (keyword-only parameters, ``**kwargs``): ``jax.jit(fun)(*args,
-        **kwargs)`` per exact shape, as ``jax.jit`` runs it, warned once."""
+        (keyword-only parameters, ``**kwargs``): static ones (``static_argnames``)
+        are bound into ``fun`` (``_bound_runner``: flax's ``apply(params, x,
+        train=False)``, whose ``train`` goes to ``**kwargs``); with others
+        left, ``jax.jit(fun)(*args, **kwargs)`` per exact shape, as ``jax.jit``
+        runs it, warned once."""
+        static = {k: v for k, v in kwargs.items() if type(v) is StaticArg}
+        if static:
+            rest = {k: v for k, v in kwargs.items() if k not in static}
+            return self._bound_runner(static)(*args, **rest)
         next(self._keyword_calls)
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         key = ("keywords", tree, tuple(map(_leaf_key, leaves)))
@@ -786,6 +813,24 @@ class PolyJit:
         except ShapeError as e:
             raise at_call_site_error(e) from e.__cause__
         return self._user_outputs(out)
+
+    def _bound_runner(self, static: dict) -> PolyJit:
+        """The runner of ``functools.partial(fun, **static)``, one per distinct
+        static keyword values (as ``jax.jit`` keys a program on them), with
+        this runner's options; its stats and fallbacks are this runner's."""
+        key = tuple(sorted(static.items()))
+        with self.cache.lock:
+            runner = self._bound.get(key)
+            if runner is None:
+                fun = functools.partial(self._user_fun, **{k: v.value for k, v in key})
+                fun.__name__ = getattr(self._user_fun, "__name__", "fun")  # (messages)
+                names = self._static_argnames
+                names = ([n for n in ((names,) if isinstance(names, str) else names)
+                          if n not in static] if names is not None else None)
+                runner = PolyJit(fun, self._given_specs, static_argnames=names or None,
+                                 **self._options)
+                self._bound[key] = runner
+        return runner
 
     def _exact_jit(self):
         if self._plain_jit is None:
@@ -830,7 +875,11 @@ class PolyJit:
         (as ``jax.jit``) because their masked trace failed, and why (the
         message names the user's line and the rewrite that gets sharing
         back). Empty when every call shares programs."""
-        return {} if self._fallback is None else self._fallback.fallbacks()
+        out = {} if self._fallback is None else self._fallback.fallbacks()
+        for key, runner in list(self._bound.items()):
+            where = ", ".join(f"{k}={v.value!r}" for k, v in key)
+            out.update({f"{bucket} ({where})": why for bucket, why in runner.fallbacks().items()})
+        return out
 
     def _traced_call(self, args):
         """Under ``jax.grad``/``jit``/``vmap`` of the caller (tracer inputs, or

@@ -420,7 +420,7 @@ def _mf_unflatten(aux, children):
 jax.tree_util.register_pytree_node(MaskedFunction, _mf_flatten, _mf_unflatten)
 
 
-def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
+def mask(fun: Callable | None = None, in_specs=None, *, constraints: Sequence[str] = (),
          checks: bool = True, zero_padded: bool = False,
          differentiable: bool = True, max_cases: int = DEFAULT_MAX_CASES) -> MaskedFunction:
     """Transform ``fun`` (written for exact arrays) to run on padded arrays.
@@ -431,6 +431,7 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
         unpadded inputs (its other leaves are static), and the returned
         ``MaskedFunction`` is a pytree holding it, so ``eqx.filter_jit``,
         ``eqx.filter_grad``, ``nnx.jit`` and ``nnx.grad`` see its parameters.
+        None: a decorator with these options (``@polymask.mask(in_specs="n")``).
       in_specs: None (every axis of a ``Masked`` input gets its own dim var;
         plain arrays are unpadded and static); or one entry per positional
         argument (a tuple, as ``jax.vmap``'s ``in_axes``): a
@@ -475,9 +476,18 @@ def mask(fun: Callable, in_specs=None, *, constraints: Sequence[str] = (),
         by JAX as ``jax.errors.JaxRuntimeError`` (``polymask.jit`` checks sizes
         on the host and raises ``ShapeError`` itself).
       UnsupportedError: a primitive without a masking rule.
+      TypeError: ``fun`` is not callable (``polymask.mask("n")``).
 
     Composes with ``jax.jit`` (one trace per padded signature: sizes are
     runtime data), ``jax.vmap`` (ragged batches) and ``jax.grad``.
     """
+    if fun is None:  # a decorator factory: @polymask.mask(in_specs=...), as polymask.jit
+        return functools.partial(mask, in_specs=in_specs, constraints=constraints,
+                                 checks=checks, zero_padded=zero_padded,
+                                 differentiable=differentiable, max_cases=max_cases)
+    if not callable(fun):
+        raise TypeError(
+            f"polymask.mask takes the function first, got {fun!r}: polymask.mask(f, "
+            f"{fun!r}), or as a decorator @polymask.mask(in_specs={fun!r})")
     return MaskedFunction(fun, in_specs, constraints, checks, zero_padded, differentiable,
                           max_cases)
