@@ -899,9 +899,13 @@ def test_len_of_a_dynamic_axis_beside_a_remedied_call_is_blamed_on_the_size_as_a
 
 def test_a_dim_var_meeting_a_fixed_size_is_told_to_be_static():
     weights = jnp.ones((3, 4))
-    with pytest.raises(pm.ShapeError, match=r"meets a fixed size 3.*'_' in its spec") as e:
+    with pytest.raises(pm.ShapeError, match=r"meets a fixed size 3.*'_' \(or 3\) in the "
+                       r"spec where m stands") as e:
         pm.mask(lambda x: x @ weights, "n, m")(pm.Masked(jnp.ones((8, 3)), (5, 3)))
     assert "constraints=['m >=" not in str(e.value)
+    # the remedy as said (the axis static, not padded) runs: one program per size there
+    out = pm.mask(lambda x: x @ weights, "n, _")(pm.Masked(jnp.ones((8, 3)), (5, 3)))
+    np.testing.assert_array_equal(out.unpad(), np.full((5, 4), 3.0))
     # with the axis static, every n shares one program
     f = pm.jit(lambda x: x @ weights, "n, _", tiered=False)
     for n in (1, 5, 7):

@@ -486,3 +486,25 @@ def test_explain_marks_a_case_no_count_reaches():
     contradictory = [c for c in cases if "_u1 >= 3 and _u1 <= 0" in c]
     assert contradictory and all("(unreachable" in c for c in contradictory), cases
     assert not any("(unreachable" in c for c in cases if c not in contradictory), cases
+
+
+def test_explain_of_a_runner_at_sizes_it_runs_per_shape_and_its_users_mistakes():
+    """Where the runner's sizes reach an error case of the masked trace (a
+    NumPy arange of a size: per exact shape), explain says the runner runs
+    them per shape (it raised TooManyCases); a forgotten params is a
+    ShapeError naming it (was a TypeError); a ragged_map given a list where
+    one example goes says so (was 'fails as on the exact arrays')."""
+    f = pm.jit(lambda x: (x * np.arange(x.shape[0])).sum(), "n", tiered=False)
+    with pytest.warns(pm.FallbackWarning):
+        f(np.ones(40, np.float32))
+    for args in ((), (np.ones(40, np.float32),)):
+        text = pm.explain(f, *args, print_output=False)
+        assert "the runner runs them per exact shape under jax.jit" in text
+    g = pm.jit(lambda params, x: x @ params, (None, "n, 4"))
+    with pytest.raises(pm.ShapeError, match=r"do not fit <lambda>: .*missing a required "
+                                            r"argument: 'x'"):
+        pm.explain(g, np.ones((5, 4), np.float32), print_output=False)
+    rm = pm.ragged_map(lambda x: x.mean(0), "n, 8")
+    with pytest.raises(pm.SpecError, match=r"args\[0\] is a list of 1 array where in_specs"
+                                           r"\[0\] is one spec 'n, 8'.*not the batch"):
+        pm.explain(rm, [np.ones((5, 8), np.float32)], print_output=False)

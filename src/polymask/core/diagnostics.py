@@ -525,13 +525,14 @@ def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
         vs = ", ".join(meets)
         sizes = ", ".join(meets.values())
         axis = "axis" if len(meets) == 1 else "axes"
-        write = "" if any(" " in c for c in meets.values()) else f", or write {sizes} there"
+        write = "" if any(" " in c for c in meets.values()) else f" (or {sizes})"
         error = ShapeError(
             f"{head}\n  The {axis} of {vs}{_describe_vars(list(meets), var_where)} "
             f"{'meets a fixed size' if len(meets) == 1 else 'meet fixed sizes'} {sizes} "
-            "(weights, a constant array): a dim var cannot stand there. Make that axis static "
-            "with '_' in its spec (e.g. in_specs='n, _'; it then takes each call's own "
-            f"size){write}.")
+            "(weights, a constant array): a dim var cannot stand there. Make "
+            f"{'that axis' if len(meets) == 1 else 'those axes'} static: '_'{write} in the "
+            f"spec where {vs} stands. A static axis is not padded: pass it at its own size "
+            "(each size then compiles its own program, as under jax.jit).")
         error.fixed_size_vars = tuple(meets)
         return error
     if len(user) >= 2 or (user and fresh):

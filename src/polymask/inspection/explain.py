@@ -25,7 +25,7 @@ from .. import _jax_compat as compat
 from ..core.binding import specs_of_passed, split_specs
 from ..core.diagnostics import refusal_line
 from ..core.dimvars import describe_conditions, display_text
-from ..core.errors import FailsAsPlainJax, ShapeError, SpecError, UnsupportedError
+from ..core.errors import FailsAsPlainJax, ShapeError, SpecError, UnsupportedError, counted
 from ..core.masked import Masked
 from ..core.shapes import DimEnv
 from ..core.specs import PLACEHOLDER_BOUND, args_from_specs, as_constraints, broadcast_specs
@@ -251,7 +251,13 @@ def _runner_arguments(runner, in_specs, args, constraints, dtype=jnp.float32):
     if not args and hasattr(runner, "example_arguments"):
         args = runner.example_arguments() or ()  # what the runner last compiled for
     elif hasattr(runner, "positional_arguments"):  # static arguments, defaults
-        args = runner.positional_arguments(tuple(args))
+        try:
+            args = runner.positional_arguments(tuple(args))
+        except TypeError as e:  # a forgotten params: the user's call, said as such
+            fun = runner.fun
+            raise ShapeError(f"explain: the example arguments do not fit "
+                             f"{getattr(fun, '__name__', 'fun')}: {e} (pass them as you "
+                             "would call the runner)") from None
     if in_specs is None and args and hasattr(runner, "explained_specs"):
         try:  # (a padded shape tuple is an array of that shape, not a tuple of ints)
             in_specs = runner.explained_specs(tuple(
@@ -285,14 +291,35 @@ def _placeholder_arguments(runner, in_specs, dtype) -> tuple:
         if runner is None:
             raise
         reason = str(e).split("; pass example")[0]
-        later = ("; or call the runner first: it is then explained at its last new "
-                 "call's shapes" if hasattr(runner, "example_arguments") else
-                 " (for value_and_grad: params and one example's arguments; for "
-                 "ragged_map: the broadcast arguments, then one example's)")
+        if hasattr(runner, "example_arguments"):  # polymask.jit
+            how = ("them as you call the runner, explain(runner, *args) (arrays or "
+                   "jax.ShapeDtypeStructs); or call the runner first: it is then explained "
+                   "at its last new call's shapes")
+        else:
+            how = ("one example's arguments, explain(runner, *args) (arrays or "
+                   "jax.ShapeDtypeStructs), not the batch: for ragged_map the broadcast "
+                   "arguments, then one example's arrays (explain(rm, xs[0])); for "
+                   "value_and_grad params, then one example's")
         raise ShapeError(
             f"explain({type(runner).__name__}) without example arguments: {reason}. Pass "
-            "them as you call the runner, explain(runner, *args) (arrays or "
-            f"jax.ShapeDtypeStructs){later}") from None
+            f"{how}") from None
+
+
+def _refuse_a_batch(runner, in_specs, args) -> None:
+    """A list of arrays where a ``ragged_map`` / ``value_and_grad`` spec is one
+    spec string: the batch, given where one example goes (tracing it would
+    report the user's function as failing on a list)."""
+    if hasattr(runner, "example_arguments") or not isinstance(in_specs, (tuple, list)):
+        return
+    for i, (spec, a) in enumerate(zip(in_specs, args)):
+        if isinstance(spec, str) and isinstance(a, (list, tuple)) and a and all(
+                hasattr(v, "shape") for v in a):
+            raise SpecError(
+                f"explain: args[{i}] is a {type(a).__name__} of {counted(len(a), 'array')} where "
+                f"in_specs[{i}] is one spec {spec!r}: explain(runner, *args) takes one "
+                "example's arguments, not the batch (for ragged_map the broadcast "
+                "arguments, then one example's, e.g. explain(rm, xs[0]); for "
+                "value_and_grad params, then one example's)")
 
 
 def _at_runner_buckets(runner, args) -> tuple:
@@ -411,6 +438,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         args = _at_runner_buckets(runner, args)
     absargs = abstractify(args, in_specs, dtype)
     if runner is not None:  # specs that do not fit the arguments: the user's call, no fallback
+        _refuse_a_batch(runner, in_specs, args)
         try:
             broadcast_specs(split_specs(fun, in_specs, len(absargs), {})[0], list(absargs),
                             is_masked)
@@ -436,12 +464,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
                             "function's order: for value_and_grad params, then one "
                             "example's; for ragged_map the broadcast arguments, then one "
                             "example's)") from None
-        if runner is None or isinstance(e, FailsAsPlainJax):
-            raise  # plain JAX fails too: no fallback runs them
-        result = _per_shape_explanation(runner, e)
-        if print_output:
-            print(result, file=file)
-        return result
+        return _per_shape_or_raise(runner, e, print_output, file)
     prog = tree.base
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: is_masked(v) or
                                           is_shape_tuple(v))
@@ -449,7 +472,10 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
                  for a, b in zip(leaves_in, absleaves)]
     concrete = concrete_sizes(prog, ex_leaves) if any(map(is_masked, leaves_in)) else None
     if concrete is not None and not tree.single:  # show the case the example sizes reach
-        prog = case_program(tree, concrete) or prog  # ShapeError where it fails
+        try:
+            prog = case_program(tree, concrete) or prog
+        except (ShapeError, UnsupportedError) as e:  # an error case (a runner: per shape)
+            return _per_shape_or_raise(runner, e, print_output, file)
 
     # Every dynamic axis gets a traced int32 size so the masks become visible.
     n_sizes = sum(a.var is not None for axes in prog.axis_specs for a in axes)
@@ -499,6 +525,18 @@ def _fallbacks_so_far(fun) -> str:
         return ""
     return "\nbuckets that run per exact shape, as jax.jit (fun.fallbacks()):\n" + "\n".join(
         f"  {bucket}: {refusal_line(reason)}" for bucket, reason in fun.fallbacks().items())
+
+
+def _per_shape_or_raise(runner, error: BaseException, print_output: bool, file):
+    """A failed masked trace: raised for a plain function or where plain JAX
+    fails too (no fallback runs those sizes), else the runner's per-shape
+    explanation."""
+    if runner is None or isinstance(error, FailsAsPlainJax):
+        raise error
+    result = _per_shape_explanation(runner, error)
+    if print_output:
+        print(result, file=file)
+    return result
 
 
 def _per_shape_explanation(fun, error: BaseException) -> Explanation:
