@@ -1,5 +1,7 @@
 """Masked pytree, pad, stack, logical_shape."""
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -241,3 +243,20 @@ def test_a_masked_value_read_as_an_array_says_to_unpad_it():
     # a scalar output has no padding: it converts as its data does
     s = pm.mask(lambda x: x.sum(), "n")(pm.pad(np.zeros(3, np.float32), 8))
     assert (float(s), bool(s), int(s), np.asarray(s).shape) == (0.0, False, 0, ())
+
+
+def test_python_int_sizes_inside_jax_jit_are_said_to_compile_per_size():
+    """Masked(x, (n, 4)) with a Python int n is static under jax.jit: one
+    compile per size, silently; said once at the second size (array sizes
+    share one program and say nothing)."""
+    f = jax.jit(pm.mask(lambda x: jnp.sum(x, 0) / x.shape[0], "n, 4"))
+    xp = jnp.ones((8, 4))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for n in (1, 2, 3):
+            np.testing.assert_allclose(f(pm.Masked(xp, (n, 4))).unpad(), np.ones(4))
+        for n in (1, 2, 3):
+            f(pm.Masked(xp, (np.int32(n), 4)))
+    said = [w for w in seen if issubclass(w.category, pm.FallbackWarning)]
+    assert len(said) == 1 and "(n = 1; n = 2)" in str(said[0].message)
+    assert said[0].filename == __file__  # the user's line

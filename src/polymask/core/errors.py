@@ -176,6 +176,9 @@ class FallbackWarning(UserWarning):
     shape). Warned once per runner; the message gives the reason (the line
     that needs a size as a Python value, the primitive without a rule) and
     the rewrite that gets sharing back. ``runner.fallbacks()`` lists them.
+    Also warned, once per ``polymask.mask`` function, where it is called
+    inside the caller's ``jax.jit`` with logical sizes that are Python ints:
+    they are static there, so each size compiles its own program.
     """
 
 

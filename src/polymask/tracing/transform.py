@@ -11,6 +11,7 @@ import collections
 import functools
 import inspect
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,8 +22,15 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import check_arity, split_specs
 from ..core.buckets import int_arg
-from ..core.diagnostics import at_call_site, at_this_call, called, user_call_site, with_size_names
-from ..core.errors import ShapeError
+from ..core.diagnostics import (
+    at_call_site,
+    at_this_call,
+    called,
+    user_call_site,
+    user_stacklevel,
+    with_size_names,
+)
+from ..core.errors import FallbackWarning, ShapeError
 from ..core.masked import Masked
 from ..core.specs import as_constraints, broadcast_specs, check_in_specs_type
 from ..core.trace_state import masked_call
@@ -223,6 +231,9 @@ class _Meta:
         self.max_cases = int_arg(max_cases, "max_cases", 0)
         self.cache: dict[Any, CaseTree] = {}
         self.lock = threading.Lock()
+        # Python-int sizes met inside a transformation, per padded signature
+        self.static_seen: dict[int, tuple] = {}
+        self.warned_static = False
         try:
             self.spec_key = _hashable(repr(in_specs))
         except Exception:
@@ -346,6 +357,34 @@ class MaskedFunction:
         to say per shape (``say_case_warnings``)."""
         return self._call(guard, args, kwargs, say_warnings=False)
 
+    def _note_static_sizes(self, tree: CaseTree, values: dict) -> None:
+        """Sizes given as Python ints inside the caller's ``jax.jit`` are
+        static there: each one traces and compiles its own program, where
+        array sizes (``np.int32(n)``) share one. Said once, at the second
+        size of a padded signature (a Python int is the natural thing to
+        pass, and the per-size compile is otherwise silent)."""
+        m = self._meta
+        if m.warned_static:
+            return
+        static = tuple(sorted((v, values[name] - off)
+                              for v, (name, off) in tree.base.internal.items()
+                              if type(values.get(name)) is int))
+        if not static:
+            return
+        with m.lock:
+            seen = m.static_seen.setdefault(id(tree), (tree, set()))[1]
+            seen.add(static)
+            if len(seen) < 2 or m.warned_static:
+                return
+            m.warned_static = True
+        sizes = "; ".join(", ".join(f"{v} = {x}" for v, x in combo) for combo in sorted(seen))
+        warnings.warn(
+            f"polymask.mask({self.__name__}): logical sizes given as Python ints inside a JAX "
+            f"transformation ({sizes}) are static there, so jax.jit traces and compiles a "
+            "program per size; give them as arrays (np.int32(n), jnp.asarray(sizes)) to "
+            "share one program for every size up to the bound", FallbackWarning,
+            stacklevel=user_stacklevel())
+
     def _call(self, guard, args, kwargs, say_warnings: bool):
         call_site = user_call_site()
         try:
@@ -358,6 +397,8 @@ class MaskedFunction:
             raise self._sizes_named(at_call_site(e, call_site), tree) from None
         if say_warnings:
             say_case_warnings(tree, values)
+            if compat.under_transformation():
+                self._note_static_sizes(tree, values)
         with masked_call(call_site):  # (the rules' run-time checks name it)
             if self.checks == "functional":
                 with functional_checks() as bads:
