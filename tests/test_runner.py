@@ -2200,6 +2200,11 @@ def test_big_endian_inputs_give_the_values_of_native_ones():
         outs = pm.ragged_map(f, ("n, 3",), layout=layout)([x.astype(">f4") for x in xs])
         for got, w in zip(outs, want):
             np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+    # polymask.mask too (it raised "Error interpreting argument to stage" from inside)
+    m = pm.mask(f, "n, 3")
+    for x, w in zip(xs, want):
+        padded = pm.pad(x.astype(">f4"), (8, 3))
+        np.testing.assert_allclose(m(padded).unpad(), w, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("tiered", [False, True])

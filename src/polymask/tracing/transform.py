@@ -32,6 +32,7 @@ from ..core.diagnostics import (
 )
 from ..core.errors import FallbackWarning, ShapeError
 from ..core.masked import Masked
+from ..core.shapes import native_byte_order
 from ..core.specs import as_constraints, broadcast_specs, check_in_specs_type
 from ..core.trace_state import masked_call
 from .cases.dispatch import run_cases
@@ -387,6 +388,8 @@ class MaskedFunction:
 
     def _call(self, guard, args, kwargs, say_warnings: bool):
         call_site = user_call_site()
+        # (big-endian NumPy data, as read from a file: converted, as polymask.jit does)
+        args, kwargs = native_byte_order((args, kwargs))
         try:
             tree, leaves = self.cases(*args, **kwargs)
         except ShapeError as e:
