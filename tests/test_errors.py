@@ -1027,3 +1027,22 @@ def test_a_case_past_the_per_size_limit_names_its_sizes_as_values():
     assert float(m(pm.Masked(jnp.ones(40), (0,))).data) == 0.0
     with pytest.raises(pm.TooManyCases, match=r"for these sizes \(t in \{1\.\.40\}\)"):
         m(pm.Masked(jnp.ones(40), (5,)))
+
+
+def test_a_str_among_the_outputs_is_named_with_the_users_function_and_path():
+    """jax.jit refuses a str output; polymask said it of its inner flat_fun, at
+    output [1] (the None dropped), at <unknown location>, with the remedy for
+    a traced value used as a Python value."""
+    def f(x):
+        return x.sum(), None, "tag"
+
+    line = f.__code__.co_firstlineno
+    for call in (lambda: pm.mask(f, "n")(pm.pad(np.ones(5, np.float32), 8)),
+                 lambda: pm.jit(f, "n")(np.ones(5, np.float32))):
+        with pytest.raises(TypeError) as e:
+            call()
+        text = str(e.value)
+        assert f"function f at {__file__}:{line} returned a value of type <class 'str'> at " \
+               "output [2]" in text and f"{__file__}:{line} (f)" in text
+        assert "flat_fun" not in text.split("plain jax.jit")[0]
+        assert "returns arrays and numbers only" in text and "lax.cond" not in text

@@ -361,6 +361,12 @@ def current_trace():
         return None
 
 
+def is_jax_value(x) -> bool:
+    """Whether a function traced by ``jax.jit`` may return ``x`` (an array, a
+    tracer, a number; not a ``str`` or an arbitrary object)."""
+    return isinstance(x, _core.Tracer) or _core.valid_jaxtype(x)
+
+
 def under_transformation() -> bool:
     """Whether JAX is tracing now (inside ``jit``, ``grad``, ``vmap``,
     ``eval_shape`` of an outer function): what runs now is recorded into that

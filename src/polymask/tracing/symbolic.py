@@ -226,6 +226,28 @@ class MaskedProgram:
         return dimvars.display_text(str(e), self.internal)
 
 
+def _check_output_types(out, out_flat, call) -> None:
+    """An output leaf JAX cannot return (a ``str`` tag): jax.jit's TypeError,
+    naming the user's function and the output's path (JAX's own names the
+    trace's inner function and counts the flattened outputs)."""
+    bad = next((i for i, o in enumerate(out_flat)
+                if not (is_masked(o) or compat.is_jax_value(o))), None)
+    if bad is None:
+        return
+    path = jax.tree_util.keystr(
+        jax.tree_util.tree_flatten_with_path(out, is_leaf=is_masked)[0][bad][0])
+    fun = getattr(call, "user_fun", call)
+    code = getattr(fun, "__code__", None)
+    name = getattr(fun, "__name__", fun)
+    where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None
+    error = TypeError(f"function {name}{f' at {where}' if where else ''} returned a value of "
+                      f"type {type(out_flat[bad])} at output {path or '(the output itself)'}, "
+                      "which is not a valid JAX type (jax.jit refuses it too)")
+    if where:  # (the error cases name the function: its frame has returned)
+        error.polymask_where = f"{where} ({name})"
+    raise error
+
+
 def arg_paths(args) -> list[str]:
     flat = jax.tree_util.tree_flatten_with_path(tuple(args), is_leaf=is_masked)[0]
     return ["args" + jax.tree_util.keystr(p) for p, _ in flat]
@@ -417,6 +439,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
     def flat_fun(*flat):
         out = call(*flat)
         out_flat, out_tree = jax.tree_util.tree_flatten(out, is_leaf=is_masked)
+        _check_output_types(out, out_flat, call)
         out_trees.append(out_tree)
         return [_leaf_data(o) for o in out_flat]
 

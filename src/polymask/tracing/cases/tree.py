@@ -321,6 +321,10 @@ def plain_failure(error: str) -> tuple[str, str]:
                 "\n  x[m] with a traced boolean m has a data-dependent size: inside "
                 "polymask.mask use polymask.boolean_mask(x, m) (or polymask.compress / "
                 "polymask.extract).")
+    if "returned a value of type" in error:  # a str among the outputs
+        return ("as it does under jax.jit on the exact arrays",
+                "\n  a jitted function returns arrays and numbers only: return the other "
+                "values from outside it (a Python wrapper around the masked call)")
     if not (error.startswith(_TRACED_VALUE_ERRORS) or "is not a valid JAX type" in error
             or (error.startswith("TypeError") and "Tracer" in error)  # ([v] * traced value)
             or (error.startswith("IndexError") and compat.is_traced_slice_bounds_message(error))):
