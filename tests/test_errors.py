@@ -1046,3 +1046,14 @@ def test_a_str_among_the_outputs_is_named_with_the_users_function_and_path():
                "output [2]" in text and f"{__file__}:{line} (f)" in text
         assert "flat_fun" not in text.split("plain jax.jit")[0]
         assert "returns arrays and numbers only" in text and "lax.cond" not in text
+
+
+def test_a_masked_value_given_to_a_runner_is_said_to_be_one():
+    """polymask.jit and ragged_map take exact arrays; a Masked value was read
+    as its two leaves ('args[0] has 2 array leaves; give a pytree of specs')."""
+    x = pm.pad(np.ones(3, np.float32), 8)
+    for call in (lambda: pm.jit(jnp.cumsum, "n")(x),
+                 lambda: pm.ragged_map(jnp.cumsum, "n")([x])):
+        with pytest.raises(pm.ShapeError, match=r"args\[0\] is a Masked value .* pass its "
+                                                r"\.unpad\(\)"):
+            call()
