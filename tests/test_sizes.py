@@ -490,6 +490,36 @@ def test_a_table_sliced_by_the_size_broadcasts_where_it_has_the_rows():
     assert "raises, as on the exact arrays (a ShapeError in either layout): n in {6..8}" in e
 
 
+@pytest.mark.parametrize("f", [
+    lambda u: u[:-3] + u[1:-2] + u[2:-1] + u[3:],
+    lambda u: u[:-4] + u[1:-3] + u[2:-2] + u[3:-1] + u[4:],
+    lambda u: (u[2:] - u[:-2]) / (jnp.abs(u[1:-1]) + 1.0),
+], ids=["4-point", "5-point", "central-difference"])
+def test_a_stencil_of_shifted_slices_is_one_case(f):
+    """Finite differences (jaxfluids' WENO5, a 4-point stencil): the slices'
+    lengths are different max/min expressions, equal at every size. Each
+    'is this length 1?' of the broadcasting rule split the trace: the 4-point
+    stencil needed more than max_cases (refused after ~40 s), the 5-point one
+    ran for minutes. Sizes equal at every value now broadcast as they are."""
+    tree = pm.mask(f, "n").cases(masked(vec(16), 16))[0]
+    assert len([c for c in tree.cases if c.program is not None]) <= 2
+    check_all_sizes(f, 16, modes=("eager", "jit", "vmap", "grad"))
+
+
+def test_a_strided_2d_restriction_of_shifted_slices_runs():
+    """A multigrid full-weighting restriction: nine strided 2-D slices (was
+    TooManyCases at every size)."""
+    def restrict(u):
+        c = u[1:-1:2, 1:-1:2] * 0.25 + 0.125 * (u[:-2:2, 1:-1:2] + u[2::2, 1:-1:2]
+                                                + u[1:-1:2, :-2:2] + u[1:-1:2, 2::2])
+        return c + 0.0625 * (u[:-2:2, :-2:2] + u[2::2, 2::2] + u[:-2:2, 2::2] + u[2::2, :-2:2])
+
+    rng = np.random.default_rng(0)
+    xs = [(rng.normal(size=(n, m)).astype(np.float32),) for n, m in ((0, 3), (1, 1), (3, 5),
+                                                                      (8, 7), (9, 9))]
+    check_oracle(restrict, xs, [(9, 9)], ["n, m"], modes=("eager", "jit", "grad"))
+
+
 def test_a_shift_by_one_next_to_its_input_is_proved_equal_by_a_split():
     """x - concatenate([0], x[:-1]) (optax's CTC, a first difference): JAX cannot
     prove max(0, n - 1) + 1 == n for every n >= 0; polymask splits at n >= 1,

@@ -470,8 +470,13 @@ def _split_geq(orig_geq):
             # `a // n` are unknown until the trace splits on n >= 1.
             divisor = _possible_zero_divisor(message)
             diff = e1 - e2 if divisor is None else divisor - 1
-            if _active_frame(diff, counts=True) is None:
+            frame = _active_frame(diff, counts=True)
+            if frame is None:
                 raise
+            if divisor is None:
+                decided = _decided_by_values(diff, frame)
+                if decided is not None:
+                    return decided
             raise SplitNeeded(message, diff) from None
         if _has_fresh(e1, e2) and (_branch_differs_at_zero() or _count_pinned(e1, e2)):
             _note_nonempty(e1, e2, lambda d: _geq_zero(orig_geq, d), res)
@@ -840,24 +845,64 @@ _EVERYWHERE_LIMIT = 4096
 
 def _zero_everywhere(diff, frame: _HookFrame) -> bool:
     """``diff`` is 0 for every value of its dim vars in their ranges (few values only)."""
-    hit = frame.everywhere.get(diff)
-    if hit is not None:
-        return hit
+    return _signs_everywhere(diff, frame) == {0}
+
+
+def _signs_everywhere(diff, frame: _HookFrame) -> frozenset | None:
+    """The signs (-1, 0, 1) ``diff`` takes over every value of its dim vars in
+    their ranges, None where they are too many or ``diff`` cannot be
+    evaluated. The case's conditions only narrow those values: a sign that
+    holds over all of them holds in every case."""
+    if diff in frame.everywhere:
+        return frame.everywhere[diff]
     names = sorted(dim_vars(diff))
     ranges = [range(frame.split_vars[v][0], frame.split_vars[v][1] + 1) for v in names]
     total = 1
     for r in ranges:
         total *= len(r)
-    res = False
+    res = None
     if total <= _EVERYWHERE_LIMIT:
         try:  # (a size of 0 may divide: NumPy's 0 there, without its warning)
             with np.errstate(divide="ignore"):
-                res = all(int(diff._evaluate(dict(zip(names, combo)))) == 0
-                          for combo in itertools.product(*ranges))
+                res = frozenset(int(np.sign(int(diff._evaluate(dict(zip(names, combo))))))
+                                for combo in itertools.product(*ranges))
         except Exception:
-            res = False
+            res = None
     frame.everywhere[diff] = res
     return res
+
+
+def _equal_by_values(diff, frame: _HookFrame) -> bool | None:
+    """``diff == 0`` where the values of ``diff``'s dim vars decide it: True
+    where it is 0 at each (``jnp.diff(x[1:])``'s two shapes, structurally
+    different ``min``s), False where it is 0 at none (not for ``floordiv`` /
+    ``mod`` sizes: see ``_decided_by_values``), else None."""
+    if _has_fresh(diff):
+        return None
+    signs = _signs_everywhere(diff, frame)
+    if signs == {0}:
+        return True
+    if signs and 0 not in signs and not _DIVIDED_SIZE.search(str(diff)):
+        return False
+    return None
+
+
+def _decided_by_values(diff, frame: _HookFrame) -> bool | None:
+    """``diff >= 0`` where the values of ``diff``'s dim vars decide it (the same
+    answer at each of them), else None. Sizes of a stencil's shifted slices
+    (``u[1:-2]``: ``max(0, max(0, n - 2) - min(1, n))``) are equal or ordered
+    at every size, which JAX's decision procedure cannot prove from their
+    ``max`` / ``min`` terms: each such comparison was a case split, and a
+    4-point stencil needed more than ``max_cases``. Not for ``floordiv`` /
+    ``mod`` sizes (a divisor of 0 evaluates as NumPy's 0 here)."""
+    if _has_fresh(diff) or _DIVIDED_SIZE.search(str(diff)):
+        return None
+    signs = _signs_everywhere(diff, frame)
+    if not signs:
+        return None
+    if min(signs) >= 0:
+        return True
+    return False if max(signs) < 0 else None
 
 
 _EQ_TOKENS = ("==", "!=", " in ", ".index(", ".count(")
@@ -923,7 +968,7 @@ _COMPUTED_SIZE = re.compile(r"\b(max|min)\(")
 _DIVIDED_SIZE = re.compile(r"\b(floordiv|mod)\(")
 
 
-def _broadcast_match(a, b, caller) -> bool:
+def _broadcast_match(a, b, caller, frame: _HookFrame) -> bool:
     """``a == b`` asked by lax's broadcasting rule where a side is a computed
     size (``max(0, l - 1) + 1``, ``min(16, n)``: a slice near size 0 or past
     a table's end) and ``b`` is 1 or a size of the same dim vars: on the exact
@@ -946,7 +991,23 @@ def _broadcast_match(a, b, caller) -> bool:
     if outer is None or outer.f_code.co_name not in _BROADCAST_RULES:
         return False
     text = f"{a} {b}"
-    return bool(_COMPUTED_SIZE.search(text)) and not _DIVIDED_SIZE.search(text)
+    if not _COMPUTED_SIZE.search(text) or _DIVIDED_SIZE.search(text):
+        return False
+    # sizes of this axis equal at every value (a stencil's shifted slices): which
+    # of them is 1 changes nothing, the result is their size
+    return not _all_equal_by_values(outer.f_locals.get("ds"), a, frame)
+
+
+def _all_equal_by_values(ds, a, frame: _HookFrame) -> bool:
+    """Whether the sizes ``ds`` of one axis (lax's broadcasting rule's local)
+    are all equal to ``a`` at every value of their dim vars."""
+    if not isinstance(ds, tuple) or not any(d is a for d in ds):
+        return False
+    try:  # (asked inside _eq_decided: the frame is busy, no split in the subtraction)
+        return all(d is a or (is_dim_expr(d) and d.scope is a.scope
+                              and _equal_by_values(d - a, frame) is True) for d in ds)
+    except Exception:
+        return False
 
 
 def _guards_a_raise(caller) -> bool:
@@ -1120,14 +1181,17 @@ def _eq_decided(a, b, diff, res: bool, truth: bool) -> bool:
         lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
         if lo > 0 or hi < 0:
             return False
-        if (lo == hi == 0) or (not _has_fresh(diff) and _zero_everywhere(diff, frame)):
+        if lo == hi == 0:
             return True
+        equal = _equal_by_values(diff, frame)
+        if equal is not None:
+            return equal
         caller = sys._getframe(1)
         while caller is not None and caller.f_code.co_filename == __file__:
             caller = caller.f_back
         user = getattr(_HOOK_TLS, "as_user", False) or (
             caller is not None and _in_user_code(caller, frame))
-        broadcast = _broadcast_match(a, b, caller)
+        broadcast = _broadcast_match(a, b, caller, frame)
         decision = (truth or user or broadcast or _is_shape_decision(caller)
                     or _emptiness_check(b, caller))
     finally:
