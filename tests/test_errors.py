@@ -1057,3 +1057,25 @@ def test_a_masked_value_given_to_a_runner_is_said_to_be_one():
         with pytest.raises(pm.ShapeError, match=r"args\[0\] is a Masked value .* pass its "
                                                 r"\.unpad\(\)"):
             call()
+
+
+def test_a_custom_jvp_rule_that_compares_sizes_says_to_differentiate_inside_the_mask():
+    """A custom JVP rule traced when the derivative is taken (t[::-1] asks
+    n >= 1) cannot split there; the message said 'fails at these sizes' with
+    no sizes. It now gives the remedy, which works."""
+    @jax.custom_jvp
+    def c(x):
+        return jnp.cumsum(x)
+
+    @c.defjvp
+    def c_jvp(p, t):
+        return c(p[0]), t[0][::-1]
+
+    x = jnp.array([0.5, 1.0, -0.3, 2.0, jnp.nan, jnp.nan])
+    w = jnp.arange(6.0)
+    with pytest.raises(pm.ShapeError, match=r"(?s)custom JVP rule.*differentiate inside the "
+                                            r"masked function"):
+        jax.grad(lambda d: (pm.mask(c, "n")(pm.Masked(d, (4,))).data * w).sum())(x)
+    inside = pm.mask(jax.grad(lambda d: (c(d) * w[:d.shape[0]]).sum()), "n")
+    want = jax.grad(lambda d: (c(d) * w[:4]).sum())(x[:4])
+    np.testing.assert_allclose(inside(pm.Masked(x, (4,))).unpad(), want)

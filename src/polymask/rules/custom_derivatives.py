@@ -59,10 +59,7 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
             # is guarded), so other sizes still differentiate.
             guard = ctx.state.with_sizes(names, sizes).guard
             run_checks([Check(True if guard is None else guard,
-                              f"the derivative (JAX's custom JVP rule) fails at these sizes: "
-                              f"{type(e).__name__}: "
-                              f"{display_internal_names(str(e).splitlines()[0])}\n"
-                              f"  at {ctx.source_line}")], ctx.source_line)
+                              _jvp_rule_failure(e, ctx.source_line))], ctx.source_line)
             primals_out = masked_call(sizes, consts, xs)
             return primals_out, [jnp.zeros_like(p) if _is_float(p) else
                                  np.zeros(np.shape(p), jax.dtypes.float0) for p in primals_out]
@@ -84,6 +81,22 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
         return primals_out, tangents_out
 
     return masked_call(sizes, consts, xs)
+
+
+def _jvp_rule_failure(e: Exception, where: str) -> str:
+    """Why a custom JVP rule gave no derivative. A size comparison the rule
+    makes (``t[::-1]`` asks ``n >= 1``) cannot split the trace there: the
+    rule is traced when the derivative is taken, after the masked trace's
+    cases were chosen; traced inside the masked function it can."""
+    text = f"{type(e).__name__}: {display_internal_names(str(e).splitlines()[0])}"
+    if isinstance(e, compat.InconclusiveDimensionOperation):
+        return (f"the derivative (the function's custom JVP rule, at {where}) compares "
+                f"sizes polymask cannot decide there: {text}\n  The rule is traced when "
+                "the derivative is taken, after the masked trace chose its cases; "
+                "differentiate inside the masked function instead (polymask.mask("
+                "jax.grad(f)), or jax.jvp / jax.vjp inside it), where the rule's size "
+                "comparisons split the trace as any other")
+    return f"the derivative (JAX's custom JVP rule) fails at these sizes: {text}\n  at {where}"
 
 
 @register("custom_vjp_call")
