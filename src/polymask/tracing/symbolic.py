@@ -357,7 +357,9 @@ def _split_for_unproven_equality(e: BaseException, scope, internal):
             return None  # already known: the shapes differ for another reason
     except compat.InconclusiveDimensionOperation:
         pass
-    return compat.SplitNeeded(f"{name} >= {k} proves the shapes in {msg!r} equal", cond,
+    spec = next(((v, off) for v, (n, off) in internal.items() if n == name), (name, 0))
+    return compat.SplitNeeded(f"{spec[0]} >= {k - spec[1]} proves the shapes in "
+                              f"{dimvars.display_text(msg, internal)!r} equal", cond,
                               only_yes=compat.is_fresh_dim_name(name),
                               where=user_frame_of_exception(e))  # (the mismatch's line)
 

@@ -22,6 +22,7 @@ before (no switch).
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -296,7 +297,9 @@ def trace_function_cases(fun: Callable, args: Sequence[Any], in_specs=None,
 
 
 def _too_many(splits: list[Split], max_cases: int, internal) -> ShapeError:
-    comps = "\n".join(f"  {s.text} at {s.where}" for s in splits)
+    seen = collections.Counter((s.text, s.where) for s in splits)  # (once each, in order)
+    comps = "\n".join(f"  {text} at {where}" + (f" ({k} times)" if k > 1 else "")
+                      for (text, where), k in seen.items())
     return TooManyCases(
         f"tracing needs more than max_cases={max_cases} cases: the size comparisons that "
         f"JAX cannot decide are\n{comps}\n  State what you know as constraints "
