@@ -364,6 +364,37 @@ def _split_for_unproven_equality(e: BaseException, scope, internal):
                               where=user_frame_of_exception(e))  # (the mismatch's line)
 
 
+_CLAMP = re.compile(r"\b(?:max|min)\(([^(),]+),\s*([^(),]+)\)")
+
+
+def _split_for_a_clamped_size(e: BaseException, scope, internal):
+    """A split on the two sides of a ``max`` / ``min`` in a size JAX needed as
+    a constant, or None.
+
+    JAX's gradient of a VALID convolution pads its cotangent by ``(k - 1, n -
+    max(n - k + 1, 0))``: ``k - 1`` at every ``n >= k - 1``, but a padding
+    must be an int, so the trace failed at every size and was traced once per
+    size. Traced with ``n - k + 1 >= 0`` (and apart with ``<= -1``), JAX
+    itself decides the ``max`` and the padding is a constant."""
+    names = {name for name, _ in internal.values()}
+    for m in _CLAMP.finditer(str(e)):
+        sides = m.group(1).strip(), m.group(2).strip()
+        if not set(re.findall(r"[A-Za-z_]\w*", " ".join(sides))) <= names:
+            continue
+        try:
+            a, b = jax.export.symbolic_shape(", ".join(sides), scope=scope)
+            cond = a - b
+            if cond >= 0 or cond <= -1:  # decided here already: not what failed
+                continue
+        except compat.InconclusiveDimensionOperation:
+            return compat.SplitNeeded(f"'{sides[0]}' >= '{sides[1]}' (a {m.group(0)[:3]} "
+                                      "needed as a constant)", cond,
+                                      where=user_frame_of_exception(e))
+        except Exception:
+            continue
+    return None
+
+
 def trace(fun: Callable, args: Sequence[Any], in_specs=None,
           constraints: Sequence[str] = (), conditions: Sequence[str] = ()
           ) -> tuple[MaskedProgram, list]:
@@ -459,7 +490,8 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
     except (ShapeError, UnsupportedError):
         raise
     except Exception as e:
-        split = split_of(e) or _split_for_unproven_equality(e, scope, internal)
+        split = (split_of(e) or _split_for_unproven_equality(e, scope, internal)
+                 or _split_for_a_clamped_size(e, scope, internal))
         if split is not None:
             raise split from None
         var_where = _var_axes(axis_specs)
