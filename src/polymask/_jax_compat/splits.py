@@ -474,7 +474,11 @@ def _split_geq(orig_geq):
             if frame is None:
                 raise
             if divisor is None:
-                decided = _decided_by_values(diff, frame)
+                frame.busy = True  # (its cache looks the size up by hash: no split there)
+                try:
+                    decided = _decided_by_values(diff, frame)
+                finally:
+                    frame.busy = False
                 if decided is not None:
                     return decided
             raise SplitNeeded(message, diff) from None
