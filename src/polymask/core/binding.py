@@ -14,7 +14,20 @@ import weakref
 from .errors import ShapeError, SpecError, counted
 from .specs import check_in_specs_type
 
-__all__ = ["split_specs", "keywords_as_positional", "check_arity", "specs_of_passed"]
+__all__ = ["split_specs", "keywords_as_positional", "check_arity", "specs_of_passed",
+           "check_function_first"]
+
+
+def check_function_first(fun, api: str) -> None:
+    """``polymask.mask("n")`` / ``polymask.jit("n")``: a spec where the function
+    goes (the decorator-factory form takes ``in_specs=`` by keyword).
+
+    Raises:
+      TypeError: ``fun`` is not callable.
+    """
+    if not callable(fun):
+        raise TypeError(f"{api} takes the function first, got {fun!r}: {api}(f, {fun!r}), "
+                        f"or as a decorator @{api}(in_specs={fun!r})")
 
 
 def _parameters(fun):

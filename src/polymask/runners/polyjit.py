@@ -34,7 +34,13 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.binding import KeywordWithoutSpec, check_arity, keywords_as_positional, runner_specs
+from ..core.binding import (
+    KeywordWithoutSpec,
+    check_arity,
+    check_function_first,
+    keywords_as_positional,
+    runner_specs,
+)
 from ..core.buckets import int_arg
 from ..core.diagnostics import with_note, with_size_names
 from ..core.errors import (
@@ -1245,10 +1251,7 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
             static_argnums=static_argnums, static_argnames=static_argnames,
             donate_argnums=donate_argnums, donate_argnames=donate_argnames,
             keep_unused=keep_unused, inline=inline)
-    if not callable(fun):
-        raise TypeError(
-            f"polymask.jit takes the function first, got {fun!r}: polymask.jit(f, "
-            f"{fun!r}), or as a decorator @polymask.jit(in_specs={fun!r})")
+    check_function_first(fun, "polymask.jit")
     if donate_argnums is not None or donate_argnames is not None:
         # jax.jit's own checks of the argument numbers and names (raised here, as
         # jax.jit raises them when it decorates)

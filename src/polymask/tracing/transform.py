@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from .. import _jax_compat as compat
-from ..core.binding import check_arity, split_specs
+from ..core.binding import check_arity, check_function_first, split_specs
 from ..core.buckets import int_arg
 from ..core.diagnostics import (
     at_call_site,
@@ -530,9 +530,6 @@ def mask(fun: Callable | None = None, in_specs=None, *, constraints: Sequence[st
         return functools.partial(mask, in_specs=in_specs, constraints=constraints,
                                  checks=checks, zero_padded=zero_padded,
                                  differentiable=differentiable, max_cases=max_cases)
-    if not callable(fun):
-        raise TypeError(
-            f"polymask.mask takes the function first, got {fun!r}: polymask.mask(f, "
-            f"{fun!r}), or as a decorator @polymask.mask(in_specs={fun!r})")
+    check_function_first(fun, "polymask.mask")
     return MaskedFunction(fun, in_specs, constraints, checks, zero_padded, differentiable,
                           max_cases)
