@@ -847,11 +847,6 @@ def _possible_zero_divisor(message: str):
 _EVERYWHERE_LIMIT = 4096
 
 
-def _zero_everywhere(diff, frame: _HookFrame) -> bool:
-    """``diff`` is 0 for every value of its dim vars in their ranges (few values only)."""
-    return _signs_everywhere(diff, frame) == {0}
-
-
 def _signs_everywhere(diff, frame: _HookFrame) -> frozenset | None:
     """The signs (-1, 0, 1) ``diff`` takes over every value of its dim vars in
     their ranges, None where they are too many or ``diff`` cannot be
