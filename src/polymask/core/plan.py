@@ -397,22 +397,6 @@ def _related_base(related_axes, path, k, size, shape_at, static_axes,
     return base_size, offset
 
 
-def _refuse_masked(args: Sequence[Any], names: Sequence[str]) -> None:
-    """A ``Masked`` value given to a runner, which takes exact arrays and pads
-    them itself (its data and sizes would be read as two arrays)."""
-    from .masked import Masked  # (masked.py imports this module)
-
-    for name, a in zip(names, args):
-        flat = jax.tree_util.tree_flatten_with_path(a, is_leaf=lambda v: isinstance(v, Masked))[0]
-        for path, v in flat:
-            if isinstance(v, Masked):
-                raise ShapeError(
-                    f"{name}{jax.tree_util.keystr(path)} is a Masked value (padded data and a "
-                    "logical shape): polymask.jit and ragged_map take exact arrays and pad "
-                    "them themselves; pass its .unpad(), or call polymask.mask(f) with "
-                    "padded values")
-
-
 def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
               policy_for: Callable[[str], Callable[[int], int]],
               arg_names: Sequence[str] | None = None,
@@ -443,7 +427,6 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         for one dim var, or a constraint that does not hold.
     """
     names = list(arg_names) if arg_names is not None else [f"args[{i}]" for i in range(len(args))]
-    _refuse_masked(args, names)
     flat = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
     spec_leaves = broadcast_specs(in_specs, list(args), None,
                                   labels=[(f"in_specs[{i}]", n) for i, n in enumerate(names)])

@@ -256,6 +256,7 @@ class CallPlans:
         plan = self._plans.get(key)
         if plan is None:
             try:
+                _refuse_masked(args)
                 plan = plan_call(args, in_specs, self.constraints, self.policy_for,
                                  equal_sizes_share=self.equal_sizes_share and spec_key is None,
                                  static_axes=self.static_axes,
@@ -659,6 +660,20 @@ class ProgramCache:
             for e in self._entries.values():
                 e.live = False
             self._entries.clear()
+
+
+def _refuse_masked(args) -> None:
+    """A ``Masked`` value given to a runner, which takes exact arrays and pads
+    them itself (its data and sizes would be read as two arrays)."""
+    for i, a in enumerate(args):
+        flat = jax.tree_util.tree_flatten_with_path(a, is_leaf=lambda v: isinstance(v, Masked))[0]
+        for path, v in flat:
+            if isinstance(v, Masked):
+                raise ShapeError(
+                    f"args[{i}]{jax.tree_util.keystr(path)} is a Masked value (padded data and a "
+                    "logical shape): polymask.jit and ragged_map take exact arrays and pad "
+                    "them themselves; pass its .unpad(), or call polymask.mask(f) with "
+                    "padded values")
 
 
 def finish_stats(s: dict) -> dict:
