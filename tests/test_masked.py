@@ -260,3 +260,15 @@ def test_python_int_sizes_inside_jax_jit_are_said_to_compile_per_size():
     said = [w for w in seen if issubclass(w.category, pm.FallbackWarning)]
     assert len(said) == 1 and "(n = 1; n = 2)" in str(said[0].message)
     assert said[0].filename == __file__  # the user's line
+
+
+def test_a_masked_value_compared_or_used_as_an_array_says_to_unpad_it():
+    """``out == 2`` fell back to identity (silently False); ``out.sum()`` and
+    ``out[0]`` gave Python's bare errors. Two Masked values still compare by
+    identity, and a Masked stays hashable (a dict key)."""
+    out = pm.mask(lambda x: x * 2, "n")(pm.pad(np.ones(3, np.float32), 8))
+    for read in (lambda v: v == 2, lambda v: v != 2, lambda v: v[0], lambda v: v.sum()):
+        with pytest.raises((TypeError, AttributeError), match=r"call \.unpad\(\)"):
+            read(out)
+    assert out == out and out != pm.Masked(out.data, out.shape) and {out: 1}[out] == 1
+    assert not hasattr(out, "sum") and hasattr(out, "unpad")

@@ -236,9 +236,12 @@ def keywords_as_positional(fun, in_specs, args: tuple, kwargs: dict) -> tuple:
         if i is None:
             raise KeywordWithoutSpec(
                 f"polymask.jit: {name}'s argument '{k}' is keyword-only (or taken by "
-                "**kwargs), and polymask.jit plans positional arguments: bind it first, "
-                f"polymask.jit(functools.partial({name}, {k}=...), ...), or, for a Python "
-                f"value, make it static: polymask.jit({name}, static_argnames='{k}')")
+                "**kwargs), and polymask.jit plans positional arguments: for a Python "
+                f"value, make it static: polymask.jit({name}, static_argnames='{k}'); for "
+                "arrays (a PRNG key, weights), take them positionally in a wrapper with "
+                f"an in_specs entry, e.g. polymask.jit(lambda p, x, key: {name}(p, x, "
+                f"{k}=...key...), (None, 'n, 8', None)); or bind it first, "
+                f"polymask.jit(functools.partial({name}, {k}=...), ...)")
         if n_specs is not None and i >= n_specs:
             raise KeywordWithoutSpec(
                 f"polymask.jit: {name}'s argument '{k}' (passed by keyword) is argument {i}, "

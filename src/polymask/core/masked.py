@@ -263,6 +263,32 @@ class Masked:
     def __bool__(self):
         return bool(self._scalar("bool()"))
 
+    # ``out == 2`` fell back to identity (silently False): only another Masked
+    # compares, by identity as before (a Masked stays hashable)
+    def __eq__(self, other):
+        if isinstance(other, Masked):
+            return NotImplemented
+        return _no_arithmetic("__eq__")(self, other)
+
+    def __ne__(self, other):
+        if isinstance(other, Masked):
+            return NotImplemented
+        return _no_arithmetic("__ne__")(self, other)
+
+    __hash__ = object.__hash__
+
+    def __getattr__(self, name: str):
+        # (only for names Masked lacks: an array method is a forgotten unpad();
+        # AttributeError keeps hasattr() working)
+        if name not in Masked.__slots__ and not name.startswith("__") and hasattr(
+                jax.Array, name):
+            raise AttributeError(
+                f"'Masked' object has no attribute {name!r}: a Masked value is padded data "
+                f"of shape {self.bound} and logical shape {self.shape}; call .unpad() for "
+                "the exact array (concrete sizes), or use .data, the padded array (its "
+                "padding holds anything)")
+        raise AttributeError(f"'Masked' object has no attribute {name!r}")
+
     # pytree protocol: dynamic sizes are leaves, static sizes are aux data. A
     # value rebuilt from a structure keeps that structure's leaves, whatever
     # their new values are (jax.tree.map(lambda _: 0, m) as vmap's in_axes puts a
@@ -303,7 +329,7 @@ for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul"
     setattr(Masked, f"__{_name}__", _no_arithmetic(f"__{_name}__"))
     if _name not in ("lt", "le", "gt", "ge"):
         setattr(Masked, f"__r{_name}__", _no_arithmetic(f"__r{_name}__"))
-for _name in ("neg", "pos", "abs", "invert"):
+for _name in ("neg", "pos", "abs", "invert", "getitem"):
     setattr(Masked, f"__{_name}__", _no_arithmetic(f"__{_name}__"))
 
 

@@ -673,7 +673,8 @@ def _refuse_masked(args) -> None:
                     f"args[{i}]{jax.tree_util.keystr(path)} is a Masked value (padded data and a "
                     "logical shape): polymask.jit and ragged_map take exact arrays and pad "
                     "them themselves; pass its .unpad(), or call polymask.mask(f) with "
-                    "padded values")
+                    "padded values (inside your own jax.jit, where sizes are traced, only "
+                    "the latter)")
 
 
 def finish_stats(s: dict) -> dict:
