@@ -164,11 +164,12 @@ def per_size_remedy(max_cases: int, count: int) -> str:
     return (
         "jax.jit on the exact arrays traces each size with Python ints; polymask traces "
         f"these sizes one by one in one program only where there are at most {limit} of "
-        f"them (0 to 2 x max_cases = {limit - 1}){need}. Code that needs a size as a Python "
+        f"them (sizes 0 to 2 x max_cases){need}. Code that needs a size as a Python "
         "value (np.arange(n), len(x), a NumPy table sliced by a size, a Python if on it) "
         "works symbolically when written with jnp (jnp.arange(n) for np.arange(n), "
         "x.shape[0] for len(x)); else use a smaller "
-        "bound (polymask.jit: smaller buckets), raise mask(..., max_cases=), or make "
+        "bound (polymask.jit: smaller buckets), raise max_cases= (mask, polymask.jit and "
+        "ragged_map take it), or make "
         "that axis static with '_' in the spec (one program per size, as jax.jit).")
 
 
