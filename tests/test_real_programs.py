@@ -1,8 +1,9 @@
 """The real-program corpus (tests/real, issue #27) through polymask, one test per
 program and mode.
 
-Each program runs in a worker subprocess (tests/real/harness.py) with a time
-limit, so a hang fails its test instead of the suite. A mode that passes
+Each program runs in a worker subprocess (tests/real/harness.py) with a hang
+guard, so a hang fails its test instead of the suite (no mode's time is
+asserted). A mode that passes
 today must keep passing; a mode that fails today is listed in
 tests/real/expected.py and marked ``xfail(strict=True)`` with the failure as
 the reason, so a fix shows up as an XPASS (then regenerate expected.py:
@@ -21,6 +22,11 @@ from real.expected import FAILURES, NOT_APPLICABLE
 pytestmark = [pytest.mark.real, pytest.mark.slow]  # the slow tier: the real-program corpus: minutes of compiles
 
 HANG_TIMEOUT = 15.0  # seconds for a mode expected to hang (it normally answers in a few)
+# A mode that should pass is stopped only as a hang, never for being slow: its
+# time is not asserted (speed lives in benchmarks/). The slowest mode takes
+# ~40 s alone on 2 cores; the programs' own limits (120 s, 40 s) tripped when
+# another job shared the cores (session 55: dynamax's grad at 120 s).
+HANG_GUARD = 600.0
 
 
 def _cases():
@@ -55,7 +61,7 @@ def test_corpus_size():
 def test_real_program(worker, name, mode):
     prog = corpus.get(name)
     expected = FAILURES.get((name, mode), ("pass",))[0]
-    timeout = HANG_TIMEOUT if expected == "hang" else prog.timeout
+    timeout = HANG_TIMEOUT if expected == "hang" else max(prog.timeout, HANG_GUARD)
     r = worker.run(name, mode, timeout, quick=True)
     assert r["status"] == "pass", f"{r['status']}: {r['detail']}"
     if mode == "pmjit":  # no more programs than jax.jit's, and a bucket each where they share
@@ -66,5 +72,5 @@ def test_real_program(worker, name, mode):
 def test_not_applicable_modes_stay_so(worker):
     """grad of a program without float output (or whose plain gradient fails)."""
     for name, mode in sorted(NOT_APPLICABLE):
-        r = worker.run(name, mode, corpus.get(name).timeout, quick=True)
+        r = worker.run(name, mode, max(corpus.get(name).timeout, HANG_GUARD), quick=True)
         assert r["status"] == "n/a", (name, mode, r)
