@@ -296,13 +296,16 @@ def _placeholder_arguments(runner, in_specs, dtype) -> tuple:
                    "jax.ShapeDtypeStructs); or call the runner first: it is then explained "
                    "at its last new call's shapes")
         else:
-            how = ("one example's arguments, explain(runner, *args) (arrays or "
-                   "jax.ShapeDtypeStructs), not the batch: for ragged_map the broadcast "
-                   "arguments, then one example's arrays (explain(rm, xs[0])); for "
-                   "value_and_grad params, then one example's")
+            how = f"example arguments (arrays or jax.ShapeDtypeStructs): {_ONE_EXAMPLE}"
         raise ShapeError(
             f"explain({type(runner).__name__}) without example arguments: {reason}. Pass "
             f"{how}") from None
+
+
+# what a ragged_map / value_and_grad runner is explained at (said where it was not)
+_ONE_EXAMPLE = ("explain(runner, *args) takes one example's arguments, not the batch: for "
+                "ragged_map the broadcast arguments, then one example's (explain(rm, xs[0])); "
+                "for value_and_grad params, then one example's (explain(vg, params, xs[0]))")
 
 
 def _refuse_a_batch(runner, in_specs, args) -> None:
@@ -316,10 +319,7 @@ def _refuse_a_batch(runner, in_specs, args) -> None:
                 hasattr(v, "shape") for v in a):
             raise SpecError(
                 f"explain: args[{i}] is a {type(a).__name__} of {counted(len(a), 'array')} where "
-                f"in_specs[{i}] is one spec {spec!r}: explain(runner, *args) takes one "
-                "example's arguments, not the batch (for ragged_map the broadcast "
-                "arguments, then one example's, e.g. explain(rm, xs[0]); for "
-                "value_and_grad params, then one example's)")
+                f"in_specs[{i}] is one spec {spec!r}: {_ONE_EXAMPLE}")
 
 
 def _at_runner_buckets(runner, args) -> tuple:
@@ -390,7 +390,8 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         bound on shared values or ``vmap``-ed per example. Leading arguments
         whose spec is None are shared (``ragged_map``'s broadcast arguments).
         Returns a ``PackedExplanation`` (``.runs``, ``.reason``, ``.rows``,
-        ``.padded_sizes``).
+        ``.padded_sizes``, ``.raising_sizes``: sizes where the function raises, as on
+        the exact arrays).
 
     The masked program is traced once, with the logical sizes as *traced*
     int32 values (as under ``jax.jit``), so every mask the rules insert is
@@ -446,9 +447,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
             if not any(isinstance(a, (list, tuple)) and a and hasattr(a[0], "shape")
                        for a in args):
                 raise
-            raise SpecError(f"{e}\n  (explain(runner, *args) takes one example's "
-                            "arguments, not the batch: for value_and_grad params, then "
-                            "one example's, e.g. explain(vg, params, xs[0]))") from None
+            raise SpecError(f"{e}\n  ({_ONE_EXAMPLE})") from None
     if layout == "packed":
         plain = jax.tree_util.tree_map(lambda v: v.data if is_masked(v) else v, absargs,
                                        is_leaf=is_masked)

@@ -236,7 +236,7 @@ def _check_output_types(out, out_flat, call) -> None:
         return
     path = jax.tree_util.keystr(
         jax.tree_util.tree_flatten_with_path(out, is_leaf=is_masked)[0][bad][0])
-    fun = getattr(call, "user_fun", call)
+    fun = getattr(call, "__wrapped__", call)
     code = getattr(fun, "__code__", None)
     name = getattr(fun, "__name__", fun)
     where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else None

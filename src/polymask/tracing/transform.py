@@ -169,7 +169,7 @@ def _bind(fun, pytree_callee: bool, in_specs, args, kwargs) -> _Call:
         return called(compat.replacement_of(callee), *pos, **kw)
 
     _check_concrete_bounds(leaves, paths)
-    rebuild.user_fun = fun  # (messages name it)
+    rebuild.__wrapped__ = fun  # (as functools.wraps: messages name the user's function)
     c.leaves, c.specs, c.paths, c.rebuild = leaves, specs, paths, rebuild
     c.static_key = tuple(static)
     return c
