@@ -182,6 +182,9 @@ CASES = [
          ("args[0].shape[0]", "must be an integer")),
     Case("size float dtype", mk(f_sum, "n"), (M(X5, (jnp.float32(2),)),),
          (M(X5, (d(3),)),), pm.ShapeError, ("args[0].shape[0]", "dtype float32")),
+    Case("jit: size float dtype", mk(f_sum, "n"), (M(X5, (jnp.float32(2),)),),
+         None, pm.ShapeError,  # no good call: another dtype retraces the user's jax.jit
+         ("args[0].shape[0]", "a traced float32 value", "cast it"), jit=True),
     Case("size complex", mk(f_sum, "n"), (M(X5, (2j,)),), (M(X5, (3,)),), pm.ShapeError,
          ("args[0].shape[0]", "must be an integer")),
     Case("size not a scalar", mk(f_sum, "n"), (M(X5, (jnp.array([1, 2]),)),),

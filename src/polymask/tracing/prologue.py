@@ -288,12 +288,20 @@ def _validate_size_type(size, where: str, sizes=(), data_shape=()) -> None:
         return
     dtype = getattr(size, "dtype", None)
     if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
-        raise ShapeError(f"{where}: logical size must be an integer scalar; got {size!r}"
-                         f" of dtype {dtype}")
+        raise ShapeError(f"{where}: logical size must be an integer scalar; got "
+                         f"{_described(size, dtype)} (cast it: jnp.int32(n), n.astype(int))")
     if np.ndim(size) != 0:
         raise ShapeError(
             f"{where}: logical size must be a scalar; got shape {np.shape(size)}"
             f"{ragged_batch_hint(sizes, data_shape)}")
+
+
+def _described(size, dtype) -> str:
+    """A size's description without a tracer's repr (``JitTracer(~float32[])``
+    names JAX's internals, not the user's value)."""
+    if isinstance(size, jax.core.Tracer):
+        return f"a traced {dtype} value of shape {np.shape(size)}"
+    return f"{size!r} of dtype {dtype}"
 
 
 def _host_int(x) -> int | None:
