@@ -401,8 +401,6 @@ class MaskedFunction:
             raise self._sizes_named(at_call_site(e, call_site), tree) from None
         if say_warnings:
             say_case_warnings(tree, values)
-            if compat.under_transformation():
-                self._note_static_sizes(tree, values)
         with masked_call(call_site):  # (the rules' run-time checks name it)
             if self.checks == "functional":
                 with functional_checks() as bads:
@@ -413,6 +411,8 @@ class MaskedFunction:
                     outs = self._run(tree, leaves, values, checks, call_site, guard)
                 except ShapeError as e:  # (an eager program compiled at another call)
                     raise self._sizes_named(at_this_call(e, call_site), tree) from e.__cause__
+        if say_warnings and compat.under_transformation():  # (sizes the checks accepted)
+            self._note_static_sizes(tree, values)
         return jax.tree_util.tree_unflatten(tree.base.out_tree, outs)
 
     def _sizes_named(self, error: ShapeError, tree: CaseTree) -> ShapeError:
