@@ -508,3 +508,25 @@ def test_explain_of_a_runner_at_sizes_it_runs_per_shape_and_its_users_mistakes()
     with pytest.raises(pm.SpecError, match=r"args\[0\] is a list of 1 array where in_specs"
                                            r"\[0\] is one spec 'n, 8'.*not the batch"):
         pm.explain(rm, [np.ones((5, 8), np.float32)], print_output=False)
+
+
+def test_explain_and_shape_formula_of_a_masked_function_use_its_specs():
+    """explain(mask(f, specs)) traced the masked function inside a mask: every
+    size its own case (33 at a bound of 32); a Masked example in the spec
+    slot was indexed as a spec (a TypeError). Now the masked function is its
+    own function with its specs and constraints, and an example argument in
+    the spec slot is the first argument (default specs for a plain function)."""
+    def f(x):
+        return jnp.cumsum(x, 0)[::2].sum(0)
+
+    mf = pm.mask(f, "n, 4", constraints=["n >= 1"])
+    x = pm.pad(np.ones((5, 4), np.float32), 32)
+    plain = pm.explain(f, "n, 4", x, constraints=["n >= 1"], print_output=False)
+    for e in (pm.explain(mf, x, print_output=False),
+              pm.explain(mf, "n, 4", x, print_output=False)):
+        assert "cases" not in e and e.rows == plain.rows
+        assert "constraints: n >= 1" in e  # its constraint
+    assert "f32[n,4]" in pm.explain(mf, print_output=False)  # placeholders from its specs
+    assert "f32[s0,s1]" in pm.explain(f, x, print_output=False)  # default specs
+    assert str(pm.shape_formula(mf)) == "(4,)"
+    assert str(pm.shape_formula(lambda v: v[::2], (10,))) == "((s0 + 1) // 2,)"

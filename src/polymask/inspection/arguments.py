@@ -9,8 +9,10 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.masked import Masked
+from ..tracing.transform import MaskedFunction
 
-__all__ = ["is_masked", "is_shape_tuple", "abstractify", "dim_str"]
+__all__ = ["is_masked", "is_shape_tuple", "abstractify", "dim_str", "is_spec_tree",
+           "what_to_trace"]
 
 
 def is_masked(x) -> bool:
@@ -20,6 +22,29 @@ def is_masked(x) -> bool:
 def is_shape_tuple(x) -> bool:
     return (isinstance(x, (tuple, list)) and
             all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in x))
+
+
+def is_spec_tree(x) -> bool:
+    """Whether ``x`` can be ``in_specs``: its leaves are spec strings (None
+    is no leaf); an array or a shape tuple of ints is an example argument
+    (so is ``()`` followed by more arguments: a 0-d padded shape)."""
+    return all(isinstance(leaf, str) for leaf in jax.tree_util.tree_leaves(x))
+
+
+def what_to_trace(fun, in_specs, args, constraints):
+    """``(fun, in_specs, args, constraints)`` that ``explain`` and
+    ``shape_formula`` trace. A ``polymask.mask``-ed function is its own
+    function with its specs and constraints (tracing the masked function
+    would mask it twice, every size its own case); an argument in the spec
+    slot that is no spec is the first example argument (``explain(f, x)``:
+    default specs, as ``mask(f)`` takes them)."""
+    if in_specs is not None and (not is_spec_tree(in_specs) or (in_specs == () and args)):
+        args, in_specs = (in_specs, *args), None
+    if isinstance(fun, MaskedFunction):
+        in_specs = fun.in_specs if in_specs is None else in_specs
+        constraints = constraints or fun.constraints
+        fun = fun.fun
+    return fun, in_specs, tuple(args), constraints
 
 
 def abstractify(args, in_specs, dtype):

@@ -35,7 +35,7 @@ from ..tracing.cases.tree import aval_text
 from ..tracing.interpreter import Interpreter, run_program, runs_rule
 from ..tracing.prologue import solve_dim_vars
 from ..tracing.registry import get_rule
-from .arguments import abstractify, dim_str, is_masked, is_shape_tuple
+from .arguments import abstractify, dim_str, is_masked, is_shape_tuple, what_to_trace
 from .packed import explain_packed
 from .sizetable import concrete_sizes, has_inner, short_path, sizes_table, walk_eqns
 
@@ -246,8 +246,6 @@ def _runner_arguments(runner, in_specs, args, constraints, dtype=jnp.float32):
     None) and constraints unless given; an argument in the spec slot that is
     no spec is the first example argument (``explain(f, params, x)``);
     without arguments, a ``polymask.jit`` runner's last new call."""
-    if in_specs is not None and (not _is_spec_tree(in_specs) or (in_specs == () and args)):
-        args, in_specs = (in_specs, *args), None
     if not args and hasattr(runner, "example_arguments"):
         args = runner.example_arguments() or ()  # what the runner last compiled for
     elif hasattr(runner, "positional_arguments"):  # static arguments, defaults
@@ -352,26 +350,21 @@ def _check_signature(fun, args) -> None:
                          "would call the function or runner)") from None
 
 
-def _is_spec_tree(x) -> bool:
-    """Whether ``x`` can be ``in_specs``: its leaves are spec strings (None
-    is no leaf); an array or a shape tuple of ints is an example argument
-    (so is ``()`` followed by more arguments: a 0-d padded shape)."""
-    return all(isinstance(leaf, str) for leaf in jax.tree_util.tree_leaves(x))
-
-
 def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=None,
             print_output: bool = True, layout: str = "padded"):
     """Print and return the masked trace of ``fun``, annotated.
 
     Args:
-      fun: as for ``polymask.mask``, or a runner (``polymask.jit``,
+      fun: as for ``polymask.mask``, a masked function (its function, specs
+        and constraints), or a runner (``polymask.jit``,
         ``ragged_map``, ``value_and_grad``): its function, specs and
         constraints are explained; for ``polymask.jit`` and ``ragged_map``
         the program they compile (forward only, zero-padded inputs; for
         ``polymask.jit`` example arrays padded to the runner's bucket).
-      in_specs: as for ``polymask.mask`` (default for a runner: its own; for a
-        runner, an argument here that is no spec, an array or a pytree of
-        them, is taken as the first example argument: ``explain(f, params, x)``).
+      in_specs: as for ``polymask.mask`` (default for a runner or a masked
+        function: its own). An argument here that is no spec, an array or a
+        pytree of them, is taken as the first example argument
+        (``explain(f, params, x)``; for a plain function, default specs).
       constraints: as for ``polymask.mask``.
       *args: example arguments: ``Masked`` values (their logical sizes, when
         concrete, are shown as the "logical" column), arrays,
@@ -423,6 +416,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if layout not in ("padded", "packed"):
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
     runner, fun = (fun, fun.fun) if _is_runner(fun) else (None, fun)  # trace the user's function
+    fun, in_specs, args, constraints = what_to_trace(fun, in_specs, args, constraints)
     if runner is not None:
         in_specs, args, constraints = _runner_arguments(runner, in_specs, args, constraints,
                                                         dtype)

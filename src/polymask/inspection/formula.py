@@ -25,7 +25,7 @@ from ..core.plan import check_constraints
 from ..core.shapes import DimEnv
 from ..core.specs import args_from_specs
 from ..tracing.cases.splitting import trace_function_cases
-from .arguments import abstractify, dim_str
+from .arguments import abstractify, dim_str, what_to_trace
 
 __all__ = ["shape_formula", "ShapeFormula"]
 
@@ -311,9 +311,11 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
     """Symbolic output shapes of ``fun`` as dimension expressions.
 
     Args:
-      fun: the function (as given to ``polymask.mask``).
+      fun: the function (as given to ``polymask.mask``), or a masked function
+        (its function, specs and constraints).
       in_specs: as for ``mask``; with None every axis of every input gets its
-        own dim var (``s0``, ``s1``, ...).
+        own dim var (``s0``, ``s1``, ...). An example argument here (no spec
+        string) is the first of ``args``.
       *args: example arguments: arrays, ``Masked`` values,
         ``jax.ShapeDtypeStruct``s, or padded shapes given as tuples of ints
         (``dtype``, default float32). Only shapes and dtypes are used. Without
@@ -324,6 +326,7 @@ def shape_formula(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32):
       ``fun``'s output pytree with a ``ShapeFormula`` per array leaf, e.g.
       ``shape_formula(lambda x: x[::2], "n", (10,))`` gives ``((n + 1) // 2,)``.
     """
+    fun, in_specs, args, constraints = what_to_trace(fun, in_specs, args, constraints)
     no_args = not args
     if no_args:
         args = args_from_specs(in_specs, dtype)
