@@ -530,3 +530,19 @@ def test_explain_and_shape_formula_of_a_masked_function_use_its_specs():
     assert "f32[s0,s1]" in pm.explain(f, x, print_output=False)  # default specs
     assert str(pm.shape_formula(mf)) == "(4,)"
     assert str(pm.shape_formula(lambda v: v[::2], (10,))) == "((s0 + 1) // 2,)"
+
+
+def test_explain_of_a_packed_ragged_map_explains_its_packed_rows():
+    """explain(ragged_map(..., layout="packed"), example) explained the padded
+    program, and with layout="packed" took the example's length as the row;
+    now the packed layout by default, at the map's row size (its own explain)."""
+    rm = pm.ragged_map(lambda w, x: jnp.tanh(x @ w).mean(0), "n, 8", layout="packed",
+                       row_size=64)
+    w, x = np.ones((8, 4), np.float32), np.ones((5, 8), np.float32)
+    e = pm.explain(rm, w, x, print_output=False)
+    assert e.runs and "rows of 64 positions" in str(e)
+    assert str(e) == str(rm.explain(x, w, print_output=False))
+    assert "rows of 64" in str(pm.explain(rm, w, x, layout="packed", print_output=False))
+    assert "masked program" in pm.explain(rm, w, x, layout="padded", print_output=False)
+    with pytest.raises(pm.SpecError, match="one example's 1 argument"):
+        pm.explain(rm, layout="packed", print_output=False)

@@ -35,7 +35,14 @@ from ..tracing.cases.tree import aval_text
 from ..tracing.interpreter import Interpreter, run_program, runs_rule
 from ..tracing.prologue import solve_dim_vars
 from ..tracing.registry import get_rule
-from .arguments import abstractify, dim_str, is_masked, is_shape_tuple, what_to_trace
+from .arguments import (
+    abstractify,
+    dim_str,
+    is_masked,
+    is_shape_tuple,
+    is_spec_tree,
+    what_to_trace,
+)
 from .packed import explain_packed
 from .sizetable import concrete_sizes, has_inner, short_path, sizes_table, walk_eqns
 
@@ -351,7 +358,7 @@ def _check_signature(fun, args) -> None:
 
 
 def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=None,
-            print_output: bool = True, layout: str = "padded"):
+            print_output: bool = True, layout: str | None = None):
     """Print and return the masked trace of ``fun``, annotated.
 
     Args:
@@ -375,7 +382,9 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         shapes (``runner.example_arguments()``); else every input is built
         from its spec string with a placeholder bound per dim var (float32).
       file: where to print (default stdout); ``print_output=False`` only returns.
-      layout: ``"padded"`` (default: the masked program below) or
+      layout: ``"padded"`` (default, except for a ``ragged_map`` made with
+        ``layout="packed"``, explained with its row size: the masked
+        program below) or
         ``"packed"``: how ``ragged_map`` would run ``fun`` in the packed layout
         (``inspection/packed.py``): whether it can and why not (the primitive,
         the case, the user's line), the row size (the ragged axis's padded
@@ -413,8 +422,13 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
       UnsupportedError: ``fun`` uses a primitive without a masking rule (not
         for a runner: it runs those sizes per exact shape).
     """
+    if layout is None:  # a packed ragged_map runs the packed layout: explain that
+        layout = ("packed" if getattr(fun, "layout", None) == "packed" and
+                  hasattr(fun, "row_size") else "padded")
     if layout not in ("padded", "packed"):
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
+    if layout == "packed" and hasattr(fun, "row_size") and hasattr(fun, "explain"):
+        return _packed_ragged_map(fun, in_specs, args, print_output, file)
     runner, fun = (fun, fun.fun) if _is_runner(fun) else (None, fun)  # trace the user's function
     fun, in_specs, args, constraints = what_to_trace(fun, in_specs, args, constraints)
     if runner is not None:
@@ -505,6 +519,22 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if print_output:
         print(text, file=file)
     return result
+
+
+def _packed_ragged_map(rm, in_specs, args, print_output: bool, file):
+    """``explain(ragged_map, *broadcast, *example, layout="packed")``: the
+    map's own packed explanation (``RaggedMap.explain``: its row size, not the
+    example's length as the row)."""
+    if in_specs is not None and is_spec_tree(in_specs) and not (in_specs == () and args):
+        raise SpecError("explain(ragged_map, ..., layout='packed') explains the map with its "
+                        "own specs: pass the broadcast arguments, then one example's")
+    args = (in_specs, *args) if in_specs is not None else tuple(args)
+    n_example = len(rm.in_specs) if isinstance(rm.in_specs, (tuple, list)) else 1
+    if len(args) < n_example:
+        raise SpecError(f"explain(ragged_map, *broadcast, *example, layout='packed') needs "
+                        f"one example's {n_example} argument(s); got {len(args)} arguments")
+    split = len(args) - n_example
+    return rm.explain(tuple(args[split:]), *args[:split], print_output=print_output, file=file)
 
 
 def _is_runner(fun) -> bool:
