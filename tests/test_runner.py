@@ -17,6 +17,7 @@ from jax import lax
 
 import polymask as pm
 from polymask import buckets as B
+from polymask.runners.static_args import StaticArg
 
 
 # ----------------------------------------------------------------------------
@@ -1152,6 +1153,17 @@ def test_a_static_keyword_taken_by_kwargs_is_bound_and_shares_programs():
     np.testing.assert_allclose(out, plain(params, np.ones(3, np.float32), train=False,
                                           rngs={"dropout": 1}))
     assert f.stats()["exact_compiles"] == 1 and "(train=False)" in " ".join(f.fallbacks())
+    # explain takes the call's keywords: the static one explains the runner it binds
+    x = np.ones(5, np.float32)
+    for train in (True, False):
+        text = pm.explain(f, params, x, train=train, print_output=False)
+        assert "args[1]: f32[n]" in text and "cumsum" in text
+        bound = f._bound_runner({"train": StaticArg(train)})  # (the runner its calls ran)
+        assert text == pm.explain(bound, params, x, print_output=False)
+    with pytest.raises(TypeError, match=r"\['rngs'\] have no position"):
+        pm.explain(f, params, x, train=False, rngs={"dropout": 1})
+    with pytest.raises(TypeError, match="keyword arguments of a polymask.jit call only"):
+        pm.explain(apply, (None, "n"), params, x, train=False)
 
 
 def test_jit_is_also_a_decorator_factory_as_jax_jit():

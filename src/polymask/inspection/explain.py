@@ -358,7 +358,7 @@ def _check_signature(fun, args) -> None:
 
 
 def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=None,
-            print_output: bool = True, layout: str | None = None):
+            print_output: bool = True, layout: str | None = None, **kwargs):
     """Print and return the masked trace of ``fun``, annotated.
 
     Args:
@@ -382,6 +382,9 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         shapes (``runner.example_arguments()``); else every input is built
         from its spec string with a placeholder bound per dim var (float32).
       file: where to print (default stdout); ``print_output=False`` only returns.
+      **kwargs: for a ``polymask.jit`` runner, a call's keyword arguments
+        (static ones without a position, ``train=False`` of flax's ``apply``,
+        explain the runner they bind, as a call does).
       layout: ``"padded"`` (default, except for a ``ragged_map`` made with
         ``layout="packed"``, explained with its row size: the masked
         program below) or
@@ -422,6 +425,14 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
       UnsupportedError: ``fun`` uses a primitive without a masking rule (not
         for a runner: it runs those sizes per exact shape).
     """
+    if kwargs:  # a polymask.jit call's keywords: static ones bind a runner, as a call does
+        if not hasattr(fun, "explained_runner"):
+            raise TypeError(f"explain takes keyword arguments of a polymask.jit call only; got "
+                            f"{sorted(kwargs)} (pass them positionally, or bind them with "
+                            "functools.partial)")
+        if in_specs is not None and not is_spec_tree(in_specs):
+            args, in_specs = (in_specs, *args), None
+        fun, args = fun.explained_runner(args, kwargs)
     if layout is None:  # a packed ragged_map runs the packed layout: explain that
         layout = ("packed" if getattr(fun, "layout", None) == "packed" and
                   hasattr(fun, "row_size") else "padded")

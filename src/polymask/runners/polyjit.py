@@ -370,6 +370,32 @@ class PolyJit:
             args = keywords_as_positional(self.fun, self.in_specs, tuple(args), kwargs)
         return tuple(args)
 
+    def explained_runner(self, args: tuple, kwargs: dict) -> tuple[PolyJit, tuple]:
+        """``(runner, positional arguments)`` that ``polymask.explain`` explains
+        for a call with keyword arguments: static keywords without a position
+        (flax's ``apply(params, x, train=False)``) in the runner they are
+        bound into, as a call binds them (``_bound_runner``).
+
+        Raises:
+          TypeError: a keyword that is not static and has no position (a call
+            runs it per exact shape, as ``jax.jit``: nothing shared to explain),
+            or arguments that do not fit ``fun``'s signature.
+        """
+        if self.static_args is not None:
+            args, kwargs = self.static_args.wrap(tuple(args), dict(kwargs))
+        try:
+            return self, keywords_as_positional(self.fun, self.in_specs, tuple(args), kwargs)
+        except KeywordWithoutSpec:
+            static = {k: v for k, v in kwargs.items() if type(v) is StaticArg}
+            rest = sorted(k for k in kwargs if k not in static)
+            if rest:
+                raise TypeError(
+                    f"explain: keyword argument(s) {rest} have no position in the specs of "
+                    f"{getattr(self._user_fun, '__name__', 'fun')}: a call with them runs per "
+                    "exact shape (as jax.jit), so no shared program explains it; make them "
+                    "static (static_argnames=) or pass them positionally") from None
+            return self._bound_runner(static), tuple(args)
+
     def explained_specs(self, args):
         """The specs this runner traces ``args`` with (``polymask.explain``):
         its ``in_specs``, or without them the call's own dim vars (equal
