@@ -593,10 +593,12 @@ def test_is_made_buffer_address_and_under_transformation():
     seen = []
 
     def f(x):
-        seen.append(compat.under_transformation())
+        seen.append((compat.under_transformation(), compat.under_staging()))
         return x
 
-    assert compat.under_transformation() is False
+    assert compat.under_transformation() is False and compat.under_staging() is False
     jax.grad(f)(1.0), jax.jit(f)(1.0), jax.vmap(f)(jnp.ones(2))
     jax.eval_shape(lambda x: f(x), 1.0)  # (a trace of its own: jit's cache has f's)
-    assert seen == [True] * 4
+    jax.jit(jax.grad(lambda x: f(x)))(1.0)  # (staging beneath grad)
+    # eager grad and vmap stage nothing; jit, eval_shape and grad inside jit do
+    assert seen == [(True, False), (True, True), (True, False), (True, True), (True, True)]

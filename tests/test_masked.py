@@ -259,6 +259,10 @@ def test_python_int_sizes_inside_jax_jit_are_said_to_compile_per_size():
             np.testing.assert_allclose(f(pm.Masked(xp, (n, 4))).unpad(), np.ones(4))
         for n in (1, 2, 3):
             f(pm.Masked(xp, (np.int32(n), 4)))
+        g = pm.mask(lambda x: jnp.sum(x ** 2), "n, 4")  # eager grad compiles no program
+        for n in (1, 2, 3):
+            grad = jax.grad(lambda d, n=n: g(pm.Masked(d, (n, 4))).data)(xp)
+            np.testing.assert_allclose(grad, np.where(np.arange(8)[:, None] < n, 2.0, 0.0) * xp)
     said = [w for w in seen if issubclass(w.category, pm.FallbackWarning)]
     assert len(said) == 1 and "(n = 1; n = 2)" in str(said[0].message)
     assert said[0].filename == __file__  # the user's line

@@ -377,6 +377,24 @@ def under_transformation() -> bool:
         return False
 
 
+def under_staging() -> bool:
+    """Whether an enclosing trace stages out a program (``jit``, ``scan``,
+    ``eval_shape``; also beneath ``grad`` or ``vmap``): Python values there
+    are constants of the compiled program, one program per value. Eager
+    ``grad`` or ``vmap`` alone compiles nothing per value."""
+    try:
+        t = _core.trace_ctx.trace
+        for _ in range(256):  # (the chain of enclosing traces, innermost first)
+            if t is None or isinstance(t, _core.EvalTrace):
+                return False
+            if isinstance(t, _pe_internal.DynamicJaxprTrace):
+                return True
+            t = getattr(t, "parent_trace", None)
+        return True  # pragma: no cover
+    except AttributeError:  # pragma: no cover - private API moved
+        return under_transformation()
+
+
 def instantiate_zero(x, aval=None):
     """Turn JAX's symbolic ``Zero`` cotangent into an array (else return ``x``)."""
     import jax.numpy as _jnp

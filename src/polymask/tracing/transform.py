@@ -360,8 +360,8 @@ class MaskedFunction:
         return self._call(guard, args, kwargs, say_warnings=False)
 
     def _note_static_sizes(self, tree: CaseTree, values: dict) -> None:
-        """Sizes given as Python ints inside the caller's ``jax.jit`` are
-        static there: each one traces and compiles its own program, where
+        """Sizes given as Python ints inside the caller's ``jax.jit`` (a
+        staging trace, not eager ``grad`` or ``vmap``) are static there: each one traces and compiles its own program, where
         array sizes (``np.int32(n)``) share one. Said once, at the second
         size of a padded signature (a Python int is the natural thing to
         pass, and the per-size compile is otherwise silent)."""
@@ -411,7 +411,7 @@ class MaskedFunction:
                     outs = self._run(tree, leaves, values, checks, call_site, guard)
                 except ShapeError as e:  # (an eager program compiled at another call)
                     raise self._sizes_named(at_this_call(e, call_site), tree) from e.__cause__
-        if say_warnings and compat.under_transformation():  # (sizes the checks accepted)
+        if say_warnings and compat.under_staging():  # (sizes the checks accepted)
             self._note_static_sizes(tree, values)
         return jax.tree_util.tree_unflatten(tree.base.out_tree, outs)
 
