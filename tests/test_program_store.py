@@ -174,6 +174,40 @@ def test_keys_depend_on_constants_avals_and_parts(tmp_path):
     assert not store.has(k) and store.load(k) is None
 
 
+def test_a_closed_over_prng_key_is_a_constant_of_the_key_and_loads(tmp_path):
+    """A typed PRNG key closed over (flax.nnx's Rngs state made pure with
+    nnx.split/merge) crashed the store's key (np.asarray of a key<fry>
+    constant): hashed by its implementation and key data, and the stored
+    program runs as plain jax.jit in a second runner."""
+    prev = pm.enable_compilation_cache(tmp_path / "c")
+    try:
+        def make(seed):
+            key = jax.random.key(seed)
+            return lambda x: x + jax.random.normal(key, (8,))
+
+        xs = [np.full((k, 8), 0.5, np.float32) for k in (0, 3, 5)]
+        outs = []
+        for seed in (1, 1, 2):
+            rm = pm.ragged_map(make(seed), ("n, 8",), buckets=B.pow2(8), numpy_outputs=True)
+            got = rm(xs)
+            for x, o in zip(xs, got):
+                np.testing.assert_allclose(o, jax.jit(make(seed))(x), rtol=1e-6)
+            outs.append((got, rm.stats()["stored_loads"]))
+        assert outs[1][1] >= 1 and outs[2][1] == 0  # same key loads; another key compiles
+        store = program_store.ProgramStore(tmp_path)
+
+        def key_of(seed, impl="threefry2x32"):
+            k = jax.random.key(seed, impl=impl)
+            tree, _ = pm.mask(lambda x: x + jax.random.normal(k, (8,)), ("n, 8",)).cases(
+                pm.Masked(jnp.zeros((8, 8)), (3, 8)))
+            return store.key(program_store.tree_fingerprint(tree), [])
+
+        assert key_of(1) == key_of(1) != key_of(2)
+        assert key_of(1) != key_of(1, "rbg")
+    finally:
+        pm.disable_compilation_cache(prev)
+
+
 def test_no_store_without_the_persistent_cache():
     prev = pm.disable_compilation_cache()
     try:

@@ -180,6 +180,12 @@ def _hash_consts(jaxpr, consts, h) -> None:
     (a nested ``jax.jit``, ``cond`` branches, ``scan`` bodies, custom
     derivatives' primal functions): the jaxpr text shows none of them."""
     for c in consts:
+        dtype = getattr(c, "dtype", None)
+        if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            # a typed PRNG key (a closed-over key, flax.nnx's Rngs state): no NumPy
+            # view of its own; its implementation's name and its key data are it
+            h.update(str(dtype).encode())
+            c = jax.random.key_data(c)
         a = np.asarray(c)
         h.update(f"{a.shape}{a.dtype}".encode())
         h.update(a.tobytes())
