@@ -894,3 +894,16 @@ def test_packed_product_has_a_gradient():
     want_g = sum(jax.grad(loss)(p, jnp.asarray(x)) for x in xs)
     np.testing.assert_allclose(v, want_v, rtol=1e-5)
     np.testing.assert_allclose(g, want_g, rtol=1e-5, atol=1e-6)
+
+
+def test_an_empty_buffer_along_the_ragged_axis_packs():
+    """``jnp.empty_like(x)`` (the ``empty`` primitive from jax 0.11; evosax's
+    rank shaping via ``rankdata``) had no packed rule: the layout refused it."""
+    def f(x):
+        return jnp.where(x > 0, x, jnp.empty_like(x) * 0 + 1.0).cumsum()
+
+    xs = [np.random.default_rng(k).normal(size=k).astype(np.float32) for k in (0, 1, 3, 7, 12)]
+    rm = pm.ragged_map(f, "n", layout="packed")
+    for x, out in zip(xs, rm(xs)):
+        np.testing.assert_allclose(out, jax.jit(f)(x), rtol=1e-6)
+    assert rm.stats()["layout"]["packed"] == len(xs)

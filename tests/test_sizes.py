@@ -506,6 +506,38 @@ def test_a_stencil_of_shifted_slices_is_one_case(f):
     check_all_sizes(f, 16, modes=("eager", "jit", "vmap", "grad"))
 
 
+def _truncated_fft_2x(u):  # jax-cfd's spectral/utils.py (verbatim)
+    uhat = jnp.fft.fftshift(jnp.fft.fft(u))
+    k, = uhat.shape
+    final_size = (k + 1) // 2
+    return jnp.fft.ifftshift(uhat[final_size // 2:(-final_size + 1) // 2]) / 2
+
+
+def _padded_ifft_2x(uhat):  # (its shape assertion left out: a Python bool of sizes)
+    n, = uhat.shape
+    added = n // 2
+    smoothed = jnp.pad(jnp.fft.fftshift(uhat), (added, added))
+    return 2 * jnp.fft.ifft(jnp.fft.ifftshift(smoothed))
+
+
+@pytest.mark.slow
+def test_sizes_of_nested_floor_divisions_are_bounded_by_their_values():
+    """jax-cfd's 2x spectral upsampling round trip slices by ((n + 2 (n // 2)
+    + 1) // 2) // 2: JAX's decision procedure bounds such nested floordivs in
+    seconds each, and the trace asked it ~80 times (25 s to trace at a bound
+    of 16, where plain jax.jit compiles in 0.1 s). Sizes with a division are
+    bounded and compared by their values over the dim vars' range now."""
+    from polymask._jax_compat.testing import decision_calls
+
+    def f(a):
+        return jnp.real(_truncated_fft_2x(_padded_ifft_2x(a + 0j)))
+
+    with decision_calls("floordiv(") as asked:
+        tree = pm.mask(f, "n").cases(masked(vec(16), 16))[0]
+    assert len(tree.cases) <= 2 and len(asked) <= 2, asked
+    check_all_sizes(f, 16, modes=("eager", "jit", "vmap", "grad"))
+
+
 def test_the_gradient_of_a_valid_convolution_is_one_case_for_most_sizes():
     """JAX pads the cotangent by (k - 1, n - max(n - k + 1, 0)); a padding
     must be an int, so the trace failed at every size and ran one case per

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import dis
 import functools
-import itertools
 import linecache
 import os
 import re
@@ -32,12 +31,14 @@ from jax._src.interpreters import partial_eval as _pe
 
 from .core import (
     _POLYMASK_DIR,
+    DIVIDED_SIZE,
     DimExpr,
     InconclusiveDimensionOperation,
     count_is_nonempty,
     dim_vars,
     is_dim_expr,
     is_fresh_dim_name,
+    values_over,
 )
 from .indexing import (
     INDEXING,
@@ -222,6 +223,9 @@ def _check_fits_int(dim) -> None:
     if frame is None:
         return
     info = np.iinfo(_dtypes.canonicalize_dtype(np.int64))
+    values = _values_while_busy(dim, frame)
+    if values is not None and info.min <= min(values) and max(values) <= info.max:
+        return  # (JAX's bounds of nested floordivs took seconds per size: jax-cfd's FFTs)
     lo, hi = _decision.bounds_decision(dim, _shape_poly.BoundsPrecision.BEST)
     if info.min <= lo and hi <= info.max:
         return
@@ -462,6 +466,9 @@ def _split_geq(orig_geq):
     def geq(e1, e2, cmp_str):
         if is_dim_expr(e1) != is_dim_expr(e2) and _is_float(e2 if is_dim_expr(e1) else e1):
             return _geq_of_a_float(geq, e1, e2, cmp_str)
+        decided = _divided_geq_by_values(e1, e2)
+        if decided is not None:
+            return decided
         try:
             res = orig_geq(e1, e2, cmp_str)
         except InconclusiveDimensionOperation as e:
@@ -487,6 +494,27 @@ def _split_geq(orig_geq):
         return res
 
     return geq
+
+
+def _divided_geq_by_values(e1, e2) -> bool | None:
+    """``e1 >= e2`` for sizes with a division, where the values of their dim
+    vars in this case decide it (before JAX's bounds, which take seconds for
+    nested ``floordiv``s), else None."""
+    if not (is_dim_expr(e1) or is_dim_expr(e2)) or not DIVIDED_SIZE.search(f"{e1} {e2}"):
+        return None
+    try:
+        diff = e1 - e2
+    except Exception:
+        return None
+    frame = _active_frame(diff)
+    if frame is None or _has_fresh(diff):
+        return None
+    values = _values_while_busy(diff, frame)
+    if values is None:
+        return None
+    if min(values) >= 0:
+        return True
+    return False if max(values) < 0 else None
 
 
 def _is_float(v) -> bool:
@@ -632,6 +660,10 @@ def _kept_where_a_count_may_be_0(orig, factor: str, reflected: bool):
 
     def keep(self, other):
         stack = getattr(_HOOK_TLS, "stack", None)
+        if stack and not stack[-1].busy and is_dim_expr(self):
+            decided = _max_min_by_values(self, other, is_max, stack[-1])
+            if decided is not None:
+                return decided
         if (not stack or stack[-1].busy or not is_dim_expr(self) or is_dim_expr(other)
                 or (is_max and other != 0) or not _has_fresh(self)):
             return orig(self, other)
@@ -847,28 +879,52 @@ def _possible_zero_divisor(message: str):
 _EVERYWHERE_LIMIT = 4096
 
 
+def _values_everywhere(dim, frame: _HookFrame) -> frozenset | None:
+    """The values ``dim`` takes over every value of its dim vars in their
+    ranges that this case's conditions allow (``values_over``), None where
+    unknown. What holds over all of them holds in this case."""
+    if dim in frame.everywhere:
+        return frame.everywhere[dim]
+    names = sorted(dim_vars(dim))
+    res = None
+    if all(v in frame.split_vars for v in names):
+        res = values_over(dim, {v: frame.split_vars[v] for v in names}, frame.scope)
+    frame.everywhere[dim] = res
+    return res
+
+
+def _values_while_busy(dim, frame: _HookFrame) -> frozenset | None:
+    """``_values_everywhere`` where no size comparison may split (its cache
+    compares sizes with ``==``)."""
+    busy, frame.busy = frame.busy, True
+    try:
+        return _values_everywhere(dim, frame)
+    finally:
+        frame.busy = busy
+
+
+def _max_min_by_values(a, b, is_max: bool, frame: _HookFrame):
+    """``max(a, b)`` / ``min(a, b)`` of sizes with a division where their values
+    decide it (one of them at every value), else None: JAX's bounds of nested
+    ``floordiv``s take seconds (``_bounds_by_values``)."""
+    if not DIVIDED_SIZE.search(f"{a} {b}") or _has_fresh(a) or (
+            is_dim_expr(b) and _has_fresh(b)):
+        return None
+    values = _values_while_busy(a - b, frame)
+    if values is None:
+        return None
+    if min(values) >= 0:
+        return a if is_max else b
+    if max(values) <= 0:
+        return b if is_max else a
+    return None
+
+
 def _signs_everywhere(diff, frame: _HookFrame) -> frozenset | None:
     """The signs (-1, 0, 1) ``diff`` takes over every value of its dim vars in
-    their ranges, None where they are too many or ``diff`` cannot be
-    evaluated. The case's conditions only narrow those values: a sign that
-    holds over all of them holds in every case."""
-    if diff in frame.everywhere:
-        return frame.everywhere[diff]
-    names = sorted(dim_vars(diff))
-    ranges = [range(frame.split_vars[v][0], frame.split_vars[v][1] + 1) for v in names]
-    total = 1
-    for r in ranges:
-        total *= len(r)
-    res = None
-    if total <= _EVERYWHERE_LIMIT:
-        try:  # (a size of 0 may divide: NumPy's 0 there, without its warning)
-            with np.errstate(divide="ignore"):
-                res = frozenset(int(np.sign(int(diff._evaluate(dict(zip(names, combo))))))
-                                for combo in itertools.product(*ranges))
-        except Exception:
-            res = None
-    frame.everywhere[diff] = res
-    return res
+    their ranges (``_values_everywhere``), None where that is unknown."""
+    values = _values_everywhere(diff, frame)
+    return None if values is None else frozenset(int(np.sign(v)) for v in values)
 
 
 def _equal_by_values(diff, frame: _HookFrame) -> bool | None:
@@ -881,7 +937,7 @@ def _equal_by_values(diff, frame: _HookFrame) -> bool | None:
     signs = _signs_everywhere(diff, frame)
     if signs == {0}:
         return True
-    if signs and 0 not in signs and not _DIVIDED_SIZE.search(str(diff)):
+    if signs and 0 not in signs and not DIVIDED_SIZE.search(str(diff)):
         return False
     return None
 
@@ -894,7 +950,7 @@ def _decided_by_values(diff, frame: _HookFrame) -> bool | None:
     ``max`` / ``min`` terms: each such comparison was a case split, and a
     4-point stencil needed more than ``max_cases``. Not for ``floordiv`` /
     ``mod`` sizes (a divisor of 0 evaluates as NumPy's 0 here)."""
-    if _has_fresh(diff) or _DIVIDED_SIZE.search(str(diff)):
+    if _has_fresh(diff) or DIVIDED_SIZE.search(str(diff)):
         return None
     signs = _signs_everywhere(diff, frame)
     if not signs:
@@ -964,7 +1020,6 @@ _BROADCAST_RULES = ("_try_broadcast_shapes",)
 # convolutions) gives constraints JAX's decision procedure cannot take
 # (bounds_decision raised AttributeError on 'floordiv(h - 1, 2) <= -1')
 _COMPUTED_SIZE = re.compile(r"\b(max|min)\(")
-_DIVIDED_SIZE = re.compile(r"\b(floordiv|mod)\(")
 
 
 def _broadcast_match(a, b, caller, frame: _HookFrame) -> bool:
@@ -990,7 +1045,7 @@ def _broadcast_match(a, b, caller, frame: _HookFrame) -> bool:
     if outer is None or outer.f_code.co_name not in _BROADCAST_RULES:
         return False
     text = f"{a} {b}"
-    if not _COMPUTED_SIZE.search(text) or _DIVIDED_SIZE.search(text):
+    if not _COMPUTED_SIZE.search(text) or DIVIDED_SIZE.search(text):
         return False
     # sizes of this axis equal at every value (a stencil's shifted slices): which
     # of them is 1 changes nothing, the result is their size
@@ -1177,7 +1232,13 @@ def _eq_decided(a, b, diff, res: bool, truth: bool) -> bool:
         return res
     frame.busy = True
     try:
-        lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
+        # (the values first where they decide: JAX's bounds of nested floordivs
+        # took seconds per comparison, jax-cfd's spectral slices)
+        values = _values_everywhere(diff, frame) if not _has_fresh(diff) else None
+        if values is not None:  # (exact over the case's values: bounds as good as JAX's)
+            lo, hi = min(values), max(values)
+        else:
+            lo, hi = _decision.bounds_decision(diff, _shape_poly.BoundsPrecision.BEST)
         if lo > 0 or hi < 0:
             return False
         if lo == hi == 0:

@@ -1,5 +1,6 @@
 """Layout primitives: broadcasts, reshapes, transposes, positions, sizes.
 
+- ``empty`` is zeros at the packed shape (its contents are unspecified).
 - ``iota`` along a packed axis is each position's index *within its
   segment* (``Segments.pos``): positions restart at every example, so
   ``jnp.arange(n)`` position embeddings read the example's own positions.
@@ -32,6 +33,14 @@ def iota_rule(ctx, *, dtype, shape, dimension, sharding):
         pos = ctx.axis_segments(ctx.out_avals[0], dimension).pos
         return lax.broadcast_in_dim(pos.astype(dtype), out_shape, (dimension,))
     return lax.broadcasted_iota(dtype, out_shape, dimension)
+
+
+@register_packed("empty")  # jnp.empty binds it from jax 0.11 (a broadcast of 0 before)
+def empty_rule(ctx, **params):
+    """An array of unspecified contents (``jnp.empty``, ``jax.scipy.stats.rankdata``'s
+    buffer) at the packed shape: zeros, as jnp.empty's are on XLA."""
+    aval = ctx.out_avals[0]
+    return jnp.zeros(ctx.shape(aval), aval.dtype)
 
 
 @register_packed(lax.broadcast_in_dim_p, nan_propagating=True)
