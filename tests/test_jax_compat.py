@@ -602,3 +602,18 @@ def test_is_made_buffer_address_and_under_transformation():
     jax.jit(jax.grad(lambda x: f(x)))(1.0)  # (staging beneath grad)
     # eager grad and vmap stage nothing; jit, eval_shape and grad inside jit do
     assert seen == [(True, False), (True, True), (True, False), (True, True), (True, True)]
+
+
+def test_values_over_a_sizes_range_are_exact_and_never_wrap():
+    """``values_over`` (sizes with a division are bounded and compared by
+    their values): the scope's constraints over the size's dim vars narrow
+    them; a value past int64 (JAX's constants are NumPy ints) or a divisor
+    of 0 gives None, never a wrapped number."""
+    scope = jax.export.SymbolicScope(("n <= 16", "n >= 3"))
+    (n,) = jax.export.symbolic_shape("n", scope=scope)
+    k = (n + 2 * (n // 2) + 1) // 2
+    got = compat.values_over(k // 2, {"n": (1, 16)}, scope)
+    assert got == {((m + 2 * (m // 2) + 1) // 2) // 2 for m in range(3, 17)}
+    assert (compat.lower_bound(n % 3 + n // 3), compat.upper_bound(n % 3 + n // 3)) == (1, 6)
+    assert compat.values_over(n ** 3 * 10 ** 17, {"n": (1, 16)}, scope) is None  # past int64
+    assert compat.values_over(n, {"n": (1, 5000)}, scope) is None  # too many values

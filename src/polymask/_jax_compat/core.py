@@ -161,10 +161,13 @@ def values_over(e, ranges: dict, scope) -> frozenset | None:
         return None
     conditions = _constraints_over(scope, set(names))
     try:
-        return frozenset(int(e._evaluate(env)) for env in (
-            dict(zip(names, combo)) for combo in itertools.product(
-                *(range(ranges[v][0], ranges[v][1] + 1) for v in names)))
-            if all(_holds(c, env) for c in conditions)) or None
+        # (JAX's constants are NumPy ints: a product past int64 would wrap
+        # silently, n ** 2 * 1000003 "fitting" int32 at n = 47)
+        with np.errstate(all="raise"):
+            return frozenset(int(e._evaluate(env)) for env in (
+                dict(zip(names, combo)) for combo in itertools.product(
+                    *(range(ranges[v][0], ranges[v][1] + 1) for v in names)))
+                if all(_holds(c, env) for c in conditions)) or None
     except Exception:
         return None
 
@@ -184,7 +187,8 @@ def _holds(constraint, env: dict) -> bool:
     """Whether a scope constraint holds at these values (True where it cannot
     be evaluated: the values stay a superset)."""
     try:
-        v = int(constraint.diff._evaluate(env))
+        with np.errstate(all="raise"):
+            v = int(constraint.diff._evaluate(env))
     except Exception:
         return True
     return v == 0 if constraint.cmp == _shape_poly.Comparator.EQ else v >= 0
