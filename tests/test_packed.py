@@ -907,3 +907,25 @@ def test_an_empty_buffer_along_the_ragged_axis_packs():
     for x, out in zip(xs, rm(xs)):
         np.testing.assert_allclose(out, jax.jit(f)(x), rtol=1e-6)
     assert rm.stats()["layout"]["packed"] == len(xs)
+
+
+def test_a_typed_prng_key_per_example_packs():
+    """A typed key per example (``ragged_map(f, ("n, 8", None))`` over
+    ``(x, jax.random.key(i))`` pairs) crashed the packed layout's input
+    stacking (``np.dtype(key<fry>)``), reported as a trace failure and run
+    padded by ``layout="auto"``."""
+    def f(x, k):
+        return x.sum(0) + jax.random.uniform(k, (8,))
+
+    xs = [np.full((n, 8), 0.5, np.float32) for n in (0, 3, 5, 7)]
+    keys = [jax.random.key(i) for i in range(len(xs))]
+    for layout in ("packed", "padded"):
+        rm = pm.ragged_map(f, ("n, 8", None), layout=layout)
+        for x, k, out in zip(xs, keys, rm(list(zip(xs, keys)))):
+            np.testing.assert_allclose(out, jax.jit(f)(x, k), rtol=1e-6)
+        assert rm.stats()["layout"][layout] == len(xs)
+    # rbg keys: JAX draws a vmap's batch of them from one key (jax-ml/jax#20094),
+    # as jax.vmap does; said, since the draws are not each example's own
+    rbg = [jax.random.key(i, impl="rbg") for i in range(len(xs))]
+    with pytest.warns(UserWarning, match="jax-ml/jax#20094"):
+        pm.ragged_map(f, ("n, 8", None), layout="packed")(list(zip(xs, rbg)))

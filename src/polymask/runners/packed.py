@@ -411,6 +411,9 @@ class PackedRunner:
         out = []
         for li, spec in enumerate(leaf_specs):
             if not spec.packed_axes:  # one value per example: stacked per slot
+                if jax.dtypes.issubdtype(spec.dtype, jax.dtypes.prng_key):
+                    out.append(_stacked_keys(rows, infos, li, S))
+                    continue
                 buf = host_zeros((len(rows), S) + spec.shape, spec.dtype)
                 for r, row in enumerate(rows):
                     for s, (i, _) in enumerate(row):
@@ -470,3 +473,20 @@ class PackedRunner:
                     leaves.append(handed_back(np.array(a), out_kind, self.numpy_outputs))
                 results[i] = jax.tree_util.tree_unflatten(out_tree, leaves)
 
+
+
+def _stacked_keys(rows, infos, li: int, slots: int):
+    """Per-example typed PRNG keys (leaf ``li``) stacked per row and slot, as
+    ``_inputs`` stacks any per-example value: NumPy has no key dtype, so
+    their key data is stacked and wrapped again (a spare slot repeats its
+    row's first key)."""
+    keys = [infos[i][1][li] for row in rows for i, _ in row]
+    impl = jax.random.key_impl(keys[0])
+    words = np.asarray(jax.random.key_data(keys[0]))
+    buf = np.zeros((len(rows), slots) + words.shape, words.dtype)
+    for r, row in enumerate(rows):
+        for s, (i, _) in enumerate(row):
+            buf[r, s] = np.asarray(jax.random.key_data(infos[i][1][li]))
+        if row:
+            buf[r, len(row):] = buf[r, 0]
+    return jax.random.wrap_key_data(buf, impl=impl)

@@ -157,6 +157,7 @@ class RaggedMap:
         if not examples:
             return []
         arg_lists = [ex if isinstance(ex, tuple) else (ex,) for ex in examples]
+        ragged_batches.warn_batch_drawn_keys(arg_lists)
         if self.in_specs is None:
             # (the packed layout packs one ragged axis: examples of one length too)
             packed = self.layout == "packed"  # (packs one ragged axis, so no history)

@@ -253,6 +253,34 @@ def warn_parallel_lists(examples: Sequence[Any], broadcast: tuple) -> None:
             return
 
 
+# PRNG implementations whose batched random bits are not each key's own: JAX
+# draws a vmap's batch from one key (jax-ml/jax#20094, rng_bit_generator)
+_BATCH_DRAWN_IMPLS = ("rbg", "unsafe_rbg")
+
+
+def warn_batch_drawn_keys(arg_lists) -> None:
+    """Warn where the examples carry typed PRNG keys of an ``rbg`` implementation:
+    a batch of examples runs under ``vmap``, where JAX draws their random bits
+    from one key of the batch (jax-ml/jax#20094), so the draws differ from
+    ``f`` on each example alone (``threefry2x32``, the default, is exact)."""
+    for args in arg_lists[:1]:
+        for leaf in jax.tree_util.tree_leaves(args):
+            dtype = getattr(leaf, "dtype", None)
+            if dtype is None or isinstance(dtype, np.dtype) or not jax.dtypes.issubdtype(
+                    dtype, jax.dtypes.prng_key):
+                continue
+            impl = str(jax.random.key_impl(leaf))
+            if impl in _BATCH_DRAWN_IMPLS:
+                warnings.warn(
+                    f"ragged_map: the examples carry {impl!r} PRNG keys; a batch of examples "
+                    "runs under vmap, where JAX draws the random bits of an rbg key batch "
+                    "from one key (jax-ml/jax#20094), so the draws differ from f on each "
+                    "example alone (as under jax.vmap). Keys of the default implementation "
+                    "(threefry2x32) draw each example's own bits", UserWarning,
+                    stacklevel=user_stacklevel())
+                return
+
+
 def auto_specs(arg_lists, *, leading_if_uniform: bool = False,
                empty_dynamic: bool = False, history: AxisHistory | None = None) -> tuple:
     """``ragged_map``'s specs when ``in_specs=None``: the axes whose sizes differ
