@@ -546,3 +546,5 @@ def test_explain_of_a_packed_ragged_map_explains_its_packed_rows():
     assert "masked program" in pm.explain(rm, w, x, layout="padded", print_output=False)
     with pytest.raises(pm.SpecError, match="one example's 1 argument"):
         pm.explain(rm, layout="packed", print_output=False)
+    # a padded shape tuple is an example array of that shape (as for any explain)
+    assert "rows of 64 positions" in str(pm.explain(rm, w, (5, 8), print_output=False))

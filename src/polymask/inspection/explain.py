@@ -439,7 +439,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if layout not in ("padded", "packed"):
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
     if layout == "packed" and hasattr(fun, "row_size") and hasattr(fun, "explain"):
-        return _packed_ragged_map(fun, in_specs, args, print_output, file)
+        return _packed_ragged_map(fun, in_specs, args, dtype, print_output, file)
     runner, fun = (fun, fun.fun) if _is_runner(fun) else (None, fun)  # trace the user's function
     fun, in_specs, args, constraints = what_to_trace(fun, in_specs, args, constraints)
     if runner is not None:
@@ -532,10 +532,11 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     return result
 
 
-def _packed_ragged_map(rm, in_specs, args, print_output: bool, file):
+def _packed_ragged_map(rm, in_specs, args, dtype, print_output: bool, file):
     """``explain(ragged_map, *broadcast, *example, layout="packed")``: the
     map's own packed explanation (``RaggedMap.explain``: its row size, not the
-    example's length as the row)."""
+    example's length as the row); a padded shape tuple is an array of that
+    shape of ``dtype``."""
     if in_specs is not None and is_spec_tree(in_specs) and not (in_specs == () and args):
         raise SpecError("explain(ragged_map, ..., layout='packed') explains the map with its "
                         "own specs: pass the broadcast arguments, then one example's")
@@ -544,6 +545,8 @@ def _packed_ragged_map(rm, in_specs, args, print_output: bool, file):
     if len(args) < n_example:
         raise SpecError(f"explain(ragged_map, *broadcast, *example, layout='packed') needs "
                         f"one example's {n_example} argument(s); got {len(args)} arguments")
+    args = tuple(jax.ShapeDtypeStruct(tuple(a), dtype) if is_shape_tuple(a) else a
+                 for a in args)
     split = len(args) - n_example
     return rm.explain(tuple(args[split:]), *args[:split], print_output=print_output, file=file)
 
