@@ -180,6 +180,11 @@ def test_explain_without_example_sizes_and_rich():
     console.print(e)
     text = console.export_text()
     assert "cumsum" in text and "sizes" in text
+    # the spec's names, not the internal ones, and shapes kept ('[m]' is no markup)
+    console = Console(record=True, width=200, file=io.StringIO())
+    console.print(pm.explain(lambda x: x[1:].sum(0), "n, m", (8, 4), print_output=False))
+    text = console.export_text()
+    assert "__p1" not in text and "f32[n,m]" in text and "f32[m]" in text
 
 
 def test_explain_nested_jit_and_static_fast_path():

@@ -85,9 +85,10 @@ class Explanation(str):
     sizes: dict[str, dict]
     masked_jaxpr: Any
 
-    def __new__(cls, text, rows, sizes, masked_jaxpr, header):
+    def __new__(cls, text, rows, sizes, masked_jaxpr, header, internal=None):
         self = super().__new__(cls, text)
         self.rows, self.sizes, self.masked_jaxpr, self._header = rows, sizes, masked_jaxpr, header
+        self._internal = internal or {}
         return self
 
     def __rich__(self):
@@ -95,20 +96,24 @@ class Explanation(str):
         from rich.table import Table
         from rich.text import Text
 
+        def cell(text: str) -> Text:  # the spec's names; literal text ('[n]' is no markup)
+            return Text(display_text(text, self._internal) if self._internal else text)
+
         sizes = Table(title="sizes (one computation each)", show_edge=False)
         for col in ("expression", "bound", "logical", "queries", "first use"):
             sizes.add_column(col)
         for e, s in self.sizes.items():
-            sizes.add_row(e, str(s["bound"]), _opt(s["logical"]), str(s["queries"]),
-                          s["first_use"])
+            sizes.add_row(*map(cell, (e, str(s["bound"]), _opt(s["logical"]),
+                                      str(s["queries"]), s["first_use"])))
         eqns = Table(title="masked equations", show_edge=False)
         for col in ("#", "primitive", "shape", "bound", "rule", "inserted", "source"):
             eqns.add_column(col)
         for r in self.rows:
-            eqns.add_row(str(r.index), "  " * r.depth + r.primitive, ", ".join(r.shapes),
-                         ", ".join(_bound_str(b) for b in r.bounds), r.rule,
-                         _inserted_str(r), f"{short_path(r.source)}\n{r.code}")
-        return Group(Text(self._header), sizes, eqns)
+            eqns.add_row(*map(cell, (str(r.index), "  " * r.depth + r.primitive,
+                                     ", ".join(r.shapes),
+                                     ", ".join(_bound_str(b) for b in r.bounds), r.rule,
+                                     _inserted_str(r), f"{short_path(r.source)}\n{r.code}")))
+        return Group(cell(self._header), sizes, eqns)
 
 
 def _opt(x) -> str:
@@ -526,7 +531,7 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         header += (f"\n(no example arguments: every dim var has the placeholder bound "
                    f"{PLACEHOLDER_BOUND})")
     text = display_text(_render_text(header, size_table, recorder.rows), prog.internal)
-    result = Explanation(text, recorder.rows, size_table, masked_jaxpr, header)
+    result = Explanation(text, recorder.rows, size_table, masked_jaxpr, header, prog.internal)
     if print_output:
         print(text, file=file)
     return result
