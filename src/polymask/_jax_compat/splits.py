@@ -876,9 +876,6 @@ def _possible_zero_divisor(message: str):
     return d if is_dim_expr(d) else None
 
 
-_EVERYWHERE_LIMIT = 4096
-
-
 def _values_everywhere(dim, frame: _HookFrame) -> frozenset | None:
     """The values ``dim`` takes over every value of its dim vars in their
     ranges that this case's conditions allow (``values_over``), None where
@@ -948,8 +945,9 @@ def _decided_by_values(diff, frame: _HookFrame) -> bool | None:
     (``u[1:-2]``: ``max(0, max(0, n - 2) - min(1, n))``) are equal or ordered
     at every size, which JAX's decision procedure cannot prove from their
     ``max`` / ``min`` terms: each such comparison was a case split, and a
-    4-point stencil needed more than ``max_cases``. Not for ``floordiv`` /
-    ``mod`` sizes (a divisor of 0 evaluates as NumPy's 0 here)."""
+    4-point stencil needed more than ``max_cases``. Sizes with a ``floordiv``
+    / ``mod`` are decided by their values before JAX's procedure runs
+    (``_divided_geq_by_values``); one that reaches here is left to split."""
     if _has_fresh(diff) or DIVIDED_SIZE.search(str(diff)):
         return None
     signs = _signs_everywhere(diff, frame)

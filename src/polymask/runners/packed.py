@@ -474,7 +474,6 @@ class PackedRunner:
                 results[i] = jax.tree_util.tree_unflatten(out_tree, leaves)
 
 
-
 def _stacked_keys(rows, infos, li: int, slots: int):
     """Per-example typed PRNG keys (leaf ``li``) stacked per row and slot, as
     ``_inputs`` stacks any per-example value: NumPy has no key dtype, so

@@ -299,7 +299,7 @@ def _validate_size_type(size, where: str, sizes=(), data_shape=()) -> None:
 def _described(size, dtype) -> str:
     """A size's description without a tracer's repr (``JitTracer(~float32[])``
     names JAX's internals, not the user's value)."""
-    if isinstance(size, jax.core.Tracer):
+    if compat.is_tracer(size):
         return f"a traced {dtype} value of shape {np.shape(size)}"
     return f"{size!r} of dtype {dtype}"
 

@@ -361,8 +361,9 @@ class MaskedFunction:
 
     def _note_static_sizes(self, tree: CaseTree, values: dict) -> None:
         """Sizes given as Python ints inside the caller's ``jax.jit`` (a
-        staging trace, not eager ``grad`` or ``vmap``) are static there: each one traces and compiles its own program, where
-        array sizes (``np.int32(n)``) share one. Said once, at the second
+        staging trace, not eager ``grad`` or ``vmap``) are static there: each
+        one traces and compiles its own program, where array sizes
+        (``np.int32(n)``) share one. Said once, at the second
         size of a padded signature (a Python int is the natural thing to
         pass, and the per-size compile is otherwise silent)."""
         m = self._meta
