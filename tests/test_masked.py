@@ -278,3 +278,19 @@ def test_a_masked_value_compared_or_used_as_an_array_says_to_unpad_it():
             read(out)
     assert out == out and out != pm.Masked(out.data, out.shape) and {out: 1}[out] == 1
     assert not hasattr(out, "sum") and hasattr(out, "unpad")
+
+
+@pytest.mark.parametrize("size", [np.int64(2**32 + 3), np.uint32(2**32 - 1),
+                                  np.int64(-2**32 + 3), np.array([2**32 + 3, 2], np.int64)])
+def test_a_numpy_size_past_int32_raises_instead_of_wrapping_under_jit(size):
+    """``jax.jit`` converts an int64 size to int32 by wrapping: 2**32 + 3 ran as
+    3 and returned a value (the prologue saw 3). Refused where the Masked is made."""
+    f = pm.mask(lambda x: x.sum(), "n")
+    x = np.arange(8, dtype=np.float32).reshape((1, 8) if np.ndim(size) else (8,))
+    if np.ndim(size):
+        x = np.tile(x, (2, 1))
+    with pytest.raises(pm.ShapeError, match=r"shape\[0\] = -?42949672\d\d \((int64|uint32)\) "
+                                            r"is outside \[0, 8\].*does not fit int32"):
+        jax.jit(f)(pm.Masked(x, (size,)))
+    # in range, an int64 size is taken as any other
+    assert float(jax.jit(f)(pm.Masked(np.arange(8, dtype=np.float32), (np.int64(3),))).data) == 3.0

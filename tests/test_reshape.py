@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -171,3 +172,48 @@ def test_reshape_with_minus_one_and_a_zero_size_other_axis_raises_as_jax_does():
             f(np.ones(size, np.float32))
     check_oracle(lambda x: x.reshape(-1), [(np.ones((3, 2), np.float32),),
                                            (np.ones((3, 0), np.float32),)], [(4, 4)], ("a, b",))
+
+
+def _critic(x):
+    """A value head written the common way: ``(x @ w).squeeze()`` is ``(n,)`` for
+    n != 1 and ``()`` for n == 1 in plain JAX."""
+    return jnp.tanh(x @ jnp.linspace(-1.0, 1.0, 4).reshape(4, 1)).squeeze()
+
+
+def test_squeeze_without_axis_splits_on_each_size_being_one():
+    """``x.squeeze()`` with a symbolic size was refused by JAX (the rank depends on
+    which sizes are 1), so polymask traced it once per size and refused bounds
+    past the per-size limit (every size of a bound of 64). Each size's ``== 1``
+    now splits: one program for every size but n = 1, whose rank-0 output a
+    padded rank-1 output cannot hold (mask raises there; plain JAX runs it)."""
+    exs = [(_arr(n, 4),) for n in (0, 2, 5, 64)]
+    oracle(_critic, exs, [(64, 4)], "n, 4", modes=("eager", "jit", "vmap", "grad"))
+    masked = pm.mask(_critic, "n, 4")
+    with pytest.raises(pm.ShapeError, match=r"n in \{1\}\) the function returns different "
+                                            r"outputs: output 0 is float32\[rank 0\]"):
+        masked(pm.pad(_arr(1, 4), (64, 4)))
+    # a fixed axis of 1 is squeezed as in plain JAX, beside the symbolic one
+    fixed = pm.mask(lambda x: x.squeeze() * 2.0, "n, 1")
+    x = _arr(3, 1)
+    np.testing.assert_allclose(fixed(pm.pad(x, (8, 1), fill=np.nan)).unpad(), x.squeeze() * 2.0)
+
+
+def test_runners_run_only_the_sizes_whose_output_rank_differs_per_shape():
+    """polymask.jit and ragged_map share one program for the sizes of the kept
+    rank and run the others per exact shape (plain jax.jit), saying which sizes."""
+    runner = pm.jit(_critic, "n, 4", tiered=False)
+    with pytest.warns(pm.FallbackWarning, match=r"the sizes n in \{1\} \(of n <= 8\)"):
+        for n in (3, 1, 0, 5, 8, 1):
+            x = _arr(n, 4)
+            got, want = runner(x), jax.jit(_critic)(x)
+            assert got.shape == want.shape
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+    s = runner.stats()
+    assert (s["compiles"], s["exact_compiles"]) == (1, 1)
+    assert list(runner.fallbacks()) == ["n in {1} (of n <= 8)"]
+    xs = [_arr(n, 4) for n in (5, 1, 0, 7, 1, 2)]
+    with pytest.warns(pm.FallbackWarning, match=r"n in \{1\}"):
+        outs = pm.ragged_map(_critic, "n, 4", layout="padded")(xs)
+    for got, x in zip(outs, xs):
+        assert got.shape == _critic(x).shape
+        np.testing.assert_allclose(got, _critic(x), rtol=1e-6)

@@ -1971,25 +1971,35 @@ def test_axis_history_keeps_each_threads_promoted_axes_its_own():
     assert not h.varies(a, {7}) and h.promoted == set()
 
 
-def test_jit_without_specs_makes_static_only_the_size_whose_comparison_changes_the_output():
+def test_jit_without_specs_runs_per_shape_only_the_sizes_whose_comparison_changes_the_output():
     """``jnp.cov`` returns a scalar for one row and a matrix for more: the cases
     of ``rows == 1`` differ in rank, which a padded program cannot follow. The
-    whole bucket ran per exact shape; now the rows are planned static and the
-    columns share one program (columns are compared with constants too, but
-    they do not separate the two cases)."""
+    whole bucket ran per exact shape; now the rows == 1 case alone is left out
+    (an error case that runs per exact shape) and every other size shares one
+    program (columns are compared with constants too, but they do not separate
+    the two cases)."""
     f = pm.jit(jnp.cov, tiered=False)
     rng = np.random.default_rng(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        for n in (5, 6, 1, 7, 3):
-            x = rng.normal(size=(3, n)).astype(np.float32)
+        for shape in ((3, 5), (4, 6), (3, 1), (5, 7), (2, 4)):
+            x = rng.normal(size=shape).astype(np.float32)
             np.testing.assert_allclose(f(x), jax.jit(jnp.cov)(x), rtol=1e-5, atol=1e-6,
                                        equal_nan=True)
     s = f.stats()
     assert (s["compiles"], s["exact_compiles"], s["calls"], s["cache_hits"]) == (1, 0, 5, 4)
-    with pytest.raises(pm.ShapeError, match="different outputs") as e:
-        pm.mask(jnp.cov, "a, b")(pm.Masked(np.ones((4, 8), np.float32), (3, 5)))
-    assert e.value.fixed_size_vars == ("a",)
+    with pytest.warns(pm.FallbackWarning, match=r"s0 in \{1\}, s1 in \{1\.\.8\}"):
+        x = rng.normal(size=(1, 6)).astype(np.float32)
+        got = f(x)
+    assert got.shape == () and np.allclose(got, jnp.cov(x))
+    assert f.stats()["exact_compiles"] == 1
+    # mask keeps the rank of most sizes; a = 1 (a scalar in plain JAX) alone raises
+    cov = pm.mask(jnp.cov, "a, b")
+    x = rng.normal(size=(3, 5)).astype(np.float32)
+    np.testing.assert_allclose(cov(pm.pad(x, (4, 8), fill=np.nan)).unpad(), jnp.cov(x),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(pm.ShapeError, match=r"a == 1 and b >= 1.*different outputs.*rank 0"):
+        cov(pm.pad(x[:1], (4, 8), fill=np.nan))
 
 
 _W3 = np.eye(3, dtype=np.float32)
@@ -2074,9 +2084,10 @@ def test_traces_at_pinned_sizes_warn_of_no_numpy_arithmetic_no_call_does():
 def test_a_first_call_whose_sizes_coincide_fixes_no_axis_for_good():
     """``jnp.cov`` first called at (3, 3): both axes share one dim var, which
     the rows' comparison names, so both were made static for every later call
-    (one compile per shape from then on, no warning). Now they are static at 3
-    only; calls of other sizes find that only the rows met the comparison, and
-    the columns share."""
+    (one compile per shape from then on, no warning). Then they were static at
+    3 only, and calls of other sizes made the rows static (the comparison
+    named them). Now the comparison's differing case (one row: a scalar) is
+    left out of the program, and rows and columns share buckets."""
     f = pm.jit(jnp.cov, tiered=False)
     rng = np.random.default_rng(0)
     shapes = [(3, 3), (3, 5), (3, 7), (4, 4), (4, 6), (5, 9), (5, 11), (5, 13), (5, 5)]
@@ -2086,9 +2097,10 @@ def test_a_first_call_whose_sizes_coincide_fixes_no_axis_for_good():
             x = rng.normal(size=shape).astype(np.float32)
             np.testing.assert_allclose(f(x), jax.jit(jnp.cov)(x), rtol=1e-5, atol=1e-6)
     s = f.stats()
-    # buckets: (3, 4) (3, 8) | (4, 4) (4, 8) | (5, 16) (5, 8); before: one per shape
-    assert (s["compiles"], s["exact_compiles"], s["calls"]) == (6, 0, 9)
-    assert f.stats()["cache_hits"] == 3
+    # buckets: square (s0 <= 8) | (s0 <= 8, s1 <= 8) | (s0 <= 8, s1 <= 16); before: 6
+    # (rows static: (3, 4) (3, 8) | (4, 4) (4, 8) | (5, 16) (5, 8)), and one per shape
+    assert (s["compiles"], s["exact_compiles"], s["calls"]) == (3, 0, 9)
+    assert f.stats()["cache_hits"] == 6
 
 
 @pytest.mark.parametrize("tiered", [False, True])

@@ -191,6 +191,10 @@ def _rule_rows() -> tuple[TracePatch, ...]:
         TracePatch("x.reshape(-1, ...) (_compute_newshape)", _numeric.newshape_home,
                    "rules/reshaping.py",
                    "JAX's -1 inference divides by sizes that may be 0: the divisor splits"),
+        TracePatch("jnp.squeeze (_squeeze)", lambda: (lax_numpy(), "_squeeze"),
+                   "rules/reshaping.py",
+                   "JAX refuses axis=None with symbolic sizes (the rank depends on which "
+                   "are 1): each symbolic size's == 1 splits the trace"),
         TracePatch("lax.associative_scan", lambda: (jax.lax, "associative_scan"),
                    "rules/scans.py", "JAX recurses on the axis length in Python"),
         TracePatch("warnings.warn", lambda: (warnings, "warn"), "tracing/trace_warnings.py",

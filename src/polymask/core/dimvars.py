@@ -14,6 +14,7 @@ spec + offset (offset 0: traced as is).
 
 from __future__ import annotations
 
+import math
 import re
 
 import jax
@@ -314,11 +315,14 @@ def pretty_condition(text: str, internal) -> str:
 
 
 def sizes_text(assignments: list[dict[str, int]]) -> str:
-    """``"n in {0, 3..5}"``; with several dim vars ``"m=0, n=1; m=2, n=1"``."""
+    """``"n in {0, 3..5}"``; with several dim vars ``"m in {1}, n in {0..8}"``
+    where the sizes are every combination of such sets, else
+    ``"m=0, n=1; m=2, n=1"`` (one combination: ``"m=0, n=1"``)."""
     names = sorted(assignments[0])
-    if len(names) == 1:
-        vals = sorted(a[names[0]] for a in assignments)
-        return f"{names[0]} in {_ranges(vals)}"
+    values = {k: sorted({a[k] for a in assignments}) for k in names}
+    combos = {tuple(a[k] for k in names) for a in assignments}
+    if len(names) == 1 or 1 < len(combos) == math.prod(len(v) for v in values.values()):
+        return ", ".join(f"{k} in {_ranges(values[k])}" for k in names)
     shown = "; ".join(", ".join(f"{k}={a[k]}" for k in names) for a in assignments[:6])
     return shown + (f"; ... ({len(assignments)} in all)" if len(assignments) > 6 else "")
 

@@ -73,6 +73,30 @@ def _validate_sizes(sizes: tuple, bound: tuple, what: str) -> None:
                                 "failed (mask(..., checks='functional'))" if bad == -1 else ""))
 
 
+_INT32 = np.iinfo(np.int32)
+
+
+def _check_fits_int32(sizes: tuple, bound: tuple) -> None:
+    """A NumPy size of a wider type (int64, uint32, uint64) must fit int32.
+
+    Raises:
+      ShapeError: it does not (``jax.jit`` converts such an argument to int32,
+        wrapping it: a size of 2**32 + 3 would run as 3).
+    """
+    k = len(bound) - len(sizes)  # (a batch's leading axes; sizes of the others)
+    for axis, s in enumerate(sizes):
+        if isinstance(s, (np.integer, np.ndarray)) and s.dtype.kind in "iu" and (
+                s.dtype.itemsize > 4 or s.dtype.kind == "u" and s.dtype.itemsize == 4):
+            v = np.asarray(s)
+            if v.size and (v.max() > _INT32.max or v.min() < _INT32.min):
+                bad = v.max() if v.max() > _INT32.max else v.min()
+                within = f"is outside [0, {bound[k + axis]}] (the padded size) and " \
+                    if k >= 0 else ""
+                raise at_user_line(ShapeError(
+                    f"Masked: shape[{axis}] = {bad} ({s.dtype}) {within}does not fit int32, "
+                    "to which jax.jit converts a size (wrapping it)"))
+
+
 def _sizes_of_array(sizes, data) -> tuple:
     """A logical shape given as one integer array: its last axis runs over the
     data's axes (``(r,)`` for one example of rank ``r``, ``(B, r)`` for a
@@ -139,7 +163,10 @@ class Masked:
             shape = _sizes_of_array(shape, data)
         self.shape = tuple(shape)
         # Sizes are validated where they are used: ``unpad`` here, and the
-        # prologue of ``mask`` (which names the argument and the dim var).
+        # prologue of ``mask`` (which names the argument and the dim var);
+        # except a NumPy size past int32, which jax.jit would wrap into range
+        # before the prologue sees it (np.int64(2**32 + 3) runs as 3)
+        _check_fits_int32(self.shape, np.shape(data))
 
     @property
     def bound(self) -> tuple[int, ...]:

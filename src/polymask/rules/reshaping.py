@@ -248,3 +248,29 @@ def compute_newshape_symbolic(arr, newshape):
 
 
 compat.replace_during_trace("x.reshape(-1, ...) (_compute_newshape)", compute_newshape_symbolic)
+
+
+_ORIGINAL_SQUEEZE = compat_numeric.lax_numpy_module()._squeeze
+
+
+def squeeze_symbolic(a, axis):
+    """``jnp.squeeze(x)`` / ``x.squeeze()`` without ``axis``: JAX refuses symbolic
+    shapes there (the output rank depends on which sizes are 1). Each
+    symbolic size's ``== 1`` splits the trace instead (``n == 1`` and ``n != 1``
+    are cases; where their ranks differ, ``mask`` keeps the rank of most sizes
+    and the runners run the others per exact shape: ``cases/tree.py``'s
+    ``common_outputs``)."""
+    if axis is None and in_masked_trace() and any(map(compat.is_dim_expr, np.shape(a))):
+        axis = []
+        for i, d in enumerate(np.shape(a)):
+            if compat.is_dim_expr(d):
+                one = d >= 1 and not d >= 2  # (each comparison may split the trace)
+            else:
+                one = d == 1
+            if one:
+                axis.append(i)
+        axis = tuple(axis)
+    return _ORIGINAL_SQUEEZE(a, axis)
+
+
+compat.replace_during_trace("jnp.squeeze (_squeeze)", squeeze_symbolic)

@@ -83,6 +83,7 @@ from .programs import (
     case_error_is_plain,
     checked_compiler_options,
     count_value,
+    fallback_where,
     finish_stats,
     raise_case_error,
     reaches_untraced_case,
@@ -774,7 +775,9 @@ class PolyJit:
         reason = (ShapeError("the masked trace takes these sizes to an error case, but plain "
                              f"jax.jit runs them (a polymask bug; please report it):\n{error}")
                   if bug else error)
-        unshared = self._fallback.refused(bucket_text((entry or info.plan).buckets), reason,
+        unshared = self._fallback.refused(fallback_where(entry, info.plan.var_names,
+                                                         info.plan.values,
+                                                         (entry or info.plan).buckets), reason,
                                           self._given_names(info.plan))
         self._fallback.warn_pending()
         if entry is None or entry is info.entry:  # its own bucket: these shapes run per shape

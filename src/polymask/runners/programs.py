@@ -25,6 +25,7 @@ from ..tracing.cases.dispatch import host_error
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
 from ..tracing.transform import mask
 from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners
+from .fallback import bucket_text
 from .outputs import OutputPlan, output_plan
 
 
@@ -121,8 +122,27 @@ def reaches_untraced_case(entry: Entry, var_names, values) -> bool:
     if entry.tree is None:
         return False
     sizes = dict(zip(var_names, (int(v) for v in values)))
-    return (host_error(entry.tree, sizes) is not None
-            and not case_error_is_plain(entry, var_names, values))
+    if host_error(entry.tree, sizes) is None:
+        return False
+    tree = entry.tree  # (outputs of another rank are so in every bucket: Case.differs)
+    reached = tree.reachable_cases(tree.base.internal_values(sizes))
+    return not any(c.differs for c in reached) and not case_error_is_plain(
+        entry, var_names, values)
+
+
+def fallback_where(entry: Entry | None, var_names, values, bucket: dict) -> str:
+    """How ``.fallbacks()`` and its warning name the sizes of an error case that
+    plain ``jax.jit`` runs: the bucket (``"n <= 8"``), or the case's own sizes
+    where only its outputs differ (``Case.differs``: ``"n in {1} (of n <= 8)"``;
+    the bucket's other sizes share its program)."""
+    where = bucket_text(bucket)
+    if entry is None or entry.tree is None:
+        return where
+    tree = entry.tree
+    sizes = dict(zip(var_names, (int(v) for v in values)))
+    reached = tree.reachable_cases(tree.base.internal_values(sizes))
+    differing = [c for c in reached if c.differs]
+    return f"{tree.case_sizes(differing[0])} (of {where})" if differing else where
 
 
 def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,

@@ -51,6 +51,7 @@ from .programs import (
     build_inner_and_cases,
     case_error_is_plain,
     checked_compiler_options,
+    fallback_where,
     finish_stats,
     jit_program,
     raise_case_error,
@@ -611,7 +612,8 @@ class RaggedMap:
                 ran_plain.add(ex)
                 bug = case_error_is_plain(entry, infos[ex][0].var_names, infos[ex][0].values)
                 self._fallback.refused(
-                    bucket_text(plan0.buckets),
+                    fallback_where(entry, infos[ex][0].var_names, infos[ex][0].values,
+                                   plan0.buckets),
                     ShapeError(f"the masked trace takes these sizes to an error case, but "
                                f"plain jax.jit runs them (a polymask bug; please report "
                                f"it):\n{e}") if bug else e,

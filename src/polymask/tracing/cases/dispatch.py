@@ -26,7 +26,7 @@ from ..interpreter import run_program_counts, with_plain_weak_types
 from ..prologue import Check, concrete_value, run_checks
 from .refine import per_size_remedy
 from .splitting import Case, CaseTree
-from .tree import count_limited, names_a_count, plain_failure
+from .tree import ONE_OUTPUT_REMEDY, count_limited, names_a_count, plain_failure
 
 __all__ = ["run_cases", "host_error", "case_program"]
 
@@ -39,6 +39,10 @@ def _pad_to(data, shape):
 
 
 def _error_message(tree: CaseTree, c: Case) -> str:
+    if c.differs:  # plain JAX runs them, with outputs of another rank or structure
+        what, _, note = c.error.partition("\n")
+        return (f"for these sizes ({_sizes_of(tree, c)}) {what} (the comparison at "
+                f"{c.where}){chr(10) + note if note else ''}{ONE_OUTPUT_REMEDY}")
     if c.one_size or c.plain:
         as_plain, remedy = plain_failure(c.error)
         sizes = sizes_text(c.reached_by) if c.reached_by else tree.describe_conditions(c)
@@ -65,7 +69,7 @@ def _error_checks(tree: CaseTree, idx, checks_on: bool = True) -> list[Check]:
     """The checks that ``idx`` is no error case. Without ``checks_on`` those
     of cases a count chooses only (the host checks the sizes' own)."""
     return [Check(idx == c.index, _error_message(tree, c), error_type=c.error_type,
-                  error_class=(ShapeError if c.one_size or c.plain or count_limited(c)
+                  error_class=(ShapeError if c.one_size or c.plain or count_limited(c) or c.differs
                                else TooManyCases))
             for c in tree.cases if c.error is not None and c.reachable
             and (checks_on or _chosen_by_a_count(c))]
@@ -80,7 +84,7 @@ def case_error(tree: CaseTree, case: Case, prefix: str = "") -> ShapeError:
     there (``errors.typed_as``: ``except IndexError`` still catches it)."""
     if case.one_size or case.plain:  # plain JAX's own failure at these sizes
         return typed_as(ShapeError(prefix + _error_message(tree, case)), case.error_type)
-    if count_limited(case):  # (no max_cases helps: not TooManyCases)
+    if count_limited(case) or case.differs:  # (no max_cases helps: not TooManyCases)
         return ShapeError(prefix + _error_message(tree, case))
     # polymask's limit (a case traced with symbolic sizes), as when every size fails
     return TooManyCases(prefix + _error_message(tree, case),

@@ -42,6 +42,7 @@ class Case:
     error_type: type | None = None  # the exception the error was (not polymask's own)
     plain: bool = False  # an error plain JAX has at every size of the case (rfft of length 0)
     fixed_size_vars: tuple[str, ...] = ()  # the error's (``ShapeError.fixed_size_vars``)
+    differs: bool = False  # its outputs differ from the kept cases' (``common_outputs``)
 
     @property
     def one_size(self) -> bool:
@@ -415,7 +416,7 @@ def _satisfies_constraints(prog: MaskedProgram, values: dict[str, int]) -> bool:
 
 # plain JAX changes an output's rank or structure with the size here (jax.scipy.signal.stft
 # at n = 0); one padded output cannot hold both, so mask refuses and says how to go on
-_ONE_OUTPUT_REMEDY = (
+ONE_OUTPUT_REMEDY = (
     "\n  polymask.mask returns one padded output for every size up to the bound, so it "
     "cannot follow that change: leave those sizes out with constraints=[...] (for example "
     "constraints=['n >= 1'] where only n = 0 differs), or use polymask.jit / ragged_map, "
@@ -438,7 +439,7 @@ _ONE_OUTPUT_PER_COUNT_REMEDY = (
 def _differing_outputs(tree: CaseTree, a: Case, b: Case, message: str) -> ShapeError:
     split = _separating_split(tree, a, b)
     on_count = split is not None and split.on_count
-    e = ShapeError(message + (_ONE_OUTPUT_PER_COUNT_REMEDY if on_count else _ONE_OUTPUT_REMEDY))
+    e = ShapeError(message + (_ONE_OUTPUT_PER_COUNT_REMEDY if on_count else ONE_OUTPUT_REMEDY))
     e.fixed_size_vars = () if split is None or on_count else tuple(
         dim_vars_named(tree.display(str(split.cond)), list(tree.internal)))
     return e
@@ -484,34 +485,67 @@ def vars_compared_equal_to_constants(splits: list[Split]) -> tuple[str, ...]:
 
 
 def common_outputs(tree: CaseTree, live: list[Case]) -> None:
-    """Check the cases agree on outputs; the padded shape is the max over cases.
+    """Make the cases agree on outputs; the padded shape is the max over cases.
+
+    Where cases return different structures, dtypes or ranks (``squeeze()``
+    at n = 1, ``jax.scipy.signal.stft`` at n = 0), one padded output cannot
+    hold both: the outputs reached by the most sizes are kept, and the other
+    cases become error cases (``Case.differs``) whose sizes raise a
+    ``ShapeError`` under ``mask`` and run per exact shape under the runners,
+    as ``jax.jit`` runs them; the others share the program. ``tree.base``
+    becomes the first kept case's program.
 
     Raises:
-      ShapeError: cases return different structures, dtypes or ranks (its
-        ``fixed_size_vars``: the dim vars of the comparison between them, as
-        ``jnp.cov``'s rows with 1, which a runner planning its own specs makes
-        static so the other axes still share programs).
+      ShapeError: a comparison of a data-dependent count (or none found)
+        separates the differing cases, so no size can be left out before the
+        program runs (its ``fixed_size_vars``: the dim vars of the comparison
+        between them, as ``jnp.cov``'s rows with 1).
     """
-    ref = live[0].program
+    groups: dict = {}
+    for c in live:
+        groups.setdefault(_output_signature(c.program), []).append(c)
+    kept = max(groups.values(), key=lambda g: (sum(len(c.reached_by or ()) for c in g),
+                                               len(g), g[0] is live[0]))
+    for c in live:
+        if c not in kept:
+            _leave_out_differing(tree, kept[0], c)
+    ref = kept[0].program
     bounds = [list(b) for b in ref.out_bounds()]
-    dtypes = [v.aval.dtype for v in ref.closed_jaxpr.jaxpr.outvars]
-    for c in live[1:]:
-        p = c.program
-        if p.out_tree != ref.out_tree:
-            raise _differing_outputs(
-                tree, live[0], c,
-                f"the cases of a size comparison return different output structures: "
-                f"{_short(ref.out_tree)} for {tree.case_sizes(live[0])} and "
-                f"{_short(p.out_tree)} for {tree.case_sizes(c)}; every case must return "
-                "the same pytree" + _static_data_note(ref.out_tree, p.out_tree))
-        for i, (v, b) in enumerate(zip(p.closed_jaxpr.jaxpr.outvars, p.out_bounds())):
-            if v.aval.dtype != dtypes[i] or len(b) != len(bounds[i]):
-                raise _differing_outputs(
-                    tree, live[0], c,
-                    f"the cases of a size comparison return different outputs: output {i} "
-                    f"is {dtypes[i]}[rank {len(bounds[i])}] for "
-                    f"{tree.case_sizes(live[0])} but {v.aval.dtype}[rank {len(b)}] "
-                    f"for {tree.case_sizes(c)}")
+    for c in kept[1:]:
+        for i, b in enumerate(c.program.out_bounds()):
             bounds[i] = [max(x, y) for x, y in zip(bounds[i], b)]
+    tree.base = ref
     tree.out_tree = ref.out_tree
     tree.out_bounds = [tuple(b) for b in bounds]
+
+
+def _output_signature(prog: MaskedProgram) -> tuple:
+    return prog.out_tree, tuple((v.aval.dtype, len(b)) for v, b in
+                                zip(prog.closed_jaxpr.jaxpr.outvars, prog.out_bounds()))
+
+
+def _leave_out_differing(tree: CaseTree, kept: Case, c: Case) -> None:
+    """Case ``c``, whose outputs differ from ``kept``'s, becomes an error case
+    (``Case.differs``); raise where a data-dependent count separates them."""
+    ref, p = kept.program, c.program
+    if p.out_tree != ref.out_tree:
+        what = (f"different output structures: {_short(ref.out_tree)} for "
+                f"{tree.case_sizes(kept)} and {_short(p.out_tree)} for {tree.case_sizes(c)}")
+        note = _static_data_note(ref.out_tree, p.out_tree)
+        same = "; every case must return the same pytree" + note
+    else:
+        i, (v, b, w, d) = next(
+            (i, t) for i, t in enumerate(zip(p.closed_jaxpr.jaxpr.outvars, p.out_bounds(),
+                                             ref.closed_jaxpr.jaxpr.outvars, ref.out_bounds()))
+            if t[0].aval.dtype != t[2].aval.dtype or len(t[1]) != len(t[3]))
+        what = (f"different outputs: output {i} is {v.aval.dtype}[rank {len(b)}] for "
+                f"{tree.case_sizes(c)} but {w.aval.dtype}[rank {len(d)}] for "
+                f"{tree.case_sizes(kept)}")
+        note = same = ""
+    split = _separating_split(tree, kept, c)
+    if split is None or split.on_count:
+        raise _differing_outputs(tree, kept, c,
+                                 f"the cases of a size comparison return {what}{same}")
+    c.program, c.pinned, c.plain, c.error_type, c.fixed_size_vars = None, False, False, None, ()
+    c.error, c.where, c.differs = f"the function returns {what}".replace(
+        f"for {tree.case_sizes(kept)}", "for other sizes") + note, split.where, True
