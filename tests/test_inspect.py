@@ -553,3 +553,19 @@ def test_explain_of_a_packed_ragged_map_explains_its_packed_rows():
         pm.explain(rm, layout="packed", print_output=False)
     # a padded shape tuple is an example array of that shape (as for any explain)
     assert "rows of 64 positions" in str(pm.explain(rm, w, (5, 8), print_output=False))
+
+
+@pytest.mark.parametrize("internal, shown", [
+    ("- floordiv(floordiv(n__p1 - 1, 2), 2) - floordiv(n__p1 - 1, 2) - n__p1 + 1 <= -1",
+     "floordiv(floordiv(n, 2), 2) + floordiv(n, 2) + n >= 1"),
+    ("- mod(2, n) >= 0", "mod(2, n) <= 0"),
+    ("m - 2*n - 3 >= 0", "m - 2*n >= 3"),
+    ("n__p1 - 3 <= -1", "n <= 1"),
+])
+def test_case_conditions_read_without_leading_minus_signs(internal, shown):
+    """explain and the error cases printed ``- floordiv(floordiv(n, 2), 2) -
+    floordiv(n, 2) - n <= -1`` (a jax-cfd case): a sum of subtracted terms is
+    negated with the comparison flipped, and its constant moves to the right."""
+    from polymask.core.dimvars import pretty_condition
+
+    assert pretty_condition(internal, {"n": ("n__p1", 1)}) == shown

@@ -929,3 +929,35 @@ def test_a_typed_prng_key_per_example_packs():
     rbg = [jax.random.key(i, impl="rbg") for i in range(len(xs))]
     with pytest.warns(UserWarning, match="jax-ml/jax#20094"):
         pm.ragged_map(f, ("n, 8", None), layout="packed")(list(zip(xs, rbg)))
+
+
+def _left_pad(xs):
+    """perch's ``ema_conv1d`` (google-research/perch, chirp/audio_utils.py): the
+    first frame repeated ``conv_width - 1`` times before the signal."""
+    left = jnp.repeat(xs[:, 0:1], 2, axis=1)
+    return jnp.concatenate([left, xs], axis=1)
+
+
+def _first_and_last(x):
+    return (jnp.concatenate([jnp.repeat(x[0:1], 2, axis=0), x,
+                             x[-1:].T.reshape(1, 4)], 0).cumsum(0))
+
+
+@pytest.mark.parametrize("fun, spec, shape", [
+    (_left_pad, "1, n, 4", lambda n: (1, n, 4)),
+    (_first_and_last, "n, 4", lambda n: (n, 4)),
+])
+def test_a_per_example_value_is_reshaped_and_broadcast_per_example(fun, spec, shape):
+    """``x[0:1]`` is one value per example; broadcasting or reshaping it into
+    another per-example value (``jnp.repeat`` along the ragged axis) failed
+    inside the broadcast rule (IndexError) and the reshape (TypeError), reported
+    as PackedUnsupported. Such a primitive now runs per example."""
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=shape(n)).astype(np.float32) for n in (1, 5, 9, 2, 16)]
+    xs[1][..., 0, :] = np.nan  # a NaN in one example stays there
+    rm = pm.ragged_map(fun, (spec,), layout="packed")
+    for got, x in zip(rm([(x,) for x in xs]), xs):
+        want = jax.jit(fun)(x)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert rm.stats()["layout"]["packed"] == len(xs)

@@ -302,16 +302,48 @@ def pretty_condition(text: str, internal) -> str:
         shown = display_text(expr, internal)
     m = re.fullmatch(r"(- )?(\w+)(?: ([+-]) (\d+))?", shown)
     if not m:
-        if shown.startswith("- ") and not re.search(r" [+-] ", shown[2:]):
-            # "- mod(2, n) >= 0" -> "mod(2, n) <= 0": no leading minus
-            return f"{shown[2:]} {'<=' if op == '>=' else '>='} {-int(rhs)}"
-        return f"{shown} {op} {rhs}"
+        return _sum_condition(shown, op, int(rhs))
     neg, var = bool(m.group(1)), m.group(2)
     c = int(m.group(4) or 0) * (-1 if m.group(3) == "-" else 1)
     bound = int(rhs) - c  # (+/-) var op bound
     if neg:
         return f"{var} {'<=' if op == '>=' else '>='} {-bound}"
     return f"{var} {op} {bound}"
+
+
+def _sum_condition(shown: str, op: str, rhs: int) -> str:
+    """``"- mod(2, n) >= 0"`` -> ``"mod(2, n) <= 0"``; ``"- floordiv(n, 2) - n
+    <= -1"`` -> ``"n + floordiv(n, 2) >= 1"``: terms mostly subtracted are
+    negated (the comparison flips), and a constant term moves to the right."""
+    terms = _signed_terms(shown)
+    const = sum(sign * int(t) for sign, t in terms if t.isdigit())
+    terms = [(sign, t) for sign, t in terms if not t.isdigit()]
+    rhs -= const
+    if sum(sign for sign, _ in terms) < 0:
+        terms = [(-sign, t) for sign, t in terms]
+        op, rhs = ("<=" if op == ">=" else ">="), -rhs
+    terms.sort(key=lambda st: -st[0])  # (added terms first: no leading minus where any)
+    text = " ".join(f"{'-' if sign < 0 else '+'} {t}" for sign, t in terms)
+    return f"{text[2:] if text.startswith('+ ') else text} {op} {rhs}"
+
+
+def _signed_terms(expr: str) -> list[tuple[int, str]]:
+    """The top-level terms of ``"a - floordiv(n - 1, 2) + 3"`` with their signs."""
+    terms, depth, start, sign = [], 0, 0, 1
+    if expr.startswith("- "):
+        sign, start = -1, 2
+    i = start
+    while i < len(expr):
+        ch = expr[i]
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and expr.startswith((" + ", " - "), i):
+            terms.append((sign, expr[start:i]))
+            sign, start = (1 if expr[i + 1] == "+" else -1), i + 3
+            i += 3
+            continue
+        i += 1
+    terms.append((sign, expr[start:]))
+    return terms
 
 
 def sizes_text(assignments: list[dict[str, int]]) -> str:

@@ -31,7 +31,7 @@ from ..core.shapes import DimEnv
 from ..core.specs import PLACEHOLDER_BOUND, args_from_specs, as_constraints, broadcast_specs
 from ..tracing.cases.dispatch import case_program
 from ..tracing.cases.splitting import trace_function_cases
-from ..tracing.cases.tree import aval_text
+from ..tracing.cases.tree import aval_text, per_size_reason
 from ..tracing.interpreter import Interpreter, run_program, runs_rule
 from ..tracing.prologue import solve_dim_vars
 from ..tracing.registry import get_rule
@@ -488,6 +488,10 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
                             "example's; for ragged_map the broadcast arguments, then one "
                             "example's)") from None
         return _per_shape_or_raise(runner, e, print_output, file)
+    if getattr(runner, "per_size_buckets_per_shape", False) and per_size_reason(tree):
+        # (polymask.jit compiles such a bucket per exact shape: runners/polyjit.py)
+        return _per_shape_or_raise(runner, UnsupportedError(per_size_reason(tree)),
+                                   print_output, file)
     prog = tree.base
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: is_masked(v) or
                                           is_shape_tuple(v))

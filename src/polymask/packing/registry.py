@@ -260,8 +260,19 @@ class PackedContext:
         return substitute_dims(params, self.run.size)
 
     def bind(self, *args, **overrides):
-        """Bind the primitive on row data, ``n`` in params as ``R``."""
-        return self.primitive.bind(*args, **self.params(**overrides))
+        """Bind the primitive on row data, ``n`` in params as ``R``. Where an
+        operand is a ``PerSegment`` and no operand or result has a packed axis
+        (a reshape of ``x[0:1]``, a per-example value), the primitive runs per
+        example: vmapped over the segments' leading axis."""
+        params = self.params(**overrides)
+        if (any(isinstance(a, PerSegment) for a in args) and not any(self.in_packed)
+                and not any(self.out_packed)):
+            per = [0 if isinstance(a, PerSegment) else None for a in args]
+            out = jax.vmap(lambda *a: self.primitive.bind(*a, **params), in_axes=per)(
+                *[a.data if isinstance(a, PerSegment) else a for a in args])
+            return ([PerSegment(o) for o in out] if self.primitive.multiple_results
+                    else PerSegment(out))
+        return self.primitive.bind(*args, **params)
 
     def segment_size(self, d, as_value: bool = False):
         """A size (dimension expression) per segment: ``(S,)`` int32, clamped

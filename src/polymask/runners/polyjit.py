@@ -57,7 +57,7 @@ from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype, native_byte_order
 from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
-from ..tracing.cases.tree import needs_a_size_as_value
+from ..tracing.cases.tree import needs_a_size_as_value, per_size_reason
 from ..tracing.prologue import raise_run_failure
 from ..tracing.trace_warnings import say_case_warnings
 from .compiling import COMPILE_TICK, background_executor, compile_counter
@@ -77,6 +77,7 @@ from .programs import (
     STATS_DOC,
     CallPlans,
     Entry,
+    PerSizeBucket,
     ProgramCache,
     at_call_site_error,
     build_inner,
@@ -215,7 +216,7 @@ class _BucketUnshared(Exception):
 
 class _CaseReached(Exception):
     """The call's sizes reach an error case of ``entry`` (``error``), found
-    between its trace and its compile (``PolyJit._case_reached_first``)."""
+    between its trace and its compile (``PolyJit._before_own_compile``)."""
 
     def __init__(self, entry: Entry, error: ShapeError):
         super().__init__(str(error))
@@ -309,6 +310,12 @@ class PolyJit:
     @property
     def cache_size(self) -> int:
         return self.cache.cache_size
+
+    @property
+    def per_size_buckets_per_shape(self) -> bool:
+        """Whether a bucket whose every size is a case of its own runs per exact
+        shape (``cases.tree.per_size_reason``; the fallback on), as explain says."""
+        return self._fallback is not None
 
     # -- call infos ----------------------------------------------------------------
     def _info(self, args, tree, key, fast: bool) -> _CallInfo:
@@ -1024,24 +1031,28 @@ class PolyJit:
         out = None
         try:
             out = self.cache.compile_run(entry, make, self._flat(info, leaves),
-                                         self._case_reached_first(plan))
+                                         self._before_own_compile(plan))
         finally:  # a call that compiled its program, or failed to, is no cache hit
             if out is not None or entry.fn is None:
                 self._count_foreground_compile()
         return (entry, out) if out is not None else (entry, entry.fn(*self._flat(info, leaves)))
 
-    @staticmethod
-    def _case_reached_first(plan: CallPlan):
+    def _before_own_compile(self, plan: CallPlan):
         """A ``before_compile`` check for the own bucket of a call of ``plan``:
         where the call's sizes reach an error case, its program is not
         compiled for this call (which raises, is planned again or runs plain
         ``jax.jit``: ``_reached_error_case``), but by the next call of a size
-        that runs in it."""
+        that runs in it. Where every size of the bucket is a case of its own
+        (``per_size_reason``), nothing is compiled: the bucket runs per exact
+        shape (``PerSizeBucket``, with the fallback on)."""
         def check(entry: Entry) -> None:
             try:
                 raise_case_error(entry, plan.var_names, plan.values)
             except ShapeError as e:
                 raise _CaseReached(entry, e) from None
+            reason = per_size_reason(entry.tree) if self._fallback is not None else None
+            if reason is not None:
+                raise PerSizeBucket(reason)
         return check
 
     def _case_planned_again(self, plan: CallPlan):
@@ -1049,13 +1060,17 @@ class PolyJit:
         ``plan``: where the call's own case is an error the runner plans
         around (an axis met a fixed size: ``CallPlans.may_adapt_to``), that
         error is raised before XLA compiles the bucket, which the call would
-        not use (flax's first ``apply`` compiled twice)."""
+        not use (flax's first ``apply`` compiled twice); and a bucket whose
+        every size is a case of its own (``per_size_reason``) covers nothing."""
         def check(entry: Entry) -> None:
             try:
                 raise_case_error(entry, plan.var_names, plan.values)
             except ShapeError as e:
                 if self.plans.may_adapt_to(plan, e):
                     raise
+            if self._fallback is not None and per_size_reason(entry.tree) is not None:
+                # (no covering bucket serves other sizes: covering turns off)
+                raise PerSizeBucket(per_size_reason(entry.tree))
         return check
 
     def _count_foreground_compile(self) -> None:

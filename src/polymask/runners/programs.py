@@ -17,7 +17,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import specs_of_passed
 from ..core.diagnostics import at_call_site, dim_vars_named, user_call_site
-from ..core.errors import ShapeError
+from ..core.errors import ShapeError, UnsupportedError
 from ..core.masked import Masked
 from ..core.plan import CallPlan, plan_call, structure_key
 from ..core.trace_state import mapped_per_example
@@ -128,6 +128,11 @@ def reaches_untraced_case(entry: Entry, var_names, values) -> bool:
     reached = tree.reachable_cases(tree.base.internal_values(sizes))
     return not any(c.differs for c in reached) and not case_error_is_plain(
         entry, var_names, values)
+
+
+class PerSizeBucket(UnsupportedError):
+    """Every size of a bucket is a case of its own (``cases.tree.per_size_reason``):
+    the runner runs it per exact shape instead of compiling one program."""
 
 
 def fallback_where(entry: Entry | None, var_names, values, bucket: dict) -> str:

@@ -244,6 +244,7 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
             continue
         if node is not None:
             _replace(tree, case, node)
+            tree.per_size_at.append(case.where)
             changed = True
     if changed:
         tree.cases = _leaves_in_order(tree.root)

@@ -22,7 +22,7 @@ from ..prologue import constraint_checks
 from ..symbolic import MaskedProgram
 
 __all__ = ["Case", "Split", "CaseTree", "enumerate_sizes", "common_outputs", "error_case",
-           "spec_var_names",
+           "per_size_reason", "spec_var_names",
            "plain_failure", "fails_in_plain_jax", "count_limited", "splits_under"]
 
 _ENUMERATE_LIMIT = 4096  # largest number of size combinations enumerated per tree
@@ -101,6 +101,8 @@ class CaseTree:
     out_tree: Any = None
     out_bounds: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     max_cases: int = 16  # mask(..., max_cases=): the limit its errors name
+    # where a symbolic trace failed and its sizes were traced one by one (refine.py)
+    per_size_at: list[str] = dataclasses.field(default_factory=list, compare=False)
     # tracing/eager.py's state for eager jax.vmap calls that switch between cases
     eager_states: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                            compare=False)
@@ -549,3 +551,28 @@ def _leave_out_differing(tree: CaseTree, kept: Case, c: Case) -> None:
     c.program, c.pinned, c.plain, c.error_type, c.fixed_size_vars = None, False, False, None, ()
     c.error, c.where, c.differs = f"the function returns {what}".replace(
         f"for {tree.case_sizes(kept)}", "for other sizes") + note, split.where, True
+
+
+def per_size_reason(tree: CaseTree) -> str | None:
+    """Why a bucket's case tree shares no program across sizes (None: it does).
+
+    Where the function needs a size as a Python value (``range(n)``,
+    ``int(x.shape[0])``), ``mask`` traces it once per size (``tree.per_size_at``;
+    here every live case is one size combination): one program then holds a copy of the function per size,
+    which XLA compiles all at the first call (seconds where ``jax.jit``
+    compiles the one shape called), and which is never cheaper per call. A
+    runner that sees exact shapes compiles per exact shape instead, as
+    ``jax.jit``; ``mask`` under the caller's ``jax.jit`` keeps the one program.
+    """
+    if tree is None or tree.single or not tree.per_size_at:
+        return None
+    live = [c for c in tree.cases if c.program is not None and c.reachable]
+    if len(live) < 2 or not all(c.reached_by is not None and len(c.reached_by) == 1
+                                for c in live):
+        return None
+    where = "; ".join(dict.fromkeys(tree.per_size_at))
+    return (f"every size is a case of its own (the function needs the size as a Python value "
+            f"at {where}), so a shared program would hold {len(live)} copies of the function, "
+            "one per size, compiled together at the first call; each exact shape compiles "
+            "only its own instead (use the jnp / lax form there, e.g. jnp.arange(n) or "
+            "lax.fori_loop for range(n), to share one program)")
