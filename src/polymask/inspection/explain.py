@@ -490,8 +490,10 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         return _per_shape_or_raise(runner, e, print_output, file)
     if getattr(runner, "per_size_buckets_per_shape", False) and per_size_reason(tree):
         # (polymask.jit compiles such a bucket per exact shape: runners/polyjit.py)
-        return _per_shape_or_raise(runner, UnsupportedError(per_size_reason(tree)),
-                                   print_output, file)
+        result = _per_shape_explanation(runner, per_size_reason(tree), "")
+        if print_output:
+            print(result, file=file)
+        return result
     prog = tree.base
     leaves_in = jax.tree_util.tree_leaves(tuple(args), is_leaf=lambda v: is_masked(v) or
                                           is_shape_tuple(v))
@@ -585,17 +587,20 @@ def _per_shape_or_raise(runner, error: BaseException, print_output: bool, file):
     return result
 
 
-def _per_shape_explanation(fun, error: BaseException) -> Explanation:
-    """A runner whose masked trace fails at these sizes: it runs them per exact
-    shape under ``jax.jit`` (runners/fallback.py), so explain says so and why,
-    instead of raising as ``mask`` does."""
+def _per_shape_explanation(fun, error: BaseException | str,
+                           why: str = "the masked trace fails") -> Explanation:
+    """A runner whose masked trace fails at these sizes (or shares nothing: ``why``
+    empty, ``error`` the reason): it runs them per exact shape under
+    ``jax.jit`` (runners/fallback.py), so explain says so and why, instead of
+    raising as ``mask`` does."""
     counted = ("stats()['exact_compiles']" if callable(getattr(fun, "stats", None))
                else "exact_compiles")  # value_and_grad: vg.exact_compiles, no stats()
+    reason = str(error) if isinstance(error, str) else f"{type(error).__name__}: {error}"
     text = (f"{getattr(fun.fun, '__name__', type(fun).__name__)}: no shared program for these "
             "sizes; the runner runs them per exact shape under jax.jit (one compile per "
             f"distinct shape, jax.jit's values; counted in {counted}), "
-            f"because the masked trace fails:\n  {type(error).__name__}: "
-            + str(error).replace("\n", "\n  ") + _fallbacks_so_far(fun))
+            f"because{' ' + why if why else ''}:\n  "
+            + reason.replace("\n", "\n  ") + _fallbacks_so_far(fun))
     return Explanation(text, [], {}, None, text)
 
 
