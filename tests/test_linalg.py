@@ -267,6 +267,21 @@ def test_svd_vectors_square():
                  static_sizes=False, **TOL)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_svd_vectors_of_a_one_by_one_matrix_carry_its_sign_in_u(dtype):
+    """LAPACK factors [[a]] as u = a / |a|, vt = 1; the padded matrix put the
+    sign in vt (u = 1, vt = -1 for [[-2]]: found by an API sweep from
+    outside). Values, gradients, jit and vmap against plain JAX."""
+    ex = [(np.array([[a]], dtype),) for a in (-2.0, 3.0, -0.0)]
+    if dtype == np.complex64:
+        ex = [(np.array([[a]], dtype),) for a in (3j, -2 + 1j, 0.5)]
+    check_oracle(jnp.linalg.svd, ex, [(4, 4)], "n, n", modes=("eager", "jit", "vmap"),
+                 static_sizes=False, **TOL)
+    if dtype == np.float32:  # (complex: grad of a complex output's phase is not real)
+        check_oracle(jnp.linalg.svd, ex[:2], [(4, 4)], "n, n", modes=("grad",),
+                     static_sizes=False, **TOL)
+
+
 def test_svd_values():
     ex = [(vec(m, n),) for m, n in ((5, 2), (2, 5), (3, 3), (1, 4))]
     check_oracle(lambda a: jnp.linalg.svd(a, compute_uv=False), ex, [(6, 6)], "m, n", **FAST)

@@ -382,8 +382,26 @@ def _svd_uv(ctx, x, lg, bd):
     s = jnp.roll(s, -shift, axis=-1)
     u = jnp.roll(u, -shift, axis=-1)
     vt = jnp.roll(vt, -shift, axis=-2)
+    s, u, vt = _as_one_by_one(xc, lg[-1], s, u, vt)
     lo_s, lo_u, lo_vt = ctx.out_logical
     return [clean(s, lo_s), _embed(u, lo_u), _embed(vt, lo_vt)]
+
+
+def _as_one_by_one(xc, n, s, u, vt):
+    """A 1 x 1 logical matrix ``[[a]]`` as LAPACK factors one: ``s = |a|``, ``u =
+    a / |a|`` (real: ``copysign(1, a)``; ``a = 0``: 1), ``vt = 1`` (its bidiagonal
+    SVD of order 1 puts the sign in ``U``). In the padded matrix the block
+    is part of a larger bidiagonal, which put the sign in ``vt`` instead."""
+    a = xc[..., 0, 0]
+    if jnp.iscomplexobj(a):
+        mag = jnp.abs(a)
+        ua = jnp.where(mag == 0, jnp.ones_like(a), a / jnp.where(mag == 0, 1, mag))
+    else:
+        ua = jnp.copysign(jnp.ones_like(a), a)
+    one = n == 1
+    return (jnp.where(one, s.at[..., 0].set(jnp.abs(a).astype(s.dtype)), s),
+            jnp.where(one, u.at[..., 0, 0].set(ua.astype(u.dtype)), u),
+            jnp.where(one, vt.at[..., 0, 0].set(jnp.ones_like(ua).astype(vt.dtype)), vt))
 
 
 # ----------------------------------------------------------------------------

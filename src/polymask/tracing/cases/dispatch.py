@@ -42,7 +42,8 @@ def _error_message(tree: CaseTree, c: Case) -> str:
     if c.differs:  # plain JAX runs them, with outputs of another rank or structure
         what, _, note = c.error.partition("\n")
         return (f"for these sizes ({_sizes_of(tree, c)}) {what} (the comparison at "
-                f"{c.where}){chr(10) + note if note else ''}{ONE_OUTPUT_REMEDY}")
+                f"{c.where}){chr(10) + note if note else ''}"
+                f"{ONE_OUTPUT_REMEDY.replace(_EXAMPLE_CONSTRAINT, _leaving_out(c))}")
     if c.one_size or c.plain:
         as_plain, remedy = plain_failure(c.error)
         sizes = sizes_text(c.reached_by) if c.reached_by else tree.describe_conditions(c)
@@ -55,6 +56,21 @@ def _error_message(tree: CaseTree, c: Case) -> str:
     return (f"for these sizes ({_sizes_of(tree, c)}) polymask cannot trace the "
             f"function with symbolic sizes at {c.where}:\n  {c.error}\n  "
             f"{per_size_remedy(tree.max_cases, count)}")
+
+
+_EXAMPLE_CONSTRAINT = "(for example constraints=['n >= 1'] where only n = 0 differs)"
+
+
+def _leaving_out(c: Case) -> str:
+    """The constraint that leaves out the smallest sizes up to case ``c``'s, where
+    they are one dim var's (``constraints=['n >= 2']`` for ``n in {1}``)."""
+    names = {k for values in (c.reached_by or ()) for k in values}
+    if len(names) != 1:
+        return _EXAMPLE_CONSTRAINT
+    (name,) = names
+    top = max(values[name] for values in c.reached_by)
+    return (f"(constraints=['{name} >= {top + 1}'] leaves out "
+            f"{f'{name} = 0' if top == 0 else f'{name} <= {top}'})")
 
 
 def _sizes_of(tree: CaseTree, c: Case) -> str:
