@@ -126,29 +126,31 @@ def test_explain_of_a_runner_says_which_sizes_run_per_shape_and_why():
     says they run per exact shape and why (the user's line, the jnp form),
     instead of raising as for mask; at sizes that share, the masked trace plus
     the buckets that ran per shape so far."""
-    f = pm.jit(tril_cumsum, "n", tiered=False)
+    # (buckets of at most 4 sizes keep per-size cases in one program: PER_SIZE_SHARED_MAX)
+    f = pm.jit(tril_cumsum, "n", tiered=False, buckets=pm.buckets.explicit([3, 64]))
     with pytest.warns(pm.FallbackWarning):
         f(_vec(40))
     text = pm.explain(f, None, (64,), print_output=False)
     assert text.startswith("tril_cumsum: no shared program for these sizes")
     assert "test_fallback.py" in text and "(tril_cumsum)" in text and "jnp.arange(n)" in text
-    shared = pm.explain(f, None, (8,), print_output=False)
+    shared = pm.explain(f, None, (3,), print_output=False)
     assert "dot_general" in shared and "n <= 64: " in shared.split("per exact shape")[-1]
     with pytest.raises(pm.ShapeError, match="Python int"):  # mask's contract: one program
         pm.explain(tril_cumsum, "n", (64,), print_output=False)
 
 
 def test_sizes_that_share_still_share():
-    """Small buckets trace per size in one program; only the bucket past the
-    limit falls back, and each of its shapes compiles once."""
-    f = pm.jit(python_range_sum, "n")
+    """A bucket of at most 4 sizes traces them in one program; a larger one,
+    whose every size is a case of its own, runs per exact shape, as does the
+    bucket past the per-size limit; each shape compiles once."""
+    f = pm.jit(python_range_sum, "n", buckets=pm.buckets.explicit([3, 8, 64]))
     with pytest.warns(pm.FallbackWarning):
-        for n in (2, 5, 7, 40, 41, 40, 41):
+        for n in (2, 3, 2, 5, 7, 40, 41, 40, 41):
             np.testing.assert_allclose(f(_vec(n)), python_range_sum(_vec(n)), rtol=1e-5)
     st = f.stats()
-    assert st["compiles"] == 1  # bucket 8: sizes 2, 5 and 7 in one program
-    assert st["exact_compiles"] == 2 and st["exact_calls"] == 4
-    assert list(f.fallbacks()) == ["n <= 64"]
+    assert st["compiles"] == 1  # bucket 3: sizes 2 and 3 in one program
+    assert st["exact_compiles"] == 4 and st["exact_calls"] == 6
+    assert list(f.fallbacks()) == ["n <= 8", "n <= 64"]
 
 
 def test_where_plain_jax_fails_too_it_is_a_shape_error_with_plain_jaxs_reason():

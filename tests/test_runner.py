@@ -825,16 +825,18 @@ def test_jit_headroom_is_capped_by_bytes_and_constraints():
 
 def test_jit_headroom_bucket_that_cannot_trace_falls_back_to_the_own_bucket():
     # a size used as a Python int is traced per size up to a bucket of 2 * max_cases
-    # (32): bucket 8 traces, the headroom bucket 128 does not
+    # (32): bucket 3 traces (4 sizes: one program, PER_SIZE_SHARED_MAX), the
+    # covering bucket 64 does not (a larger bucket of such cases runs per exact
+    # shape: test_fallback.py::test_a_bucket_whose_every_size_is_a_case_runs_per_exact_shape)
     def f(x):
         return sum(x[i] * i for i in range(x.shape[0])) + jnp.zeros(())
 
-    pf = pm.jit(f, "n", tiered=True)
-    assert float(pf(np.arange(5, dtype=np.float32))) == 30.0
+    pf = pm.jit(f, "n", tiered=True, buckets=pm.buckets.explicit([3, 64]))
+    assert float(pf(np.arange(3, dtype=np.float32))) == 5.0
     st = pf.stats()
     assert st["compiles"] == 1 and st["tiered_calls"] == 0 and pf.tiering.first_sizes(
         pf.plans.plan((np.ones(3, np.float32),))[0]) is None  # off for this runner
-    assert float(pf(np.arange(7, dtype=np.float32))) == 91.0
+    assert float(pf(np.arange(2, dtype=np.float32))) == 1.0
     # bucket 64 cannot trace per size: its sizes run per exact shape, as jax.jit
     with pytest.warns(pm.FallbackWarning, match=r"(?s)n <= 64.*Python int"):
         assert float(pf(np.arange(50, dtype=np.float32))) == float(f(np.arange(50.0)))
@@ -2284,13 +2286,14 @@ def test_an_axis_made_static_for_a_size_needed_as_a_value_is_said_at_its_second_
         return jnp.asarray(np.arange(x.shape[0]) ** 2) * x
 
     g = pm.jit(sq, tiered=False)
-    with warnings.catch_warnings():  # 3 and 5 share bucket 8 (traced per size in it), 40
-        warnings.simplefilter("error")  # is past 2 x max_cases: static at its first size
-        outs = [g(np.ones(n, np.float32)) for n in (3, 5, 40)]
+    with warnings.catch_warnings():  # bucket 8 is a case per size (one program would
+        warnings.simplefilter("error")  # hold 9 copies): static at its first size
+        outs = [g(np.ones(n, np.float32)) for n in (3, 3)]
     with pytest.warns(pm.FallbackWarning, match=r"needs the size of args\[0\]\.shape\[0\] as a "
                                                 r"Python value, so that axis is static"):
-        outs.append(g(np.ones(41, np.float32)))
-    for n, out in zip((3, 5, 40, 41), outs):
+        outs.append(g(np.ones(5, np.float32)))
+    outs += [g(np.ones(n, np.float32)) for n in (40, 41)]
+    for n, out in zip((3, 3, 5, 40, 41), outs):
         np.testing.assert_array_equal(out, sq(jnp.ones(n)))
     assert list(g.fallbacks()) == ["args[0].shape[0] (static)"]
     strict = pm.jit(sq, tiered=False, fallback=False)

@@ -254,10 +254,13 @@ def test_python_int_sizes_traced_per_size_up_to_twice_max_cases():
 
 
 def test_polymask_jit_and_ragged_map_trace_python_int_sizes_per_size():
-    """len(x) under polymask.jit: every size of a pow2 bucket up to 32 works by
-    default; max_cases= raises the limit for polymask.jit and ragged_map too."""
+    """len(x) under polymask.jit: every size of a pow2 bucket up to 32 is traced
+    (by default each runs per exact shape: test_fallback.py::
+    test_a_bucket_whose_every_size_is_a_case_runs_per_exact_shape; a max_cases
+    given keeps them in one program); max_cases= raises the limit for
+    polymask.jit and ragged_map too."""
     mean = lambda x: x.sum() / len(x)
-    f = pm.jit(mean, "n")
+    f = pm.jit(mean, "n", max_cases=16)
     for n in (1, 16, 17, 32):
         np.testing.assert_allclose(f(np.arange(n, dtype=np.float32)), (n - 1) / 2)
     # past the limit: bucket 64 runs per exact shape, as jax.jit (warned, counted)

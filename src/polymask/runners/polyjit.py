@@ -57,7 +57,7 @@ from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype, native_byte_order
 from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
-from ..tracing.cases.tree import needs_a_size_as_value, per_size_reason
+from ..tracing.cases.tree import needs_a_size_as_value
 from ..tracing.prologue import raise_run_failure
 from ..tracing.trace_warnings import say_case_warnings
 from .compiling import COMPILE_TICK, background_executor, compile_counter
@@ -107,6 +107,8 @@ def _needs_a_value(error: BaseException) -> bool:
     """Whether ``error`` is the function needing a size as a Python value
     (``np.arange(x.shape[0])``, ``int(n)``, ``if n > k``: ``TooManyCases``),
     not an axis meeting a fixed size (``x @ W``)."""
+    if isinstance(error, PerSizeBucket):
+        return True
     plain = plain_type_of(error)
     return isinstance(error, TooManyCases) and (
         (plain is not None and issubclass(plain, jax.errors.ConcretizationTypeError))
@@ -216,7 +218,7 @@ class _BucketUnshared(Exception):
 
 class _CaseReached(Exception):
     """The call's sizes reach an error case of ``entry`` (``error``), found
-    between its trace and its compile (``PolyJit._before_own_compile``)."""
+    between its trace and its compile (``PolyJit._case_reached_first``)."""
 
     def __init__(self, entry: Entry, error: ShapeError):
         super().__init__(str(error))
@@ -241,7 +243,7 @@ class PolyJit:
 
     def __init__(self, fun, in_specs=None, *, buckets=None, constraints=(), cache_size=64,
                  numpy_outputs=False, tiered=None, compiler_options=None,
-                 max_cases=DEFAULT_MAX_CASES, fallback=True, static_argnums=None,
+                 max_cases=None, fallback=True, static_argnums=None,
                  static_argnames=None):
         # (a runner of fun with static keyword arguments bound: _bound_runner)
         self._options = dict(buckets=buckets, constraints=constraints, cache_size=cache_size,
@@ -261,7 +263,11 @@ class PolyJit:
         if self.static_args is not None:
             self.in_specs = self.static_args.specs(self.in_specs)
         self.constraints = as_constraints(constraints)
-        self.max_cases = int_arg(max_cases, "max_cases", 0)  # (4.0: never truncated)
+        # a bucket of per-size cases runs per exact shape, unless the user asked
+        # for them in one program (max_cases given, or no fallback)
+        self._per_size_per_shape = bool(fallback) and max_cases is None
+        self.max_cases = int_arg(DEFAULT_MAX_CASES if max_cases is None else max_cases,
+                                 "max_cases", 0)  # (4.0: never truncated)
         self.compiler_options = checked_compiler_options(compiler_options)
         self.numpy_outputs = numpy_outputs
         policy_for = policy_getter(buckets)
@@ -314,8 +320,9 @@ class PolyJit:
     @property
     def per_size_buckets_per_shape(self) -> bool:
         """Whether a bucket whose every size is a case of its own runs per exact
-        shape (``cases.tree.per_size_reason``; the fallback on), as explain says."""
-        return self._fallback is not None
+        shape (``cases.tree.per_size_reason``; the fallback on, ``max_cases``
+        not given), as explain says."""
+        return self._per_size_per_shape
 
     # -- call infos ----------------------------------------------------------------
     def _info(self, args, tree, key, fast: bool) -> _CallInfo:
@@ -794,9 +801,12 @@ class PolyJit:
     def _fall_back(self, info: _CallInfo, args, error: Exception):
         """The bucket of ``info`` cannot share a program (its trace failed now,
         or before: ``_BucketUnshared``): record why, and run per exact shape."""
-        if isinstance(error, _BucketUnshared):
-            info.unshared = str(error)
-            return self._exact_call(info, args)
+        if isinstance(error, _BucketUnshared):  # (said once: a background trace's too)
+            info.unshared = self._fallback.refused(bucket_text(info.plan.buckets),
+                                                   ShapeError(str(error)))
+            out = self._exact_call(info, args)
+            self._fallback.warn_pending()
+            return out
         info.unshared = refusal_text(error)
         try:
             out = self._exact_call(info, args, counted=True)  # _slow_call counted the failure
@@ -972,8 +982,11 @@ class PolyJit:
         return jax.tree_util.tree_unflatten(outputs.tree, outs)
 
     def _make(self, tree, plan, entry):
+        # (a bucket whose every size is a case of its own runs per exact shape:
+        # its trace raises PerSizeBucket, a failure the fallback takes)
         return build_inner(self.fun, entry, tree, plan, self.in_specs, self.constraints,
-                           max_cases=self.max_cases)
+                           max_cases=self.max_cases,
+                           per_size_per_shape=self._per_size_per_shape)
 
     def _slow_call(self, info: _CallInfo, leaves):
         """First call of a signature, an evicted program, or a tiered bucket still compiling."""
@@ -1031,28 +1044,23 @@ class PolyJit:
         out = None
         try:
             out = self.cache.compile_run(entry, make, self._flat(info, leaves),
-                                         self._before_own_compile(plan))
+                                         self._case_reached_first(plan))
         finally:  # a call that compiled its program, or failed to, is no cache hit
             if out is not None or entry.fn is None:
                 self._count_foreground_compile()
         return (entry, out) if out is not None else (entry, entry.fn(*self._flat(info, leaves)))
 
-    def _before_own_compile(self, plan: CallPlan):
+    def _case_reached_first(self, plan: CallPlan):
         """A ``before_compile`` check for the own bucket of a call of ``plan``:
         where the call's sizes reach an error case, its program is not
         compiled for this call (which raises, is planned again or runs plain
         ``jax.jit``: ``_reached_error_case``), but by the next call of a size
-        that runs in it. Where every size of the bucket is a case of its own
-        (``per_size_reason``), nothing is compiled: the bucket runs per exact
-        shape (``PerSizeBucket``, with the fallback on)."""
+        that runs in it."""
         def check(entry: Entry) -> None:
             try:
                 raise_case_error(entry, plan.var_names, plan.values)
             except ShapeError as e:
                 raise _CaseReached(entry, e) from None
-            reason = per_size_reason(entry.tree) if self._fallback is not None else None
-            if reason is not None:
-                raise PerSizeBucket(reason)
         return check
 
     def _case_planned_again(self, plan: CallPlan):
@@ -1060,17 +1068,13 @@ class PolyJit:
         ``plan``: where the call's own case is an error the runner plans
         around (an axis met a fixed size: ``CallPlans.may_adapt_to``), that
         error is raised before XLA compiles the bucket, which the call would
-        not use (flax's first ``apply`` compiled twice); and a bucket whose
-        every size is a case of its own (``per_size_reason``) covers nothing."""
+        not use (flax's first ``apply`` compiled twice)."""
         def check(entry: Entry) -> None:
             try:
                 raise_case_error(entry, plan.var_names, plan.values)
             except ShapeError as e:
                 if self.plans.may_adapt_to(plan, e):
                     raise
-            if self._fallback is not None and per_size_reason(entry.tree) is not None:
-                # (no covering bucket serves other sizes: covering turns off)
-                raise PerSizeBucket(per_size_reason(entry.tree))
         return check
 
     def _count_foreground_compile(self) -> None:
@@ -1097,6 +1101,8 @@ class PolyJit:
         while True:
             try:
                 self._compile_ahead(args, "precompiles")
+                return self
+            except PerSizeBucket:  # its calls compile per exact shape: nothing ahead
                 return self
             except Exception as e:
                 # an axis met a fixed size (x @ W): planned static, as a call would
@@ -1133,7 +1139,7 @@ class PolyJit:
 
 def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints: Sequence[str] = (),
         cache_size: int = 64, numpy_outputs: bool = False, tiered: bool | None = None,
-        compiler_options: dict | None = None, max_cases: int = DEFAULT_MAX_CASES,
+        compiler_options: dict | None = None, max_cases: int | None = None,
         fallback: bool = True, static_argnums: int | Sequence[int] | None = None,
         static_argnames: str | Sequence[str] | None = None,
         donate_argnums: int | Sequence[int] | None = None,
@@ -1203,7 +1209,11 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         ``jax.jit``/``grad``) compile in the caller's program.
       max_cases: as for ``polymask.mask``: the most split cases per bucket
         signature; code that needs a size as a Python int is traced once per
-        size up to a bucket of ``2 * max_cases`` (32 by default).
+        size up to a bucket of ``2 * max_cases`` (None: 16, so 32). By default a
+        bucket of more than 4 such sizes runs per exact shape (one program
+        would hold a copy of the function per size, compiled at its first
+        call, and run no faster); a ``max_cases`` given asks for that one
+        program (and ``fallback=False`` keeps it).
       fallback: where a bucket's masked trace fails (a size needed as a Python
         value past that limit, a primitive without a masking rule, sizes JAX
         cannot prove equal), run its sizes per exact shape under plain

@@ -17,12 +17,13 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import specs_of_passed
 from ..core.diagnostics import at_call_site, dim_vars_named, user_call_site
-from ..core.errors import ShapeError, UnsupportedError
+from ..core.errors import ShapeError, TooManyCases
 from ..core.masked import Masked
 from ..core.plan import CallPlan, plan_call, structure_key
 from ..core.trace_state import mapped_per_example
 from ..tracing.cases.dispatch import host_error
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
+from ..tracing.cases.tree import per_size_reason
 from ..tracing.transform import mask
 from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners
 from .fallback import bucket_text
@@ -130,9 +131,11 @@ def reaches_untraced_case(entry: Entry, var_names, values) -> bool:
         entry, var_names, values)
 
 
-class PerSizeBucket(UnsupportedError):
+class PerSizeBucket(TooManyCases):
     """Every size of a bucket is a case of its own (``cases.tree.per_size_reason``):
-    the runner runs it per exact shape instead of compiling one program."""
+    the runner runs it per exact shape instead of compiling one program (or,
+    naming the dim vars itself, makes the axes of ``fixed_size_vars``, whose
+    sizes the function needs as Python values, static)."""
 
 
 def fallback_where(entry: Entry | None, var_names, values, bucket: dict) -> str:
@@ -151,15 +154,17 @@ def fallback_where(entry: Entry | None, var_names, values, bucket: dict) -> str:
 
 
 def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
-                n_bcast=0, bcast_tree=None, n_bcast_leaves=0, max_cases=DEFAULT_MAX_CASES):
+                n_bcast=0, bcast_tree=None, n_bcast_leaves=0, max_cases=DEFAULT_MAX_CASES,
+                per_size_per_shape: bool = False):
     """The traced function of ``entry`` (see ``build_inner_and_cases``)."""
     return build_inner_and_cases(fun, entry, in_tree, plan, in_specs, constraints, n_bcast,
-                                 bcast_tree, n_bcast_leaves, max_cases=max_cases)[0]
+                                 bcast_tree, n_bcast_leaves, max_cases=max_cases,
+                                 per_size_per_shape=per_size_per_shape)[0]
 
 
 def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,
                           n_bcast=0, bcast_tree=None, n_bcast_leaves=0, row_guard=False,
-                          max_cases=DEFAULT_MAX_CASES):
+                          max_cases=DEFAULT_MAX_CASES, per_size_per_shape: bool = False):
     """The traced function: rebuild ``Masked`` inputs from a size vector, run ``mask(fun)``.
 
     Its arguments are the broadcast leaves, the static leaves, the padded
@@ -172,6 +177,9 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
     row of a batch (no host callback or run-time check acts there,
     ``MaskedFunction.call_guarded``), and a ``pure_callback`` without a
     ``vmap_method`` is called per example (``rules.callbacks``).
+    ``per_size_per_shape`` (``polymask.jit`` with its fallback): a case tree
+    whose every size is a case of its own (``per_size_reason``) raises
+    ``PerSizeBucket`` once traced, so the bucket runs per exact shape.
 
     Returns ``(inner, case_tree)``: ``case_tree(*flat_in)`` traces only the
     cases (the same ``mask``, so ``inner``'s trace reuses them), fills in the
@@ -214,6 +222,9 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
         tree, _ = masked.cases(*args)  # the tracer's symbolic output shapes
         entry.outputs = output_plan(tree.base, tree.single)
         entry.tree = tree
+        if per_size_per_shape and per_size_reason(tree) is not None:
+            raise PerSizeBucket(per_size_reason(tree), fixed_size_vars=tuple(dict.fromkeys(
+                v for _, _, names in tree.per_size_at for v in names)))
         return tree
 
     def inner(*flat_in):

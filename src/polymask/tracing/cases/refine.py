@@ -244,7 +244,8 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
             continue
         if node is not None:
             _replace(tree, case, node)
-            tree.per_size_at.append(case.where)
+            tree.per_size_at.append((case.where, case.error.splitlines()[0],
+                                     tuple(base.var_order[j] for j in pinned)))
             changed = True
     if changed:
         tree.cases = _leaves_in_order(tree.root)

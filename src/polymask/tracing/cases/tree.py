@@ -101,8 +101,10 @@ class CaseTree:
     out_tree: Any = None
     out_bounds: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     max_cases: int = 16  # mask(..., max_cases=): the limit its errors name
-    # where a symbolic trace failed and its sizes were traced one by one (refine.py)
-    per_size_at: list[str] = dataclasses.field(default_factory=list, compare=False)
+    # where a symbolic trace failed and its sizes were traced one by one (refine.py):
+    # (the user's line, the failure's first line, the dim vars pinned there)
+    per_size_at: list[tuple[str, str, tuple[str, ...]]] = dataclasses.field(
+        default_factory=list, compare=False)
     # tracing/eager.py's state for eager jax.vmap calls that switch between cases
     eager_states: dict = dataclasses.field(default_factory=dict, init=False, repr=False,
                                            compare=False)
@@ -553,12 +555,18 @@ def _leave_out_differing(tree: CaseTree, kept: Case, c: Case) -> None:
         f"for {tree.case_sizes(kept)}", "for other sizes") + note, split.where, True
 
 
+# per-size cases that still make one program: its compile costs at most about
+# as many compiles of one size (a jnp.cov row count of 1 or 2; a bucket of 4)
+PER_SIZE_SHARED_MAX = 4
+
+
 def per_size_reason(tree: CaseTree) -> str | None:
     """Why a bucket's case tree shares no program across sizes (None: it does).
 
     Where the function needs a size as a Python value (``range(n)``,
     ``int(x.shape[0])``), ``mask`` traces it once per size (``tree.per_size_at``;
-    here every live case is one size combination): one program then holds a copy of the function per size,
+    here every live case is one size combination, more than
+    ``PER_SIZE_SHARED_MAX`` of them): one program then holds a copy of the function per size,
     which XLA compiles all at the first call (seconds where ``jax.jit``
     compiles the one shape called), and which is never cheaper per call. A
     runner that sees exact shapes compiles per exact shape instead, as
@@ -567,10 +575,10 @@ def per_size_reason(tree: CaseTree) -> str | None:
     if tree is None or tree.single or not tree.per_size_at:
         return None
     live = [c for c in tree.cases if c.program is not None and c.reachable]
-    if len(live) < 2 or not all(c.reached_by is not None and len(c.reached_by) == 1
-                                for c in live):
+    if len(live) <= PER_SIZE_SHARED_MAX or not all(
+            c.reached_by is not None and len(c.reached_by) == 1 for c in live):
         return None
-    where = "; ".join(dict.fromkeys(tree.per_size_at))
+    where = "; ".join(dict.fromkeys(f"{at} ({why})" for at, why, _ in tree.per_size_at))
     return (f"every size is a case of its own (the function needs the size as a Python value "
             f"at {where}), so a shared program would hold {len(live)} copies of the function, "
             "one per size, compiled together at the first call; each exact shape compiles "
