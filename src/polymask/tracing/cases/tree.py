@@ -531,28 +531,31 @@ def _output_signature(prog: MaskedProgram) -> tuple:
 def _leave_out_differing(tree: CaseTree, kept: Case, c: Case) -> None:
     """Case ``c``, whose outputs differ from ``kept``'s, becomes an error case
     (``Case.differs``); raise where a data-dependent count separates them."""
-    ref, p = kept.program, c.program
-    if p.out_tree != ref.out_tree:
-        what = (f"different output structures: {_short(ref.out_tree)} for "
-                f"{tree.case_sizes(kept)} and {_short(p.out_tree)} for {tree.case_sizes(c)}")
-        note = _static_data_note(ref.out_tree, p.out_tree)
-        same = "; every case must return the same pytree" + note
-    else:
-        i, (v, b, w, d) = next(
-            (i, t) for i, t in enumerate(zip(p.closed_jaxpr.jaxpr.outvars, p.out_bounds(),
-                                             ref.closed_jaxpr.jaxpr.outvars, ref.out_bounds()))
-            if t[0].aval.dtype != t[2].aval.dtype or len(t[1]) != len(t[3]))
-        what = (f"different outputs: output {i} is {v.aval.dtype}[rank {len(b)}] for "
-                f"{tree.case_sizes(c)} but {w.aval.dtype}[rank {len(d)}] for "
-                f"{tree.case_sizes(kept)}")
-        note = same = ""
     split = _separating_split(tree, kept, c)
     if split is None or split.on_count:
+        what, note = _how_outputs_differ(tree, kept, c, tree.case_sizes(kept))
+        same = "; every case must return the same pytree" + note if note is not None else ""
         raise _differing_outputs(tree, kept, c,
                                  f"the cases of a size comparison return {what}{same}")
+    what, note = _how_outputs_differ(tree, kept, c, "other sizes")
     c.program, c.pinned, c.plain, c.error_type, c.fixed_size_vars = None, False, False, None, ()
-    c.error, c.where, c.differs = f"the function returns {what}".replace(
-        f"for {tree.case_sizes(kept)}", "for other sizes") + note, split.where, True
+    c.error, c.where, c.differs = f"the function returns {what}{note or ''}", split.where, True
+
+
+def _how_outputs_differ(tree: CaseTree, kept: Case, c: Case, kept_sizes: str):
+    """``(what, note)``: how ``c``'s outputs differ from ``kept``'s (described as
+    ``kept_sizes``); ``note`` is None where the structures are the same."""
+    ref, p = kept.program, c.program
+    if p.out_tree != ref.out_tree:
+        return (f"different output structures: {_short(ref.out_tree)} for {kept_sizes} and "
+                f"{_short(p.out_tree)} for {tree.case_sizes(c)}",
+                _static_data_note(ref.out_tree, p.out_tree))
+    i, (v, b, w, d) = next(
+        (i, t) for i, t in enumerate(zip(p.closed_jaxpr.jaxpr.outvars, p.out_bounds(),
+                                         ref.closed_jaxpr.jaxpr.outvars, ref.out_bounds()))
+        if t[0].aval.dtype != t[2].aval.dtype or len(t[1]) != len(t[3]))
+    return (f"different outputs: output {i} is {v.aval.dtype}[rank {len(b)}] for "
+            f"{tree.case_sizes(c)} but {w.aval.dtype}[rank {len(d)}] for {kept_sizes}", None)
 
 
 # per-size cases that still make one program: its compile costs at most about
