@@ -569,3 +569,19 @@ def test_case_conditions_read_without_leading_minus_signs(internal, shown):
     from polymask.core.dimvars import pretty_condition
 
     assert pretty_condition(internal, {"n": ("n__p1", 1)}) == shown
+
+
+def test_explain_of_a_packed_value_and_grad_explains_its_packed_layout():
+    """value_and_grad(layout="packed") runs the packed layout, but explain
+    showed the padded program by default, and its packed text named
+    ragged_map (new-user check)."""
+    def loss(w, x):
+        return jnp.mean(jnp.tanh(x @ w) ** 2)
+
+    vg = pm.value_and_grad(loss, (None, "n, 4"), layout="packed")
+    w, x = jnp.ones((4, 2)), np.ones((5, 4), np.float32)
+    text = str(pm.explain(vg, w, x, print_output=False))
+    assert text.startswith("polymask.explain: loss, packed layout")
+    assert "value_and_grad's row_size" in text and "ragged_map" not in text
+    padded = str(pm.explain(vg, w, x, layout="padded", print_output=False))
+    assert "packed layout" not in padded and "masked program" in padded

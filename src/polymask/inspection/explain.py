@@ -390,10 +390,11 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
       **kwargs: for a ``polymask.jit`` runner, a call's keyword arguments
         (static ones without a position, ``train=False`` of flax's ``apply``,
         explain the runner they bind, as a call does).
-      layout: ``"padded"`` (default, except for a ``ragged_map`` made with
-        ``layout="packed"``, explained with its row size: the masked
-        program below) or
-        ``"packed"``: how ``ragged_map`` would run ``fun`` in the packed layout
+      layout: ``"padded"`` (default, except for a ``ragged_map`` or
+        ``value_and_grad`` made with ``layout="packed"``; a ragged_map's is
+        explained with its row size: the masked program below) or
+        ``"packed"``: how ``ragged_map`` (``value_and_grad``) would run ``fun``
+        in the packed layout
         (``inspection/packed.py``): whether it can and why not (the primitive,
         the case, the user's line), the row size (the ragged axis's padded
         size in ``args``), and per equation its packed rule or that it was
@@ -438,9 +439,9 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
         if in_specs is not None and not is_spec_tree(in_specs):
             args, in_specs = (in_specs, *args), None
         fun, args = fun.explained_runner(args, kwargs)
-    if layout is None:  # a packed ragged_map runs the packed layout: explain that
-        layout = ("packed" if getattr(fun, "layout", None) == "packed" and
-                  hasattr(fun, "row_size") else "padded")
+    if layout is None:  # a runner made with layout="packed" runs it: explain that
+        layout = ("packed" if _is_runner(fun) and getattr(fun, "layout", None) == "packed"
+                  else "padded")
     if layout not in ("padded", "packed"):
         raise ValueError(f"layout must be 'padded' or 'packed', got {layout!r}")
     if layout == "packed" and hasattr(fun, "row_size") and hasattr(fun, "explain"):
@@ -475,7 +476,8 @@ def explain(fun, in_specs=None, *args, constraints=(), dtype=jnp.float32, file=N
     if layout == "packed":
         plain = jax.tree_util.tree_map(lambda v: v.data if is_masked(v) else v, absargs,
                                        is_leaf=is_masked)
-        result = explain_packed(fun, in_specs, plain, constraints)
+        result = explain_packed(fun, in_specs, plain, constraints,
+                                runner=_runner_name(runner))
         if print_output:
             print(result, file=file)
         return result
@@ -560,6 +562,12 @@ def _packed_ragged_map(rm, in_specs, args, dtype, print_output: bool, file):
                  for a in args)
     split = len(args) - n_example
     return rm.explain(tuple(args[split:]), *args[:split], print_output=print_output, file=file)
+
+
+def _runner_name(runner) -> str:
+    """How the packed explanation names the runner (duck-typed: runners are a
+    later layer): ``value_and_grad``'s objects hold ``argnums``."""
+    return "value_and_grad" if hasattr(runner, "argnums") else "ragged_map"
 
 
 def _is_runner(fun) -> bool:

@@ -72,13 +72,16 @@ def _qualname(how: str) -> str:
 
 
 def explain_packed(fun, in_specs, absargs, constraints=(), segments_per_row=None,
-                   max_cases: int = DEFAULT_MAX_CASES) -> PackedExplanation:
+                   max_cases: int = DEFAULT_MAX_CASES,
+                   runner: str = "ragged_map") -> PackedExplanation:
     """The packed layout's view of ``fun`` at ``absargs`` (``ShapeDtypeStruct``s
     whose ragged axes have the row size). Leading arguments whose spec is None
     are shared (``ragged_map``'s broadcast arguments); later ones without a
     dim var have one value per example.
 
     A ``PackedUnsupported`` is not raised but returned as ``.reason``.
+    ``runner``: ``"ragged_map"`` or ``"value_and_grad"``, whose packed
+    layout the text describes.
 
     Raises:
       ShapeError, UnsupportedError: as ``mask`` does for bad specs or
@@ -122,7 +125,7 @@ def explain_packed(fun, in_specs, absargs, constraints=(), segments_per_row=None
     runs = reason is None
     gap = prog.gap if reason is None else 0
     text = _render(fun, R, S, runs, reason, padded_sizes, rows, gap,
-                   sizes_text([{prog.var: n} for n in raising]) if raising else "")
+                   sizes_text([{prog.var: n} for n in raising]) if raising else "", runner)
     return PackedExplanation(text, rows, runs, reason, padded_sizes, raising)
 
 
@@ -137,14 +140,16 @@ def _user_lines(rows: list[PackedRow]) -> None:
             known = r.source
 
 
-def _render(fun, R, S, runs, reason, padded_sizes, rows, gap=0, raising="") -> str:
+def _render(fun, R, S, runs, reason, padded_sizes, rows, gap=0, raising="",
+            runner="ragged_map") -> str:
     name = getattr(fun, "__name__", repr(fun))
     out = [f"polymask.explain: {name}, packed layout"]
     if runs:
         out.append(f"can run packed: rows of {R} positions (the ragged axis's padded size "
-                   f"in the example arguments: ragged_map's row_size), up to {S} examples per "
-                   "row; ragged_map(layout='auto') packs when its cost model says packing "
-                   "computes less than length buckets for the batch at hand")
+                   f"in the example arguments: {runner}'s row_size), up to {S} examples per "
+                   "row" + ("; ragged_map(layout='auto') packs when its cost model says "
+                            "packing computes less than length buckets for the batch at hand"
+                            if runner == "ragged_map" else ""))
         if gap:
             out.append(f"each example is followed by {gap} free positions (sizes n + c with "
                        "c > 0, or windows reaching past an example's ends), so a row holds "
@@ -157,7 +162,9 @@ def _render(fun, R, S, runs, reason, padded_sizes, rows, gap=0, raising="") -> s
                        "in either layout): " + raising)
     else:
         out.append("cannot run packed (ragged_map(layout='auto') runs it in the padded "
-                   "layout; layout='packed' raises PackedUnsupported):")
+                   "layout; layout='packed' raises PackedUnsupported):" if runner == "ragged_map"
+                   else f"cannot run packed ({runner}(layout='packed') raises "
+                   "PackedUnsupported; layout='padded' runs it):")
         out.extend("  " + line for line in reason.splitlines())
     if not rows:
         return "\n".join(out)
