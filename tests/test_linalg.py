@@ -280,6 +280,12 @@ def test_svd_vectors_of_a_one_by_one_matrix_carry_its_sign_in_u(dtype):
     if dtype == np.float32:  # (complex: grad of a complex output's phase is not real)
         check_oracle(jnp.linalg.svd, ex[:2], [(4, 4)], "n, n", modes=("grad",),
                      static_sizes=False, **TOL)
+    # a NaN: plain JAX's NaN (not a sign of 1); an inf: NaN everywhere (limitations.md)
+    nan = pm.mask(jnp.linalg.svd, "n, n")(pm.pad(np.array([[np.nan]], dtype), (4, 4)))
+    for out, want in zip(nan, jnp.linalg.svd(np.array([[np.nan]], dtype))):
+        np.testing.assert_array_equal(out.unpad(), want)
+    inf = pm.mask(jnp.linalg.svd, "n, n")(pm.pad(np.array([[np.inf]], dtype), (4, 4)))
+    assert all(np.isnan(np.asarray(o.unpad())).all() for o in inf)
 
 
 def test_svd_values():

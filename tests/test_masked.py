@@ -296,3 +296,9 @@ def test_a_numpy_size_past_int32_raises_instead_of_wrapping_under_jit(size):
         jax.jit(f)(pm.Masked(x, (size,)))
     # in range, an int64 size is taken as any other
     assert float(jax.jit(f)(pm.Masked(np.arange(8, dtype=np.float32), (np.int64(3),))).data) == 3.0
+    # a size put in by a tree map (tree_unflatten: no __init__) is checked too
+    ok = pm.Masked(x, (np.tile(np.int64(3), np.shape(size)) if np.ndim(size) else np.int64(3),))
+    rebuilt = jax.tree.map(lambda leaf: size if np.ndim(leaf) == np.ndim(size)
+                           and leaf.dtype == np.int64 else leaf, ok)
+    with pytest.raises(pm.ShapeError, match="does not fit int32"):
+        jax.jit(f)(rebuilt)

@@ -217,3 +217,28 @@ def test_runners_run_only_the_sizes_whose_output_rank_differs_per_shape():
     for got, x in zip(outs, xs):
         assert got.shape == _critic(x).shape
         np.testing.assert_allclose(got, _critic(x), rtol=1e-6)
+
+
+def test_a_size_whose_output_rank_differs_stays_per_shape_after_its_bucket_compiles():
+    """Tiered (the default): the first n = 1 call ran in the covering bucket,
+    took its error case to plain jax.jit, but was not marked: once its own
+    bucket had compiled in the background, n = 1 ran in it and returned the
+    other sizes' rank with size 0 (``[]`` for 2.0; helper C). Such sizes are
+    per shape now, and their own bucket is not compiled for them."""
+    f = lambda x: (x * 2.0).squeeze()
+    runner = pm.jit(f, "n", tiered=True)
+    with pytest.warns(pm.FallbackWarning, match=r"n in \{1\}"):
+        assert runner(np.ones(1, np.float32)).shape == ()
+    runner.wait()
+    for n in (1, 3, 1, 5, 1):
+        got = runner(np.ones(n, np.float32))
+        runner.wait()
+        assert got.shape == f(np.ones(n, np.float32)).shape
+        np.testing.assert_array_equal(got, f(np.ones(n, np.float32)))
+    # a per-size bucket's background compile is no failure: wait() returns
+    mode = pm.jit(lambda x: jax.scipy.stats.mode(x), "n", tiered=True)
+    with pytest.warns(pm.FallbackWarning):
+        for n in (0, 3):
+            np.testing.assert_array_equal(mode(np.ones(n, np.float32)).count,
+                                          jax.scipy.stats.mode(np.ones(n, np.float32)).count)
+        mode.wait()

@@ -324,6 +324,8 @@ class Masked:
         dyn = getattr(self, "_size_leaves", None)
         if dyn is None:
             dyn = tuple(i for i, s in enumerate(self.shape) if not _is_static(s))
+        else:  # (rebuilt by tree_unflatten / tree.map: __init__'s check did not run)
+            _check_fits_int32(self.shape, np.shape(self.data))
         children = (self.data,) + tuple(self.shape[i] for i in dyn)
         static = tuple(None if i in dyn else s for i, s in enumerate(self.shape))
         return children, static

@@ -391,14 +391,15 @@ def _as_one_by_one(xc, n, s, u, vt):
     """A 1 x 1 logical matrix ``[[a]]`` as LAPACK factors one: ``s = |a|``, ``u =
     a / |a|`` (real: ``copysign(1, a)``; ``a = 0``: 1), ``vt = 1`` (its bidiagonal
     SVD of order 1 puts the sign in ``U``). In the padded matrix the block
-    is part of a larger bidiagonal, which put the sign in ``vt`` instead."""
+    is part of a larger bidiagonal, which put the sign in ``vt`` instead. A
+    NaN or inf keeps the padded result (NaN, as plain JAX's)."""
     a = xc[..., 0, 0]
     if jnp.iscomplexobj(a):
         mag = jnp.abs(a)
         ua = jnp.where(mag == 0, jnp.ones_like(a), a / jnp.where(mag == 0, 1, mag))
     else:
         ua = jnp.copysign(jnp.ones_like(a), a)
-    one = n == 1
+    one = (n == 1) & jnp.isfinite(a)
     return (jnp.where(one, s.at[..., 0].set(jnp.abs(a).astype(s.dtype)), s),
             jnp.where(one, u.at[..., 0, 0].set(ua.astype(u.dtype)), u),
             jnp.where(one, vt.at[..., 0, 0].set(jnp.ones_like(ua).astype(vt.dtype)), vt))

@@ -87,6 +87,7 @@ from .programs import (
     fallback_where,
     finish_stats,
     raise_case_error,
+    reaches_error_case,
     reaches_untraced_case,
     specs_of_plan,
 )
@@ -782,8 +783,8 @@ class PolyJit:
         A case polymask could not trace symbolically (``np.arange(n)`` past the
         per-size limit) is its own limit; a case traced at these sizes that
         plain JAX runs is a polymask bug, warned as one. Served by a covering
-        bucket (tiered), the shape is not marked: it runs in its own bucket
-        once compiled."""
+        bucket (tiered) that could not trace these sizes, the shape is not
+        marked: it runs in its own bucket once compiled."""
         out = self._fallback.call(info.shape_key, args)
         bug = entry is None or case_error_is_plain(entry, info.plan.var_names, info.plan.values)
         reason = (ShapeError("the masked trace takes these sizes to an error case, but plain "
@@ -794,7 +795,10 @@ class PolyJit:
                                                          (entry or info.plan).buckets), reason,
                                           self._given_names(info.plan))
         self._fallback.warn_pending()
-        if entry is None or entry is info.entry:  # its own bucket: these shapes run per shape
+        # its own bucket, or an error its own bucket has too (outputs that differ at
+        # these sizes; not the covering bucket's per-size limit): these shapes run per shape
+        if entry is None or entry is info.entry or not reaches_untraced_case(
+                entry, info.plan.var_names, info.plan.values):
             info.unshared = unshared
         return self._user_outputs(out)
 
@@ -1024,7 +1028,10 @@ class PolyJit:
                 # the call running per exact shape (more compiles than jax.jit)
                 cover = None
             elif cover is not None:
-                if entry.unshared is None:
+                # (sizes of an error case run plain, in their own bucket too: it waits
+                # for a call of another size rather than compiling for none)
+                if entry.unshared is None and not reaches_error_case(
+                        cover, plan.var_names, plan.values):
                     tiering.compile_in_background(info.key, entry, make,
                                                   lambda: self._flat(info, leaves), info.covered)
                 info.covered = True
@@ -1102,7 +1109,14 @@ class PolyJit:
             try:
                 self._compile_ahead(args, "precompiles")
                 return self
-            except PerSizeBucket:  # its calls compile per exact shape: nothing ahead
+            except PerSizeBucket as e:
+                plan, _, tree = self.plans.plan(args)
+                if self._adapt(plan, e):  # (no in_specs: that axis static, as a call would)
+                    continue
+                # its calls compile per exact shape: nothing ahead, said now
+                self.cache.entry((tree, plan.signature), hit=False).unshared = refusal_text(e)
+                self._fallback.refused(bucket_text(plan.buckets), e, self._given_names(plan))
+                self._fallback.warn_pending()
                 return self
             except Exception as e:
                 # an axis met a fixed size (x @ W): planned static, as a call would
@@ -1212,7 +1226,7 @@ def jit(fun: Callable | None = None, in_specs=None, *, buckets=None, constraints
         size up to a bucket of ``2 * max_cases`` (None: 16, so 32). By default a
         bucket of more than 4 such sizes runs per exact shape (one program
         would hold a copy of the function per size, compiled at its first
-        call, and run no faster); a ``max_cases`` given asks for that one
+        call, and gain little per call); a ``max_cases`` given asks for that one
         program (and ``fallback=False`` keeps it).
       fallback: where a bucket's masked trace fails (a size needed as a Python
         value past that limit, a primitive without a masking rule, sizes JAX

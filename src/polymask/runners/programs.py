@@ -116,6 +116,12 @@ def case_error_is_plain(entry: Entry, var_names, values) -> bool:
     return all(c.pinned for c in reached if c.error is not None)
 
 
+def reaches_error_case(entry: Entry, var_names, values) -> bool:
+    """Whether these logical sizes reach an error case of ``entry``'s tree."""
+    return entry.tree is not None and host_error(
+        entry.tree, dict(zip(var_names, (int(v) for v in values)))) is not None
+
+
 def reaches_untraced_case(entry: Entry, var_names, values) -> bool:
     """Whether these sizes reach an error case of ``entry`` that polymask could
     not trace symbolically (not plain JAX's failure): a smaller bucket, traced

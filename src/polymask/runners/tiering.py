@@ -45,7 +45,7 @@ from ..core.plan import padded_shape
 from ..core.shapes import canonical_dtype
 from .fallback import refusal_text
 from .hostio import host_backend
-from .programs import Entry, ProgramCache
+from .programs import Entry, PerSizeBucket, ProgramCache
 
 __all__ = ["Tiering", "cover_key", "headroom_bytes", "HEADROOM_BYTES_CPU",
            "HEADROOM_BYTES_ACCELERATOR"]
@@ -230,6 +230,9 @@ class Tiering:
         def job():
             try:
                 return self.cache.precompile_entry(entry, make, flat, "background_compiles")
+            except PerSizeBucket as e:  # (its sizes run per exact shape: no failure)
+                entry.unshared = refusal_text(e)
+                return False
             except Exception as e:  # calls keep the cover; never retried
                 entry.unshared = refusal_text(e)
                 raise

@@ -63,10 +63,12 @@ _EXAMPLE_CONSTRAINT = "(for example constraints=['n >= 1'] where only n = 0 diff
 
 def _leaving_out(c: Case) -> str:
     """The constraint that leaves out the smallest sizes up to case ``c``'s, where
-    they are one dim var's (``constraints=['n >= 2']`` for ``n in {1}``)."""
+    they are one dim var's (``constraints=['n >= 2']`` for ``n in {1}``); else
+    the dim vars to constrain."""
     names = {k for values in (c.reached_by or ()) for k in values}
     if len(names) != 1:
-        return _EXAMPLE_CONSTRAINT
+        return f"(on {', '.join(sorted(names))}, excluding the sizes above)" if names else \
+            "(excluding the sizes above)"
     (name,) = names
     top = max(values[name] for values in c.reached_by)
     return (f"(constraints=['{name} >= {top + 1}'] leaves out "

@@ -244,7 +244,7 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
             continue
         if node is not None:
             _replace(tree, case, node)
-            tree.per_size_at.append((case.where, case.error.splitlines()[0],
+            tree.per_size_at.append((case.where, _what_failed(case.error),
                                      tuple(base.var_order[j] for j in pinned)))
             changed = True
     if changed:
@@ -253,6 +253,14 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
             c.index = i
         enumerate_sizes(tree)
     return changed
+
+
+def _what_failed(error: str) -> str:
+    """The line of an error case's text that says what failed (``'_DimExpr'
+    object cannot be interpreted as an integer``), not its heading (``JAX
+    cannot trace this with a symbolic size at ...:``)."""
+    lines = [ln.strip() for ln in error.splitlines() if ln.strip()]
+    return lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0]
 
 
 def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one, explore,

@@ -571,7 +571,7 @@ def per_size_reason(tree: CaseTree) -> str | None:
     here every live case is one size combination, more than
     ``PER_SIZE_SHARED_MAX`` of them): one program then holds a copy of the function per size,
     which XLA compiles all at the first call (seconds where ``jax.jit``
-    compiles the one shape called), and which is never cheaper per call. A
+    compiles the one shape called), and which gains little per call. A
     runner that sees exact shapes compiles per exact shape instead, as
     ``jax.jit``; ``mask`` under the caller's ``jax.jit`` keeps the one program.
     """
