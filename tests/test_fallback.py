@@ -1003,3 +1003,21 @@ def test_a_bucket_whose_every_size_is_a_case_runs_per_exact_shape():
         x = rng.normal(size=(n, 8)).astype(np.float32)
         np.testing.assert_allclose(shared(x), jax.jit(_unrolled)(x), rtol=1e-6)
     assert (shared.stats()["compiles"], shared.stats()["exact_compiles"]) == (2, 0)
+
+
+def test_a_per_size_bucket_is_not_traced_size_by_size_first():
+    """The first call of a bucket that runs per exact shape traced every size
+    of it (9 traces at a bucket of 8, 33 at 32) before going per shape, where
+    jax.jit traces the one shape called (helper C: 0.38 s against 0.07 s).
+    It stops at the failed symbolic trace now."""
+    traced = []
+
+    def f(x):
+        traced.append(x.shape[0])
+        return sum(x[i] * i for i in range(x.shape[0])) + jnp.zeros((), x.dtype)
+
+    runner = pm.jit(f, "n", tiered=False, buckets=pm.buckets.explicit([32]))
+    with pytest.warns(pm.FallbackWarning, match="every size is a case of its own"):
+        np.testing.assert_allclose(runner(_vec(20)), f(_vec(20)), rtol=1e-6)
+    # the symbolic attempt(s) and plain jax.jit's trace of the shape called
+    assert len(traced) <= 4, traced

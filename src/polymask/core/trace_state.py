@@ -18,6 +18,9 @@ context managers that open the scope of one masked trace or run:
 - ``cases_batched``: the switch between the cases of a case split is being
   traced with a batched index (``jax.vmap``): JAX will run every case on
   every example (``tracing/cases/dispatch.py``; read by ``rules/inlined.py``).
+- ``per_size_per_shape``: ``polymask.jit`` traces a bucket whose sizes it
+  would run per exact shape if each were a case of its own
+  (``cases.tree.PerSizeBucket``): the trace stops before tracing them one by one.
 - ``call_site``: the user's line of the masked call being run (its rules'
   run-time checks name it: ``RuleContext.require``);
 - ``tangent_operands``: while a primitive's own JVP rule runs masked, its
@@ -52,6 +55,7 @@ class TraceState(threading.local):
         self.masks: dict | None = None
         self.tangent_operands: dict[int, tuple[int, ...]] = {}
         self.cases_batched: bool = False
+        self.per_size_per_shape: bool = False
         self.call_site: str | None = None
 
 

@@ -17,13 +17,13 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import specs_of_passed
 from ..core.diagnostics import at_call_site, dim_vars_named, user_call_site
-from ..core.errors import ShapeError, TooManyCases
+from ..core.errors import ShapeError
 from ..core.masked import Masked
 from ..core.plan import CallPlan, plan_call, structure_key
-from ..core.trace_state import mapped_per_example
+from ..core.trace_state import mapped_per_example, replaced
 from ..tracing.cases.dispatch import host_error
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
-from ..tracing.cases.tree import per_size_reason
+from ..tracing.cases.tree import PerSizeBucket, per_size_reason
 from ..tracing.transform import mask
 from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners
 from .fallback import bucket_text
@@ -137,13 +137,6 @@ def reaches_untraced_case(entry: Entry, var_names, values) -> bool:
         entry, var_names, values)
 
 
-class PerSizeBucket(TooManyCases):
-    """Every size of a bucket is a case of its own (``cases.tree.per_size_reason``):
-    the runner runs it per exact shape instead of compiling one program (or,
-    naming the dim vars itself, makes the axes of ``fixed_size_vars``, whose
-    sizes the function needs as Python values, static)."""
-
-
 def fallback_where(entry: Entry | None, var_names, values, bucket: dict) -> str:
     """How ``.fallbacks()`` and its warning name the sizes of an error case that
     plain ``jax.jit`` runs: the bucket (``"n <= 8"``), or the case's own sizes
@@ -225,7 +218,8 @@ def build_inner_and_cases(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, 
     def note_cases(args):
         """Trace the cases (once per signature: ``mask`` caches them) and put the
         output plan and the decision tree on the entry."""
-        tree, _ = masked.cases(*args)  # the tracer's symbolic output shapes
+        with replaced("per_size_per_shape", per_size_per_shape):
+            tree, _ = masked.cases(*args)  # the tracer's symbolic output shapes
         entry.outputs = output_plan(tree.base, tree.single)
         entry.tree = tree
         if per_size_per_shape and per_size_reason(tree) is not None:

@@ -18,14 +18,17 @@ from ...core.diagnostics import user_line_of_exception
 from ...core.dimvars import sizes_text
 from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError, typed_as
 from .tree import (
+    PER_SIZE_SHARED_MAX,
     Case,
     CaseTree,
+    PerSizeBucket,
     Split,
     common_outputs,
     count_limited,
     enumerate_sizes,
     error_case,
     names_a_count,
+    per_size_text,
     plain_failure,
     spec_var_names,
 )
@@ -34,15 +37,19 @@ __all__ = ["per_size_limit", "per_size_remedy", "refine_errors", "trace_per_size
 
 
 def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
-                             max_cases: int, explore) -> CaseTree:
+                             max_cases: int, explore, per_shape: bool = False) -> CaseTree:
     """Every case failed: trace once per size (``refine_errors``) when the
     sizes are few, else raise the first error (``jnp.pad(mode="wrap")`` fails
-    symbolically at every size but works at each concrete one)."""
+    symbolically at every size but works at each concrete one). ``per_shape``:
+    the runner runs a bucket of one case per size per exact shape
+    (``_stop_where_a_runner_goes_per_shape``)."""
     signature = first.get("signature")
     refined = False  # some size was traced one by one (and failed there too)
     if signature is not None:
         tree = CaseTree(root, cases, signature.internal, signature, max_cases=max_cases)
         enumerate_sizes(tree)
+        if per_shape:
+            _stop_where_a_runner_goes_per_shape(tree, max_cases)
         if refine_errors(tree, trace_one, max_cases, explore):
             live = [c for c in tree.cases if c.program is not None and c.reachable]
             if live:
@@ -253,6 +260,30 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
             c.index = i
         enumerate_sizes(tree)
     return changed
+
+
+def _stop_where_a_runner_goes_per_shape(tree: CaseTree, max_cases: int) -> None:
+    """Every case failed symbolically and one dim var decides them: traced size
+    by size, each size would be a case of its own. Where the runner runs such
+    a bucket per exact shape (``trace_state().per_size_per_shape`` at the
+    trace's start), raise
+    ``PerSizeBucket`` now, before tracing every size of the bucket (a first
+    call then costs about jax.jit's one trace, not the bucket's).
+
+    Raises:
+      PerSizeBucket: as above, past ``PER_SIZE_SHARED_MAX`` sizes (and within
+        ``per_size_limit``: past it, the trace's own ``TooManyCases`` says more).
+    """
+    if len(tree.base.var_order) != 1:
+        return
+    failed = [c for c in tree.cases if c.error is not None and c.reachable]
+    if not failed or any(c.reached_by is None or c.one_size or c.plain or count_limited(c)
+                         for c in failed):
+        return
+    count = sum(len(c.reached_by) for c in failed)
+    if PER_SIZE_SHARED_MAX < count <= per_size_limit(max_cases):
+        raise PerSizeBucket(per_size_text([(c.where, _what_failed(c.error)) for c in failed],
+                                          count), fixed_size_vars=tuple(tree.base.var_order))
 
 
 def _what_failed(error: str) -> str:

@@ -31,6 +31,7 @@ from ...core.diagnostics import user_frame_of_exception
 from ...core.dimvars import display_text, pretty_condition
 from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError
 from ...core.shapes import SHIFT_SUFFIX
+from ...core.trace_state import replaced, trace_state
 from ..symbolic import CountCheck, MaskedProgram, flatten_args, trace
 from .refine import refine_errors, trace_per_size_or_raise
 from .tree import (
@@ -74,9 +75,13 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
         error); when the cases' outputs differ in structure, dtype or rank.
       UnsupportedError: as ``trace``.
     """
-    root, cases, first = explore_splits(trace_one, max_cases)
-    if "prog" not in first:
-        return trace_per_size_or_raise(root, cases, first, trace_one, max_cases, explore_splits)
+    # (a runner's request, for this trace only: not for a masked call inside it)
+    per_shape = trace_state().per_size_per_shape
+    with replaced("per_size_per_shape", False):
+        root, cases, first = explore_splits(trace_one, max_cases)
+        if "prog" not in first:
+            return trace_per_size_or_raise(root, cases, first, trace_one, max_cases,
+                                           explore_splits, per_shape)
     base = first["prog"]
     tree = CaseTree(root, cases, base.internal, base, max_cases=max_cases)
     if not tree.single:

@@ -16,13 +16,14 @@ import numpy as np
 from ... import _jax_compat as compat
 from ...core.diagnostics import SIZE_AS_CONSTANT, dim_vars_named, user_frame_of_exception
 from ...core.dimvars import describe_conditions, display_text, pretty_condition, sizes_text
-from ...core.errors import ShapeError, UnsupportedError
+from ...core.errors import ShapeError, TooManyCases, UnsupportedError
 from ...core.shapes import DimEnv, is_static
 from ..prologue import constraint_checks
 from ..symbolic import MaskedProgram
 
 __all__ = ["Case", "Split", "CaseTree", "enumerate_sizes", "common_outputs", "error_case",
-           "per_size_reason", "spec_var_names",
+           "per_size_reason", "per_size_text", "PerSizeBucket", "PER_SIZE_SHARED_MAX",
+           "spec_var_names",
            "plain_failure", "fails_in_plain_jax", "count_limited", "splits_under"]
 
 _ENUMERATE_LIMIT = 4096  # largest number of size combinations enumerated per tree
@@ -581,9 +582,24 @@ def per_size_reason(tree: CaseTree) -> str | None:
     if len(live) <= PER_SIZE_SHARED_MAX or not all(
             c.reached_by is not None and len(c.reached_by) == 1 for c in live):
         return None
-    where = "; ".join(dict.fromkeys(f"{at} ({why})" for at, why, _ in tree.per_size_at))
+    return per_size_text([(at, why) for at, why, _ in tree.per_size_at], len(live))
+
+
+def per_size_text(failures: list[tuple[str, str]], count: int) -> str:
+    """``per_size_reason``'s text: ``failures`` are ``(user line, what failed)``."""
+    where = "; ".join(dict.fromkeys(f"{at} ({why})" for at, why in failures))
     return (f"every size is a case of its own (the function needs the size as a Python value "
-            f"at {where}), so a shared program would hold {len(live)} copies of the function, "
+            f"at {where}), so a shared program would hold {count} copies of the function, "
             "one per size, compiled together at the first call; each exact shape compiles "
             "only its own instead (use the jnp / lax form there, e.g. jnp.arange(n) or "
             "lax.fori_loop for range(n), to share one program)")
+
+
+class PerSizeBucket(TooManyCases):
+    """Every size of a bucket is a case of its own (``per_size_reason``): a
+    runner runs it per exact shape instead of compiling one program (or,
+    naming the dim vars itself, makes the axes of ``fixed_size_vars``, whose
+    sizes the function needs as Python values, static). Raised while the
+    cases are traced where ``trace_state().per_size_per_shape`` says the
+    runner would (before each size is traced: ``refine.py``), else by the
+    runner once they are."""
