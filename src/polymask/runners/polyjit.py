@@ -807,7 +807,8 @@ class PolyJit:
         or before: ``_BucketUnshared``): record why, and run per exact shape."""
         if isinstance(error, _BucketUnshared):  # (said once: a background trace's too)
             info.unshared = self._fallback.refused(bucket_text(info.plan.buckets),
-                                                   ShapeError(str(error)))
+                                                   ShapeError(str(error)),
+                                                   self._given_names(info.plan))
             out = self._exact_call(info, args)
             self._fallback.warn_pending()
             return out
@@ -1057,7 +1058,8 @@ class PolyJit:
                 self._count_foreground_compile()
         return (entry, out) if out is not None else (entry, entry.fn(*self._flat(info, leaves)))
 
-    def _case_reached_first(self, plan: CallPlan):
+    @staticmethod
+    def _case_reached_first(plan: CallPlan):
         """A ``before_compile`` check for the own bucket of a call of ``plan``:
         where the call's sizes reach an error case, its program is not
         compiled for this call (which raises, is planned again or runs plain
