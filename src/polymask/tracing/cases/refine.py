@@ -277,8 +277,10 @@ def _stop_where_a_runner_goes_per_shape(tree: CaseTree, max_cases: int) -> None:
     if len(tree.base.var_order) != 1:
         return
     failed = [c for c in tree.cases if c.error is not None and c.reachable]
+    # (polymask's symbolic limit only: an error of the function's own, a
+    # RuntimeError or KeyError at every size, is traced per size to say so)
     if not failed or any(c.reached_by is None or c.one_size or c.plain or count_limited(c)
-                         for c in failed):
+                         or c.error_type is not None for c in failed):
         return
     count = sum(len(c.reached_by) for c in failed)
     if PER_SIZE_SHARED_MAX < count <= per_size_limit(max_cases):
