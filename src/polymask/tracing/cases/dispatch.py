@@ -41,8 +41,8 @@ def _pad_to(data, shape):
 def _error_message(tree: CaseTree, c: Case) -> str:
     if c.differs:  # plain JAX runs them, with outputs of another rank or structure
         what, _, note = c.error.partition("\n")
-        return (f"for these sizes ({_sizes_of(tree, c)}) {what} (the comparison at "
-                f"{c.where}){chr(10) + note if note else ''}"
+        return (f"for these sizes ({_sizes_of(tree, c)}) {what} (the sizes are told apart "
+                f"at {c.where}){chr(10) + note if note else ''}"
                 f"{ONE_OUTPUT_REMEDY.replace(_EXAMPLE_CONSTRAINT, _leaving_out(c))}")
     if c.one_size or c.plain:
         as_plain, remedy = plain_failure(c.error)

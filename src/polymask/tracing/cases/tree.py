@@ -569,7 +569,7 @@ def per_size_reason(tree: CaseTree) -> str | None:
 
     Where the function needs a size as a Python value (``range(n)``,
     ``int(x.shape[0])``), ``mask`` traces it once per size (``tree.per_size_at``;
-    here every live case is one size combination, more than
+    here every live case is one size of the dim vars needed, more than
     ``PER_SIZE_SHARED_MAX`` of them): one program then holds a copy of the function per size,
     which XLA compiles all at the first call (seconds where ``jax.jit``
     compiles the one shape called), and which gains little per call. A
@@ -579,8 +579,12 @@ def per_size_reason(tree: CaseTree) -> str | None:
     if tree is None or tree.single or not tree.per_size_at:
         return None
     live = [c for c in tree.cases if c.program is not None and c.reachable]
-    if len(live) <= PER_SIZE_SHARED_MAX or not all(
-            c.reached_by is not None and len(c.reached_by) == 1 for c in live):
+    # each live case one value of the dim vars the failures needed (the others,
+    # symbolic, may span many: a loop over n of (n, m) inputs)
+    pinned = sorted({v for _, _, names in tree.per_size_at for v in names})
+    if len(live) <= PER_SIZE_SHARED_MAX or not pinned or not all(
+            c.reached_by and len({tuple(a[v] for v in pinned) for a in c.reached_by}) == 1
+            for c in live):
         return None
     return per_size_text([(at, why) for at, why, _ in tree.per_size_at], len(live))
 
