@@ -973,8 +973,7 @@ def _unrolled(x):
 def test_a_bucket_whose_every_size_is_a_case_runs_per_exact_shape():
     """``mask`` traces such a function once per size into one program (up to
     2 x max_cases sizes). polymask.jit compiled that program, a copy of the
-    function per size, at a bucket's first call (0.84-0.91 s against 0.25-0.28
-    s per shape on 2 cores) and ran slower per call (78-96 us against 16 us):
+    function per size, at a bucket's first call (its speed: docs/runners.md):
     it runs such buckets per exact shape now, says why, and explain agrees.
     With fallback=False the one program is kept."""
     rng = np.random.default_rng(0)
@@ -1008,8 +1007,8 @@ def test_a_bucket_whose_every_size_is_a_case_runs_per_exact_shape():
 def test_a_per_size_bucket_is_not_traced_size_by_size_first():
     """The first call of a bucket that runs per exact shape traced every size
     of it (9 traces at a bucket of 8, 33 at 32) before going per shape, where
-    jax.jit traces the one shape called (helper C: 0.38 s against 0.07 s).
-    It stops at the failed symbolic trace now."""
+    jax.jit traces the one shape called. It stops at the failed symbolic
+    trace now (counted in traces, not time)."""
     traced = []
 
     def f(x):
@@ -1026,8 +1025,8 @@ def test_a_per_size_bucket_is_not_traced_size_by_size_first():
 def test_a_loop_over_one_of_two_sizes_shares_over_the_other():
     """range(x.shape[0]) over (n, m) inputs: each case of the trace is one n
     with m symbolic, so the rule for a bucket of per-size cases did not apply
-    and polymask.jit compiled a copy per n into one program (first pass over 9
-    lengths 8-9 s against jax.jit's 0.7-0.9 s: new-user check). Without specs
+    and polymask.jit compiled a copy per n into one program (new-user check).
+    Without specs
     n's axis is static now and m still shares; with specs "n, m" each shape
     compiles its own, as jax.jit."""
     def f(x):

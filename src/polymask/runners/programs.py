@@ -92,6 +92,17 @@ def at_call_site_error(e: ShapeError | str) -> ShapeError:
     return at_call_site(ShapeError(e) if isinstance(e, str) else e, user_call_site())
 
 
+def _sizes(var_names, values) -> dict[str, int]:
+    return dict(zip(var_names, (int(v) for v in values)))
+
+
+def _reached_cases(entry: Entry, var_names, values) -> list:
+    """The cases of ``entry``'s tree these logical sizes reach (past a split
+    on a count: every case the count may choose)."""
+    tree = entry.tree
+    return tree.reachable_cases(tree.base.internal_values(_sizes(var_names, values)))
+
+
 def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:
     """Raise ``ShapeError`` when these logical sizes reach an error case of the
     entry's decision tree (the plain function fails at them: top_k with k > n).
@@ -100,7 +111,7 @@ def raise_case_error(entry: Entry, var_names, values, prefix: str = "") -> None:
     """
     if entry.tree is None:
         return
-    error = host_error(entry.tree, dict(zip(var_names, (int(v) for v in values))), prefix)
+    error = host_error(entry.tree, _sizes(var_names, values), prefix)
     if error is not None:
         raise error
 
@@ -109,32 +120,25 @@ def case_error_is_plain(entry: Entry, var_names, values) -> bool:
     """Whether the error case these sizes reach is plain JAX's own failure (its
     case was traced at these sizes), not a case polymask could not trace with
     symbolic sizes (``np.arange(n)`` past the per-size limit)."""
-    tree = entry.tree
-    values = dict(zip(var_names, (int(v) for v in values)))
-    # (past a split on a count, the error cases the count may choose)
-    reached = tree.reachable_cases(tree.base.internal_values(values))
-    return all(c.pinned for c in reached if c.error is not None)
+    return all(c.pinned for c in _reached_cases(entry, var_names, values)
+               if c.error is not None)
 
 
 def reaches_error_case(entry: Entry, var_names, values) -> bool:
     """Whether these logical sizes reach an error case of ``entry``'s tree."""
     return entry.tree is not None and host_error(
-        entry.tree, dict(zip(var_names, (int(v) for v in values)))) is not None
+        entry.tree, _sizes(var_names, values)) is not None
 
 
 def reaches_untraced_case(entry: Entry, var_names, values) -> bool:
     """Whether these sizes reach an error case of ``entry`` that polymask could
     not trace symbolically (not plain JAX's failure): a smaller bucket, traced
     size by size under the per-size limit, may still share a program."""
-    if entry.tree is None:
+    if not reaches_error_case(entry, var_names, values):
         return False
-    sizes = dict(zip(var_names, (int(v) for v in values)))
-    if host_error(entry.tree, sizes) is None:
-        return False
-    tree = entry.tree  # (outputs of another rank are so in every bucket: Case.differs)
-    reached = tree.reachable_cases(tree.base.internal_values(sizes))
-    return not any(c.differs for c in reached) and not case_error_is_plain(
-        entry, var_names, values)
+    # (outputs of another rank are so in every bucket: Case.differs)
+    return not any(c.differs for c in _reached_cases(entry, var_names, values)) and \
+        not case_error_is_plain(entry, var_names, values)
 
 
 def fallback_where(entry: Entry | None, var_names, values, bucket: dict) -> str:
@@ -145,11 +149,8 @@ def fallback_where(entry: Entry | None, var_names, values, bucket: dict) -> str:
     where = bucket_text(bucket)
     if entry is None or entry.tree is None:
         return where
-    tree = entry.tree
-    sizes = dict(zip(var_names, (int(v) for v in values)))
-    reached = tree.reachable_cases(tree.base.internal_values(sizes))
-    differing = [c for c in reached if c.differs]
-    return f"{tree.case_sizes(differing[0])} (of {where})" if differing else where
+    differing = [c for c in _reached_cases(entry, var_names, values) if c.differs]
+    return f"{entry.tree.case_sizes(differing[0])} (of {where})" if differing else where
 
 
 def build_inner(fun, entry: Entry, in_tree, plan: CallPlan, in_specs, constraints,

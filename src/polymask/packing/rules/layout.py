@@ -50,10 +50,8 @@ def broadcast_in_dim_rule(ctx, x, *dyn, shape, broadcast_dimensions, sharding):
     out_shape = ctx.shape(ctx.out_avals[0])
     if isinstance(x, PerSegment) and not ctx.out_packed[0]:
         # a per-example value broadcast to a per-example value (jnp.repeat of
-        # x[0:1] along the ragged axis: the example's first row, twice)
-        S = x.data.shape[0]
-        return PerSegment(lax.broadcast_in_dim(
-            x.data, (S, *out_shape), (0, *(d + 1 for d in broadcast_dimensions))))
+        # x[0:1] along the ragged axis): per example (PackedContext.bind)
+        return ctx.bind(x)
     if isinstance(x, PerSegment):  # every packed axis of the result is new
         g = ctx.seg.to_positions(x.data)
         return broadcast_with_new_axis(g, ctx.out_packed[0][0], broadcast_dimensions, out_shape)
