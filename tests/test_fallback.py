@@ -1022,6 +1022,30 @@ def test_a_per_size_bucket_is_not_traced_size_by_size_first():
     assert len(traced) <= 4, traced
 
 
+@pytest.mark.parametrize("spec", [None, ("n, m", "m")])
+def test_a_per_size_bucket_of_two_sizes_is_not_traced_value_by_value_first(spec):
+    """A loop over n of (n, m) inputs: each case pins n and keeps m symbolic.
+    The first call traced every n of the bucket (36 traces at a bucket of 32)
+    before going per shape; it stops once the first pinned trace shows that
+    n alone is needed (counted in traces, not time)."""
+    traced = []
+
+    def f(x, y):
+        traced.append(x.shape)
+        return sum(jnp.sum(x[i] * y) for i in range(x.shape[0])) + jnp.zeros((), x.dtype)
+
+    runner = pm.jit(f, spec, tiered=False, buckets=pm.buckets.explicit([32]))
+    y = np.arange(4, dtype=np.float32)
+    with pytest.warns(pm.FallbackWarning, match="every size is a case of its own"):
+        for n in (20, 13):  # (without specs, said at the second size)
+            x = np.ones((n, 4), np.float32)
+            np.testing.assert_allclose(runner(x, y), f(x, y), rtol=1e-6)
+            if n == 20:
+                # symbolic attempts, the first pinned value, jax.jit's trace of the shape
+                assert len(traced) <= 5, traced
+    assert runner.stats()["calls"] == 2
+
+
 def test_a_loop_over_one_of_two_sizes_shares_over_the_other():
     """range(x.shape[0]) over (n, m) inputs: each case of the trace is one n
     with m symbolic, so the rule for a bucket of per-size cases did not apply

@@ -50,7 +50,7 @@ def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
         enumerate_sizes(tree)
         if per_shape:
             _stop_where_a_runner_goes_per_shape(tree, max_cases)
-        if refine_errors(tree, trace_one, max_cases, explore):
+        if refine_errors(tree, trace_one, max_cases, explore, per_shape):
             live = [c for c in tree.cases if c.program is not None and c.reachable]
             if live:
                 tree.base = live[0].program
@@ -209,7 +209,8 @@ def per_size_limit(max_cases: int) -> int:
     return 2 * max_cases + 1
 
 
-def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
+def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore,
+                  per_shape: bool = False) -> bool:
     """Trace an error case reached by several size combinations once per combination.
 
     The symbolic trace of a case can fail where JAX needs a concrete size
@@ -221,7 +222,11 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
     conditions (and split on the comparisons of them JAX cannot decide:
     ``explore`` is ``cases.explore_splits``), so a graph's 7 x 7 size pairs
     cost 7 traces. Done while the combinations of one case stay within
-    ``per_size_limit(max_cases)``.
+    ``per_size_limit(max_cases)``. ``per_shape`` (every case failed
+    symbolically, and the runner runs a per-size bucket per exact shape):
+    once the first pinned trace shows which dim vars each case needs, a case
+    of more than ``PER_SIZE_SHARED_MAX`` of their values raises
+    ``PerSizeBucket`` before the other values are traced.
     """
     base = tree.base
     names = list(base.var_order)
@@ -233,6 +238,7 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
             (f"{name} <= {base.var_bounds[v] + off}",)))
         var_exprs.append(e - off)
     changed = False
+    stop = per_shape and len(names) > 1 and _fails_symbolically_only(tree)
     for case in list(tree.cases):
         # (a data-dependent size's use stays symbolic at every pinned size: no help)
         if case.error is None or not case.reached_by or case.one_size or count_limited(case):
@@ -241,6 +247,8 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore) -> bool:
         pinned, first = _vars_to_pin(case, combos, base, trace_one, explore, max_cases)
         if pinned is None:
             continue
+        if stop and first is not None:
+            _stop_before_each_pinned_value(case, combos, pinned, names, max_cases)
         node = _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one,
                              explore, tree.internal, max_cases)
         leaves = [] if node is None else _leaves_in_order(node)
@@ -274,18 +282,34 @@ def _stop_where_a_runner_goes_per_shape(tree: CaseTree, max_cases: int) -> None:
       PerSizeBucket: as above, past ``PER_SIZE_SHARED_MAX`` sizes (and within
         ``per_size_limit``: past it, the trace's own ``TooManyCases`` says more).
     """
-    if len(tree.base.var_order) != 1:
+    if len(tree.base.var_order) != 1 or not _fails_symbolically_only(tree):
         return
     failed = [c for c in tree.cases if c.error is not None and c.reachable]
-    # (polymask's symbolic limit only: an error of the function's own, a
-    # RuntimeError or KeyError at every size, is traced per size to say so)
-    if not failed or any(c.reached_by is None or c.one_size or c.plain or count_limited(c)
-                         or c.error_type is not None for c in failed):
-        return
     count = sum(len(c.reached_by) for c in failed)
     if PER_SIZE_SHARED_MAX < count <= per_size_limit(max_cases):
         raise PerSizeBucket(per_size_text([(c.where, _what_failed(c.error)) for c in failed],
                                           count), fixed_size_vars=tuple(tree.base.var_order))
+
+
+def _fails_symbolically_only(tree: CaseTree) -> bool:
+    """Every reachable case failed at polymask's symbolic limit only: an error
+    of the function's own (a RuntimeError or KeyError at every size) is traced
+    per size to say so."""
+    failed = [c for c in tree.cases if c.error is not None and c.reachable]
+    return bool(failed) and not any(
+        c.reached_by is None or c.one_size or c.plain or count_limited(c)
+        or c.error_type is not None for c in failed)
+
+
+def _stop_before_each_pinned_value(case: Case, combos, pinned, names, max_cases: int) -> None:
+    """Several dim vars (a loop over n of (n, m) inputs): the first pinned
+    trace worked, so each value of the ``pinned`` vars would be a case of its
+    own; past ``PER_SIZE_SHARED_MAX`` values the runner goes per exact shape,
+    so raise ``PerSizeBucket`` before tracing the others."""
+    count = len({tuple(c[j] for j in pinned) for c in combos})
+    if PER_SIZE_SHARED_MAX < count <= per_size_limit(max_cases):
+        raise PerSizeBucket(per_size_text([(case.where, _what_failed(case.error))], count),
+                            fixed_size_vars=tuple(names[j] for j in pinned))
 
 
 def _what_failed(error: str) -> str:
