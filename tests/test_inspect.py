@@ -585,3 +585,15 @@ def test_explain_of_a_packed_value_and_grad_explains_its_packed_layout():
     assert "value_and_grad's row_size" in text and "ragged_map" not in text
     padded = str(pm.explain(vg, w, x, layout="padded", print_output=False))
     assert "packed layout" not in padded and "masked program" in padded
+
+
+def test_explain_says_what_it_takes_and_checks_example_sizes_as_a_call():
+    """explain(42) named shape_formula's specs; an example Masked size above
+    its bound was explained as if it fit ("n in [0, 4] ... = 7")."""
+    with pytest.raises(TypeError, match="take a function, .* got int 42"):
+        pm.explain(42)
+    f = pm.mask(lambda x: jnp.sum(x), "n")
+    with pytest.raises(pm.ShapeError, match=r"logical size 7 is outside \[0, 4\]"):
+        pm.explain(f, pm.Masked(jnp.ones(4), (7,)), print_output=False)
+    text = str(pm.explain(f, pm.Masked(jnp.ones(4), (3,)), print_output=False))
+    assert "args[0].shape[0] = 3" in text

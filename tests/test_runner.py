@@ -1570,6 +1570,14 @@ def test_ragged_map_of_something_not_a_list_of_examples_is_a_shape_error(bad):
         pm.ragged_map(lambda x: x * 2, "n, 4")(bad)
 
 
+def test_ragged_map_of_a_padded_batch_says_what_it_got():
+    """A stacked batch was named "an array of shape (array([3, 2]),)": its sizes."""
+    batch = pm.stack([np.ones((3, 4), np.float32), np.ones((2, 4), np.float32)])
+    with pytest.raises(pm.ShapeError, match=r"got a padded batch \(polymask.Masked of data "
+                       r"shape \(2, 3, 4\)\); pass the exact arrays .*jax.vmap"):
+        pm.ragged_map(lambda x: x * 2, "n, 4")(batch)
+
+
 def test_ragged_map_takes_a_numpy_object_array_of_examples():
     xs = [np.ones((3, 4), np.float32), np.full((5, 4), 2.0, np.float32)]
     arr = np.empty(2, dtype=object)

@@ -458,3 +458,43 @@ def test_value_and_grad_of_a_list_of_pairs_says_to_pass_one_list_per_argument(pe
         pm.value_and_grad(loss)(W, batch)
     v, _ = pm.value_and_grad(loss)(W, *map(list, zip(*pairs)))  # the remedy it gives
     np.testing.assert_allclose(v, np.mean([loss(W, x, y) for x, y in pairs]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("reduce", ["mean", "sum"])
+def test_examples_of_a_size_with_another_loss_rank_run_apart(layout, reduce):
+    """``(x @ w).squeeze()`` per-element losses are a scalar at n = 1: such
+    examples ran with their whole padded batch example by example. Now only
+    they run exact (as jax.jit), the others in the shared program, and the
+    sums add up to the exact batch's; NaN padding stays out."""
+    def loss(w, x):
+        return (x @ w).squeeze() ** 2
+
+    vg = pm.value_and_grad(loss, "n, 3", reduce=reduce, layout=layout)
+    w = np.linspace(-1, 1, 3, dtype=np.float32).reshape(3, 1)
+    rng = np.random.default_rng(0)
+
+    def exact(xs):
+        def f(w):
+            total = sum(jnp.sum(loss(w, x)) for x in xs)
+            count = sum(np.size(loss(w, x)) for x in xs)
+            return total if reduce == "sum" else total / max(count, 1)
+        return jax.value_and_grad(f)(w)
+
+    with pytest.warns(pm.FallbackWarning, match=r"n in \{1\}"):
+        for sizes in ([1, 2, 5], [3, 7], [1, 1], [6, 1, 2, 1]):
+            xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in sizes]
+            (v, g), (v2, g2) = vg(w, xs), exact(xs)
+            np.testing.assert_allclose(v, v2, rtol=1e-5)
+            np.testing.assert_allclose(g, g2, rtol=1e-5, atol=1e-6)
+    assert vg.exact_compiles == 1  # the shape (1, 3) only
+    (where,) = vg.fallbacks()
+    assert where.startswith("n in {1}")
+    assert "polymask.mask returns" not in vg.fallbacks()[where]  # (mask's own remedy)
+    if layout == "padded":  # a stacked batch with NaN padding too
+        xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (1, 4, 2)]
+        batch = pm.stack(xs, bound=(4, 3))
+        batch = pm.Masked(jnp.where(batch.valid(), batch.data, jnp.nan), batch.shape)
+        (v, g), (v2, g2) = vg(w, batch), exact(xs)
+        np.testing.assert_allclose(v, v2, rtol=1e-5)
+        np.testing.assert_allclose(g, g2, rtol=1e-5, atol=1e-6)

@@ -508,11 +508,16 @@ def _vars_meeting_constants(msg: str, names: Sequence[str]) -> dict[str, str]:
     return found
 
 
+# the heading of a shape conflict (tracing/cases/refine.py tells it from a size
+# needed as a Python value: sizes that may relate, which a runner plans)
+INCOMPATIBLE_SHAPES = "incompatible symbolic shapes at"
+
+
 def _incompatible_shapes_error(msg: str, where: str, var_where) -> ShapeError:
     names = _dim_vars_in(msg)
     fresh = [n for n in names if n.startswith("_u")]
     user = [n for n in names if not n.startswith("_u")]
-    head = f"incompatible symbolic shapes at {where}: {msg}"
+    head = f"{INCOMPATIBLE_SHAPES} {where}: {msg}"
     if len(fresh) >= 2 and not user:
         return ShapeError(
             f"{head}\n  The sizes {', '.join(fresh)} come from different calls of polymask's "

@@ -38,6 +38,9 @@ def what_to_trace(fun, in_specs, args, constraints):
     would mask it twice, every size its own case); an argument in the spec
     slot that is no spec is the first example argument (``explain(f, x)``:
     default specs, as ``mask(f)`` takes them)."""
+    if not callable(fun):
+        raise TypeError(f"explain and shape_formula take a function, a polymask.mask-ed "
+                        f"function or a runner; got {type(fun).__name__} {_short(fun)}")
     if in_specs is not None and (not is_spec_tree(in_specs) or (in_specs == () and args)):
         args, in_specs = (in_specs, *args), None
     if isinstance(fun, MaskedFunction):
@@ -45,6 +48,11 @@ def what_to_trace(fun, in_specs, args, constraints):
         constraints = constraints or fun.constraints
         fun = fun.fun
     return fun, in_specs, tuple(args), constraints
+
+
+def _short(x, limit: int = 60) -> str:
+    text = repr(x)
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def abstractify(args, in_specs, dtype):

@@ -14,17 +14,23 @@ import re
 import numpy as np
 
 from .. import _jax_compat as compat
+from ..core.diagnostics import user_call_site
 from ..core.shapes import DimEnv
-from ..tracing.prologue import solve_dim_vars
+from ..tracing.prologue import concrete_value, run_checks, solve_dim_vars
 from ..tracing.registry import has_inner_jaxpr, substitute_dims
 from .arguments import dim_str
 
 
 def concrete_sizes(prog, leaves) -> dict | None:
-    """Dim var values from example ``Masked`` sizes, when all are concrete."""
-    values, _ = solve_dim_vars(prog, leaves, checks_on=False)
+    """Dim var values from example ``Masked`` sizes, when all are concrete.
+
+    Raises:
+      ShapeError: as the masked call would (a size outside its bound, sizes
+        of one dim var that differ, a constraint that does not hold)."""
+    values, checks = solve_dim_vars(prog, leaves, checks_on=False)
     if any(compat.is_tracer(v) for v in values.values()):
         return None
+    run_checks([c for c in checks if concrete_value(c.bad) is not None], user_call_site())
     return {k: int(np.asarray(v)) for k, v in values.items()}
 
 

@@ -32,6 +32,7 @@ from ..core.diagnostics import refusal_line, size_names_legend, user_stacklevel
 from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError, SpecError, typed_as
 from ..core.shapes import native_byte_order
 from ..tracing.cases.refine import TRACE_NOTE
+from ..tracing.cases.tree import ONE_OUTPUT_REMEDY_START
 from .compiling import compile_counter
 
 __all__ = ["ExactFallback", "refusal_text", "falls_back", "bucket_text"]
@@ -60,6 +61,8 @@ def falls_back(error: BaseException) -> bool:
 def refusal_text(error: BaseException) -> str:
     """One refusal, as its message says it (type name for non-polymask errors)."""
     text = str(error).strip() or type(error).__name__
+    # (mask's remedy for outputs that differ by size: the runner does what it says)
+    text = text.split(ONE_OUTPUT_REMEDY_START)[0]
     if not isinstance(error, (ShapeError, NotImplementedError)):
         text = f"{type(error).__name__}: {text}"
     # a library's error of the symbolic trace: polymask's note says why and what to do

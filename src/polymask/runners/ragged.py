@@ -32,6 +32,7 @@ from ..core.binding import runner_specs
 from ..core.buckets import as_policy, int_arg
 from ..core.diagnostics import at_call_site, user_call_site, with_size_names
 from ..core.errors import FailsAsPlainJax, ShapeError, UnsupportedError, about_example
+from ..core.masked import Masked
 from ..core.plan import dtype_key, policy_getter
 from ..core.shapes import native_byte_order
 from ..core.specs import as_constraints
@@ -842,6 +843,10 @@ def _as_example_list(examples) -> list:
         hint = ("; a dict (parameters?) is a broadcast argument, passed after the "
                 "examples: ragged_map(...)(examples, *broadcast)"
                 if isinstance(examples, Mapping) else "; for one example, pass [x]")
+        if isinstance(examples, Masked):  # (its shape is the sizes: say what it is)
+            what = f"a padded batch (polymask.Masked of data shape {np.shape(examples.data)})"
+            hint = ("; pass the exact arrays ([x0, x1, ...]), or run a padded batch with "
+                    "jax.vmap(polymask.mask(f, specs))")
         raise at_call_site(ShapeError(
             f"ragged_map(...)(examples): examples must be a list of examples (each one "
             f"example's argument, or a tuple of its arguments), got {what}{hint}"),

@@ -31,6 +31,7 @@ from ..core.specs import as_constraints, parse_leaf_spec
 from ..packing import PackedUnsupported, pack_rows
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import SEGMENT_FIELDS, Segments
+from ..tracing.cases.dispatch import case_error
 from ..tracing.prologue import run_checks, solve_dim_vars
 from ..tracing.transform import mask
 from .fallback import ExactFallback, falls_back
@@ -190,6 +191,7 @@ class RaggedValueAndGrad:
         self._fallback_on = bool(fallback)
 
     def _loss(self, weights, *args):
+        """(the reduced loss, the count of logical elements it reduced)."""
         in_axes = tuple(None if i in self._unbatched else 0 for i in range(len(args)))
         out = jax.vmap(self._masked, in_axes=in_axes)(*args)
         if not isinstance(out, Masked):
@@ -197,15 +199,17 @@ class RaggedValueAndGrad:
         w = weights.reshape(weights.shape + (1,) * (out.data.ndim - 1))
         keep = out.valid() & (w > 0)
         total = jnp.sum(jnp.where(keep, out.data, 0))
+        count = jnp.sum(keep).astype(jnp.float32)
         if self.reduce == "sum":
-            return total
-        return total / jnp.maximum(jnp.sum(keep), 1).astype(total.dtype)
+            return total, count
+        return total / jnp.maximum(count, 1).astype(total.dtype), count
 
     def _value_and_grad(self, weights, *args):
+        """((loss, count), grads): ``count`` lets examples run apart be added."""
         self.compiles += 1  # runs once per trace, i.e. per compiled signature
         argnums = (1 + self.argnums if isinstance(self.argnums, int)
                    else tuple(1 + i for i in self.argnums))  # weights come first
-        return jax.value_and_grad(self._loss, argnums=argnums)(weights, *args)
+        return jax.value_and_grad(self._loss, argnums=argnums, has_aux=True)(weights, *args)
 
     def prepare(self, *args) -> tuple[Any, tuple]:
         """(example weights, args): lists of exact arrays stacked into ragged
@@ -389,6 +393,8 @@ class RaggedValueAndGrad:
                 raise PackedUnsupported(f"value_and_grad(layout='packed'): {e}; "
                                         "layout='padded' (the default) runs it") from None
             self.compiles = self._packed.compiles + self._packed.compiles_padded
+            padded = self._packed._padded  # (examples the row program does not serve)
+            self.exact_compiles = 0 if padded is None else padded.exact_compiles
             return out
         exact = self._check_exact_examples(args)
         weights, batch = self.prepare(*args)
@@ -397,28 +403,89 @@ class RaggedValueAndGrad:
                                               for x in jax.tree_util.tree_leaves(batch))
         if key in self._unshared and exact:
             return self._exact_value_and_grad(args, self._unshared[key])
+        # examples whose sizes reach a case with outputs of another rank or
+        # dtype (``squeeze()`` at n = 1: Case.differs) run apart, as jax.jit
+        # runs them; the others share the padded program
         try:
-            out = self._jitted(weights, *batch)
+            apart = self._examples_apart(weights, batch)
+            run = weights
+            if apart:
+                run = weights.copy()
+                run[list(apart)] = 0
+            if apart and not np.any(run > 0):  # (no program for a batch of them only)
+                loss, grads = self._zero(args)
+                return self._add_examples_apart(loss, 0.0, grads, args, batch, apart, exact)
+            (loss, count), grads = self._jitted(run, *batch)
             # A case the masked trace could not trace symbolically ("polymask
             # cannot trace the function with symbolic sizes": np.arange(n) past
             # the per-size limit) is an error case of the program, and the
             # program has no host check to raise it (checks=False): its examples
             # would add 0. Plain JAX's own failures were raised above.
             # Stacked batches get the error itself: never a silent 0.
-            limit = None if self._checks else self._symbolic_limit(weights, batch)
+            limit = None if self._checks else self._symbolic_limit(run, batch)
             if limit is not None:
                 raise limit
-            return out
         except Exception as e:
             if not exact or not self._fallback_on or not falls_back(e):
                 raise  # stacked batches: no exact examples to run one by one
             if self._axis_history.pin_promoted():  # static again, as the examples read alone
                 return self(*args)
-            where = "of examples padded to " + ", ".join(
-                str(np.shape(a.data)[1:]) for i, a in enumerate(batch)
-                if i not in self._unbatched and isinstance(a, Masked))
-            self._unshared[key] = self._fallback.refused(where, e)
+            self._unshared[key] = self._fallback.refused(self._padded_text(batch), e)
             return self._exact_value_and_grad(args, self._unshared[key])
+        if not apart:
+            return loss, grads
+        return self._add_examples_apart(loss, count, grads, args, batch, apart, exact)
+
+    def _padded_text(self, batch) -> str:
+        return "of examples padded to " + ", ".join(
+            str(np.shape(a.data)[1:]) for i, a in enumerate(batch)
+            if i not in self._unbatched and isinstance(a, Masked))
+
+    def _examples_apart(self, weights, batch) -> dict[int, tuple]:
+        """``{k: (tree, case)}``: the examples (weight > 0) whose sizes reach a
+        case whose outputs differ from the padded program's (``Case.differs``)."""
+        tree, _ = self._masked.cases(*self._example_args(batch, 0))
+        if not any(c.differs for c in tree.cases):
+            return {}
+        apart = {}
+        for k in np.flatnonzero(np.asarray(weights) > 0):
+            tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
+            values, _ = solve_dim_vars(tree.base, leaves, checks_on=False)
+            case = next((c for c in tree.reachable_cases(values) if c.differs), None)
+            if case is not None:
+                apart[int(k)] = (tree, case)
+        return apart
+
+    def _add_examples_apart(self, loss, count, grads, args, batch, apart, exact: bool):
+        """The padded program's sums plus those of ``apart``'s examples, each
+        run exact under plain ``jax.jit`` (once per shape), reduced as one batch."""
+        count_p = float(count)
+        scale = 1.0 if self.reduce == "sum" else max(count_p, 1.0)
+        total = loss * scale
+        grads = jax.tree_util.tree_map(lambda v: v * jnp.asarray(scale, v.dtype), grads)
+        for k, (tree, case) in sorted(apart.items()):
+            ex = ([a if i in self._unbatched else a[k] for i, a in enumerate(args)] if exact
+                  else self._exact_example(batch, k))
+            where = f"{tree.case_sizes(case)} ({self._padded_text(batch)})"
+            reason = self._fallback.refused(where, case_error(tree, case))
+            key = tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
+                        for x in jax.tree_util.tree_leaves(ex))
+            try:
+                (s, c), g = self._fallback.call(key, tuple(ex), reason)
+            except ShapeError as e:
+                raise ShapeError(f"examples[{k}]: {e}") from e.__cause__
+            total, count_p = total + s, count_p + float(c)
+            grads = jax.tree_util.tree_map(jnp.add, grads, g)
+        if self.reduce == "mean":
+            inv = 1.0 / max(count_p, 1.0)
+            total = total * inv
+            grads = jax.tree_util.tree_map(lambda v: v * jnp.asarray(inv, v.dtype), grads)
+        return total, grads
+
+    def _exact_example(self, batch, k: int) -> list:
+        """Example ``k`` of a stacked batch as exact arrays (its logical region)."""
+        return [a.unpad() if isinstance(a, Masked) else a
+                for a in self._example_args(batch, k)]
 
     def _example_args(self, batch, k: int) -> list:
         """Example ``k`` of a prepared batch, as ``mask`` takes it (concrete sizes)."""
@@ -467,14 +534,14 @@ class RaggedValueAndGrad:
         one where plain JAX fails), or None. The program itself has no host
         check for it (``checks=False``): that example would add 0."""
         tree, _ = self._masked.cases(*self._example_args(batch, 0))
-        if not any(c.error is not None and not c.pinned for c in tree.cases):
+        if not any(c.error is not None and not c.pinned and not c.differs for c in tree.cases):
             return None
         for k in np.flatnonzero(np.asarray(weights) > 0):
             tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
             values, _ = solve_dim_vars(tree.base, leaves, checks_on=False)
             # (past a split on a count: a case the count may choose)
             case = next((c for c in tree.reachable_cases(values)
-                         if c.error is not None and not c.pinned), None)
+                         if c.error is not None and not c.pinned and not c.differs), None)
             if case is not None:
                 return ShapeError(f"examples[{k}]: polymask cannot trace the function with "
                                   f"symbolic sizes at {case.where}:\n  {case.error}")
@@ -484,8 +551,10 @@ class RaggedValueAndGrad:
     def fallbacks(self) -> dict[str, str]:
         """``{batch: reason}``: padded batches whose program could not be
         traced, so their examples ran one by one under ``jax.jit`` (as the
-        exact loss would), and why."""
-        return self._fallback.fallbacks()
+        exact loss would), and why (with ``layout="packed"``: those of the
+        examples it ran in the padded layout)."""
+        padded = None if self._packed is None else self._packed._padded
+        return self._fallback.fallbacks() if padded is None else padded.fallbacks()
 
     def _count_exact(self, exact_compiles=0, **_):
         self.exact_compiles += exact_compiles

@@ -14,7 +14,7 @@ import itertools
 import jax
 
 from ... import _jax_compat as compat
-from ...core.diagnostics import user_line_of_exception
+from ...core.diagnostics import INCOMPATIBLE_SHAPES, user_line_of_exception
 from ...core.dimvars import sizes_text
 from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError, typed_as
 from .tree import (
@@ -247,7 +247,9 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore,
         pinned, first = _vars_to_pin(case, combos, base, trace_one, explore, max_cases)
         if pinned is None:
             continue
-        if stop and first is not None:
+        # (not shapes in conflict, (s0,) against (s1 - 1,): sizes that may
+        # relate, which a runner without specs plans so, s1 = s0 + 1)
+        if stop and first is not None and INCOMPATIBLE_SHAPES not in case.error:
             _stop_before_each_pinned_value(case, combos, pinned, names, max_cases)
         node = _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one,
                              explore, tree.internal, max_cases)

@@ -421,8 +421,10 @@ def _satisfies_constraints(prog: MaskedProgram, values: dict[str, int]) -> bool:
 
 # plain JAX changes an output's rank or structure with the size here (jax.scipy.signal.stft
 # at n = 0); one padded output cannot hold both, so mask refuses and says how to go on
+# (its first words: a runner's refusal text drops mask's remedy, runners/fallback.py)
+ONE_OUTPUT_REMEDY_START = "\n  polymask.mask returns one padded output"
 ONE_OUTPUT_REMEDY = (
-    "\n  polymask.mask returns one padded output for every size up to the bound, so it "
+    ONE_OUTPUT_REMEDY_START + " for every size up to the bound, so it "
     "cannot follow that change: leave those sizes out with constraints=[...] (for example "
     "constraints=['n >= 1'] where only n = 0 differs), or use polymask.jit / ragged_map, "
     "which run such sizes per exact shape as jax.jit does")
