@@ -772,6 +772,43 @@ def test_a_size_looked_up_by_its_hash_finds_its_entry_as_on_exact_arrays(name):
         np.testing.assert_array_equal(runner(np.ones(n, np.float32)), fun(np.ones(n, np.float32)))
 
 
+def _sharded_apply_rows(x):
+    """AlphaFold's mapping.sharded_apply: the row count looked up by its hash
+    (``in {in_size, -1}``), the last shard's length computed from it, and a
+    slice of that many rows, which fails at s = 0 (4 rows of an empty axis)
+    as on the exact arrays."""
+    in_size = x.shape[0]
+    assert all(i in {in_size, -1} for i in [x.shape[0]])
+    last = in_size % 4
+    last = 4 if last == 0 else last
+    shard = jax.lax.dynamic_slice_in_dim(x, 0, last, 0)
+    return x * 2.0 + jnp.sum(shard)
+
+
+def test_a_plain_error_at_one_pinned_size_leaves_the_other_dim_var_symbolic():
+    """A size traced value by value (pinned) whose first value fails as plain
+    JAX fails: every (s, n) pair was traced alone instead, 7 x 9 pairs past
+    the per-size limit, so every size was refused. Now the pinned value's
+    error holds for every n (n stayed symbolic, each comparison of it split)
+    and the other values share a program over n."""
+    fun = pm.mask(_sharded_apply_rows, ("s, n, 4",))
+    rng = np.random.default_rng(0)
+    for s, n in ((3, 5), (4, 8), (6, 1), (1, 0), (5, 7)):
+        x = rng.normal(size=(s, n, 4)).astype(np.float32)
+        padded = jnp.asarray(garbage_pad(x, (6, 8, 4)))
+        want = _sharded_apply_rows(x)
+        np.testing.assert_allclose(fun(pm.Masked(padded, (s, n, 4))).unpad(), want, rtol=1e-5)
+        got = jax.jit(fun)(pm.Masked(padded, (jnp.int32(s), jnp.int32(n), 4)))
+        np.testing.assert_allclose(got.unpad(), want, rtol=1e-5)
+    with pytest.raises(TypeError):  # plain JAX's own error
+        _sharded_apply_rows(np.ones((0, 5, 4), np.float32))
+    with pytest.raises(pm.ShapeError, match=r"s in \{0\}") as e:
+        fun(pm.Masked(jnp.ones((6, 8, 4)), (0, 5, 4)))
+    assert isinstance(e.value, TypeError)
+    tree = fun.cases(pm.Masked(jnp.ones((6, 8, 4)), (3, 5, 4)))[0]
+    assert len([c for c in tree.cases if c.program is not None]) <= 6, tree.summary()
+
+
 def test_a_size_hashed_as_a_jit_static_argument_stays_symbolic():
     @functools.partial(jax.jit, static_argnums=1)
     def lower_ones(x, n):

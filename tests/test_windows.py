@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import oracle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
@@ -748,3 +749,44 @@ def test_kernel_gradient_of_a_conv_over_an_empty_axis_is_zero_as_plain_jax(paddi
     examples = [(w, rng.normal(size=(n, 2)).astype(np.float32)) for n in lengths]
     check_oracle(kernel_grad, examples, [None, (8, 2)], (None, "n, 2"), modes=("eager", "jit", "vmap"),
                  rtol=1e-4, atol=1e-4)
+
+
+def _tf_same_conv(x, k, stride, lhs_dilation=1):
+    """TensorFlow-style SAME padding computed by hand from the length (audio
+    front ends: algoperf's Conformer subsampling pads ``ceil(t/s)*s - t``)."""
+    n, size = x.shape[0], k.shape[0]
+    total = max((-(-n // stride) - 1) * stride + size - n, 0)
+    lo = total // 2
+    return conv1d(x, k, stride, [(lo, total - lo)], lhs_dilation=lhs_dilation)
+
+
+@pytest.mark.parametrize("stride", [1, 2, 3])
+def test_explicit_padding_computed_from_the_size(stride):
+    """JAX's conv takes explicit padding as int pairs only, so a pad computed
+    from a symbolic size was a raw ValueError past the per-size limit (and a
+    program of one copy per size within it). It pads the input with lax.pad
+    now: one program for every size, at a bound beyond the per-size limit."""
+    k = jnp.asarray(RNG.normal(size=(3,)).astype(np.float32))
+    fun = lambda x: _tf_same_conv(x, k, stride)  # noqa: E731
+    exs = [(_vec(n),) for n in (7, 0, 1, 2, 40)]
+    oracle(fun, exs, [(40,)], "n")
+    traced = []
+
+    def counted(x):
+        traced.append(1)
+        return fun(x)
+
+    pm.mask(counted, "n")(pm.Masked(jnp.asarray(garbage_pad(_vec(5), (40,))), (5,)))
+    assert len(traced) <= 4  # cases of the max and floor divisions, not one per size
+
+
+def test_explicit_size_padding_with_lhs_dilation_and_negative_amounts():
+    """lax.pad applies lhs dilation as interior padding and crops on negative
+    amounts, as XLA's conv does with its padding."""
+    k = jnp.asarray(RNG.normal(size=(2,)).astype(np.float32))
+
+    def fun(x):
+        n = x.shape[0]
+        return conv1d(x, k, 2, [(n % 3, -(n % 2))], lhs_dilation=2)
+
+    oracle(fun, [(_vec(n),) for n in (9, 1, 2, 4, 40)], [(40,)], "n")

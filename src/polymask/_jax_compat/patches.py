@@ -195,6 +195,11 @@ def _rule_rows() -> tuple[TracePatch, ...]:
                    "rules/reshaping.py",
                    "JAX refuses axis=None with symbolic sizes (the rank depends on which "
                    "are 1): each symbolic size's == 1 splits the trace"),
+        TracePatch("lax.conv_general_dilated", lambda: (jax.lax, "conv_general_dilated"),
+                   "rules/windows.py",
+                   "JAX takes explicit padding as int pairs only (operator.index), though "
+                   "its 'SAME' padding is symbolic: a size-dependent pair pads the input "
+                   "with lax.pad instead"),
         TracePatch("lax.associative_scan", lambda: (jax.lax, "associative_scan"),
                    "rules/scans.py", "JAX recurses on the axis length in Python"),
         TracePatch("warnings.warn", lambda: (warnings, "warn"), "tracing/trace_warnings.py",

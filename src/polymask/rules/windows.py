@@ -46,6 +46,7 @@ follows that formula, not JAX's concrete result (e.g. base dilation 2, padding
 from __future__ import annotations
 
 import itertools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,7 @@ from .util import (
     clean_float,
     fill_padding,
     identity_of,
+    in_masked_trace,
     is_inexact,
     keep_nan,
     masked_axes,
@@ -622,3 +624,42 @@ def select_and_scatter_add_rule(ctx, source, operand, *, select_prim, window_dim
     whole = _whole_axis_windows(ctx, 1, window_dimensions, padding)
     out = _with_static_windows(ctx, window_dimensions, run, whole)
     return clean_float(out, ctx.out_logical[0])
+
+
+_ORIGINAL_CONV = lax.conv_general_dilated
+
+
+def _is_index(d) -> bool:
+    try:
+        operator.index(d)
+    except TypeError:
+        return False
+    return True
+
+
+def conv_symbolic_padding(lhs, rhs, window_strides, padding, lhs_dilation=None,
+                          rhs_dilation=None, dimension_numbers=None, *args, **kwargs):
+    """``lax.conv_general_dilated`` with explicit padding that depends on a
+    size (an audio front end's ``pad = ceil(t / s) * s - t``): JAX takes only
+    int pairs there (``operator.index``), though its own ``"SAME"`` padding
+    is symbolic. The input is padded by ``lax.pad`` instead (zeros; negative
+    amounts crop; ``lhs_dilation`` as interior padding), which is the same
+    convolution (XLA's conv semantics: padding applies to the lhs-dilated
+    input), and the conv runs unpadded."""
+    if isinstance(padding, str) or not in_masked_trace() or all(
+            _is_index(lo) and _is_index(hi) for lo, hi in padding):
+        return _ORIGINAL_CONV(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation,
+                              dimension_numbers, *args, **kwargs)
+    dnums = lax.conv_dimension_numbers(np.shape(lhs), np.shape(rhs), dimension_numbers)
+    spatial = dnums.lhs_spec[2:]
+    dilation = tuple(lhs_dilation) if lhs_dilation is not None else (1,) * len(spatial)
+    config = [(0, 0, 0)] * np.ndim(lhs)
+    for axis, (lo, hi), d in zip(spatial, padding, dilation):
+        config[axis] = (lo, hi, d - 1)
+    lhs = jnp.asarray(lhs)
+    padded = lax.pad(lhs, jnp.zeros((), lhs.dtype), config)
+    return _ORIGINAL_CONV(padded, rhs, window_strides, [(0, 0)] * len(spatial),
+                          (1,) * len(spatial), rhs_dilation, dimension_numbers, *args, **kwargs)
+
+
+compat.replace_during_trace("lax.conv_general_dilated", conv_symbolic_padding)

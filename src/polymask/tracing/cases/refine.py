@@ -357,7 +357,8 @@ def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one
         elif group == key(combos[0]):
             got, used = first
         else:
-            got, used = _explore_pinned(explore, trace_one, case.conditions + pins, max_cases)
+            got, used = _explore_pinned(explore, trace_one, case.conditions + pins, max_cases,
+                                        plain_errors=True)
         budget -= used
         if got is None:
             sub = [c for c in combos if key(c) == group]
@@ -371,9 +372,16 @@ def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one
                      leaves, case.where)
 
 
-def _explore_pinned(explore, trace_one, prefix: tuple[str, ...], max_cases: int):
+def _explore_pinned(explore, trace_one, prefix: tuple[str, ...], max_cases: int,
+                    plain_errors: bool = False):
     """``(node, programs)``: the split tree of the function traced with ``prefix``
-    added to every case's conditions; node None when no case of it traces."""
+    added to every case's conditions; node None when no case of it traces.
+    ``plain_errors``: where every case fails with an error of the function's
+    own (not polymask's symbolic limit), those error cases are the node: the
+    other dim vars stayed symbolic and every comparison of them split, so
+    plain JAX fails at each of their sizes too (AlphaFold's sharded_apply
+    slices 4 rows of an empty axis at s = 0, whatever n; traced once per
+    (s, n) instead, past the per-size limit every size was refused)."""
     try:
         root, cases, first = explore(lambda conditions: trace_one(prefix + conditions),
                                      max_cases)
@@ -382,7 +390,11 @@ def _explore_pinned(explore, trace_one, prefix: tuple[str, ...], max_cases: int)
     except Exception:
         return None, 1
     if "prog" not in first:
-        return None, 1
+        if not (plain_errors and cases and all(
+                c.error_type is not None and not count_limited(c) for c in cases)):
+            return None, 1
+        for c in cases:
+            c.plain = c.pinned = True
     for c in cases:  # conditions as the whole tree's cases have them
         c.conditions = prefix + c.conditions
     # the budget counts programs: an error case (plain JAX fails there) compiles nothing
@@ -417,9 +429,18 @@ def _vars_to_pin(case: Case, combos, base, trace_one, explore, max_cases: int):
         if count[tuple(s)] > room:
             break
         names = [base.var_order[j] for j in s]
-        node, used = _explore_pinned(
-            explore, trace_one, case.conditions + _pins(base, names, [combos[0][j] for j in s]),
-            max_cases)
+
+        def pinned_at(combo):
+            return _explore_pinned(explore, trace_one,
+                                   case.conditions + _pins(base, names, [combo[j] for j in s]),
+                                   max_cases, plain_errors=True)
+
+        node, used = pinned_at(combos[0])
+        # (plain JAX's own error at the first combination, s = 0: whether pinning
+        # these vars traces is seen at the last)
+        if node is not None and all(c.error is not None for c in _leaves_in_order(node)) \
+                and pinned_at(combos[-1])[0] is None:
+            continue
         if node is not None:
             return s, (node, used)
     return (everything, None) if len(combos) <= room else (None, None)
