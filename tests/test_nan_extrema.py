@@ -138,3 +138,25 @@ def test_a_batch_of_per_example_extrema_keeps_each_nan(fun):
         outs = pm.ragged_map(fun, "n, 4", layout=layout, **kw)(xs)
         for o, r in zip(outs, refs):
             _same(o, r.astype(np.float64))
+
+
+@pytest.mark.parametrize("fn", [jnp.max, jnp.min, lambda x: jnp.max(x.reshape(-1)),
+                                lambda x: jnp.min(x, axis=0)])
+def test_a_complex_nan_last_in_a_max_or_min_stays_as_in_plain_jax(fn):
+    """JAX's complex max/min selects on a lexicographic comparison: a NaN is
+    kept only as the last element reduced (later elements replace it). The
+    padding reduced after the last logical element replaced that NaN by the
+    fill, -inf + 0j, a value that is no element at all (helper B)."""
+    masked = pm.mask(fn, "n")
+    for n in (1, 2, 5):
+        for pos in range(n):
+            x = (np.arange(n) + 1j * np.arange(n)[::-1]).astype(np.complex64)
+            x[pos] = complex(np.nan, 1.0)
+            want = jax.jit(fn)(x)
+            for fill in (np.nan, 0.0):
+                padded = np.full(8, fill, np.complex64)
+                padded[:n] = x
+                got = masked(pm.Masked(jnp.asarray(padded), (n,))).unpad()
+                np.testing.assert_array_equal(got, want)
+                got = jax.jit(masked)(pm.Masked(jnp.asarray(padded), (jnp.int32(n),))).unpad()
+                np.testing.assert_array_equal(got, want)

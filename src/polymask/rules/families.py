@@ -15,7 +15,15 @@ import jax.numpy as jnp
 
 from .. import _jax_compat as compat
 from ..tracing.registry import register
-from .util import clean, fill_padding, identity_of, is_inexact, keep_nan, masked_axes
+from .util import (
+    clean,
+    fill_padding,
+    identity_of,
+    is_inexact,
+    keep_last_complex_nan,
+    keep_nan,
+    masked_axes,
+)
 
 # primitive name -> (family, kind): what the packed layout (``packing/``) reads
 # to give each family member its packed interpretation without a second list.
@@ -147,6 +155,7 @@ def _reducer_rule(kind: str):
         out = ctx.bind(x)
         if kind in ("max", "min") and out.dtype == x.dtype:  # a value, not argmax's index
             out = keep_nan(out, x, lambda v: jnp.sum(v, axis=tuple(axes)))
+            out = keep_last_complex_nan(out, x, ctx.in_logical[0], axes)
         return out
 
     return reducer_rule

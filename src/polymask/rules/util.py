@@ -89,8 +89,27 @@ def keep_nan(out, x, reduce_sum):
     return lax.select(jnp.isnan(nans), nans.astype(out.dtype), out)
 
 
+def keep_last_complex_nan(out, x, logical, axes):
+    """``out``, a max or min reduction of complex ``x`` over ``axes``, as plain
+    JAX's: its complex max/min is a select on a lexicographic comparison, so
+    a NaN is kept only where it is the last element reduced (each later
+    element replaces it: ``max([nan + 1j, 2])`` is 2, ``max([2, nan + 1j])``
+    NaN). A masked reduction reduces the padding after the last logical
+    element, which replaced such a NaN by the fill: that element is taken
+    back. Other dtypes: ``out`` as is."""
+    if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+        return out
+    last = x
+    for a in sorted(axes, reverse=True):  # (row-major: the last along each axis)
+        last = lax.dynamic_index_in_dim(last, jnp.maximum(logical[a] - 1, 0), a,
+                                        keepdims=False)
+    nan = jnp.isnan(last.real) | jnp.isnan(last.imag)
+    return lax.select(nan, last.astype(out.dtype), out)
+
+
 def identity_of(dtype, kind: str):
-    """Identity element of a reduction for ``dtype``: ints use dtype min/max, not inf."""
+    """Identity element of a reduction for ``dtype``: ints use dtype min/max, not
+    inf (complex: ``-inf + 0j``, the init value of JAX's own complex max)."""
     dtype = np.dtype(dtype)
     if kind == "sum" or kind == "or" or kind == "xor":
         return np.zeros((), dtype)[()] if dtype != np.bool_ else False
