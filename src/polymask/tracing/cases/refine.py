@@ -360,8 +360,11 @@ def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one
             got, used = _explore_pinned(explore, trace_one, case.conditions + pins, max_cases,
                                         plain_errors=True)
         budget -= used
+        sub = [c for c in combos if key(c) == group]
+        if partial and got is not None and not _traces(got):
+            got = _if_plain_everywhere(got, leaf(_pins(base, names, sub[0])))
+            budget -= 1
         if got is None:
-            sub = [c for c in combos if key(c) == group]
             budget -= len(sub)
             got = _dispatch(sub, names, var_exprs,
                             {c: leaf(_pins(base, names, c)) for c in sub}, case.where)
@@ -372,16 +375,31 @@ def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one
                      leaves, case.where)
 
 
+def _if_plain_everywhere(node, pinned: Case):
+    """``node``, every case of it an error of a pinned value with the other
+    dim vars symbolic, when plain JAX fails so at one combination of them too
+    (``pinned``, traced with every size an int): then it fails at each (the
+    other dim vars stayed symbolic, every comparison of them split), and the
+    cases are plain JAX's errors (AlphaFold's sharded_apply slices 4 rows of
+    an empty axis at s = 0, whatever n: traced once per (s, n) instead, past
+    the per-size limit every size was refused). None otherwise (an error of
+    the symbolic trace itself, TracerBoolConversionError of np.arange(m)):
+    traced once per combination."""
+    cases = _leaves_in_order(node)
+    if pinned.error is None or any(c.error_type is not pinned.error_type for c in cases):
+        return None
+    for c in cases:
+        c.plain = c.pinned = True
+    return node
+
+
 def _explore_pinned(explore, trace_one, prefix: tuple[str, ...], max_cases: int,
                     plain_errors: bool = False):
     """``(node, programs)``: the split tree of the function traced with ``prefix``
     added to every case's conditions; node None when no case of it traces.
-    ``plain_errors``: where every case fails with an error of the function's
-    own (not polymask's symbolic limit), those error cases are the node: the
-    other dim vars stayed symbolic and every comparison of them split, so
-    plain JAX fails at each of their sizes too (AlphaFold's sharded_apply
-    slices 4 rows of an empty axis at s = 0, whatever n; traced once per
-    (s, n) instead, past the per-size limit every size was refused)."""
+    ``plain_errors``: where every case fails with an error of a Python or
+    JAX type (not polymask's own), those error cases are the node
+    (``_pinned_cases`` checks that plain JAX fails so too)."""
     try:
         root, cases, first = explore(lambda conditions: trace_one(prefix + conditions),
                                      max_cases)
@@ -389,12 +407,9 @@ def _explore_pinned(explore, trace_one, prefix: tuple[str, ...], max_cases: int,
         raise
     except Exception:
         return None, 1
-    if "prog" not in first:
-        if not (plain_errors and cases and all(
-                c.error_type is not None and not count_limited(c) for c in cases)):
-            return None, 1
-        for c in cases:
-            c.plain = c.pinned = True
+    if "prog" not in first and not (plain_errors and cases and all(
+            c.error_type is not None and not count_limited(c) for c in cases)):
+        return None, 1
     for c in cases:  # conditions as the whole tree's cases have them
         c.conditions = prefix + c.conditions
     # the budget counts programs: an error case (plain JAX fails there) compiles nothing
@@ -438,8 +453,7 @@ def _vars_to_pin(case: Case, combos, base, trace_one, explore, max_cases: int):
         node, used = pinned_at(combos[0])
         # (plain JAX's own error at the first combination, s = 0: whether pinning
         # these vars traces is seen at the last)
-        if node is not None and all(c.error is not None for c in _leaves_in_order(node)) \
-                and pinned_at(combos[-1])[0] is None:
+        if node is not None and not _traces(node) and not _traces(pinned_at(combos[-1])[0]):
             continue
         if node is not None:
             return s, (node, used)
@@ -472,6 +486,11 @@ def _replace(tree: CaseTree, old, new) -> None:
             if node.no is old:
                 node.no = new
             todo += [node.yes, node.no]
+
+
+def _traces(node) -> bool:
+    """Whether a case of ``node`` (a split tree, or None) has a program."""
+    return node is not None and any(c.program is not None for c in _leaves_in_order(node))
 
 
 def _leaves_in_order(node) -> list[Case]:
