@@ -498,3 +498,32 @@ def test_examples_of_a_size_with_another_loss_rank_run_apart(layout, reduce):
         (v, g), (v2, g2) = vg(w, batch), exact(xs)
         np.testing.assert_allclose(v, v2, rtol=1e-5)
         np.testing.assert_allclose(g, g2, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["pairs", "transposed", "stacked_pairs"])
+def test_packed_losses_with_the_ragged_axis_anywhere_or_twice(loss):
+    """A per-element loss of two packed axes ((n, n) per-pair losses,
+    AlphaFold's) divided by row_size * sum(n) instead of sum(n**2) in the
+    packed layout (a silent wrong mean, scaled gradients); a loss whose ragged
+    axis is not its first ((3, n)) crashed with a broadcasting ValueError.
+    Both as the padded layout and the exact examples give (helper A)."""
+    fun = {
+        "pairs": lambda p, x: (x @ x.T * p) ** 2,                    # (n, n)
+        "transposed": lambda p, x: ((x * p) ** 2).T,                  # (3, n)
+        "stacked_pairs": lambda p, x: jnp.stack([x @ x.T * p, x @ x.T]),  # (2, n, n)
+    }[loss]
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n, 3)).astype(np.float32) for n in (3, 1, 5, 2, 0)]
+    p = jnp.float32(1.5)
+
+    def exact(q):
+        outs = [fun(q, jnp.asarray(x)) for x in xs]
+        return sum(jnp.sum(o) for o in outs) / sum(o.size for o in outs)
+
+    want = jax.value_and_grad(exact)(p)
+    for layout in ("packed", "padded"):
+        vg = pm.value_and_grad(fun, ("n, 3",), layout=layout)
+        got = vg(p, xs)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+        np.testing.assert_allclose(got[1], want[1], rtol=1e-5)
+        assert vg.last_padded <= 1  # (packed: the rows ran them, n = 0 at most padded)

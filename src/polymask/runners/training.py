@@ -904,7 +904,8 @@ class PackedTraining:
             if kind == "packed":  # the live positions of real rows' examples
                 seg = jax.vmap(lambda *a: Segments.from_arrays(a, prog.gap)
                                .at(prog.out_offset(0)).seg)(*inputs[-len(SEGMENT_FIELDS):])
-                valid = (seg != self.runner.slots) & jnp.any(used, axis=1)[:, None]  # (B, R)
+                live = (seg != self.runner.slots) & jnp.any(used, axis=1)[:, None]  # (B, R)
+                valid = _packed_elements(live, seg, out.ndim, _packed_axes(prog))
             elif kind == "segment":
                 valid = used  # (B, S)
             else:  # the same loss for every example (an empty sum at every size served)
@@ -922,3 +923,27 @@ class PackedTraining:
 
         self._fn = jax.jit(step)
         return self._fn
+
+
+def _packed_axes(prog) -> list[int]:
+    """The axes of the loss of one example that are packed (sizes ``n + c``)."""
+    return [k for k, d in enumerate(prog.out_shapes[0]) if prog.sizes.offset(d) is not None]
+
+
+def _packed_elements(live, seg, ndim: int, axes: list[int]):
+    """Which entries of a packed loss of rank ``ndim`` (rows first) are an
+    example's logical elements: ``live`` (rows x positions) along each packed
+    axis, and, along two or more (a per-pair ``(n, n)`` loss), the same
+    example's positions only (the block diagonal). A mask along the first
+    packed axis alone counted every position of the row in the others: the
+    mean of an ``(n, n)`` loss divided by ``row_size * sum(n)``, not
+    ``sum(n**2)`` (helper A, AlphaFold's per-pair losses)."""
+    def along(x, k):  # (rows, positions) at the loss's axis k (after the rows axis)
+        shape = [x.shape[0]] + [1] * (ndim - 1)
+        shape[1 + k] = x.shape[1]
+        return x.reshape(shape)
+
+    valid = along(live, axes[0])
+    for k in axes[1:]:
+        valid = valid & along(live, k) & (along(seg, axes[0]) == along(seg, k))
+    return valid
