@@ -1787,6 +1787,26 @@ def test_jit_without_specs_makes_a_convs_channel_axis_static():
     assert f.stats()["exact_compiles"] == 0
 
 
+def test_jit_without_specs_makes_a_fixed_size_axis_static_in_a_case_of_another_size():
+    """AlphaFold's distogram loss: ``assert positions.shape[-1] == 3`` splits
+    the trace on that size, and in its case s2 == 3 the bins axis meets
+    one_hot's 16. A case pinning s2 dropped s1's fixed size (it may be the
+    pinned var's), so every size ran per exact shape (helper A)."""
+    def loss(logits, pos):
+        assert pos.shape[-1] == 3
+        return jax.nn.one_hot(jnp.sum(pos > 0, -1), 16) * jnp.sum(logits, 0)
+
+    f = pm.jit(loss, tiered=False)
+    rng = np.random.default_rng(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pm.FallbackWarning)
+        for n in (0, 1, 5, 8):
+            logits = rng.normal(size=(n, n, 16)).astype(np.float32)
+            pos = rng.normal(size=(n, 3)).astype(np.float32)
+            np.testing.assert_allclose(f(logits, pos), jax.jit(loss)(logits, pos), rtol=1e-6)
+    assert (f.stats()["compiles"], f.stats()["exact_compiles"]) == (1, 0)
+
+
 def test_jit_without_specs_makes_an_axis_compared_with_many_constants_static():
     # a size looked up in a table of its values (flax's check of a parameter's
     # shape compares it with the module's feature count) splits the trace on

@@ -523,7 +523,11 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         if translated is not None:
             err = dimvars.displayed_error(translated, internal)
             if pinned:  # a pinned var's axes are constants here: "meets 5" may be its size
-                err.fixed_size_vars = ()
+                # (another var's meeting a constant stays said: s1 of (s0, s1) * (s0, 16)
+                # in the case s2 == 3 of an `assert pos.shape[-1] == 3`, AlphaFold's)
+                held = {v for v, (name, _) in internal.items() if name in pinned}
+                err.fixed_size_vars = tuple(v for v in getattr(err, "fixed_size_vars", ())
+                                            if v not in held)
             err.polymask_where = user_frame_of_exception(e)  # the translation has no user frame
             err.polymask_signature = signature
             err.polymask_pinned = False
