@@ -10,6 +10,7 @@ fails (``cases.trace_cases`` calls these).
 from __future__ import annotations
 
 import itertools
+import re
 
 import jax
 
@@ -362,8 +363,11 @@ def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one
         budget -= used
         sub = [c for c in combos if key(c) == group]
         if partial and got is not None and not _traces(got):
-            got = _if_plain_everywhere(got, leaf(_pins(base, names, sub[0])))
-            budget -= 1
+            free = [j for j in range(len(names)) if j not in pinned]
+            got = _if_plain_everywhere(got, [({names[j]: c[j] for j in free},
+                                              leaf(_pins(base, names, c)))
+                                             for c in dict.fromkeys((sub[0], sub[-1]))])
+            budget -= 2
         if got is None:
             budget -= len(sub)
             got = _dispatch(sub, names, var_exprs,
@@ -375,18 +379,27 @@ def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one
                      leaves, case.where)
 
 
-def _if_plain_everywhere(node, pinned: Case):
+def _if_plain_everywhere(node, pinned: list[tuple[dict[str, int], Case]]):
     """``node``, every case of it an error of a pinned value with the other
-    dim vars symbolic, when plain JAX fails so at one combination of them too
-    (``pinned``, traced with every size an int): then it fails at each (the
-    other dim vars stayed symbolic, every comparison of them split), and the
-    cases are plain JAX's errors (AlphaFold's sharded_apply slices 4 rows of
-    an empty axis at s = 0, whatever n: traced once per (s, n) instead, past
-    the per-size limit every size was refused). None otherwise (an error of
-    the symbolic trace itself, TracerBoolConversionError of np.arange(m)):
-    traced once per combination."""
+    dim vars symbolic, when plain JAX fails with the same error, word for
+    word once those vars' values are put in its text, at the first and last
+    combinations of them (``pinned``: their values, the case traced with
+    every size an int): an error that does not depend on them
+    (AlphaFold's sharded_apply slices 4 rows of an empty axis at s = 0,
+    whatever n: traced once per (s, n) instead, past the per-size limit every
+    size was refused). Then its cases are plain JAX's errors. None otherwise:
+    an error of the symbolic trace itself (TracerBoolConversionError of
+    np.arange(m); einsum's "Size of label 'i' ... (3) does not match ... (8)"
+    where opt_einsum read a placeholder for m) is traced once per combination."""
+    def at(text: str, values: dict[str, int]) -> str:
+        for v, a in values.items():
+            text = re.sub(rf"\b{re.escape(v)}\b", str(a), text)
+        return text
+
     cases = _leaves_in_order(node)
-    if pinned.error is None or any(c.error_type is not pinned.error_type for c in cases):
+    if any(p.error is None for _, p in pinned) or any(
+            c.error_type is not p.error_type or at(c.error, values) != p.error
+            for c in cases for values, p in pinned):
         return None
     for c in cases:
         c.plain = c.pinned = True
