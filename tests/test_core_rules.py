@@ -317,3 +317,30 @@ def test_top_k_with_negative_k_raises():
     with pytest.raises(Exception, match="(?s)must be nonnegative.*batch element 1"):
         jax.block_until_ready(jax.jit(jax.vmap(m))(
             pm.Masked(data, (jnp.array([3, 0], jnp.int32),))))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.int8])
+@pytest.mark.parametrize("op", ["and", "or", "xor"])
+def test_integer_bitwise_reductions_fill_with_their_identity(dtype, op):
+    """The padding of an integer AND was filled with 1, clearing every bit but
+    bit 0 whenever the logical size was below the bound (helper B)."""
+    fun = {"and": jnp.bitwise_and.reduce, "or": jnp.bitwise_or.reduce,
+           "xor": jnp.bitwise_xor.reduce}[op]
+    rng = np.random.default_rng(0)
+    exs = [(rng.integers(0, 127, size=n).astype(dtype) | dtype(0b1110000),) for n in (0, 1, 3, 8)]
+    check_oracle(fun, exs, [(8,)], "n", modes=("eager", "jit", "vmap"))
+
+
+@pytest.mark.parametrize("op", ["and", "or"])
+def test_packed_bitwise_reductions_of_integers_are_refused_and_of_bools_run(op):
+    """The packed layout reduced an integer OR / AND over the packed axis as a
+    segment max / min: a bool's or / and, not an integer's bitwise one."""
+    fun = {"and": jnp.bitwise_and.reduce, "or": jnp.bitwise_or.reduce}[op]
+    xs = [np.array([0b1010, 0b0101, 0b0011], np.int32), np.array([12, 3], np.int32)]
+    with pytest.raises(pm.PackedUnsupported, match=f"bitwise {op} of int32"):
+        pm.ragged_map(fun, "n", layout="packed")(xs)
+    for got, x in zip(pm.ragged_map(fun, "n", layout="auto")(xs), xs):
+        assert int(got) == int(fun(x))
+    bools = [x % 2 == 1 for x in xs]
+    for got, x in zip(pm.ragged_map(fun, "n", layout="packed")(bools), bools):
+        assert bool(got) == bool(fun(x))

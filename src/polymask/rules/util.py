@@ -113,8 +113,10 @@ def identity_of(dtype, kind: str):
     dtype = np.dtype(dtype)
     if kind == "sum" or kind == "or" or kind == "xor":
         return np.zeros((), dtype)[()] if dtype != np.bool_ else False
-    if kind == "prod" or kind == "and":
+    if kind == "prod":
         return np.ones((), dtype)[()] if dtype != np.bool_ else True
+    if kind == "and":  # every bit set (1 cleared all but bit 0 of an integer AND)
+        return True if dtype == np.bool_ else np.array(-1).astype(dtype)[()]
     if kind == "max":
         if dtype == np.bool_:
             return False

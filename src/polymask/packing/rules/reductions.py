@@ -113,6 +113,10 @@ def _reducer(kind: str):
             x = _bind_keeping_nan(ctx, x, rest, kind)
             a0 -= sum(1 for a in rest if a < a0)
         x = jnp.moveaxis(x, a0, 0)
+        if kind in ("or", "and") and x.dtype != jnp.bool_:
+            # (a segment max / min is a bool's or / and, not an integer's bitwise one)
+            raise ctx.unsupported(f"a bitwise {kind} of {x.dtype} values over the packed axis "
+                                  "(the padded layout runs it)")
         out = seg.segment_reduce(x, _SEGMENT_KIND[kind])
         return PerSegment(out.astype(ctx.out_avals[0].dtype))
 
