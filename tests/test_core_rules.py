@@ -344,3 +344,23 @@ def test_packed_bitwise_reductions_of_integers_are_refused_and_of_bools_run(op):
     bools = [x % 2 == 1 for x in xs]
     for got, x in zip(pm.ragged_map(fun, "n", layout="packed")(bools), bools):
         assert bool(got) == bool(fun(x))
+
+
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2fnuz"])
+@pytest.mark.parametrize("op", ["max", "min", "argmax", "cummin_reverse"])
+def test_max_and_min_of_float_types_without_an_infinity(dtype, op):
+    """The padding of a max was filled with -inf, which is NaN in float8
+    types without an infinity: the max was NaN, argmax the padding's index
+    (helper B). Their finite extremes fill it now."""
+    fun = {"max": jnp.max, "min": jnp.min, "argmax": jnp.argmax,
+           "cummin_reverse": lambda x: lax.cummin(x, reverse=True)}[op]
+    dt = jnp.dtype(dtype)
+    masked = pm.mask(fun, "n")
+    for vals in ([0.5, -1.0, 2.0], [-3.0], [1.0, 1.0, -0.5, 4.0, -2.0]):
+        x = jnp.asarray(vals, dt)
+        padded = jnp.zeros(8, dt).at[:len(vals)].set(x)
+        want = np.asarray(jax.jit(fun)(x)).astype(np.float32)
+        for size in (len(vals), jnp.int32(len(vals))):
+            got = jax.jit(masked)(pm.Masked(padded, (size,))) if not isinstance(size, int) \
+                else masked(pm.Masked(padded, (size,)))
+            np.testing.assert_array_equal(np.asarray(got.unpad()).astype(np.float32), want)

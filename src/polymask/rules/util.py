@@ -107,6 +107,15 @@ def keep_last_complex_nan(out, x, logical, axes):
     return lax.select(nan, last.astype(out.dtype), out)
 
 
+def _has_inf(dtype) -> bool:
+    """Whether a float type has an infinity (float8_e4m3fn and the fnuz types
+    have none: -inf becomes NaN there, and a max filled with it was NaN)."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return True
+    with np.errstate(all="ignore"):
+        return bool(np.isinf(np.array(np.inf, np.float32).astype(dtype)))
+
+
 def identity_of(dtype, kind: str):
     """Identity element of a reduction for ``dtype``: ints use dtype min/max, not
     inf (complex: ``-inf + 0j``, the init value of JAX's own complex max)."""
@@ -121,13 +130,13 @@ def identity_of(dtype, kind: str):
         if dtype == np.bool_:
             return False
         if jnp.issubdtype(dtype, jnp.inexact):
-            return -np.inf
+            return -np.inf if _has_inf(dtype) else jnp.finfo(dtype).min
         return jnp.iinfo(dtype).min
     if kind == "min":
         if dtype == np.bool_:
             return True
         if jnp.issubdtype(dtype, jnp.inexact):
-            return np.inf
+            return np.inf if _has_inf(dtype) else jnp.finfo(dtype).max
         return jnp.iinfo(dtype).max
     raise ValueError(kind)
 
