@@ -467,19 +467,28 @@ class RaggedValueAndGrad:
             ex = ([a if i in self._unbatched else a[k] for i, a in enumerate(args)] if exact
                   else self._exact_example(batch, k))
             where = f"{tree.case_sizes(case)} ({self._padded_text(batch)})"
-            reason = self._fallback.refused(where, case_error(tree, case))
-            key = tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
-                        for x in jax.tree_util.tree_leaves(ex))
-            try:
-                (s, c), g = self._fallback.call(key, tuple(ex), reason)
-            except ShapeError as e:
-                raise ShapeError(f"examples[{k}]: {e}") from e.__cause__
-            total, count_p = total + s, count_p + float(c)
+            s, c, g = self._exact_sums(k, ex, self._fallback.refused(where, case_error(tree, case)))
+            total, count_p = total + s, count_p + c
             grads = jax.tree_util.tree_map(jnp.add, grads, g)
+        return self._reduced(total, count_p, grads)
+
+    def _exact_sums(self, k: int, ex, reason: str):
+        """(loss sum, element count, gradient sums) of example ``k``, exact,
+        under plain ``jax.jit`` (once per shape)."""
+        key = tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
+                    for x in jax.tree_util.tree_leaves(ex))
+        try:
+            (s, c), g = self._fallback.call(key, tuple(ex), reason)
+        except ShapeError as e:
+            raise ShapeError(f"examples[{k}]: {e}") from e.__cause__
+        return s, float(c), g
+
+    def _reduced(self, total, count: float, grads):
+        """Sums as the loss reduces them (the mean: over max(count, 1) elements)."""
         if self.reduce == "mean":
-            inv = 1.0 / max(count_p, 1.0)
-            total = total * inv
-            grads = jax.tree_util.tree_map(lambda v: v * jnp.asarray(inv, v.dtype), grads)
+            scale = 1.0 / max(count, 1.0)
+            total = total * scale
+            grads = jax.tree_util.tree_map(lambda v: v * jnp.asarray(scale, v.dtype), grads)
         return total, grads
 
     def _exact_example(self, batch, k: int) -> list:
@@ -576,20 +585,11 @@ class RaggedValueAndGrad:
         total, count, grads = None, 0.0, None
         for k in range(n):
             ex = [a if i in self._unbatched else a[k] for i, a in enumerate(args)]
-            key = tuple((np.shape(x), str(getattr(x, "dtype", type(x).__name__)))
-                        for x in jax.tree_util.tree_leaves(ex))
-            try:
-                (s, c), g = self._fallback.call(key, tuple(ex), reason)
-            except ShapeError as e:
-                raise ShapeError(f"examples[{k}]: {e}") from e.__cause__
+            s, c, g = self._exact_sums(k, ex, reason)
             total = s if total is None else total + s
-            count += float(c)
+            count += c
             grads = g if grads is None else jax.tree_util.tree_map(jnp.add, grads, g)
-        if self.reduce == "mean":
-            scale = 1.0 / max(count, 1.0)
-            total = total * scale
-            grads = jax.tree_util.tree_map(lambda v: v * jnp.asarray(scale, v.dtype), grads)
-        return total, grads
+        return self._reduced(total, count, grads)
 
     def _check_exact_examples(self, args) -> bool:
         """Lists of exact arrays: each example's loss traced by plain JAX (once
