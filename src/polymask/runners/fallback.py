@@ -58,11 +58,19 @@ def falls_back(error: BaseException) -> bool:
             and not compat.is_runtime_error(error))
 
 
+_SHARE_ONE_OUTPUT = ("\n  Outputs of one rank, dtype and structure at every size share the "
+                     "program: name the axis where a rank changes (y.squeeze(-1) or y[..., 0] "
+                     "for y.squeeze()).")
+
+
 def refusal_text(error: BaseException) -> str:
     """One refusal, as its message says it (type name for non-polymask errors)."""
     text = str(error).strip() or type(error).__name__
-    # (mask's remedy for outputs that differ by size: the runner does what it says)
-    text = text.split(ONE_OUTPUT_REMEDY_START)[0]
+    # (mask's remedy for outputs that differ by size: the runner does what it
+    # says; what shares the program again instead)
+    head, remedy, _ = text.partition(ONE_OUTPUT_REMEDY_START)
+    if remedy:
+        text = head + _SHARE_ONE_OUTPUT
     if not isinstance(error, (ShapeError, NotImplementedError)):
         text = f"{type(error).__name__}: {text}"
     # a library's error of the symbolic trace: polymask's note says why and what to do
