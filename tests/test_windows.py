@@ -790,3 +790,17 @@ def test_explicit_size_padding_with_lhs_dilation_and_negative_amounts():
         return conv1d(x, k, 2, [(n % 3, -(n % 2))], lhs_dilation=2)
 
     oracle(fun, [(_vec(n),) for n in (9, 1, 2, 4, 40)], [(40,)], "n")
+
+
+def test_explicit_size_padding_through_jaxs_own_conv_wrappers():
+    """lax.conv_with_general_padding calls JAX's internal conv_general_dilated:
+    the same replacement serves it."""
+    k = jnp.asarray(RNG.normal(size=(1, 1, 3)).astype(np.float32))
+
+    def fun(x):
+        n = x.shape[0]
+        pad = -(-n // 2) * 2 - n
+        return lax.conv_with_general_padding(x[None, None], k, (2,), [(0, pad + 1)],
+                                             None, None)[0, 0]
+
+    oracle(fun, [(_vec(n),) for n in (5, 1, 2, 40)], [(40,)], "n")

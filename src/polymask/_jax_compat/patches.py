@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax._src.export import shape_poly as _shape_poly
 from jax._src.interpreters import partial_eval as _pe
+from jax._src.lax import convolution as _lax_convolution
 
 from . import linalg as _linalg
 from . import numeric as _numeric
@@ -200,6 +201,9 @@ def _rule_rows() -> tuple[TracePatch, ...]:
                    "JAX takes explicit padding as int pairs only (operator.index), though "
                    "its 'SAME' padding is symbolic: a size-dependent pair pads the input "
                    "with lax.pad instead"),
+        TracePatch("jax._src.lax.convolution conv_general_dilated",
+                   lambda: (_lax_convolution, "conv_general_dilated"), "rules/windows.py",
+                   "the same, for JAX's own callers (lax.conv, conv_with_general_padding)"),
         TracePatch("lax.associative_scan", lambda: (jax.lax, "associative_scan"),
                    "rules/scans.py", "JAX recurses on the axis length in Python"),
         TracePatch("warnings.warn", lambda: (warnings, "warn"), "tracing/trace_warnings.py",

@@ -663,3 +663,5 @@ def conv_symbolic_padding(lhs, rhs, window_strides, padding, lhs_dilation=None,
 
 
 compat.replace_during_trace("lax.conv_general_dilated", conv_symbolic_padding)
+compat.replace_during_trace("jax._src.lax.convolution conv_general_dilated",
+                            conv_symbolic_padding)

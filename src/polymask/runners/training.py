@@ -444,17 +444,22 @@ class RaggedValueAndGrad:
     def _examples_apart(self, weights, batch) -> dict[int, tuple]:
         """``{k: (tree, case)}``: the examples (weight > 0) whose sizes reach a
         case whose outputs differ from the padded program's (``Case.differs``)."""
+        return {k: (tree, case) for k, tree, case in
+                self._cases_reached(weights, batch, lambda c: c.differs)}
+
+    def _cases_reached(self, weights, batch, which):
+        """``(k, tree, case)`` for each example ``k`` (weight > 0) whose sizes
+        reach a case ``which(case)`` holds for (past a split on a count: a case
+        the count may choose); nothing when no case of the tree is such."""
         tree, _ = self._masked.cases(*self._example_args(batch, 0))
-        if not any(c.differs for c in tree.cases):
-            return {}
-        apart = {}
+        if not any(which(c) for c in tree.cases):
+            return
         for k in np.flatnonzero(np.asarray(weights) > 0):
             tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
             values, _ = solve_dim_vars(tree.base, leaves, checks_on=False)
-            case = next((c for c in tree.reachable_cases(values) if c.differs), None)
+            case = next((c for c in tree.reachable_cases(values) if which(c)), None)
             if case is not None:
-                apart[int(k)] = (tree, case)
-        return apart
+                yield int(k), tree, case
 
     def _add_examples_apart(self, loss, count, grads, args, batch, apart, exact: bool):
         """The padded program's sums plus those of ``apart``'s examples, each
@@ -542,18 +547,10 @@ class RaggedValueAndGrad:
         of the masked program that polymask could not trace symbolically (not
         one where plain JAX fails), or None. The program itself has no host
         check for it (``checks=False``): that example would add 0."""
-        tree, _ = self._masked.cases(*self._example_args(batch, 0))
-        if not any(c.error is not None and not c.pinned and not c.differs for c in tree.cases):
-            return None
-        for k in np.flatnonzero(np.asarray(weights) > 0):
-            tree, leaves = self._masked.cases(*self._example_args(batch, int(k)))
-            values, _ = solve_dim_vars(tree.base, leaves, checks_on=False)
-            # (past a split on a count: a case the count may choose)
-            case = next((c for c in tree.reachable_cases(values)
-                         if c.error is not None and not c.pinned and not c.differs), None)
-            if case is not None:
-                return ShapeError(f"examples[{k}]: polymask cannot trace the function with "
-                                  f"symbolic sizes at {case.where}:\n  {case.error}")
+        for k, _, case in self._cases_reached(
+                weights, batch, lambda c: c.error is not None and not c.pinned and not c.differs):
+            return ShapeError(f"examples[{k}]: polymask cannot trace the function with "
+                              f"symbolic sizes at {case.where}:\n  {case.error}")
         return None
 
     # -- the per-example fallback (fallback.py) -----------------------------------
@@ -691,7 +688,10 @@ def value_and_grad(fun: Callable, in_specs=None, *, argnums: int | Sequence[int]
         ``x[1:]`` at ``n = 0``), run in the padded layout and their sums are
         added (``vg.last_padded`` counts them).
       fallback: run a batch whose padded program cannot be traced example by
-        example under ``jax.jit`` (default), or raise the trace's error.
+        example under ``jax.jit`` (default), or raise the trace's error. An
+        example whose loss has another rank, dtype or structure at its size
+        (``(x @ w).squeeze()`` at n = 1) runs so alone, its sums added to the
+        padded program's (``vg.fallbacks()`` names those sizes).
       constraints: what you know about the example sizes, as for
         ``polymask.mask`` (``["n >= 4"]``): the masked trace needs no case
         for the sizes they rule out (a library's choice by shape, such as
