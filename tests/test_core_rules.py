@@ -364,3 +364,16 @@ def test_max_and_min_of_float_types_without_an_infinity(dtype, op):
             got = jax.jit(masked)(pm.Masked(padded, (size,))) if not isinstance(size, int) \
                 else masked(pm.Masked(padded, (size,)))
             np.testing.assert_array_equal(np.asarray(got.unpad()).astype(np.float32), want)
+
+
+@pytest.mark.parametrize("fun", [lambda x: jnp.sum(x.astype(jnp.float32)),
+                                 lambda x: jnp.cumsum(x.astype(jnp.float32)),
+                                 lambda x: x.astype(jnp.float32) @ jnp.ones(x.shape[0])])
+def test_reductions_of_a_type_without_zero(fun):
+    """float8_e8m0fnu has no zero (0 stored there is NaN): the entry select
+    "zeroed" its padding to NaN and marked it zero, so the sum of its float32
+    conversion skipped the float32 fill and was NaN at every size below the
+    bound (helper B, session 59)."""
+    dt = jnp.float8_e8m0fnu
+    exs = [(np.asarray([1., 2., 4., 0.5, 8., 0.25, 16.][:n], dt),) for n in (0, 1, 3, 7)]
+    check_oracle(fun, exs, [(8,)], "n", modes=("eager", "jit", "vmap"))

@@ -32,7 +32,7 @@ from .registry import (
     sees_guard,
     substitute_dims,
 )
-from .state import RunState
+from .state import RunState, holds_zero
 from .symbolic import MaskedProgram, is_masked
 
 __all__ = ["Interpreter", "run_program", "all_sizes_at_bound", "runs_rule", "walk_jaxpr",
@@ -185,8 +185,9 @@ _INTERPRETER = Interpreter()
 
 
 def _entry_mask(data, logical):
-    """Zero float padding once on entry: gradients w.r.t. padding are then exactly 0."""
-    if not jnp.issubdtype(data.dtype, jnp.inexact):
+    """Zero float padding once on entry: gradients w.r.t. padding are then exactly 0
+    (a type with no zero keeps its padding: rules fill it where they need to)."""
+    if not jnp.issubdtype(data.dtype, jnp.inexact) or not holds_zero(data.dtype):
         return data
     m = valid_mask(logical, data.shape)
     if m is None:

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
+
 from ..core.shapes import DimEnv
 
-__all__ = ["RunState", "GUARD"]
+__all__ = ["RunState", "GUARD", "holds_zero"]
+
+
+@functools.cache
+def holds_zero(dtype) -> bool:
+    """Whether ``dtype`` represents 0: float8_e8m0fnu (an exponent-only scale
+    type) has no zero, a 0 stored there is NaN, so padding "zeroed" in it is
+    NaN (a sum of its float32 conversion was NaN)."""
+    if dtype is None:
+        return True
+    with np.errstate(all="ignore"):
+        return bool(np.array(0, np.float32).astype(dtype) == 0)
+
 
 GUARD = "__polymask_guard__"  # RunState.guard passed as a size (with_sizes)
 
@@ -59,7 +74,8 @@ class RunState:
         return self.dims.logical_cache
 
     def mark_zero_padding(self, x) -> None:
-        self.zero_padded[id(x)] = x
+        if holds_zero(getattr(x, "dtype", None)):
+            self.zero_padded[id(x)] = x
 
     def has_zero_padding(self, x) -> bool:
         return id(x) in self.zero_padded
