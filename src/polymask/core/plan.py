@@ -38,6 +38,7 @@ from .specs import (
     scope_and_name_generator,
     spec_identifiers,
     unknown_dim_vars_error,
+    with_static_vars,
 )
 
 __all__ = ["Solution", "solve_sizes", "solve_axis", "not_affine", "policy_getter",
@@ -402,7 +403,8 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
               arg_names: Sequence[str] | None = None,
               equal_sizes_share: bool = False,
               static_axes: frozenset[tuple] = frozenset(),
-              related_axes: Mapping[tuple, tuple] | None = None) -> CallPlan:
+              related_axes: Mapping[tuple, tuple] | None = None,
+              static_vars: frozenset[str] = frozenset()) -> CallPlan:
     """Plan one call on exact arrays ``args`` (host side; see ``CallPlan``).
 
     ``in_specs=None`` makes every axis of every non-scalar array leaf dynamic;
@@ -421,6 +423,8 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
     path, axis, offset)``: one a trace found equal to another axis plus a
     constant, ``v`` of ``r + v[1:]``) is named by that axis's dim var plus
     the offset (``s0 + 1``) where this call's sizes keep the relation.
+    ``static_vars``: dim vars of ``in_specs`` whose axes are static, each at
+    its size in this call (the function needs them as Python values).
 
     Raises:
       ShapeError: a bad spec, a size not of its affine form, different sizes
@@ -441,6 +445,8 @@ def plan_call(args: Sequence[Any], in_specs, constraints: Sequence[str],
         is_scalar_py = isinstance(leaf, (bool, int, float, complex))
         check_program_input(leaf, path)
         axes = None
+        if static_vars:
+            spec = with_static_vars(spec, shape, static_vars)
         if spec is None and in_specs is None and equal_sizes_share and shape and not is_scalar_py:
             dynamic = [(path, k) not in static_axes and (path, k, d) not in static_axes
                        for k, d in enumerate(shape)]

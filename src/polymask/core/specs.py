@@ -320,6 +320,22 @@ def spec_identifiers(spec: str) -> set[str]:
     return set(re.findall(r"[A-Za-z_][A-Za-z_0-9]*", spec))
 
 
+def with_static_vars(spec, shape: tuple[int, ...], static_vars) -> Any:
+    """``spec`` (one leaf's) with each axis named by dim vars of ``static_vars``
+    only written as its size in ``shape`` (``"n, m"`` at shape ``(3, 5)`` with
+    ``n`` static: ``"3, m"``); other specs unchanged (``parse_leaf_spec``
+    reports their errors)."""
+    if not isinstance(spec, str):
+        return spec
+    stripped = spec.strip().strip("()").strip()
+    parts = [p.strip() for p in _split_top_level(stripped)] if stripped else []
+    if len(parts) > len(shape) or (len(parts) < len(shape) and parts[-1:] != ["..."]):
+        return spec
+    out = [str(shape[k]) if (names := spec_identifiers(p)) and names <= static_vars else p
+           for k, p in enumerate(parts)]
+    return ", ".join(out)
+
+
 def scope_and_name_generator(spec_leaves, constraints):
     """A ``SymbolicScope`` with the user's constraints, and a generator of fresh
     default dim var names (``s0``, ``s1``, ...) that avoid the names in specs.

@@ -57,7 +57,6 @@ from ..core.plan import CallPlan, dtype_key, padded_shape, policy_getter
 from ..core.shapes import canonical_dtype, native_byte_order
 from ..core.specs import as_constraints
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
-from ..tracing.cases.tree import needs_a_size_as_value
 from ..tracing.prologue import raise_run_failure
 from ..tracing.trace_warnings import say_case_warnings
 from .compiling import COMPILE_TICK, background_executor, compile_counter
@@ -86,6 +85,7 @@ from .programs import (
     count_value,
     fallback_where,
     finish_stats,
+    needs_a_value,
     raise_case_error,
     reaches_error_case,
     reaches_untraced_case,
@@ -102,18 +102,6 @@ def _leaf_key(x):
         return (type(x), x.shape, x.dtype, getattr(x, "weak_type", False))
     except AttributeError:
         return (type(x), np.shape(x), dtype_key(x))
-
-
-def _needs_a_value(error: BaseException) -> bool:
-    """Whether ``error`` is the function needing a size as a Python value
-    (``np.arange(x.shape[0])``, ``int(n)``, ``if n > k``: ``TooManyCases``),
-    not an axis meeting a fixed size (``x @ W``)."""
-    if isinstance(error, PerSizeBucket):
-        return True
-    plain = plain_type_of(error)
-    return isinstance(error, TooManyCases) and (
-        (plain is not None and issubclass(plain, jax.errors.ConcretizationTypeError))
-        or needs_a_size_as_value(error))
 
 
 def _weak_array(a) -> bool:
@@ -692,7 +680,7 @@ class PolyJit:
         seen at a second size (``_check_value_axes``): a parameter's axis
         (flax's initialisers read ``fan_in`` as a Python value) has one size,
         and is static for free."""
-        names = getattr(error, "fixed_size_vars", ()) if _needs_a_value(error) else ()
+        names = getattr(error, "fixed_size_vars", ()) if needs_a_value(error) else ()
         if not self.plans.adapt_to(plan, error):
             return False
         if names:
@@ -989,7 +977,13 @@ class PolyJit:
     def _make(self, tree, plan, entry):
         # (a bucket whose every size is a case of its own runs per exact shape:
         # its trace raises PerSizeBucket, a failure the fallback takes)
-        return build_inner(self.fun, entry, tree, plan, self.in_specs, self.constraints,
+        # (the plan's specs where some of the user's dim vars are static in it:
+        # CallPlans.static_vars)
+        if self.plans.static_vars - set(plan.var_names):
+            specs, constraints = None, self.plans.constraints_of_static_plans()
+        else:
+            specs, constraints = self.in_specs, self.constraints
+        return build_inner(self.fun, entry, tree, plan, specs, constraints,
                            max_cases=self.max_cases,
                            per_size_per_shape=self._per_size_per_shape)
 

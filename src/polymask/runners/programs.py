@@ -17,13 +17,14 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.binding import specs_of_passed
 from ..core.diagnostics import at_call_site, dim_vars_named, user_call_site
-from ..core.errors import ShapeError
+from ..core.errors import ShapeError, TooManyCases, plain_type_of
 from ..core.masked import Masked
 from ..core.plan import CallPlan, plan_call, structure_key
+from ..core.specs import spec_identifiers
 from ..core.trace_state import mapped_per_example, replaced
 from ..tracing.cases.dispatch import host_error
 from ..tracing.cases.splitting import DEFAULT_MAX_CASES
-from ..tracing.cases.tree import PerSizeBucket, per_size_reason
+from ..tracing.cases.tree import PerSizeBucket, needs_a_size_as_value, per_size_reason
 from ..tracing.transform import mask
 from .compiling import COMPILE_TICK, background_executor, compile_counter, install_listeners
 from .fallback import bucket_text
@@ -280,6 +281,9 @@ class CallPlans:
         # of axes a trace found to be another axis plus a constant
         self.static_axes: frozenset[tuple] = frozenset()
         self.related_axes: dict[tuple, tuple] = {}
+        # without equal_sizes_share: the specs' dim vars whose axes are static
+        # (the function needs their sizes as Python values)
+        self.static_vars: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._plans: dict = {}
 
@@ -298,6 +302,10 @@ class CallPlans:
                                  equal_sizes_share=self.equal_sizes_share and spec_key is None,
                                  static_axes=self.static_axes,
                                  related_axes=self.related_axes)
+                if spec_key is None and self.static_vars & set(plan.var_names):
+                    # (planned with them first: their sizes and constraints checked)
+                    plan = plan_call(args, in_specs, self.constraints_of_static_plans(),
+                                     self.policy_for, static_vars=self.static_vars)
             except ShapeError as e:
                 raise at_call_site_error(e) from None
             with self._lock:
@@ -325,7 +333,7 @@ class CallPlans:
           the relation, as ``in_specs=("T", "T + 1")`` would.
         """
         if not self.equal_sizes_share:
-            return False
+            return self._make_spec_vars_static(plan, error)
         # a relation first: where one var is pinned, a trace also says that the
         # other met a fixed size (the pinned size), which would make it static
         if self._relate(plan, error):
@@ -354,6 +362,28 @@ class CallPlans:
                     self._plans.clear()
         return bool(axes)
 
+    def constraints_of_static_plans(self) -> tuple[str, ...]:
+        """The user's constraints that name no static dim var (``static_vars``:
+        those are checked where the call is planned with the user's specs)."""
+        return tuple(c for c in self.constraints
+                     if not spec_identifiers(c) & self.static_vars)
+
+    def _make_spec_vars_static(self, plan: CallPlan, error: BaseException) -> bool:
+        """With the user's specs: the dim vars whose sizes the function needs
+        as Python values (``for i in range(x.shape[0])``: one case per size)
+        are static in later calls, so that each size of them compiles one
+        program for every size of the others (per exact shape before: ``"n,
+        m"`` compiled each ``(n, m)``). Only a var every axis of which it names
+        alone (not ``"n * m"``), and where another var stays symbolic (else
+        the bucket runs per exact shape, as before)."""
+        names = set(_spec_vars_needed(plan, error)) - self.static_vars
+        if not names or not set(plan.var_names) - names - self.static_vars:
+            return False
+        with self._lock:
+            self.static_vars = self.static_vars | names
+            self._plans.clear()
+        return True
+
     def _has_axis_static_at_its_size(self, plan: CallPlan) -> bool:
         """Whether an axis of ``plan`` is static by a ``(path, axis, size)`` entry."""
         return any((leaf.path, k, leaf.shape[k]) in self.static_axes
@@ -363,7 +393,10 @@ class CallPlans:
     def may_adapt_to(self, plan: CallPlan, error: BaseException) -> bool:
         """Whether ``adapt_to(plan, error)`` could plan the call again (it
         changes nothing here)."""
-        return self.equal_sizes_share and bool(
+        if not self.equal_sizes_share:
+            names = set(_spec_vars_needed(plan, error)) - self.static_vars
+            return bool(names) and bool(set(plan.var_names) - names - self.static_vars)
+        return bool(
             getattr(error, "fixed_size_vars", ()) or _broadcast_ones(plan, error)
             or _equal_size_relations(plan, error))
 
@@ -389,6 +422,32 @@ class CallPlans:
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
+
+
+def needs_a_value(error: BaseException) -> bool:
+    """Whether ``error`` is the function needing a size as a Python value
+    (``np.arange(x.shape[0])``, ``int(n)``, ``if n > k``: ``TooManyCases``),
+    not an axis meeting a fixed size (``x @ W``)."""
+    if isinstance(error, PerSizeBucket):
+        return True
+    plain = plain_type_of(error)
+    return isinstance(error, TooManyCases) and (
+        (plain is not None and issubclass(plain, jax.errors.ConcretizationTypeError))
+        or needs_a_size_as_value(error))
+
+
+def _spec_vars_needed(plan: CallPlan, error: BaseException) -> tuple[str, ...]:
+    """The dim vars of ``plan`` (the user's specs) whose sizes ``error`` says
+    the function needs as Python values, each naming its axes alone."""
+    if not needs_a_value(error):
+        return ()
+    names = {v for v in getattr(error, "fixed_size_vars", ()) if v in plan.var_names}
+    for leaf in plan.leaves:
+        for a in leaf.axes or ():
+            used = compat.dim_vars(a.expr) if compat.is_dim_expr(a.expr) else set()
+            if used & names and not used <= names:
+                return ()
+    return tuple(sorted(names))
 
 
 def _coinciding_vars(plan: CallPlan) -> set[str]:
