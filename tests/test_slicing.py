@@ -234,14 +234,24 @@ def test_pad_modes(mode):
                  [(12,)], "n", constraints=("n >= 3",))
 
 
-def test_pad_wrap_is_a_jax_tracing_limit():
-    # jnp.pad(mode="wrap") builds Python lists from n % k: it cannot be traced
-    # with a symbolic n. With few sizes each is traced pinned (plain JAX's own
-    # trace); with more sizes than max_cases, a ShapeError at the user's line.
-    f = lambda x: jnp.pad(x, (2, 3), mode="wrap")  # noqa: E731
-    oracle(f, [(X7,), (X7[:1],)], [(12,)], "n")
-    with pytest.raises(pm.ShapeError, match="max_cases"):
-        pm.mask(f, "n")(masked(X7, (40,)))
+@pytest.mark.parametrize("mode", ["wrap", "reflect", "symmetric"])
+def test_pad_modes_wider_than_the_size_and_of_a_size_width(mode):
+    """JAX pads these modes in a Python loop over divmod(width, n) (wrap) or
+    as many reflections as the width needs, and refuses a width it cannot
+    prove at most the size: past the per-size limit (bound 40) they were
+    refused. One gather of the periodic extension now, widths larger than
+    the size and a width that is another input's size included; size 0
+    raises as plain JAX does."""
+    f = lambda x: jnp.sin(jnp.pad(x, ((5, 2), (0, 1)), mode=mode))  # noqa: E731
+    rng = np.random.default_rng(0)
+    exs = [(rng.normal(size=(n, 3)).astype(np.float32),) for n in (1, 2, 3, 8)]
+    check_oracle(f, exs, [(40, 3)], "n, 3", modes=("eager", "jit", "vmap", "grad"))
+    with pytest.raises(pm.ShapeError, match=f"Cannot apply '{mode}' padding to empty axis"):
+        pm.mask(f, "n, 3")(pm.Masked(jnp.ones((40, 3)), (0, 3)))
+    g = lambda x, w: jnp.pad(x, (w.shape[0], 1), mode=mode)  # noqa: E731
+    exs = [(rng.normal(size=n).astype(np.float32), np.ones(m, np.float32))
+           for n, m in ((1, 0), (1, 3), (4, 9), (9, 2))]
+    check_oracle(g, exs, [(40,), (40,)], ("n", "m"), modes=("eager", "jit"))
 
 
 @pytest.mark.slow  # >= 4 s on 2 cores: the slow tier

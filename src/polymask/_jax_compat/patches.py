@@ -181,6 +181,15 @@ def _rule_rows() -> tuple[TracePatch, ...]:
                    "JAX calls len(xp)"),
         TracePatch("jnp.convolve / correlate (_conv)", _numeric.conv_home, "rules/numeric.py",
                    "JAX calls len(x) for the output size and mode"),
+        TracePatch("jnp.pad(mode='wrap') (_pad_wrap)", lambda: (lax_numpy(), "_pad_wrap"),
+                   "rules/numeric.py",
+                   "JAX divides the pad width by the size in Python (divmod) and repeats "
+                   "the array that many times: a gather of (i - before) mod n instead"),
+        TracePatch("jnp.pad(mode='reflect' / 'symmetric') (_pad_symmetric_or_reflect)",
+                   lambda: (lax_numpy(), "_pad_symmetric_or_reflect"), "rules/numeric.py",
+                   "JAX reflects in a Python loop as often as the width needs and refuses "
+                   "widths it cannot prove at most the size: a gather of the periodic "
+                   "reflection instead"),
         TracePatch("jax.random shuffle (_shuffle)", _random.shuffle_home,
                    "rules/random_samplers.py",
                    "JAX computes the number of sort rounds from the size in Python"),

@@ -20,6 +20,12 @@ masked trace, or when no length involved is symbolic, they call JAX's own:
   ``len(x) < 1`` (JAX raises) are size comparisons that split the trace into
   cases; the rest is ``rev`` and ``conv_general_dilated`` with padding that is
   a dimension expression, both masked.
+- ``pad(mode="wrap")``: JAX's ``_pad_wrap`` repeats the array ``divmod(width,
+  n)`` times, a count in Python; along an axis of symbolic size (or width)
+  output position ``i`` is the input's ``(i - before) mod n`` instead, one
+  gather (numpy.pad's definition of wrap); size 0 raises as JAX does.
+  ``mode="reflect"`` / ``"symmetric"`` likewise (JAX reflects in a Python
+  loop and refuses widths it cannot prove at most the size).
 """
 
 from __future__ import annotations
@@ -35,12 +41,15 @@ from .._jax_compat import numeric as compat_numeric
 from .random_samplers import searchsorted_symbolic
 from .util import has_symbolic_shape, in_masked_trace
 
-__all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic"]
+__all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic", "pad_wrap_dynamic",
+           "pad_reflect_dynamic"]
 
 _LAX_NUMPY = compat_numeric.lax_numpy_module()
 _ORIGINAL_SEARCHSORTED = _LAX_NUMPY.searchsorted
 _ORIGINAL_INTERP = getattr(*compat_numeric.interp_home())
 _ORIGINAL_CONV = getattr(*compat_numeric.conv_home())
+_ORIGINAL_PAD_WRAP = _LAX_NUMPY._pad_wrap
+_ORIGINAL_PAD_REFLECT = _LAX_NUMPY._pad_symmetric_or_reflect
 
 
 def searchsorted_dynamic(a, v, side="left", sorter=None, *, method="scan"):
@@ -159,6 +168,69 @@ def _conv_padding_the_data(x, y, mode, precision, preferred_element_type):
     return lax.dynamic_slice_in_dim(full, (y.shape[0] - 1) // 2, L)
 
 
+def pad_wrap_dynamic(array, pad_width):
+    """``jnp.pad(array, pad_width, mode="wrap")`` (JAX's ``_pad_wrap``, called
+    with one ``(before, after)`` pair per axis) where a size or width is
+    symbolic: output position ``i`` of such an axis reads input position
+    ``(i - before) mod n`` (JAX's repeats and remainders, as one gather)."""
+    if not _symbolic_padding(array, pad_width):
+        return _ORIGINAL_PAD_WRAP(array, pad_width)
+    return _pad_by_gather(array, pad_width, "wrap", jnp.remainder, _ORIGINAL_PAD_WRAP)
+
+
+def pad_reflect_dynamic(array, pad_width, mode, reflect_type):
+    """``jnp.pad(mode="reflect" / "symmetric")`` (JAX's
+    ``_pad_symmetric_or_reflect``) where a size or width is symbolic: JAX
+    reflects in a Python loop, as often as the width needs, and refuses a
+    width it cannot prove at most the size. Its result is the periodic even
+    extension (numpy.pad's): position ``j = (i - before) mod p`` of period
+    ``p = 2n`` (symmetric: ``j`` or ``2n - 1 - j``) or ``2n - 2`` (reflect:
+    ``j`` or ``2n - 2 - j``; a size of 1 repeats its element), one gather.
+    ``reflect_type="odd"`` (values, not positions) stays JAX's."""
+    if reflect_type != "even" or not _symbolic_padding(array, pad_width):
+        return _ORIGINAL_PAD_REFLECT(array, pad_width, mode, reflect_type)
+
+    def source(positions, size):
+        if mode == "symmetric":
+            j = jnp.remainder(positions, 2 * size)
+            return jnp.where(j < size, j, 2 * size - 1 - j)
+        period = jnp.maximum(2 * size - 2, 1)
+        j = jnp.remainder(positions, period)
+        return jnp.where(j < size, j, period - j)
+
+    return _pad_by_gather(array, pad_width, mode, source,
+                          lambda a, w: _ORIGINAL_PAD_REFLECT(a, w, mode, reflect_type))
+
+
+def _symbolic_padding(array, pad_width) -> bool:
+    return in_masked_trace() and (has_symbolic_shape(array) or any(
+        compat.is_dim_expr(w) for pair in pad_width for w in pair))
+
+
+def _pad_by_gather(array, pad_width, mode: str, source_index, static_pad):
+    """Pad each axis whose size or width is symbolic by a gather: output
+    position ``i`` reads ``source_index(i - before, n)``; an axis of static
+    size and widths by JAX's own ``static_pad``. An empty axis with padding
+    raises JAX's error (the trace splits at size 0: ``<`` is undecided)."""
+    for axis, (before, after) in enumerate(pad_width):
+        size = array.shape[axis]
+        if not any(compat.is_dim_expr(d) for d in (size, before, after)):
+            widths = [(0, 0)] * array.ndim
+            widths[axis] = (before, after)
+            array = static_pad(array, widths)
+            continue
+        if size < 1:
+            if not (before == 0 and after == 0):  # (JAX's _check_no_padding)
+                raise ValueError(f"Cannot apply '{mode}' padding to empty axis")
+            continue
+        positions = jnp.arange(size + before + after) - before
+        array = jnp.take(array, source_index(positions, size), axis=axis, mode="clip")
+    return array
+
+
+compat.replace_during_trace("jnp.pad(mode='wrap') (_pad_wrap)", pad_wrap_dynamic)
+compat.replace_during_trace("jnp.pad(mode='reflect' / 'symmetric') (_pad_symmetric_or_reflect)",
+                            pad_reflect_dynamic)
 compat.replace_during_trace("jnp.searchsorted", searchsorted_dynamic)
 compat.replace_during_trace("jax._src.numpy searchsorted (digitize)", searchsorted_dynamic)
 compat.replace_during_trace("jnp.interp (_interp)", interp_dynamic)

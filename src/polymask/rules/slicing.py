@@ -19,8 +19,8 @@ gradient; float results are then selected to 0 in their padding.
 Limits that come from JAX's symbolic tracing, not from these rules: JAX
 assumes dim vars >= 1, so a length that does not mention the size
 (``x[:1]`` has length 1, ``lax.pad`` interior gives ``2n + 2``) is wrong
-at logical size 0; ``jnp.pad(mode="wrap")`` and ``jnp.take(mode="wrap")``
-need a constant size and fail while tracing (``ShapeError``).
+at logical size 0. (``jnp.take(mode="wrap")`` computes ``i % n`` on values;
+``jnp.pad(mode="wrap")`` is a gather of the same: ``rules/numeric.py``.)
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..core.shapes import DimEnv
@@ -20,7 +21,7 @@ def holds_zero(dtype) -> bool:
     """Whether ``dtype`` represents 0: float8_e8m0fnu (an exponent-only scale
     type) has no zero, a 0 stored there is NaN, so padding "zeroed" in it is
     NaN (a sum of its float32 conversion was NaN)."""
-    if dtype is None:
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):  # (PRNG keys: no NumPy form)
         return True
     with np.errstate(all="ignore"):
         return bool(np.array(0, np.float32).astype(dtype) == 0)
