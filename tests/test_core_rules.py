@@ -204,6 +204,29 @@ def test_custom_vjp_with_a_python_float_argument_differentiates(cotangent):
     np.testing.assert_array_equal(g, [0.5, 0.5, 0, 0, 0])
 
 
+def test_a_custom_vjp_whose_forward_checks_a_size_differentiates():
+    """levanter's flash attention: the custom_vjp's forward raises unless the
+    length is a multiple of its block. JAX traces the forward rule only when
+    the call is differentiated, after the masked trace's cases: the check was
+    answered outside its case and jax.grad raised it at every size (helper A,
+    session 60). It is traced with the case now: exact where plain JAX runs,
+    a ShapeError at odd sizes."""
+    @jax.custom_vjp
+    def blocked_double(x):
+        if x.shape[0] % 2 != 0:
+            raise ValueError(f"size {x.shape[0]} is not a multiple of 2")
+        return 2 * x
+
+    blocked_double.defvjp(lambda x: (blocked_double(x), x.shape[0]),
+                          lambda n, g: (2 * g + n,))
+    f = lambda x: jnp.sum(blocked_double(x) ** 2)  # noqa: E731
+    x = np.arange(1.0, 9.0, dtype=np.float32)
+    check_oracle(f, [(x[:n],) for n in (0, 2, 4, 8)], [(8,)], "n",
+                 modes=("eager", "jit", "vmap", "grad"))
+    with pytest.raises(pm.ShapeError, match="not a multiple of 2"):
+        jax.grad(lambda d: pm.mask(f, "n")(pm.Masked(d, (3,))).data)(jnp.asarray(x))
+
+
 @pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_implicit_differentiation_by_custom_root_keeps_its_rule():
     """lax.custom_root (jaxopt's implicit differentiation): the solve is a

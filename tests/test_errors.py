@@ -1062,10 +1062,12 @@ def test_a_masked_value_given_to_a_runner_is_said_to_be_one():
             call()
 
 
-def test_a_custom_jvp_rule_that_compares_sizes_says_to_differentiate_inside_the_mask():
+def test_a_custom_jvp_rule_that_compares_sizes_differentiates_outside_the_mask():
     """A custom JVP rule traced when the derivative is taken (t[::-1] asks
-    n >= 1) cannot split there; the message said 'fails at these sizes' with
-    no sizes. It now gives the remedy, which works."""
+    n >= 1) could not split there: jax.grad of the masked function raised at
+    every size (with the remedy to differentiate inside). The rule is traced
+    with the masked trace's cases now (rules/custom_derivatives.py): both
+    ways give plain JAX's gradient, eager and under jit."""
     @jax.custom_jvp
     def c(x):
         return jnp.cumsum(x)
@@ -1076,9 +1078,11 @@ def test_a_custom_jvp_rule_that_compares_sizes_says_to_differentiate_inside_the_
 
     x = jnp.array([0.5, 1.0, -0.3, 2.0, jnp.nan, jnp.nan])
     w = jnp.arange(6.0)
-    with pytest.raises(pm.ShapeError, match=r"(?s)custom JVP rule.*differentiate inside the "
-                                            r"masked function"):
-        jax.grad(lambda d: (pm.mask(c, "n")(pm.Masked(d, (4,))).data * w).sum())(x)
-    inside = pm.mask(jax.grad(lambda d: (c(d) * w[:d.shape[0]]).sum()), "n")
-    want = jax.grad(lambda d: (c(d) * w[:4]).sum())(x[:4])
-    np.testing.assert_allclose(inside(pm.Masked(x, (4,))).unpad(), want)
+    masked = pm.mask(c, "n")
+    outside = jax.grad(lambda d, n: (masked(pm.Masked(d, (n,))).filled(0) * w).sum())
+    for n in (0, 1, 4):
+        want = jax.grad(lambda d: (c(d) * w[:n]).sum())(x[:n])
+        np.testing.assert_allclose(outside(x, n)[:n], want)
+        np.testing.assert_allclose(jax.jit(outside)(x, jnp.int32(n))[:n], want)
+        inside = pm.mask(jax.grad(lambda d: (c(d) * w[:d.shape[0]]).sum()), "n")
+        np.testing.assert_allclose(inside(pm.Masked(x, (n,))).unpad(), want)

@@ -564,6 +564,16 @@ def call_wrapped(wrapped_fun, *args):
     return wrapped_fun.call_wrapped(*args)
 
 
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
+
+
+def defined_in_jax(wrapped_fun) -> bool:
+    """Whether a ``WrappedFun``'s function (a custom rule's thunk) is JAX's own
+    (``jax.nn.softmax``'s JVP), by the source its debug info names."""
+    info = getattr(getattr(wrapped_fun, "debug_info", None), "func_src_info", None) or ""
+    return _JAX_DIR in info
+
+
 # Modules whose module-level ``core.Primitive`` instances make up "every lax
 # primitive JAX defines" for the coverage table (tools/coverage.py). Packages
 # are walked; Pallas / Mosaic / Triton kernels are out of scope.

@@ -19,7 +19,7 @@ from ..core.dimvars import display_internal_names
 from ..core.errors import UnsupportedError
 from ..core.trace_state import tangent_operands
 from ..tracing.prologue import Check, run_checks
-from ..tracing.registry import register
+from ..tracing.registry import register, register_precondition
 from .tangents import tangent_equations
 from .util import clean, dynamic_sizes
 
@@ -156,6 +156,30 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
 
     masked_call.defvjp(masked_fwd, masked_bwd)
     return masked_call(sizes, consts, xs)
+
+
+@register_precondition("custom_vjp_call", "custom_jvp_call")
+def trace_the_derivative_rule_now(eqn) -> None:
+    """JAX traces a custom_vjp's forward rule and a custom_jvp's JVP rule
+    only when the call is differentiated (a memoized thunk), after the masked
+    trace chose its cases: a size comparison there (levanter's flash
+    attention raises unless ``T % block == 0``) was then answered
+    structurally, outside any case, and raised at every size. Traced here,
+    while the trace can still split, it takes the case's answers (the thunk
+    keeps the jaxpr for the rule). Its other failures are left for the
+    derivative, where plain JAX has them."""
+    n_args = len(eqn.invars) - eqn.params["num_consts"]
+    vjp = eqn.primitive.name == "custom_vjp_call"
+    thunk = eqn.params["fwd_jaxpr_thunk" if vjp else "jvp_jaxpr_fun"]
+    if compat.defined_in_jax(thunk):  # (jax.nn's rules compare no sizes: not traced twice)
+        return
+    try:
+        # (the arguments the rules below call it with: the memo's key)
+        compat.call_wrapped(thunk, *([vjp] * n_args))
+    except (compat.SplitNeeded, compat.SplitBeforeRaise):
+        raise
+    except Exception:  # noqa: BLE001 - (a closure over the outer trace: plain JAX's error too)
+        pass
 
 
 def _bwd_needs_sizes(where: str, e: Exception) -> UnsupportedError:
