@@ -326,6 +326,29 @@ def test_fft_dynamic_axis_bluestein():
     check_oracle(f, [(vec(n),) for n in (1, 6, 9)], [(9,)], "n", **FAST)
 
 
+def test_fft_lengths_computed_from_sizes():
+    """hyena's fft_conv, rfft(u, n=2 * T) and irfft(..., n=2 * T): JAX takes the
+    lengths as ints (operator.index), so a length computed from a size was
+    traced size by size and refused past the per-size limit (helper A,
+    session 60). The lengths stay dimension expressions now: cropping, zero
+    padding and irfft's own n // 2 + 1 input as JAX does them."""
+    def hyena(u):
+        k = jnp.cos(u)
+        T = u.shape[0]
+        y = jnp.fft.irfft(jnp.fft.rfft(u, n=2 * T) * jnp.fft.rfft(k, n=2 * T), n=2 * T)
+        return y[:T]
+
+    def lengths(u):
+        return (jnp.fft.irfft(jnp.fft.rfft(u), n=u.shape[0]),  # odd n: not 2 * (m - 1)
+                jnp.abs(jnp.fft.fft(u, n=u.shape[0] + 3, norm="ortho")),
+                jnp.abs(jnp.fft.ifft(u, n=(u.shape[0] + 1) // 2)))  # cropped
+
+    for f in (hyena, lengths):
+        check_oracle(f, [(vec(n),) for n in (1, 4, 7)], [(40,)], "n", **FAST)
+    with pytest.raises(pm.ShapeError, match="Shape should be positive"):
+        pm.mask(hyena, "n")(pm.Masked(jnp.ones(40), (0,)))
+
+
 def test_fft2_and_irfft_dynamic_axes():
     def f(x):
         return jnp.real(jnp.fft.fft2(x)), jnp.fft.irfft2(jnp.fft.rfft2(x) * 2.0)

@@ -9,7 +9,7 @@ home module and ``jnp``'s argument checks and type promotion.
 
 from __future__ import annotations
 
-__all__ = ["lax_numpy_module", "array_methods_module", "interp_home", "conv_home",
+__all__ = ["lax_numpy_module", "array_methods_module", "interp_home", "conv_home", "fft_core_home",
            "newshape_home", "ensure_arraylike", "promote_dtypes",
            "promote_dtypes_inexact", "searchsorted_methods"]
 
@@ -39,6 +39,14 @@ def interp_home():
 def conv_home():
     """``(module, name)`` of ``jnp.convolve``/``correlate``'s core ``_conv``."""
     return lax_numpy_module(), "_conv"
+
+
+def fft_core_home():
+    """``(module, name)`` of ``jnp.fft``'s core ``_fft_core`` (``operator.index``
+    of the lengths ``n`` / ``s``)."""
+    from jax._src.numpy import fft
+
+    return fft, "_fft_core"
 
 
 def newshape_home():

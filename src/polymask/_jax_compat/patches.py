@@ -181,6 +181,9 @@ def _rule_rows() -> tuple[TracePatch, ...]:
                    "JAX calls len(xp)"),
         TracePatch("jnp.convolve / correlate (_conv)", _numeric.conv_home, "rules/numeric.py",
                    "JAX calls len(x) for the output size and mode"),
+        TracePatch("jnp.fft's n= / s= (_fft_core)", _numeric.fft_core_home, "rules/numeric.py",
+                   "JAX takes the lengths as ints (operator.index): a length computed "
+                   "from a size (hyena's rfft(u, n=2 * T)) is a dimension expression"),
         TracePatch("jnp.pad(mode='wrap') (_pad_wrap)", lambda: (lax_numpy(), "_pad_wrap"),
                    "rules/numeric.py",
                    "JAX divides the pad width by the size in Python (divmod) and repeats "

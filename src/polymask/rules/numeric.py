@@ -30,6 +30,7 @@ masked trace, or when no length involved is symbolic, they call JAX's own:
 
 from __future__ import annotations
 
+import operator
 import types
 
 import jax.numpy as jnp
@@ -41,7 +42,7 @@ from .._jax_compat import numeric as compat_numeric
 from .random_samplers import searchsorted_symbolic
 from .util import has_symbolic_shape, in_masked_trace
 
-__all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic", "pad_wrap_dynamic",
+__all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic", "fft_core_dynamic", "pad_wrap_dynamic",
            "pad_reflect_dynamic"]
 
 _LAX_NUMPY = compat_numeric.lax_numpy_module()
@@ -49,6 +50,7 @@ _ORIGINAL_SEARCHSORTED = _LAX_NUMPY.searchsorted
 _ORIGINAL_INTERP = getattr(*compat_numeric.interp_home())
 _ORIGINAL_CONV = getattr(*compat_numeric.conv_home())
 _ORIGINAL_PAD_WRAP = _LAX_NUMPY._pad_wrap
+_ORIGINAL_FFT_CORE = getattr(*compat_numeric.fft_core_home())
 _ORIGINAL_PAD_REFLECT = _LAX_NUMPY._pad_symmetric_or_reflect
 
 
@@ -87,11 +89,15 @@ def _interp_dynamic(*args):
     (its module's globals as they are now: searchsorted is replaced too).
     Not a copy of its code: its tie and non-finite handling differ by JAX
     version (jax 0.12 returns the last of repeated ``xp`` knots' values)."""
-    fn = _ORIGINAL_INTERP
-    scope = {**fn.__globals__, "len": _length}
-    own = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    return _with_globals(_ORIGINAL_INTERP, len=_length)(*args)
+
+
+def _with_globals(fn, **names):
+    """``fn`` (JAX's own code) with some of its module's globals replaced."""
+    own = types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__,
+                             fn.__defaults__, fn.__closure__)
     own.__kwdefaults__ = fn.__kwdefaults__
-    return own(*args)
+    return own
 
 
 def interp_dynamic(x, xp, fp, left=None, right=None, period=None):
@@ -168,6 +174,24 @@ def _conv_padding_the_data(x, y, mode, precision, preferred_element_type):
     return lax.dynamic_slice_in_dim(full, (y.shape[0] - 1) // 2, L)
 
 
+def fft_core_dynamic(func_name, fft_type, a, s, axes, norm):
+    """``jnp.fft``'s ``_fft_core`` whose lengths ``s`` (``n=`` of the 1-D
+    functions) may be dimension expressions: the installed JAX's own code
+    (cropping, zero padding, ``irfft``'s ``n // 2 + 1`` input, the norm) with
+    ``operator.index`` keeping a size; ``n < 1`` splits the trace and raises
+    JAX's error there."""
+    if s is None or not in_masked_trace() or not any(compat.is_dim_expr(n) for n in s):
+        return _ORIGINAL_FFT_CORE(func_name, fft_type, a, s, axes, norm)
+    if any(n < 1 for n in s):  # (``<``: undecided, it splits the trace)
+        raise ValueError("Shape should be positive.")
+    return _with_globals(_ORIGINAL_FFT_CORE, operator=_INDEX_KEEPING_SIZES)(
+        func_name, fft_type, a, s, axes, norm)
+
+
+_INDEX_KEEPING_SIZES = types.SimpleNamespace(
+    index=lambda v: v if compat.is_dim_expr(v) else operator.index(v))
+
+
 def pad_wrap_dynamic(array, pad_width):
     """``jnp.pad(array, pad_width, mode="wrap")`` (JAX's ``_pad_wrap``, called
     with one ``(before, after)`` pair per axis) where a size or width is
@@ -228,6 +252,7 @@ def _pad_by_gather(array, pad_width, mode: str, source_index, static_pad):
     return array
 
 
+compat.replace_during_trace("jnp.fft's n= / s= (_fft_core)", fft_core_dynamic)
 compat.replace_during_trace("jnp.pad(mode='wrap') (_pad_wrap)", pad_wrap_dynamic)
 compat.replace_during_trace("jnp.pad(mode='reflect' / 'symmetric') (_pad_symmetric_or_reflect)",
                             pad_reflect_dynamic)
