@@ -1086,3 +1086,24 @@ def test_a_custom_jvp_rule_that_compares_sizes_differentiates_outside_the_mask()
         np.testing.assert_allclose(jax.jit(outside)(x, jnp.int32(n))[:n], want)
         inside = pm.mask(jax.grad(lambda d: (c(d) * w[:d.shape[0]]).sum()), "n")
         np.testing.assert_allclose(inside(pm.Masked(x, (n,))).unpad(), want)
+
+
+def test_iterating_over_a_dynamic_axis_says_so_with_the_remedy():
+    """Python's sum(x) / for v in x over a dynamic axis: JAX unstacks it into
+    as many values and failed inside its own code ("'NoneType' object has no
+    attribute 'process_primitive'", quoted as the reason of polymask.jit's
+    per-shape fallback and the packed refusal; helper A, trax's metrics).
+    Now a size needed as a constant, with the jnp / lax remedy; within the
+    per-size limit each size is traced, as plain JAX."""
+    f = lambda t: sum(t == 1) / t.shape[0]  # noqa: E731
+    x = jnp.arange(40) % 3
+    with pytest.raises(pm.ShapeError, match=r"(?s)Iterating over an axis of symbolic size 'n'"
+                                            r".*jnp.sum\(x, axis=0\) for sum\(x\)"):
+        pm.mask(f, "n")(pm.Masked(x, (5,)))
+    for n in (1, 4, 7):  # (n = 0: Python's 0 / 0, in plain JAX too)
+        got = jax.jit(pm.mask(f, "n"))(pm.Masked(x[:8], (jnp.int32(n),))).data
+        np.testing.assert_allclose(got, jax.jit(f)(x[:n]))
+    runner = pm.jit(f, "n", tiered=False)
+    with pytest.warns(pm.FallbackWarning, match="Iterating over an axis of symbolic size"):
+        for n in (1, 4, 6):
+            np.testing.assert_allclose(runner(np.arange(n) % 3), f(np.arange(n) % 3))

@@ -378,6 +378,12 @@ def is_tracer(x) -> bool:
     return isinstance(x, _core.Tracer)
 
 
+def tracer_iteration_home():
+    """``(class, name)`` of ``iter(tracer)`` (``for v in x``, ``sum(x)``): JAX
+    unstacks the first axis into a Python tuple of that many values."""
+    return _core.Tracer, "__iter__"
+
+
 _auto_insert_reshard = getattr(_core, "auto_insert_reshard", None)
 
 

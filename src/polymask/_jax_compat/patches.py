@@ -32,6 +32,7 @@ from jax._src.export import shape_poly as _shape_poly
 from jax._src.interpreters import partial_eval as _pe
 from jax._src.lax import convolution as _lax_convolution
 
+from . import core as _core_compat
 from . import linalg as _linalg
 from . import numeric as _numeric
 from . import random as _random
@@ -181,6 +182,11 @@ def _rule_rows() -> tuple[TracePatch, ...]:
                    "JAX calls len(xp)"),
         TracePatch("jnp.convolve / correlate (_conv)", _numeric.conv_home, "rules/numeric.py",
                    "JAX calls len(x) for the output size and mode"),
+        TracePatch("iter(tracer) (Tracer.__iter__)", _core_compat.tracer_iteration_home,
+                   "rules/slicing.py",
+                   "JAX unstacks an iterated axis into that many values, and at a symbolic "
+                   "size fails inside its own code (an AttributeError): said as a size "
+                   "needed as a constant"),
         TracePatch("jnp.fft's n= / s= (_fft_core)", _numeric.fft_core_home, "rules/numeric.py",
                    "JAX takes the lengths as ints (operator.index): a length computed "
                    "from a size (hyena's rfft(u, n=2 * T)) is a dimension expression"),

@@ -356,6 +356,9 @@ _CONSTANT_SIZE_HINTS = {
     "reduce_window": "a window or padding built from the size needs it as an int: "
                      "a cumulative op (jnp.cumsum, lax.cummax) or a reduction over the "
                      "axis gives the whole-example window",
+    "iter": "use jnp / lax over the axis instead: jnp.sum(x, axis=0) for sum(x), "
+            "jax.vmap or lax.map for a loop body, lax.scan or lax.fori_loop for a "
+            "carried loop",
 }
 
 
@@ -382,7 +385,7 @@ def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeEr
     extra = ""
     if "requires a constant" in msg:
         # not a comparison: a size turned into a Python int (no constraint helps)
-        hint = _CONSTANT_SIZE_HINTS.get(api or "", (
+        hint = _CONSTANT_SIZE_HINTS.get("iter" if msg.startswith("Iterating over") else api or "", (
             "Keep it symbolic: jnp/lax ops accept symbolic sizes (jnp.ones(x.shape[0]), "
             "jnp.arange(x.shape[0])); for the size as a traced value in arithmetic, "
             "use polymask.logical_shape(x)"))

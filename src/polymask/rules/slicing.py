@@ -31,7 +31,7 @@ from jax import lax
 from .. import _jax_compat as compat
 from ..core.shapes import is_static, lower_bound_int, needs_mask, upper_bound_int
 from ..tracing.registry import register
-from .util import clean_float, masked_axes, same_dim, valid_mask
+from .util import clean_float, in_masked_trace, masked_axes, same_dim, valid_mask
 
 # ----------------------------------------------------------------------------
 # helpers
@@ -193,6 +193,26 @@ def split_rule(ctx, x, *, sizes, axis):
 def stack_rule(ctx, *xs, **params):
     """The logical corner stays a corner: bind at the bound."""
     return ctx.bind(*xs)
+
+
+_ORIGINAL_TRACER_ITER = getattr(*compat.tracer_iteration_home())
+
+
+def iterate_over_a_tracer(tracer):
+    """``iter(tracer)`` (``for v in x``, ``sum(x)``, ``list(x)``, unpacking):
+    a Python loop of as many steps as the first axis has entries, which a
+    symbolic size cannot give. Raised as a size needed as a constant (JAX's
+    own failure is an AttributeError inside it), so the trace goes size by
+    size where the sizes are few, and the runners make that axis static."""
+    shape = getattr(getattr(tracer, "aval", None), "shape", ())
+    if in_masked_trace() and shape and compat.is_dim_expr(shape[0]):
+        raise compat.InconclusiveDimensionOperation(
+            f"Iterating over an axis of symbolic size '{shape[0]}' (for v in x, sum(x), "
+            "list(x), unpacking) requires a constant size")
+    return _ORIGINAL_TRACER_ITER(tracer)
+
+
+compat.replace_during_trace("iter(tracer) (Tracer.__iter__)", iterate_over_a_tracer)
 
 
 @register(lax.tile_p)
