@@ -349,6 +349,21 @@ def test_fft_lengths_computed_from_sizes():
         pm.mask(hyena, "n")(pm.Masked(jnp.ones(40), (0,)))
 
 
+def test_polyval_of_a_dynamic_number_of_coefficients():
+    """jax 0.12's jnp.polyval builds a Python list of the coefficients
+    (lax.polynomial): a dynamic count was traced per size and refused past
+    the per-size limit (0.10 / 0.11 scan over them). Horner's rule as a scan
+    in a masked trace, on every version; a data-dependent count too."""
+    x = jnp.asarray([0.5, -1.5, 2.0])
+    check_oracle(lambda p: jnp.polyval(p, x), [(vec(n),) for n in (0, 1, 5)], [(40,)], "n",
+                 **FAST)
+    sel = pm.mask(lambda p: jnp.polyval(pm.boolean_mask(p, p > 0), 2.0), "n")
+    p = vec(40)
+    for n in (0, 3, 40):
+        want = jnp.polyval(p[:n][p[:n] > 0], 2.0)
+        np.testing.assert_allclose(sel(pm.Masked(p, (n,))).data, want, rtol=1e-5)
+
+
 def test_fft2_and_irfft_dynamic_axes():
     def f(x):
         return jnp.real(jnp.fft.fft2(x)), jnp.fft.irfft2(jnp.fft.rfft2(x) * 2.0)

@@ -227,6 +227,10 @@ def _rule_rows() -> tuple[TracePatch, ...]:
         TracePatch("warnings.warn", lambda: (warnings, "warn"), "tracing/trace_warnings.py",
                    "not JAX's: a trace covers many sizes, so a warning a library raises on "
                    "a shape is said when a call reaches the case that raised it"),
+        TracePatch("jnp.polyval", lambda: (jnp, "polyval"), "rules/numeric.py",
+                   "JAX builds a Python list of the coefficients (lax.polynomial): a "
+                   "symbolic number of them is Horner's rule as a scan instead, as JAX "
+                   "wrote it before", jax="0.12"),
         TracePatch("jnp.array_equal", lambda: (jnp, "array_equal"), "rules/array_equality.py",
                    "JAX compares shapes structurally (False for two dim vars): a case split"),
         TracePatch("jnp.array_equiv", lambda: (jnp, "array_equiv"), "rules/array_equality.py",

@@ -26,6 +26,10 @@ masked trace, or when no length involved is symbolic, they call JAX's own:
   gather (numpy.pad's definition of wrap); size 0 raises as JAX does.
   ``mode="reflect"`` / ``"symmetric"`` likewise (JAX reflects in a Python
   loop and refuses widths it cannot prove at most the size).
+- ``polyval`` with a symbolic number of coefficients: Horner's rule as a
+  scan (jax 0.12 builds a Python list of them).
+- ``jnp.fft``'s lengths ``n=`` / ``s=`` computed from sizes: JAX's own
+  ``_fft_core`` with ``operator.index`` keeping a size.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from .._jax_compat import numeric as compat_numeric
 from .random_samplers import searchsorted_symbolic
 from .util import has_symbolic_shape, in_masked_trace
 
-__all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic", "fft_core_dynamic", "pad_wrap_dynamic",
+__all__ = ["searchsorted_dynamic", "interp_dynamic", "conv_dynamic", "fft_core_dynamic", "polyval_dynamic",
+           "pad_wrap_dynamic",
            "pad_reflect_dynamic"]
 
 _LAX_NUMPY = compat_numeric.lax_numpy_module()
@@ -50,6 +55,7 @@ _ORIGINAL_SEARCHSORTED = _LAX_NUMPY.searchsorted
 _ORIGINAL_INTERP = getattr(*compat_numeric.interp_home())
 _ORIGINAL_CONV = getattr(*compat_numeric.conv_home())
 _ORIGINAL_PAD_WRAP = _LAX_NUMPY._pad_wrap
+_ORIGINAL_POLYVAL = jnp.polyval
 _ORIGINAL_FFT_CORE = getattr(*compat_numeric.fft_core_home())
 _ORIGINAL_PAD_REFLECT = _LAX_NUMPY._pad_symmetric_or_reflect
 
@@ -192,6 +198,21 @@ _INDEX_KEEPING_SIZES = types.SimpleNamespace(
     index=lambda v: v if compat.is_dim_expr(v) else operator.index(v))
 
 
+def polyval_dynamic(p, x, *, unroll=16):
+    """``jnp.polyval`` whose coefficients ``p`` have a symbolic count: Horner's
+    rule as a ``lax.scan`` over them (JAX's own form up to jax 0.11; jax 0.12
+    builds a Python list of the coefficients for ``lax.polynomial``)."""
+    if not in_masked_trace() or not has_symbolic_shape(p) or np.ndim(p) == 0 \
+            or not compat.is_dim_expr(np.shape(p)[0]):
+        return _ORIGINAL_POLYVAL(p, x, unroll=unroll)
+    p, x = compat_numeric.ensure_arraylike("polyval", p, x)
+    p, x = compat_numeric.promote_dtypes(p, x)
+    shape = lax.broadcast_shapes(p.shape[1:], x.shape)
+    y = lax.full_like(x, 0, shape=shape, dtype=x.dtype)
+    y, _ = lax.scan(lambda y, c: (y * x + c, None), y, p, unroll=unroll)
+    return y
+
+
 def pad_wrap_dynamic(array, pad_width):
     """``jnp.pad(array, pad_width, mode="wrap")`` (JAX's ``_pad_wrap``, called
     with one ``(before, after)`` pair per axis) where a size or width is
@@ -253,6 +274,7 @@ def _pad_by_gather(array, pad_width, mode: str, source_index, static_pad):
 
 
 compat.replace_during_trace("jnp.fft's n= / s= (_fft_core)", fft_core_dynamic)
+compat.replace_during_trace("jnp.polyval", polyval_dynamic)
 compat.replace_during_trace("jnp.pad(mode='wrap') (_pad_wrap)", pad_wrap_dynamic)
 compat.replace_during_trace("jnp.pad(mode='reflect' / 'symmetric') (_pad_symmetric_or_reflect)",
                             pad_reflect_dynamic)
