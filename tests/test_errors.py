@@ -310,9 +310,12 @@ def test_error_catalogue(case: Case):
     # the same masked function works on good input, without retracing.
     assert current_scope() is None
     if isinstance(m, MaskedFunction):  # at most the (valid) trace of the bad call's signature
-        # (or a case tree whose error case the bad sizes chose: reshape(-1, 2) at odd n)
+        # (or a case tree whose error case the bad sizes chose: reshape(-1, 2) at odd n;
+        # or, under jit, a valid signature whose traced sizes are checked as the program
+        # runs: a float32 size, its first trace in a fresh process)
         error_case = any(c.error is not None for t in m._meta.cache.values() for c in t.cases)
-        assert len(m.programs) <= n_cache + (case.exc is pm.UnsupportedError or error_case)
+        assert len(m.programs) <= n_cache + (case.exc is pm.UnsupportedError or error_case
+                                             or (case.jit and case.good is None))
     if g is not None:
         again = g(*case.good)
         jax.tree_util.tree_map(np.testing.assert_array_equal, good_out,
