@@ -227,6 +227,45 @@ def test_a_custom_vjp_whose_forward_checks_a_size_differentiates():
         jax.grad(lambda d: pm.mask(f, "n")(pm.Masked(d, (3,))).data)(jnp.asarray(x))
 
 
+def test_a_custom_vjp_forward_rule_failing_at_some_sizes_differentiates_at_the_others():
+    """The forward rule (not the function) raises at odd sizes: the gradient
+    at even sizes is plain JAX's, under jit too, and at odd sizes a
+    ShapeError (it raised at every size: helper D, session 60). A function
+    that is never differentiated (polymask.jit's programs) does not trace
+    the rule, so its comparisons do not split the forward program."""
+    @jax.custom_vjp
+    def b(x):
+        return 2 * x
+
+    def b_fwd(x):
+        if x.shape[0] % 2:
+            raise ValueError("odd size in fwd")
+        return 2 * x, None
+
+    b.defvjp(b_fwd, lambda r, g: (2 * g,))
+    f = lambda x: jnp.sum(b(x) ** 2)  # noqa: E731
+    x = jnp.arange(1.0, 9.0)
+    grad = jax.jit(jax.grad(lambda d, n: pm.mask(f, "n")(pm.Masked(d, (n,))).data))
+    for n in (0, 2, 4, 8):
+        np.testing.assert_allclose(grad(x, jnp.int32(n))[:n], jax.grad(f)(x[:n]))
+    with pytest.raises(pm.ShapeError, match="odd size in fwd"), pm.shape_errors():
+        jax.block_until_ready(grad(x, jnp.int32(3)))
+
+    @jax.custom_vjp
+    def a(x):
+        return jnp.sin(x)
+
+    def a_fwd(x):
+        k = sum(1 for t in range(48) if x.shape[0] > t)  # a split per size
+        return jnp.sin(x), k
+
+    a.defvjp(a_fwd, lambda k, g: (g,))
+    runner = pm.jit(lambda x: jnp.sum(a(x)), "n", tiered=False)
+    for n in (1, 5, 12, 30):
+        np.testing.assert_allclose(runner(np.ones(n, np.float32)), n * np.sin(1.0), rtol=1e-6)
+    assert runner.stats()["exact_compiles"] == 0
+
+
 @pytest.mark.slow  # >= 4 s on 2 cores: the slow tier
 def test_implicit_differentiation_by_custom_root_keeps_its_rule():
     """lax.custom_root (jaxopt's implicit differentiation): the solve is a

@@ -1036,8 +1036,8 @@ def test_a_per_size_bucket_of_two_sizes_is_not_traced_value_by_value_first(spec)
 
     runner = pm.jit(f, spec, tiered=False, buckets=pm.buckets.explicit([32]))
     y = np.arange(4, dtype=np.float32)
-    with pytest.warns(pm.FallbackWarning, match="every size is a case of its own"):
-        for n in (20, 13):  # (without specs, said at the second size)
+    with pytest.warns(pm.FallbackWarning, match="needs the size as a Python value"):
+        for n in (20, 13):  # (said at the second size: n is made static)
             x = np.ones((n, 4), np.float32)
             np.testing.assert_allclose(runner(x, y), f(x, y), rtol=1e-6)
             if n == 20:
@@ -1090,6 +1090,12 @@ def test_a_spec_dim_var_needed_as_a_value_is_static_and_the_others_share():
             np.testing.assert_allclose(runner(x, y), jax.jit(f)(x, y), rtol=1e-6)
     s = runner.stats()
     assert (s["compiles"], s["exact_compiles"]) == (3, 0)  # n = 2, 3, 4
+    # said as what runs: n static, m shared (not "each exact shape")
+    reason = runner.fallbacks()["args[0].shape[0] (static)"]
+    assert reason.startswith("the function needs the size as a Python value"), reason
+    x, y = rng.random((3, 9), np.float32), rng.random(4, np.float32)
+    text = str(pm.explain(runner, x, y, print_output=False))
+    assert text.startswith("polymask.explain: f") and "no shared program" not in text
     with pytest.raises(pm.ShapeError, match="constraint 'n >= 2' does not hold for n=1"):
         runner(rng.random((1, 3), np.float32), rng.random(2, np.float32))
     with pytest.raises(pm.ShapeError, match="dim var 'n' has different sizes"):

@@ -252,6 +252,11 @@ def test_pad_modes_wider_than_the_size_and_of_a_size_width(mode):
     exs = [(rng.normal(size=n).astype(np.float32), np.ones(m, np.float32))
            for n, m in ((1, 0), (1, 3), (4, 9), (9, 2))]
     check_oracle(g, exs, [(40,), (40,)], ("n", "m"), modes=("eager", "jit"))
+    # an empty axis padded by a width of 0 is plain JAX's [] (refused once: helper D)
+    h = pm.mask(lambda x, w: jnp.pad(x, (w.shape[0], 0), mode=mode), ("n", "m"))
+    z = jnp.ones(40)
+    out = jax.jit(h)(pm.Masked(z, (jnp.int32(0),)), pm.Masked(z, (jnp.int32(0),)))
+    assert out.unpad().shape == (0,)
 
 
 @pytest.mark.slow  # >= 4 s on 2 cores: the slow tier

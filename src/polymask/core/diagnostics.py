@@ -385,11 +385,13 @@ def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeEr
     extra = ""
     if "requires a constant" in msg:
         # not a comparison: a size turned into a Python int (no constraint helps)
-        hint = _CONSTANT_SIZE_HINTS.get("iter" if msg.startswith("Iterating over") else api or "", (
+        if msg.startswith("Iterating over"):  # (the api found is polymask's own hook)
+            api = "iter"
+        hint = _CONSTANT_SIZE_HINTS.get(api or "", (
             "Keep it symbolic: jnp/lax ops accept symbolic sizes (jnp.ones(x.shape[0]), "
             "jnp.arange(x.shape[0])); for the size as a traced value in arithmetic, "
             "use polymask.logical_shape(x)"))
-        by = f" by '{api}'" if api and not api.startswith("_") else ""
+        by = f" by '{api}'" if api and not api.startswith("_") and api != "iter" else ""
         error = ShapeError(
             f"{SIZE_AS_CONSTANT}{by} while tracing at {where} "
             f"(int(x.shape[0]), range(n), np.zeros(n), ...):\n  {msg}\n  {hint}.")

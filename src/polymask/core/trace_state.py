@@ -23,6 +23,10 @@ context managers that open the scope of one masked trace or run:
   (``cases.tree.PerSizeBucket``): the trace stops before tracing them one by one.
 - ``call_site``: the user's line of the masked call being run (its rules'
   run-time checks name it: ``RuleContext.require``);
+- ``differentiable``: the masked function being traced may be
+  differentiated (``mask(..., differentiable=False)``: the runners' forward
+  programs): its custom derivative rules are traced with it
+  (``rules/custom_derivatives.py``);
 - ``tangent_operands``: while a primitive's own JVP rule runs masked, its
   equations that take tangents, by ``id``, with the operands that are
   tangents (``rules/inlined.py``): inside ``cond`` or ``vmap`` JAX linearizes
@@ -57,6 +61,7 @@ class TraceState(threading.local):
         self.cases_batched: bool = False
         self.per_size_per_shape: bool = False
         self.call_site: str | None = None
+        self.differentiable: bool = True
 
 
 _STATE = TraceState()

@@ -280,7 +280,9 @@ def _runner_arguments(runner, in_specs, args, constraints, dtype=jnp.float32):
                     else getattr(runner, "in_specs", None))
     if args:
         in_specs = specs_of_passed(in_specs, len(args))
-    constraints = as_constraints(constraints) or tuple(getattr(runner, "constraints", ()))
+    constraints = as_constraints(constraints) or tuple(
+        runner.explained_constraints() if hasattr(runner, "explained_constraints")
+        else getattr(runner, "constraints", ()))
     return in_specs, tuple(args), constraints
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _jax_compat as compat
 from ..core.dimvars import display_internal_names
 from ..core.errors import UnsupportedError
-from ..core.trace_state import tangent_operands
+from ..core.trace_state import tangent_operands, trace_state
 from ..tracing.prologue import Check, run_checks
 from ..tracing.registry import register, register_precondition
 from .tangents import tangent_equations
@@ -59,7 +59,7 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
             # is guarded), so other sizes still differentiate.
             guard = ctx.state.with_sizes(names, sizes).guard
             run_checks([Check(True if guard is None else guard,
-                              _jvp_rule_failure(e, ctx.source_line))], ctx.source_line)
+                              _rule_failure(e, ctx.source_line))], ctx.source_line)
             primals_out = masked_call(sizes, consts, xs)
             return primals_out, [jnp.zeros_like(p) if _is_float(p) else
                                  np.zeros(np.shape(p), jax.dtypes.float0) for p in primals_out]
@@ -83,20 +83,22 @@ def custom_jvp_rule(ctx, *args, call_jaxpr, jvp_jaxpr_fun, num_consts, symbolic_
     return masked_call(sizes, consts, xs)
 
 
-def _jvp_rule_failure(e: Exception, where: str) -> str:
-    """Why a custom JVP rule gave no derivative. A size comparison the rule
-    makes (``t[::-1]`` asks ``n >= 1``) cannot split the trace there: the
-    rule is traced when the derivative is taken, after the masked trace's
-    cases were chosen; traced inside the masked function it can."""
+def _rule_failure(e: Exception, where: str, rule: str = "custom JVP") -> str:
+    """Why a custom derivative rule gave no derivative. A size comparison the
+    rule makes (``t[::-1]`` asks ``n >= 1``) or a size it needs as a Python
+    value cannot be answered there: the rule is traced when the derivative is
+    taken, after the masked trace chose its cases (a JAX rule, a ``defjvps``
+    one, or one whose trace failed at its first try); traced inside the
+    masked function, at the call's sizes, it can."""
     text = f"{type(e).__name__}: {display_internal_names(str(e).splitlines()[0])}"
-    if isinstance(e, compat.InconclusiveDimensionOperation):
-        return (f"the derivative (the function's custom JVP rule, at {where}) compares "
-                f"sizes polymask cannot decide there: {text}\n  The rule is traced when "
+    if isinstance(e, compat.InconclusiveDimensionOperation) or "DimExpr" in str(e):
+        return (f"the derivative (the function's {rule} rule, at {where}) needs sizes "
+                f"polymask cannot decide there: {text}\n  The rule is traced when "
                 "the derivative is taken, after the masked trace chose its cases; "
                 "differentiate inside the masked function instead (polymask.mask("
-                "jax.grad(f)), or jax.jvp / jax.vjp inside it), where the rule's size "
-                "comparisons split the trace as any other")
-    return f"the derivative (JAX's custom JVP rule) fails at these sizes: {text}\n  at {where}"
+                "jax.grad(f)), or jax.jvp / jax.vjp inside it), where the rule is traced "
+                "at the call's sizes")
+    return f"the derivative (the {rule} rule) fails at these sizes: {text}\n  at {where}"
 
 
 @register("custom_vjp_call")
@@ -116,7 +118,15 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
 
     def masked_fwd(sizes, consts, xs):
         env = ctx.state.with_sizes(names, sizes)
-        fwd_jaxpr, fwd_consts = compat.call_wrapped(fwd_jaxpr_thunk, *([True] * len(xs)))
+        try:
+            fwd_jaxpr, fwd_consts = compat.call_wrapped(fwd_jaxpr_thunk, *([True] * len(xs)))
+        except Exception as e:  # noqa: BLE001 - the rule fails at this case's sizes
+            # (as the custom JVP rule's failure: raised where this case runs, so
+            # the other cases still differentiate)
+            run_checks([Check(True if env.guard is None else env.guard,
+                              _rule_failure(e, ctx.source_line, "custom_vjp's forward"))],
+                       ctx.source_line)
+            return masked_call(sizes, consts, xs), (sizes, consts, None)
         outs = interp.eval_jaxpr(fwd_jaxpr, fwd_consts, xs, env)
         _, res_tree, input_fwds = out_trees()
         n_res = res_tree.num_leaves - sum(f is not None for f in input_fwds)
@@ -132,6 +142,8 @@ def custom_vjp_rule(ctx, *args, call_jaxpr, fwd_jaxpr_thunk, num_consts, bwd, ou
 
     def masked_bwd(saved, cts):
         sizes, consts, res = saved
+        if res is None:  # (the forward rule failed: its check raises where this case runs)
+            return None, [jnp.zeros_like(c) for c in consts], [jnp.zeros_like(x) for x in xs]
         env = ctx.state.with_sizes(names, sizes)
         fwd_jaxpr, _ = compat.call_wrapped(fwd_jaxpr_thunk, *([True] * len(in_avals)))
         res_avals = _residual_avals(fwd_jaxpr, out_trees()[2], call_jaxpr.in_avals)
@@ -171,7 +183,9 @@ def trace_the_derivative_rule_now(eqn) -> None:
     n_args = len(eqn.invars) - eqn.params["num_consts"]
     vjp = eqn.primitive.name == "custom_vjp_call"
     thunk = eqn.params["fwd_jaxpr_thunk" if vjp else "jvp_jaxpr_fun"]
-    if compat.defined_in_jax(thunk):  # (jax.nn's rules compare no sizes: not traced twice)
+    # (a forward program (the runners') never takes the derivative: its cases stay
+    # the function's; jax.nn's rules compare no sizes: not traced twice)
+    if not trace_state().differentiable or compat.defined_in_jax(thunk):
         return
     try:
         # (the arguments the rules below call it with: the memo's key)

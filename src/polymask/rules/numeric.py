@@ -265,7 +265,8 @@ def _pad_by_gather(array, pad_width, mode: str, source_index, static_pad):
             array = static_pad(array, widths)
             continue
         if size < 1:
-            if not (before == 0 and after == 0):  # (JAX's _check_no_padding)
+            # (JAX's _check_no_padding; ``>=`` splits where ``==`` would not)
+            if before >= 1 or after >= 1:
                 raise ValueError(f"Cannot apply '{mode}' padding to empty axis")
             continue
         positions = jnp.arange(size + before + after) - before

@@ -32,7 +32,7 @@ from ..core.diagnostics import refusal_line, size_names_legend, user_stacklevel
 from ..core.errors import FailsAsPlainJax, FallbackWarning, ShapeError, SpecError, typed_as
 from ..core.shapes import native_byte_order
 from ..tracing.cases.refine import TRACE_NOTE
-from ..tracing.cases.tree import ONE_OUTPUT_REMEDY_START
+from ..tracing.cases.tree import ONE_OUTPUT_REMEDY_START, per_size_cause
 from .compiling import compile_counter
 
 __all__ = ["ExactFallback", "refusal_text", "falls_back", "bucket_text"]
@@ -144,7 +144,7 @@ class ExactFallback:
         size of them, as jax.jit, counted in ``stats()['compiles']``. ``names``:
         the dim vars the error names them by (explained in the reason)."""
         where = f"{axes} (static)"
-        reason = _with_legend(refusal_text(error), "", names)
+        reason = _with_legend(per_size_cause(refusal_text(error)), "", names)
         with self._lock:
             if where in self._reasons:
                 return

@@ -28,6 +28,7 @@ import numpy as np
 
 from .. import _jax_compat as compat
 from ..core.plan import CallPlan, structure_key
+from ..core.trace_state import replaced
 from ..packing import PackedProgram, pack_rows, packed_program
 from ..packing.interpreter import ROWS_AXIS
 from ..packing.segments import POSITION_FIELDS, SEGMENT_FIELDS, phantom_source, row_arrays
@@ -121,8 +122,9 @@ class PackedRunner:
 
     def __init__(self, fun: Callable, constraints: Sequence[str], row_size: int,
                  slots: int, rows_per_call: int | None, max_cases: int, numpy_outputs: bool,
-                 compiler_options: dict | None = None):
+                 compiler_options: dict | None = None, differentiable: bool = False):
         self.fun = fun
+        self.differentiable = differentiable  # (value_and_grad's: custom rules traced with it)
         self.compiler_options = dict(compiler_options or {})
         self.constraints = tuple(constraints)
         self.row_size = int(row_size)
@@ -195,8 +197,9 @@ class PackedRunner:
             example = row_example(plan, leaves, tree, self.row_size, _zeros)
             n_bcast = len(broadcast)
             specs = (None,) * n_bcast + tuple(in_specs)
-            prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,
-                                  len(jax.tree_util.tree_leaves(broadcast)), self.max_cases)
+            with replaced("differentiable", self.differentiable):
+                prog = packed_program(self.fun, (*broadcast, *example), specs, self.constraints,
+                                      len(jax.tree_util.tree_leaves(broadcast)), self.max_cases)
             kept = (prog, None, None, None)
         self.program, self._fn, self._aot, self._exact = kept
         self._key = key

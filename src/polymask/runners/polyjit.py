@@ -402,17 +402,24 @@ class PolyJit:
 
     def explained_specs(self, args):
         """The specs this runner traces ``args`` with (``polymask.explain``):
-        its ``in_specs``, or without them the call's own dim vars (equal
+        its ``in_specs`` (with the dim vars it made static written as the
+        call's sizes), or without them the call's own dim vars (equal
         sizes named alike; axes found meeting a fixed size in earlier calls
         static): a tuple of per-argument spec pytrees (strings, None for a
         static leaf).
 
         Raises:
           ShapeError: ``args`` do not fit the specs (as a call would)."""
-        if self.in_specs is not None:
+        if self.in_specs is not None and not self.plans.static_vars:
             return self.in_specs
         plan, _, tree = self.plans.plan(tuple(args))
         return specs_of_plan(tree, plan)
+
+    def explained_constraints(self) -> tuple[str, ...]:
+        """The constraints of the program ``explained_specs`` names: those of
+        dim vars made static (``CallPlans.static_vars``) are checked where
+        the call is planned, not in the program."""
+        return self.plans.constraints_of_static_plans()
 
     def padded_example(self, args) -> tuple:
         """``args`` as this runner pads them, abstract: each dynamic array leaf a

@@ -805,7 +805,7 @@ class PackedTraining:
         if self.runner is None:
             R = self.row_size or default_row_size(max(lengths))
             self.runner = PackedRunner(self._example_fun(), self.constraints, R, min(R, 128),
-                                       self.rows_per_call, 16, True)
+                                       self.rows_per_call, 16, True, differentiable=True)
         runner = self.runner
         first = next((k for k, n in enumerate(lengths) if n <= runner.row_size), None)
         if first is None:

@@ -34,7 +34,7 @@ from ..core.errors import FallbackWarning, ShapeError
 from ..core.masked import Masked
 from ..core.shapes import native_byte_order
 from ..core.specs import as_constraints, broadcast_specs, check_in_specs_type
-from ..core.trace_state import masked_call
+from ..core.trace_state import masked_call, replaced
 from .cases.dispatch import run_cases
 from .cases.splitting import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .eager import run_cases_eagerly, run_program_eagerly, runs_eagerly
@@ -280,7 +280,7 @@ class MaskedFunction:
         if m.spec_key is None:
             return None, False
         key = (tuple(_leaf_sig(x) for x in call.leaves), call.static_key, m.spec_key,
-               m.constraints, m.max_cases, compat.context_mesh())
+               m.constraints, m.max_cases, m.differentiable, compat.context_mesh())
         callee = type(self.fun) if self._pytree_callee else _weak_callee(self.fun)
         try:
             hash(callee)
@@ -302,10 +302,11 @@ class MaskedFunction:
                         _SHARED.move_to_end(key)
             if tree is not None:
                 return tree
-        tree = trace_cases(
-            lambda conditions: trace_flat(call.rebuild, call.leaves, call.specs, call.paths,
-                                          m.constraints, conditions),
-            m.max_cases)
+        with replaced("differentiable", m.differentiable):
+            tree = trace_cases(
+                lambda conditions: trace_flat(call.rebuild, call.leaves, call.specs, call.paths,
+                                              m.constraints, conditions),
+                m.max_cases)
         if key is not None:
             with m.lock:
                 m.cache.setdefault(key, tree)

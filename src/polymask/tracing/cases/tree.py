@@ -594,11 +594,26 @@ def per_size_reason(tree: CaseTree) -> str | None:
 def per_size_text(failures: list[tuple[str, str]], count: int) -> str:
     """``per_size_reason``'s text: ``failures`` are ``(user line, what failed)``."""
     where = "; ".join(dict.fromkeys(f"{at} ({why})" for at, why in failures))
-    return (f"every size is a case of its own (the function needs the size as a Python value "
-            f"at {where}), so a shared program would hold {count} copies of the function, "
-            "one per size, compiled together at the first call; each exact shape compiles "
-            "only its own instead (use the jnp / lax form there, e.g. jnp.arange(n) or "
-            "lax.fori_loop for range(n), to share one program)")
+    return (f"every size is a case of its own ({_NEEDS_A_VALUE} at {where}), so a shared "
+            f"program would hold {count} copies of the function, one per size, compiled "
+            "together at the first call; each exact shape compiles only its own instead "
+            f"{_PER_SIZE_REWRITE}")
+
+
+_NEEDS_A_VALUE = "the function needs the size as a Python value"
+_PER_SIZE_REWRITE = ("(use the jnp / lax form there, e.g. jnp.arange(n) or lax.fori_loop for "
+                     "range(n), to share one program)")
+
+
+def per_size_cause(text: str) -> str:
+    """``per_size_text``'s cause and rewrite alone (an axis made static: its
+    other axes still share, so "each exact shape" is not what runs); other
+    texts as they are."""
+    m = re.match(rf"every size is a case of its own \(({_NEEDS_A_VALUE} at .*)\), so a "
+                 r"shared program would hold \d+ copies", text, re.S)
+    if m is None:
+        return text
+    return f"{m.group(1)} {_PER_SIZE_REWRITE}{text[text.index(_PER_SIZE_REWRITE) + len(_PER_SIZE_REWRITE):]}"
 
 
 class PerSizeBucket(TooManyCases):
