@@ -402,6 +402,13 @@ def test_approx_max_min_k_exact():
     x = pm.pad(np.array([1., 5., 3.], np.float32), 6, fill=np.nan)
     vals, idx = pm.mask(lambda x: jax.lax.approx_max_k(x, 2), "n", constraints=["n >= 2"])(x)
     assert vals.unpad().tolist() == [5.0, 3.0] and idx.unpad().tolist() == [1, 2]
+    # k a size (ColabDesign's ProteinMPNN: k = min(top_k, L) neighbours of L
+    # residues): the output's padded size is k's bound (the rule gave the
+    # symbolic k as a padded size: an internal error, helper C)
+    ex = [(rng.normal(size=(n, n)).astype(np.float32),) for n in (1, 4, 8)]
+    for op in (jax.lax.approx_max_k, jax.lax.approx_min_k):
+        check_oracle(lambda x, op=op: op(x, min(6, x.shape[-1])), ex, [(8, 8)], "n, n",
+                     modes=("eager", "jit", "vmap"))
 
 
 # ----------------------------------------------------------------------------

@@ -39,6 +39,18 @@ def signed_zero_key(x):
     return (~jnp.signbit(x)).astype(jnp.int32)
 
 
+def check_symbolic_k(ctx, k, n, name: str) -> None:
+    """Where ``k`` is a dimension expression (``x.shape[-1] - 1``), raise
+    ``ShapeError`` at the sizes where plain JAX rejects it (negative, or
+    above the size ``n`` of the sorted axis)."""
+    if compat.is_dim_expr(k):
+        k_raw = ctx.dims.logical_raw(k)
+        ctx.require(k_raw < 0, f"{name}: k = {k} is {{0}} at these sizes; "
+                    "k must be nonnegative", values=(k_raw,))
+        ctx.require(k_raw > n, f"{name}: k = {k} is {{0}}, larger than the size "
+                    "{1} of the sorted axis", values=(k_raw, n))
+
+
 @register(lax.top_k_p)
 def top_k_rule(ctx, x, *, k, axis=-1, **params):
     """Top ``k`` of the logical prefix of ``axis``, ties broken by the lower index.
@@ -56,12 +68,7 @@ def top_k_rule(ctx, x, *, k, axis=-1, **params):
     axis = axis % x.ndim
     lg, bd = ctx.in_logical[0], ctx.in_bounds[0]
     kb = ctx.out_bounds[0][axis]
-    if compat.is_dim_expr(k):
-        k_raw = ctx.dims.logical_raw(k)
-        ctx.require(k_raw < 0, f"top_k: k = {k} is {{0}} at these sizes; "
-                    "k must be nonnegative", values=(k_raw,))
-        ctx.require(k_raw > lg[axis], f"top_k: k = {k} is {{0}}, larger than the size "
-                    "{1} of the sorted axis", values=(k_raw, lg[axis]))
+    check_symbolic_k(ctx, k, lg[axis], "top_k")
     if not masked_axes(lg, bd, [axis]) and kb <= bd[axis]:
         return ctx.bind(x)
     padding_key = (~valid_mask(lg, bd, [axis])).astype(jnp.int32)
