@@ -797,9 +797,9 @@ def test_a_use_that_needs_a_selections_count_says_so():
     """jnp.split's ``rest is mod(_u1, 2)`` was said to fail "for every logical
     size, as it does on the exact arrays", and jnp.pad(mode="reflect")
     suggested a constraint on the internal ``_u`` name, which specs cannot
-    name. Both compare the count, and one outcome runs now (the split of an
-    even count; the pad of 2 entries and more): the other raises, plain JAX's
-    error for the split, polymask's limit, said as such, for the pad."""
+    name. Both compare the count: the split of an even count runs and the
+    other raises plain JAX's error; the pad runs at every count (one entry
+    too: a gather since session 60, where one entry was polymask's limit)."""
     x = jnp.array([1.0, 2.0, 3.0, 4.0, 0.0, 0.0])
     split = pm.mask(lambda x: jnp.split(pm.boolean_mask(x, x != 0), 2)[0], "n")
     np.testing.assert_array_equal(split(pm.Masked(x, (4,))).unpad(), [1.0, 2.0])
@@ -807,13 +807,8 @@ def test_a_use_that_needs_a_selections_count_says_so():
         split(pm.Masked(x, (3,)))
     op = lambda s: jnp.pad(s, 1, mode="reflect")  # noqa: E731
     pad = pm.mask(lambda x: op(pm.boolean_mask(x, x != 0)), "n")
-    for n in (2, 3, 4):
+    for n in (1, 2, 3, 4):
         np.testing.assert_array_equal(pad(pm.Masked(x, (n,))).unpad(), op(x[:n]))
-    op(x[:1])  # plain JAX pads one entry
-    with pytest.raises(pm.ShapeError, match="polymask cannot trace the function for these") as e:
-        pad(pm.Masked(x, (1,)))
-    assert "as it does on the exact arrays" not in str(e.value)
-    assert "constraints=['_u" not in str(e.value)
 
 
 def test_convolve_of_an_empty_selection_raises_where_plain_jax_does():

@@ -512,3 +512,19 @@ def test_a_size_index_in_updates_and_with_ellipsis_or_newaxis(name):
             continue
         np.testing.assert_array_equal(on_count(x), want)
     assert on_count.stats()["exact_compiles"] == 0
+
+
+def test_gradient_of_a_scatter_into_a_case_of_an_empty_array():
+    """ColabDesign's seq-entropy loss, x[-x.shape[0]:].at[p].set(0): the slice
+    splits the trace at n = 0, where the scatter's operand is empty, and
+    JAX's scatter JVP fails on an empty operand (plain jax.grad raises at
+    n = 0). A switch linearizes every case, so jax.jit(jax.grad) failed at
+    every size (helper C, session 60). An empty operand is returned as is:
+    the gradient is plain JAX's at n >= 1 and zero at n = 0 (limitations.md)."""
+    f = lambda x: (x[-x.shape[0]:].at[jnp.array([0, 5])].set(0) ** 2).sum()  # noqa: E731
+    m = pm.mask(f, "n")
+    grad = jax.jit(jax.grad(lambda d, n: m(pm.Masked(d, (n,))).data))
+    d = jnp.asarray(np.r_[np.arange(1.0, 8.0), np.full(5, np.nan)].astype(np.float32))
+    for n in (1, 3, 7):
+        np.testing.assert_array_equal(grad(d, jnp.int32(n))[:n], jax.grad(f)(d[:n]))
+    np.testing.assert_array_equal(grad(d, jnp.int32(0)), np.zeros(12, np.float32))
