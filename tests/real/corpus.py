@@ -45,7 +45,7 @@ MODULES = (
     "e3nn_points", "dm_pix_images", "interpax_interp", "quadax_integrals",
     "mctx_search", "big_vision_losses", "jax_cosmo_interp", "praxis_layers", "clu_metrics",
     "rl_returns", "tfp_mcmc_diagnostics", "neural_tangents_predict", "jaxley_solve",
-    "kfac_precondition",
+    "kfac_precondition", "session60_programs",
 )
 
 
