@@ -26,7 +26,8 @@ context managers that open the scope of one masked trace or run:
 - ``differentiable``: the masked function being traced may be
   differentiated (``mask(..., differentiable=False)``: the runners' forward
   programs): its custom derivative rules are traced with it
-  (``rules/custom_derivatives.py``);
+  (``rules/custom_derivatives.py``), which sets ``derivative_rule_splits``
+  when one of them split the trace;
 - ``tangent_operands``: while a primitive's own JVP rule runs masked, its
   equations that take tangents, by ``id``, with the operands that are
   tangents (``rules/inlined.py``): inside ``cond`` or ``vmap`` JAX linearizes
@@ -62,6 +63,7 @@ class TraceState(threading.local):
         self.per_size_per_shape: bool = False
         self.call_site: str | None = None
         self.differentiable: bool = True
+        self.derivative_rule_splits: bool = False
 
 
 _STATE = TraceState()

@@ -191,6 +191,7 @@ def trace_the_derivative_rule_now(eqn) -> None:
         # (the arguments the rules below call it with: the memo's key)
         compat.call_wrapped(thunk, *([vjp] * n_args))
     except (compat.SplitNeeded, compat.SplitBeforeRaise):
+        trace_state().derivative_rule_splits = True
         raise
     except Exception:  # noqa: BLE001 - (a closure over the outer trace: plain JAX's error too)
         pass

@@ -30,11 +30,11 @@ from ..core.diagnostics import (
     user_stacklevel,
     with_size_names,
 )
-from ..core.errors import FallbackWarning, ShapeError
+from ..core.errors import FallbackWarning, ShapeError, TooManyCases
 from ..core.masked import Masked
 from ..core.shapes import native_byte_order
 from ..core.specs import as_constraints, broadcast_specs, check_in_specs_type
-from ..core.trace_state import masked_call, replaced
+from ..core.trace_state import masked_call, replaced, trace_state
 from .cases.dispatch import run_cases
 from .cases.splitting import DEFAULT_MAX_CASES, CaseTree, trace_cases
 from .eager import run_cases_eagerly, run_program_eagerly, runs_eagerly
@@ -302,11 +302,22 @@ class MaskedFunction:
                         _SHARED.move_to_end(key)
             if tree is not None:
                 return tree
-        with replaced("differentiable", m.differentiable):
-            tree = trace_cases(
-                lambda conditions: trace_flat(call.rebuild, call.leaves, call.specs, call.paths,
-                                              m.constraints, conditions),
-                m.max_cases)
+        def trace_one(conditions):
+            return trace_flat(call.rebuild, call.leaves, call.specs, call.paths,
+                              m.constraints, conditions)
+
+        with replaced("differentiable", m.differentiable), \
+                replaced("derivative_rule_splits", False):
+            try:
+                tree = trace_cases(trace_one, m.max_cases)
+            except TooManyCases:
+                if not trace_state().derivative_rule_splits:
+                    raise
+                # custom derivative rules split the trace past the limit: traced
+                # when differentiated instead, as JAX does (the forward never
+                # needs them)
+                with replaced("differentiable", False):
+                    tree = trace_cases(trace_one, m.max_cases)
         if key is not None:
             with m.lock:
                 m.cache.setdefault(key, tree)
