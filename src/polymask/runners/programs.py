@@ -376,13 +376,19 @@ class CallPlans:
         m"`` compiled each ``(n, m)``). Only a var every axis of which it names
         alone (not ``"n * m"``), and where another var stays symbolic (else
         the bucket runs per exact shape, as before)."""
-        names = set(_spec_vars_needed(plan, error)) - self.static_vars
-        if not names or not set(plan.var_names) - names - self.static_vars:
+        names = self._new_static_vars(plan, error)
+        if not names:
             return False
         with self._lock:
             self.static_vars = self.static_vars | names
             self._plans.clear()
         return True
+
+    def _new_static_vars(self, plan: CallPlan, error: BaseException) -> set[str]:
+        """The spec dim vars ``error`` needs as Python values that are not static
+        yet, where another var of ``plan`` stays symbolic (else none)."""
+        names = set(_spec_vars_needed(plan, error)) - self.static_vars
+        return names if set(plan.var_names) - names - self.static_vars else set()
 
     def _has_axis_static_at_its_size(self, plan: CallPlan) -> bool:
         """Whether an axis of ``plan`` is static by a ``(path, axis, size)`` entry."""
@@ -394,8 +400,7 @@ class CallPlans:
         """Whether ``adapt_to(plan, error)`` could plan the call again (it
         changes nothing here)."""
         if not self.equal_sizes_share:
-            names = set(_spec_vars_needed(plan, error)) - self.static_vars
-            return bool(names) and bool(set(plan.var_names) - names - self.static_vars)
+            return bool(self._new_static_vars(plan, error))
         return bool(
             getattr(error, "fixed_size_vars", ()) or _broadcast_ones(plan, error)
             or _equal_size_relations(plan, error))
