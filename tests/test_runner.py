@@ -452,6 +452,25 @@ def test_jit_aliased_buffers_whose_reader_is_deleted_or_donated_are_given_up():
     assert float(norm(x)) == float((x * x).sum())
 
 
+def test_jit_aliased_buffers_forgotten_by_clear_cache_are_never_written_again():
+    # a steady-state call keeps the slot it found; once the runner forgets the
+    # slot (clear_cache), the call finds a fresh one: the old buffer keeps its values
+    total = pm.jit(lambda x: jnp.sum(x * 2), "n", buckets=[8], tiered=False)
+    x = np.float32([1, 2, 3, 4, 5])
+    for _ in range(3):
+        assert float(total(jnp.asarray(x))) == 30.0
+    if not _ALIASES:
+        pytest.skip("aliased buffers are XLA:CPU's")
+    (old,) = _aliased_keys(total).values()
+    old_view = old.view.copy()
+    total.clear_cache()
+    for k in range(3):
+        y = np.float32([k, k, k])
+        assert float(total(jnp.asarray(y))) == 6.0 * k
+    np.testing.assert_array_equal(old.view, old_view)
+    assert not old.kept and all(s is not old for s in _aliased_keys(total).values())
+
+
 def test_jit_aliased_buffers_across_threads():
     total = pm.jit(lambda x: jnp.sort(x, axis=0) * 3 + jnp.sum(x), "n, m", buckets=[32],
                    tiered=False)

@@ -167,13 +167,14 @@ class _AliasedSlot:
     are defined when it ends, and it has read its inputs by then);
     ``_UNKNOWN`` where no output tells (the slot is not reused)."""
 
-    __slots__ = ("owner", "view", "array", "written", "reader", "claim")
+    __slots__ = ("owner", "view", "array", "written", "reader", "claim", "kept")
 
     def __init__(self, owner, view, array) -> None:
         self.owner, self.view, self.array = owner, view, array
         self.written = view.shape
         self.reader = None
         self.claim = threading.Lock()
+        self.kept = True  # False once its owner forgets it (cleared, given up, evicted)
 
 
 _UNKNOWN = object()
@@ -214,6 +215,8 @@ class AliasedPadBuffers:
 
     def clear(self) -> None:
         with self._lock:
+            for slot in self._slots.values():
+                _forget(slot)
             self._slots.clear()
             self._lost.clear()
 
@@ -228,19 +231,20 @@ class AliasedPadBuffers:
         where it is free, else through ``pad(a)`` (NumPy)."""
         key = (bound, np.dtype(dtype))
         index = tuple(slice(0, n) for n in shape)
-        slots, slot_of, ndarray, asarray = self._slots, self._slot_of, np.ndarray, np.asarray
+        slot_of, made, ndarray, asarray = self._slot_of, self._made, np.ndarray, np.asarray
+        held = [None]  # the key's slot found by the last call (looked up again once not kept)
 
         def run(fn, a):
-            slot = slots.get(key)
-            if slot is None:
-                slot = slot_of(key)
+            slot = held[0]
+            if slot is None or not slot.kept:
+                slot = held[0] = slot_of(key)
                 if slot is None:
                     return fn(pad(a), sizes)
             if not slot.claim.acquire(False):  # another thread dispatches on it
                 return fn(pad(a), sizes)
             try:
                 reader = slot.reader
-                if reader is not None and not self._made(key, slot, reader):
+                if reader is not None and not made(key, slot, reader):
                     return fn(pad(a), sizes)
                 if slot.written != shape:
                     zero_outside(slot.view, slot.written, shape)
@@ -268,6 +272,7 @@ class AliasedPadBuffers:
             with self._lock:
                 if self._slots.get(key) is slot:  # a fresh one next call (a program
                     del self._slots[key]  # still reading this one keeps its memory)
+                    _forget(slot)
                     self._lost[key] = self._lost.get(key, 0) + 1
             return False
         if ready:
@@ -289,8 +294,14 @@ class AliasedPadBuffers:
                     if compat.buffer_address(array) == view.ctypes.data else None)
             self._slots[key] = slot  # None: uploads copy here, nothing to alias
             if len(self._slots) > _ALIASED_KEYS:
-                self._slots.popitem(last=False)
+                _forget(self._slots.popitem(last=False)[1])
             return slot
+
+
+def _forget(slot: _AliasedSlot | None) -> None:
+    """Mark a slot its owner no longer keeps (runners holding it look it up again)."""
+    if slot is not None:
+        slot.kept = False
 
 
 def _made_output(out, args, array) -> tuple:

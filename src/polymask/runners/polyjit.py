@@ -151,6 +151,8 @@ class _CallInfo:
     # ``(program, leaves) -> outputs`` of that case through an aliased buffer
     # (``AliasedPadBuffers``), else None; set with ``build``
     call_one: Callable | None = None
+    # ``(program, leaf) -> outputs``: call_one for its one dynamic leaf (the steady state's)
+    call_leaf: Callable | None = None
 
 
 def _non_native(x) -> bool:
@@ -167,14 +169,14 @@ def _steady_call(info: _CallInfo, entry: Entry) -> Callable:
     the eviction order, pad, run), with every attribute it needs bound once;
     ``_STALE`` once ``entry`` is evicted or no longer the info's program."""
     fn, calls, ticks, sizes = entry.fn, info.calls, COMPILE_TICK, info.sizes
-    pad_one, build, call_one = info.pad_one, info.build, info.call_one
+    pad_one, build, call_leaf = info.pad_one, info.build, info.call_leaf
 
-    if call_one is not None:
+    if call_leaf is not None:
         def run(a):
             if entry.live and info.entry is entry:
                 next(calls)
                 entry.tick = next(ticks)
-                return call_one(fn, (a,))[0]
+                return call_leaf(fn, a)[0]
             return _STALE
     elif pad_one is not None:
         def run(a):
@@ -490,7 +492,10 @@ class PolyJit:
             build = info.build
             if build is None:
                 info.pad_one = self._one_padder(info.static_idx, info.dyn, leaves)
-                info.call_one = self._one_caller(info, leaves)
+                info.call_leaf = self._leaf_caller(info, leaves)
+                if info.call_leaf is not None:
+                    i, call_leaf = info.dyn[0][0], info.call_leaf
+                    info.call_one = lambda fn, leaves: call_leaf(fn, leaves[i])
                 build = info.build = self._builder(info.static_idx, info.dyn, info.sizes, leaves,
                                                    info.pad_one)
             return build(leaves)
@@ -513,20 +518,19 @@ class PolyJit:
 
         return pad_one
 
-    def _one_caller(self, info: _CallInfo, leaves) -> Callable | None:
-        """``(program, leaves) -> outputs`` where ``pad_one`` applies and the
-        padded array is small on XLA:CPU: the array is written into a buffer
-        that a ``jax.Array`` aliases (``AliasedPadBuffers``), else padded by
-        ``pad_one``; None where that does not apply."""
+    def _leaf_caller(self, info: _CallInfo, leaves) -> Callable | None:
+        """``(program, leaf) -> outputs`` where ``pad_one`` applies and the
+        padded array is small on XLA:CPU: the one dynamic leaf is written into
+        a buffer that a ``jax.Array`` aliases (``AliasedPadBuffers``), else
+        padded by ``pad_one``; None where that does not apply."""
         if info.pad_one is None:
             return None
         i, bound, exact, _ = info.dyn[0]
         dtype = dtype_key(leaves[i])
         if exact or not AliasedPadBuffers.applies(bound, dtype):
             return None
-        run = self._aliased.runner(bound, dtype, tuple(np.shape(leaves[i])), info.pad_one,
-                                   info.sizes)
-        return lambda fn, leaves: run(fn, leaves[i])
+        return self._aliased.runner(bound, dtype, tuple(np.shape(leaves[i])), info.pad_one,
+                                    info.sizes)
 
     def _builder(self, static_idx, dyn, sizes, leaves, pad_one):
         """A function ``leaves -> flat arguments`` specialised to one call
