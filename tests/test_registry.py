@@ -86,6 +86,35 @@ def test_a_rule_that_needs_a_size_as_a_constant_raises_unsupported_naming_it():
                                rtol=1e-6)
 
 
+def test_a_rule_whose_bind_fails_a_shape_check_is_an_internal_error_naming_the_line():
+    # JAX's shape rules raise TypeError: a rule binding an op on padded operands
+    # that disagree is polymask's defect; it surfaces as an UnsupportedError that
+    # says so, names the primitive and the user's line, and quotes JAX's error
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import polymask as pm
+    from polymask.tracing import registry
+
+    def mismatched(ctx, x, **params):
+        return jax.lax.add(x, jnp.zeros(x.shape[0] + 1, x.dtype))
+
+    old = registry.get_rule("cumlogsumexp")
+    register("cumlogsumexp", override=True)(mismatched)
+    try:
+        f = pm.mask(lambda x: jax.lax.cumlogsumexp(x), "n")  # the line named below
+        for call in (f, jax.jit(f)):
+            with pytest.raises(pm.UnsupportedError, match=r"internal error.*'cumlogsumexp'.*"
+                               r"test_registry\.py.*TypeError: add got incompatible shapes"
+                               r".*report"):
+                call(pm.Masked(jnp.ones(4), (jnp.int32(2),)))
+    finally:
+        register("cumlogsumexp", override=True)(old)
+    np.testing.assert_allclose(f(pm.Masked(jnp.ones(4), (2,))).unpad(), [1.0, 1.0 + np.log(2.0)],
+                               rtol=1e-6)
+
+
 def test_one_record_per_primitive_registered_by_its_object():
     """Each primitive has one record (rule, precondition, flags); a primitive
     ``jax.lax`` exposes in every supported JAX version is registered by its

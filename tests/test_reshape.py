@@ -242,3 +242,23 @@ def test_a_size_whose_output_rank_differs_stays_per_shape_after_its_bucket_compi
             np.testing.assert_array_equal(mode(np.ones(n, np.float32)).count,
                                           jax.scipy.stats.mode(np.ones(n, np.float32)).count)
         mode.wait()
+
+
+@pytest.mark.parametrize("spec", ["s, s", "n, m"])
+def test_a_flattened_board_meets_an_arange_of_its_size(spec):
+    # pgx's Go: x.reshape(-1) beside jnp.arange(size ** 2). The arange's size is
+    # max(0, n*m) to JAX, the flattened axis n*m: equal sizes, so both get the
+    # one padded size (both bounded over the faces of the box of sizes)
+    def board(x):
+        idx = jnp.arange(x.shape[0] * x.shape[1])
+        flat = x.reshape(-1)
+        return flat + idx, jnp.where(flat > 0, idx, -1), jnp.arange(x.size) * flat
+
+    sizes = [(0, 0), (1, 1), (2, 2), (3, 3), (6, 6)] + ([(2, 5), (6, 0)] if spec == "n, m" else [])
+    check_oracle(board, [(_arr(a, b),) for a, b in sizes], [(6, 6)], in_specs=spec)
+    run = pm.jit(board, spec, buckets=[6], tiered=False)
+    for a, b in sizes:
+        x = _arr(a, b)
+        for got, want in zip(run(x), board(x)):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert (run.stats()["compiles"], run.stats()["exact_compiles"]) == (1, 0)

@@ -185,16 +185,20 @@ def _interval_upper(d, bounds: dict[str, int]) -> float:
 
 
 def _unshifted_upper(d, bounds: dict[str, int]) -> float:
-    """A tighter sound upper bound of a polynomial over shifted dim vars.
+    """A tighter sound upper bound of an expression over shifted dim vars.
 
     ``n__p1*m__p1 - n__p1 - m__p1 + 1`` (that is ``n*m``) over ``n__p1`` in
     [1, 4], ``m__p1`` in [1, 5] gets 19 from JAX's term-wise bounds, 12 over
     ``n, m``. Each face of the box where some spec vars are 0 is bounded by
-    JAX in a scope where the others are >= 1 (sound: every value is on a face).
+    JAX in a scope where the others are >= 1 (sound: every value is on a face,
+    and on its face each live var is >= 1, as JAX assumes, so ``min``,
+    ``max`` and ``floordiv`` simplify soundly there). Expressions JAX proves
+    equal then get the same padded size: ``jnp.arange(n * m)``'s
+    ``max(0, n*m)`` as ``x.reshape(-1)``'s ``n*m`` (pgx's Go board).
     """
     shifted = sorted(v for v in compat.dim_vars(d) if v.endswith(SHIFT_SUFFIX))
     text = str(d)
-    if not shifted or len(shifted) > 4 or any(op in text for op in _NOT_POLYNOMIAL):
+    if not shifted or len(shifted) > 4:
         return float("inf")
     key = (text, tuple(bounds.get(v) for v in sorted(compat.dim_vars(d))))
     hit = _UNSHIFTED_CACHE.get(key)
@@ -227,9 +231,6 @@ def _faces_upper(d, shifted, bounds) -> float:
     except Exception:
         return float("inf")
     return best if np.isfinite(best) else float("inf")
-
-
-_NOT_POLYNOMIAL = ("min(", "max(", "floordiv(", "mod(", "non_negative(")
 
 
 def _zero_corners_upper(d, bounds: dict[str, int], exact=frozenset()) -> float:

@@ -155,6 +155,18 @@ class Interpreter:
             raise UnsupportedError(
                 f"primitive '{prim.name}' (used at {compat.source_line(eqn.source_info)}) "
                 f"cannot run masked here: {type(e).__name__}: {said}") from e
+        except TypeError as e:
+            # JAX's shape and dtype rules raise TypeError: a rule that binds an op
+            # on padded operands that disagree ("add got incompatible shapes") is
+            # polymask's defect, never the user's; say so, with the primitive and
+            # the user's line, instead of JAX's bare message from inside a rule
+            said = (str(e).strip().splitlines() or ["(no message)"])[0].rstrip(".")
+            raise UnsupportedError(
+                f"polymask internal error: its masking rule for primitive '{prim.name}' "
+                f"(used at {compat.source_line_with_caller(eqn.source_info)}) failed: "
+                f"TypeError: {said}. Please report it (with this message); "
+                "polymask.jit and ragged_map run such sizes per exact shape, as jax.jit "
+                "does") from e
 
 
 def _check_out_shapes(eqn, outs, dims: DimEnv) -> None:
