@@ -331,6 +331,23 @@ def test_scans_along_the_packed_axis_restart_per_example():
     _check(rnn, ex, W, specs=("n, 4", None))
 
 
+def test_an_input_axis_of_an_affine_size_is_refused_with_its_spec_and_auto_runs_it():
+    # EasyDeL's PPO log-probs: token ids of t + 3 entries beside logits of t rows
+    def logps(logits, ids):
+        target = ids[3:]
+        return jnp.take_along_axis(jax.nn.log_softmax(logits), target[:, None], axis=-1)[:, 0]
+
+    rng = np.random.default_rng(3)
+    ex = [(rng.normal(size=(t, 7)).astype(np.float32),
+           rng.integers(0, 7, t + 3).astype(np.int32)) for t in (2, 5, 0)]
+    with pytest.raises(PackedUnsupported, match=r"args\[1\].shape\[0\] has size t \+ 3 "
+                       r"\(its spec\); layout='auto'"):
+        pm.ragged_map(logps, ("t, 7", "t + 3"), layout="packed", row_size=R)(ex)
+    out = pm.ragged_map(logps, ("t, 7", "t + 3"), layout="auto", row_size=R)(ex)
+    for o, (lg, ids) in zip(out, ex):
+        np.testing.assert_allclose(o, logps(lg, ids), rtol=1e-6, atol=1e-6)
+
+
 def test_an_unsupported_primitive_names_itself_and_auto_falls_back():
     def f(x):  # a size 2n along the packed axis
         return jnp.concatenate([x, x[::-1]], 0)

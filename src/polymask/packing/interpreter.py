@@ -871,7 +871,7 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
             if a.var is not None and (a.coeff != 1 or a.offset != 0):
                 raise PackedUnsupported(
                     f"the packed layout packs axes of size exactly '{var}'; {a.where} has "
-                    f"size {a.coeff}*{var}+{a.offset}")
+                    f"size {_affine_text(a.coeff, var, a.offset)} (its spec)")
         packed_axes.append(tuple(i for i, a in enumerate(axes) if a.var is not None))
     for axes in prog.axis_specs[:n_broadcast]:
         if any(a.var is not None for a in axes):
@@ -879,6 +879,12 @@ def packed_program(fun: Callable, args: Sequence[Any], in_specs, constraints: Se
     del n
     return PackedProgram(prog, var, int(prog.var_bounds[var]), packed_axes, tree=tree,
                          case_index=case.index, gap=gap, sizes=sizes)
+
+
+def _affine_text(coeff: int, var: str, offset: int) -> str:
+    """``coeff*var + offset`` as a spec writes it: ``t + 3``, ``2*t``, ``2*t - 1``."""
+    text = var if coeff == 1 else f"{coeff}*{var}"
+    return text if offset == 0 else f"{text} {'+' if offset > 0 else '-'} {abs(offset)}"
 
 
 def _split_points(tree) -> str:
