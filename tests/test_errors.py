@@ -352,6 +352,20 @@ def test_runtime_error_is_not_a_wrong_result():
     assert float(f(X5, X5, 2, 2)) == 2
 
 
+def test_a_bare_assert_failing_at_some_sizes_names_its_type_once():
+    def f(x):
+        if not x.shape[0] > 2:  # (a bare assert, as pytest's rewriting leaves none here)
+            raise AssertionError
+        return x.sum()
+
+    g = pm.mask(f, "n")
+    with pytest.raises(pm.ShapeError, match=r"as it does on the exact arrays:\n  "
+                       r"AssertionError\n") as info, pm.shape_errors():
+        jax.jit(g)(pm.Masked(np.ones(5, np.float32), (jnp.int32(1),))).data.block_until_ready()
+    assert "AssertionError: AssertionError" not in str(info.value)
+    assert float(g(pm.Masked(np.ones(5, np.float32), (4,))).data) == 4.0
+
+
 def test_shape_error_types():
     assert issubclass(pm.ShapeError, ValueError)
     assert issubclass(pm.UnsupportedError, NotImplementedError)

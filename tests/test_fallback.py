@@ -1004,6 +1004,25 @@ def test_a_bucket_whose_every_size_is_a_case_runs_per_exact_shape():
     assert (shared.stats()["compiles"], shared.stats()["exact_compiles"]) == (2, 0)
 
 
+def test_the_per_size_reason_names_the_rewrite_for_len_and_numpy_on_a_size():
+    # dinosaur's len(xp) and t5x's np.ceil(np.log2(n)): the FallbackWarning's
+    # rewrite names x.shape[0] for len(x) and jnp for NumPy on a size, not only range
+    def interp_len(xp):
+        return jnp.cumsum(xp)[: len(xp) - 1].sum() + jnp.zeros((), xp.dtype)
+
+    def log2_steps(x):
+        steps = int(np.ceil(np.log2(x.shape[0] + 1)))
+        return x.sum() * steps
+
+    for f in (interp_len, log2_steps):
+        runner = pm.jit(f, "n", tiered=False, buckets=[8])
+        with pytest.warns(pm.FallbackWarning, match=r"x\.shape\[0\] for len\(x\).*jnp for "
+                          r"NumPy or math on a size"):
+            for n in (2, 5, 7, 8, 3):
+                np.testing.assert_allclose(runner(_vec(n)), jax.jit(f)(_vec(n)), rtol=1e-6)
+        assert (runner.stats()["compiles"], runner.stats()["exact_compiles"]) == (0, 5)
+
+
 def test_a_per_size_bucket_is_not_traced_size_by_size_first():
     """The first call of a bucket that runs per exact shape traced every size
     of it (9 traces at a bucket of 8, 33 at 32) before going per shape, where

@@ -348,6 +348,13 @@ def test_an_input_axis_of_an_affine_size_is_refused_with_its_spec_and_auto_runs_
         np.testing.assert_allclose(o, logps(lg, ids), rtol=1e-6, atol=1e-6)
 
 
+def test_a_size_refusal_names_the_constant_apart_from_a_dim_var_named_c():
+    # jax-fem's cell count c: "c + k for a constant k", not "c + c for a constant c"
+    with pytest.raises(PackedUnsupported, match=r"to be c \+ k for a constant k .*4\*c"):
+        pm.ragged_map(lambda x: x.reshape(-1), ("c, 4",), layout="packed",
+                      row_size=R)(_examples([3, 4]))
+
+
 def test_an_unsupported_primitive_names_itself_and_auto_falls_back():
     def f(x):  # a size 2n along the packed axis
         return jnp.concatenate([x, x[::-1]], 0)

@@ -158,8 +158,10 @@ def _offset(d, n) -> int | None:
 
 
 def not_n(prog, n, d) -> str:
+    var = prog.display(str(n))
+    c = next(k for k in ("c", "k", "j") if k != var)  # (a dim var named c: "c + k")
     return (f"the packed layout needs every size along the ragged axis to be "
-            f"{prog.display(str(n))} + c for a constant c (or a constant); this program has "
+            f"{var} + {c} for a constant {c} (or a constant); this program has "
             f"a size {prog.display(str(d))}")
 
 

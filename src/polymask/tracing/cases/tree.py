@@ -365,9 +365,11 @@ def fails_in_plain_jax(case: Case) -> bool:
 
 
 def _error_text(e: BaseException, internal) -> str:
-    text = str(e).strip() or type(e).__name__
+    text = str(e).strip()
     if not isinstance(e, ShapeError):
-        text = f"{type(e).__name__}: {text.split(chr(10) + chr(10))[0]}"
+        # (a bare ``assert`` has no message: its type alone, not "AssertionError: AssertionError")
+        text = (f"{type(e).__name__}: {text.split(chr(10) + chr(10))[0]}" if text
+                else type(e).__name__)
         # (JAX's explanation of its symbolic comparisons, scope and all)
         text = re.split(r"\n(?:Using symbolic scope|This error arises)", text)[0]
         # JAX names polymask's internal function and argument ("flat_fun", "flat[0]")
@@ -601,8 +603,9 @@ def per_size_text(failures: list[tuple[str, str]], count: int) -> str:
 
 
 _NEEDS_A_VALUE = "the function needs the size as a Python value"
-_PER_SIZE_REWRITE = ("(use the jnp / lax form there, e.g. jnp.arange(n) or lax.fori_loop for "
-                     "range(n), to share one program)")
+_PER_SIZE_REWRITE = ("(to share one program, use the jnp / lax form there: x.shape[0] for "
+                     "len(x), jnp.arange(n) or lax.fori_loop for range(n), jnp for NumPy or "
+                     "math on a size (jnp.log2(x.shape[0])))")
 
 
 def per_size_cause(text: str) -> str:
