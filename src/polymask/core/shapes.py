@@ -191,14 +191,16 @@ def _unshifted_upper(d, bounds: dict[str, int]) -> float:
     [1, 4], ``m__p1`` in [1, 5] gets 19 from JAX's term-wise bounds, 12 over
     ``n, m``. Each face of the box where some spec vars are 0 is bounded by
     JAX in a scope where the others are >= 1 (sound: every value is on a face,
-    and on its face each live var is >= 1, as JAX assumes, so ``min``,
-    ``max`` and ``floordiv`` simplify soundly there). Expressions JAX proves
-    equal then get the same padded size: ``jnp.arange(n * m)``'s
-    ``max(0, n*m)`` as ``x.reshape(-1)``'s ``n*m`` (pgx's Go board).
+    and on its face each live var is >= 1, as JAX assumes, so ``min`` and
+    ``max`` simplify soundly there). Expressions JAX proves equal then get the
+    same padded size: ``jnp.arange(n * m)``'s ``max(0, n*m)`` as
+    ``x.reshape(-1)``'s ``n*m`` (pgx's Go board). Not for ``floordiv`` and
+    ``mod``: JAX's symbolic division of such a substitution takes seconds
+    (a segment op's ``bucket_size`` from a shape).
     """
     shifted = sorted(v for v in compat.dim_vars(d) if v.endswith(SHIFT_SUFFIX))
     text = str(d)
-    if not shifted or len(shifted) > 4:
+    if not shifted or len(shifted) > 4 or any(op in text for op in _DIVISIONS):
         return float("inf")
     key = (text, tuple(bounds.get(v) for v in sorted(compat.dim_vars(d))))
     hit = _UNSHIFTED_CACHE.get(key)
@@ -231,6 +233,9 @@ def _faces_upper(d, shifted, bounds) -> float:
     except Exception:
         return float("inf")
     return best if np.isfinite(best) else float("inf")
+
+
+_DIVISIONS = ("floordiv(", "mod(")
 
 
 def _zero_corners_upper(d, bounds: dict[str, int], exact=frozenset()) -> float:
