@@ -366,6 +366,17 @@ def test_a_bare_assert_failing_at_some_sizes_names_its_type_once():
     assert float(g(pm.Masked(np.ones(5, np.float32), (4,))).data) == 4.0
 
 
+def test_a_spec_axis_of_two_dim_vars_is_a_spec_error_and_a_dash_gets_its_remedy():
+    x = pm.Masked(np.ones((4, 3), np.float32), (2, 3))
+    with pytest.raises(pm.SpecError, match=r"spec axis 'seq - len' must be an affine "
+                       r"expression in one dim var.*did you mean 'seq_len'\?"):
+        pm.mask(lambda x: x.sum(), "seq-len, 3")(x)
+    with pytest.raises(pm.SpecError, match=r"spec axis 'n \+ m' must be an affine .*found "
+                       r"vars \['m', 'n'\]\n"):
+        pm.mask(lambda x: x.sum(), "n + m, 3")(x)
+    assert float(pm.mask(lambda x: x.sum(), "seq_len, 3")(x).data) == 6.0
+
+
 def test_shape_error_types():
     assert issubclass(pm.ShapeError, ValueError)
     assert issubclass(pm.UnsupportedError, NotImplementedError)

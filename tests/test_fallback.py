@@ -1023,6 +1023,25 @@ def test_the_per_size_reason_names_the_rewrite_for_len_and_numpy_on_a_size():
         assert (runner.stats()["compiles"], runner.stats()["exact_compiles"]) == (0, 5)
 
 
+def test_jnp_nonzero_without_size_leads_with_the_polymask_remedy_in_the_runners():
+    # plain jax.jit fails too: the message starts with "use polymask.nonzero(x)",
+    # not with JAX's ConcretizationTypeError and a per-size rewrite that cannot help
+    def f(x):
+        (idx,) = jnp.nonzero(x)
+        return jnp.sum(x[idx] * idx)
+
+    x = np.float32([0, 2, 0, 3, 5])
+    calls = [lambda: pm.jit(f, "n", tiered=False)(x), lambda: pm.ragged_map(f, "n")([x])]
+    for call in calls:
+        with pytest.raises(pm.ShapeError, match=r"as plain jax.jit does: jnp\.nonzero has a "
+                           r"data-dependent output size \(at .*test_fallback\.py.*use "
+                           r"polymask\.nonzero\(x\) instead\n  JAX said: "
+                           r"ConcretizationTypeError") as info:
+            call()
+        assert "every size is a case of its own" not in str(info.value)
+        assert isinstance(info.value, jax.errors.ConcretizationTypeError)
+
+
 def test_a_per_size_bucket_is_not_traced_size_by_size_first():
     """The first call of a bucket that runs per exact shape traced every size
     of it (9 traces at a bucket of 8, 33 at 32) before going per shape, where

@@ -45,14 +45,18 @@ class AxisSpec:
 def _linear_in_one_var(e, where: str) -> tuple[str, int, int]:
     names = sorted(compat.dim_vars(e))
     if len(names) != 1:
-        raise ShapeError(
+        # ("seq-len" reads as seq - len: a name with a dash is two dim vars)
+        dashed = " - " in str(e) and len(names) == 2
+        raise SpecError(
             f"{where}: spec axis '{e}' must be an affine expression in one dim var "
-            f"(like 'n' or '2*k + 1'); found vars {names}")
+            f"(like 'n' or '2*k + 1'); found vars {names}"
+            + ("; a dim var name is an identifier and '-' subtracts: did you mean "
+               f"'{str(e).replace(' - ', '_')}'?" if dashed else ""))
     (v,) = names
     b = int(compat.evaluate_dim(e, {v: 0}))
     a = int(compat.evaluate_dim(e, {v: 1})) - b
     if a <= 0 or int(compat.evaluate_dim(e, {v: 5})) != 5 * a + b:
-        raise ShapeError(
+        raise SpecError(
             f"{where}: spec axis '{e}' must be affine with a positive coefficient "
             f"(like 'n' or '2*k + 1')")
     return v, a, b

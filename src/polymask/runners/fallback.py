@@ -20,6 +20,7 @@ padded layout (``ragged.py``, per example) and ``value_and_grad``
 
 from __future__ import annotations
 
+import re
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -204,6 +205,12 @@ class ExactFallback:
             return ShapeError(f"{self.runner} cannot run these arrays: its masked trace "
                               f"stopped: {reason}\n  (plain jax.jit, the per-shape fallback, "
                               f"cannot run it either: {str(plain).splitlines()[0]})")
+        remedy = _data_dependent_remedy(reason)
+        if remedy is not None:  # (jnp.nonzero without size=: no size can share, nor run)
+            return typed_as(ShapeError(
+                f"{self.runner} fails on these exact arrays, as plain jax.jit does: "
+                f"{remedy}\n  JAX said: {type(plain).__name__}: "
+                f"{str(plain).strip().splitlines()[0]}"), type(plain))
         msg = (f"{self.runner} fails on these exact arrays, as plain jax.jit does: "
                f"{type(plain).__name__}: {str(plain).strip()}")
         if reason is not None and not _same_error(reason, plain):
@@ -211,6 +218,18 @@ class ExactFallback:
             # are for what the masked trace could not share, and plain JAX fails here
             msg += "\n(polymask's masked trace had stopped first: " + refusal_line(reason) + ")"
         return typed_as(ShapeError(msg), type(plain))
+
+
+_DATA_DEPENDENT_REMEDY = re.compile(
+    r"((?:jnp\.\w+|a slice with traced bounds) has a data-dependent (?:output )?size "
+    r"\(at [^\n]*?\); under polymask\.mask, polymask\.jit or ragged_map use .*? instead)")
+
+
+def _data_dependent_remedy(reason: str | None) -> str | None:
+    """The masked trace's "use polymask.nonzero(x) instead" where the function
+    calls a jnp op whose output size depends on the values (under jax.jit too)."""
+    m = _DATA_DEPENDENT_REMEDY.search(reason or "")
+    return None if m is None else m.group(1)
 
 
 def _with_legend(reason: str, where: str, names: Mapping[str, str] | None) -> str:
