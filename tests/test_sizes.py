@@ -888,3 +888,24 @@ def test_a_size_compared_with_a_float_as_python_compares(name, value, left):
         assert float(fs(kept)) == float(jax.jit(by_size)(kept)) == want, n
         assert float(fc(x)) == want, n
     assert fs.stats()["exact_compiles"] == 0 and fc.stats()["exact_compiles"] == 0
+
+
+def test_operands_of_one_size_with_different_bounds_in_a_case_are_fitted():
+    # alphafold3's sharded_apply builds its output buffer of 4 * ((n - 1) // 4) + n % 4
+    # rows (n where n % 4 != 0): bounded by 7 in that case where the input's n is
+    # padded to 8; the elementwise op sees both and JAX proves them equal
+    def f(x):
+        n = x.shape[0]
+        last = n % 4
+        last = 4 if last == 0 else last
+        out_len = last if (n - 1) // 4 == 0 else 4 * ((n - 1) // 4) + last
+        return jnp.zeros((out_len, 2), x.dtype) + x * 2
+
+    rng = np.random.default_rng(5)
+    check_oracle(f, [(rng.normal(size=(n, 2)).astype(np.float32),) for n in (1, 3, 4, 5, 7, 8)],
+                 [(8, 2)], "n, 2")
+    run = pm.jit(f, "n, 2", buckets=[8], tiered=False)
+    for n in range(1, 9):
+        x = rng.normal(size=(n, 2)).astype(np.float32)
+        np.testing.assert_allclose(run(x), f(x), rtol=1e-6)
+    assert (run.stats()["compiles"], run.stats()["exact_compiles"]) == (1, 0)

@@ -63,7 +63,7 @@ def defelementwise(*prims, zero_preserving: bool = False, module: str | None = N
 
 def _elementwise_rule(zero_preserving: bool):
     def elementwise_rule(ctx, *args, **params):
-        args = _broadcast_operands(ctx, args)
+        args = _broadcast_operands(ctx, _at_out_bounds(ctx, args))
         out = ctx.bind(*args)
         if zero_preserving and _all_zero_padded(ctx, args, out):
             ctx.mark_zero_padding(out)
@@ -96,6 +96,37 @@ def _broadcast_operands(ctx, args):
                 ctx.mark_zero_padding(a)
         out.append(a)
     return out
+
+
+def _at_out_bounds(ctx, args):
+    """Operands of the output's rank cut or zero-padded to the output's padded
+    shape on the axes where theirs differs (size-1 axes broadcast as they are).
+
+    JAX accepts operands whose sizes it proves equal, and two expressions of
+    one size may have different bounds: in a case where ``n % 4 != 0``,
+    alphafold3's ``4 * ((n - 1) // 4) + n % 4`` is ``n``, bounded by 7 where
+    the input's ``n`` is padded to 8. Each bound holds for the case's logical
+    size, so cutting to the smaller one keeps every logical entry."""
+    bounds = ctx.out_bounds[0] if ctx.out_bounds else None
+    if not bounds:
+        return args
+    out = []
+    for a in args:
+        shape = jnp.shape(a)
+        if len(shape) == len(bounds) and shape != tuple(bounds):
+            a = _fit(a, [b if s != 1 else 1 for s, b in zip(shape, bounds)])
+        out.append(a)
+    return out
+
+
+def _fit(a, shape):
+    """``a`` cut or zero-padded (at the end of each axis) to ``shape``."""
+    cut = [min(s, b) for s, b in zip(jnp.shape(a), shape)]
+    if cut != list(jnp.shape(a)):
+        a = a[tuple(slice(0, c) for c in cut)]
+    if cut != list(shape):
+        a = jnp.pad(a, [(0, b - c) for c, b in zip(cut, shape)])
+    return a
 
 
 def _implicitly_broadcast_axes(a, bounds, masked) -> list[int]:
