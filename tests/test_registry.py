@@ -1,5 +1,7 @@
 """The masking-rule registry: one rule per primitive, every name a real primitive."""
 
+import contextlib
+
 import pytest
 
 from polymask import _jax_compat as compat
@@ -64,24 +66,40 @@ def test_a_rule_that_needs_a_size_as_a_constant_raises_unsupported_naming_it():
     # primitive and the user's line, the JAX error chained
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     import polymask as pm
-    from polymask.tracing import registry
 
     def needs_constant(ctx, x, **params):
         raise compat.InconclusiveDimensionOperation("Symbolic dimension 'n' used in a "
                                                     "context that requires a constant")
 
-    old = registry.get_rule("cumlogsumexp")
-    register("cumlogsumexp", override=True)(needs_constant)
-    try:
-        f = pm.mask(lambda x: jax.lax.cumlogsumexp(x), "n")  # the line named below
+    f = pm.mask(lambda x: jax.lax.cumlogsumexp(x), "n")  # the line named below
+    with _cumlogsumexp_rule(needs_constant):
         with pytest.raises(pm.UnsupportedError, match=r"'cumlogsumexp'.*test_registry\.py.*"
                            r"InconclusiveDimensionOperation: Symbolic dimension 'n'"):
             f(pm.Masked(jnp.ones(4), (jnp.int32(2),)))
+    _check_cumlogsumexp_restored(f)
+
+
+@contextlib.contextmanager
+def _cumlogsumexp_rule(rule):
+    """``cumlogsumexp``'s masking rule replaced by ``rule`` inside the block."""
+    from polymask.tracing import registry
+
+    old = registry.get_rule("cumlogsumexp")
+    register("cumlogsumexp", override=True)(rule)
+    try:
+        yield
     finally:
         register("cumlogsumexp", override=True)(old)
+
+
+def _check_cumlogsumexp_restored(f):
+    import jax.numpy as jnp
+    import numpy as np
+
+    import polymask as pm
+
     np.testing.assert_allclose(f(pm.Masked(jnp.ones(4), (2,))).unpad(), [1.0, 1.0 + np.log(2.0)],
                                rtol=1e-6)
 
@@ -92,27 +110,20 @@ def test_a_rule_whose_bind_fails_a_shape_check_is_an_internal_error_naming_the_l
     # says so, names the primitive and the user's line, and quotes JAX's error
     import jax
     import jax.numpy as jnp
-    import numpy as np
 
     import polymask as pm
-    from polymask.tracing import registry
 
     def mismatched(ctx, x, **params):
         return jax.lax.add(x, jnp.zeros(x.shape[0] + 1, x.dtype))
 
-    old = registry.get_rule("cumlogsumexp")
-    register("cumlogsumexp", override=True)(mismatched)
-    try:
-        f = pm.mask(lambda x: jax.lax.cumlogsumexp(x), "n")  # the line named below
+    f = pm.mask(lambda x: jax.lax.cumlogsumexp(x), "n")  # the line named below
+    with _cumlogsumexp_rule(mismatched):
         for call in (f, jax.jit(f)):
             with pytest.raises(pm.UnsupportedError, match=r"internal error.*'cumlogsumexp'.*"
                                r"test_registry\.py.*TypeError: add got incompatible shapes"
                                r".*report"):
                 call(pm.Masked(jnp.ones(4), (jnp.int32(2),)))
-    finally:
-        register("cumlogsumexp", override=True)(old)
-    np.testing.assert_allclose(f(pm.Masked(jnp.ones(4), (2,))).unpad(), [1.0, 1.0 + np.log(2.0)],
-                               rtol=1e-6)
+    _check_cumlogsumexp_restored(f)
 
 
 def test_one_record_per_primitive_registered_by_its_object():
