@@ -244,6 +244,7 @@ def test_a_size_whose_output_rank_differs_stays_per_shape_after_its_bucket_compi
         mode.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["s, s", "n, m"])
 def test_a_flattened_board_meets_an_arange_of_its_size(spec):
     # pgx's Go: x.reshape(-1) beside jnp.arange(size ** 2). The arange's size is

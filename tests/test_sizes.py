@@ -890,6 +890,7 @@ def test_a_size_compared_with_a_float_as_python_compares(name, value, left):
     assert fs.stats()["exact_compiles"] == 0 and fc.stats()["exact_compiles"] == 0
 
 
+@pytest.mark.slow
 def test_operands_of_one_size_with_different_bounds_in_a_case_are_fitted():
     # alphafold3's sharded_apply builds its output buffer of 4 * ((n - 1) // 4) + n % 4
     # rows (n where n % 4 != 0): bounded by 7 in that case where the input's n is
@@ -902,7 +903,7 @@ def test_operands_of_one_size_with_different_bounds_in_a_case_are_fitted():
         return jnp.zeros((out_len, 2), x.dtype) + x * 2
 
     rng = np.random.default_rng(5)
-    check_oracle(f, [(rng.normal(size=(n, 2)).astype(np.float32),) for n in (1, 3, 4, 5, 7, 8)],
+    check_oracle(f, [(rng.normal(size=(n, 2)).astype(np.float32),) for n in (1, 5, 8)],
                  [(8, 2)], "n, 2")
     run = pm.jit(f, "n, 2", buckets=[8], tiered=False)
     for n in range(1, 9):
