@@ -126,6 +126,31 @@ def test_a_rule_whose_bind_fails_a_shape_check_is_an_internal_error_naming_the_l
     _check_cumlogsumexp_restored(f)
 
 
+def test_plain_jax_type_errors_inside_a_rule_keep_their_type():
+    # only a shape rule's TypeError is polymask's defect: JAX's own refusals
+    # (jvp of a custom_vjp, reduce_window's JVP of an input-dependent init value)
+    # stay the TypeErrors plain JAX raises, caught by `except TypeError`
+    import jax
+    import jax.numpy as jnp
+
+    import polymask as pm
+
+    @jax.custom_vjp
+    def c(x):
+        return jnp.sin(x)
+
+    c.defvjp(lambda x: (jnp.sin(x), x), lambda r, g: (g * jnp.cos(r),))
+    f = pm.mask(lambda x: jnp.sum(c(x)), "n")
+    with pytest.raises(TypeError, match="forward-mode autodiff") as info:
+        jax.jvp(lambda d: f(pm.Masked(d, (2,))).data, (jnp.ones(4),), (jnp.ones(4),))
+    assert not isinstance(info.value, pm.UnsupportedError)
+    g = pm.mask(lambda x: jax.lax.reduce_window(x, x[0], lambda a, b: a * b, (2,), (1,),
+                                                "VALID").sum(), "n")
+    with pytest.raises(TypeError, match="init_value_tangent") as info:
+        jax.grad(lambda d: g(pm.Masked(d, (3,))).data)(jnp.ones(5))
+    assert not isinstance(info.value, pm.UnsupportedError)
+
+
 def test_one_record_per_primitive_registered_by_its_object():
     """Each primitive has one record (rule, precondition, flags); a primitive
     ``jax.lax`` exposes in every supported JAX version is registered by its

@@ -156,10 +156,14 @@ class Interpreter:
                 f"primitive '{prim.name}' (used at {compat.source_line(eqn.source_info)}) "
                 f"cannot run masked here: {type(e).__name__}: {said}") from e
         except TypeError as e:
-            # JAX's shape and dtype rules raise TypeError: a rule that binds an op
-            # on padded operands that disagree ("add got incompatible shapes") is
-            # polymask's defect, never the user's; say so, with the primitive and
-            # the user's line, instead of JAX's bare message from inside a rule
+            # JAX's shape rules raise TypeError: a rule that binds an op on padded
+            # operands that disagree ("add got incompatible shapes") is polymask's
+            # defect, never the user's; say so, with the primitive and the user's
+            # line, instead of JAX's bare message from inside a rule. Other
+            # TypeErrors are plain JAX's own and keep their type (jax.jvp of a
+            # custom_vjp; reduce_window's JVP of an input-dependent init value)
+            if not _names_operand_shapes(e):
+                raise
             said = (str(e).strip().splitlines() or ["(no message)"])[0].rstrip(".")
             raise UnsupportedError(
                 f"polymask internal error: its masking rule for primitive '{prim.name}' "
@@ -167,6 +171,12 @@ class Interpreter:
                 f"TypeError: {said}. Please report it (with this message); "
                 "polymask.jit and ragged_map run such sizes per exact shape, as jax.jit "
                 "does") from e
+
+
+def _names_operand_shapes(e: TypeError) -> bool:
+    """Whether a TypeError is a JAX shape rule's ("incompatible shapes",
+    "must have the same shape", "got operand of shape ...")."""
+    return "shape" in str(e)
 
 
 def _check_out_shapes(eqn, outs, dims: DimEnv) -> None:
