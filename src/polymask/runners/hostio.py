@@ -243,6 +243,8 @@ class AliasedPadBuffers:
             if not slot.claim.acquire(False):  # another thread dispatches on it
                 return fn(pad(a), sizes)
             try:
+                if not slot.kept:  # forgotten since (its buffers may be released)
+                    return fn(pad(a), sizes)
                 reader = slot.reader
                 if reader is not None and not made(key, slot, reader):
                     return fn(pad(a), sizes)
@@ -299,9 +301,18 @@ class AliasedPadBuffers:
 
 
 def _forget(slot: _AliasedSlot | None) -> None:
-    """Mark a slot its owner no longer keeps (runners holding it look it up again)."""
-    if slot is not None:
-        slot.kept = False
+    """Mark a slot its owner no longer keeps (runners holding it look it up
+    again) and release its buffers and last reader, unless a call holds it now
+    (that call sees ``kept`` False next time): a runner's reference to a
+    forgotten slot keeps no memory alive."""
+    if slot is None:
+        return
+    slot.kept = False
+    if slot.claim.acquire(False):
+        try:
+            slot.owner = slot.view = slot.array = slot.reader = None
+        finally:
+            slot.claim.release()
 
 
 def _made_output(out, args, array) -> tuple:
