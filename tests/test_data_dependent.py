@@ -234,6 +234,19 @@ def test_chained_fresh_sizes():
                  modes=("jit", "vmap"))
 
 
+def test_a_count_times_a_size_is_bounded_by_the_counts_own_bound():
+    # A count (_u1 <= n) times a spec size m: JAX gives _u1*m no finite bound
+    # where m is shifted (m__p1), and the cases of the split on m = 0 ask the
+    # output's padded size before the count's rule binds it: a KeyError before
+    def f(x):
+        v = pm.boolean_mask(x[:, 0], x[:, 0] > 0)
+        return jnp.outer(v, x[0]).reshape(-1) + jnp.arange(v.shape[0] * x.shape[1])
+
+    x = np.where(np.arange(30).reshape(5, 6) % 4 == 1, 1.5, -1.0).astype(np.float32)
+    exs = [(x[:a, :b],) for a, b in ((5, 6), (1, 1), (4, 2))]
+    oracle(f, exs, [(5, 6)], in_specs="n, m", eager=True)
+
+
 def test_dynamic_slice():
     x = np.arange(1.0, 9.0, dtype=np.float32)
 

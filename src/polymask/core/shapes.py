@@ -177,11 +177,22 @@ def _interval_upper(d, bounds: dict[str, int]) -> float:
     names = sorted(compat.dim_vars(d))
     if len(names) > 8:
         return float("inf")
+    hi = _var_bounds(d, names, bounds)
+    if any(b is None or not np.isfinite(b) for b in hi.values()):
+        return float("inf")
     best = -float("inf")
     for mask in range(1 << len(names)):
-        env = {v: (bounds[v] if (mask >> i) & 1 else 0) for i, v in enumerate(names)}
+        env = {v: (int(hi[v]) if (mask >> i) & 1 else 0) for i, v in enumerate(names)}
         best = max(best, int(compat.evaluate_dim(d, env)))
     return best
+
+
+def _var_bounds(d, names, bounds: dict[str, int]) -> dict[str, float]:
+    """Each var's bound: ``bounds``'s, else JAX's in ``d``'s scope (a data-dependent
+    count's ``_u1 <= 6``, bound in a ``DimEnv`` only once its rule ran: an output
+    shape's padded size is asked before, to compare the cases of a split)."""
+    return {v: bounds[v] if v in bounds else compat.upper_bound(compat.fresh_dim(v, d.scope))
+            for v in names}
 
 
 def _unshifted_upper(d, bounds: dict[str, int]) -> float:
@@ -246,8 +257,7 @@ def _zero_corners_upper(d, bounds: dict[str, int], exact=frozenset()) -> float:
     names = sorted(compat.dim_vars(d))
     if len(names) > 6:
         return -float("inf")
-    hi = {v: bounds[v] if v in bounds else compat.upper_bound(compat.fresh_dim(v, d.scope))
-          for v in names}
+    hi = _var_bounds(d, names, bounds)
     if any(b is None or not np.isfinite(b) for b in hi.values()):
         return -float("inf")
     best = -float("inf")
