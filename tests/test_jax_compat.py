@@ -617,3 +617,21 @@ def test_values_over_a_sizes_range_are_exact_and_never_wrap():
     assert (compat.lower_bound(n % 3 + n // 3), compat.upper_bound(n % 3 + n // 3)) == (1, 6)
     assert compat.values_over(n ** 3 * 10 ** 17, {"n": (1, 16)}, scope) is None  # past int64
     assert compat.values_over(n, {"n": (1, 5000)}, scope) is None  # too many values
+
+
+def test_sizes_jax_decides_slowly_are_bounded_by_their_values():
+    """A ``min`` beside a product of sizes, or many nested ``min``s (chained
+    slices of a concatenation), took JAX's decision procedure seconds to
+    minutes: their bounds are their values' over the box, exact."""
+    scope = jax.export.SymbolicScope(("n <= 6", "m <= 7", "k <= 5"))
+    n, m, k = jax.export.symbolic_shape("n, m, k", scope=scope)
+    e = k * m * n - (k * m * n - 3).min(1) + n
+    assert compat.costly_to_decide(str(e))
+    want = [a * b * c - min(a * b * c - 3, 1) + a
+            for a in range(1, 7) for b in range(1, 8) for c in range(1, 6)]
+    assert (compat.lower_bound(e), compat.upper_bound(e)) == (min(want), max(want))
+    v = n * m
+    for _ in range(4):  # jnp.concatenate([v[1:], jnp.arange(n)])[2:]'s sizes
+        v = (v - 1 + n - 2).max(0)
+    assert compat.upper_bound(v) == 6 * 7 + 4 * (6 - 3)
+    assert not compat.costly_to_decide("max(0, n - 1) + min(n, 3)")

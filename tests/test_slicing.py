@@ -64,6 +64,21 @@ def test_case5_concatenate():
                  ("n", "m", "n"))
 
 
+def test_chained_slices_of_concatenations_share_one_program():
+    # Each step's size nests the last one's in a min / max: three steps were
+    # ~20 nested mins, minutes in JAX's decision procedure (now their values)
+    def f(x, y):
+        v = jnp.outer(x.reshape(-1), y).reshape(-1)
+        for _ in range(3):
+            v = jnp.concatenate([v[1:], jnp.arange(x.shape[0]) * 1.0])[2:]
+        return v * 2.0
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(6, 7)).astype(np.float32), rng.normal(size=5).astype(np.float32)
+    exs = [(x[:a, :b], y[:c]) for a, b, c in ((6, 7, 5), (1, 1, 1), (3, 2, 4), (2, 3, 0))]
+    check_oracle(f, exs, [(6, 7), (5,)], in_specs=("n, m", "k"))
+
+
 def test_concatenate_many_and_2d():
     a = RNG.normal(size=(4, 3)).astype(np.float32)
     exs = [(a, a[:2] * 2, a[:3] + 1, a[:1]), (a[:1], a[:0], a[:4], a[:2]),

@@ -70,7 +70,81 @@ def evaluate_dim(e, env: dict[str, Any]):
     # NumPy values: an expression of a case that these sizes do not reach may
     # divide by a size of 0 (jnp.resize's ceil(k / n) at n = 0); its value is unused
     with np.errstate(divide="ignore"):
-        return e._evaluate(env)
+        return _SharedEvaluation(env).expr(e)
+
+
+class _SharedEvaluation:
+    """JAX's ``_DimExpr._evaluate``, each distinct ``min`` / ``max`` /
+    ``floordiv`` / ``mod`` factor evaluated once. JAX's walks the expression as
+    a tree: a size built by chained slices of concatenations
+    (``jnp.concatenate([v[1:], a])[2:]`` three times) repeats its inner
+    ``min``s exponentially often, and each repeat staged its ops again (and
+    raised and caught an error per traced sum, from ``operator.index``)."""
+
+    def __init__(self, env: dict[str, Any], vector: bool = False):
+        self.env = env
+        self.factors: dict = {}
+        # vector: env's values are NumPy object arrays of Python ints (values_over)
+        self.vector = vector
+        self.constant = int if vector else _core.dim_constant
+
+    def expr(self, e):
+        terms = [_times(self.term(t, e.scope), self.constant(k))
+                 for t, k in e._sorted_terms]
+        out = terms[0]
+        for v in terms[1:]:
+            out = _plus(out, v)
+        return out
+
+    def term(self, t, scope):
+        out = None
+        for f, exp in t._factors:
+            v = self.factor(f, scope)
+            for _ in range(exp):
+                out = v if out is None else _times(out, v)
+        return self.constant(1) if out is None else out
+
+    def factor(self, f, scope):
+        if f.var is not None:
+            return f.evaluate(self.env, scope)  # (JAX's, with its normalization of vars)
+        hit = self.factors.get(f, _MISSING)
+        if hit is _MISSING:
+            hit = self.factors[f] = self._operation(f)
+        return hit
+
+    def _operation(self, f):
+        from jax import lax
+
+        a, b = (self.expr(o) for o in f.operands)
+        op = f.operation
+        if op == _shape_poly._DimFactor.FLOORDIV:
+            return a // b if self.vector else divmod(a, b)[0]
+        if op == _shape_poly._DimFactor.MOD:
+            return a % b if self.vector else divmod(a, b)[1]
+        is_max = op == _shape_poly._DimFactor.MAX
+        if self.vector:
+            return np.maximum(a, b) if is_max else np.minimum(a, b)
+        if _static_int(a) is not None and _static_int(b) is not None:
+            return max(a, b) if is_max else min(a, b)
+        if _core.is_symbolic_dim(a) or _core.is_symbolic_dim(b):
+            return _core.max_dim(a, b) if is_max else _core.min_dim(a, b)
+        return lax.max(a, b) if is_max else lax.min(a, b)
+
+
+_MISSING = object()
+
+
+def _static_int(v):
+    """``v`` as an int where it is one (not a tracer or a symbolic size)."""
+    return int(v) if isinstance(v, (int, np.integer)) else None
+
+
+def _plus(a, b):
+    return b if _static_int(a) == 0 else a if _static_int(b) == 0 else a + b
+
+
+def _times(a, b):
+    return b if _static_int(a) == 1 else a if _static_int(b) == 1 else a * b
 
 
 def add_constraint(scope: SymbolicScope, constraint: str) -> None:
@@ -110,10 +184,26 @@ def lower_bound(e) -> float:
 
 _VALUES_LIMIT = 4096  # value combinations of a size's dim vars enumerated at most
 DIVIDED_SIZE = re.compile(r"\b(floordiv|mod)\(")  # a size's text with a division
+_EXTREMA = re.compile(r"\b(min|max)\(")
+_EXTREMA_DECIDED_BY_JAX = 3  # min / max terms of a size JAX's procedure bounds quickly
+_PRODUCT_OF_SIZES = re.compile(r"[A-Za-z_]\w*(\*[A-Za-z_]|\^)")  # n*m, n^2
+
+
+def costly_to_decide(text: str) -> bool:
+    """Whether JAX's decision procedure takes long on a size of this text,
+    where the values of its dim vars decide it in milliseconds: one with a
+    division (nested ``floordiv``s: seconds each), with many ``min`` / ``max``
+    terms, whose bounds it takes apart term by term (chained slices of a
+    concatenation, ``jnp.concatenate([v[1:], a])[2:]`` three times: ~20
+    nested ``min``s, minutes), or with one beside a product of sizes
+    (``min(k*m*n - ..., 1)`` under a case's conditions: seconds each)."""
+    extrema = len(_EXTREMA.findall(text))
+    return bool(DIVIDED_SIZE.search(text)) or extrema > _EXTREMA_DECIDED_BY_JAX or (
+        extrema > 0 and bool(_PRODUCT_OF_SIZES.search(text)))
 
 
 def _bounds(e) -> tuple:
-    by_values = _bounds_by_values(e) if DIVIDED_SIZE.search(str(e)) else None
+    by_values = _bounds_by_values(e) if costly_to_decide(str(e)) else None
     if by_values is not None:
         return by_values
     return _decision.bounds_decision(e, _shape_poly.BoundsPrecision.BEST)
@@ -159,17 +249,28 @@ def values_over(e, ranges: dict, scope) -> frozenset | None:
         total *= max(ranges[v][1] - ranges[v][0] + 1, 0)
     if total > _VALUES_LIMIT:
         return None
-    conditions = _constraints_over(scope, set(names))
-    try:
-        # (JAX's constants are NumPy ints: a product past int64 would wrap
-        # silently, n ** 2 * 1000003 "fitting" int32 at n = 47)
-        with np.errstate(all="raise"):
-            return frozenset(int(e._evaluate(env)) for env in (
-                dict(zip(names, combo)) for combo in itertools.product(
-                    *(range(ranges[v][0], ranges[v][1] + 1) for v in names)))
-                if all(_holds(c, env) for c in conditions)) or None
-    except Exception:
+    combos = list(itertools.product(*(range(ranges[v][0], ranges[v][1] + 1) for v in names)))
+    if not combos:
         return None
+    # one evaluation over every combination at once, in Python ints (exact:
+    # JAX's NumPy constants would wrap past int64, n ** 2 * 1000003 "fitting"
+    # int32 at n = 47); a value past int64 gives None
+    env = {v: np.array(col, dtype=object) for v, col in zip(names, zip(*combos))}
+    allowed = np.ones(len(combos), bool)
+    for c in _constraints_over(scope, set(names)):
+        allowed &= _holds(c, env)
+    if not allowed.any():
+        return None
+    try:
+        values = _SharedEvaluation({v: col[allowed] for v, col in env.items()},
+                                   vector=True).expr(e)
+    except Exception:  # a divisor of 0 at an allowed combination
+        return None
+    out = frozenset(int(x) for x in np.broadcast_to(values, (int(allowed.sum()),)))
+    return None if any(abs(x) > _INT64_MAX for x in out) else out  # (no size is)
+
+
+_INT64_MAX = 2 ** 63 - 1
 
 
 def _constraints_over(scope, names: set) -> list:
@@ -183,15 +284,15 @@ def _constraints_over(scope, names: set) -> list:
     return out
 
 
-def _holds(constraint, env: dict) -> bool:
-    """Whether a scope constraint holds at these values (True where it cannot
-    be evaluated: the values stay a superset)."""
+def _holds(constraint, env: dict) -> np.ndarray | bool:
+    """Where a scope constraint holds at these values (``values_over``'s
+    columns); True where it cannot be evaluated: the values stay a superset."""
     try:
-        with np.errstate(all="raise"):
-            v = int(constraint.diff._evaluate(env))
+        v = _SharedEvaluation(env, vector=True).expr(constraint.diff)
     except Exception:
         return True
-    return v == 0 if constraint.cmp == _shape_poly.Comparator.EQ else v >= 0
+    held = v == 0 if constraint.cmp == _shape_poly.Comparator.EQ else v >= 0
+    return np.asarray(held, dtype=bool)
 
 
 # The names of the dim vars of data-dependent sizes (``_u1``, ``_u2``, ...).

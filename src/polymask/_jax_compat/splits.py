@@ -34,6 +34,7 @@ from .core import (
     DIVIDED_SIZE,
     DimExpr,
     InconclusiveDimensionOperation,
+    costly_to_decide,
     count_is_nonempty,
     dim_vars,
     is_dim_expr,
@@ -500,7 +501,7 @@ def _divided_geq_by_values(e1, e2) -> bool | None:
     """``e1 >= e2`` for sizes with a division, where the values of their dim
     vars in this case decide it (before JAX's bounds, which take seconds for
     nested ``floordiv``s), else None."""
-    if not (is_dim_expr(e1) or is_dim_expr(e2)) or not DIVIDED_SIZE.search(f"{e1} {e2}"):
+    if not (is_dim_expr(e1) or is_dim_expr(e2)) or not costly_to_decide(f"{e1} {e2}"):
         return None
     try:
         diff = e1 - e2
@@ -662,6 +663,9 @@ def _kept_where_a_count_may_be_0(orig, factor: str, reflected: bool):
         stack = getattr(_HOOK_TLS, "stack", None)
         if stack and not stack[-1].busy and is_dim_expr(self):
             decided = _max_min_by_values(self, other, is_max, stack[-1])
+            if decided is UNDECIDED:
+                return _shape_poly._DimExpr._from_operation(
+                    factor, *((other, self) if reflected else (self, other)), scope=self.scope)
             if decided is not None:
                 return decided
         if (not stack or stack[-1].busy or not is_dim_expr(self) or is_dim_expr(other)
@@ -901,10 +905,12 @@ def _values_while_busy(dim, frame: _HookFrame) -> frozenset | None:
 
 
 def _max_min_by_values(a, b, is_max: bool, frame: _HookFrame):
-    """``max(a, b)`` / ``min(a, b)`` of sizes with a division where their values
-    decide it (one of them at every value), else None: JAX's bounds of nested
-    ``floordiv``s take seconds (``_bounds_by_values``)."""
-    if not DIVIDED_SIZE.search(f"{a} {b}") or _has_fresh(a) or (
+    """``max(a, b)`` / ``min(a, b)`` of sizes JAX takes long to decide
+    (``costly_to_decide``: nested ``floordiv``s, many ``min`` / ``max``s) where
+    their values decide it (one of them at every value); ``UNDECIDED`` where
+    the values are known and decide neither (JAX's procedure, weaker than
+    them, would not either: the caller keeps both), else None."""
+    if not costly_to_decide(f"{a} {b}") or _has_fresh(a) or (
             is_dim_expr(b) and _has_fresh(b)):
         return None
     values = _values_while_busy(a - b, frame)
@@ -914,7 +920,10 @@ def _max_min_by_values(a, b, is_max: bool, frame: _HookFrame):
         return a if is_max else b
     if max(values) <= 0:
         return b if is_max else a
-    return None
+    return UNDECIDED
+
+
+UNDECIDED = object()  # a max / min its operands' values do not decide
 
 
 def _signs_everywhere(diff, frame: _HookFrame) -> frozenset | None:

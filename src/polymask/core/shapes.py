@@ -205,13 +205,15 @@ def _unshifted_upper(d, bounds: dict[str, int]) -> float:
     and on its face each live var is >= 1, as JAX assumes, so ``min`` and
     ``max`` simplify soundly there). Expressions JAX proves equal then get the
     same padded size: ``jnp.arange(n * m)``'s ``max(0, n*m)`` as
-    ``x.reshape(-1)``'s ``n*m`` (pgx's Go board). Not for ``floordiv`` and
-    ``mod``: JAX's symbolic division of such a substitution takes seconds
-    (a segment op's ``bucket_size`` from a shape).
+    ``x.reshape(-1)``'s ``n*m`` (pgx's Go board). Not for sizes JAX takes
+    long to decide (``costly_to_decide``: ``floordiv`` / ``mod``, whose
+    symbolic division of such a substitution takes seconds, a segment op's
+    ``bucket_size`` from a shape; many nested ``min`` / ``max``): JAX's
+    ``upper_bound`` of those is already their largest value over the box.
     """
     shifted = sorted(v for v in compat.dim_vars(d) if v.endswith(SHIFT_SUFFIX))
     text = str(d)
-    if not shifted or len(shifted) > 4 or any(op in text for op in _DIVISIONS):
+    if not shifted or len(shifted) > 4 or compat.costly_to_decide(text):
         return float("inf")
     key = (text, tuple(bounds.get(v) for v in sorted(compat.dim_vars(d))))
     hit = _UNSHIFTED_CACHE.get(key)
@@ -245,8 +247,6 @@ def _faces_upper(d, shifted, bounds) -> float:
         return float("inf")
     return best if np.isfinite(best) else float("inf")
 
-
-_DIVISIONS = ("floordiv(", "mod(")
 
 
 def _zero_corners_upper(d, bounds: dict[str, int], exact=frozenset()) -> float:
