@@ -1136,3 +1136,19 @@ def test_iterating_over_a_dynamic_axis_says_so_with_the_remedy():
     with pytest.warns(pm.FallbackWarning, match="Iterating over an axis of symbolic size"):
         for n in (1, 4, 6):
             np.testing.assert_allclose(runner(np.arange(n) % 3), f(np.arange(n) % 3))
+
+
+def test_a_structure_that_changes_at_every_size_names_a_constraint_that_leaves_them_all_out():
+    # neuralgcm's split_axis: a list of n arrays, another structure at every
+    # n below the bound; the constraint named leaves out all of them (it
+    # named n >= 6 at n = 5, and n = 6 raised the same), and it works
+    def split_axis(x):
+        return [jnp.squeeze(s, 0) for s in jnp.split(x, x.shape[0], axis=0)]
+
+    x = jnp.arange(15.0).reshape(5, 3)
+    with pytest.raises(pm.ShapeError) as info:
+        pm.mask(split_axis, "n, 3")(pm.Masked(x, (2, 3)))
+    assert "constraints=['n >= 5'] leaves out n <= 4" in str(info.value)
+    got = pm.mask(split_axis, "n, 3", constraints=["n >= 5"])(pm.Masked(x, (5, 3)))
+    for a, b in zip(got, split_axis(x)):
+        np.testing.assert_array_equal(a.unpad(), b)

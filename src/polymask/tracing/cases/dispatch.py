@@ -43,7 +43,7 @@ def _error_message(tree: CaseTree, c: Case) -> str:
         what, _, note = c.error.partition("\n")
         return (f"for these sizes ({_sizes_of(tree, c)}) {what} (the sizes are told apart "
                 f"at {c.where}){chr(10) + note if note else ''}"
-                f"{ONE_OUTPUT_REMEDY.replace(_EXAMPLE_CONSTRAINT, _leaving_out(c))}")
+                f"{ONE_OUTPUT_REMEDY.replace(_EXAMPLE_CONSTRAINT, _leaving_out(tree, c))}")
     if c.one_size or c.plain:
         as_plain, remedy = plain_failure(c.error)
         sizes = sizes_text(c.reached_by) if c.reached_by else tree.describe_conditions(c)
@@ -61,16 +61,20 @@ def _error_message(tree: CaseTree, c: Case) -> str:
 _EXAMPLE_CONSTRAINT = "(for example constraints=['n >= 1'] where only n = 0 differs)"
 
 
-def _leaving_out(c: Case) -> str:
-    """The constraint that leaves out the smallest sizes up to case ``c``'s, where
-    they are one dim var's (``constraints=['n >= 2']`` for ``n in {1}``); else
-    the dim vars to constrain."""
+def _leaving_out(tree: CaseTree, c: Case) -> str:
+    """The constraint that leaves out the smallest sizes up to the largest of
+    a differing case's (``c``'s and the others': ``jnp.split(x, n)`` returns
+    another structure at every n), where they are one dim var's
+    (``constraints=['n >= 2']`` for ``n in {1}``); else the dim vars to
+    constrain."""
     names = {k for values in (c.reached_by or ()) for k in values}
     if len(names) != 1:
         return f"(on {', '.join(sorted(names))}, excluding the sizes above)" if names else \
             "(excluding the sizes above)"
     (name,) = names
-    top = max(values[name] for values in c.reached_by)
+    differing = [values[name] for d in tree.cases if d.differs for values in (d.reached_by or ())
+                 if set(values) == names]
+    top = max([values[name] for values in c.reached_by] + differing)
     return (f"(constraints=['{name} >= {top + 1}'] leaves out "
             f"{f'{name} = 0' if top == 0 else f'{name} <= {top}'})")
 
