@@ -1014,10 +1014,14 @@ def test_the_per_size_reason_names_the_rewrite_for_len_and_numpy_on_a_size():
         steps = int(np.ceil(np.log2(x.shape[0] + 1)))
         return x.sum() * steps
 
-    for f in (interp_len, log2_steps):
+    def segment_count(x):  # jraph's int(num_segments): x.shape[0] is already the size
+        n = int(x.shape[0])
+        return jax.ops.segment_sum(x, jnp.arange(n) // 2, num_segments=n).max()
+
+    for f in (interp_len, log2_steps, segment_count):
         runner = pm.jit(f, "n", tiered=False, buckets=[8])
-        with pytest.warns(pm.FallbackWarning, match=r"x\.shape\[0\] for len\(x\).*jnp for "
-                          r"NumPy or math on a size"):
+        with pytest.warns(pm.FallbackWarning, match=r"x\.shape\[0\] for len\(x\) or "
+                          r"int\(x\.shape\[0\]\).*jnp for NumPy or math on a size"):
             for n in (2, 5, 7, 8, 3):
                 np.testing.assert_allclose(runner(_vec(n)), jax.jit(f)(_vec(n)), rtol=1e-6)
         assert (runner.stats()["compiles"], runner.stats()["exact_compiles"]) == (0, 5)

@@ -604,8 +604,8 @@ def per_size_text(failures: list[tuple[str, str]], count: int) -> str:
 
 _NEEDS_A_VALUE = "the function needs the size as a Python value"
 _PER_SIZE_REWRITE = ("(to share one program, use the jnp / lax form there: x.shape[0] for "
-                     "len(x), jnp.arange(n) or lax.fori_loop for range(n), jnp for NumPy or "
-                     "math on a size (jnp.log2(x.shape[0])))")
+                     "len(x) or int(x.shape[0]), jnp.arange(n) or lax.fori_loop for range(n), "
+                     "jnp for NumPy or math on a size (jnp.log2(x.shape[0])))")
 
 
 def per_size_cause(text: str) -> str:
