@@ -687,6 +687,27 @@ def test_a_case_per_size_past_max_cases_is_a_packed_refusal():
     assert rm.stats()["layout"]["packed"] == 0
 
 
+def test_a_case_per_size_refusal_names_the_per_size_use_not_other_splits():
+    # jumanji's CVRP step: a scatter inside lax.cond splits at n = 0, and
+    # len(trajectory) needs the size as a Python int; only the latter is why
+    # every size is a case (the reason named the scatter's line first)
+    def step(action, visits, trajectory):
+        traj = lax.cond(action > 0, lambda: trajectory.at[visits].set(action),
+                        lambda: trajectory)
+        return traj, jnp.float32(-len(trajectory))  # PER-SIZE-USE
+
+    ex = [(-np.ones(2 * n, np.int32),) for n in (1, 2, 3, 5)]
+    rm = pm.ragged_map(lambda a, k, t: step(a, k, t), ("2*n",), layout="auto")
+    for (t,), (traj, c) in zip(ex, rm(ex, np.int32(2), np.int32(1))):
+        want = step(jnp.int32(2), jnp.int32(1), jnp.asarray(t))
+        np.testing.assert_array_equal(traj, want[0])
+        assert float(c) == float(want[1])
+    reason = rm.stats()["layout"]["reason"]
+    line = next(i for i, t in enumerate(open(__file__), 1) if "# PER-SIZE-USE" in t
+                and "next(" not in t)
+    assert f"the size is used at {__file__}:{line} (step)" in reason, reason
+
+
 def test_a_host_call_inside_a_branch_is_a_packed_refusal():
     """equinox's error_if calls the host inside a lax.cond branch: the packed
     layout refuses it (the host would see rows: a packed row's empty segment

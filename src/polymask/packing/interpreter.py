@@ -888,11 +888,14 @@ def _affine_text(coeff: int, var: str, offset: int) -> str:
 
 
 def _split_points(tree) -> str:
-    """Where a case tree splits: the user's lines (library lines when no user
-    line is known), each once."""
+    """Where a case tree needs a size as a Python value (``tree.per_size_at``:
+    ``len(x)``), else where it splits: the user's lines (library lines when
+    no user line is known), each once. (A split beside a per-size use, a
+    scatter's at n = 0, is not why every size is a case.)"""
     from ..core.diagnostics import is_library_frame
 
-    lines = list(dict.fromkeys(sp.where for sp in tree.splits()))
+    lines = list(dict.fromkeys(at for at, _, _ in tree.per_size_at)) or list(
+        dict.fromkeys(sp.where for sp in tree.splits()))
     user = [w for w in lines if not is_library_frame(w.split(":", 1)[0])]
     shown = (user or lines)[:3]
     return ("the size is used at " + "; ".join(shown)) if shown else "no split recorded"
