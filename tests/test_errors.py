@@ -1152,3 +1152,14 @@ def test_a_structure_that_changes_at_every_size_names_a_constraint_that_leaves_t
     got = pm.mask(split_axis, "n, 3", constraints=["n >= 5"])(pm.Masked(x, (5, 3)))
     for a, b in zip(got, split_axis(x)):
         np.testing.assert_array_equal(a.unpad(), b)
+
+
+def test_a_function_that_fails_at_every_size_raises_the_exported_fails_as_plain_jax():
+    # top_k with k above every size the bound allows: plain JAX fails on
+    # every exact array too; the error's class is public (messages name it)
+    x = jnp.arange(4.0)
+    with pytest.raises(pm.FailsAsPlainJax, match="fails for every logical size"):
+        pm.mask(lambda v: jax.lax.top_k(v, 6)[0], "n")(pm.Masked(x, (3,)))
+    with pytest.raises(pm.FailsAsPlainJax):
+        pm.jit(lambda v: jax.lax.top_k(v, 6)[0], "n", buckets=[4], tiered=False)(x[:3])
+    assert issubclass(pm.FailsAsPlainJax, pm.ShapeError) and "FailsAsPlainJax" in pm.__all__

@@ -12,6 +12,7 @@ import sys as _sys
 from . import rules as _rules  # noqa: F401  (registers the masking rules)
 from .core import buckets
 from .core.errors import (
+    FailsAsPlainJax,
     FallbackWarning,
     PackedLayoutWarning,
     ShapeError,
@@ -54,7 +55,7 @@ _sys.modules[__name__ + ".buckets"] = buckets
 
 __all__ = [
     "Masked", "pad", "stack", "mask", "logical_shape", "ShapeError", "SpecError", "TooManyCases",
-    "UnsupportedError",
+    "FailsAsPlainJax", "UnsupportedError",
     "nonzero", "argwhere", "flatnonzero", "where", "boolean_mask", "compress", "extract",
     "unique", "arange", "dynamic_slice", "shape_formula", "explain", "jit", "ragged_map",
     "buckets", "value_and_grad", "enable_compilation_cache", "disable_compilation_cache",
