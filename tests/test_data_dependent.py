@@ -247,6 +247,21 @@ def test_a_count_times_a_size_is_bounded_by_the_counts_own_bound():
     oracle(f, exs, [(5, 6)], in_specs="n, m", eager=True)
 
 
+def test_a_slice_by_a_count_times_a_size_is_bounded_by_their_values():
+    # JAX's procedure gives _u1*m (m shifted: _u1*m__p1 - _u1) no finite
+    # bound; the gather of w[:c] said "unbounded dimension expression _u1*m"
+    def f(x, z):
+        v = pm.boolean_mask(x[:, 0], x[:, 0] > 0)
+        w = jnp.outer(v, x[0]).reshape(-1)
+        c = min(w.shape[0], z.shape[0])
+        return w[:c] + z[:c]
+
+    x = np.random.default_rng(0).normal(size=(5, 6)).astype(np.float32)
+    z = np.arange(7, dtype=np.float32)
+    exs = [(x[:a, :b], z[:c]) for a, b, c in ((5, 6, 7), (4, 3, 5), (1, 2, 0))]
+    check_oracle(f, exs, [(5, 6), (7,)], in_specs=("n, m", "k"), modes=("jit", "vmap"))
+
+
 def test_dynamic_slice():
     x = np.arange(1.0, 9.0, dtype=np.float32)
 

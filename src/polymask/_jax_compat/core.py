@@ -236,6 +236,14 @@ def _bounds_by_values(e) -> tuple[int, int] | None:
 _VALUE_BOUNDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scope -> {e: bounds}
 
 
+def bounds_by_values(e) -> tuple[int, int] | None:
+    """``(min, max)`` of a size over its dim vars' values (each var's range its
+    own bound in the scope, the scope's constraints over them applied): exact
+    where JAX's procedure gives no finite bound (a count times a shifted size,
+    ``_u1*m__p1 - _u1``); None where the values are too many or unbounded."""
+    return _bounds_by_values(e) if is_dim_expr(e) else (int(e), int(e))
+
+
 def values_over(e, ranges: dict, scope) -> frozenset | None:
     """The values of ``e`` at every combination of its dim vars' values in
     ``ranges`` (var -> (lowest, highest)) that the scope's constraints over

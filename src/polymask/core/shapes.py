@@ -285,6 +285,9 @@ def upper_bound_int(e) -> int:
     if not compat.is_dim_expr(e):
         return int(e)
     hi = compat.upper_bound(e)
+    if not np.isfinite(hi):  # (JAX's procedure; the values' largest is exact)
+        by_values = compat.bounds_by_values(e)
+        hi = by_values[1] if by_values is not None else hi
     if not np.isfinite(hi):
         raise ValueError(f"unbounded dimension expression {e}")
     return int(hi)
