@@ -90,8 +90,7 @@ class DimEnv:
             return hit
         hi = compat.upper_bound(d)
         if not np.isfinite(hi):
-            # Fall back to interval evaluation at the bounds of each var.
-            hi = _interval_upper(d, self.bounds)
+            hi = _upper_where_jax_has_none(d, self.bounds)
         if not np.isfinite(hi):
             raise ShapeError(f"cannot bound the dimension expression {d}: "
                              "add a constraint such as 'n <= 128'")
@@ -170,6 +169,14 @@ class DimEnv:
 
     def logical_shape(self, shape) -> tuple:
         return tuple(self.logical(d) for d in shape)
+
+
+def _upper_where_jax_has_none(d, bounds: dict[str, int]) -> float:
+    """An upper bound of ``d`` where JAX's procedure gives none (a count times a
+    shifted size, ``_u1*m__p1 - _u1``), one for padded sizes and rules alike:
+    its values' largest (exact), else its largest at the corners of the box."""
+    by_values = compat.bounds_by_values(d)
+    return by_values[1] if by_values is not None else _interval_upper(d, bounds)
 
 
 def _interval_upper(d, bounds: dict[str, int]) -> float:
@@ -285,9 +292,8 @@ def upper_bound_int(e) -> int:
     if not compat.is_dim_expr(e):
         return int(e)
     hi = compat.upper_bound(e)
-    if not np.isfinite(hi):  # (JAX's procedure; the values' largest is exact)
-        by_values = compat.bounds_by_values(e)
-        hi = by_values[1] if by_values is not None else hi
+    if not np.isfinite(hi):
+        hi = _upper_where_jax_has_none(e, {})
     if not np.isfinite(hi):
         raise ValueError(f"unbounded dimension expression {e}")
     return int(hi)
