@@ -619,6 +619,34 @@ def test_values_over_a_sizes_range_are_exact_and_never_wrap():
     assert compat.values_over(n, {"n": (1, 5000)}, scope) is None  # too many values
 
 
+def test_values_over_apply_conditions_that_link_other_dim_vars():
+    """A case's condition over n, m, k bounds a size over m and k alone: its
+    values are those of the (m, k) that some allowed n completes, exactly."""
+    cond = "n - m - k + min(m + k, 2) <= -1"  # needs m + k >= n + 3 (n >= 1)
+    scope = jax.export.SymbolicScope(("n <= 3", "m <= 4", "k <= 4", cond))
+    (e,) = jax.export.symbolic_shape("m + k", scope=scope)
+    ranges = {"n": (1, 3), "m": (1, 4), "k": (1, 4)}
+    want = {a + b for a in range(1, 5) for b in range(1, 5)
+            if any(c - a - b + min(a + b, 2) <= -1 for c in range(1, 4))}
+    assert compat.values_over(e, ranges, scope) == frozenset(want) == frozenset(range(4, 9))
+    assert compat.exact_values_over(e, ranges, scope) == frozenset(want)
+    # without n's range the condition cannot apply: a superset, not exact
+    narrow = {"m": (1, 4), "k": (1, 4)}
+    assert compat.values_over(e, narrow, scope) == frozenset(range(2, 9))
+    assert compat.exact_values_over(e, narrow, scope) is None
+
+
+def test_a_scope_no_values_meet_is_told_by_its_values():
+    """Conditions that contradict where JAX's procedure does not see it (the
+    scope builds): no combination of values meets them."""
+    scope = jax.export.SymbolicScope(("n <= 5", "m <= 5", "m*n - 2*n - 2*m + 1 >= 0",
+                                      "m*n - n - m <= -1"))
+    ranges = {"n": (1, 5), "m": (1, 5)}
+    assert compat.allows_no_values(scope, ranges)
+    scope = jax.export.SymbolicScope(("n <= 5", "m <= 5", "m*n - 2*n - 2*m + 1 >= 0"))
+    assert not compat.allows_no_values(scope, ranges)  # (n, m) = (5, 5) meets it
+
+
 def test_sizes_jax_decides_slowly_are_bounded_by_their_values():
     """A ``min`` beside a product of sizes, or many nested ``min``s (chained
     slices of a concatenation), took JAX's decision procedure seconds to
@@ -635,3 +663,7 @@ def test_sizes_jax_decides_slowly_are_bounded_by_their_values():
         v = (v - 1 + n - 2).max(0)
     assert compat.upper_bound(v) == 6 * 7 + 4 * (6 - 3)
     assert not compat.costly_to_decide("max(0, n - 1) + min(n, 3)")
+    # one min beside a case's conditions with more: JAX bounds it against each
+    cased = jax.export.SymbolicScope(("n <= 6", "min(n, 2) + min(n - 1, 3) - 2 >= 0",
+                                      "min(m, n) + min(m, 2) - 3 >= 0"))
+    assert compat.costly_to_decide("max(0, n - 1) + min(n, 3)", cased)

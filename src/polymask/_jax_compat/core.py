@@ -189,21 +189,40 @@ _EXTREMA_DECIDED_BY_JAX = 3  # min / max terms of a size JAX's procedure bounds 
 _PRODUCT_OF_SIZES = re.compile(r"[A-Za-z_]\w*(\*[A-Za-z_]|\^)")  # n*m, n^2
 
 
-def costly_to_decide(text: str) -> bool:
-    """Whether JAX's decision procedure takes long on a size of this text,
-    where the values of its dim vars decide it in milliseconds: one with a
-    division (nested ``floordiv``s: seconds each), with many ``min`` / ``max``
-    terms, whose bounds it takes apart term by term (chained slices of a
-    concatenation, ``jnp.concatenate([v[1:], a])[2:]`` three times: ~20
-    nested ``min``s, minutes), or with one beside a product of sizes
-    (``min(k*m*n - ..., 1)`` under a case's conditions: seconds each)."""
+def costly_to_decide(text: str, scope: SymbolicScope | None = None) -> bool:
+    """Whether JAX's decision procedure takes long on a size of this text (in
+    ``scope``), where the values of its dim vars decide it in milliseconds:
+    one with a division (nested ``floordiv``s: seconds each), with many
+    ``min`` / ``max`` terms, whose bounds it takes apart term by term (chained
+    slices of a concatenation, ``jnp.concatenate([v[1:], a])[2:]`` three
+    times: ~20 nested ``min``s, minutes), with one beside a product of sizes
+    (``min(k*m*n - ..., 1)`` under a case's conditions: seconds each), or
+    with one in a scope whose constraints (a case's conditions) have more:
+    JAX bounds each term against each of them, ~8x as long per condition
+    with ``min``s (a slice by ``min(a.shape[0], b.shape[0])`` of a
+    concatenation under three conditions: 105 s per bound)."""
     extrema = len(_EXTREMA.findall(text))
+    if extrema and scope is not None:
+        extrema += _scope_extrema(scope)
     return bool(DIVIDED_SIZE.search(text)) or extrema > _EXTREMA_DECIDED_BY_JAX or (
         extrema > 0 and bool(_PRODUCT_OF_SIZES.search(text)))
 
 
+def _scope_extrema(scope: SymbolicScope) -> int:
+    """The ``min`` / ``max`` terms of the scope's constraints."""
+    hit = _SCOPE_EXTREMA.get(scope)
+    if hit is None:
+        hit = _SCOPE_EXTREMA[scope] = sum(
+            len(_EXTREMA.findall(str(getattr(c, "diff", ""))))
+            for c in getattr(scope, "_explicit_constraints", None) or ())
+    return hit
+
+
+_SCOPE_EXTREMA: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _bounds(e) -> tuple:
-    by_values = _bounds_by_values(e) if costly_to_decide(str(e)) else None
+    by_values = _bounds_by_values(e) if costly_to_decide(str(e), e.scope) else None
     if by_values is not None:
         return by_values
     return _decision.bounds_decision(e, _shape_poly.BoundsPrecision.BEST)
@@ -220,14 +239,16 @@ def _bounds_by_values(e) -> tuple[int, int] | None:
     cache = _VALUE_BOUNDS.setdefault(scope, {})
     if e in cache:
         return cache[e]
+    own = dim_vars(e)
     ranges = {}
-    for v in sorted(dim_vars(e)):
+    for v in sorted(_linked_vars(own, _constraints_over(scope, None))):
         var = jax.export.symbolic_shape(v, scope=scope)[0]
         lo, hi = _decision.bounds_decision(var, _shape_poly.BoundsPrecision.BEST)
-        if not (np.isfinite(lo) and np.isfinite(hi)):
+        if np.isfinite(lo) and np.isfinite(hi):
+            ranges[v] = (int(lo), int(hi))
+        elif v in own:
             cache[e] = None
             return None
-        ranges[v] = (int(lo), int(hi))
     values = values_over(e, ranges, scope)
     cache[e] = res = None if values is None else (min(values), max(values))
     return res
@@ -246,48 +267,97 @@ def bounds_by_values(e) -> tuple[int, int] | None:
 
 def values_over(e, ranges: dict, scope) -> frozenset | None:
     """The values of ``e`` at every combination of its dim vars' values in
-    ``ranges`` (var -> (lowest, highest)) that the scope's constraints over
-    those vars allow (a constraint over other vars too is not applied: a
-    superset of the values), None where the combinations are more than
-    ``_VALUES_LIMIT``, none is allowed, or ``e`` cannot be evaluated at one
-    (a divisor of 0)."""
-    names = sorted(dim_vars(e))
-    total = 1
-    for v in names:
-        total *= max(ranges[v][1] - ranges[v][0] + 1, 0)
-    if total > _VALUES_LIMIT:
-        return None
+    ``ranges`` (var -> (lowest, highest)) that the scope's constraints allow,
+    None where the combinations are more than ``_VALUES_LIMIT``, none is
+    allowed, or ``e`` cannot be evaluated at one (a divisor of 0).
+
+    The vars of ``ranges`` that constraints link to ``e``'s are enumerated
+    too, where their combinations are few enough, so those constraints apply
+    (a case's ``n - m - k + min(m + k, 2) <= -1`` decides a size over ``m``
+    and ``k`` alone: without ``n`` the values were a superset, which JAX's
+    procedure had to decide, and at some hash seeds could not); else only
+    constraints over ``e``'s vars apply (a superset of the values)."""
+    return _values_over(e, ranges, scope)[0]
+
+
+def exact_values_over(e, ranges: dict, scope) -> frozenset | None:
+    """``values_over`` where every constraint of the scope on those dim vars
+    applied (no constraint on a var outside ``ranges``, a count, was left
+    out, and each could be evaluated): the values of ``e`` in the scope,
+    exactly. A comparison they do not decide, JAX's procedure cannot either."""
+    values, exact = _values_over(e, ranges, scope)
+    return values if exact else None
+
+
+def _values_over(e, ranges: dict, scope) -> tuple[frozenset | None, bool]:
+    """``(values_over, whether those values are exact)``."""
+    own = dim_vars(e)
+    constraints = _constraints_over(scope, set(ranges))
+    linked = _linked_vars(own, constraints) & set(ranges)
+    names = sorted(linked)
+    if _combinations(names, ranges) > _VALUES_LIMIT:
+        names = sorted(own)
+    if _combinations(names, ranges) > _VALUES_LIMIT:
+        return None, False
+    # exact: no constraint on these vars was left out (one on a var of no range)
+    exact = all(dim_vars(c.diff) <= set(names)
+                for c in _constraints_over(scope, None) if dim_vars(c.diff) & set(names))
     combos = list(itertools.product(*(range(ranges[v][0], ranges[v][1] + 1) for v in names)))
     if not combos:
-        return None
+        return None, False
     # one evaluation over every combination at once, in Python ints (exact:
     # JAX's NumPy constants would wrap past int64, n ** 2 * 1000003 "fitting"
     # int32 at n = 47); a value past int64 gives None
     env = {v: np.array(col, dtype=object) for v, col in zip(names, zip(*combos))}
     allowed = np.ones(len(combos), bool)
-    for c in _constraints_over(scope, set(names)):
-        allowed &= _holds(c, env)
+    for c in constraints:
+        if dim_vars(c.diff) <= set(names):
+            held = _holds(c, env)
+            exact &= held is not True  # (True: it could not be evaluated)
+            allowed &= held
     if not allowed.any():
-        return None
+        return None, False
     try:
         values = _SharedEvaluation({v: col[allowed] for v, col in env.items()},
                                    vector=True).expr(e)
     except Exception:  # a divisor of 0 at an allowed combination
-        return None
+        return None, False
     out = frozenset(int(x) for x in np.broadcast_to(values, (int(allowed.sum()),)))
-    return None if any(abs(x) > _INT64_MAX for x in out) else out  # (no size is)
+    if any(abs(x) > _INT64_MAX for x in out):  # (no size is)
+        return None, False
+    return out, exact
+
+
+def _combinations(names, ranges: dict) -> int:
+    total = 1
+    for v in names:
+        total *= max(ranges[v][1] - ranges[v][0] + 1, 0)
+    return total
+
+
+def _linked_vars(names, constraints) -> set[str]:
+    """``names`` and the dim vars that constraints link to them, transitively."""
+    out, grew = set(names), True
+    while grew:
+        grew = False
+        for c in constraints:
+            vs = dim_vars(c.diff)
+            if vs & out and not vs <= out:
+                out |= vs
+                grew = True
+    return out
 
 
 _INT64_MAX = 2 ** 63 - 1
 
 
-def _constraints_over(scope, names: set) -> list:
+def _constraints_over(scope, names: set | None) -> list:
     """The scope's constraints (a case's conditions, the user's, the bounds)
-    whose dim vars are all among ``names``."""
+    whose dim vars are all among ``names`` (None: all of them)."""
     out = []
     for c in getattr(scope, "_explicit_constraints", None) or ():
         diff = getattr(c, "diff", None)
-        if is_dim_expr(diff) and dim_vars(diff) <= names:
+        if is_dim_expr(diff) and (names is None or dim_vars(diff) <= names):
             out.append(c)
     return out
 
@@ -301,6 +371,47 @@ def _holds(constraint, env: dict) -> np.ndarray | bool:
         return True
     held = v == 0 if constraint.cmp == _shape_poly.Comparator.EQ else v >= 0
     return np.asarray(held, dtype=bool)
+
+
+def allows_no_values(scope, ranges: dict) -> bool:
+    """Whether the scope's constraints over the dim vars of ``ranges`` (var ->
+    (lowest, highest)) hold at no combination of their values: a case of a
+    split whose conditions contradict each other where JAX's procedure cannot
+    tell (``m*n - m <= -1`` beside ``n >= 1``, ``m >= 1``). Its trace answers
+    every comparison by JAX's procedure (``values_over`` has no value to
+    give), which took minutes on such a case. Decided per group of vars the
+    constraints link; a group of more than ``_VALUES_LIMIT`` combinations
+    counts as allowed (False: not known)."""
+    constraints = _constraints_over(scope, set(ranges))
+    for names in _linked_groups(constraints):
+        if _combinations(names, ranges) > _VALUES_LIMIT:
+            continue
+        combos = list(itertools.product(*(range(ranges[v][0], ranges[v][1] + 1)
+                                          for v in names)))
+        if not combos:
+            return True
+        env = {v: np.array(col, dtype=object) for v, col in zip(names, zip(*combos))}
+        allowed = np.ones(len(combos), bool)
+        for c in constraints:
+            if dim_vars(c.diff) <= set(names):
+                allowed &= _holds(c, env)
+        if not allowed.any():
+            return True
+    return False
+
+
+def _linked_groups(constraints) -> list[list[str]]:
+    """The dim vars of ``constraints`` in groups that some constraint links
+    (sorted names): each group's combinations are counted on their own."""
+    groups: list[set[str]] = []
+    for c in constraints:
+        names = set(dim_vars(c.diff))
+        touching = [g for g in groups if g & names]
+        for g in touching:
+            groups.remove(g)
+            names |= g
+        groups.append(names)
+    return [sorted(g) for g in groups]
 
 
 # The names of the dim vars of data-dependent sizes (``_u1``, ``_u2``, ...).

@@ -37,6 +37,7 @@ from .core import (
     costly_to_decide,
     count_is_nonempty,
     dim_vars,
+    exact_values_over,
     is_dim_expr,
     is_fresh_dim_name,
     values_over,
@@ -468,6 +469,9 @@ def _split_geq(orig_geq):
         if is_dim_expr(e1) != is_dim_expr(e2) and _is_float(e2 if is_dim_expr(e1) else e1):
             return _geq_of_a_float(geq, e1, e2, cmp_str)
         decided = _divided_geq_by_values(e1, e2)
+        if decided is UNDECIDED:  # (exact values: JAX's procedure cannot decide it)
+            raise SplitNeeded(f"Symbolic dimension comparison {cmp_str()} is inconclusive.",
+                              e1 - e2)
         if decided is not None:
             return decided
         try:
@@ -497,11 +501,17 @@ def _split_geq(orig_geq):
     return geq
 
 
-def _divided_geq_by_values(e1, e2) -> bool | None:
-    """``e1 >= e2`` for sizes with a division, where the values of their dim
-    vars in this case decide it (before JAX's bounds, which take seconds for
-    nested ``floordiv``s), else None."""
-    if not (is_dim_expr(e1) or is_dim_expr(e2)) or not costly_to_decide(f"{e1} {e2}"):
+def _divided_geq_by_values(e1, e2):
+    """``e1 >= e2`` for sizes JAX's procedure takes long on (a division, many
+    ``min`` / ``max``s), where the values of their dim vars in this case
+    decide it (before JAX's bounds, which take seconds for nested
+    ``floordiv``s); ``UNDECIDED`` where those values are exact (every
+    condition of the case applied) and decide neither side: JAX's procedure,
+    sound and weaker, cannot either (it took 127 s to say so for the
+    ``arange`` of a ``mod`` of a ``min`` of a product, under a case's
+    conditions); else None."""
+    if not (is_dim_expr(e1) or is_dim_expr(e2)) or not costly_to_decide(
+            f"{e1} {e2}", (e1 if is_dim_expr(e1) else e2).scope):
         return None
     try:
         diff = e1 - e2
@@ -515,7 +525,18 @@ def _divided_geq_by_values(e1, e2) -> bool | None:
         return None
     if min(values) >= 0:
         return True
-    return False if max(values) < 0 else None
+    if max(values) < 0:
+        return False
+    return UNDECIDED if _values_are_exact(diff, frame) else None
+
+
+def _values_are_exact(dim, frame: _HookFrame) -> bool:
+    """Whether ``_values_everywhere(dim)`` are exactly its values in this case."""
+    busy, frame.busy = frame.busy, True
+    try:
+        return exact_values_over(dim, frame.split_vars, frame.scope) is not None
+    finally:
+        frame.busy = busy
 
 
 def _is_float(v) -> bool:
@@ -889,7 +910,7 @@ def _values_everywhere(dim, frame: _HookFrame) -> frozenset | None:
     names = sorted(dim_vars(dim))
     res = None
     if all(v in frame.split_vars for v in names):
-        res = values_over(dim, {v: frame.split_vars[v] for v in names}, frame.scope)
+        res = values_over(dim, frame.split_vars, frame.scope)
     frame.everywhere[dim] = res
     return res
 
@@ -910,7 +931,7 @@ def _max_min_by_values(a, b, is_max: bool, frame: _HookFrame):
     their values decide it (one of them at every value); ``UNDECIDED`` where
     the values are known and decide neither (JAX's procedure, weaker than
     them, would not either: the caller keeps both), else None."""
-    if not costly_to_decide(f"{a} {b}") or _has_fresh(a) or (
+    if not costly_to_decide(f"{a} {b}", a.scope) or _has_fresh(a) or (
             is_dim_expr(b) and _has_fresh(b)):
         return None
     values = _values_while_busy(a - b, frame)

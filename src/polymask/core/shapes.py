@@ -220,7 +220,7 @@ def _unshifted_upper(d, bounds: dict[str, int]) -> float:
     """
     shifted = sorted(v for v in compat.dim_vars(d) if v.endswith(SHIFT_SUFFIX))
     text = str(d)
-    if not shifted or len(shifted) > 4 or compat.costly_to_decide(text):
+    if not shifted or len(shifted) > 4 or compat.costly_to_decide(text, d.scope):
         return float("inf")
     key = (text, tuple(bounds.get(v) for v in sorted(compat.dim_vars(d))))
     hit = _UNSHIFTED_CACHE.get(key)

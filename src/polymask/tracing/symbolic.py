@@ -48,7 +48,7 @@ from ..core.trace_state import current_scope, scope_active
 from .registry import check_preconditions
 from .trace_warnings import recording
 
-__all__ = ["MaskedProgram", "trace", "trace_flat", "current_scope", "is_masked", "flatten_args",
+__all__ = ["MaskedProgram", "NoSizeMeets", "trace", "trace_flat", "current_scope", "is_masked", "flatten_args",
            "dtype_of"]
 
 
@@ -308,6 +308,16 @@ def _var_bounds(leaves, axis_specs) -> tuple[dict[str, int], list[str]]:
 
 
 
+class NoSizeMeets(Exception):
+    """A case of a split that no sizes within the bounds meet: its conditions
+    contradict (``compat.allows_no_values``). It is not traced: no call runs
+    it (``cases/splitting.py`` keeps it as an empty leaf)."""
+
+    def __init__(self, conditions):
+        super().__init__(f"no sizes meet the conditions {list(conditions)}")
+        self.conditions = tuple(conditions)
+
+
 def split_of(e: BaseException):
     """The ``SplitNeeded`` of ``e``: ``e`` itself, or one JAX was handling when it
     raised ``e`` (its ``__cause__``/``__context__``), None when there is none.
@@ -456,6 +466,9 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
                    for a in axes] for axes in user_axes]
     dim_bounds = {internal[v][0]: b + internal[v][1] for v, b in var_bounds.items()}
     internal_off = {name: off for name, off in internal.values()}
+    split_vars = {v: (1 if internal_off.get(v) else 0, b) for v, b in dim_bounds.items()}
+    if conditions and compat.allows_no_values(scope, split_vars):
+        raise NoSizeMeets(conditions)
 
     env = DimEnv(scope, dim_bounds, {})
     leaf_bounds = [tuple(env.padded(a.expr) for a in axes) for axes in axis_specs]
@@ -477,9 +490,7 @@ def trace_flat(call: Callable, leaves: Sequence[Any], spec_leaves: Sequence[Any]
         return [_leaf_data(o) for o in out_flat]
 
     replaced = compat.during_masked_trace(lambda f: not is_library_frame(f),
-                               split_vars={v: (1 if internal_off.get(v) else 0, b)
-                                           for v, b in dim_bounds.items()},
-                               scope=scope)
+                               split_vars=split_vars, scope=scope)
     # a trace at pinned sizes runs the user's NumPy arithmetic on sizes that
     # no call may have (1 / np.sqrt(n) at n = 0): no warning for those
     quiet = np.errstate(all="ignore") if pinned else contextlib.nullcontext()

@@ -18,6 +18,7 @@ from ... import _jax_compat as compat
 from ...core.diagnostics import INCOMPATIBLE_SHAPES, user_line_of_exception
 from ...core.dimvars import sizes_text
 from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError, typed_as
+from ..symbolic import NoSizeMeets
 from .tree import (
     PER_SIZE_SHARED_MAX,
     Case,
@@ -339,6 +340,8 @@ def _pinned_cases(case, combos, pinned, first, base, names, var_exprs, trace_one
             return Case(0, conditions, program=trace_one(conditions))
         except UnsupportedError:
             raise
+        except NoSizeMeets:
+            return Case(0, conditions, reached_by=[], empty=True)
         except (compat.SplitNeeded, compat.SplitBeforeRaise) as e:
             split = e  # (a comparison of a count: its cases, below)
         except Exception as e:

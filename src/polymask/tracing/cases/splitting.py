@@ -32,7 +32,7 @@ from ...core.dimvars import display_text, pretty_condition
 from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError
 from ...core.shapes import SHIFT_SUFFIX
 from ...core.trace_state import replaced, trace_state
-from ..symbolic import CountCheck, MaskedProgram, flatten_args, trace
+from ..symbolic import CountCheck, MaskedProgram, NoSizeMeets, flatten_args, trace
 from .refine import refine_errors, trace_per_size_or_raise
 from .tree import (
     Case,
@@ -116,6 +116,9 @@ def explore_splits(trace_one: Callable[[tuple[str, ...]], MaskedProgram], max_ca
             prog = trace_one(conditions)
         except UnsupportedError:
             raise
+        except NoSizeMeets:
+            cases.append(Case(len(cases), conditions, reached_by=[], empty=True))
+            return cases[-1]
         except (compat.SplitNeeded, compat.SplitBeforeRaise) as s:
             split = s  # traced below, outside this handler (no exception context)
         except Exception as e:

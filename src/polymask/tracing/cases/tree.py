@@ -44,6 +44,7 @@ class Case:
     plain: bool = False  # an error plain JAX has at every size of the case (rfft of length 0)
     fixed_size_vars: tuple[str, ...] = ()  # the error's (``ShapeError.fixed_size_vars``)
     differs: bool = False  # its outputs differ from the kept cases' (``common_outputs``)
+    empty: bool = False  # no sizes meet its conditions: not traced (``NoSizeMeets``)
 
     @property
     def one_size(self) -> bool:
@@ -54,7 +55,7 @@ class Case:
 
     @property
     def reachable(self) -> bool:
-        return self.reached_by is None or bool(self.reached_by)
+        return not self.empty and (self.reached_by is None or bool(self.reached_by))
 
 
 @dataclasses.dataclass
@@ -158,6 +159,10 @@ class CaseTree:
                 walk(node.yes, depth + 1)
                 lines.append(f"{pad}else")
                 walk(node.no, depth + 1)
+                return
+            if node.empty:
+                lines.append(f"{pad}case {node.index}: empty (no sizes meet its conditions; "
+                             "not traced)")
                 return
             what = (f"error: {node.error.splitlines()[0]}" if node.error is not None
                     else "outputs " + ", ".join(
