@@ -1006,7 +1006,7 @@ def test_a_bucket_whose_every_size_is_a_case_runs_per_exact_shape():
 
 def test_the_per_size_reason_names_the_rewrite_for_len_and_numpy_on_a_size():
     # dinosaur's len(xp) and t5x's np.ceil(np.log2(n)): the FallbackWarning's
-    # rewrite names x.shape[0] for len(x) and jnp for NumPy on a size, not only range
+    # rewrite names x.shape[0] instead of len(x) and jnp instead of NumPy on a size, not only range
     def interp_len(xp):
         return jnp.cumsum(xp)[: len(xp) - 1].sum() + jnp.zeros((), xp.dtype)
 
@@ -1020,8 +1020,8 @@ def test_the_per_size_reason_names_the_rewrite_for_len_and_numpy_on_a_size():
 
     for f in (interp_len, log2_steps, segment_count):
         runner = pm.jit(f, "n", tiered=False, buckets=[8])
-        with pytest.warns(pm.FallbackWarning, match=r"x\.shape\[0\] for len\(x\) or "
-                          r"int\(x\.shape\[0\]\).*jnp for NumPy or math on a size"):
+        with pytest.warns(pm.FallbackWarning, match=r"x\.shape\[0\] instead of len\(x\) or "
+                          r"int\(x\.shape\[0\]\).*jnp instead of NumPy or math on a size"):
             for n in (2, 5, 7, 8, 3):
                 np.testing.assert_allclose(runner(_vec(n)), jax.jit(f)(_vec(n)), rtol=1e-6)
         assert (runner.stats()["compiles"], runner.stats()["exact_compiles"]) == (0, 5)

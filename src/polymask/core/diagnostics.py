@@ -752,7 +752,7 @@ def translate_trace_error(e: BaseException, var_where: dict[str, str] | None = N
             "it) or does not support symbolic shapes (e.g. jnp.polyder, jnp.array_split); "
             "jax.jit on the exact arrays gets a Python int there, polymask's one trace for "
             "every size cannot. Use the jnp / lax form, which takes symbolic sizes "
-            "(x.shape[0] for len(x), jnp.asarray(table)[:n], jnp.arange(n), lax.slice, "
+            "(x.shape[0] instead of len(x), jnp.asarray(table)[:n], jnp.arange(n), lax.slice, "
             "lax.conv_general_dilated), or make that axis static with '_' in the spec "
             "(the runners then compile once per size of it, as jax.jit does). "
             "See docs/coverage.md.")

@@ -42,8 +42,16 @@ class AxisSpec:
         return f"{self.path}.shape[{self.axis}]"
 
 
-def _linear_in_one_var(e, where: str) -> tuple[str, int, int]:
+def _linear_in_one_var(e, where: str, written: str | None = None) -> tuple[str, int, int]:
     names = sorted(compat.dim_vars(e))
+    if len(names) != 1 and len(_vars_written(written)) == 1:
+        # JAX rewrote the axis by an equality constraint ('k == p + q')
+        raise SpecError(
+            f"{where}: spec axis '{written}' is '{e}' by an equality constraint of "
+            f"mask(..., constraints=[...]) (like '{written} == {e}'), a size in several "
+            f"dim vars {names}; polymask needs each axis's size in one dim var (like 'n' "
+            f"or '2*k + 1'). Drop that constraint: '{written}' is then a dim var of its "
+            "own, checked against the array's size as any other")
     if len(names) != 1:
         # ("seq-len" reads as seq - len: a name with a dash is two dim vars)
         dashed = " - " in str(e) and len(names) == 2
@@ -60,6 +68,15 @@ def _linear_in_one_var(e, where: str) -> tuple[str, int, int]:
             f"{where}: spec axis '{e}' must be affine with a positive coefficient "
             f"(like 'n' or '2*k + 1')")
     return v, a, b
+
+
+def _vars_written(text: str | None) -> set[str]:
+    """The dim vars of a spec axis as written (before the scope's constraints)."""
+    try:
+        (e,) = jax.export.symbolic_shape(text)
+    except Exception:  # (None, or a form the parser reads only in the scope)
+        return set()
+    return set(compat.dim_vars(e)) if compat.is_dim_expr(e) else set()
 
 
 def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
@@ -125,7 +142,7 @@ def parse_leaf_spec(spec: str | None, path: str, padded_shape: tuple[int, ...],
                     f"{padded_shape[i]}", names_example=True)
             axes.append(AxisSpec(path, i, int(e)))
             continue
-        v, a, b = _linear_in_one_var(e, where)
+        v, a, b = _linear_in_one_var(e, where, parts[i] if i < len(parts) else None)
         axes.append(AxisSpec(path, i, e, v, a, b))
     return axes
 

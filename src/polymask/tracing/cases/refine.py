@@ -175,8 +175,8 @@ def per_size_remedy(max_cases: int, count: int) -> str:
         f"these sizes one by one in one program only where there are at most {limit} of "
         f"them (sizes 0 to 2 x max_cases){need}. Code that needs a size as a Python "
         "value (np.arange(n), len(x), a NumPy table sliced by a size, a Python if on it) "
-        "works symbolically when written with jnp (jnp.arange(n) for np.arange(n), "
-        "x.shape[0] for len(x)); else use a smaller "
+        "works symbolically when written with jnp (jnp.arange(n) instead of np.arange(n), "
+        "x.shape[0] instead of len(x)); else use a smaller "
         "bound (polymask.jit: smaller buckets), raise max_cases= (mask, polymask.jit and "
         "ragged_map take it), or make "
         "that axis static with '_' in the spec (one program per size, as jax.jit).")

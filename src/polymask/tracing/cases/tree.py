@@ -608,9 +608,10 @@ def per_size_text(failures: list[tuple[str, str]], count: int) -> str:
 
 
 _NEEDS_A_VALUE = "the function needs the size as a Python value"
-_PER_SIZE_REWRITE = ("(to share one program, use the jnp / lax form there: x.shape[0] for "
-                     "len(x) or int(x.shape[0]), jnp.arange(n) or lax.fori_loop for range(n), "
-                     "jnp for NumPy or math on a size (jnp.log2(x.shape[0])))")
+_PER_SIZE_REWRITE = ("(to share one program, write the jnp / lax form there: x.shape[0] "
+                     "instead of len(x) or int(x.shape[0]); jnp.arange(n) or lax.fori_loop "
+                     "instead of range(n); jnp instead of NumPy or math on a size, "
+                     "jnp.log2(x.shape[0]) for math.log2(len(x)))")
 
 
 def per_size_cause(text: str) -> str:
