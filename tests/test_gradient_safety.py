@@ -120,3 +120,21 @@ def test_an_empty_graph_in_a_message_passing_layer():
 
     exs = [graph(n, e) for n, e in ((5, 8), (0, 0), (1, 0), (3, 4))]
     check_oracle(layer, exs, [(5, 3), (8,), (8,), None], ["n, 3", "e", "e", None])
+
+
+@pytest.mark.xfail(strict=True, reason="docs/limitations.md: a value computed as inf whose "
+                   "only readers are empty at that size (plain JAX drops a zero-size result's "
+                   "dependencies; one program for every size keeps them: 0 * inf)")
+def test_an_inf_read_only_by_an_empty_result_keeps_a_finite_gradient():
+    # torax's face_grad(two_point_mask) at one cell: 1 / (v[-2] - v[-1]) reads v[0] twice
+    def f(v):
+        g3 = jnp.concatenate([v[:-2] * 2, jnp.atleast_1d(1.0 / (v[-2] - v[-1]))])
+        m = jnp.arange(v.shape[0] + 1) % 3 == 1
+        return jnp.concatenate([jnp.where(m[1:-1], v[1:] - v[:-1], g3), v[-1:]])
+
+    x = np.array([1.5], np.float32)
+    want = jax.grad(lambda v: f(v).sum())(x)
+    assert np.isfinite(want).all()
+    padded = np.concatenate([x, np.zeros(7, np.float32)])
+    got = jax.grad(lambda d: pm.mask(f, "n")(pm.Masked(d, (1,))).filled(0.0).sum())(padded)
+    np.testing.assert_allclose(got[:1], want)
