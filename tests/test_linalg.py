@@ -171,6 +171,16 @@ def test_det_grad_size_one():
          static_sizes=False, **TOL)
 
 
+def test_det_grad_over_a_batch_axis_taken_outside_the_mask():
+    # brax's inv_3x3 (found from outside, session 63): jnp.linalg.det's JVP
+    # rule, JAX's own, compares the batch size; it was traced only when
+    # differentiated, after the cases were chosen, and refused at every n
+    rng = np.random.default_rng(3)
+    batch = (rng.normal(size=(6, 3, 3)) + 2 * np.eye(3)).astype(np.float32)
+    check_oracle(jnp.linalg.det, [(batch[:n],) for n in (5, 1, 6)], [(6, 3, 3)], "n, 3, 3",
+                 modes=("grad",), static_sizes=False, **TOL)
+
+
 def test_det_of_empty_matrix_is_one():
     f = pm.mask(jnp.linalg.det, "n, n")
     out = f(pm.Masked(jnp.full((4, 4), jnp.nan), (jnp.int32(0), jnp.int32(0))))

@@ -793,11 +793,13 @@ def call_wrapped(wrapped_fun, *args):
 _JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__))
 
 
-def defined_in_jax(wrapped_fun) -> bool:
-    """Whether a ``WrappedFun``'s function (a custom rule's thunk) is JAX's own
-    (``jax.nn.softmax``'s JVP), by the source its debug info names."""
+def defined_in_jax_nn(wrapped_fun) -> bool:
+    """Whether a ``WrappedFun``'s function (a custom rule's thunk) is one of
+    ``jax.nn``'s (``jax.nn.softmax``'s JVP: elementwise rules that compare no
+    sizes), by the source its debug info names. (Not JAX's other rules:
+    ``jnp.linalg.det``'s JVP compares a batch size.)"""
     info = getattr(getattr(wrapped_fun, "debug_info", None), "func_src_info", None) or ""
-    return _JAX_DIR in info
+    return os.path.join(_JAX_DIR, "_src", "nn", "") in info
 
 
 # Modules whose module-level ``core.Primitive`` instances make up "every lax

@@ -185,7 +185,7 @@ def trace_the_derivative_rule_now(eqn) -> None:
     thunk = eqn.params["fwd_jaxpr_thunk" if vjp else "jvp_jaxpr_fun"]
     # (a forward program (the runners') never takes the derivative: its cases stay
     # the function's; jax.nn's rules compare no sizes: not traced twice)
-    if not trace_state().differentiable or compat.defined_in_jax(thunk):
+    if not trace_state().differentiable or compat.defined_in_jax_nn(thunk):
         return
     try:
         # (the arguments the rules below call it with: the memo's key)
