@@ -377,6 +377,28 @@ def test_a_spec_axis_of_two_dim_vars_is_a_spec_error_and_a_dash_gets_its_remedy(
     assert float(pm.mask(lambda x: x.sum(), "seq_len, 3")(x).data) == 6.0
 
 
+def test_an_error_case_of_too_many_sizes_says_where_plain_jax_fails_the_same_way():
+    # maxtext's attention at k = 0 (a max of an empty array, for every q and p):
+    # the message blamed polymask's tracing alone and proposed code rewrites
+    def f(q, k, p):
+        return jnp.max(q[:, None] * k[None, :], axis=1) + p.sum()
+
+    args = (pm.Masked(np.ones(7, np.float32), (2,)), pm.Masked(np.ones(6, np.float32), (0,)),
+            pm.Masked(np.ones(6, np.float32), (1,)))
+    with pytest.raises(pm.TooManyCases, match=r"(?s)for these sizes \(k <= 0\).*zero-size "
+                       r"array to reduction operation max.*Traced at one size each, \(k=0, p=0, "
+                       r"q=0\) and \(k=0, p=6, q=7\) fail the same way, as plain JAX does.*"
+                       r"max_cases=28 would trace them\)\.\n") as info:
+        pm.mask(f, ("q", "k", "p"))(*args)
+    assert "np.arange(n)" not in str(info.value)  # (no rewrite: the function's own error)
+    with pytest.raises(pm.ShapeError, match=r"\(k=0, p=1, q=2\) the function fails at .*as it "
+                       r"does on the exact arrays"):
+        pm.mask(f, ("q", "k", "p"), max_cases=28)(*args)
+    np.testing.assert_allclose(
+        pm.mask(f, ("q", "k", "p"))(args[0], pm.Masked(np.ones(6, np.float32), (3,)),
+                                    args[2]).unpad(), f(np.ones(2), np.ones(3), np.ones(1)))
+
+
 def test_a_spec_axis_an_equality_constraint_makes_two_dim_vars_names_both():
     # maxtext's chunked prefill: keys = previous chunk + queries. The message
     # named 'q + p', an axis the user never wrote, and not the constraint

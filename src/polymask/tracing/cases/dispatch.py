@@ -24,7 +24,7 @@ from ...core.masked import Masked
 from ...core.trace_state import cases_batched, replaced, trace_state
 from ..interpreter import run_program_counts, with_plain_weak_types
 from ..prologue import Check, concrete_value, run_checks
-from .refine import per_size_remedy
+from .refine import case_remedy
 from .splitting import Case, CaseTree
 from .tree import ONE_OUTPUT_REMEDY, count_limited, names_a_count, plain_failure
 
@@ -55,7 +55,7 @@ def _error_message(tree: CaseTree, c: Case) -> str:
     count = len(c.reached_by) if c.reached_by else 0
     return (f"for these sizes ({_sizes_of(tree, c)}) polymask cannot trace the "
             f"function with symbolic sizes at {c.where}:\n  {c.error}\n  "
-            f"{per_size_remedy(tree.max_cases, count)}")
+            f"{case_remedy(c, tree.max_cases, count)}")
 
 
 _EXAMPLE_CONSTRAINT = "(for example constraints=['n >= 1'] where only n = 0 differs)"

@@ -35,7 +35,8 @@ from .tree import (
     spec_var_names,
 )
 
-__all__ = ["per_size_limit", "per_size_remedy", "refine_errors", "trace_per_size_or_raise"]
+__all__ = ["case_remedy", "per_size_limit", "per_size_remedy", "refine_errors",
+           "trace_per_size_or_raise"]
 
 
 def trace_per_size_or_raise(root, cases: list[Case], first: dict, trace_one,
@@ -161,8 +162,22 @@ def _every_size_fails(failed: list[Case], max_cases: int) -> ShapeError:
     return TooManyCases(  # polymask's limit (sizes one by one past max_cases), not the user's
         f"polymask cannot trace the function with symbolic sizes"
         f"{f' ({sizes_text(sizes)})' if sizes else ''} at {main.where}:\n  "
-        f"{main.error.splitlines()[0]}\n  {per_size_remedy(max_cases, len(sizes))}{also}",
+        f"{main.error.splitlines()[0]}\n  {case_remedy(main, max_cases, len(sizes))}{also}",
         fixed_size_vars=tuple(dict.fromkeys(v for c in symbolic for v in c.fixed_size_vars)))
+
+
+def case_remedy(case: Case, max_cases: int, count: int) -> str:
+    """``per_size_remedy``, or where the case's traces at single sizes failed
+    the same way (``Case.sampled``: plain JAX's own error there), that."""
+    if not case.sampled:
+        return per_size_remedy(max_cases, count)
+    sizes = " and ".join(f"({sizes_text([v])})" for v in case.sampled)
+    need = f" (here {count}: {_per_size_need(count)})" if count else ""
+    return (f"Traced at one size each, {sizes} "
+            f"{'fails' if len(case.sampled) == 1 else 'fail'} the same way, as plain JAX does "
+            "on those exact arrays: most likely the function's own error at each of these "
+            f"sizes. polymask traces them one by one only up to "
+            f"{per_size_limit(max_cases)} sizes{need}.")
 
 
 def per_size_remedy(max_cases: int, count: int) -> str:
@@ -248,6 +263,7 @@ def refine_errors(tree: CaseTree, trace_one, max_cases: int, explore,
         combos = sorted(tuple(a[v] for v in names) for a in case.reached_by)
         pinned, first = _vars_to_pin(case, combos, base, trace_one, explore, max_cases)
         if pinned is None:
+            case.sampled = _failing_the_same_way(case, combos, base, names, trace_one)
             continue
         # (not shapes in conflict, (s0,) against (s1 - 1,): sizes that may
         # relate, which a runner without specs plans so, s1 = s0 + 1)
@@ -439,6 +455,25 @@ def _pins(base, names, values) -> tuple[str, ...]:
         name, off = base.internal[v]
         conditions += (f"{name} - {a + off} >= 0", f"- {name} + {a + off} >= 0")
     return conditions
+
+
+def _failing_the_same_way(case: Case, combos, base, names, trace_one) -> list[dict]:
+    """Of the case's first and last size combinations (too many to trace each),
+    those where the function, traced at that one size (plain JAX's own
+    trace), fails with the case's error: its message can say plain JAX fails
+    there (maxtext's attention at k = 0, a max of an empty array, for every
+    q and p), not only that polymask could not trace the sizes."""
+    out = []
+    for combo in dict.fromkeys((combos[0], combos[-1])):
+        try:
+            trace_one(case.conditions + _pins(base, names, combo))
+        except UnsupportedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - plain JAX's error at that size, or polymask's
+            said = error_case(0, (), e, base.internal).error.splitlines()[:1]
+            if said and said == case.error.splitlines()[:1]:
+                out.append(dict(zip(names, combo)))
+    return out
 
 
 def _vars_to_pin(case: Case, combos, base, trace_one, explore, max_cases: int):

@@ -45,6 +45,8 @@ class Case:
     fixed_size_vars: tuple[str, ...] = ()  # the error's (``ShapeError.fixed_size_vars``)
     differs: bool = False  # its outputs differ from the kept cases' (``common_outputs``)
     empty: bool = False  # no sizes meet its conditions: not traced (``NoSizeMeets``)
+    # sizes of an error case of many where its trace at that one size failed the same way
+    sampled: list[dict[str, int]] = dataclasses.field(default_factory=list)
 
     @property
     def one_size(self) -> bool:
