@@ -1199,3 +1199,22 @@ def test_a_function_that_fails_at_every_size_raises_the_exported_fails_as_plain_
     with pytest.raises(pm.FailsAsPlainJax):
         pm.jit(lambda v: jax.lax.top_k(v, 6)[0], "n", buckets=[4], tiered=False)(x[:3])
     assert issubclass(pm.FailsAsPlainJax, pm.ShapeError) and "FailsAsPlainJax" in pm.__all__
+
+
+def test_a_split_whose_every_case_no_size_meets_is_a_spec_error():
+    # (constraints that contradict where JAX's procedure cannot tell: the root
+    # trace splits, and no size meets either side; polymask's internal API)
+    from polymask import _jax_compat as compat
+    from polymask.tracing.cases.splitting import trace_cases
+    from polymask.tracing.symbolic import NoSizeMeets
+
+    (n,) = jax.export.symbolic_shape("n")
+
+    def trace_one(conditions):
+        if not conditions:
+            raise compat.SplitNeeded("Symbolic dimension comparison 'n' >= '3' is inconclusive.",
+                                     n - 3)
+        raise NoSizeMeets(conditions)
+
+    with pytest.raises(pm.SpecError, match="no sizes within the bounds meet the constraints"):
+        trace_cases(trace_one)

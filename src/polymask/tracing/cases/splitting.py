@@ -29,7 +29,13 @@ from typing import Any
 from ... import _jax_compat as compat
 from ...core.diagnostics import user_frame_of_exception
 from ...core.dimvars import display_text, pretty_condition
-from ...core.errors import FailsAsPlainJax, ShapeError, TooManyCases, UnsupportedError
+from ...core.errors import (
+    FailsAsPlainJax,
+    ShapeError,
+    SpecError,
+    TooManyCases,
+    UnsupportedError,
+)
 from ...core.shapes import SHIFT_SUFFIX
 from ...core.trace_state import replaced, trace_state
 from ..symbolic import CountCheck, MaskedProgram, NoSizeMeets, flatten_args, trace
@@ -79,6 +85,9 @@ def trace_cases(trace_one: Callable[[tuple[str, ...]], MaskedProgram],
     per_shape = trace_state().per_size_per_shape
     with replaced("per_size_per_shape", False):
         root, cases, first = explore_splits(trace_one, max_cases)
+        if all(c.empty for c in cases):  # (the root splits, and no size meets either side)
+            raise SpecError("no sizes within the bounds meet the constraints: every case of "
+                            "the function's size comparisons is empty")
         if "prog" not in first:
             return trace_per_size_or_raise(root, cases, first, trace_one, max_cases,
                                            explore_splits, per_shape)
