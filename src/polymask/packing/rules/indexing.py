@@ -163,7 +163,8 @@ def _gather_ragged_window(ctx, operand, indices, dn, slice_sizes, mode, a):
         others = [k for k in range(data.shape[1]) if k != comp]
         if others:
             raise ctx.unsupported("a window of the ragged size with per-example starts "
-                                  "along several axes")
+                                  "along several axes (JAX stages an index such as "
+                                  "x[1:, 1] of a ragged axis as this gather)")
         i, starts = PerSegment(data[:, comp]), jnp.zeros_like(data[0])
     else:
         i, starts = data[comp], data.at[comp].set(0)
