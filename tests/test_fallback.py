@@ -112,7 +112,7 @@ def test_with_warnings_as_errors_every_call_that_falls_back_raises():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for _ in range(2):
-            with pytest.raises(pm.FallbackWarning, match="cannot share one compiled program"):
+            with pytest.raises(pm.FallbackWarning, match="do not share one compiled program: each exact shape"):
                 f(_vec(40))
     with pytest.warns(pm.FallbackWarning):  # and once more, as a warning, with the value
         np.testing.assert_allclose(f(_vec(40)), tril_cumsum(_vec(40)), rtol=1e-5)
@@ -1025,6 +1025,19 @@ def test_the_per_size_reason_names_the_rewrite_for_len_and_numpy_on_a_size():
             for n in (2, 5, 7, 8, 3):
                 np.testing.assert_allclose(runner(_vec(n)), jax.jit(f)(_vec(n)), rtol=1e-6)
         assert (runner.stats()["compiles"], runner.stats()["exact_compiles"]) == (0, 5)
+
+
+def test_the_per_size_reason_quotes_the_line_that_needs_the_size():
+    # t5x's RelativePositionBiases: np.arange(qlen) fails as a TracerBoolConversionError
+    # (NumPy divides the size), which names no size: the line's code says what
+    def f(x):
+        return x + np.arange(x.shape[0])
+
+    runner = pm.jit(f, "n", tiered=False, buckets=[8])
+    with pytest.warns(pm.FallbackWarning, match=r"test_fallback\.py:\d+ \(f\): `return x \+ "
+                      r"np\.arange\(x\.shape\[0\]\)` \(TracerBoolConversionError"):
+        for n in (2, 5):
+            np.testing.assert_allclose(runner(_vec(n)), f(_vec(n)), rtol=1e-6)
 
 
 def test_jnp_nonzero_without_size_leads_with_the_polymask_remedy_in_the_runners():

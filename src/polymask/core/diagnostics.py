@@ -391,7 +391,7 @@ def _inconclusive_error(msg: str, where: str, api: str | None = None) -> ShapeEr
             "Keep it symbolic: jnp/lax ops accept symbolic sizes (jnp.ones(x.shape[0]), "
             "jnp.arange(x.shape[0])); for the size as a traced value in arithmetic, "
             "use polymask.logical_shape(x)"))
-        by = f" by '{api}'" if api and not api.startswith("_") and api != "iter" else ""
+        by = f" by '{api}'" if api and not api.startswith(("_", "<")) and api != "iter" else ""
         error = ShapeError(
             f"{SIZE_AS_CONSTANT}{by} while tracing at {where} "
             f"(int(x.shape[0]), range(n), np.zeros(n), ...):\n  {msg}\n  {hint}.")

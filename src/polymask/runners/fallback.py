@@ -130,7 +130,7 @@ class ExactFallback:
         # where warnings are errors this raises, and so does every later call
         # that meets it: the flag is set only once the warning went out
         warnings.warn(FallbackWarning(
-            f"{self.runner}: the sizes {where} cannot share one compiled program, so each "
+            f"{self.runner}: the sizes {where} do not share one compiled program: each "
             f"exact shape there compiles its own, as jax.jit does (counted in "
             f"{self.counted_in}; .fallbacks() lists every bucket and reason). "
             f"Why:\n{reason}{self.hint}"), stacklevel=user_stacklevel())

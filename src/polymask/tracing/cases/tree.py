@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import linecache
 import re
 from typing import Any
 
@@ -602,11 +603,20 @@ def per_size_reason(tree: CaseTree) -> str | None:
 
 def per_size_text(failures: list[tuple[str, str]], count: int) -> str:
     """``per_size_reason``'s text: ``failures`` are ``(user line, what failed)``."""
-    where = "; ".join(dict.fromkeys(f"{at} ({why})" for at, why in failures))
+    where = "; ".join(dict.fromkeys(f"{at}{_code_at(at)} ({why})" for at, why in failures))
     return (f"every size is a case of its own ({_NEEDS_A_VALUE} at {where}), so a shared "
             f"program would hold {count} copies of the function, one per size, compiled "
             "together at the first call; each exact shape compiles only its own instead "
             f"{_PER_SIZE_REWRITE}")
+
+
+def _code_at(at: str) -> str:
+    """``: `the line's code` `` for a user line ``path:123 (f)``, else ``""``: JAX's
+    error there may name no size (``np.arange(x.shape[0])``: a
+    TracerBoolConversionError of NumPy's division)."""
+    m = re.match(r"(.+):(\d+) \(", at)
+    code = linecache.getline(m.group(1), int(m.group(2))).strip() if m else ""
+    return f": `{code}`" if code and len(code) <= 100 else ""
 
 
 _NEEDS_A_VALUE = "the function needs the size as a Python value"
