@@ -302,19 +302,7 @@ def _values_over(e, ranges: dict, scope) -> tuple[frozenset | None, bool]:
     # exact: no constraint on these vars was left out (one on a var of no range)
     exact = all(dim_vars(c.diff) <= set(names)
                 for c in _constraints_over(scope, None) if dim_vars(c.diff) & set(names))
-    combos = list(itertools.product(*(range(ranges[v][0], ranges[v][1] + 1) for v in names)))
-    if not combos:
-        return None, False
-    # one evaluation over every combination at once, in Python ints (exact:
-    # JAX's NumPy constants would wrap past int64, n ** 2 * 1000003 "fitting"
-    # int32 at n = 47); a value past int64 gives None
-    env = {v: np.array(col, dtype=object) for v, col in zip(names, zip(*combos))}
-    allowed = np.ones(len(combos), bool)
-    for c in constraints:
-        if dim_vars(c.diff) <= set(names):
-            held = _holds(c, env)
-            exact &= held is not True  # (True: it could not be evaluated)
-            allowed &= held
+    env, allowed, evaluated = _allowed_combinations(names, ranges, constraints)
     if not allowed.any():
         return None, False
     try:
@@ -325,7 +313,25 @@ def _values_over(e, ranges: dict, scope) -> tuple[frozenset | None, bool]:
     out = frozenset(int(x) for x in np.broadcast_to(values, (int(allowed.sum()),)))
     if any(abs(x) > _INT64_MAX for x in out):  # (no size is)
         return None, False
-    return out, exact
+    return out, exact and evaluated
+
+
+def _allowed_combinations(names: list[str], ranges: dict, constraints):
+    """``(env, allowed, evaluated)``: every combination of the values of
+    ``names`` in ``ranges`` as NumPy object columns of Python ints (exact: JAX's
+    NumPy constants would wrap past int64, ``n ** 2 * 1000003`` "fitting"
+    int32 at n = 47), where the ``constraints`` over those names hold, and
+    whether each of them could be evaluated (one that cannot holds
+    everywhere: a superset)."""
+    combos = list(itertools.product(*(range(ranges[v][0], ranges[v][1] + 1) for v in names)))
+    env = {v: np.array(col, dtype=object) for v, col in zip(names, zip(*combos))}
+    allowed, evaluated = np.ones(len(combos), bool), True
+    for c in constraints:
+        if dim_vars(c.diff) <= set(names):
+            held = _holds(c, env)
+            evaluated &= held is not True
+            allowed &= held
+    return env, allowed, evaluated
 
 
 def _combinations(names, ranges: dict) -> int:
@@ -386,16 +392,7 @@ def allows_no_values(scope, ranges: dict) -> bool:
     for names in _linked_groups(constraints):
         if _combinations(names, ranges) > _VALUES_LIMIT:
             continue
-        combos = list(itertools.product(*(range(ranges[v][0], ranges[v][1] + 1)
-                                          for v in names)))
-        if not combos:
-            return True
-        env = {v: np.array(col, dtype=object) for v, col in zip(names, zip(*combos))}
-        allowed = np.ones(len(combos), bool)
-        for c in constraints:
-            if dim_vars(c.diff) <= set(names):
-                allowed &= _holds(c, env)
-        if not allowed.any():
+        if not _allowed_combinations(names, ranges, constraints)[1].any():
             return True
     return False
 
