@@ -364,6 +364,26 @@ def test_an_index_staged_as_a_gather_with_per_example_starts_says_which_and_auto
         np.testing.assert_allclose(o, f(x), rtol=1e-6)
 
 
+def test_a_library_check_that_sizes_are_ints_is_refused_packed_and_auto_runs_it():
+    # penzai's NamedArray.check_valid (found from outside): "the function needs the
+    # size as a Python value" read as a guess where a library rejects symbolic sizes
+    def f(x):
+        if not isinstance(x.shape[0], int):
+            raise ValueError("named axes must be ordered dicts of int sizes")
+        return x * 2.0
+
+    ex = _examples([3, 5, 1])
+    with pytest.raises(PackedUnsupported, match=r"the function's trace takes a case per size"):
+        pm.ragged_map(f, ("n, 4",), layout="packed", row_size=R)(ex)
+    out = pm.ragged_map(f, ("n, 4",), layout="auto", row_size=R)(ex)
+    for o, x in zip(out, ex):
+        np.testing.assert_allclose(o, f(x))
+    runner = pm.jit(f, "n, 4", tiered=False, buckets=[8])
+    with pytest.warns(pm.FallbackWarning, match=r"needs the size as a Python value, or "
+                      r"something it calls rejects a symbolic one"):
+        np.testing.assert_allclose(runner(ex[0]), f(ex[0]))
+
+
 def test_a_size_refusal_names_the_constant_apart_from_a_dim_var_named_c():
     # jax-fem's cell count c: "c + k for a constant k", not "c + c for a constant c"
     with pytest.raises(PackedUnsupported, match=r"to be c \+ k for a constant k .*4\*c"):

@@ -122,8 +122,10 @@ class LayoutChoice:
                 raise  # the user's call is wrong (specs, arguments), not a layout question
             why = _first_line(e, "while tracing packed")
             if _raised_by_the_function(e):  # its own line: maybe its own error
-                why += (f" (raised at {user_frame_of_exception(e)}, in the function: if plain "
-                        "JAX fails there too, layout='padded' names the sizes where it fails; "
+                why += (f" (raised at {user_frame_of_exception(e)}, in the function or a "
+                        "library it calls, on the packed trace's symbolic sizes: a check that "
+                        "sizes are Python ints fails so; layout='auto' or 'padded' runs it "
+                        "where plain JAX does and names the sizes where plain JAX fails too; "
                         "ragged_map calls fun(*broadcast, *example), the broadcast arguments "
                         "first)")
             return self._refuse(why, every, permanent=specs)

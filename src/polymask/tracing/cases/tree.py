@@ -619,7 +619,8 @@ def _code_at(at: str) -> str:
     return f": `{code}`" if code and len(code) <= 100 else ""
 
 
-_NEEDS_A_VALUE = "the function needs the size as a Python value"
+_NEEDS_A_VALUE = ("the function needs the size as a Python value, or something it calls "
+                  "rejects a symbolic one")
 _PER_SIZE_REWRITE = ("(to share one program, write the jnp / lax form there: x.shape[0] "
                      "instead of len(x) or int(x.shape[0]); jnp.arange(n) or lax.fori_loop "
                      "instead of range(n); jnp instead of NumPy or math on a size, "
@@ -630,7 +631,7 @@ def per_size_cause(text: str) -> str:
     """``per_size_text``'s cause and rewrite alone (an axis made static: its
     other axes still share, so "each exact shape" is not what runs); other
     texts as they are."""
-    m = re.match(rf"every size is a case of its own \(({_NEEDS_A_VALUE} at .*)\), so a "
+    m = re.match(rf"every size is a case of its own \(({re.escape(_NEEDS_A_VALUE)} at .*)\), so a "
                  r"shared program would hold \d+ copies", text, re.S)
     if m is None:
         return text
