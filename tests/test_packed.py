@@ -348,20 +348,22 @@ def test_an_input_axis_of_an_affine_size_is_refused_with_its_spec_and_auto_runs_
         np.testing.assert_allclose(o, logps(lg, ids), rtol=1e-6, atol=1e-6)
 
 
-def test_an_index_staged_as_a_gather_with_per_example_starts_says_which_and_auto_runs_it():
-    # alphafold's all_atom: pred_atom_positions[1:, 1, :] (found from outside):
-    # "a gather" read as nothing the user wrote
+def test_an_index_of_a_ragged_window_and_a_constant_runs_packed():
+    # alphafold's all_atom: pred_atom_positions[1:, 1, :] (found from outside). JAX
+    # stages it as one gather whose starts are per example along both axes (the
+    # window's min(1, n) and the 1): it was refused packed
     def f(x):
-        return x[1:, 1, :].sum(-1)
+        return x[1:, 1, :].sum(-1) + x[:-1, -1, 0]
+
+    def g(x):
+        return jnp.diff(x[:, 2], axis=0) * x[1:, 0]
 
     rng = np.random.default_rng(4)
-    ex = [(rng.normal(size=(t, 3, 2)).astype(np.float32),) for t in (2, 5, 1)]
-    with pytest.raises(PackedUnsupported, match=r"(?s)'gather'.*per-example starts along several "
-                       r"axes \(JAX stages an index such as x\[1:, 1\] of a ragged axis as "
-                       r"this gather\).*test_packed\.py"):
-        pm.ragged_map(f, ("t, 3, 2",), layout="packed", row_size=R)(ex)
-    for o, (x,) in zip(pm.ragged_map(f, ("t, 3, 2",), layout="auto", row_size=R)(ex), ex):
-        np.testing.assert_allclose(o, f(x), rtol=1e-6)
+    ex = [(rng.normal(size=(t, 3, 2)).astype(np.float32),) for t in (2, 5, 1, 7, 0)]
+    for fun in (f, g):
+        out = pm.ragged_map(fun, ("t, 3, 2",), layout="packed", row_size=R)(ex)
+        for o, (x,) in zip(out, ex):
+            np.testing.assert_allclose(o, fun(x), rtol=1e-6, atol=1e-6)
 
 
 def test_a_library_check_that_sizes_are_ints_is_refused_packed_and_auto_runs_it():

@@ -159,19 +159,22 @@ def _gather_ragged_window(ctx, operand, indices, dn, slice_sizes, mode, a):
     if lax.GatherScatterMode.from_any(mode) == lax.GatherScatterMode.FILL_OR_DROP:
         raise ctx.unsupported("a window of the ragged size in 'fill' mode")
     comp = list(dn.start_index_map).index(a)
-    if isinstance(indices, PerSegment):  # other components must be shared
-        others = [k for k in range(data.shape[1]) if k != comp]
-        if others:
-            raise ctx.unsupported("a window of the ragged size with per-example starts "
-                                  "along several axes (JAX stages an index such as "
-                                  "x[1:, 1] of a ragged axis as this gather)")
-        i, starts = PerSegment(data[:, comp]), jnp.zeros_like(data[0])
-    else:
-        i, starts = data[comp], data.at[comp].set(0)
-    out = ctx.bind(operand, starts)  # the whole axis (n + c is R)
     kept = [k for k in range(operand.ndim) if k not in dn.collapsed_slice_dims]
+    out_axis = dn.offset_dims[kept.index(a)]  # the packed axis in the output
+    if isinstance(indices, PerSegment):
+        i = PerSegment(data[:, comp])
+        # the whole axis (n + c is R) gathered at each example's starts along the
+        # other axes (x[1:, 1]: JAX stages the 1 per example too); each row keeps
+        # its own example's gather
+        per_segment = jax.vmap(lambda st: ctx.bind(operand, st))(data.at[:, comp].set(0))
+        rows = ctx.seg.slot.reshape((1,) * out_axis + (-1,) + (1,) * (per_segment.ndim
+                                                                     - 2 - out_axis))
+        out = jnp.take_along_axis(per_segment, rows[None], axis=0, mode="clip")[0]
+    else:
+        i = data[comp]
+        out = ctx.bind(operand, data.at[comp].set(0))  # the whole axis (n + c is R)
     room = ctx.offset(ctx.in_avals[0].shape[a]) - ctx.offset(slice_sizes[a])
-    return _window_of_ragged_size(ctx, out, i, room, dn.offset_dims[kept.index(a)])
+    return _window_of_ragged_size(ctx, out, i, room, out_axis)
 
 
 def _gather_to_positions(ctx, operand, indices, dn, slice_sizes, mode, grown):
