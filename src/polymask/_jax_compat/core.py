@@ -402,12 +402,8 @@ def _linked_groups(constraints) -> list[list[str]]:
     (sorted names): each group's combinations are counted on their own."""
     groups: list[set[str]] = []
     for c in constraints:
-        names = set(dim_vars(c.diff))
-        touching = [g for g in groups if g & names]
-        for g in touching:
-            groups.remove(g)
-            names |= g
-        groups.append(names)
+        if not any(dim_vars(c.diff) <= g for g in groups):
+            groups.append(_linked_vars(dim_vars(c.diff), constraints))
     return [sorted(g) for g in groups]
 
 

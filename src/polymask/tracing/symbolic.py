@@ -48,8 +48,8 @@ from ..core.trace_state import current_scope, scope_active
 from .registry import check_preconditions
 from .trace_warnings import recording
 
-__all__ = ["MaskedProgram", "NoSizeMeets", "trace", "trace_flat", "current_scope", "is_masked", "flatten_args",
-           "dtype_of"]
+__all__ = ["MaskedProgram", "NoSizeMeets", "trace", "trace_flat", "current_scope", "is_masked",
+           "flatten_args", "dtype_of"]
 
 
 def is_masked(x) -> bool:
