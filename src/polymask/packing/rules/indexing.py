@@ -165,11 +165,15 @@ def _gather_ragged_window(ctx, operand, indices, dn, slice_sizes, mode, a):
         i = PerSegment(data[:, comp])
         # the whole axis (n + c is R) gathered at each example's starts along the
         # other axes (x[1:, 1]: JAX stages the 1 per example too); each row keeps
-        # its own example's gather
-        per_segment = jax.vmap(lambda st: ctx.bind(operand, st))(data.at[:, comp].set(0))
-        rows = ctx.seg.slot.reshape((1,) * out_axis + (-1,) + (1,) * (per_segment.ndim
-                                                                     - 2 - out_axis))
-        out = jnp.take_along_axis(per_segment, rows[None], axis=0, mode="clip")[0]
+        # its own example's gather (one at a time: memory of two gathers, not S)
+        starts = data.at[:, comp].set(0)
+        first = ctx.bind(operand, starts[0])
+        rows = ctx.seg.slot.reshape((1,) * out_axis + (-1,) + (1,) * (first.ndim - 1 - out_axis))
+
+        def keep_segment(s, out):
+            return jnp.where(rows == s, ctx.bind(operand, starts[s]), out)
+
+        out = lax.fori_loop(1, ctx.seg.S, keep_segment, first)
     else:
         i = data[comp]
         out = ctx.bind(operand, data.at[comp].set(0))  # the whole axis (n + c is R)
