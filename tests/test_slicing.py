@@ -65,8 +65,8 @@ def test_case5_concatenate():
 
 
 def test_chained_slices_of_concatenations_share_one_program():
-    # Each step's size nests the last one's in a min / max: three steps were
-    # ~20 nested mins, minutes in JAX's decision procedure (now their values)
+    # Each step's size nests the last one's in a min / max: three steps are
+    # ~20 nested mins, decided by their values, not JAX's procedure
     def f(x, y):
         v = jnp.outer(x.reshape(-1), y).reshape(-1)
         for _ in range(3):
@@ -116,9 +116,9 @@ def _outer_halves_mod(x, y):
 
 def test_a_case_no_size_meets_is_left_untraced():
     # Sizes nest a mod of a min of a product: a case's conditions can
-    # contradict where JAX's procedure cannot tell (no size meets them); its
-    # trace took JAX minutes per comparison. It is now an empty leaf, not
-    # traced, and comparisons the case's exact values leave open split at once.
+    # contradict where JAX's procedure cannot tell (no size meets them). Such a
+    # case is an empty leaf, not traced, and comparisons the case's exact values
+    # leave open split at once. Asserted: values at each size, one trace.
     _one_trace_matches_plain(_outer_halves_mod, ("n", "m"), [(7,), (6,)],
                              [(4, 3), (0, 0), (1, 1), (7, 6), (2, 5), (6, 1), (3, 0)])
 
@@ -130,9 +130,8 @@ def _min_slice_of_concatenation(x, y, z):
 
 
 def test_sizes_with_mins_under_conditions_with_mins_are_decided_by_their_values():
-    # A size with 3 mins is quick for JAX alone, but each condition with mins
-    # the case adds multiplies its time by ~8 (105 s per bound under three):
-    # such sizes are decided by their values. The values apply conditions that
+    # A size with 3 mins under a case's conditions with more mins is decided
+    # by its values, not JAX's procedure. The values apply conditions that
     # link other dim vars (a case's n - m - k + min(m + k, 2) <= -1 bounds a
     # size of m and k): without them JAX's procedure decided, or at some hash
     # seeds failed to ("cannot decide ... even for one outcome of it").
